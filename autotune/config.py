@@ -1,0 +1,385 @@
+"""Typed values that pass between the stages. No torch import here.
+
+Every value that crosses a process or layer boundary is a frozen dataclass defined in this module,
+so it can be written to JSON and read back (``to_json_dict`` / ``from_json_dict``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import statistics
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar, get_args
+
+from autotune.errors import ConfigError
+
+Precision = Literal["fp32", "tf32", "bf16", "fp16"]
+CompileMode = Literal[
+    "off", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"
+]
+TrialStatus = Literal[
+    "ok", "oom", "compile_error", "non_finite", "timeout", "crash", "workload_error", "error"
+]
+
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
+CUDA_GRAPH_MODES: tuple[str, ...] = ("reduce-overhead", "max-autotune")
+
+GIB = 1024**3
+MIB = 1024**2
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+    "t": 1000**4, "tb": 1000**4,
+    "kib": 1024, "mib": MIB, "gib": GIB, "tib": 1024**4,
+}
+
+
+def parse_bytes(text: str) -> int:
+    """Parse a size such as ``"1.5GiB"``, ``"800MB"`` or ``"2147483648"`` into bytes.
+
+    Raises:
+        ConfigError: the text is not a positive size.
+    """
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _UNITS:
+        raise ConfigError(
+            f"cannot read the memory size {text!r}: write a number with a unit, "
+            "e.g. '1.5GiB', '800MiB' or '24GB'"
+        )
+    value = float(match.group(1)) * _UNITS[unit]
+    if value < 1:
+        raise ConfigError(f"memory size {text!r} is zero: give a positive size such as '2GiB'")
+    return int(value)
+
+
+def parse_budget(text: str, total_bytes: int) -> int:
+    """Parse a memory budget: an absolute size (``"2GiB"``) or a share of the device (``"80%"``).
+
+    Args:
+        text: the user's budget.
+        total_bytes: the device's total memory, for percentages.
+
+    Raises:
+        ConfigError: the budget does not parse, is not positive, or is over 100%.
+    """
+    stripped = str(text).strip()
+    if stripped.endswith("%"):
+        try:
+            share = float(stripped[:-1])
+        except ValueError:
+            share = -1.0
+        if not 0 < share <= 100:
+            raise ConfigError(
+                f"memory budget {text!r} is not a share between 0% and 100%: "
+                "write e.g. '80%' or an absolute size such as '2GiB'"
+            )
+        return int(total_bytes * share / 100)
+    return parse_bytes(stripped)
+
+
+def format_bytes(num_bytes: float | None) -> str:
+    """Render bytes in binary units, e.g. ``1.50 GiB``; ``-`` for unknown."""
+    if num_bytes is None:
+        return "-"
+    sign = "-" if num_bytes < 0 else ""
+    value = abs(float(num_bytes))
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{sign}{value:.0f} {unit}" if unit == "B" else f"{sign}{value:.2f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadSpec:
+    """How a child process rebuilds the workload: workloads hold code, so only this travels."""
+
+    kind: Literal["default", "hf", "file"] = "default"
+    """``default``: the built-in model sized to the device; ``hf``: a Hugging Face model id or
+    local directory built from its config; ``file``: ``path/to/file.py:factory``."""
+    target: str = ""
+    """The HF model name or directory, or ``path.py:factory``; empty for the default."""
+    seq_len: int | None = None
+    """Worst-case sequence length for ``hf`` models (defaults to the model's maximum, capped)."""
+    pretrained: bool = False
+    """Load real weights for ``hf`` models (downloads them); random weights otherwise."""
+
+    def label(self) -> str:
+        """A short human-readable name."""
+        if self.kind == "default":
+            return "default"
+        suffix = f" (seq {self.seq_len})" if self.seq_len else ""
+        return f"{self.target}{suffix}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryClass:
+    """A (precision, compile mode) pair: each has its own memory ceiling and is probed alone."""
+
+    precision: Precision
+    """fp32: full precision, most memory per activation. tf32: fp32 storage, faster matmuls
+    on Ampere+. bf16/fp16: autocast halves many activations; fp16 adds a GradScaler."""
+    compile_mode: CompileMode
+    """torch.compile mode, or ``off`` for eager. Compiled code fuses ops (less activation
+    memory, faster steps) but costs compile time and may keep extra buffers (CUDA graphs)."""
+
+    def label(self) -> str:
+        """E.g. ``bf16/default``."""
+        return f"{self.precision}/{self.compile_mode}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceInfo:
+    """Facts about the device that the search relies on."""
+
+    device: str
+    """``cpu`` or ``cuda:N``."""
+    name: str
+    total_memory_bytes: int
+    """Physical memory of the device (RAM on CPU)."""
+    available_memory_bytes: int
+    """What is free now: total minus other processes' use (NVML) or MemAvailable on CPU."""
+    supports_bf16: bool
+    supports_fp16: bool
+    supports_tf32: bool
+    native_bf16: bool = False
+    """bf16 runs on dedicated units (Ampere+ GPU, or AVX512-BF16/AMX CPU); else it is emulated."""
+    torch_version: str = ""
+    cuda_version: str | None = None
+    compute_capability: str | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def is_cuda(self) -> bool:
+        """True for a CUDA device."""
+        return self.device.startswith("cuda")
+
+    def precisions(self) -> tuple[str, ...]:
+        """Precisions this device can run."""
+        ok = {"fp32": True, "tf32": self.supports_tf32, "bf16": self.supports_bf16,
+              "fp16": self.supports_fp16}
+        return tuple(p for p in PRECISIONS if ok[p])
+
+    def compile_modes(self) -> tuple[str, ...]:
+        """Compile modes this device can run (CUDA-graph modes only on CUDA)."""
+        return tuple(m for m in COMPILE_MODES if self.is_cuda or m not in CUDA_GRAPH_MODES)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialSpec:
+    """One isolated run of the real training step, in a fresh child process."""
+
+    workload: WorkloadSpec
+    device: str
+    micro_batch: int
+    """Samples per forward/backward. Memory grows about linearly with it."""
+    accumulate_steps: int = 2
+    """Micro-batches per optimizer step; probes use at least 2 (gradients stay alive)."""
+    precision: Precision = "fp32"
+    compile_mode: CompileMode = "off"
+    num_warmup_steps: int = 2
+    """Optimizer steps before timing (compile included); optimizer state appears at the first."""
+    num_timed_steps: int = 0
+    """Synchronized, timed optimizer steps after warm-up (0 for a memory probe)."""
+    memory_budget_bytes: int | None = None
+    """Hard cap for the child: RLIMIT_AS above its baseline on CPU, memory fraction on CUDA."""
+    timeout_s: float = 600.0
+    seed: int = 0
+    max_timed_s: float | None = None
+    """Stop timing early (keeping at least 3 steps) once this many seconds were spent timing:
+    a candidate already far slower than the best needs no more evidence."""
+
+    def memory_class(self) -> MemoryClass:
+        """The memory class this spec belongs to."""
+        return MemoryClass(precision=self.precision, compile_mode=self.compile_mode)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialResult:
+    """What one child run produced. A trial succeeds only with positive evidence."""
+
+    status: TrialStatus
+    message: str = ""
+    peak_bytes: int | None = None
+    """Training memory at its peak. CPU: growth of the address space over the child's baseline
+    (what the cap limits). CUDA: max_memory_reserved plus CUDA context and non-PyTorch use."""
+    baseline_bytes: int | None = None
+    """CPU: address space of the child after importing torch, before building the model."""
+    peak_rss_bytes: int | None = None
+    """CPU: high-water resident set of the child (information only)."""
+    num_alloc_retries: int = 0
+    """CUDA allocator retries (cudaMalloc failed, cache flushed): a near-OOM signal."""
+    num_optimizer_steps: int = 0
+    """Optimizer steps completed, warm-up included."""
+    warmup_s: float | None = None
+    """Wall time of the warm-up steps (compile included)."""
+    compile_s: float | None = None
+    """Warm-up time beyond what the same steps take once compiled: the compile cost."""
+    step_times_s: tuple[float, ...] = ()
+    """Synchronized wall time of each timed optimizer step."""
+    first_loss: float | None = None
+    """Loss of the first micro-batch before any update (for the numerics guard)."""
+    last_loss: float | None = None
+    num_skipped_steps: int = 0
+    """fp16: optimizer steps the GradScaler skipped for inf/NaN gradients."""
+    num_graphs: int | None = None
+    """Dynamo graphs compiled (None when eager). Zero means the trial silently ran eager."""
+    num_graph_breaks: int | None = None
+    samples_per_step: int = 0
+    tokens_per_sample: int | None = None
+    wall_s: float | None = None
+    """Whole child process time, start-up included (set by the runner)."""
+
+    @property
+    def ok(self) -> bool:
+        """True when every planned step ran with finite loss."""
+        return self.status == "ok"
+
+    def median_step_s(self) -> float | None:
+        """Median time per optimizer step over the timed steps."""
+        return statistics.median(self.step_times_s) if self.step_times_s else None
+
+    def spread(self) -> float | None:
+        """Relative spread of step times: (p90 - p10) / median."""
+        if len(self.step_times_s) < 3:
+            return None
+        times = sorted(self.step_times_s)
+        low = times[int(0.1 * (len(times) - 1))]
+        high = times[math.ceil(0.9 * (len(times) - 1))]
+        return (high - low) / statistics.median(times)
+
+    def samples_per_s(self) -> float | None:
+        """Throughput from the median step time."""
+        median = self.median_step_s()
+        return self.samples_per_step / median if median else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeStep:
+    """One measured point of a memory probe."""
+
+    micro_batch: int
+    status: TrialStatus
+    peak_bytes: int | None
+    fits: bool
+    """Ran to the end and its peak stayed within the usable budget (budget minus headroom)."""
+    message: str = ""
+    wall_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryProbe:
+    """The largest micro-batch that fits, for one memory class."""
+
+    memory_class: MemoryClass
+    max_micro_batch: int
+    """Largest candidate that fits; 0 when none does."""
+    peak_bytes: int | None
+    """Measured peak at ``max_micro_batch``."""
+    budget_bytes: int
+    usable_bytes: int
+    """Budget minus headroom: what a fitting run's peak must stay under."""
+    candidates: tuple[int, ...]
+    """Micro-batches considered (divisors of target / world size)."""
+    steps: tuple[ProbeStep, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def num_probes(self) -> int:
+        """How many child runs the probe took."""
+        return len(self.steps)
+
+    def margin_bytes(self) -> int | None:
+        """Usable budget left at the chosen micro-batch."""
+        return None if self.peak_bytes is None else self.usable_bytes - self.peak_bytes
+
+    def fitting(self) -> tuple[int, ...]:
+        """Candidate micro-batches up to the largest that fits."""
+        return tuple(m for m in self.candidates if m <= self.max_micro_batch)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeReport:
+    """Memory probes for every memory class of one workload on one device."""
+
+    workload: WorkloadSpec
+    device: DeviceInfo
+    target_batch: int
+    world_size: int
+    headroom: float
+    budget_bytes: int
+    probes: tuple[MemoryProbe, ...]
+    skipped: tuple[str, ...] = ()
+    """Memory classes not probed, with the reason (e.g. CUDA-graph modes on CPU)."""
+    allocator: str = ""
+    """Allocator settings in force in the children (they move the CPU boundary)."""
+
+    def per_device_batch(self) -> int:
+        """target_batch / world_size: what one device's micro-batches must add up to."""
+        return self.target_batch // self.world_size
+
+    def pairs(self, probe: MemoryProbe) -> tuple[tuple[int, int], ...]:
+        """(micro_batch, accumulate_steps) pairs that fit for a memory class."""
+        per_device = self.per_device_batch()
+        return tuple((m, per_device // m) for m in probe.fitting())
+
+
+T = TypeVar("T")
+
+
+def to_json_dict(value: Any) -> Any:
+    """A dataclass (nested, with tuples) as plain JSON-ready data."""
+    if dataclasses.is_dataclass(value):
+        return {f.name: to_json_dict(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (tuple, list)):
+        return [to_json_dict(v) for v in value]
+    if isinstance(value, dict):
+        return {k: to_json_dict(v) for k, v in value.items()}
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    return value
+
+
+def from_json_dict(cls: type[T], data: Any) -> T:
+    """Rebuild a dataclass written by ``to_json_dict``; unknown keys are an error."""
+    return _convert(cls, data)
+
+
+def _convert(tp: Any, data: Any) -> Any:
+    if data is None:
+        return None
+    if isinstance(tp, str):
+        raise TypeError(f"unresolved type {tp}")
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _convert(args[0], data) if len(args) == 1 else data
+    if origin is tuple:
+        args = typing.get_args(tp)
+        return tuple(_convert(args[0], v) for v in data)
+    if origin is dict:
+        return dict(data)
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        names = {f.name for f in dataclasses.fields(tp)}
+        unknown = set(data) - names
+        if unknown:
+            raise ConfigError(f"unknown fields {sorted(unknown)} for {tp.__name__}")
+        return tp(**{k: _convert(hints[k], v) for k, v in data.items()})
+    if tp is float and isinstance(data, str):
+        return float(data)
+    return data
+
+
+__all__ = [
+    "COMPILE_MODES", "CUDA_GRAPH_MODES", "PRECISIONS", "CompileMode", "DeviceInfo", "MemoryClass",
+    "MemoryProbe", "Precision", "ProbeReport", "ProbeStep", "TrialResult", "TrialSpec",
+    "TrialStatus", "WorkloadSpec", "field", "format_bytes", "from_json_dict", "parse_budget",
+    "parse_bytes", "to_json_dict",
+]

@@ -1,0 +1,31 @@
+"""One error family. Library code raises these; only the CLI turns them into exit codes."""
+
+from __future__ import annotations
+
+
+class AutotuneError(Exception):
+    """Base of every error autotune raises on purpose.
+
+    Attributes:
+        exit_code: what the CLI exits with when this error reaches it.
+    """
+
+    exit_code: int = 2
+
+
+class ConfigError(AutotuneError):
+    """A setting, option or file is wrong. The message names the value seen and what to do."""
+
+
+class WorkloadError(AutotuneError):
+    """The user's workload could not be loaded or misbehaved (factory raised, bad batch, ...)."""
+
+
+class NoFeasibleConfigError(AutotuneError):
+    """Nothing fits: not even micro-batch 1, or no candidate survived. Exit code 1."""
+
+    exit_code = 1
+
+
+class MissingDependencyError(AutotuneError):
+    """An optional package needed for the requested feature is not installed."""

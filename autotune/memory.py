@@ -1,0 +1,149 @@
+"""Find the largest micro-batch that fits, per memory class, with real capped training steps.
+
+Only divisors of ``target / world_size`` matter (the effective batch stays exact). Measured peaks
+grow about linearly with the micro-batch, so after two fitting measurements a line predicts the
+boundary and one or two more probes confirm it; before that the search bisects in log space.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from autotune.config import (
+    MemoryClass,
+    MemoryProbe,
+    ProbeStep,
+    TrialResult,
+    TrialSpec,
+    WorkloadSpec,
+)
+from autotune.errors import WorkloadError
+from autotune.runner import run_isolated
+
+Runner = Callable[[TrialSpec], TrialResult]
+OnStep = Callable[[MemoryClass, ProbeStep], None]
+
+
+def probe_spec(workload: WorkloadSpec, device: str, memory_class: MemoryClass, micro_batch: int,
+               budget_bytes: int | None, timeout_s: float) -> TrialSpec:
+    """The spec of one probe: two micro-batches accumulated, two optimizer steps, capped."""
+    return TrialSpec(
+        workload=workload, device=device, micro_batch=micro_batch, accumulate_steps=2,
+        precision=memory_class.precision, compile_mode=memory_class.compile_mode,
+        num_warmup_steps=2, num_timed_steps=0, memory_budget_bytes=budget_bytes,
+        timeout_s=timeout_s,
+    )
+
+
+def probe_memory(
+    workload: WorkloadSpec,
+    device: str,
+    memory_class: MemoryClass,
+    candidates: Sequence[int],
+    *,
+    budget_bytes: int,
+    usable_bytes: int,
+    timeout_s: float = 900.0,
+    hint: int | None = None,
+    run: Runner = run_isolated,
+    on_step: OnStep | None = None,
+) -> MemoryProbe:
+    """The largest candidate micro-batch whose real training step fits.
+
+    A candidate fits when its capped child ran every step and its measured peak stayed within
+    ``usable_bytes`` (the budget minus headroom). The cap itself is ``budget_bytes``: the gap
+    between the two absorbs allocator noise near the boundary.
+
+    Args:
+        workload: what to train.
+        device: ``cpu`` or ``cuda:N``.
+        memory_class: precision and compile mode.
+        candidates: micro-batches to consider (divisors of the per-device batch).
+        budget_bytes: hard cap for each child.
+        usable_bytes: a fitting peak must stay under this.
+        timeout_s: per child.
+        hint: a first guess (e.g. another class's boundary); default: the largest candidate.
+        run: how to run a spec (the isolated runner; tests may pass a recorder around it).
+        on_step: called after each probe, for progress output.
+
+    Raises:
+        WorkloadError: the workload itself fails (factory, batch or model errors).
+    """
+    cands = sorted(set(candidates))
+    steps: list[ProbeStep] = []
+    lo, hi = 0, math.inf  # largest known to fit, smallest known not to
+    micro_batch = hint if hint in cands else cands[-1]
+    while True:
+        spec = probe_spec(workload, device, memory_class, micro_batch, budget_bytes, timeout_s)
+        result = run(spec)
+        if result.status in ("workload_error", "error"):
+            raise WorkloadError(
+                f"the workload failed at micro-batch {micro_batch} ({memory_class.label()}):\n"
+                f"{result.message}"
+            )
+        fits = result.ok and result.peak_bytes is not None and result.peak_bytes <= usable_bytes
+        message = result.message.splitlines()[0] if result.message else ""
+        if result.ok and not fits:
+            message = "ran, but its peak is over the usable budget (budget minus headroom)"
+        step = ProbeStep(micro_batch=micro_batch, status=result.status,
+                         peak_bytes=result.peak_bytes, fits=fits, message=message,
+                         wall_s=result.wall_s)
+        steps.append(step)
+        if on_step is not None:
+            on_step(memory_class, step)
+        if fits:
+            lo = max(lo, micro_batch)
+        else:
+            hi = min(hi, micro_batch)
+        between = [c for c in cands if lo < c < hi]
+        if not between:
+            break
+        micro_batch = _next_probe(between, steps, lo, hi, usable_bytes, hint)
+
+    best = next((s for s in steps if s.micro_batch == lo and s.fits), None)
+    notes = _notes(steps)
+    return MemoryProbe(
+        memory_class=memory_class, max_micro_batch=lo,
+        peak_bytes=best.peak_bytes if best else None, budget_bytes=budget_bytes,
+        usable_bytes=usable_bytes, candidates=tuple(cands), steps=tuple(steps), notes=notes,
+    )
+
+
+def _next_probe(between: list[int], steps: list[ProbeStep], lo: int, hi: float,
+                usable_bytes: int, hint: int | None) -> int:
+    last = steps[-1]
+    if hint is not None and len(steps) == 1 and last.micro_batch == hint:
+        # Start next to the hint: its neighbour settles the boundary if the hint was right.
+        return min(between) if last.fits else max(between)
+    points = {s.micro_batch: s.peak_bytes for s in steps
+              if s.status == "ok" and s.peak_bytes is not None}
+    if len(points) >= 2:
+        slope, intercept = _fit_line(points)
+        if slope <= 0:
+            return max(between)
+        predicted = [c for c in between if intercept + slope * c <= usable_bytes]
+        # The largest predicted to fit; when none is, confirm the failure just above `lo`.
+        return max(predicted) if predicted else min(between)
+    if lo == 0:
+        return min(between)  # nothing fits yet: is the smallest feasible at all?
+    upper = hi if math.isfinite(hi) else max(between) * 2
+    middle = math.sqrt(lo * upper)
+    return min(between, key=lambda c: abs(math.log(c) - math.log(middle)))
+
+
+def _fit_line(points: dict[int, int]) -> tuple[float, float]:
+    xs, ys = list(points), list(points.values())
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mean_x) ** 2 for x in xs)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / var
+    return slope, mean_y - slope * mean_x
+
+
+def _notes(steps: list[ProbeStep]) -> tuple[str, ...]:
+    notes = []
+    for step in steps:
+        if step.status not in ("ok", "oom"):
+            notes.append(f"micro-batch {step.micro_batch}: {step.status}: {step.message}")
+    return tuple(notes)
+

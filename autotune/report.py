@@ -1,0 +1,87 @@
+"""Tables and JSON for people and machines. No torch import here."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.table import Table
+
+from autotune.config import DeviceInfo, ProbeReport, ProbeStep, format_bytes, to_json_dict
+
+
+def env_table(info: DeviceInfo) -> Table:
+    """The device facts as a two-column table."""
+    table = Table(title="autotune env", show_header=False)
+    table.add_column("fact", style="bold")
+    table.add_column("value")
+    rows = [
+        ("device", info.device), ("name", info.name),
+        ("total memory", format_bytes(info.total_memory_bytes)),
+        ("available memory", format_bytes(info.available_memory_bytes)),
+        ("precisions", ", ".join(info.precisions())),
+        ("native bf16", "yes" if info.native_bf16 else "no (emulated)"),
+        ("compile modes", ", ".join(info.compile_modes())),
+        ("torch", info.torch_version), ("CUDA", info.cuda_version or "-"),
+        ("compute capability", info.compute_capability or "-"),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    for note in info.notes:
+        table.add_row("note", note)
+    return table
+
+
+def probe_table(report: ProbeReport) -> Table:
+    """One row per memory class: the largest micro-batch that fits and what it allows."""
+    per_device = report.per_device_batch()
+    table = Table(title=(
+        f"Largest micro-batch that fits — {report.workload.label()} on {report.device.name} "
+        f"({report.device.device}), target batch {report.target_batch}"
+        + (f" over {report.world_size} devices" if report.world_size > 1 else "")))
+    for name, justify in [("class", "left"), ("max micro", "right"), ("peak", "right"),
+                          ("usable", "right"), ("margin", "right"),
+                          ("micro x accumulate", "left"), ("probes", "right")]:
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for probe in report.probes:
+        pairs = report.pairs(probe)
+        table.add_row(
+            probe.memory_class.label(),
+            str(probe.max_micro_batch) if probe.max_micro_batch else "[red]none[/red]",
+            format_bytes(probe.peak_bytes),
+            format_bytes(probe.usable_bytes),
+            format_bytes(probe.margin_bytes()),
+            " ".join(f"{m}x{per_device // m}" for m in reversed([m for m, _ in pairs])) or "-",
+            str(probe.num_probes),
+        )
+    return table
+
+
+def probe_footer(report: ProbeReport) -> list[str]:
+    """Lines under the probe table: budget, cost, allocator and what was skipped."""
+    num_probes = sum(p.num_probes for p in report.probes)
+    brute = sum(len(p.candidates) for p in report.probes)
+    lines = [
+        f"budget {format_bytes(report.budget_bytes)}, headroom {report.headroom:.0%}; peak is "
+        + ("max_memory_reserved + CUDA context" if report.device.is_cuda else
+           "the child's address-space growth over its baseline (what the cap limits)"),
+        f"{num_probes} probes in all ({brute} candidates; brute force would run each); "
+        f"allocator: {report.allocator}",
+    ]
+    lines += [f"note: {s}" for s in report.skipped]
+    for probe in report.probes:
+        lines += [f"note ({probe.memory_class.label()}): {n}" for n in probe.notes]
+    return lines
+
+
+def probe_step_line(label: str, step: ProbeStep) -> str:
+    """One progress line for a finished probe."""
+    verdict = "fits" if step.fits else "does not fit"
+    seconds = f", {step.wall_s:.1f} s" if step.wall_s is not None else ""
+    return (f"{label:<32} micro-batch {step.micro_batch:>5}: {step.status:<13} "
+            f"peak {format_bytes(step.peak_bytes):>10}  {verdict}{seconds}")
+
+
+def to_json(value: Any) -> str:
+    """Any result dataclass as indented JSON."""
+    return json.dumps(to_json_dict(value), indent=2)

@@ -1,0 +1,105 @@
+"""Candidate knobs: micro-batch sizes and memory classes. No torch import here."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from autotune.config import (
+    COMPILE_MODES,
+    CUDA_GRAPH_MODES,
+    PRECISIONS,
+    DeviceInfo,
+    MemoryClass,
+)
+from autotune.errors import ConfigError
+
+
+def divisors(n: int) -> tuple[int, ...]:
+    """All divisors of ``n`` in increasing order."""
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return tuple(sorted(set(small + [n // d for d in small])))
+
+
+def per_device_batch(target_batch: int, world_size: int) -> int:
+    """``target_batch / world_size``: the samples one device contributes per optimizer step.
+
+    Raises:
+        ConfigError: a non-positive target or world size, or a target that does not split
+            evenly over the devices.
+    """
+    problems = []
+    if target_batch <= 0:
+        problems.append(f"--target-batch must be a positive number of samples, got {target_batch}")
+    if world_size <= 0:
+        problems.append(f"--world-size must be at least 1, got {world_size}")
+    if problems:
+        raise ConfigError("; ".join(problems))
+    if target_batch % world_size:
+        raise ConfigError(
+            f"--target-batch {target_batch} does not split evenly over --world-size {world_size}; "
+            f"use a multiple of {world_size}"
+        )
+    return target_batch // world_size
+
+
+def memory_classes(
+    device: DeviceInfo,
+    precisions: Sequence[str] | None = None,
+    compile_modes: Sequence[str] | None = None,
+) -> tuple[tuple[MemoryClass, ...], tuple[str, ...]]:
+    """The (precision, compile mode) classes to probe on ``device``, and notes on what was skipped.
+
+    Args:
+        device: what the device supports.
+        precisions: restrict to these (default: every precision the device supports).
+        compile_modes: restrict to these (default: ``off`` and ``default`` on CPU, every mode
+            on CUDA).
+
+    Raises:
+        ConfigError: an unknown name, or nothing left to run.
+    """
+    unknown = [p for p in precisions or () if p not in PRECISIONS]
+    unknown += [m for m in compile_modes or () if m not in COMPILE_MODES]
+    if unknown:
+        raise ConfigError(
+            f"unknown precision or compile mode {', '.join(map(repr, unknown))}: precisions are "
+            f"{', '.join(PRECISIONS)}; compile modes are {', '.join(COMPILE_MODES)}"
+        )
+    skipped: list[str] = []
+    wanted_p = list(precisions) if precisions else list(PRECISIONS)
+    if compile_modes:
+        wanted_m = list(compile_modes)
+    else:
+        wanted_m = list(COMPILE_MODES) if device.is_cuda else ["off", "default"]
+        if not device.is_cuda:
+            skipped.append("max-autotune-no-cudagraphs not tried by default on CPU (long "
+                           "compiles); ask for it with --compile-modes")
+    supported_p = device.precisions()
+    for p in wanted_p:
+        if p not in supported_p:
+            skipped.append(
+                f"precision {p} skipped: not supported on {device.name} ({device.device})")
+    supported_m = device.compile_modes()
+    for m in wanted_m:
+        if m not in supported_m:
+            skipped.append(f"compile mode {m} skipped: CUDA graphs need a CUDA device")
+    classes = tuple(
+        MemoryClass(precision=p, compile_mode=m)  # type: ignore[arg-type]
+        for m in wanted_m if m in supported_m
+        for p in wanted_p if p in supported_p
+    )
+    if not classes:
+        raise ConfigError(
+            f"nothing to run on {device.device}: precisions {wanted_p} x compile modes {wanted_m} "
+            f"leave no supported pair (this device runs {', '.join(supported_p)} with "
+            f"{', '.join(supported_m)})"
+        )
+    for p in wanted_p:
+        if p in supported_p and p == "bf16" and not device.native_bf16:
+            skipped.append("bf16 is emulated on this device (no native bf16 units): expect it slow")
+    return classes, tuple(skipped)
+
+
+def is_cuda_graph_mode(mode: str) -> bool:
+    """True for compile modes that capture CUDA graphs."""
+    return mode in CUDA_GRAPH_MODES

@@ -1,0 +1,314 @@
+"""The measured training step, and one trial of it (run inside a child process).
+
+``train_step`` is the one truth: trials time it, probes measure its memory, and the generated
+training loop and ``autotune.load`` helpers run the same arithmetic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import math
+import os
+import resource
+import statistics
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from autotune.config import TrialResult, TrialSpec, TrialStatus
+from autotune.errors import WorkloadError
+from autotune.workload import Batch, Workload, check_batch, load_workload, to_device
+
+_OOM_MESSAGES = (
+    "out of memory",  # CUDA, HIP, MPS, XPU
+    "can't allocate memory",  # DefaultCPUAllocator
+    "cannot allocate memory",  # ENOMEM from the OS
+    "could not create a primitive",  # oneDNN when its scratchpad allocation fails under a cap
+    "std::bad_alloc",
+    "not enough memory",
+)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """True when ``exc`` (or what caused it) is an out-of-memory error.
+
+    ``torch.OutOfMemoryError`` is checked first, by type. Then Python's ``MemoryError`` and
+    ``OSError(ENOMEM)``, then the messages CPU allocators and other backends raise as plain
+    RuntimeError. Wrapped errors (e.g. a compile failure caused by an OOM) are followed.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (torch.OutOfMemoryError, MemoryError)):
+            return True
+        if isinstance(current, OSError) and current.errno == errno.ENOMEM:
+            return True
+        if isinstance(current, RuntimeError):
+            message = str(current).lower()
+            if any(text in message for text in _OOM_MESSAGES):
+                return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _is_compile_error(exc: BaseException) -> bool:
+    names = {type(e).__module__ for e in _chain(exc)}
+    return any(n.startswith(("torch._dynamo", "torch._inductor")) for n in names)
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in out:
+        out.append(current)
+        current = current.__cause__ or current.__context__
+    return out
+
+
+def classify_exception(exc: BaseException) -> TrialStatus:
+    """Map an exception raised by a trial to its outcome status."""
+    if is_out_of_memory(exc):
+        return "oom"
+    if isinstance(exc, WorkloadError):
+        return "workload_error"
+    if _is_compile_error(exc):
+        return "compile_error"
+    return "error"
+
+
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    """The autocast dtype for a precision, or None when it runs without autocast."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+
+
+def autocast(precision: str, device_type: str) -> contextlib.AbstractContextManager[Any]:
+    """The autocast context for a precision (a no-op for fp32 and tf32)."""
+    dtype = autocast_dtype(precision)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device_type, dtype=dtype)
+
+
+def grad_scaler(precision: str, device_type: str) -> torch.amp.GradScaler | None:
+    """A GradScaler for fp16 (its small range underflows gradients without one), else None."""
+    return torch.amp.GradScaler(device_type) if precision == "fp16" else None
+
+
+def set_matmul_precision(precision: str) -> None:
+    """tf32 lets fp32 matmuls and convolutions use TensorFloat-32 (Ampere+); others stay exact."""
+    allow = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = allow
+    torch.backends.cudnn.allow_tf32 = allow
+
+
+def compile_model(model: nn.Module, compile_mode: str) -> nn.Module:
+    """``torch.compile`` with the mode (``dynamic=False``: one shape per trial), or the model."""
+    if compile_mode == "off":
+        return model
+    return torch.compile(model, mode=None if compile_mode == "default" else compile_mode,
+                         dynamic=False)
+
+
+def loss_weights(micro_batches: Sequence[Batch],
+                 count_loss_items: Callable[[Batch], Any] | None) -> list[Any]:
+    """Weight of each micro-batch's mean loss in the effective batch's loss.
+
+    Without item counts every micro-batch weighs 1/k. With counts (e.g. label tokens), a
+    micro-batch weighs its share of all items in the optimizer step, so the effective batch's
+    loss is the mean over all its items: the same gradient as one big batch.
+    """
+    if count_loss_items is None:
+        return [1.0 / len(micro_batches)] * len(micro_batches)
+    counts = [count_loss_items(b) for b in micro_batches]
+    total = sum(counts)
+    return [c / total for c in counts]
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
+               micro_batches: Sequence[Batch], workload: Workload, *, precision: str,
+               device_type: str, scaler: torch.amp.GradScaler | None = None) -> torch.Tensor:
+    """One optimizer step over the micro-batches of one effective batch.
+
+    Forward and backward run per micro-batch under autocast; gradients accumulate in
+    ``.grad``; the optimizer steps once; gradients are freed (``set_to_none``).
+
+    Returns:
+        The effective batch's loss (detached), computed before the update.
+    """
+    total = torch.zeros((), device=next(iter(model.parameters())).device)
+    for weight, batch in zip(loss_weights(micro_batches, workload.count_loss_items),
+                             micro_batches, strict=True):
+        with autocast(precision, device_type):
+            loss = workload.compute_loss(model, batch) * weight
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        total += loss.detach().float()
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return total
+
+
+# ----------------------------------------------------------------------------------------------
+# One trial, inside the child process.
+
+
+def _proc_status() -> dict[str, int]:
+    values = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("VmSize", "VmPeak", "VmHWM", "VmRSS"):
+                values[key] = int(rest.split()[0]) * 1024
+    return values
+
+
+class _Memory:
+    """Caps and measures the child's memory: RLIMIT_AS on CPU, allocator fraction on CUDA."""
+
+    def __init__(self, spec: TrialSpec) -> None:
+        self.device = torch.device(spec.device)
+        self.budget = spec.memory_budget_bytes
+        self.baseline = 0
+        self.context = 0
+        if self.device.type == "cpu":
+            # Create the thread pool now so its stacks count in the baseline, not the budget.
+            torch.ones(64, 64) @ torch.ones(64, 64)
+            self.baseline = _proc_status()["VmSize"]
+            if self.budget is not None:
+                _, hard = resource.getrlimit(resource.RLIMIT_AS)
+                resource.setrlimit(resource.RLIMIT_AS, (self.baseline + self.budget, hard))
+        else:
+            torch.cuda.set_device(self.device)
+            free_before, total = torch.cuda.mem_get_info(self.device)
+            torch.empty(1, device=self.device)
+            free_after, _ = torch.cuda.mem_get_info(self.device)
+            # Context and non-PyTorch use count against the budget like allocations do.
+            reserved = torch.cuda.memory_reserved(self.device)
+            self.context = max(0, free_before - free_after - reserved)
+            if self.budget is not None:
+                allowed = min(self.budget, free_before) - self.context
+                torch.cuda.set_per_process_memory_fraction(max(allowed, 0) / total, self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def peak(self) -> tuple[int, int | None, int]:
+        """(peak bytes, peak RSS or None, allocator retries)."""
+        if self.device.type == "cpu":
+            status = _proc_status()
+            return status["VmPeak"] - self.baseline, status["VmHWM"], 0
+        stats = torch.cuda.memory_stats(self.device)
+        return (torch.cuda.max_memory_reserved(self.device) + self.context, None,
+                int(stats.get("num_alloc_retries", 0)))
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def _dynamo_counts() -> tuple[int, int]:
+    from torch._dynamo.utils import counters
+
+    graphs = int(counters["stats"].get("unique_graphs", 0))
+    breaks = int(sum(counters["graph_break"].values()))
+    return graphs, breaks
+
+
+def run_trial(spec: TrialSpec) -> TrialResult:
+    """Run one trial in this (child) process and describe what happened.
+
+    Never raises for the outcomes a trial can have (OOM, compile error, non-finite loss, a
+    workload that misbehaves): they come back as the result's status.
+    """
+    info: dict[str, Any] = {"samples_per_step": spec.micro_batch * spec.accumulate_steps}
+    memory: _Memory | None = None
+    try:
+        workload = load_workload(spec.workload, spec.device)
+        info["tokens_per_sample"] = workload.tokens_per_sample
+        memory = _Memory(spec)
+        info["baseline_bytes"] = memory.baseline
+        return _train(spec, workload, memory, info)
+    except BaseException as exc:  # every outcome is a value; KeyboardInterrupt ends the child
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        status = classify_exception(exc)
+        if memory is not None:
+            info["peak_bytes"], info["peak_rss_bytes"], info["num_alloc_retries"] = memory.peak()
+        message = f"{type(exc).__name__}: {exc}"
+        if status in ("error", "workload_error", "compile_error"):
+            message += "\n" + "".join(traceback.format_exception(exc))[-4000:]
+        return TrialResult(status=status, message=message[:6000], **info)
+
+
+def _train(spec: TrialSpec, workload: Workload, memory: _Memory,
+           info: dict[str, Any]) -> TrialResult:
+    device = memory.device
+    set_matmul_precision(spec.precision)
+    torch.manual_seed(spec.seed)
+    model = workload.build_model().to(device)
+    optimizer = workload.make_optimizer(model.parameters())
+    torch.manual_seed(spec.seed + 1)
+    micro_batches = []
+    for _ in range(spec.accumulate_steps):
+        batch = workload.make_batch(spec.micro_batch)
+        check_batch(batch, spec.micro_batch, workload.name)
+        micro_batches.append(to_device(batch, device))
+    scaler = grad_scaler(spec.precision, device.type)
+    stepped = compile_model(model, spec.compile_mode)
+
+    losses: list[torch.Tensor] = []
+    num_skipped = 0
+
+    def one_step() -> float:
+        nonlocal num_skipped
+        scale_before = scaler.get_scale() if scaler is not None else None
+        start = time.perf_counter()
+        losses.append(train_step(stepped, optimizer, micro_batches, workload,
+                                 precision=spec.precision, device_type=device.type,
+                                 scaler=scaler))
+        memory.sync()
+        elapsed = time.perf_counter() - start
+        if scaler is not None and scaler.get_scale() < scale_before:
+            num_skipped += 1
+        info["num_optimizer_steps"] = len(losses)
+        return elapsed
+
+    warmup = [one_step() for _ in range(max(2, spec.num_warmup_steps))]
+    info["warmup_s"] = sum(warmup)
+    timed: list[float] = []
+    timing_start = time.perf_counter()
+    while len(timed) < spec.num_timed_steps:
+        timed.append(one_step())
+        if (spec.max_timed_s is not None and len(timed) >= 3
+                and time.perf_counter() - timing_start > spec.max_timed_s):
+            break
+    info["step_times_s"] = tuple(timed)
+    steady = statistics.median(timed) if timed else min(warmup)
+    info["compile_s"] = max(0.0, info["warmup_s"] - steady * len(warmup))
+    info["peak_bytes"], info["peak_rss_bytes"], info["num_alloc_retries"] = memory.peak()
+    values = torch.stack(losses).tolist()
+    info.update(first_loss=values[0], last_loss=values[-1], num_skipped_steps=num_skipped)
+    if spec.compile_mode != "off":
+        info["num_graphs"], info["num_graph_breaks"] = _dynamo_counts()
+        if info["num_graphs"] == 0:
+            return TrialResult(status="compile_error", message=(
+                "torch.compile produced no graph: the step silently ran eager (recompile limit "
+                "or graph breaks everywhere); not counted as a compiled trial"), **info)
+    if not all(math.isfinite(v) for v in values):
+        bad = next(i for i, v in enumerate(values) if not math.isfinite(v))
+        return TrialResult(status="non_finite", message=(
+            f"loss became {values[bad]} at optimizer step {bad + 1} of {len(values)}"), **info)
+    return TrialResult(status="ok", **info)
+
+
+def environment_notes() -> tuple[str, ...]:
+    """Allocator settings in force (they move the CPU memory boundary)."""
+    keys = [k for k in sorted(os.environ) if k.startswith(("MALLOC_", "PYTORCH_CUDA_ALLOC"))]
+    return tuple(f"{k}={os.environ[k]}" for k in keys)
