@@ -184,7 +184,8 @@ class TrialSpec:
     precision: Precision = "fp32"
     compile_mode: CompileMode = "off"
     num_warmup_steps: int = 2
-    """Optimizer steps before timing (compile included); optimizer state appears at the first."""
+    """Optimizer steps before timing (compile included); optimizer state appears at the first.
+    Probes use 2 so the peak includes optimizer state; eager timing trials may use 1."""
     num_timed_steps: int = 0
     """Synchronized, timed optimizer steps after warm-up (0 for a memory probe)."""
     memory_budget_bytes: int | None = None
@@ -192,7 +193,7 @@ class TrialSpec:
     timeout_s: float = 600.0
     seed: int = 0
     max_timed_s: float | None = None
-    """Stop timing early (keeping at least 3 steps) once this many seconds were spent timing:
+    """Stop timing early once this many seconds were spent timing (at least one timed step):
     a candidate already far slower than the best needs no more evidence."""
 
     def memory_class(self) -> MemoryClass:
@@ -233,6 +234,9 @@ class TrialResult:
     num_graph_breaks: int | None = None
     samples_per_step: int = 0
     tokens_per_sample: int | None = None
+    workload_name: str = ""
+    workload_fingerprint: str = ""
+    """Hash of parameter shapes and batch shapes: changes when the model or its input does."""
     wall_s: float | None = None
     """Whole child process time, start-up included (set by the runner)."""
 

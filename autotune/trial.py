@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import math
 import os
 import resource
@@ -232,6 +233,7 @@ def run_trial(spec: TrialSpec) -> TrialResult:
     try:
         workload = load_workload(spec.workload, spec.device)
         info["tokens_per_sample"] = workload.tokens_per_sample
+        info["workload_name"] = workload.name
         memory = _Memory(spec)
         info["baseline_bytes"] = memory.baseline
         return _train(spec, workload, memory, info)
@@ -260,6 +262,7 @@ def _train(spec: TrialSpec, workload: Workload, memory: _Memory,
         batch = workload.make_batch(spec.micro_batch)
         check_batch(batch, spec.micro_batch, workload.name)
         micro_batches.append(to_device(batch, device))
+    info["workload_fingerprint"] = fingerprint(model, micro_batches[0])
     scaler = grad_scaler(spec.precision, device.type)
     stepped = compile_model(model, spec.compile_mode)
 
@@ -280,14 +283,13 @@ def _train(spec: TrialSpec, workload: Workload, memory: _Memory,
         info["num_optimizer_steps"] = len(losses)
         return elapsed
 
-    warmup = [one_step() for _ in range(max(2, spec.num_warmup_steps))]
+    warmup = [one_step() for _ in range(max(1, spec.num_warmup_steps))]
     info["warmup_s"] = sum(warmup)
     timed: list[float] = []
     timing_start = time.perf_counter()
     while len(timed) < spec.num_timed_steps:
         timed.append(one_step())
-        if (spec.max_timed_s is not None and len(timed) >= 3
-                and time.perf_counter() - timing_start > spec.max_timed_s):
+        if spec.max_timed_s is not None and time.perf_counter() - timing_start > spec.max_timed_s:
             break
     info["step_times_s"] = tuple(timed)
     steady = statistics.median(timed) if timed else min(warmup)
@@ -306,6 +308,15 @@ def _train(spec: TrialSpec, workload: Workload, memory: _Memory,
         return TrialResult(status="non_finite", message=(
             f"loss became {values[bad]} at optimizer step {bad + 1} of {len(values)}"), **info)
     return TrialResult(status="ok", **info)
+
+
+def fingerprint(model: nn.Module, batch: Batch) -> str:
+    """Hash of the model's parameter names, shapes and dtypes and the batch's tensor shapes."""
+    parts = [f"{n}:{tuple(p.shape)}:{p.dtype}" for n, p in model.named_parameters()]
+    tensors = batch.values() if isinstance(batch, dict) else (
+        batch if isinstance(batch, (tuple, list)) else [batch])
+    parts += [f"batch:{tuple(t.shape[1:])}:{t.dtype}" for t in tensors]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
 def environment_notes() -> tuple[str, ...]:
