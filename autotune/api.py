@@ -226,10 +226,17 @@ def search(
     path = Path(out) / "autotune.json" if out is not None else None
     if path is not None:
         _check_writable(path, force)
+    info = describe_device(device)
+    extra_skipped: tuple[str, ...] = ()
+    if precisions is None and not info.is_cuda and not info.native_bf16:
+        precisions = ["fp32"]
+        extra_skipped = ("bf16 not timed: this CPU emulates it (many times slower than fp32); "
+                         "ask for it with --precisions fp32,bf16",)
     report = probe(workload, target_batch=target_batch, world_size=world_size, device=device,
                    memory_budget=memory_budget, headroom=headroom, precisions=precisions,
                    compile_modes=compile_modes, timeout_s=settings.timeout_s, on_step=on_step,
                    include_baseline=True)
+    report = replace(report, skipped=report.skipped + extra_skipped)
     outcome = run_search(report, settings, on_trial=on_trial)
     config = tuned_config(report, outcome, settings)
     if path is not None:

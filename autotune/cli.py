@@ -9,10 +9,19 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from autotune.errors import AutotuneError
 
@@ -111,9 +120,104 @@ def probe(
         if json_out:
             print(report.to_json(result))
             return
-        out.print(report.probe_table(result))
+        console = out_for_tables()
+        console.print(report.probe_table(result))
         for line in report.probe_footer(result):
-            out.print(line, highlight=False)
+            console.print(line, highlight=False)
+
+
+@app.command()
+def search(
+    target_batch: TargetOpt = 64,
+    workload: WorkloadOpt = None,
+    model: ModelOpt = None,
+    seq_len: SeqLenOpt = None,
+    pretrained: PretrainedOpt = False,
+    world_size: WorldOpt = 1,
+    device: DeviceOpt = None,
+    memory_budget: BudgetOpt = None,
+    headroom: HeadroomOpt = 0.1,
+    precisions: PrecisionsOpt = None,
+    compile_modes: ModesOpt = None,
+    out: Annotated[Path, typer.Option("--out", help="Folder for autotune.json.")] = Path("."),
+    force: Annotated[bool, typer.Option("--force", help="Overwrite autotune.json.")] = False,
+    time_budget: Annotated[Optional[str], typer.Option(
+        "--time-budget", help="Stop after this long and keep the best so far, e.g. 10m.")] = None,
+    train_steps: Annotated[Optional[int], typer.Option(
+        "--train-steps", min=1,
+        help="Objective: time to train N optimizer steps, compile included.")] = None,
+    storage: Annotated[Optional[str], typer.Option(
+        "--storage", help="Optuna RDB storage to resume or share, e.g. sqlite:///autotune.db.")
+    ] = None,
+    study_name: Annotated[Optional[str], typer.Option("--study-name")] = None,
+    timed_steps: Annotated[int, typer.Option(
+        "--timed-steps", min=3, help="Timed optimizer steps per trial.")] = 10,
+    micro_batches: Annotated[str, typer.Option(
+        "--micro-batches", help="Largest N fitting micro-batches per class to time, or 'all'.")
+    ] = "3",
+    max_trials: Annotated[int, typer.Option("--max-trials", min=1)] = 30,
+    json_out: JsonOpt = False,
+) -> None:
+    """Probe memory, time compile modes x precisions, write the tuned autotune.json."""
+    with _exits():
+        from autotune import api, config, errors, report
+        from autotune.search import SearchSettings
+
+        if micro_batches != "all" and not micro_batches.isdigit():
+            raise errors.ConfigError(
+                f"--micro-batches must be a number or 'all', got {micro_batches!r}")
+        settings = SearchSettings(
+            num_timed_steps=timed_steps, max_trials=max_trials, train_steps=train_steps,
+            micro_batches_per_class=0 if micro_batches == "all" else int(micro_batches),
+            time_budget_s=config.parse_duration(time_budget) if time_budget else None,
+            storage=storage, study_name=study_name)
+        spec = api.workload_spec(workload=workload, model=model, seq_len=seq_len,
+                                 pretrained=pretrained)
+        with _progress() as progress:
+            task = progress.add_task("probing memory", total=None)
+
+            def on_step(memory_class, step):
+                err.print(report.probe_step_line(memory_class.label(), step), highlight=False)
+                progress.update(task, description=f"probing {memory_class.label()}")
+
+            def on_trial(done, total, candidate, record):
+                if record is not None:
+                    err.print(report.trial_line(record), highlight=False)
+                progress.update(task, total=total, completed=done, description=(
+                    f"trial {min(done + 1, total)}/{total}: {candidate.key()}"))
+
+            try:
+                result = api.search(
+                    spec, target_batch=target_batch, world_size=world_size, device=device,
+                    memory_budget=memory_budget, headroom=headroom,
+                    precisions=_split(precisions), compile_modes=_split(compile_modes),
+                    out=out, force=force, settings=settings, on_step=on_step,
+                    on_trial=on_trial)
+            except KeyboardInterrupt:
+                err.print("interrupted before any trial finished: nothing written")
+                raise typer.Exit(130) from None
+        if json_out:
+            print(report.to_json(result.config))
+        else:
+            out_console = out_for_tables()
+            out_console.print(report.search_table(result.config))
+            for line in report.search_footer(result):
+                out_console.print(line, highlight=False)
+        if result.config.interrupted:
+            raise typer.Exit(130 if "Ctrl-C" in result.stop_reason else 0)
+
+
+def out_for_tables() -> Console:
+    """Stdout console, wide enough for the results table even when piped."""
+    return Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+
+
+@contextlib.contextmanager
+def _progress() -> Iterator[Progress]:
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                        MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True)
+    with progress:
+        yield progress
 
 
 def main() -> None:

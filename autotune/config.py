@@ -83,6 +83,19 @@ def parse_budget(text: str, total_bytes: int) -> int:
     return parse_bytes(stripped)
 
 
+def parse_duration(text: str) -> float:
+    """Parse ``"10m"``, ``"90s"``, ``"1.5h"`` or a number of seconds.
+
+    Raises:
+        ConfigError: not a positive duration.
+    """
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(s|sec|m|min|h)?\s*", str(text).lower())
+    if not match or float(match.group(1)) <= 0:
+        raise ConfigError(f"cannot read the duration {text!r}: write e.g. '90s', '10m' or '1h'")
+    return float(match.group(1)) * {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}[
+        match.group(2) or "s"]
+
+
 def format_bytes(num_bytes: float | None) -> str:
     """Render bytes in binary units, e.g. ``1.50 GiB``; ``-`` for unknown."""
     if num_bytes is None:

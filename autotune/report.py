@@ -8,6 +8,7 @@ from typing import Any
 from rich.table import Table
 
 from autotune.config import DeviceInfo, ProbeReport, ProbeStep, format_bytes, to_json_dict
+from autotune.schema import SearchResult, TrialRecord, TunedConfig
 
 
 def env_table(info: DeviceInfo) -> Table:
@@ -85,3 +86,71 @@ def probe_step_line(label: str, step: ProbeStep) -> str:
 def to_json(value: Any) -> str:
     """Any result dataclass as indented JSON."""
     return json.dumps(to_json_dict(value), indent=2)
+
+
+def search_table(config: TunedConfig) -> Table:
+    """Every trial: knobs, outcome, speed, memory and compile cost; the winner marked."""
+    table = Table(title=(
+        f"autotune search — {config.workload_name or config.workload.label()} on "
+        f"{config.device.name} ({config.device.device}), target batch {config.target_batch}"))
+    columns = [("#", "right"), ("class", "left"), ("micro x acc", "right"),
+               ("status", "left"), ("ms/step", "right"), ("samples/s", "right"),
+               ("tokens/s", "right"), ("peak", "right"), ("compile s", "right"),
+               ("speedup", "right"), ("runs", "right")]
+    if config.train_steps:
+        columns.append((f"train {config.train_steps} steps s", "right"))
+    for name, justify in columns:
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for r in config.trials:
+        status = {"winner": "[bold green]winner[/]", "ok": "ok"}.get(r.verdict, r.verdict)
+        if r.is_baseline:
+            status += " (baseline)"
+        row = [str(r.number), f"{r.precision}/{r.compile_mode}",
+               f"{r.micro_batch}x{r.accumulate_steps}", status,
+               _num(r.median_step_s, 1000, ".1f"), _num(r.samples_per_s, 1, ",.1f"),
+               _num(r.tokens_per_s, 1, ",.0f"), format_bytes(r.peak_bytes),
+               _num(r.compile_s if r.compile_mode != "off" else None, 1, ".1f"),
+               _num(r.speedup, 1, ".2f", "x"), str(r.num_runs)]
+        if config.train_steps:
+            row.append(_num(r.time_to_train_s, 1, ",.1f"))
+        table.add_row(*row, style="bold" if r.verdict == "winner" else None)
+    return table
+
+
+def _num(value: float | None, scale: float, fmt: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value * scale:{fmt}}{suffix}"
+
+
+def search_footer(result: SearchResult) -> list[str]:
+    """Lines under the search table: why the winner won, memory, skipped, failures, file."""
+    c = result.config
+    mem = c.memory
+    lines = [
+        f"winner: micro_batch={c.micro_batch} accumulate_steps={c.accumulate_steps} "
+        f"(x world {c.world_size} = {c.effective_batch()}) precision={c.precision} "
+        f"compile={c.compile_mode}",
+        f"why: {c.reason}",
+        f"memory: peak {format_bytes(mem.peak_bytes)} of {format_bytes(mem.usable_bytes)} usable "
+        f"(budget {format_bytes(mem.budget_bytes)}, headroom {mem.headroom:.0%}); "
+        f"peak = {mem.peak_definition}",
+    ]
+    if c.break_even_steps is not None:
+        lines.append(
+            "compile pays for itself after "
+            + ("never (not faster per step)" if c.break_even_steps == float("inf")
+               else f"{c.break_even_steps:,.0f} optimizer steps") + " against the baseline")
+    lines += [f"{r.label()}: {r.verdict}: {r.reason}" for r in c.trials
+              if r.verdict not in ("winner", "ok") and r.reason]
+    lines += [f"skipped: {s}" for s in c.skipped]
+    if c.interrupted:
+        lines.append(f"note: {result.stop_reason}")
+    if result.path is not None:
+        lines.append(f"wrote {result.path}")
+    return lines
+
+
+def trial_line(record: TrialRecord) -> str:
+    """One progress line for a finished trial."""
+    speed = f"{record.samples_per_s:,.1f} samples/s" if record.samples_per_s else "-"
+    extra = f" ({record.reason})" if record.reason else ""
+    return f"trial {record.label():<28} {record.verdict:<13} {speed}{extra}"

@@ -65,6 +65,8 @@ class TrialRecord:
     time_to_train_s: float | None = None
     """compile_s + train_steps x median_step_s, when an objective in steps was given."""
     wall_s: float | None = None
+    num_runs: int = 1
+    """Times it was measured; leaders are re-measured and keep their better run."""
 
     def label(self) -> str:
         """E.g. ``bf16/default mb=16x4``."""

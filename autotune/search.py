@@ -29,6 +29,7 @@ Runner = Callable[[TrialSpec], TrialResult]
 # Numerics guard: allowed relative distance of the first loss from fp32 eager's, per precision.
 LOSS_TOLERANCE = {"fp32": 0.01, "tf32": 0.01, "bf16": 0.05, "fp16": 0.05}
 _INFEASIBLE = 1.0
+optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own progress says what happens
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +61,9 @@ class SearchSettings:
     timeout_s: float = 900.0
     slower_factor: float = 2.0
     """Stop timing a candidate once it has spent this many times the best's timed seconds."""
+    num_confirm: int = 2
+    """Leaders re-measured (with the baseline, interleaved) before the pick; each keeps its
+    better run, since a slow period of the machine only ever inflates times."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,6 +170,7 @@ def run_search(
                        "the TPE sampler chose which to time")
     start = time.perf_counter()
     interrupted, stop_reason = False, "every planned candidate was timed"
+    runs: dict[str, int] = {}
     planned = min(len(candidates), settings.max_trials)
     by_key = {c.key(): c for c in candidates}
     try:
@@ -195,14 +200,43 @@ def run_search(
             if on_trial:
                 record = classify(candidate, result, results, baseline, report, settings)[0]
                 on_trial(len(results), planned, candidate, record)
+        if not interrupted:
+            runs = _confirm(report, settings, results, by_key, baseline, run, on_trial)
     except KeyboardInterrupt:
         interrupted, stop_reason = True, "interrupted (Ctrl-C): best so far"
     records = tuple(replace(classify(by_key[k], r, results, baseline, report, settings)[0],
-                            number=i)
+                            number=i, num_runs=runs.get(k, 1))
                     for i, (k, r) in enumerate((k, r) for k, r in results.items() if k in by_key))
     return SearchOutcome(records=records, results=results, baseline=baseline,
                          skipped=tuple(skipped), interrupted=interrupted,
                          stop_reason=stop_reason)
+
+
+def _confirm(report: ProbeReport, settings: SearchSettings, results: dict[str, TrialResult],
+             by_key: dict[str, Candidate], baseline: Candidate, run: Runner,
+             on_trial: Callable[[int, int, Candidate, TrialRecord | None], None] | None,
+             ) -> dict[str, int]:
+    """Re-measure the leaders and the baseline, interleaved; keep each one's better run."""
+    ranked = sorted(
+        (k for k, r in results.items() if k in by_key and _objective(r, settings) is not None
+         and len(r.step_times_s) >= settings.num_timed_steps),
+        key=lambda k: _objective(results[k], settings) or 0.0,
+        reverse=not settings.train_steps)
+    keys = list(dict.fromkeys([baseline.key(), *ranked[:settings.num_confirm]]))
+    if settings.num_confirm <= 0 or len(keys) < 2:
+        return {}
+    runs = {}
+    for i, key in enumerate(keys):
+        if on_trial:
+            on_trial(i, len(keys), by_key[key], None)
+        spec = replace(_spec(report, by_key[key], settings, results, baseline), max_timed_s=None)
+        again = run(spec)
+        runs[key] = 2
+        first = results[key]
+        if again.ok and (not first.ok or (again.median_step_s() or 1e18) <
+                         (first.median_step_s() or 1e18)):
+            results[key] = again
+    return runs
 
 
 def _completed(study: optuna.Study) -> dict[str, TrialResult]:
