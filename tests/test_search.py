@@ -1,0 +1,167 @@
+"""autotune search: real end-to-end searches on a tiny CPU workload, resume, refusal, Ctrl-C."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from typer.testing import CliRunner
+
+from autotune import api
+from autotune.cli import app
+from autotune.config import TrialSpec, WorkloadSpec
+from autotune.errors import ConfigError
+from autotune.runner import run_isolated
+from autotune.schema import read_tuned
+from autotune.search import SearchSettings, run_search
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = WorkloadSpec(kind="file", target=str(ROOT / "tests" / "workloads.py") + ":tiny")
+FAST = SearchSettings(num_timed_steps=3, micro_batches_per_class=2, num_confirm=1)
+
+
+class Recorder:
+    """Runs specs with the real isolated runner and remembers them."""
+
+    def __init__(self) -> None:
+        self.specs: list[TrialSpec] = []
+
+    def __call__(self, spec: TrialSpec):
+        self.specs.append(spec)
+        return run_isolated(spec)
+
+
+def test_search_eager_and_compiled_writes_a_consistent_config(tmp_path: Path) -> None:
+    result = api.search(TINY, target_batch=8, device="cpu", memory_budget="4GiB",
+                        precisions=["fp32"], compile_modes=["off", "default"], out=tmp_path,
+                        settings=FAST)
+    config = read_tuned(tmp_path / "autotune.json")
+    assert config == result.config
+    assert config.schema == 1
+    assert config.micro_batch * config.accumulate_steps * config.world_size == 8
+    assert config.workload_fingerprint and config.workload_name == "tiny-wide-mlp"
+    assert set(config.memory.max_micro_batch) == {"fp32/off", "fp32/default"}
+    trials = config.trials
+    assert trials[0].is_baseline and trials[0].precision == "fp32"
+    assert trials[0].compile_mode == "off"
+    winners = [t for t in trials if t.verdict == "winner"]
+    assert len(winners) == 1
+    feasible = [t for t in trials if t.verdict in ("winner", "ok")]
+    assert winners[0].samples_per_s == max(t.samples_per_s for t in feasible)
+    assert (config.micro_batch, config.precision, config.compile_mode) == (
+        winners[0].micro_batch, winners[0].precision, winners[0].compile_mode)
+    compiled = [t for t in trials if t.compile_mode == "default" and t.verdict != "oom"]
+    assert compiled and all(t.num_graphs and t.num_graphs >= 1 for t in compiled)
+    assert all(t.num_timed_steps >= 3 for t in feasible)
+    assert config.speedup == pytest.approx(winners[0].samples_per_s / trials[0].samples_per_s)
+
+
+def test_oom_candidates_are_recorded_infeasible(tmp_path: Path) -> None:
+    budget = 150 * 1024**2
+    report = api.probe(TINY, target_batch=16, device="cpu", memory_budget=budget,
+                       precisions=["fp32"], compile_modes=["off"])
+    probe = report.probes[0]
+    assert 0 < probe.max_micro_batch < 16
+    # Claim every candidate fits: the trials above the real boundary must OOM under the cap.
+    forged = dataclasses.replace(report, probes=(dataclasses.replace(probe, max_micro_batch=16),))
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    settings = dataclasses.replace(FAST, micro_batches_per_class=0, num_confirm=0,
+                                   storage=storage, study_name="oom")
+    outcome = run_search(forged, settings)
+    by_mb = {r.micro_batch: r for r in outcome.records}
+    assert by_mb[16].verdict == "oom"
+    assert by_mb[probe.max_micro_batch].verdict in ("ok", "slower")
+    study = optuna.load_study(study_name="oom", storage=storage)
+    constraints = {t.params["candidate"]: t.user_attrs["constraint"][0] for t in study.trials}
+    assert constraints["fp32/off/16"] > 0
+    assert constraints[f"fp32/off/{probe.max_micro_batch}"] == 0
+
+
+def test_resume_from_storage_reuses_completed_trials(tmp_path: Path) -> None:
+    report = api.probe(TINY, target_batch=4, device="cpu", memory_budget="2GiB",
+                       precisions=["fp32"], compile_modes=["off"])
+    settings = dataclasses.replace(FAST, num_confirm=0, storage=f"sqlite:///{tmp_path}/s.db",
+                                   study_name="resume")
+    first, second = Recorder(), Recorder()
+    done = run_search(report, settings, run=first)
+    again = run_search(report, settings, run=second)
+    assert len(first.specs) == len(done.records) >= 2
+    assert second.specs == []
+    assert [r.median_step_s for r in again.records] == [r.median_step_s for r in done.records]
+
+
+def test_a_study_of_another_search_is_refused(tmp_path: Path) -> None:
+    settings = dataclasses.replace(FAST, storage=f"sqlite:///{tmp_path}/s.db", study_name="x")
+    api_report = api.probe(TINY, target_batch=2, device="cpu", memory_budget="2GiB",
+                           precisions=["fp32"], compile_modes=["off"])
+    run_search(api_report, dataclasses.replace(settings, num_confirm=0))
+    other = dataclasses.replace(api_report, target_batch=4)
+    with pytest.raises(ConfigError, match="refusing to mix"):
+        run_search(other, settings)
+
+
+runner = CliRunner()
+
+
+def _cli(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def _err(result) -> str:
+    return result.output + (getattr(result, "stderr", "") or "")
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--precisions", "fp64"], "unknown precision"),
+    (["--compile-modes", "turbo"], "unknown precision or compile mode"),
+    (["--storage", "nosuchdb://nowhere"], "cannot open --storage"),
+    (["--time-budget", "soon"], "cannot read the duration"),
+    (["--micro-batches", "many"], "--micro-batches must be a number"),
+])
+def test_search_bad_input_exits_2(args: list[str], expected: str, tmp_path: Path) -> None:
+    result = _cli("search", "--workload", TINY.target, "--target-batch", "2", "--device", "cpu",
+                  "--out", str(tmp_path), *args)
+    assert result.exit_code == 2, _err(result)
+    assert expected in _err(result)
+    assert not (tmp_path / "autotune.json").exists()
+
+
+def test_search_refuses_to_overwrite_and_unwritable_out(tmp_path: Path) -> None:
+    (tmp_path / "autotune.json").write_text("{}")
+    result = _cli("search", "--target-batch", "2", "--out", str(tmp_path))
+    assert result.exit_code == 2 and "--force" in _err(result)
+    assert (tmp_path / "autotune.json").read_text() == "{}"
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = _cli("search", "--target-batch", "2", "--out", str(blocker / "sub"))
+    assert result.exit_code == 2 and "not writable" in _err(result)
+
+
+def test_ctrl_c_keeps_and_writes_the_best_so_far(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "autotune.cli", "search", "--workload", TINY.target,
+           "--target-batch", "8", "--device", "cpu", "--memory-budget", "2GiB",
+           "--precisions", "fp32", "--compile-modes", "off", "--micro-batches", "all",
+           "--timed-steps", "3", "--out", str(tmp_path)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 300
+    for line in proc.stderr:  # wait until the first trial has finished
+        if line.startswith("trial ") or time.monotonic() > deadline:
+            break
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    config = read_tuned(tmp_path / "autotune.json")
+    assert config.interrupted
+    assert any(t.verdict == "winner" for t in config.trials)
+    assert "interrupted (Ctrl-C)" in stdout
+    json.loads((tmp_path / "autotune.json").read_text())
