@@ -179,6 +179,7 @@ def estimate(
     world_size: int = 1,
     kernels: str = "cuda",
     scale: float | None = None,
+    find_max: bool = True,
 ) -> EstimateReport:
     """Estimate one training step's memory and the largest micro-batch that fits.
 
@@ -192,12 +193,14 @@ def estimate(
         world_size: data-parallel devices (micro-batches divide target / world).
         kernels: ``cuda`` (model CUDA's fused attention) or ``cpu`` (what a CPU runs).
         scale: calibration (measured / estimate) to apply, from ``autotune.json``.
+        find_max: search the largest micro-batch that fits (more traces); without it, only
+            the asked micro-batch is traced and reported.
 
     Raises:
         ConfigError: bad settings. WorkloadError: the workload cannot be built or traced.
     """
     from autotune.config import PRECISIONS, parse_bytes
-    from autotune.estimate import estimate_step, largest_fitting
+    from autotune.estimate import FitSearch, estimate_step, largest_fitting
     from autotune.workload import load_workload
 
     problems = []
@@ -226,7 +229,11 @@ def estimate(
 
     asked = trace(micro_batch)
     traced_usable = int(usable / (scale or 1.0))
-    search = largest_fitting(trace, traced_usable, candidates, known=[asked])
+    if not find_max:
+        fits = asked.peak_bytes <= traced_usable
+        search = FitSearch(max_micro_batch=micro_batch if fits else 0, estimates=(asked,))
+    else:
+        search = largest_fitting(trace, traced_usable, candidates, known=[asked])
     best = search.max_micro_batch
     pairs: tuple[tuple[int, int], ...] = ()
     if candidates is not None:
@@ -359,11 +366,14 @@ def check(path: str | Path | None = None, *, target: CheckTarget | None = None,
         peak, how = _measure(target), f"measured on the device ({label})"
     else:
         kernels = "cpu" if target.device == "cpu" else "cuda"
-        step = estimate(workload or target.workload, micro_batch=target.micro_batch,
+        settings = dict(micro_batch=target.micro_batch,
                         device_memory=target.device_memory_bytes, precision=target.precision,
                         headroom=target.headroom, target_batch=target.target_batch,
                         world_size=target.world_size, kernels=kernels,
                         scale=target.calibration)
+        step = estimate(workload or target.workload, find_max=False, **settings)
+        if not step.fits():  # only then: which micro-batch would fit
+            step = estimate(workload or target.workload, **settings)
         peak = step.scaled(step.estimate.peak_bytes)
         if target.calibration is not None:
             how = f"estimate calibrated by {label}'s measured/estimate ratio " \
@@ -373,7 +383,7 @@ def check(path: str | Path | None = None, *, target: CheckTarget | None = None,
                 f" (compile mode {target.compile_mode} cannot be traced under fake tensors)"
                 if target.compile_mode != "off" else "")
     head = (f"micro-batch {target.micro_batch} x {target.accumulate_steps} ({label}): peak "
-            f"{format_bytes(peak)} [{how}], usable {format_bytes(usable)} (device "
+            f"{format_bytes(peak)} ({how}), usable {format_bytes(usable)} (device "
             f"{format_bytes(target.device_memory_bytes)} minus {target.headroom:.0%} headroom)")
     if peak <= usable:
         message = f"fits: {head}, margin {format_bytes(usable - peak)}"

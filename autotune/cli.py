@@ -185,7 +185,7 @@ def check(
 
         with err.status("checking the tuned config's memory..."):
             result = api.check(path, measure=measure)
-        out.print(result.message, highlight=False)
+        out.print(result.message, highlight=False, markup=False)
         if not result.fits:
             raise typer.Exit(1)
 
