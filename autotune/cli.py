@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -218,6 +219,78 @@ def _progress() -> Iterator[Progress]:
                         MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True)
     with progress:
         yield progress
+
+
+# ----------------------------------------------------------------------------------------------
+# estimate and check (issue 5).
+
+
+class PrecisionChoice(str, Enum):
+    fp32 = "fp32"
+    tf32 = "tf32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class KernelsChoice(str, Enum):
+    cuda = "cuda"
+    cpu = "cpu"
+
+
+@app.command()
+def estimate(
+    micro_batch: Annotated[int, typer.Option("--micro-batch", min=1, help="Micro-batch.")] = 8,
+    device_memory: Annotated[str, typer.Option(
+        "--device-memory", help="The device's memory, e.g. 24GiB or 80GB.")] = "24GiB",
+    precision: Annotated[PrecisionChoice, typer.Option("--precision")] = PrecisionChoice.fp32,
+    workload: WorkloadOpt = None,
+    model: ModelOpt = None,
+    seq_len: SeqLenOpt = None,
+    headroom: HeadroomOpt = 0.1,
+    target_batch: Annotated[Optional[int], typer.Option(
+        "--target-batch", min=1, help="List the (micro-batch, accumulation) pairs that fit.")
+    ] = None,
+    world_size: WorldOpt = 1,
+    kernels: Annotated[KernelsChoice, typer.Option(
+        "--kernels", help="Whose kernels to model: cuda (fused attention) or cpu.")
+    ] = KernelsChoice.cuda,
+    json_out: JsonOpt = False,
+) -> None:
+    """Estimate one training step's memory without a GPU or weights, and what fits."""
+    with _exits():
+        from autotune import api, report
+
+        spec = api.workload_spec(workload=workload, model=model, seq_len=seq_len)
+        with err.status("tracing the training step under fake tensors..."):
+            result = api.estimate(
+                spec, micro_batch=micro_batch, device_memory=device_memory,
+                precision=precision.value, headroom=headroom, target_batch=target_batch,
+                world_size=world_size, kernels=kernels.value)
+        if json_out:
+            print(report.to_json(result))
+            return
+        for line in report.estimate_lines(result):
+            out.print(line, highlight=False)
+
+
+@app.command()
+def check(
+    path: Annotated[Path, typer.Argument(help="The autotune.json to check.")] = Path(
+        "autotune.json"),
+    measure: Annotated[Optional[bool], typer.Option(
+        "--measure/--estimate",
+        help="Run a real short step on the GPU, or use the fake-tensor estimator "
+             "(default: measure when a CUDA device is here, else estimate).")] = None,
+) -> None:
+    """Exit 0 if the tuned config still fits its device memory, 1 if not, 2 on bad input."""
+    with _exits():
+        from autotune import api
+
+        with err.status("checking the tuned config's memory..."):
+            result = api.check(path, measure=measure)
+        out.print(result.message, highlight=False, markup=False)
+        if not result.fits:
+            raise typer.Exit(1)
 
 
 def main() -> None:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
 from autotune.config import DeviceInfo, ProbeReport, ProbeStep, format_bytes, to_json_dict
 from autotune.schema import SearchResult, TrialRecord, TunedConfig
+
+if TYPE_CHECKING:
+    from autotune.estimate import EstimateReport
 
 
 def env_table(info: DeviceInfo) -> Table:
@@ -154,3 +157,42 @@ def trial_line(record: TrialRecord) -> str:
     speed = f"{record.samples_per_s:,.1f} samples/s" if record.samples_per_s else "-"
     extra = f" ({record.reason})" if record.reason else ""
     return f"trial {record.label():<28} {record.verdict:<13} {speed}{extra}"
+# ----------------------------------------------------------------------------------------------
+# estimate and check (issue 5).
+
+
+def estimate_lines(report: EstimateReport) -> list[str]:
+    """The estimate as lines for people: breakdown at the peak, then what fits."""
+    step = report.estimate
+    scaled = report.scaled
+    kernels = ("CUDA fused attention modelled" if step.kernels == "cuda"
+               else "CPU kernels as traced")
+    lines = [
+        f"{report.workload_name}: micro-batch {step.micro_batch}, {step.precision}, eager "
+        f"({step.num_parameters / 1e6:.1f}M parameters; fake-tensor trace of the training step, "
+        f"2 accumulated micro-batches + optimizer step, {kernels}, {step.trace_s:.1f} s)",
+    ]
+    rows = [("parameters", step.parameters_bytes), ("gradients", step.gradients_bytes),
+            ("optimizer state", step.optimizer_bytes), ("activations", step.activations_bytes),
+            ("temporaries", step.temporaries_bytes), ("inputs", step.inputs_bytes)]
+    lines += [f"  {name:<16}{format_bytes(scaled(value)):>12}" for name, value in rows]
+    lines.append(f"  {'peak':<16}{format_bytes(scaled(step.peak_bytes)):>12}  "
+                 f"(during {step.peak_phase})")
+    budget = (f"device memory {format_bytes(report.device_memory_bytes)} - "
+              f"{report.headroom:.0%} headroom = {format_bytes(report.usable_bytes)} usable")
+    verdict = "fits" if report.fits() else (
+        f"does NOT fit (over by "
+        f"{format_bytes(scaled(step.peak_bytes) - report.usable_bytes)})")
+    lines.append(f"{budget}: micro-batch {step.micro_batch} {verdict}")
+    if report.max_micro_batch:
+        kind = "candidate " if report.target_batch else ""
+        lines.append(f"largest {kind}micro-batch that fits: {report.max_micro_batch} "
+                     f"(peak {format_bytes(report.max_peak_bytes)})")
+    else:
+        lines.append("no micro-batch fits, not even 1")
+    if report.target_batch is not None:
+        pairs = ", ".join(f"{m} x {a}" for m, a in report.pairs) or "none"
+        lines.append(f"target batch {report.target_batch} (world size {report.world_size}): "
+                     f"micro_batch x accumulate_steps that fit: {pairs}")
+    lines += [f"note: {note}" for note in report.notes]
+    return lines

@@ -352,18 +352,33 @@ def hf_workload(name: str, *, seq_len: int | None = None, pretrained: bool = Fal
 def hf_config(name: str) -> Any:
     """Load a Hugging Face config without weights.
 
+    A local directory or the Hub (or the local HF cache) first; offline, a few well-known model
+    ids (gpt2, distilgpt2, gpt2-medium, bert-base-uncased, roberta-base) come from configs shipped
+    in ``autotune.hf_configs``.
+
     Raises:
-        WorkloadError: not a local directory and not reachable (offline) or unknown.
+        WorkloadError: not a local directory, not reachable (offline) and not shipped, or unknown.
     """
     import transformers
 
+    from autotune.hf_configs import known_config
+
+    shipped = known_config(name)
     try:
+        if shipped is not None and not Path(name).is_dir():
+            # The local cache, else the shipped copy: no network round trips (and retries).
+            try:
+                return transformers.AutoConfig.from_pretrained(name, local_files_only=True)
+            except Exception:
+                return transformers.AutoConfig.for_model(shipped.pop("model_type"), **shipped)
         return transformers.AutoConfig.from_pretrained(name)
     except Exception as exc:
         raise WorkloadError(
             f"cannot load the Hugging Face config for {name!r} ({type(exc).__name__}: "
             f"{str(exc).splitlines()[0] if str(exc) else ''}). Give a local directory holding "
-            "config.json, or a model id with network access (or in the local HF cache)"
+            "config.json, or a model id with network access (or in the local HF cache); "
+            "offline, autotune ships configs only for gpt2, distilgpt2, gpt2-medium, "
+            "bert-base-uncased and roberta-base"
         ) from exc
 
 

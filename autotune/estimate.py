@@ -1,0 +1,396 @@
+"""Estimate the memory of one training step without a GPU and without real weights.
+
+The real step (``trial.train_step``: two accumulated micro-batches, the precision's autocast,
+the optimizer step; the state it creates is counted as alive in the next step) runs under
+``FakeTensorMode`` on fake CPU tensors, with the model built inside the fake mode: no tensor
+holds data, so a model far larger than RAM can be estimated in seconds. A dispatch mode counts
+the bytes of every live tensor storage (freed through weakref finalizers) and keeps the
+breakdown at the peak.
+
+What the figure counts: live tensor storage bytes at the step's peak (parameters and buffers,
+gradients, optimizer state, inputs, activations saved for backward, backward temporaries).
+What it does not count: a CUDA context and library workspaces (cuBLAS, cuDNN), the caching
+allocator's rounding and fragmentation, kernels' internal scratch buffers, and on CPU the process
+overhead (malloc arenas, thread stacks, freed memory the allocator keeps). The headroom covers
+those; ``autotune.json`` calibration (measured / estimate) corrects for them per memory class.
+Compiled modes cannot be traced this way: the figure is always the eager step's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from autotune.errors import WorkloadError
+from autotune.trial import set_matmul_precision, train_step
+from autotune.workload import Workload, check_batch, count_parameters
+
+Kernels = Literal["cuda", "cpu"]
+CATEGORIES = ("parameters", "gradients", "optimizer", "inputs", "activations", "temporaries")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepEstimate:
+    """Live tensor bytes at the peak of one traced training step, by kind."""
+
+    micro_batch: int
+    precision: str
+    kernels: Kernels
+    """Whose kernel choices were modelled: ``cuda`` runs attention as CUDA's memory-efficient
+    fused kernel (no seq x seq scores); ``cpu`` keeps what the CPU runs (SDPA's math fallback
+    when there is dropout or a mask)."""
+    peak_bytes: int
+    parameters_bytes: int
+    """Parameters and buffers."""
+    gradients_bytes: int
+    optimizer_bytes: int
+    """Optimizer state (and, while the optimizer steps, its temporaries)."""
+    inputs_bytes: int
+    """The accumulated micro-batches' input tensors."""
+    activations_bytes: int
+    """Tensors made in forward (saved for backward, autocast copies) alive at the peak."""
+    temporaries_bytes: int
+    """Tensors made in backward that are not gradients, alive at the peak."""
+    peak_phase: str
+    """``forward``, ``backward`` or ``optimizer step``: where the peak happened."""
+    num_parameters: int
+    trace_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class EstimateReport:
+    """An estimated step, and what fits a device memory with headroom."""
+
+    workload_name: str
+    estimate: StepEstimate
+    """The step at the asked micro-batch."""
+    device_memory_bytes: int
+    headroom: float
+    usable_bytes: int
+    """Device memory minus headroom: an estimated peak that fits stays under this."""
+    max_micro_batch: int
+    """Largest micro-batch whose estimated peak fits (0: none)."""
+    max_peak_bytes: int | None
+    target_batch: int | None = None
+    world_size: int = 1
+    pairs: tuple[tuple[int, int], ...] = ()
+    """(micro_batch, accumulate_steps) that fit the target batch, largest micro-batch last."""
+    scale: float | None = None
+    """Calibration applied to every figure (measured / estimate), or None."""
+    notes: tuple[str, ...] = ()
+
+    def fits(self) -> bool:
+        """True when the asked micro-batch's estimated peak fits."""
+        return self.scaled(self.estimate.peak_bytes) <= self.usable_bytes
+
+    def scaled(self, num_bytes: int) -> int:
+        """A traced figure with the calibration applied."""
+        return int(num_bytes * (self.scale or 1.0))
+
+
+ESTIMATE_NOTE = (
+    "counts live tensor bytes at the step's peak (fake-tensor trace of the eager step); not "
+    "counted: CUDA context and library workspaces, allocator caching and fragmentation, "
+    "kernels' internal scratch, CPU process overhead. The headroom is there for those")
+
+
+class _Storages:
+    """Live storage bytes by kind, the running total and the breakdown at its peak."""
+
+    def __init__(self) -> None:
+        self.records: dict[int, list[Any]] = {}
+        self.by_kind = dict.fromkeys(CATEGORIES, 0)
+        self.current = 0
+        self.phase = "forward"
+        # Peaks kept apart for forward/backward and for the optimizer step (see estimate_step).
+        self.peaks: dict[str, tuple[int, dict[str, int], str]] = {}
+
+    def track(self, tensor: torch.Tensor, kind: str, *, relabel: bool = False) -> None:
+        storage = tensor.untyped_storage()
+        record = self.records.get(id(storage))
+        if record is not None:
+            if relabel and record[1] != kind:
+                self.by_kind[record[1]] -= record[0]
+                self.by_kind[kind] += record[0]
+                record[1] = kind
+            return
+        size = storage.nbytes()
+        key = id(storage)
+        record = [size, kind]
+        self.records[key] = record
+        # The storage's Python object lives as long as any tensor on it: its end is the free.
+        weakref.finalize(storage, self._free, key)
+        self.by_kind[kind] += size
+        self.current += size
+        group = "step" if self.phase == "optimizer step" else "fwdbwd"
+        if self.current > self.peaks.get(group, (-1,))[0]:
+            self.peaks[group] = (self.current, dict(self.by_kind), self.phase)
+
+    def _free(self, key: int) -> None:
+        size, kind = self.records.pop(key)
+        self.by_kind[kind] -= size
+        self.current -= size
+
+
+def _dispatch_mode(storages: _Storages) -> Any:
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_map_only
+
+    class _Tracker(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            try:
+                out = func(*args, **(kwargs or {}))
+            except Exception as exc:
+                raise _OpFailed(func, args, exc) from exc
+            in_backward = torch._C._current_graph_task_id() != -1
+            if storages.phase == "optimizer step":
+                kind = "optimizer"
+            elif storages.phase == "inputs":
+                kind = "inputs"
+            else:
+                storages.phase = "backward" if in_backward else "forward"
+                kind = "temporaries" if in_backward else "activations"
+            tree_map_only(torch.Tensor, lambda t: storages.track(t, kind), out)
+            return out
+
+    return _Tracker()
+
+
+class _OpFailed(Exception):
+    def __init__(self, func: Any, args: Any, exc: Exception) -> None:
+        shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__
+                  for a in (args if isinstance(args, (tuple, list)) else [args])][:4]
+        super().__init__(f"{func} (inputs {shapes}) raised {type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else ''}")
+
+
+def _fused_attention(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """SDPA as CUDA's memory-efficient kernel (its meta kernel runs on fake CPU tensors)."""
+
+    def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+             attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+             is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
+             **kwargs: Any) -> torch.Tensor:
+        if kwargs or enable_gqa or query.dim() != 4 or key.shape[1] != query.shape[1]:
+            return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                            is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, **kwargs)
+        if attn_mask is not None:
+            if attn_mask.dtype == torch.bool:  # as CUDA's SDPA does: an additive -inf bias
+                attn_mask = torch.zeros((), dtype=query.dtype).masked_fill(
+                    attn_mask.logical_not(), float("-inf"))
+            attn_mask = attn_mask.to(query.dtype).expand(
+                query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+        out = torch.ops.aten._scaled_dot_product_efficient_attention(
+            query, key, value, attn_mask, query.requires_grad, dropout_p, is_causal, scale=scale)
+        return out[0]
+
+    return sdpa
+
+
+@contextlib.contextmanager
+def _kernels(kernels: Kernels) -> Iterator[None]:
+    if kernels != "cuda":
+        yield
+        return
+    original = nn.functional.scaled_dot_product_attention
+    nn.functional.scaled_dot_product_attention = _fused_attention(original)
+    try:
+        yield
+    finally:
+        nn.functional.scaled_dot_product_attention = original
+
+
+def estimate_step(workload: Workload, micro_batch: int, *, precision: str = "fp32",
+                  kernels: Kernels = "cuda", seed: int = 0) -> StepEstimate:
+    """Trace the real training step under fake tensors and return its peak breakdown.
+
+    One ``train_step`` runs (two accumulated micro-batches, one optimizer step); the optimizer
+    state it creates is added to its forward/backward peak, which is what the second and later
+    steps see (their gradients were freed by ``zero_grad``, the state was not).
+
+    Args:
+        workload: what to train (its factories run inside the fake mode).
+        micro_batch: samples per forward/backward.
+        precision: fp32, tf32, bf16 or fp16 (autocast as in ``trial.train_step``; fp16's
+            GradScaler is left out: its inf check reads data, and its unscale is in place).
+        kernels: whose kernel choices to model (see ``StepEstimate.kernels``).
+        seed: as ``torch.manual_seed`` in a trial.
+
+    Raises:
+        WorkloadError: the workload or one of its ops cannot run under fake tensors; the
+            message names the op.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    start = time.perf_counter()
+    storages = _Storages()
+    set_matmul_precision(precision)
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True), _kernels(kernels):
+            torch.manual_seed(seed)
+            model = workload.build_model()  # on the (fake) CPU, as the contract says
+            optimizer = workload.make_optimizer(model.parameters())
+            for tensor in (*model.parameters(), *model.buffers()):
+                storages.track(tensor, "parameters")
+            hooks = _install_hooks(model, optimizer, storages)
+            try:
+                with _dispatch_mode(storages):
+                    torch.manual_seed(seed + 1)
+                    storages.phase = "inputs"
+                    batches = []
+                    for _ in range(2):
+                        batch = workload.make_batch(micro_batch)
+                        check_batch(batch, micro_batch, workload.name)
+                        batches.append(batch)
+                    storages.phase = "forward"
+                    train_step(model, optimizer, batches, workload, precision=precision,
+                               device_type="cpu")
+            finally:
+                for hook in hooks:
+                    hook.remove()
+            num_parameters = count_parameters(model)
+            state = {id(v.untyped_storage()): v.untyped_storage().nbytes()
+                     for st in optimizer.state.values() for v in st.values()
+                     if isinstance(v, torch.Tensor)}
+            state_bytes = sum(state.values())
+    except WorkloadError:
+        raise
+    except _OpFailed as exc:
+        raise WorkloadError(
+            f"workload {workload.name!r}: the training step cannot be traced under fake "
+            f"tensors: {exc}. Ops that read tensor values (.item(), .tolist(), data-dependent "
+            "shapes or branches) cannot be estimated; measure a real step on a device instead "
+            "(autotune check --measure, autotune probe)") from exc
+    except Exception as exc:
+        raise WorkloadError(
+            f"workload {workload.name!r}: the training step failed under fake tensors "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}). "
+            "Measure a real step on a device instead (autotune check --measure)") from exc
+    return _combine(storages, state_bytes, micro_batch=micro_batch, precision=precision,
+                    kernels=kernels, num_parameters=num_parameters,
+                    trace_s=time.perf_counter() - start)
+
+
+def _combine(storages: _Storages, state_bytes: int, **fields: Any) -> StepEstimate:
+    # One optimizer step is traced. The second differs only in that the optimizer state made by
+    # the first is alive through its forward and backward: add it there. The optimizer step's
+    # own peak (state created, plus its temporaries) is the same in both.
+    total, by_kind, phase = storages.peaks.get("fwdbwd", (0, dict.fromkeys(CATEGORIES, 0), ""))
+    by_kind = {**by_kind, "optimizer": by_kind["optimizer"] + state_bytes}
+    total += state_bytes
+    if storages.peaks.get("step", (-1,))[0] > total:
+        total, by_kind, phase = storages.peaks["step"]
+    return StepEstimate(
+        peak_bytes=total, parameters_bytes=by_kind["parameters"],
+        gradients_bytes=by_kind["gradients"], optimizer_bytes=by_kind["optimizer"],
+        inputs_bytes=by_kind["inputs"], activations_bytes=by_kind["activations"],
+        temporaries_bytes=by_kind["temporaries"], peak_phase=phase, **fields)
+
+
+def _install_hooks(model: nn.Module, optimizer: torch.optim.Optimizer,
+                   storages: _Storages) -> list[Any]:
+    def grad_done(param: torch.Tensor) -> None:
+        if param.grad is not None:
+            storages.track(param.grad, "gradients", relabel=True)
+
+    def step_pre(*_: Any) -> None:
+        storages.phase = "optimizer step"
+
+    def step_post(opt: torch.optim.Optimizer, *_: Any) -> None:
+        storages.phase = "forward"
+        for state in opt.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    storages.track(value, "optimizer", relabel=True)
+
+    hooks = [p.register_post_accumulate_grad_hook(grad_done)
+             for p in model.parameters() if p.requires_grad]
+    hooks.append(optimizer.register_step_pre_hook(step_pre))
+    hooks.append(optimizer.register_step_post_hook(step_post))
+    return hooks
+
+
+@dataclass(frozen=True, kw_only=True)
+class FitSearch:
+    """The largest micro-batch whose estimated peak stays within the usable memory."""
+
+    max_micro_batch: int
+    """0 when not even micro-batch 1 fits."""
+    estimates: tuple[StepEstimate, ...]
+    """Every traced step, by micro-batch (the boundary is always traced, never extrapolated)."""
+
+    def peak_at(self, micro_batch: int) -> int | None:
+        """Traced peak at a micro-batch, or None when it was not traced."""
+        return next((e.peak_bytes for e in self.estimates if e.micro_batch == micro_batch),
+                    None)
+
+
+def largest_fitting(trace: Callable[[int], StepEstimate], usable_bytes: int,
+                    candidates: Sequence[int] | None = None,
+                    known: Sequence[StepEstimate] = ()) -> FitSearch:
+    """The largest candidate micro-batch whose traced peak is at most ``usable_bytes``.
+
+    The peak grows about linearly with the micro-batch, so two traces predict the boundary and
+    one or two more confirm it. Without candidates, every positive integer is one.
+
+    Args:
+        trace: micro-batch -> its estimate (``estimate_step`` with the other settings bound).
+        usable_bytes: memory a fitting step may use (device memory minus headroom).
+        candidates: allowed micro-batches (e.g. divisors of the per-device batch).
+        known: estimates already traced.
+    """
+    done: dict[int, StepEstimate] = {e.micro_batch: e for e in known}
+
+    def fits(m: int) -> bool:
+        if m not in done:
+            done[m] = trace(m)
+        return done[m].peak_bytes <= usable_bytes
+
+    allowed = sorted(set(candidates)) if candidates else None
+    lo, hi = 0, math.inf  # largest known to fit, smallest known not to
+    for m, e in done.items():
+        if e.peak_bytes <= usable_bytes:
+            lo = max(lo, m)
+        else:
+            hi = min(hi, m)
+    for _ in range(24):
+        between = ([c for c in allowed if lo < c < hi] if allowed is not None
+                   else None if hi - lo <= 1 else True)
+        if not between:
+            break
+        guess = _predict(done, usable_bytes, lo, hi)
+        if allowed is not None:
+            below = [c for c in between if c <= guess]
+            m = max(below) if below else min(between)
+        else:
+            m = int(min(max(guess, lo + 1), hi - 1))
+        if fits(m):
+            lo = m
+        else:
+            hi = m
+    return FitSearch(max_micro_batch=lo,
+                     estimates=tuple(done[m] for m in sorted(done)))
+
+
+def _predict(done: dict[int, StepEstimate], usable_bytes: int, lo: int, hi: float) -> int:
+    points = sorted((m, e.peak_bytes) for m, e in done.items())
+    if len(points) >= 2:
+        (x0, y0), (x1, y1) = points[-2], points[-1]
+        if lo and hi < math.inf:  # bracketed: use the two traces around the boundary
+            x0, y0 = lo, done[lo].peak_bytes
+            x1, y1 = int(hi), done[int(hi)].peak_bytes
+        slope = (y1 - y0) / (x1 - x0)
+        if slope > 0:
+            return max(1, int((usable_bytes - y1) / slope + x1))
+    if lo == 0:
+        return max(1, int(min(done) // 2)) if done else 1
+    return int(lo * 2) if hi == math.inf else int((lo + hi) // 2)

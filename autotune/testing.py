@@ -1,0 +1,63 @@
+"""Helpers for your tests: ``assert_fits`` checks a config's memory with the estimator.
+
+Example (pytest, CPU-only CI)::
+
+    from autotune.testing import assert_fits
+
+    def test_fits_on_a_24gib_gpu():
+        assert_fits("gpt2", micro_batch=8, device_memory="24GiB", precision="bf16")
+"""
+
+from __future__ import annotations
+
+from autotune import api
+from autotune.config import WorkloadSpec
+from autotune.workload import Workload
+
+
+def assert_fits(workload: Workload | WorkloadSpec | str | None = None, *, micro_batch: int,
+                device_memory: str | int, precision: str = "fp32", accumulate_steps: int = 1,
+                headroom: float = 0.1, seq_len: int | None = None,
+                compile_mode: str = "off", calibration: float | None = None,
+                kernels: str = "cuda") -> api.CheckResult:
+    """Assert that one training step fits ``device_memory`` with ``headroom`` (estimator).
+
+    Args:
+        workload: a Workload, a spec, a HF model id or ``file.py:factory`` (default: built-in).
+        micro_batch: samples per forward/backward.
+        device_memory: e.g. ``"24GiB"`` or bytes.
+        precision: fp32, tf32, bf16 or fp16.
+        accumulate_steps: micro-batches per optimizer step (for the message's suggestion).
+        headroom: share of the device memory kept free.
+        seq_len: worst-case sequence length for a HF model id.
+        compile_mode: for the message only (compiled steps are estimated as eager).
+        calibration: measured / estimate ratio to apply (from ``autotune.json``).
+        kernels: ``cuda`` or ``cpu`` (see ``autotune estimate --kernels``).
+
+    Returns:
+        The check result, when it fits.
+
+    Raises:
+        AssertionError: it does not fit; the message is ``autotune check``'s.
+    """
+    from autotune.config import parse_bytes
+
+    if isinstance(workload, str):
+        spec: WorkloadSpec | None = (WorkloadSpec(kind="file", target=workload)
+                                     if ":" in workload and workload.split(":")[0].endswith(".py")
+                                     else WorkloadSpec(kind="hf", target=workload,
+                                                       seq_len=seq_len))
+    else:
+        spec = workload if isinstance(workload, WorkloadSpec) else None
+    memory = device_memory if isinstance(device_memory, int) else parse_bytes(device_memory)
+    target = api.CheckTarget(
+        workload=spec or WorkloadSpec(), micro_batch=micro_batch,
+        accumulate_steps=accumulate_steps, target_batch=micro_batch * accumulate_steps,
+        world_size=1, precision=precision, compile_mode=compile_mode,
+        device_memory_bytes=memory, headroom=headroom, calibration=calibration,
+        device="cpu" if kernels == "cpu" else "cuda")
+    result = api.check(target=target, measure=False,
+                       workload=workload if isinstance(workload, Workload) else None)
+    if not result.fits:
+        raise AssertionError(result.message)
+    return result

@@ -1,0 +1,64 @@
+"""Small workloads for the estimator benchmark (``file.py:factory`` targets)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import autotune
+
+
+def tiny_hf_gpt2() -> autotune.Workload:
+    """A 2-layer GPT-2 (Hugging Face), width 128, 128 tokens, dropout as published."""
+    import transformers
+
+    config = transformers.GPT2Config(n_layer=2, n_embd=128, n_head=4, n_positions=128,
+                                     vocab_size=2048, bos_token_id=0, eos_token_id=0)
+
+    def make_batch(micro_batch: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, 2048, (micro_batch, 128))
+        return {"input_ids": ids, "labels": ids}
+
+    return autotune.Workload(name="tiny-hf-gpt2", build_model=lambda: (
+        transformers.GPT2LMHeadModel(config)), make_batch=make_batch, tokens_per_sample=128)
+
+
+def tiny_bert() -> autotune.Workload:
+    """A 2-layer BERT masked LM, width 128, 128 tokens."""
+    import transformers
+
+    config = transformers.BertConfig(num_hidden_layers=2, hidden_size=128,
+                                     num_attention_heads=4, intermediate_size=512,
+                                     vocab_size=2048, max_position_embeddings=128)
+
+    def make_batch(micro_batch: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, 2048, (micro_batch, 128))
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+
+    return autotune.Workload(name="tiny-bert", build_model=lambda: (
+        transformers.BertForMaskedLM(config)), make_batch=make_batch, tokens_per_sample=128)
+
+
+def small_cnn() -> autotune.Workload:
+    """A small ResNet-like CNN on 64x64 images, 10 classes."""
+    def block(cin: int, cout: int) -> nn.Module:
+        return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(),
+                             nn.Conv2d(cout, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(),
+                             nn.MaxPool2d(2))
+
+    def build() -> nn.Module:
+        return nn.Sequential(block(3, 32), block(32, 64), block(64, 128),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10))
+
+    return autotune.Workload(
+        name="small-cnn", build_model=build,
+        make_batch=lambda m: (torch.randn(m, 3, 64, 64), torch.randint(0, 10, (m,))),
+        loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]))
+
+
+def null() -> autotune.Workload:
+    """One parameter, one number per sample: what a training step costs the process itself."""
+    return autotune.Workload(
+        name="null", build_model=lambda: nn.Linear(1, 1),
+        make_batch=lambda m: torch.randn(m, 1),
+        loss=lambda model, batch: model(batch).square().mean())
