@@ -118,7 +118,6 @@ def make_optimizer(params):
 # ----------------------------------------------------------------------------------------------
 
 
-
 def train_step(model, optimizer, scaler, micro_batches, autocast):
     """One optimizer step over the micro-batches of one effective batch; returns its loss."""
     # Normalize the loss once over the whole effective batch: each micro-batch's mean loss
