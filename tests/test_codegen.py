@@ -13,6 +13,7 @@ from types import ModuleType
 
 import pytest
 import torch
+from one_truth import GradRecorder, TinyLM, assert_same_grads, full_batch_grads, token_batches
 from tuned_configs import REPO, make_tuned, my_workload_spec, small, subprocess_env, write
 from typer.testing import CliRunner
 
@@ -159,83 +160,12 @@ def test_default_model_sizes_match_the_library(tmp_path: Path, device: str) -> N
 # One truth: the generated step, the library's step and one big batch give the same gradients.
 
 
-class GradRecorder:
-    """An optimizer stand-in that keeps the gradients it is asked to step with."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
-        self.grads: dict[str, torch.Tensor] = {}
-
-    def step(self) -> None:
-        self.grads = {n: p.grad.clone() for n, p in self.model.named_parameters()}
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.model.zero_grad(set_to_none=set_to_none)
-
-
-class TinyLM(torch.nn.Module):
-    """A float64-clean causal LM (TinyGPT's loss upcasts logits to float32, which would blur
-    a float64 comparison): the same interface, ``model(input_ids, labels) -> mean loss``."""
-
-    def __init__(self, vocab_size: int = 64, dim: int = 16) -> None:
-        super().__init__()
-        self.tok = torch.nn.Embedding(vocab_size, dim)
-        self.mix = torch.nn.Linear(2 * dim, dim)
-        self.head = torch.nn.Linear(dim, vocab_size)
-
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        x = self.tok(input_ids)
-        previous = torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], dim=1)
-        logits = self.head(torch.tanh(self.mix(torch.cat([x, previous], dim=-1))))
-        return torch.nn.functional.cross_entropy(
-            logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
-            ignore_index=-100)
-
-
-def _token_batches(padded: bool, micro_batch: int = 2, steps: int = 3,
-                   seq_len: int = 12) -> list[dict[str, torch.Tensor]]:
-    torch.manual_seed(1)
-    lengths = [[12, 3], [7, 7], [2, 10]] if padded else [[seq_len] * micro_batch] * steps
-    batches = []
-    for row_lengths in lengths:
-        ids = torch.randint(1, 64, (micro_batch, seq_len))
-        labels = ids.clone()
-        for row, length in enumerate(row_lengths):
-            ids[row, length:] = 0
-            labels[row, length:] = -100
-        batches.append({"input_ids": ids, "labels": labels})
-    return batches
-
-
-def _grads_full_batch(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]],
-                      loss) -> dict[str, torch.Tensor]:
-    keys = batches[0].keys() if isinstance(batches[0], dict) else None
-    if keys is not None:
-        full = {k: torch.cat([b[k] for b in batches]) for k in keys}
-    else:
-        full = tuple(torch.cat(parts) for parts in zip(*batches, strict=True))
-    model.zero_grad(set_to_none=True)
-    loss(model, full).backward()
-    return {n: p.grad.clone() for n, p in model.named_parameters()}
-
-
-def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor],
-                 float32_weights: bool = False) -> None:
-    """Equal gradients. Against one big batch, allow float32 rounding: the micro-batch weights
-    are float32 ratios of item counts (as in training); everything else is float64."""
-    assert a.keys() == b.keys()
-    rtol, atol = (1e-6, 1e-9) if float32_weights else (1e-12, 1e-15)
-    for key in a:
-        torch.testing.assert_close(a[key], b[key], rtol=rtol, atol=atol,
-                                   msg=lambda m, key=key: f"{key}: {m}")
-
-
 @pytest.mark.parametrize("padded", [False, True], ids=["full-length", "padded"])
 def test_generated_step_equals_library_step_and_one_big_batch(default_script: ModuleType,
                                                               padded: bool) -> None:
     torch.manual_seed(0)
     model = TinyLM().double()
-    batches = _token_batches(padded)
+    batches = token_batches(padded)
     disabled = torch.amp.GradScaler("cpu", enabled=False)
 
     generated = GradRecorder(model)
@@ -246,10 +176,10 @@ def test_generated_step_equals_library_step_and_one_big_batch(default_script: Mo
                         loss=lambda m, b: m(**b), count_loss_items=causal_lm_label_count)
     library_loss = trial.train_step(model, library, batches, workload, precision="fp32",
                                     device_type="cpu")
-    full = _grads_full_batch(model, batches, lambda m, b: m(**b))
+    full = full_batch_grads(model, batches, lambda m, b: m(**b))
 
-    _assert_same(generated.grads, library.grads)
-    _assert_same(generated.grads, full, float32_weights=True)
+    assert_same_grads(generated.grads, library.grads)
+    assert_same_grads(generated.grads, full, float32_weights=True)
     torch.testing.assert_close(loss, library_loss)
     if padded:  # the case normalization is for: averaging the micro-batch means is wrong
         naive = GradRecorder(model)
@@ -272,9 +202,37 @@ def test_generated_step_with_a_file_workload(tmp_path: Path) -> None:
     library = GradRecorder(model)
     trial.train_step(model, library, batches, script.workload, precision="fp32",
                      device_type="cpu")
-    full = _grads_full_batch(model, batches, script.compute_loss)
-    _assert_same(generated.grads, library.grads)
-    _assert_same(generated.grads, full, float32_weights=True)
+    full = full_batch_grads(model, batches, script.compute_loss)
+    assert_same_grads(generated.grads, library.grads)
+    assert_same_grads(generated.grads, full, float32_weights=True)
+
+
+def test_generated_step_under_ddp_normalizes_over_all_ranks(default_script: ModuleType,
+                                                           tmp_path: Path) -> None:
+    """Two gloo ranks, two padded micro-batches each, different token counts per rank: the
+    gradient is the one of all four micro-batches as one batch."""
+    script = Path(default_script.__file__)
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(Path(__file__).parent / "ddp_step.py"), str(script), str(tmp_path)],
+        capture_output=True, text=True, env=subprocess_env(), timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    torch.manual_seed(0)
+    model = TinyLM().double()
+    batches = token_batches(True, num_micro_batches=4)
+    full = full_batch_grads(model, batches, lambda m, b: m(**b))
+    for rank in range(2):
+        assert_same_grads(torch.load(tmp_path / f"rank{rank}.pt"), full, float32_weights=True)
+    # Normalizing per rank (each rank's own tokens) would be wrong here: the test has teeth.
+    workload = Workload(name="t", build_model=TinyLM, make_batch=lambda m: None,
+                        loss=lambda m, b: m(**b), count_loss_items=causal_lm_label_count)
+    per_rank = []
+    for rank in range(2):
+        recorder = GradRecorder(model)
+        trial.train_step(model, recorder, batches[2 * rank:2 * rank + 2], workload,
+                         precision="fp32", device_type="cpu")
+        per_rank.append(recorder.grads["head.weight"])
+    assert not torch.allclose((per_rank[0] + per_rank[1]) / 2, full["head.weight"], rtol=1e-2)
 
 
 # ----------------------------------------------------------------------------------------------
