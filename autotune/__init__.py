@@ -4,6 +4,7 @@ Public API (imported lazily, so ``import autotune`` and ``autotune --help`` stay
 
     autotune.Workload(...)            # what to train (model, worst-case batch, loss, optimizer)
     autotune.probe(...)               # largest micro-batch that fits, per memory class
+    autotune.load("autotune.json")    # the tuned config, with helpers for your own loop
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ _EXPORTS = {
     "Workload": "autotune.workload",
     "WorkloadSpec": "autotune.config",
     "probe": "autotune.api",
+    "load": "autotune.api",
+    "Tuned": "autotune.usage",
     "AutotuneError": "autotune.errors",
     "ConfigError": "autotune.errors",
     "WorkloadError": "autotune.errors",

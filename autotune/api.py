@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from autotune import __version__
+from autotune.codegen import SCRIPT_NAME, render_train_script
 from autotune.config import (
     DeviceInfo,
     MemoryClass,
@@ -19,7 +20,7 @@ from autotune.config import (
     parse_budget,
 )
 from autotune.device import describe_device
-from autotune.errors import ConfigError, NoFeasibleConfigError, WorkloadError
+from autotune.errors import AutotuneError, ConfigError, NoFeasibleConfigError, WorkloadError
 from autotune.estimate import ESTIMATE_NOTE, EstimateReport, StepEstimate
 from autotune.memory import OnStep, probe_memory, probe_spec
 from autotune.runner import run_isolated
@@ -30,6 +31,7 @@ from autotune.schema import (
     TunedConfig,
     read_tuned,
     save_tuned,
+    write_json_atomic,
 )
 from autotune.search import (
     Candidate,
@@ -41,6 +43,7 @@ from autotune.search import (
 )
 from autotune.space import divisors, memory_classes, per_device_batch
 from autotune.trial import environment_notes
+from autotune.usage import Tuned
 from autotune.workload import Workload, split_factory
 
 OnTrial = Callable[[int, int, Candidate, TrialRecord | None], None]
@@ -232,8 +235,10 @@ def search(
     """
     settings = settings or SearchSettings()
     path = Path(out) / "autotune.json" if out is not None else None
-    if path is not None:
+    script = Path(out) / "train_autotuned.py" if out is not None else None
+    if path is not None and script is not None:
         _check_writable(path, force)
+        _check_writable(script, force)
     info = describe_device(device)
     extra_skipped: tuple[str, ...] = ()
     if precisions is None and not info.is_cuda and not info.native_bf16:
@@ -247,18 +252,41 @@ def search(
     report = replace(report, skipped=report.skipped + extra_skipped)
     outcome = run_search(report, settings, on_trial=on_trial)
     config = tuned_config(report, outcome, settings)
-    if path is not None:
-        save_tuned(config, path, force=True)  # checked before the search began
+    config = replace(config, memory=replace(config.memory, calibration=_calibrate(report, config)))
+    if path is not None and script is not None:  # both checked before the search began
+        save_tuned(config, path, force=True)
+        write_train_script(config, script, force=True)
     return SearchResult(config=config, path=path, probe=report, stop_reason=outcome.stop_reason)
+
+
+def _calibrate(report: ProbeReport, config: TunedConfig) -> dict[str, dict[str, int]]:
+    """Measured peak and the estimator's figure for the same config, for the winner's class
+    and fp32 eager: ``autotune check`` scales later estimates by their ratio."""
+    calibration = {}
+    for probe in report.probes:
+        label = probe.memory_class.label()
+        if label not in (config.memory_class(), "fp32/off") or not probe.peak_bytes:
+            continue
+        try:
+            figure = estimate(report.workload, micro_batch=probe.max_micro_batch,
+                              device_memory=report.device.total_memory_bytes,
+                              precision=probe.memory_class.precision,
+                              kernels="cuda" if report.device.is_cuda else "cpu", find_max=False)
+        except AutotuneError:  # a step the fake-tensor trace cannot follow: no calibration
+            continue
+        calibration[label] = {"measured_peak_bytes": probe.peak_bytes,
+                              "estimate_bytes": figure.estimate.peak_bytes,
+                              "micro_batch": probe.max_micro_batch}
+    return calibration
 
 
 def _check_writable(path: Path, force: bool) -> None:
     if path.exists() and not force:
         raise ConfigError(f"{path} exists; pass --force to overwrite it, or --out another folder")
     folder = path.parent
-    probe_dir = folder if folder.exists() else next(
+    existing = folder if folder.exists() else next(
         (p for p in folder.parents if p.exists()), Path("."))
-    if not os.access(probe_dir, os.W_OK):
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
         raise ConfigError(f"--out {folder} is not writable; choose a folder you can write to")
 
 
@@ -540,3 +568,88 @@ def _measure(target: CheckTarget) -> int:
             return target.device_memory_bytes + 1
         raise WorkloadError(f"the real step failed ({result.status}): {result.message}")
     return result.peak_bytes
+
+
+
+
+# ----------------------------------------------------------------------------------------------
+# Delivering the result: load() for your scripts, train_autotuned.py.
+
+
+def load(path: str | Path = "autotune.json", *, world_size: int | None = None,
+         device_type: str | None = None) -> Tuned:
+    """Load ``autotune.json`` for use in a training script.
+
+    Args:
+        path: the file ``autotune search`` wrote.
+        world_size: devices of the current run (default: ``WORLD_SIZE`` from torchrun, else 1).
+            It must be the one the config was tuned for: the per-device micro-batch and the
+            accumulation are only right for that world size.
+        device_type: ``cuda`` or ``cpu`` for autocast and the GradScaler (default: the tuned
+            device's).
+
+    Returns:
+        The tuned knobs (``micro_batch``, ``accumulate_steps``, ``precision``,
+        ``compile_mode``) with ``compile``, ``autocast``, ``grad_scaler``, ``train_step``,
+        ``training_arguments`` and ``accelerator_kwargs``.
+
+    Raises:
+        ConfigError: the file is missing, corrupt, from another schema version, or tuned for
+            another world size.
+    """
+    config = read_tuned(path)
+    if world_size is None:
+        env = os.environ.get("WORLD_SIZE", "1")
+        if not env.isdigit() or int(env) < 1:
+            raise ConfigError(f"WORLD_SIZE={env!r} is not a positive number of processes")
+        world_size, source = int(env), f"WORLD_SIZE={env}"
+    else:
+        source = f"world_size={world_size}"
+    if world_size != config.world_size:
+        raise ConfigError(
+            f"{path} was tuned for {config.world_size} device(s) (micro-batch "
+            f"{config.micro_batch} x {config.accumulate_steps} accumulation per device) but this "
+            f"run has {world_size} ({source}): the effective batch would be "
+            f"{config.micro_batch * config.accumulate_steps * world_size}, not "
+            f"{config.target_batch}. Re-run `autotune search --target-batch "
+            f"{config.target_batch} --world-size {world_size}`")
+    return Tuned(config, device_type=device_type)
+
+
+def write_train_script(config: TunedConfig, path: str | Path, *, force: bool = False) -> Path:
+    """Write ``train_autotuned.py`` (atomically) for a tuned config.
+
+    Args:
+        config: the tuned config.
+        path: the script's path, or a folder to write ``train_autotuned.py`` into.
+        force: overwrite an existing script.
+
+    Raises:
+        ConfigError: the script exists and ``force`` is False, or the folder is not writable.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / SCRIPT_NAME
+    write_json_atomic(path, render_train_script(config, script_dir=path.parent), force=force)
+    return path
+
+
+def codegen(config_path: str | Path, *, workload: str | None = None, out: str | Path = ".",
+            force: bool = False) -> Path:
+    """Write ``train_autotuned.py`` from an ``autotune.json`` (``autotune codegen``).
+
+    Args:
+        config_path: the ``autotune.json`` to read.
+        workload: ``path/to/file.py:factory`` to use instead of the one the file names (e.g.
+            when the script moved to another machine).
+        out: folder for the script.
+        force: overwrite an existing script.
+
+    Raises:
+        ConfigError: a missing or bad ``autotune.json``, a bad ``--workload``, an existing
+            script without ``force``.
+    """
+    config = read_tuned(config_path)
+    if workload is not None:
+        config = replace(config, workload=workload_spec(workload=workload))
+    return write_train_script(config, Path(out) / SCRIPT_NAME, force=force)

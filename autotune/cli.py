@@ -293,6 +293,27 @@ def check(
             raise typer.Exit(1)
 
 
+@app.command()
+def codegen(
+    config_path: Annotated[Path, typer.Argument(
+        help="The autotune.json written by `autotune search`.")] = Path("autotune.json"),
+    workload: Annotated[Optional[str], typer.Option(
+        "--workload", help="Use this path/to/file.py:factory instead of the one in the file "
+                           "(e.g. after moving it).")] = None,
+    out_dir: Annotated[Path, typer.Option(
+        "--out", file_okay=False, help="Folder for train_autotuned.py.")] = Path("."),
+    force: Annotated[bool, typer.Option(
+        "--force", help="Overwrite an existing train_autotuned.py.")] = False,
+) -> None:
+    """Write train_autotuned.py: a plain PyTorch training loop with the tuned values."""
+    with _exits():
+        from autotune import api
+
+        path = api.codegen(config_path, workload=workload, out=out_dir, force=force)
+        err.print(f"wrote {path}", highlight=False)
+        out.print(f"python {path} --steps 100", highlight=False)
+
+
 def main() -> None:
     """Console-script entry point."""
     app(prog_name="autotune")

@@ -148,7 +148,7 @@ def search_footer(result: SearchResult) -> list[str]:
     if c.interrupted:
         lines.append(f"note: {result.stop_reason}")
     if result.path is not None:
-        lines.append(f"wrote {result.path}")
+        lines.append(f"wrote {result.path} and {result.path.with_name('train_autotuned.py')}")
     return lines
 
 

@@ -1,0 +1,281 @@
+"""The text of ``train_autotuned.py``, filled in by ``autotune.codegen``. No torch import here.
+
+``$name`` placeholders are filled by ``string.Template`` (the Python code itself has no ``$``).
+``TINY_GPT`` is ``autotune.workload.TinyGPT`` as plain source; a test keeps the two identical.
+"""
+
+from __future__ import annotations
+
+import string
+
+TINY_GPT = '''
+class Block(nn.Module):
+    def __init__(self, dim, num_heads):
+        super().__init__()
+        self.num_heads = num_heads
+        self.ln_1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.ln_2 = nn.LayerNorm(dim)
+        self.fc = nn.Linear(dim, 4 * dim)
+        self.fc_out = nn.Linear(4 * dim, dim)
+
+    def forward(self, x):
+        batch, seq, dim = x.shape
+        q, k, v = self.qkv(self.ln_1(x)).split(dim, dim=2)
+        q, k, v = (t.view(batch, seq, self.num_heads, -1).transpose(1, 2) for t in (q, k, v))
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(batch, seq, dim))
+        return x + self.fc_out(nn.functional.gelu(self.fc(self.ln_2(x))))
+
+
+class TinyGPT(nn.Module):
+    """A GPT-2-style causal LM (pre-norm blocks, SDPA attention, tied embeddings)."""
+
+    def __init__(self, *, vocab_size, seq_len, dim, num_layers, num_heads):
+        super().__init__()
+        self.tok = nn.Embedding(vocab_size, dim)
+        self.pos = nn.Embedding(seq_len, dim)
+        self.blocks = nn.ModuleList(Block(dim, num_heads) for _ in range(num_layers))
+        self.ln_f = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab_size, bias=False)
+        self.head.weight = self.tok.weight
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    def forward(self, input_ids, labels):
+        """Mean next-token cross-entropy over label tokens that are not -100."""
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.tok(input_ids) + self.pos(positions)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln_f(x))
+        return nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1),
+            ignore_index=-100,
+        )
+
+
+model_args = $sizes
+
+
+def build_model():
+    return TinyGPT(**model_args)
+
+
+def get_batch(micro_batch):
+    """Random tokens at the full sequence length: replace with your data."""
+    ids = torch.randint(0, model_args["vocab_size"], (micro_batch, model_args["seq_len"]))
+    return {"input_ids": ids, "labels": ids}
+
+
+def compute_loss(model, batch):
+    return model(**batch)
+
+
+def count_loss_items(batch):
+    """Label tokens the loss averages over (shifted by one, -100 ignored)."""
+    return (batch["labels"][:, 1:] != -100).sum()
+
+
+def make_optimizer(params):
+    return torch.optim.AdamW(params, lr=1e-4)
+'''
+
+HF = '''
+model_name = $name
+seq_len = $seq_len
+hf_config = transformers.AutoConfig.from_pretrained(model_name)
+
+
+def build_model():
+    return transformers.$auto.$build
+
+
+def get_batch(micro_batch):
+    """Random tokens at the full sequence length: replace with your data."""
+    ids = torch.randint(0, hf_config.vocab_size, (micro_batch, seq_len))
+    labels = $labels
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+
+
+def compute_loss(model, batch):
+    return model(**batch).loss
+
+$count
+def make_optimizer(params):
+    return torch.optim.AdamW(params, lr=1e-4)
+'''
+
+HF_COUNTS = {
+    "causal-lm": ('''
+def count_loss_items(batch):
+    """Label tokens the loss averages over (shifted by one, -100 ignored)."""
+    return (batch["labels"][:, 1:] != -100).sum()
+
+'''),
+    "masked-lm": ('''
+def count_loss_items(batch):
+    """Label tokens the loss averages over (-100 ignored)."""
+    return (batch["labels"] != -100).sum()
+
+'''),
+    "classifier": ("\ncount_loss_items = None  # one label per sample: micro-batches weigh alike"
+                   "\n\n"),
+}
+
+HF_AUTO = {"causal-lm": "AutoModelForCausalLM", "masked-lm": "AutoModelForMaskedLM",
+            "classifier": "AutoModelForSequenceClassification"}
+
+FILE = '''
+# Your workload factory, imported from its file (its folder goes on sys.path for its imports).
+workload_file = $path
+sys.path.insert(0, str(workload_file.parent))
+workload = importlib.import_module(workload_file.stem).$factory()
+
+build_model = workload.build_model
+get_batch = workload.make_batch  # worst-case batches: replace with your data
+compute_loss = workload.compute_loss
+count_loss_items = workload.count_loss_items
+make_optimizer = workload.make_optimizer
+'''
+
+
+SCRIPT = string.Template('''$docstring
+
+$imports
+
+$tuned_block
+target_batch = $target_batch  # samples per optimizer step, all devices together
+micro_batch = $micro_batch  # samples per forward/backward on each device
+precision = $precision  # fp32, tf32, bf16 (autocast) or fp16 (autocast + GradScaler)
+compile_mode = $compile_mode  # off, default, reduce-overhead, max-autotune-no-cudagraphs, ...
+tuned_world_size = $world_size  # devices the search assumed
+
+# ----------------------------------------------------------------------------------------------
+$workload
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def train_step(model, optimizer, scaler, micro_batches, autocast):
+    """One optimizer step over the micro-batches of one effective batch; returns its loss."""
+    # Normalize the loss once over the whole effective batch: each micro-batch's mean loss
+    # weighs its share of all loss items (e.g. label tokens) in the step, so the gradient is
+    # the one a single big batch gives, however the padding falls across micro-batches.
+    if count_loss_items is None:
+        weights = [1.0 / len(micro_batches)] * len(micro_batches)
+    else:
+        counts = [count_loss_items(batch) for batch in micro_batches]
+        total = sum(counts)
+        if isinstance(model, DDP):
+            # DDP averages gradients over ranks: normalize by the mean count of all ranks.
+            total = torch.as_tensor(total, device=next(model.parameters()).device).float()
+            dist.all_reduce(total)
+            total /= dist.get_world_size()
+        weights = [count / total for count in counts]
+    step_loss = 0.0
+    for i, (weight, batch) in enumerate(zip(weights, micro_batches, strict=True)):
+        # Under DDP, gradients are all-reduced once, in the last micro-batch's backward.
+        last = i == len(micro_batches) - 1
+        with nullcontext() if last or not isinstance(model, DDP) else model.no_sync():
+            with autocast:
+                loss = compute_loss(model, batch) * weight
+            scaler.scale(loss).backward()
+        step_loss += loss.detach().float()
+    scaler.step(optimizer)  # optimizer.step(), unscaled first when fp16 enabled the scaler
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return step_loss
+
+
+def to_device(batch, device):
+    if isinstance(batch, dict):
+        return {key: value.to(device) for key, value in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(value.to(device) for value in batch)
+    return batch.to(device)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=100, help="optimizer steps to run")
+    parser.add_argument("--log-every", type=int, default=10, help="steps between progress lines")
+    parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    parser.add_argument("--checkpoint", default="checkpoint.pt", help="written at the end")
+    parser.add_argument("--seed", type=int, default=1337)
+    args = parser.parse_args()
+
+    ddp = int(os.environ.get("WORLD_SIZE", 1)) > 1  # launched by torchrun
+    if ddp:
+        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        local_rank = int(os.environ["LOCAL_RANK"])
+        device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
+        if device != "cpu":
+            torch.cuda.set_device(device)
+    else:
+        rank, world_size = 0, 1
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    master = rank == 0
+    device_type = "cuda" if str(device).startswith("cuda") else "cpu"
+    if target_batch % (micro_batch * world_size):
+        raise SystemExit(f"target_batch {target_batch} is not a multiple of micro_batch "
+                         f"{micro_batch} x {world_size} devices")
+    accumulate_steps = target_batch // (micro_batch * world_size)
+    if master and world_size != tuned_world_size:
+        print(f"note: tuned for {tuned_world_size} device(s), running on {world_size}: "
+              f"accumulating {accumulate_steps} micro-batches per step instead")
+
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    autocast = torch.autocast(device_type, dtype=dtype) if dtype else nullcontext()
+    # fp16's small range underflows gradients without loss scaling; disabled it is a no-op.
+    scaler = torch.amp.GradScaler(device_type, enabled=precision == "fp16")
+
+    torch.manual_seed(args.seed)
+    model = build_model().to(device)
+    optimizer = make_optimizer(model.parameters())
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.steps)
+    if compile_mode != "off":
+        mode = None if compile_mode == "default" else compile_mode
+        model = torch.compile(model, mode=mode, dynamic=False)
+    if ddp:
+        model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
+    torch.manual_seed(args.seed + 1 + rank)  # a different data stream on each rank
+
+    if master:
+        print(f"training {args.steps} steps of {target_batch} samples: micro-batch "
+              f"{micro_batch} x {accumulate_steps} accumulation x {world_size} device(s), "
+              f"{precision}, compile {compile_mode}, on {device}")
+    start = time.perf_counter()
+    for step in range(1, args.steps + 1):
+        micro_batches = [to_device(get_batch(micro_batch), device)
+                         for _ in range(accumulate_steps)]
+        loss = train_step(model, optimizer, scaler, micro_batches, autocast)
+        scheduler.step()  # once per optimizer step, not per micro-batch
+        if master and (step % args.log_every == 0 or step in (1, args.steps)):
+            loss = loss.item()  # waits for the device: only when printing
+            elapsed = time.perf_counter() - start
+            print(f"step {step}/{args.steps} | loss {loss:.4f} | "
+                  f"{step * target_batch / elapsed:,.1f} samples/s | {elapsed:.1f} s")
+
+    if master:
+        raw_model = model.module if ddp else model
+        if compile_mode != "off":
+            raw_model = raw_model._orig_mod  # the compiled wrapper's keys carry "_orig_mod."
+        torch.save({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "step": args.steps}, args.checkpoint)
+        print(f"saved {args.checkpoint}")
+    if ddp:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+''')

@@ -1,0 +1,35 @@
+"""Run by test_codegen under torchrun: the generated train_step on DDP ranks; saves gradients."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from one_truth import GradRecorder, TinyLM, token_batches
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main() -> None:
+    script, out = Path(sys.argv[1]), Path(sys.argv[2])
+    spec = importlib.util.spec_from_file_location("generated", script)
+    assert spec is not None and spec.loader is not None
+    generated = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generated)
+    dist.init_process_group("gloo")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = DDP(TinyLM().double())
+    batches = token_batches(True, num_micro_batches=2 * world_size)[2 * rank:2 * rank + 2]
+    recorder = GradRecorder(model)
+    generated.train_step(model, recorder, torch.amp.GradScaler("cpu", enabled=False), batches,
+                         torch.autocast("cpu", enabled=False))
+    grads = {name.removeprefix("module."): g for name, g in recorder.grads.items()}
+    torch.save(grads, out / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,318 @@
+"""train_autotuned.py: its shape (golden file, ruff), its step (the one truth), and real runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+from one_truth import GradRecorder, TinyLM, assert_same_grads, full_batch_grads, token_batches
+from tuned_configs import REPO, make_tuned, my_workload_spec, small, subprocess_env, write
+from typer.testing import CliRunner
+
+from autotune import api, trial
+from autotune.cli import app
+from autotune.codegen import SCRIPT_NAME, render_train_script
+from autotune.config import WorkloadSpec
+from autotune.errors import ConfigError
+from autotune.workload import (
+    TinyGPT,
+    Workload,
+    causal_lm_label_count,
+    default_workload,
+    load_workload,
+)
+
+GOLDEN = Path(__file__).parent / "golden" / "train_autotuned_default.py"
+REGEN = "AUTOTUNE_REGEN_GOLDEN"
+"""Set to 1 to rewrite the golden file after an intended change: AUTOTUNE_REGEN_GOLDEN=1 pytest
+tests/test_codegen.py -k golden, then review its diff."""
+
+
+def import_script(path: Path) -> ModuleType:
+    """Import a generated script by path (its main() does not run)."""
+    spec = importlib.util.spec_from_file_location(f"generated_{abs(hash(path))}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def default_script(tmp_path: Path) -> ModuleType:
+    path = tmp_path / SCRIPT_NAME
+    path.write_text(render_train_script(make_tuned()))
+    return import_script(path)
+
+
+# ----------------------------------------------------------------------------------------------
+# Shape
+
+
+def test_golden_default_script() -> None:
+    text = render_train_script(make_tuned())
+    if os.environ.get(REGEN) == "1":
+        GOLDEN.write_text(text)
+    assert GOLDEN.read_text() == text, f"generated script changed: rerun with {REGEN}=1"
+
+
+def test_header_gives_command_and_measured_reasons() -> None:
+    text = render_train_script(make_tuned())
+    assert "python train_autotuned.py --steps 100" in text
+    assert "import autotune" not in text and "from autotune" not in text
+    header = text.split("target_batch = 64")[0]
+    for expected in ("micro_batch = 16: peak 1.20 GiB of 1.80 GiB usable",
+                     "budget 2.00 GiB minus 10% headroom", "was 32",
+                     "precision = bf16: 1,210.0 samples/s against 800.0",
+                     "(1.51x)", "best other precision: fp32/default 32x2",
+                     "accumulate_steps = 4: 64 / (16 per micro-batch x 1 device)",
+                     "compiling took 12.3 s", "paid back after 456 optimizer steps"):
+        assert expected in " ".join(header.replace("#", " ").split()), expected
+    assert 'precision = "bf16"' in text and 'compile_mode = "default"' in text
+    assert "torch.compile(model, mode=mode, dynamic=False)" in text
+    assert "raw_model._orig_mod" in text and "model.no_sync()" in text
+
+
+def test_interrupted_search_is_said() -> None:
+    assert "interrupted" in render_train_script(make_tuned(interrupted=True))
+
+
+def _variants() -> dict[str, object]:
+    hf = dict(workload=WorkloadSpec(kind="hf", target="some/model", seq_len=64))
+    return {
+        "default_cpu": make_tuned(),
+        "default_cuda_fp16": make_tuned(device=replace(make_tuned().device, device="cuda:0"),
+                                        precision="fp16", compile_mode="max-autotune"),
+        "default_tf32_off": make_tuned(precision="tf32", compile_mode="off"),
+        "hf_causal": make_tuned(**hf, workload_name="some/model (causal-lm, seq 64)"),
+        "hf_masked": make_tuned(**hf, workload_name="some/model (masked-lm, seq 64)"),
+        "hf_classifier_pretrained": make_tuned(
+            workload=WorkloadSpec(kind="hf", target="m", pretrained=True),
+            workload_name="m (classifier, seq 128)"),
+        "hf_unknown_name": make_tuned(**hf, workload_name="renamed"),
+        "file": make_tuned(workload=my_workload_spec(), workload_name="mlp-classifier"),
+    }
+
+
+def test_generated_scripts_pass_ruff(tmp_path: Path) -> None:
+    ruff = shutil.which("ruff") or shutil.which("ruff", path=str(Path(sys.executable).parent))
+    if ruff is None:
+        pytest.skip("ruff is not installed (pip install -e .[dev])")
+    for name, config in _variants().items():
+        (tmp_path / f"{name}.py").write_text(render_train_script(config, script_dir=tmp_path))
+    result = subprocess.run([ruff, "check", "--no-cache", "--config", str(REPO / "pyproject.toml"),
+                             str(tmp_path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hf_script_builds_the_workload_task() -> None:
+    text = render_train_script(make_tuned(
+        workload=WorkloadSpec(kind="hf", target="bert", pretrained=True),
+        workload_name="bert (masked-lm, seq 128)"))
+    assert "AutoModelForMaskedLM.from_pretrained(model_name)" in text
+    assert 'model_name = "bert"' in text and "seq_len = 128" in text
+    assert '(batch["labels"] != -100).sum()' in text
+
+
+def test_file_workload_path_is_relative_beside_the_script(tmp_path: Path) -> None:
+    beside = tmp_path / "wl.py"
+    config = make_tuned(workload=WorkloadSpec(kind="file", target=f"{beside}:make"))
+    assert 'Path(__file__).resolve().parent / "wl.py"' in render_train_script(
+        config, script_dir=tmp_path)
+    assert f'Path("{beside}")' in render_train_script(config, script_dir=tmp_path / "elsewhere")
+
+
+def test_default_model_source_matches_the_library(default_script: ModuleType) -> None:
+    sizes = dict(vocab_size=64, seq_len=16, dim=32, num_layers=2, num_heads=4)
+    torch.manual_seed(0)
+    ours = TinyGPT(**sizes)
+    torch.manual_seed(0)
+    theirs = default_script.TinyGPT(**sizes)
+    assert ours.state_dict().keys() == theirs.state_dict().keys()
+    for key, value in ours.state_dict().items():
+        assert torch.equal(value, theirs.state_dict()[key]), key
+    ids = torch.randint(0, 64, (3, 16))
+    assert torch.equal(ours(ids, ids), theirs(ids, ids))
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_default_model_sizes_match_the_library(tmp_path: Path, device: str) -> None:
+    config = make_tuned(device=replace(make_tuned().device, device=device))
+    path = tmp_path / SCRIPT_NAME
+    path.write_text(render_train_script(config))
+    script = import_script(path)
+    with torch.device("meta"):
+        ours = load_workload(WorkloadSpec(), device).build_model()
+        theirs = script.build_model()
+    assert [(n, p.shape) for n, p in ours.named_parameters()] == [
+        (n, p.shape) for n, p in theirs.named_parameters()]
+    assert default_workload(device).tokens_per_sample == script.model_args["seq_len"]
+
+
+# ----------------------------------------------------------------------------------------------
+# One truth: the generated step, the library's step and one big batch give the same gradients.
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["full-length", "padded"])
+def test_generated_step_equals_library_step_and_one_big_batch(default_script: ModuleType,
+                                                              padded: bool) -> None:
+    torch.manual_seed(0)
+    model = TinyLM().double()
+    batches = token_batches(padded)
+    disabled = torch.amp.GradScaler("cpu", enabled=False)
+
+    generated = GradRecorder(model)
+    loss = default_script.train_step(model, generated, disabled, batches, torch.autocast(
+        "cpu", enabled=False))
+    library = GradRecorder(model)
+    workload = Workload(name="t", build_model=lambda: model, make_batch=lambda m: None,
+                        loss=lambda m, b: m(**b), count_loss_items=causal_lm_label_count)
+    library_loss = trial.train_step(model, library, batches, workload, precision="fp32",
+                                    device_type="cpu")
+    full = full_batch_grads(model, batches, lambda m, b: m(**b))
+
+    assert_same_grads(generated.grads, library.grads)
+    assert_same_grads(generated.grads, full, float32_weights=True)
+    torch.testing.assert_close(loss, library_loss)
+    if padded:  # the case normalization is for: averaging the micro-batch means is wrong
+        naive = GradRecorder(model)
+        trial.train_step(model, naive, batches, replace(workload, count_loss_items=None),
+                         precision="fp32", device_type="cpu")
+        assert not torch.allclose(naive.grads["tok.weight"], full["tok.weight"], rtol=1e-2)
+
+
+def test_generated_step_with_a_file_workload(tmp_path: Path) -> None:
+    path = tmp_path / SCRIPT_NAME
+    path.write_text(render_train_script(make_tuned(workload=my_workload_spec()),
+                                        script_dir=tmp_path))
+    script = import_script(path)
+    torch.manual_seed(0)
+    model = script.build_model().double()
+    batches = [(x.double(), y) for x, y in (script.get_batch(2) for _ in range(3))]
+    generated = GradRecorder(model)
+    script.train_step(model, generated, torch.amp.GradScaler("cpu", enabled=False), batches,
+                      torch.autocast("cpu", enabled=False))
+    library = GradRecorder(model)
+    trial.train_step(model, library, batches, script.workload, precision="fp32",
+                     device_type="cpu")
+    full = full_batch_grads(model, batches, script.compute_loss)
+    assert_same_grads(generated.grads, library.grads)
+    assert_same_grads(generated.grads, full, float32_weights=True)
+
+
+def test_generated_step_under_ddp_normalizes_over_all_ranks(default_script: ModuleType,
+                                                           tmp_path: Path) -> None:
+    """Two gloo ranks, two padded micro-batches each, different token counts per rank: the
+    gradient is the one of all four micro-batches as one batch."""
+    script = Path(default_script.__file__)
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(Path(__file__).parent / "ddp_step.py"), str(script), str(tmp_path)],
+        capture_output=True, text=True, env=subprocess_env(), timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    torch.manual_seed(0)
+    model = TinyLM().double()
+    batches = token_batches(True, num_micro_batches=4)
+    full = full_batch_grads(model, batches, lambda m, b: m(**b))
+    for rank in range(2):
+        assert_same_grads(torch.load(tmp_path / f"rank{rank}.pt"), full, float32_weights=True)
+    # Normalizing per rank (each rank's own tokens) would be wrong here: the test has teeth.
+    workload = Workload(name="t", build_model=TinyLM, make_batch=lambda m: None,
+                        loss=lambda m, b: m(**b), count_loss_items=causal_lm_label_count)
+    per_rank = []
+    for rank in range(2):
+        recorder = GradRecorder(model)
+        trial.train_step(model, recorder, batches[2 * rank:2 * rank + 2], workload,
+                         precision="fp32", device_type="cpu")
+        per_rank.append(recorder.grads["head.weight"])
+    assert not torch.allclose((per_rank[0] + per_rank[1]) / 2, full["head.weight"], rtol=1e-2)
+
+
+# ----------------------------------------------------------------------------------------------
+# Real runs, writing, the CLI
+
+
+@pytest.mark.parametrize("name", ["default-fp16", "file-fp32"])
+def test_generated_script_runs(tmp_path: Path, name: str) -> None:
+    config = small(precision="fp16") if name == "default-fp16" else small(
+        workload=my_workload_spec())
+    script = api.write_train_script(config, tmp_path)
+    result = subprocess.run([sys.executable, str(script), "--steps", "2", "--checkpoint",
+                             "ck.pt"], cwd=tmp_path, capture_output=True, text=True,
+                            env=subprocess_env(), timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "step 2/2" in result.stdout
+    saved = torch.load(tmp_path / "ck.pt")
+    assert saved["step"] == 2 and saved["model"]
+    assert not any(k.startswith("_orig_mod") for k in saved["model"])
+
+
+@pytest.mark.slow
+def test_compiled_script_saves_plain_keys(tmp_path: Path) -> None:
+    script = api.write_train_script(small(compile_mode="default"), tmp_path)
+    result = subprocess.run([sys.executable, str(script), "--steps", "2", "--checkpoint",
+                             "ck.pt"], cwd=tmp_path, capture_output=True, text=True,
+                            env=subprocess_env(), timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    keys = torch.load(tmp_path / "ck.pt")["model"].keys()
+    assert keys == TinyGPT(vocab_size=1024, seq_len=128, dim=128, num_layers=2,
+                           num_heads=4).state_dict().keys()
+
+
+def test_write_train_script_does_not_overwrite(tmp_path: Path) -> None:
+    path = api.write_train_script(make_tuned(), tmp_path)
+    assert path == tmp_path / SCRIPT_NAME and path.read_text().startswith('"""Train')
+    path.write_text("mine")
+    with pytest.raises(ConfigError, match="--force"):
+        api.write_train_script(make_tuned(), path)
+    assert path.read_text() == "mine"
+    api.write_train_script(make_tuned(), path, force=True)
+    assert path.read_text().startswith('"""Train')
+    assert [p.name for p in tmp_path.iterdir()] == [SCRIPT_NAME]  # no temporary file left
+
+
+runner = CliRunner()
+
+
+def test_cli_codegen_writes_the_script(tmp_path: Path) -> None:
+    config = write(make_tuned(), tmp_path / "autotune.json")
+    result = runner.invoke(app, ["codegen", str(config), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "out" / SCRIPT_NAME).is_file()
+    again = runner.invoke(app, ["codegen", str(config), "--out", str(tmp_path / "out")])
+    assert again.exit_code == 2 and "--force" in again.output
+    forced = runner.invoke(app, ["codegen", str(config), "--out", str(tmp_path / "out"),
+                                 "--force"])
+    assert forced.exit_code == 0, forced.output
+
+
+def test_cli_codegen_workload_override(tmp_path: Path) -> None:
+    config = write(make_tuned(), tmp_path / "autotune.json")
+    target = f"{REPO / 'examples' / 'my_workload.py'}:workload"
+    result = runner.invoke(app, ["codegen", str(config), "--out", str(tmp_path),
+                                 "--workload", target])
+    assert result.exit_code == 0, result.output
+    assert "my_workload.py" in (tmp_path / SCRIPT_NAME).read_text()
+    bad = runner.invoke(app, ["codegen", str(config), "--out", str(tmp_path), "--force",
+                              "--workload", "nofactory.py"])
+    assert bad.exit_code == 2 and "file.py:factory" in bad.output
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (None, "does not exist"), ("{not json", "not valid JSON"),
+    ('{"schema": 99}', "upgrade autotune"), ('{"x": 1}', "no 'schema' field")])
+def test_cli_codegen_bad_config(tmp_path: Path, content: str | None, message: str) -> None:
+    path = tmp_path / "autotune.json"
+    if content is not None:
+        path.write_text(content)
+    result = runner.invoke(app, ["codegen", str(path), "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split())
+    assert not (tmp_path / SCRIPT_NAME).exists()
