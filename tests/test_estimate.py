@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import resource
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tuned_configs import make_tuned, write
 from typer.testing import CliRunner
 
 from autotune import api
@@ -26,20 +28,15 @@ runner = CliRunner()
 
 
 def tuned_json(tmp_path: Path, *, micro_batch: int = 8, budget: int = 4 * GIB,
-               calibration: dict | None = None, **overrides) -> Path:
-    data = {
-        "schema": 1,
-        "workload": {"kind": "default", "target": "", "seq_len": None, "pretrained": False},
-        "target_batch": 32, "world_size": 1, "micro_batch": micro_batch,
-        "accumulate_steps": 32 // micro_batch, "precision": "fp32", "compile_mode": "off",
-        "device": {"device": "cpu"},
-        "memory": {"device_total_bytes": budget, "budget_bytes": budget, "headroom": 0.1,
-                   "calibration": calibration or {}},
-        **overrides,
-    }
-    path = tmp_path / "autotune.json"
-    path.write_text(json.dumps(data))
-    return path
+               calibration: dict | None = None) -> Path:
+    """A real autotune.json (schema 1) for the default CPU workload, fp32 eager, target 32."""
+    base = make_tuned()
+    config = dataclasses.replace(
+        base, target_batch=32, micro_batch=micro_batch, accumulate_steps=32 // micro_batch,
+        precision="fp32", compile_mode="off",
+        memory=dataclasses.replace(base.memory, device_total_bytes=budget, budget_bytes=budget,
+                                   calibration=calibration or {}))
+    return write(config, tmp_path / "autotune.json")
 
 
 def test_estimate_matches_a_real_cpu_step():
