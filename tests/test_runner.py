@@ -27,7 +27,7 @@ def _spec(name: str, micro_batch: int = 1, **kwargs: object) -> TrialSpec:
 SPECS = {
     "ok": _spec("tiny", 2, num_warmup_steps=2, num_timed_steps=3,
                 memory_budget_bytes=512 * MIB),
-    "oom": _spec("tiny", 8, memory_budget_bytes=32 * MIB),  # needs about 110 MiB
+    "oom": _spec("tiny", 12, memory_budget_bytes=32 * MIB),  # needs about 85 MiB
     "oom_tiny_cap": _spec("tiny", 1, memory_budget_bytes=4 * MIB),
     "timeout": _spec("hang", timeout_s=8.0),
     "crash": _spec("crash"),
