@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import importlib
 import math
 import os
 import resource
@@ -183,7 +184,15 @@ class _Memory:
         if self.device.type == "cpu":
             # Create the thread pool now so its stacks count in the baseline, not the budget.
             torch.ones(64, 64) @ torch.ones(64, 64)
-            self.baseline = _proc_status()["VmSize"]
+            # Every optimizer imports torch._dynamo lazily (a large import): do it before the
+            # cap, or it fails under a small cap (as a SystemError, not an OOM) and its address
+            # space counts as training memory.
+            importlib.import_module("torch._dynamo")
+            # VmPeak, not VmSize: glibc maps twice a new thread arena's size and trims it, so
+            # VmPeak already sits up to 64 MiB above VmSize here. Peaks are read from VmPeak, so
+            # the cap and the peak must start from the same high-water mark (else a tiny trial
+            # reports a 64 MiB peak, over its own cap).
+            self.baseline = _proc_status()["VmPeak"]
             if self.budget is not None:
                 _, hard = resource.getrlimit(resource.RLIMIT_AS)
                 resource.setrlimit(resource.RLIMIT_AS, (self.baseline + self.budget, hard))

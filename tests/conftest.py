@@ -1,0 +1,42 @@
+"""Shared test setup: children import this checkout's autotune; slow/gpu tests are opt-in."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKLOADS = Path(__file__).resolve().parent / "workloads.py"
+
+# The runner's children run `python -m autotune.runner`: make them import the autotune of this
+# checkout (not an installed copy) whatever directory pytest was started from.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
+
+
+def workload_target(name: str) -> str:
+    """``/abs/path/tests/workloads.py:NAME`` for --workload and WorkloadSpec(kind="file")."""
+    return f"{WORKLOADS}:{name}"
+
+
+@pytest.fixture
+def workloads_file() -> Path:
+    """Path of tests/workloads.py."""
+    return WORKLOADS
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    markexpr = config.getoption("-m") or ""
+    has_cuda = None
+    for item in items:
+        if "slow" in item.keywords and "slow" not in markexpr:
+            item.add_marker(pytest.mark.skip(reason="slow: run with -m slow"))
+        if "gpu" in item.keywords:
+            if has_cuda is None:
+                import torch
+
+                has_cuda = torch.cuda.is_available()
+            if not has_cuda:
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))

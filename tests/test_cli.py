@@ -1,0 +1,124 @@
+"""The ``autotune`` command: exit codes and messages, through typer's CliRunner."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from autotune.cli import app
+from tests.conftest import ROOT, WORKLOADS, workload_target
+
+# Click >= 8.2 keeps stderr apart in result.stderr (result.output interleaves both); older
+# releases need mix_stderr=False for that.
+try:
+    runner = CliRunner(mix_stderr=False)  # type: ignore[call-arg]
+except TypeError:
+    runner = CliRunner()
+
+FAST = ["--device", "cpu", "--precisions", "fp32", "--compile-modes", "off"]
+
+
+def _words(text: str) -> str:
+    """Rich wraps long lines at the console width: compare with whitespace collapsed."""
+    return " ".join(text.split())
+
+
+def _invoke(*args: str):
+    result = runner.invoke(app, list(args))
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result
+
+
+def test_env() -> None:
+    result = _invoke("env", "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    out = _words(result.stdout)
+    assert "autotune env" in out and "total memory" in out and "fp32" in out
+
+
+def test_env_json() -> None:
+    result = _invoke("env", "--device", "cpu", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["device"] == "cpu"
+    assert data["total_memory_bytes"] > 0
+
+
+def test_probe_default_workload_prints_the_table() -> None:
+    result = _invoke("probe", "--target-batch", "8", *FAST)
+    assert result.exit_code == 0, result.output
+    out = _words(result.stdout)
+    assert "Largest micro-batch that fits" in out
+    assert "fp32/off" in out
+    assert "8x1" in out  # micro-batch 8 fits the whole target: one step, no accumulation
+    assert "probes in all" in out
+    assert "micro-batch 8: ok" in _words(result.stderr)  # progress goes to stderr
+
+
+def test_probe_json() -> None:
+    result = _invoke("probe", "--target-batch", "8", *FAST, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)  # stdout holds the JSON alone
+    assert data["target_batch"] == 8
+    [probe] = data["probes"]
+    assert probe["memory_class"] == {"precision": "fp32", "compile_mode": "off"}
+    assert probe["max_micro_batch"] == 8
+    assert probe["peak_bytes"] > 0
+    assert probe["steps"][0]["status"] == "ok"
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--target-batch", "0"], "Invalid value for '--target-batch'"),
+    (["--memory-budget", "garbage"], "cannot read the memory size 'garbage'"),
+    (["--memory-budget", "150%"], "memory budget '150%' is not a share between 0% and 100%"),
+    (["--workload", "missing.py:f"], "workload file 'missing.py' does not exist"),
+    (["--workload", str(WORKLOADS)], "must look like path/to/file.py:factory"),
+    (["--precisions", "fp8"], "unknown precision or compile mode 'fp8': precisions are fp32"),
+    (["--compile-modes", "fast"], "compile modes are off, default"),
+    (["--world-size", "3", "--target-batch", "8"], "does not split evenly over --world-size 3"),
+])
+def test_probe_bad_input_exits_2(args: list[str], says: str) -> None:
+    result = _invoke("probe", "--device", "cpu", *args)
+    assert result.exit_code == 2, result.output
+    assert says in _words(result.output)
+
+
+def test_factory_that_raises_exits_2_with_the_traceback() -> None:
+    result = _invoke("probe", "--target-batch", "1", *FAST,
+                     "--workload", workload_target("raises"))
+    assert result.exit_code == 2, result.output
+    err = _words(result.stderr)
+    assert "error:" in err
+    assert "the workload failed at micro-batch 1" in err
+    assert "ValueError: workload factory failed on purpose" in err
+    assert "Traceback" in err and "in raises" in err
+
+
+def test_bad_batch_exits_2() -> None:
+    result = _invoke("probe", "--target-batch", "1", *FAST,
+                     "--workload", workload_target("bad_batch"))
+    assert result.exit_code == 2, result.output
+    assert "make_batch(1) returned list; it must return a tensor" in _words(result.stderr)
+
+
+def test_micro_batch_1_not_fitting_exits_1_and_says_what_would() -> None:
+    result = _invoke("probe", "--target-batch", "2", *FAST, "--memory-budget", "8MiB",
+                     "--workload", workload_target("tiny"))
+    assert result.exit_code == 1, result.output
+    err = _words(result.stderr)
+    assert "micro-batch 1 does not fit in 7.20 MiB usable (budget 8.00 MiB" in err
+    assert "so the budget would have to be at least" in err
+    needed = err.split("would have to be at least ")[1].split(" MiB")[0]
+    assert float(needed) > 8.0
+
+
+def test_cli_import_does_not_import_torch() -> None:
+    code = "import sys, autotune.cli; print(sorted(m for m in sys.modules if m == 'torch'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]", out.stderr

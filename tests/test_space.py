@@ -1,0 +1,94 @@
+"""space: micro-batch candidates and the memory classes a device can run."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.config import GIB, DeviceInfo, MemoryClass
+from autotune.errors import ConfigError
+from autotune.space import divisors, is_cuda_graph_mode, memory_classes, per_device_batch
+
+CPU = DeviceInfo(device="cpu", name="test cpu", total_memory_bytes=8 * GIB,
+                 available_memory_bytes=4 * GIB, supports_bf16=True, supports_fp16=False,
+                 supports_tf32=False, native_bf16=False)
+CUDA = DeviceInfo(device="cuda:0", name="test gpu", total_memory_bytes=80 * GIB,
+                  available_memory_bytes=79 * GIB, supports_bf16=True, supports_fp16=True,
+                  supports_tf32=True, native_bf16=True)
+
+
+@pytest.mark.parametrize(("n", "expected"), [
+    (1, (1,)),
+    (7, (1, 7)),
+    (36, (1, 2, 3, 4, 6, 9, 12, 18, 36)),
+    (48, (1, 2, 3, 4, 6, 8, 12, 16, 24, 48)),
+    (64, (1, 2, 4, 8, 16, 32, 64)),
+])
+def test_divisors(n: int, expected: tuple[int, ...]) -> None:
+    assert divisors(n) == expected
+
+
+def test_divisors_brute_force() -> None:
+    for n in range(1, 200):
+        assert divisors(n) == tuple(d for d in range(1, n + 1) if n % d == 0)
+
+
+def test_per_device_batch() -> None:
+    assert per_device_batch(64, 1) == 64
+    assert per_device_batch(64, 4) == 16
+
+
+@pytest.mark.parametrize(("target", "world", "says"), [
+    (0, 1, "--target-batch must be a positive number of samples, got 0"),
+    (-8, 1, "got -8"),
+    (8, 0, "--world-size must be at least 1, got 0"),
+    (10, 4, "--target-batch 10 does not split evenly over --world-size 4"),
+])
+def test_per_device_batch_errors(target: int, world: int, says: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        per_device_batch(target, world)
+    assert says in str(info.value)
+
+
+def _labels(classes: tuple[MemoryClass, ...]) -> list[str]:
+    return [c.label() for c in classes]
+
+
+def test_cpu_defaults() -> None:
+    classes, skipped = memory_classes(CPU)
+    assert _labels(classes) == ["fp32/off", "bf16/off", "fp32/default", "bf16/default"]
+    text = "\n".join(skipped)
+    assert "precision tf32 skipped" in text
+    assert "precision fp16 skipped" in text
+    assert "max-autotune-no-cudagraphs not tried by default on CPU" in text
+    assert "bf16 is emulated" in text
+
+
+def test_cpu_never_gets_cuda_graph_modes() -> None:
+    classes, skipped = memory_classes(CPU, ["fp32"], ["off", "reduce-overhead", "max-autotune"])
+    assert _labels(classes) == ["fp32/off"]
+    assert sum("CUDA graphs need a CUDA device" in s for s in skipped) == 2
+    assert not any(is_cuda_graph_mode(c.compile_mode) for c in classes)
+
+
+def test_cuda_gets_everything() -> None:
+    classes, skipped = memory_classes(CUDA)
+    assert len(classes) == 4 * 5
+    assert {c.compile_mode for c in classes} >= {"reduce-overhead", "max-autotune"}
+    assert {c.precision for c in classes} == {"fp32", "tf32", "bf16", "fp16"}
+    assert skipped == ()
+
+
+def test_unknown_names_list_the_valid_ones() -> None:
+    with pytest.raises(ConfigError) as info:
+        memory_classes(CPU, ["fp8"], ["turbo"])
+    message = str(info.value)
+    assert "'fp8'" in message and "'turbo'" in message
+    assert "fp32, tf32, bf16, fp16" in message
+    assert "off, default, reduce-overhead, max-autotune-no-cudagraphs, max-autotune" in message
+
+
+def test_nothing_supported_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="nothing to run on cpu"):
+        memory_classes(CPU, ["fp16"])
+    with pytest.raises(ConfigError, match="nothing to run on cpu"):
+        memory_classes(CPU, ["fp32"], ["reduce-overhead"])
