@@ -23,7 +23,7 @@ from autotune.device import describe_device
 from autotune.errors import AutotuneError, ConfigError, NoFeasibleConfigError, WorkloadError
 from autotune.estimate import ESTIMATE_NOTE, EstimateReport, StepEstimate
 from autotune.memory import OnStep, probe_memory, probe_spec
-from autotune.runner import run_isolated
+from autotune.runner import allocator_notes, run_isolated
 from autotune.schema import (
     MemoryRecord,
     SearchResult,
@@ -42,7 +42,6 @@ from autotune.search import (
     run_search,
 )
 from autotune.space import divisors, memory_classes, per_device_batch
-from autotune.trial import environment_notes
 from autotune.usage import Tuned
 from autotune.workload import Workload, split_factory
 
@@ -159,7 +158,7 @@ def probe(
             hint=eager.max_micro_batch if eager else None, on_step=on_step))
     if not any(p.max_micro_batch for p in probes):
         raise NoFeasibleConfigError(_nothing_fits(workload, info, budget, probes[0], timeout_s))
-    allocator = ", ".join(environment_notes()) or "glibc malloc and torch allocator defaults"
+    allocator = allocator_notes(info.device)
     return ProbeReport(workload=workload, device=info, target_batch=target_batch,
                        world_size=world_size, headroom=headroom,
                        budget_bytes=budget.budget_bytes, probes=tuple(probes),

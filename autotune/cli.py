@@ -31,7 +31,7 @@ app = typer.Typer(
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
 )
 out = Console(soft_wrap=True)
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 WorkloadOpt = Annotated[Optional[str], typer.Option(
     "--workload", help="Your workload: path/to/file.py:factory returning autotune.Workload.")]

@@ -21,15 +21,30 @@ from autotune.config import TrialResult, TrialSpec, from_json_dict, to_json_dict
 _STDERR_TAIL_CHARS = 3000
 
 
-def child_environment() -> dict[str, str]:
+# glibc defaults make a CPU child's address space wander by tens of MiB for the same step
+# (per-thread arenas reserve 64 MiB heaps; freed blocks stay in the heap): one arena and an
+# immediate trim make the measured peak repeat to about 1 MiB. A user's own MALLOC_* wins.
+CPU_ALLOCATOR = {"MALLOC_ARENA_MAX": "1", "MALLOC_TRIM_THRESHOLD_": "0"}
+
+
+def child_environment(device: str = "cpu") -> dict[str, str]:
     """Environment for a child: unbuffered, in-process inductor compiles (no worker pool that
-    would be forked under the memory cap)."""
+    would be forked under the memory cap), and on CPU a glibc set up for repeatable peaks."""
     env = dict(os.environ)
+    if device == "cpu" and not any(k.startswith("MALLOC_") for k in env):
+        env.update(CPU_ALLOCATOR)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("TRANSFORMERS_VERBOSITY", "error")
     return env
+
+
+def allocator_notes(device: str) -> str:
+    """The allocator settings children run with (they move the CPU memory boundary)."""
+    env = child_environment(device)
+    keys = [k for k in sorted(env) if k.startswith(("MALLOC_", "PYTORCH_CUDA_ALLOC"))]
+    return ", ".join(f"{k}={env[k]}" for k in keys) or "glibc and torch allocator defaults"
 
 
 def run_isolated(spec: TrialSpec) -> TrialResult:
@@ -47,7 +62,8 @@ def run_isolated(spec: TrialSpec) -> TrialResult:
         start = time.perf_counter()
         with open(stderr_path, "wb") as stderr:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr,
-                                    env=child_environment(), start_new_session=True)
+                                    env=child_environment(spec.device),
+                                    start_new_session=True)
             try:
                 proc.wait(timeout=spec.timeout_s)
             except subprocess.TimeoutExpired:

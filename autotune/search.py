@@ -29,6 +29,8 @@ Runner = Callable[[TrialSpec], TrialResult]
 # Numerics guard: allowed relative distance of the first loss from fp32 eager's, per precision.
 LOSS_TOLERANCE = {"fp32": 0.01, "tf32": 0.01, "bf16": 0.05, "fp16": 0.05}
 _INFEASIBLE = 1.0
+CONSTRAINT = "ran"
+"""Optuna constraint: 0 for a trial that ran to the end, 1 for OOM, crash, timeout, ..."""
 optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own progress says what happens
 
 
@@ -118,8 +120,7 @@ def open_study(settings: SearchSettings, identity: dict[str, str],
     Raises:
         ConfigError: the storage cannot be opened, or the study holds another search.
     """
-    sampler = optuna.samplers.TPESampler(
-        seed=0, constraints_func=lambda t: t.user_attrs.get("constraint", (0.0,)))
+    sampler = optuna.samplers.TPESampler(seed=0)  # reads constraints set on each trial
     name = settings.study_name or ("autotune" if settings.storage else None)
     try:
         study = optuna.create_study(storage=settings.storage, study_name=name,
@@ -262,11 +263,11 @@ def _tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult, directi
           settings: SearchSettings) -> None:
     value = _objective(result, settings)
     if value is None:  # infeasible: a constraint violation, so samplers avoid its region
-        trial.set_user_attr("constraint", (_INFEASIBLE,))
+        trial.set_constraint(CONSTRAINT, _INFEASIBLE)
         trial.set_user_attr("status", result.status)
         value = 0.0 if direction == "maximize" else 1e18
     else:
-        trial.set_user_attr("constraint", (0.0,))
+        trial.set_constraint(CONSTRAINT, 0.0)
     study.tell(trial, value)
 
 

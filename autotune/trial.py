@@ -11,7 +11,6 @@ import errno
 import hashlib
 import importlib
 import math
-import os
 import resource
 import statistics
 import time
@@ -326,9 +325,3 @@ def fingerprint(model: nn.Module, batch: Batch) -> str:
         batch if isinstance(batch, (tuple, list)) else [batch])
     parts += [f"batch:{tuple(t.shape[1:])}:{t.dtype}" for t in tensors]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
-
-
-def environment_notes() -> tuple[str, ...]:
-    """Allocator settings in force (they move the CPU memory boundary)."""
-    keys = [k for k in sorted(os.environ) if k.startswith(("MALLOC_", "PYTORCH_CUDA_ALLOC"))]
-    return tuple(f"{k}={os.environ[k]}" for k in keys)

@@ -13,8 +13,6 @@ from types import ModuleType
 
 import pytest
 import torch
-from one_truth import GradRecorder, TinyLM, assert_same_grads, full_batch_grads, token_batches
-from tuned_configs import REPO, make_tuned, my_workload_spec, small, subprocess_env, write
 from typer.testing import CliRunner
 
 from autotune import api, trial
@@ -29,6 +27,8 @@ from autotune.workload import (
     default_workload,
     load_workload,
 )
+from tests.one_truth import GradRecorder, TinyLM, assert_same_grads, full_batch_grads, token_batches
+from tests.tuned_configs import REPO, make_tuned, my_workload_spec, small, subprocess_env, write
 
 GOLDEN = Path(__file__).parent / "golden" / "train_autotuned_default.py"
 REGEN = "AUTOTUNE_REGEN_GOLDEN"

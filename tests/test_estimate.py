@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from tuned_configs import make_tuned, write
 from typer.testing import CliRunner
 
 from autotune import api
@@ -22,6 +21,7 @@ from autotune.estimate import estimate_step, largest_fitting
 from autotune.runner import run_isolated
 from autotune.testing import assert_fits
 from autotune.workload import Workload, default_workload
+from tests.tuned_configs import make_tuned, write
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from tuned_configs import REPO, my_workload_spec, small, subprocess_env, write
 
 from autotune.config import WorkloadSpec
 from autotune.workload import Workload, check_batch, load_workload
+from tests.tuned_configs import REPO, my_workload_spec, small, subprocess_env, write
 
 EXAMPLES = REPO / "examples"
 

@@ -18,13 +18,14 @@ CANDIDATES = divisors(12)  # 1, 2, 3, 4, 6, 12
 BOUNDARY = 4  # the usable budget is put between the peaks of 4 and 6
 
 
-@pytest.fixture(scope="module", autouse=True)
-def sharp_allocator():
-    """A fixed glibc mmap threshold: without it the peak of one micro-batch moves between runs
-    by more than a sample's worth (DESIGN.md section 4), and brute force would not be a truth."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
-        yield
+def test_children_run_with_the_repeatable_cpu_allocator() -> None:
+    """Without it the peak of one micro-batch moves between runs by more than a sample's worth
+    (DESIGN.md section 4), and brute force would not be a truth."""
+    from autotune.runner import CPU_ALLOCATOR, allocator_notes, child_environment
+
+    env = child_environment("cpu")
+    assert all(env[k] == v for k, v in CPU_ALLOCATOR.items())
+    assert "MALLOC_ARENA_MAX=1" in allocator_notes("cpu")
 
 
 @pytest.fixture(scope="module")

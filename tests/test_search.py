@@ -21,7 +21,7 @@ from autotune.config import TrialSpec, WorkloadSpec
 from autotune.errors import ConfigError
 from autotune.runner import run_isolated
 from autotune.schema import read_tuned
-from autotune.search import SearchSettings, run_search
+from autotune.search import CONSTRAINT, SearchSettings, run_search
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = WorkloadSpec(kind="file", target=str(ROOT / "tests" / "workloads.py") + ":tiny")
@@ -65,7 +65,7 @@ def test_search_eager_and_compiled_writes_a_consistent_config(tmp_path: Path) ->
 
 
 def test_oom_candidates_are_recorded_infeasible(tmp_path: Path) -> None:
-    budget = 150 * 1024**2
+    budget = 60 * 1024**2
     report = api.probe(TINY, target_batch=16, device="cpu", memory_budget=budget,
                        precisions=["fp32"], compile_modes=["off"])
     probe = report.probes[0]
@@ -80,7 +80,7 @@ def test_oom_candidates_are_recorded_infeasible(tmp_path: Path) -> None:
     assert by_mb[16].verdict == "oom"
     assert by_mb[probe.max_micro_batch].verdict in ("ok", "slower")
     study = optuna.load_study(study_name="oom", storage=storage)
-    constraints = {t.params["candidate"]: t.user_attrs["constraint"][0] for t in study.trials}
+    constraints = {t.params["candidate"]: t.constraints[CONSTRAINT] for t in study.trials}
     assert constraints["fp32/off/16"] > 0
     assert constraints[f"fp32/off/{probe.max_micro_batch}"] == 0
 

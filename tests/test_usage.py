@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from tuned_configs import make_tuned, write
 
 import autotune
 from autotune import api, trial
 from autotune.errors import ConfigError
 from autotune.usage import Tuned
 from autotune.workload import Workload
+from tests.tuned_configs import make_tuned, write
 
 
 @pytest.fixture
