@@ -157,6 +157,10 @@ def search(
         "--micro-batches", help="Largest N fitting micro-batches per class to time, or 'all'.")
     ] = "3",
     max_trials: Annotated[int, typer.Option("--max-trials", min=1)] = 30,
+    allow_inexact: Annotated[bool, typer.Option(
+        "--allow-inexact",
+        help="If --world-size does not divide --target-batch, tune the nearest exact batch.")
+    ] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Probe memory, time compile modes x precisions, write the tuned autotune.json."""
@@ -193,7 +197,7 @@ def search(
                     memory_budget=memory_budget, headroom=headroom,
                     precisions=_split(precisions), compile_modes=_split(compile_modes),
                     out=out, force=force, settings=settings, on_step=on_step,
-                    on_trial=on_trial)
+                    on_trial=on_trial, allow_inexact=allow_inexact)
             except KeyboardInterrupt:
                 err.print("interrupted before any trial finished: nothing written")
                 raise typer.Exit(130) from None

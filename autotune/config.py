@@ -332,6 +332,8 @@ class ProbeReport:
     headroom: float
     budget_bytes: int
     probes: tuple[MemoryProbe, ...]
+    requested_batch: int | None = None
+    """The target the user asked for, when --allow-inexact moved it to ``target_batch``."""
     skipped: tuple[str, ...] = ()
     """Memory classes not probed, with the reason (e.g. CUDA-graph modes on CPU)."""
     allocator: str = ""

@@ -131,7 +131,10 @@ def search_footer(result: SearchResult) -> list[str]:
     lines = [
         f"winner: micro_batch={c.micro_batch} accumulate_steps={c.accumulate_steps} "
         f"(x world {c.world_size} = {c.effective_batch()}) precision={c.precision} "
-        f"compile={c.compile_mode}",
+        f"compile={c.compile_mode}"
+        + (f" (asked for {c.requested_batch}: {c.effective_batch() - c.requested_batch:+d} "
+           f"samples, {(c.effective_batch() - c.requested_batch) / c.requested_batch:+.1%}, "
+           "--allow-inexact)" if c.requested_batch else ""),
         f"why: {c.reason}",
         f"memory: peak {format_bytes(mem.peak_bytes)} of {format_bytes(mem.usable_bytes)} usable "
         f"(budget {format_bytes(mem.budget_bytes)}, headroom {mem.headroom:.0%}); "

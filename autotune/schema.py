@@ -104,6 +104,9 @@ class TunedConfig:
     workload_name: str
     workload_fingerprint: str
     target_batch: int
+    """Effective batch tuned for: samples per optimizer step over all devices."""
+    requested_batch: int | None = None
+    """What the user asked for, when --allow-inexact tuned the nearest exact batch instead."""
     world_size: int
     micro_batch: int
     """Samples per forward/backward on each device."""

@@ -42,6 +42,28 @@ def per_device_batch(target_batch: int, world_size: int) -> int:
     return target_batch // world_size
 
 
+def exact_target(target_batch: int, world_size: int, allow_inexact: bool = False) -> int:
+    """The effective batch to tune for: the target, or with ``allow_inexact`` the nearest
+    multiple of the world size when the target does not split evenly over the devices.
+
+    Raises:
+        ConfigError: bad numbers, or an uneven split without ``allow_inexact`` (the message
+            names the nearest exact targets).
+    """
+    if target_batch > 0 and world_size > 0 and target_batch % world_size:
+        below = target_batch // world_size * world_size
+        above = below + world_size
+        if not allow_inexact:
+            nearby = ", ".join(str(t) for t in (below, above) if t)
+            raise ConfigError(
+                f"--target-batch {target_batch} does not split evenly over --world-size "
+                f"{world_size}: exact targets nearby are {nearby}; "
+                "use one, or pass --allow-inexact to tune the nearest and report the deviation")
+        return below if below and target_batch - below <= above - target_batch else above
+    per_device_batch(target_batch, world_size)
+    return target_batch
+
+
 def memory_classes(
     device: DeviceInfo,
     precisions: Sequence[str] | None = None,

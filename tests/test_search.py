@@ -165,3 +165,16 @@ def test_ctrl_c_keeps_and_writes_the_best_so_far(tmp_path: Path) -> None:
     assert any(t.verdict == "winner" for t in config.trials)
     assert "interrupted (Ctrl-C)" in stdout
     json.loads((tmp_path / "autotune.json").read_text())
+
+
+def test_allow_inexact_tunes_the_nearest_exact_batch_and_reports_it(tmp_path: Path) -> None:
+    settings = dataclasses.replace(FAST, micro_batches_per_class=1, num_confirm=0)
+    result = api.search(TINY, target_batch=8, world_size=3, device="cpu", memory_budget="2GiB",
+                        precisions=["fp32"], compile_modes=["off"], out=tmp_path,
+                        settings=settings, allow_inexact=True)
+    config = read_tuned(tmp_path / "autotune.json")
+    assert (config.target_batch, config.requested_batch) == (9, 8)
+    assert config.micro_batch * config.accumulate_steps * 3 == 9
+    from autotune.report import search_footer
+
+    assert "asked for 8: +1 samples, +12.5%" in search_footer(result)[0]

@@ -6,7 +6,13 @@ import pytest
 
 from autotune.config import GIB, DeviceInfo, MemoryClass
 from autotune.errors import ConfigError
-from autotune.space import divisors, is_cuda_graph_mode, memory_classes, per_device_batch
+from autotune.space import (
+    divisors,
+    exact_target,
+    is_cuda_graph_mode,
+    memory_classes,
+    per_device_batch,
+)
 
 CPU = DeviceInfo(device="cpu", name="test cpu", total_memory_bytes=8 * GIB,
                  available_memory_bytes=4 * GIB, supports_bf16=True, supports_fp16=False,
@@ -92,3 +98,17 @@ def test_nothing_supported_is_an_error() -> None:
         memory_classes(CPU, ["fp16"])
     with pytest.raises(ConfigError, match="nothing to run on cpu"):
         memory_classes(CPU, ["fp32"], ["reduce-overhead"])
+
+
+@pytest.mark.parametrize(("target", "world", "expected"), [
+    (64, 1, 64), (64, 4, 64), (8, 3, 9), (10, 4, 8), (2, 4, 4),
+])
+def test_exact_target_picks_the_nearest_multiple_only_when_allowed(
+        target: int, world: int, expected: int) -> None:
+    assert exact_target(target, world, allow_inexact=True) == expected
+    if target % world:
+        with pytest.raises(ConfigError, match="--allow-inexact") as info:
+            exact_target(target, world)
+        assert str(expected) in str(info.value)
+    else:
+        assert exact_target(target, world) == target

@@ -39,7 +39,7 @@ from autotune.search import (
     pick_winner,
     run_search,
 )
-from autotune.space import divisors, memory_classes, per_device_batch
+from autotune.space import divisors, exact_target, memory_classes, per_device_batch
 
 OnTrial = Callable[[int, int, Candidate, TrialRecord | None], None]
 
@@ -57,6 +57,7 @@ def probe(
     timeout_s: float = 900.0,
     on_step: OnStep | None = None,
     include_baseline: bool = False,
+    allow_inexact: bool = False,
 ) -> ProbeReport:
     """Probe the largest micro-batch that fits for each memory class.
 
@@ -72,12 +73,16 @@ def probe(
         timeout_s: per child process.
         on_step: progress callback after each probe.
         include_baseline: also probe fp32 eager (the search's baseline) when restricted out.
+        allow_inexact: when the world size does not divide the target, tune the nearest
+            exact effective batch (reported) instead of refusing.
 
     Raises:
         ConfigError: bad settings. WorkloadError: the workload fails.
         NoFeasibleConfigError: not even the smallest micro-batch fits in any class.
     """
     workload = workload or WorkloadSpec()
+    requested = target_batch
+    target_batch = exact_target(target_batch, world_size, allow_inexact)
     per_device = per_device_batch(target_batch, world_size)
     info = describe_device(device)
     budget = resolve_budget(info, memory_budget, headroom)
@@ -101,7 +106,8 @@ def probe(
     return ProbeReport(workload=workload, device=info, target_batch=target_batch,
                        world_size=world_size, headroom=headroom,
                        budget_bytes=budget.budget_bytes, probes=tuple(probes),
-                       skipped=skipped, allocator=allocator)
+                       skipped=skipped, allocator=allocator,
+                       requested_batch=requested if requested != target_batch else None)
 
 
 def _nothing_fits(workload: WorkloadSpec, info: DeviceInfo, budget: Budget,
@@ -148,6 +154,7 @@ def search(
     settings: SearchSettings | None = None,
     on_step: OnStep | None = None,
     on_trial: OnTrial | None = None,
+    allow_inexact: bool = False,
 ) -> SearchResult:
     """Probe memory per class, time candidates (baseline first), write ``autotune.json``.
 
@@ -165,6 +172,8 @@ def search(
         settings: trial counts, time budget, objective, Optuna storage.
         on_step: progress after each memory probe.
         on_trial: progress before and after each timed trial.
+        allow_inexact: tune the nearest exact effective batch when the world size does not
+            divide the target (the deviation is reported).
 
     Raises:
         ConfigError: bad settings, an existing output without ``force``, a bad storage.
@@ -186,7 +195,7 @@ def search(
     report = probe(workload, target_batch=target_batch, world_size=world_size, device=device,
                    memory_budget=memory_budget, headroom=headroom, precisions=precisions,
                    compile_modes=compile_modes, timeout_s=settings.timeout_s, on_step=on_step,
-                   include_baseline=True)
+                   include_baseline=True, allow_inexact=allow_inexact)
     report = replace(report, skipped=report.skipped + extra_skipped)
     outcome = run_search(report, settings, on_trial=on_trial)
     config = tuned_config(report, outcome, settings)
@@ -256,6 +265,7 @@ def tuned_config(report: ProbeReport, outcome: SearchOutcome,
         autotune_version=__version__, created_at=datetime.now(timezone.utc).isoformat(),
         workload=report.workload, workload_name=result.workload_name,
         workload_fingerprint=result.workload_fingerprint, target_batch=report.target_batch,
+        requested_batch=report.requested_batch,
         world_size=report.world_size, micro_batch=winner.micro_batch,
         accumulate_steps=winner.accumulate_steps, precision=winner.precision,
         compile_mode=winner.compile_mode, memory=memory, device=report.device,
