@@ -178,3 +178,16 @@ def test_allow_inexact_tunes_the_nearest_exact_batch_and_reports_it(tmp_path: Pa
     from autotune.report import search_footer
 
     assert "asked for 8: +1 samples, +12.5%" in search_footer(result)[0]
+
+
+def test_train_steps_objective_minimizes_time_to_train(tmp_path: Path) -> None:
+    settings = dataclasses.replace(FAST, train_steps=500, num_confirm=0)
+    api.search(TINY, target_batch=4, device="cpu", memory_budget="2GiB", precisions=["fp32"],
+               compile_modes=["off"], out=tmp_path, settings=settings)
+    config = read_tuned(tmp_path / "autotune.json")
+    assert (config.objective, config.train_steps) == ("time_to_train", 500)
+    ran = [t for t in config.trials if t.verdict in ("winner", "ok")]
+    for t in ran:
+        assert t.time_to_train_s == pytest.approx(500 * t.median_step_s + (t.compile_s or 0.0))
+    winner = next(t for t in config.trials if t.verdict == "winner")
+    assert winner.time_to_train_s == min(t.time_to_train_s for t in ran)
