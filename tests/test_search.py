@@ -62,6 +62,8 @@ def test_search_eager_and_compiled_writes_a_consistent_config(tmp_path: Path) ->
     assert compiled and all(t.num_graphs and t.num_graphs >= 1 for t in compiled)
     assert all(t.num_timed_steps >= 3 for t in feasible)
     assert config.speedup == pytest.approx(winners[0].samples_per_s / trials[0].samples_per_s)
+    assert config.reason.startswith(f"{winners[0].label()} won at ")
+    assert "runner-up" in config.reason
 
 
 def test_oom_candidates_are_recorded_infeasible(tmp_path: Path) -> None:

@@ -299,3 +299,4 @@ def _why(winner: TrialRecord, baseline: TrialRecord, records: tuple[TrialRecord,
     if others:
         runner_up = max(others, key=lambda r: r.samples_per_s or 0.0)
         text += f"; runner-up {runner_up.label()} ({runner_up.reason})"
+    return text
