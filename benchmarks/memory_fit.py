@@ -201,7 +201,7 @@ def render(out: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", help="one workload factory, e.g. pick_cnn")
+    parser.add_argument("--only", help="workload factories in order, e.g. pick_cnn,pick_gpt2")
     parser.add_argument("--concurrency", default="")
     parser.add_argument("--render", action="store_true", help="re-render the JSON results")
     args = parser.parse_args()
@@ -210,13 +210,16 @@ def main() -> None:
         print(write_results("memory_fit", out, render(out)).read_text())
         return
     start = time.perf_counter()
-    rows = [bench_workload(n, f, b) for n, (f, b) in WORKLOADS.items()
-            if not args.only or f == args.only]
-    out = {"machine": machine(), "rows": rows, "concurrency": args.concurrency,
-           "wall_s": time.perf_counter() - start}
-    write_results("memory_fit", out, "rendering failed: python benchmarks/memory_fit.py "
-                  "--render\n")
-    print(write_results("memory_fit", out, render(out)).read_text())
+    only = args.only.split(",") if args.only else [f for f, _ in WORKLOADS.values()]
+    out = {"machine": machine(), "rows": [], "concurrency": args.concurrency, "wall_s": 0.0}
+    for factory in only:  # results written after each workload: a cut-short run keeps them
+        name, budget = next((n, b) for n, (f, b) in WORKLOADS.items() if f == factory)
+        out["rows"].append(bench_workload(name, factory, budget))
+        out["wall_s"] = time.perf_counter() - start
+        write_results("memory_fit", out, "rendering failed: python benchmarks/memory_fit.py "
+                      "--render\n")
+        write_results("memory_fit", out, render(out))
+    print((HERE / "results" / "memory_fit.md").read_text())
 
 
 if __name__ == "__main__":

@@ -128,6 +128,8 @@ def run_oracle(workload: WorkloadSpec, device: str, per_device: int,
     failure (memory grows with the micro-batch). Later passes alternate direction and re-run
     what pass 1 ran, the first failure included (near the boundary a fit can flip). A candidate
     already ``slower_factor`` times slower than the best median so far stops timing early.
+    Past ``deadline_s`` seconds no new run starts (the GPU suite's time box): what did not
+    run has no runs.
 
     Returns:
         The candidates with their runs, and the oracle's wall time in seconds.
