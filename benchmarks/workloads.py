@@ -62,3 +62,56 @@ def null() -> autotune.Workload:
         name="null", build_model=lambda: nn.Linear(1, 1),
         make_batch=lambda m: torch.randn(m, 1),
         loss=lambda model, batch: model(batch).square().mean())
+
+
+# Smaller still, for the search benchmark (benchmarks/search_quality.py, benchmarks/peers.py):
+# hundreds of child runs and a few dozen inductor compiles must fit in about 25 minutes of a
+# shared 2-core CPU.
+_PICK_SEQ, _PICK_VOCAB = 64, 1024
+
+
+def _lm_batch(micro_batch: int, mask: bool) -> dict[str, torch.Tensor]:
+    ids = torch.randint(0, _PICK_VOCAB, (micro_batch, _PICK_SEQ))
+    batch = {"input_ids": ids, "labels": ids}
+    if mask:
+        batch["attention_mask"] = torch.ones_like(ids)
+    return batch
+
+
+def pick_gpt2() -> autotune.Workload:
+    """A 2-layer GPT-2 causal LM (Hugging Face), width 64, 64 tokens, vocab 1024."""
+    import transformers
+
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, n_positions=_PICK_SEQ,
+                                     vocab_size=_PICK_VOCAB, bos_token_id=0, eos_token_id=0)
+    return autotune.Workload(
+        name="pick-gpt2", build_model=lambda: transformers.GPT2LMHeadModel(config),
+        make_batch=lambda m: _lm_batch(m, mask=False), tokens_per_sample=_PICK_SEQ)
+
+
+def pick_bert() -> autotune.Workload:
+    """A 2-layer BERT masked LM (Hugging Face), width 64, 64 tokens, vocab 1024."""
+    import transformers
+
+    config = transformers.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=2,
+                                     intermediate_size=256, vocab_size=_PICK_VOCAB,
+                                     max_position_embeddings=_PICK_SEQ)
+    return autotune.Workload(
+        name="pick-bert", build_model=lambda: transformers.BertForMaskedLM(config),
+        make_batch=lambda m: _lm_batch(m, mask=True), tokens_per_sample=_PICK_SEQ)
+
+
+def pick_cnn() -> autotune.Workload:
+    """A plain-torch CNN (three conv blocks with batch norm) on 32x32 images, 10 classes."""
+    def block(cin: int, cout: int) -> nn.Module:
+        return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(),
+                             nn.MaxPool2d(2))
+
+    def build() -> nn.Module:
+        return nn.Sequential(block(3, 16), block(16, 32), block(32, 64),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+
+    return autotune.Workload(
+        name="pick-cnn", build_model=build,
+        make_batch=lambda m: (torch.randn(m, 3, 32, 32), torch.randint(0, 10, (m,))),
+        loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]))

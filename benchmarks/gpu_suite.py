@@ -1,0 +1,260 @@
+"""The GPU part of the benchmarks, in one go (about 10 minutes on one H100).
+
+Steps, each time-boxed and written to its own JSON as soon as it ends, so a step that fails or
+runs out of time leaves the others' results:
+
+1. ``search-gpt2``: ``api.search`` on the built-in default workload (GPT-2-small-sized causal LM
+   on CUDA, seq 1024), target batch 64;
+2. ``search-bert``: ``api.search`` on ``--model bert-base-uncased`` (config shipped in
+   ``autotune/hf_configs.py``, random weights), target batch 64;
+3. ``oracle-bert``: the exhaustive oracle (``oracle.run_oracle``, two interleaved passes) on the
+   BERT workload, plus pick quality and cost ratio against step 2 and the naive baseline (fp32
+   eager, micro-batch = target if it fits, else the largest power of two that fits);
+4. ``estimate``: the estimator (kernels=cuda) vs the measured peak of a real eager step, for
+   both models at two micro-batches, fp32 and bf16.
+
+To stay inside 10 minutes the searches and the oracle are restricted (``--full`` lifts it):
+precisions bf16 and fp32, compile modes off and default, the 2 largest micro-batches per class;
+the oracle covers those classes at micro-batches >= 8 and stops starting runs at its deadline.
+The results say so.
+
+Run: ``benchmarks/gpu.sh`` (or ``python benchmarks/gpu_suite.py``); ``--dry-run`` lists what
+would run without touching a GPU. Results go to ``$OUT/gpu`` when ``OUT`` is set, else
+``benchmarks/results/gpu/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from oracle import HERE, key, machine, naive_micro_batch, run_oracle, write_results
+
+from autotune.config import WorkloadSpec
+
+TARGET = 64
+GPT2 = WorkloadSpec()  # the built-in default: GPT-2 small sized on CUDA, seq 1024
+BERT = WorkloadSpec(kind="hf", target="bert-base-uncased")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Step:
+    """One time-boxed step of the suite."""
+
+    name: str
+    what: str
+    budget_s: float
+    """Seconds the step is planned to take (searches get it as their time budget)."""
+    settings: dict = field(default_factory=dict)
+
+
+def plan(full: bool) -> list[Step]:
+    """The steps, with the restrictions that keep the suite within 10 minutes."""
+    restrict = {} if full else {"precisions": ["bf16", "fp32"],
+                                "compile_modes": ["off", "default"],
+                                "micro_batches_per_class": 2}
+    oracle_classes = ([["fp32", "off"], ["bf16", "off"], ["fp32", "default"],
+                       ["bf16", "default"]])
+    return [
+        Step(name="search-gpt2", budget_s=200, what="api.search default workload (GPT-2 small, "
+             f"seq 1024) --target-batch {TARGET}", settings={"workload": GPT2.label(),
+                                                              **restrict}),
+        Step(name="search-bert", budget_s=140, what="api.search --model bert-base-uncased "
+             f"--target-batch {TARGET}", settings={"workload": BERT.label(), **restrict}),
+        Step(name="oracle-bert", budget_s=180, what="exhaustive oracle on bert-base-uncased "
+             "(2 interleaved passes, best median) vs search-bert; naive baseline",
+             settings={"classes": oracle_classes, "min_micro_batch": 1 if full else 8,
+                       "repeats": 2}),
+        Step(name="estimate", budget_s=60, what="estimator (kernels=cuda) vs measured eager "
+             "peak: GPT-2 small and BERT-base, micro-batches 4 and 8, fp32 and bf16",
+             settings={"micro_batches": [4, 8], "precisions": ["fp32", "bf16"]}),
+    ]
+
+
+def out_dir() -> Path:
+    return Path(os.environ["OUT"]) / "gpu" if os.environ.get("OUT") else HERE / "results" / "gpu"
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def run_search(step: Step, spec: WorkloadSpec) -> dict:
+    from autotune import api
+    from autotune.search import SearchSettings
+
+    settings = SearchSettings(
+        micro_batches_per_class=step.settings.get("micro_batches_per_class", 3),
+        time_budget_s=step.budget_s * 0.6)
+    start = time.perf_counter()
+    result = api.search(spec, target_batch=TARGET, device="cuda",
+                        precisions=step.settings.get("precisions"),
+                        compile_modes=step.settings.get("compile_modes"),
+                        out=tempfile.mkdtemp(prefix=f"{step.name}-"), force=True,
+                        settings=settings)
+    cfg = result.config
+    return {"wall_s": time.perf_counter() - start, "tuned": key(cfg.precision, cfg.compile_mode,
+                                                                cfg.micro_batch),
+            "accumulate_steps": cfg.accumulate_steps, "samples_per_s": cfg.samples_per_s,
+            "tokens_per_s": cfg.tokens_per_s, "speedup": cfg.speedup,
+            "baseline_samples_per_s": cfg.baseline_samples_per_s,
+            "max_micro_batch": cfg.memory.max_micro_batch, "peak_bytes": cfg.memory.peak_bytes,
+            "num_probes": sum(p.num_probes for p in result.probe.probes),
+            "stop_reason": result.stop_reason, "skipped": cfg.skipped,
+            "trials": [{"label": t.label(), "verdict": t.verdict, "samples_per_s": t.samples_per_s,
+                        "wall_s": t.wall_s} for t in cfg.trials]}
+
+
+def run_oracle_step(step: Step, search: dict | None) -> dict:
+    from autotune.space import divisors
+
+    mbs = [m for m in divisors(TARGET) if m >= step.settings["min_micro_batch"]]
+    space: dict[tuple[str, str], list[int]] = {tuple(c): list(mbs)  # type: ignore[misc]
+                                               for c in step.settings["classes"]}
+    if search:  # the tuned config is always in the oracle's space
+        p, c, m = search["tuned"].split("/")
+        space.setdefault((p, c), [])
+        if int(m) not in space[(p, c)]:
+            space[(p, c)].append(int(m))
+    candidates, wall = run_oracle(BERT, "cuda:0", TARGET, space, budget_bytes=None,
+                                  repeats=step.settings["repeats"], deadline_s=step.budget_s,
+                                  log=log)
+    by_key = {c.key(): c for c in candidates}
+    measured = [c for c in candidates if c.ran_ok_every_time() and c.samples_per_s(TARGET)]
+    best = max(measured, key=lambda c: c.samples_per_s(TARGET) or 0.0, default=None)
+    eager = {c.micro_batch: c for c in candidates
+             if (c.precision, c.compile_mode) == ("fp32", "off")}
+    naive_mb = naive_micro_batch(TARGET, lambda m: m in eager and eager[m].ran_ok_every_time())
+    naive = eager.get(naive_mb)
+    tuned = by_key.get(search["tuned"]) if search else None
+    sps = {name: (c.samples_per_s(TARGET) if c else None)
+           for name, c in (("tuned", tuned), ("best", best), ("naive", naive))}
+    return {"wall_s": wall, "candidates": [c.summary(TARGET, 2**62) for c in candidates],
+            "best": best.key() if best else None, "naive": naive.key() if naive else None,
+            "samples_per_s": sps,
+            "pick_quality": sps["tuned"] / sps["best"] if sps["tuned"] and sps["best"] else None,
+            "cost_ratio": search["wall_s"] / wall if search else None,
+            "speedup_vs_naive": (sps["tuned"] / sps["naive"]
+                                 if sps["tuned"] and sps["naive"] else None),
+            "note": "no memory cap: the GPU's own memory is the limit (OOM -> infeasible)"}
+
+
+def run_estimate(step: Step) -> dict:
+    from autotune import api
+    from autotune.config import MemoryClass
+    from autotune.device import describe_device
+    from autotune.memory import probe_spec
+    from autotune.runner import run_isolated
+
+    total = describe_device("cuda").total_memory_bytes
+    rows = []
+    for name, spec in (("gpt2-small (default)", GPT2), ("bert-base-uncased", BERT)):
+        for precision in step.settings["precisions"]:
+            for m in step.settings["micro_batches"]:
+                est = api.estimate(spec, micro_batch=m, device_memory=total,
+                                   precision=precision, kernels="cuda", find_max=False)
+                real = run_isolated(probe_spec(
+                    spec, "cuda:0", MemoryClass(precision=precision, compile_mode="off"),  # type: ignore[arg-type]
+                    m, None, 300))
+                measured = real.peak_bytes if real.ok else None
+                rows.append({"workload": name, "precision": precision, "micro_batch": m,
+                             "estimate_bytes": est.estimate.peak_bytes,
+                             "measured_bytes": measured, "status": real.status,
+                             "error": (est.estimate.peak_bytes / measured - 1
+                                       if measured else None)})
+                log(f"  estimate {rows[-1]}")
+    return {"rows": rows, "note": "measured = max_memory_reserved + CUDA context and "
+            "non-PyTorch use (autotune's CUDA peak); the estimate counts live tensors only"}
+
+
+def render(results: dict) -> str:
+    m = results["machine"]
+    lines = ["# GPU benchmarks", "",
+             f"{m['date']}; {m.get('gpu')}, CUDA {m.get('cuda')}, torch {m['torch']}, "
+             f"transformers {m['transformers']}. Suite {results['wall_s']:.0f} s"
+             f"{' (--full)' if results['full'] else ' (restricted to fit 10 minutes)'}.", ""]
+    for name, res in results["steps"].items():
+        lines.append(f"## {name}")
+        lines.append("")
+        if "error" in res:
+            lines += [f"failed: {res['error']}", ""]
+            continue
+        if name.startswith("search"):
+            lines.append(f"tuned {res['tuned']} x{res['accumulate_steps']}: "
+                         f"{res['samples_per_s']:.1f} samples/s, {res['speedup'] or 0:.2f}x the "
+                         f"baseline; {res['num_probes']} probes; {res['wall_s']:.0f} s; "
+                         f"max micro-batch {res['max_micro_batch']}")
+        elif name.startswith("oracle"):
+            q, c, s = res["pick_quality"], res["cost_ratio"], res["speedup_vs_naive"]
+            lines.append(f"best {res['best']}, naive {res['naive']}; pick quality "
+                         f"{'-' if q is None else f'{q:.2f}'}, cost ratio "
+                         f"{'-' if c is None else f'{c:.2f}'}, tuned vs naive "
+                         f"{'-' if s is None else f'{s:.2f}x'}; oracle {res['wall_s']:.0f} s")
+        else:
+            lines += ["| workload | precision | micro-batch | estimate GiB | measured GiB "
+                      "| error |", "|---|---|---:|---:|---:|---:|"]
+            for r in res["rows"]:
+                meas, err = r["measured_bytes"], r["error"]
+                lines.append(f"| {r['workload']} | {r['precision']} | {r['micro_batch']} | "
+                             f"{r['estimate_bytes'] / 2**30:.2f} | "
+                             f"{'-' if meas is None else f'{meas / 2**30:.2f}'} | "
+                             f"{'-' if err is None else f'{err:+.1%}'} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dry-run", action="store_true", help="list the steps; run nothing")
+    parser.add_argument("--full", action="store_true",
+                        help="no restrictions (all precisions and compile modes): far over 10 min")
+    parser.add_argument("--only", action="append", help="run only these steps (repeatable)")
+    args = parser.parse_args(argv)
+    steps = [s for s in plan(args.full) if not args.only or s.name in args.only]
+    folder = out_dir()
+    if args.dry_run:
+        print(f"would write to {folder}")
+        for s in steps:
+            print(f"{s.name}  (~{s.budget_s:.0f} s)  {s.what}  {json.dumps(s.settings)}")
+        print(f"planned total ~{sum(s.budget_s for s in steps):.0f} s")
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        print("no CUDA device here: the GPU suite needs one (try --dry-run)", file=sys.stderr)
+        return 2
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="gpu-inductor-"))
+    start = time.perf_counter()
+    results: dict = {"machine": machine(), "full": args.full, "steps": {}}
+    actions: dict[str, Callable[[Step], dict]] = {
+        "search-gpt2": lambda s: run_search(s, GPT2),
+        "search-bert": lambda s: run_search(s, BERT),
+        "oracle-bert": lambda s: run_oracle_step(s, results["steps"].get("search-bert")),
+        "estimate": run_estimate,
+    }
+    for step in steps:
+        log(f"== {step.name}: {step.what}")
+        t0 = time.perf_counter()
+        try:
+            res = actions[step.name](step)
+        except Exception as exc:  # one failed step must not lose the others' results
+            res = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+        res["step_s"] = time.perf_counter() - t0
+        res["settings"] = step.settings
+        results["steps"][step.name] = res
+        results["wall_s"] = time.perf_counter() - start
+        write_results("gpu_suite", results, render(results), folder)
+    print((folder / "gpu_suite.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""Helpers the search benchmarks share (CPU and GPU): the exhaustive oracle, the naive baseline,
+machine facts and result files.
+
+The oracle times every candidate (memory class x micro-batch) with the real isolated runner under
+the same cap as the search, in passes that alternate direction (interleaved repeats), and keeps
+each candidate's best median: a busy period of a shared machine only ever inflates times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autotune.config import TrialResult, TrialSpec, WorkloadSpec, to_json_dict
+from autotune.runner import run_isolated
+
+HERE = Path(__file__).resolve().parent
+Runner = Callable[[TrialSpec], TrialResult]
+
+
+def naive_micro_batch(target_batch: int, fits: Callable[[int], bool]) -> int:
+    """What an untuned user runs: the target if it fits, else the largest power of two that fits.
+
+    Args:
+        target_batch: the effective batch wanted (one device).
+        fits: whether a micro-batch runs under the memory cap.
+
+    Returns:
+        The micro-batch (0 when not even 1 fits). Accumulation makes up the rest:
+        ``target_batch // micro_batch`` steps, exact when the result divides the target.
+    """
+    if fits(target_batch):
+        return target_batch
+    power = 1 << (target_batch.bit_length() - 1)
+    if power == target_batch:
+        power //= 2
+    while power >= 1:
+        if fits(power):
+            return power
+        power //= 2
+    return 0
+
+
+def key(precision: str, compile_mode: str, micro_batch: int) -> str:
+    """The candidate's name, as autotune.search names it."""
+    return f"{precision}/{compile_mode}/{micro_batch}"
+
+
+@dataclass(kw_only=True)
+class OracleCandidate:
+    """One candidate's runs in the oracle."""
+
+    precision: str
+    compile_mode: str
+    micro_batch: int
+    runs: list[TrialResult] = field(default_factory=list)
+
+    def key(self) -> str:
+        return key(self.precision, self.compile_mode, self.micro_batch)
+
+    def ran_ok_every_time(self) -> bool:
+        """Ran (no OOM, no crash) on every repeat under the cap."""
+        return bool(self.runs) and all(r.ok for r in self.runs)
+
+    def fits_usable(self, usable_bytes: int) -> bool:
+        """Ran every time and every peak stayed within the budget minus headroom."""
+        return self.ran_ok_every_time() and all(
+            r.peak_bytes is not None and r.peak_bytes <= usable_bytes for r in self.runs)
+
+    def best_median_s(self) -> float | None:
+        medians = [r.median_step_s() for r in self.runs if r.ok and r.median_step_s()]
+        return min(medians) if medians else None
+
+    def samples_per_s(self, per_device: int) -> float | None:
+        best = self.best_median_s()
+        return per_device / best if best else None
+
+    def summary(self, per_device: int, usable_bytes: int) -> dict:
+        best = self.best_median_s()
+        ok_runs = [r for r in self.runs if r.ok]
+        return {
+            "key": self.key(), "precision": self.precision, "compile_mode": self.compile_mode,
+            "micro_batch": self.micro_batch, "accumulate_steps": per_device // self.micro_batch,
+            "statuses": [r.status for r in self.runs],
+            "medians_s": [r.median_step_s() for r in self.runs],
+            "num_timed_steps": [len(r.step_times_s) for r in self.runs],
+            "spreads": [r.spread() for r in self.runs],
+            "best_median_s": best,
+            "samples_per_s": self.samples_per_s(per_device),
+            "peak_bytes": max((r.peak_bytes or 0) for r in ok_runs) if ok_runs else None,
+            "compile_s": min((r.compile_s or 0.0) for r in ok_runs) if ok_runs else None,
+            "ran_ok_every_time": self.ran_ok_every_time(),
+            "fits_usable": self.fits_usable(usable_bytes),
+            "wall_s": [r.wall_s for r in self.runs],
+        }
+
+
+def timing_spec(workload: WorkloadSpec, device: str, precision: str, compile_mode: str,
+                micro_batch: int, per_device: int, budget_bytes: int | None,
+                num_timed_steps: int, timeout_s: float,
+                max_timed_s: float | None = None) -> TrialSpec:
+    """The spec autotune.search times a candidate with (same warm-up and step counts)."""
+    return TrialSpec(
+        workload=workload, device=device, micro_batch=micro_batch,
+        accumulate_steps=per_device // micro_batch, precision=precision,  # type: ignore[arg-type]
+        compile_mode=compile_mode,  # type: ignore[arg-type]
+        num_warmup_steps=1 if compile_mode == "off" else 2, num_timed_steps=num_timed_steps,
+        memory_budget_bytes=budget_bytes, timeout_s=timeout_s, max_timed_s=max_timed_s)
+
+
+def run_oracle(workload: WorkloadSpec, device: str, per_device: int,
+               space: dict[tuple[str, str], Sequence[int]], *, budget_bytes: int | None,
+               num_timed_steps: int = 10, repeats: int = 2, slower_factor: float = 3.0,
+               timeout_s: float = 900.0, run: Runner = run_isolated,
+               deadline_s: float | None = None,
+               log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+               ) -> tuple[list[OracleCandidate], float]:
+    """Time every candidate of ``space`` ((precision, compile mode) -> micro-batches).
+
+    Pass 1 goes through the classes in increasing micro-batch; a class stops at its first
+    failure (memory grows with the micro-batch). Later passes alternate direction and re-run
+    what pass 1 ran, the first failure included (near the boundary a fit can flip). A candidate
+    already ``slower_factor`` times slower than the best median so far stops timing early.
+    Past ``deadline_s`` seconds no new run starts (the GPU suite's time box): what did not
+    run has no runs.
+
+    Returns:
+        The candidates with their runs, and the oracle's wall time in seconds.
+    """
+    start = time.perf_counter()
+    candidates = [OracleCandidate(precision=p, compile_mode=c, micro_batch=m)
+                  for (p, c), mbs in space.items() for m in sorted(set(mbs))]
+    best: list[float] = []
+
+    def one(cand: OracleCandidate, tag: str) -> TrialResult | None:
+        if deadline_s is not None and time.perf_counter() - start > deadline_s:
+            log(f"  oracle {tag} {cand.key()}: not run (deadline {deadline_s:.0f} s)")
+            return None
+        limit = slower_factor * min(best) * num_timed_steps if best else None
+        spec = timing_spec(workload, device, cand.precision, cand.compile_mode,
+                           cand.micro_batch, per_device, budget_bytes, num_timed_steps,
+                           timeout_s, limit)
+        result = run(spec)
+        cand.runs.append(result)
+        median = result.median_step_s()
+        if result.ok and median and len(result.step_times_s) >= num_timed_steps:
+            best.append(median)
+        log(f"  oracle {tag} {cand.key():24s} {result.status:8s} "
+            f"median {median or 0:.3f}s steps {len(result.step_times_s)} "
+            f"peak {(result.peak_bytes or 0) / 2**20:.0f}MiB wall {result.wall_s or 0:.0f}s")
+        return result
+
+    ran: list[OracleCandidate] = []
+    stopped: set[tuple[str, str]] = set()
+    for cand in candidates:
+        cls = (cand.precision, cand.compile_mode)
+        if cls in stopped:
+            continue
+        ran.append(cand)
+        result = one(cand, "pass 1")
+        if result is None or not result.ok:
+            stopped.add(cls)
+    for rep in range(1, repeats):
+        for cand in (reversed(ran) if rep % 2 else ran):
+            one(cand, f"pass {rep + 1}")
+    return candidates, time.perf_counter() - start
+
+
+def machine() -> dict:
+    """Machine, device and versions for the results files."""
+    import optuna
+    import torch
+    import transformers
+
+    info = {"platform": platform.platform(), "processor": platform.processor(),
+            "cpus": os.cpu_count(), "python": platform.python_version(),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "optuna": optuna.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f
+                         if line.startswith("model name")), "")
+        info["cpu_model"] = name
+    except OSError:
+        pass
+    if torch.cuda.is_available():  # NVML, not a CUDA context: the children need the memory
+        from autotune.device import describe_device
+
+        info["gpu"] = describe_device("cuda").name
+        info["cuda"] = torch.version.cuda
+    for name in ("lightning", "accelerate"):
+        try:
+            info[name] = __import__(name).__version__
+        except ImportError:
+            info[name] = None
+    return info
+
+
+def write_results(name: str, data: dict, markdown: str, folder: Path | None = None) -> Path:
+    """Write ``<name>.json`` and ``<name>.md`` into ``folder`` (default benchmarks/results)."""
+    folder = folder or HERE / "results"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps(to_json_dict(data), indent=2) + "\n")
+    (folder / f"{name}.md").write_text(markdown)
+    return folder / f"{name}.md"
+
+
+def median_or_none(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
