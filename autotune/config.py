@@ -224,7 +224,8 @@ class TrialResult:
     """Training memory at its peak. CPU: growth of the address space over the child's baseline
     (what the cap limits). CUDA: max_memory_reserved plus CUDA context and non-PyTorch use."""
     baseline_bytes: int | None = None
-    """CPU: address space of the child after importing torch, before building the model."""
+    """CPU: address space of the child after importing torch and building the model (whose
+    parameters and buffers count in the peak by their exact bytes)."""
     peak_rss_bytes: int | None = None
     """CPU: high-water resident set of the child (information only)."""
     num_alloc_retries: int = 0

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from autotune.config import TrialResult, TrialSpec, TrialStatus
+from autotune.config import TrialResult, TrialSpec, TrialStatus, format_bytes
 from autotune.errors import WorkloadError
 from autotune.workload import Batch, Workload, check_batch, load_workload, to_device
 
@@ -162,6 +162,15 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
 # One trial, inside the child process.
 
 
+def tensor_bytes(model: nn.Module) -> int:
+    """Bytes of the model's parameters and buffers (each storage once: tied weights share)."""
+    seen: dict[int, int] = {}
+    for tensor in [*model.parameters(), *model.buffers()]:
+        storage = tensor.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
 def _proc_status() -> dict[str, int]:
     values = {}
     with open("/proc/self/status") as f:
@@ -175,12 +184,17 @@ def _proc_status() -> dict[str, int]:
 class _Memory:
     """Caps and measures the child's memory: RLIMIT_AS on CPU, allocator fraction on CUDA."""
 
-    def __init__(self, spec: TrialSpec) -> None:
+    def __init__(self, spec: TrialSpec, model: nn.Module) -> None:
         self.device = torch.device(spec.device)
         self.budget = spec.memory_budget_bytes
         self.baseline = 0
         self.context = 0
+        self.model_bytes = 0
         if self.device.type == "cpu":
+            # The model is already built: its parameters and buffers count exactly (their
+            # bytes), while what building it cost the process (lazy imports of its code, Python
+            # objects) stays in the baseline, as it is host memory on a GPU.
+            self.model_bytes = tensor_bytes(model)
             # Create the thread pool now so its stacks count in the baseline, not the budget.
             torch.ones(64, 64) @ torch.ones(64, 64)
             # Every optimizer imports torch._dynamo lazily (a large import): do it before the
@@ -194,7 +208,8 @@ class _Memory:
             self.baseline = _proc_status()["VmPeak"]
             if self.budget is not None:
                 _, hard = resource.getrlimit(resource.RLIMIT_AS)
-                resource.setrlimit(resource.RLIMIT_AS, (self.baseline + self.budget, hard))
+                allowed = max(self.budget - self.model_bytes, 0)
+                resource.setrlimit(resource.RLIMIT_AS, (self.baseline + allowed, hard))
         else:
             torch.cuda.set_device(self.device)
             free_before, total = torch.cuda.mem_get_info(self.device)
@@ -212,7 +227,7 @@ class _Memory:
         """(peak bytes, peak RSS or None, allocator retries)."""
         if self.device.type == "cpu":
             status = _proc_status()
-            return status["VmPeak"] - self.baseline, status["VmHWM"], 0
+            return status["VmPeak"] - self.baseline + self.model_bytes, status["VmHWM"], 0
         stats = torch.cuda.memory_stats(self.device)
         return (torch.cuda.max_memory_reserved(self.device) + self.context, None,
                 int(stats.get("num_alloc_retries", 0)))
@@ -242,9 +257,17 @@ def run_trial(spec: TrialSpec) -> TrialResult:
         workload = load_workload(spec.workload, spec.device)
         info["tokens_per_sample"] = workload.tokens_per_sample
         info["workload_name"] = workload.name
-        memory = _Memory(spec)
+        set_matmul_precision(spec.precision)
+        torch.manual_seed(spec.seed)
+        model = workload.build_model()
+        memory = _Memory(spec, model)
         info["baseline_bytes"] = memory.baseline
-        return _train(spec, workload, memory, info)
+        if memory.budget is not None and memory.model_bytes > memory.budget:
+            return TrialResult(status="oom", peak_bytes=memory.model_bytes, message=(
+                f"the model's parameters and buffers alone take "
+                f"{format_bytes(memory.model_bytes)}, over the budget of "
+                f"{format_bytes(memory.budget)}"), **info)
+        return _train(spec, workload, model.to(memory.device), memory, info)
     except BaseException as exc:  # every outcome is a value; KeyboardInterrupt ends the child
         if isinstance(exc, KeyboardInterrupt):
             raise
@@ -257,12 +280,9 @@ def run_trial(spec: TrialSpec) -> TrialResult:
         return TrialResult(status=status, message=message[:6000], **info)
 
 
-def _train(spec: TrialSpec, workload: Workload, memory: _Memory,
+def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: _Memory,
            info: dict[str, Any]) -> TrialResult:
     device = memory.device
-    set_matmul_precision(spec.precision)
-    torch.manual_seed(spec.seed)
-    model = workload.build_model().to(device)
     optimizer = workload.make_optimizer(model.parameters())
     torch.manual_seed(spec.seed + 1)
     micro_batches = []
