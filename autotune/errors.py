@@ -21,6 +21,11 @@ class WorkloadError(AutotuneError):
     """The user's workload could not be loaded or misbehaved (factory raised, bad batch, ...)."""
 
 
+class UntraceableStepError(WorkloadError):
+    """The workload's training step cannot be followed under fake tensors (an op reads tensor
+    values, or fails on fake ones): only a real step on a device can measure it."""
+
+
 class NoFeasibleConfigError(AutotuneError):
     """Nothing fits: not even micro-batch 1, or no candidate survived. Exit code 1."""
 

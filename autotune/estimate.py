@@ -29,7 +29,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from autotune.errors import WorkloadError
+from autotune.errors import UntraceableStepError, WorkloadError
 from autotune.trial import set_matmul_precision, train_step
 from autotune.workload import Workload, check_batch, count_parameters
 
@@ -265,13 +265,13 @@ def estimate_step(workload: Workload, micro_batch: int, *, precision: str = "fp3
     except WorkloadError:
         raise
     except _OpFailed as exc:
-        raise WorkloadError(
+        raise UntraceableStepError(
             f"workload {workload.name!r}: the training step cannot be traced under fake "
             f"tensors: {exc}. Ops that read tensor values (.item(), .tolist(), data-dependent "
             "shapes or branches) cannot be estimated; measure a real step on a device instead "
             "(autotune check --measure, autotune probe)") from exc
     except Exception as exc:
-        raise WorkloadError(
+        raise UntraceableStepError(
             f"workload {workload.name!r}: the training step failed under fake tensors "
             f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}). "
             "Measure a real step on a device instead (autotune check --measure)") from exc

@@ -128,6 +128,23 @@ def test_check_exit_codes(tmp_path):
         assert result.exit_code == 2, (bad, result.output)
 
 
+def test_check_measures_a_real_step_when_the_trace_cannot_follow_it(tmp_path):
+    spec = WorkloadSpec(kind="file", target=f"{ROOT / 'tests' / 'workloads.py'}:reads_values")
+    path = tuned_json(tmp_path)
+    config = json.loads(path.read_text())
+    config["workload"] = dataclasses.asdict(spec)
+    path.write_text(json.dumps(config))
+
+    measured = runner.invoke(app, ["check", str(path)])  # a CPU config: the CPU is the device
+    assert measured.exit_code == 0, measured.output
+    assert "measured on the device (fp32/off), since" in measured.output
+    assert "cannot be traced under fake tensors" in measured.output
+
+    forbidden = runner.invoke(app, ["check", str(path), "--estimate"])
+    assert forbidden.exit_code == 2, forbidden.output
+    assert "_local_scalar_dense" in forbidden.output or "item" in forbidden.output
+
+
 def test_assert_fits_passes_and_fails():
     workload = default_workload("cpu")
     assert assert_fits(workload, micro_batch=4, device_memory="1GiB", kernels="cpu").fits

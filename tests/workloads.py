@@ -98,3 +98,13 @@ def raises() -> Workload:
 def not_a_workload() -> dict[str, str]:
     """The factory returns something that is not an autotune.Workload."""
     return {"name": "not a workload"}
+
+
+def reads_values() -> Workload:
+    """A loss that branches on a tensor's value: fake tensors cannot trace it, a real step can."""
+
+    def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        value = model(*batch)
+        return value if value.item() > 0 else -value
+
+    return Workload(name="reads-values", build_model=WideMLP, make_batch=_batch, loss=loss)

@@ -10,7 +10,7 @@ from autotune.config import (
     WorkloadSpec,
     format_bytes,
 )
-from autotune.errors import ConfigError, WorkloadError
+from autotune.errors import ConfigError, UntraceableStepError, WorkloadError
 from autotune.estimate import ESTIMATE_NOTE, EstimateReport, StepEstimate
 from autotune.memory import probe_spec
 from autotune.runner import run_isolated
@@ -182,13 +182,16 @@ def check(path: str | Path | None = None, *, target: CheckTarget | None = None,
         if path is None:
             raise ConfigError("give the autotune.json to check")
         target = _read_tuned(path)
-    has_cuda = torch.cuda.is_available()
-    if measure and not has_cuda:
-        raise ConfigError("--measure runs a real step on a CUDA device and none is here; "
-                          "use --estimate (the default on CPU-only machines)")
+    on_cpu = target.device == "cpu"
+    device_here = on_cpu or torch.cuda.is_available()
+    if measure and not device_here:
+        raise ConfigError(f"--measure runs a real step on the config's device "
+                          f"({target.device}) and no CUDA device is here; use --estimate (the "
+                          "default on machines without one)")
     usable = int(target.device_memory_bytes * (1 - target.headroom))
     label = f"{target.precision}/{target.compile_mode}"
-    if measure or (measure is None and has_cuda):
+    step: EstimateReport | None = None
+    if measure or (measure is None and device_here and not on_cpu):
         peak, how = _measure(target), f"measured on the device ({label})"
     else:
         kernels = "cpu" if target.device == "cpu" else "cuda"
@@ -197,17 +200,27 @@ def check(path: str | Path | None = None, *, target: CheckTarget | None = None,
                         headroom=target.headroom, target_batch=target.target_batch,
                         world_size=target.world_size, kernels=kernels,
                         scale=target.calibration)
-        step = estimate(workload or target.workload, find_max=False, **settings)
-        if not step.fits():  # only then: which micro-batch would fit
-            step = estimate(workload or target.workload, **settings)
-        peak = step.scaled(step.estimate.peak_bytes)
-        if target.calibration is not None:
-            how = f"estimate calibrated by {label}'s measured/estimate ratio " \
-                  f"{target.calibration:.3f}"
+        try:
+            step = estimate(workload or target.workload, find_max=False, **settings)
+            if not step.fits():  # only then: which micro-batch would fit
+                step = estimate(workload or target.workload, **settings)
+        except UntraceableStepError as exc:
+            # A step the fake-tensor trace cannot follow: measure a real one, but only where
+            # the config's device is here and measuring was not forbidden.
+            if measure is False or not device_here or workload is not None:
+                raise
+            step = None
+            why = str(exc).split(". ")[0]
+        if step is None:
+            peak = _measure(target)
+            how = f"measured on the device ({label}), since {why}"
         else:
-            how = "eager estimate, uncalibrated" + (
-                f" (compile mode {target.compile_mode} cannot be traced under fake tensors)"
-                if target.compile_mode != "off" else "")
+            peak = step.scaled(step.estimate.peak_bytes)
+            how = (f"estimate calibrated by {label}'s measured/estimate ratio "
+                   f"{target.calibration:.3f}" if target.calibration is not None
+                   else "eager estimate, uncalibrated" + (
+                       f" (compile mode {target.compile_mode} cannot be traced under fake "
+                       "tensors)" if target.compile_mode != "off" else ""))
     head = (f"micro-batch {target.micro_batch} x {target.accumulate_steps} ({label}): peak "
             f"{format_bytes(peak)} ({how}), usable {format_bytes(usable)} (device "
             f"{format_bytes(target.device_memory_bytes)} minus {target.headroom:.0%} headroom)")
@@ -215,23 +228,24 @@ def check(path: str | Path | None = None, *, target: CheckTarget | None = None,
         message = f"fits: {head}, margin {format_bytes(usable - peak)}"
         return CheckResult(fits=True, peak_bytes=peak, usable_bytes=usable,
                            budget_bytes=target.device_memory_bytes,
-                           method="measure" if "measured" in how else "estimate",
+                           method="measure" if step is None else "estimate",
                            message=message)
     message = f"does not fit: {head}, over by {format_bytes(peak - usable)}"
-    if "measured" not in how:
+    if step is not None:
         pairs = step.pairs
         message += (f"; largest that fits: micro-batch {pairs[-1][0]} with accumulate_steps "
                     f"{pairs[-1][1]}" if pairs else "; not even micro-batch 1 fits")
     return CheckResult(fits=False, peak_bytes=peak, usable_bytes=usable,
                        budget_bytes=target.device_memory_bytes,
-                       method="measure" if "measured" in how else "estimate", message=message)
+                       method="measure" if step is None else "estimate", message=message)
 
 
 def _measure(target: CheckTarget) -> int:
 
     memory_class = MemoryClass(precision=target.precision,  # type: ignore[arg-type]
                                compile_mode=target.compile_mode)  # type: ignore[arg-type]
-    result = run_isolated(probe_spec(target.workload, "cuda:0", memory_class,
+    device = "cpu" if target.device == "cpu" else "cuda:0"
+    result = run_isolated(probe_spec(target.workload, device, memory_class,
                                      target.micro_batch, None, 900.0))
     if not result.ok or result.peak_bytes is None:
         if result.status == "oom":
