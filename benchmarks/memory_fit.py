@@ -37,10 +37,10 @@ from autotune.space import divisors
 
 TARGET = 64
 HEADROOM = 0.1
-WORKLOADS = {  # name: (factory, cap)
-    "causal LM (GPT-2, 2x64, seq 64)": ("pick_gpt2", 176 * MIB),
-    "masked LM (BERT, 2x64, seq 64)": ("pick_bert", 162 * MIB),
-    "CNN (3 conv blocks, 32x32)": ("pick_cnn", 98 * MIB),
+WORKLOADS = {  # name: factory; the cap is chosen per workload (choose_cap)
+    "causal LM (GPT-2, 2x64, seq 64)": "pick_gpt2",
+    "masked LM (BERT, 2x64, seq 64)": "pick_bert",
+    "CNN (3 conv blocks, 32x32)": "pick_cnn",
 }
 CLASSES = (MemoryClass(precision="fp32", compile_mode="off"),
            MemoryClass(precision="bf16", compile_mode="off"))
@@ -49,6 +49,18 @@ PEERS = ("lightning-power", "lightning-binsearch", "accelerate")
 
 def log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
+
+
+def choose_cap(spec: WorkloadSpec) -> int:
+    """The midpoint of the fp32 eager peaks at micro-batches 16 and 32 (uncapped probe runs)."""
+    fp32 = MemoryClass(precision="fp32", compile_mode="off")
+    peaks = []
+    for m in (16, 32):
+        r = run_isolated(probe_spec(spec, "cpu", fp32, m, None, 600))
+        if not r.ok or r.peak_bytes is None:
+            raise RuntimeError(f"{spec.target} at {m}: {r.status} {r.message}")
+        peaks.append(r.peak_bytes)
+    return (sum(peaks) // 2 + MIB - 1) // MIB * MIB
 
 
 def config_run(spec: WorkloadSpec, precision: str, micro_batch: int, budget: int) -> dict:
@@ -102,8 +114,9 @@ def run_peer(spec: WorkloadSpec, peer: str, budget: int) -> dict:
     return result
 
 
-def bench_workload(name: str, factory: str, budget: int) -> dict:
+def bench_workload(name: str, factory: str) -> dict:
     spec = WorkloadSpec(kind="file", target=f"{HERE}/workloads.py:{factory}")
+    budget = choose_cap(spec)
     usable = int(budget * (1 - HEADROOM))
     log(f"== {name}: probe under {format_bytes(budget)}")
     start = time.perf_counter()
@@ -151,12 +164,14 @@ def render(out: dict) -> str:
         f"{m['platform']}; torch {m['torch']}, transformers {m['transformers']}, lightning "
         f"{m['lightning']}, accelerate {m['accelerate']}. Run {out['wall_s']:.0f} s.", "",
         f"Target batch {TARGET}; per-workload cap (RLIMIT_AS over the child's baseline after "
-        "imports) set between the fp32 peaks at micro-batches 16 and 32; autotune's headroom "
-        f"{HEADROOM:.0%}; glibc malloc defaults. Eager classes only (compiled classes are in "
+        "imports and the model build, model tensors counted by their bytes) at the midpoint of "
+        "the fp32 eager peaks at micro-batches 16 and 32; autotune's headroom "
+        f"{HEADROOM:.0%}; the runner's glibc settings (one arena, immediate trim). Eager "
+        "classes only (compiled classes are in "
         "search_quality). True max = the largest divisor of the target that ran in both "
         "brute-force passes under the cap; 'within headroom' also keeps its peak under the "
         "budget minus headroom (autotune's fit rule). Seconds are wall time on a shared 2-core "
-        f"VM{out.get('concurrency', '')}.", "",
+        f"VM: {out.get('concurrency') or 'other jobs may have run at the same time'}.", "",
         "## autotune probe vs brute force", "",
         "| workload | cap | class | probe max | probes | probe s | true max (cap) "
         "| true max (within headroom) | ratio | re-runs |",
@@ -210,11 +225,11 @@ def main() -> None:
         print(write_results("memory_fit", out, render(out)).read_text())
         return
     start = time.perf_counter()
-    only = args.only.split(",") if args.only else [f for f, _ in WORKLOADS.values()]
+    only = args.only.split(",") if args.only else list(WORKLOADS.values())
     out = {"machine": machine(), "rows": [], "concurrency": args.concurrency, "wall_s": 0.0}
     for factory in only:  # results written after each workload: a cut-short run keeps them
-        name, budget = next((n, b) for n, (f, b) in WORKLOADS.items() if f == factory)
-        out["rows"].append(bench_workload(name, factory, budget))
+        name = next(n for n, f in WORKLOADS.items() if f == factory)
+        out["rows"].append(bench_workload(name, factory))
         out["wall_s"] = time.perf_counter() - start
         write_results("memory_fit", out, "rendering failed: python benchmarks/memory_fit.py "
                       "--render\n")
