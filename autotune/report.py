@@ -147,6 +147,10 @@ def search_footer(result: SearchResult) -> list[str]:
                else f"{c.break_even_steps:,.0f} optimizer steps") + " against the baseline")
     lines += [f"{r.label()}: {r.verdict}: {r.reason}" for r in c.trials
               if r.verdict not in ("winner", "ok") and r.reason]
+    lines += [f"{r.label()}: partly compiled: {r.num_graph_breaks} graph break(s), "
+              f"{r.num_graphs} graph(s); eager code runs between them (TORCH_LOGS=graph_breaks "
+              "shows where)" for r in c.trials
+              if r.compile_mode != "off" and r.num_graph_breaks and r.verdict in ("winner", "ok")]
     lines += [f"skipped: {s}" for s in c.skipped]
     if c.interrupted:
         lines.append(f"note: {result.stop_reason}")

@@ -175,3 +175,11 @@ def test_compiled_trial_counts_its_graphs() -> None:
     assert result.num_graphs is not None and result.num_graphs > 0
     assert result.compile_s is not None and result.compile_s > 0
     assert len(result.step_times_s) == 3
+
+
+@pytest.mark.slow
+def test_a_graph_break_is_counted() -> None:
+    result = run_isolated(_spec("graph_break", 1, compile_mode="default", num_timed_steps=2))
+    assert result.status == "ok", result.message
+    assert result.num_graph_breaks is not None and result.num_graph_breaks >= 1
+    assert result.num_graphs is not None and result.num_graphs >= 1

@@ -193,3 +193,18 @@ def test_train_steps_objective_minimizes_time_to_train(tmp_path: Path) -> None:
         assert t.time_to_train_s == pytest.approx(500 * t.median_step_s + (t.compile_s or 0.0))
     winner = next(t for t in config.trials if t.verdict == "winner")
     assert winner.time_to_train_s == min(t.time_to_train_s for t in ran)
+
+
+def test_a_partly_compiled_trial_is_reported_as_such() -> None:
+    from autotune.report import search_footer
+    from autotune.schema import SearchResult
+    from tests.tuned_configs import make_tuned
+
+    config = make_tuned()
+    trials = tuple(dataclasses.replace(t, num_graphs=3, num_graph_breaks=2)
+                   if t.verdict == "winner" else t for t in config.trials)
+    lines = search_footer(SearchResult(config=dataclasses.replace(config, trials=trials),
+                                       path=None, probe=None))  # type: ignore[arg-type]
+    assert "bf16/default 16x4: partly compiled: 2 graph break(s), 3 graph(s)" in "\n".join(lines)
+    assert not any("partly compiled" in line for line in search_footer(SearchResult(
+        config=config, path=None, probe=None)))  # type: ignore[arg-type]

@@ -108,3 +108,17 @@ def reads_values() -> Workload:
         return value if value.item() > 0 else -value
 
     return Workload(name="reads-values", build_model=WideMLP, make_batch=_batch, loss=loss)
+
+
+class BrokenMLP(WideMLP):
+    """WideMLP with a graph break in its forward: torch.compile makes two graphs of it."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        hidden = nn.functional.gelu(self.up(x))
+        torch._dynamo.graph_break()
+        return nn.functional.mse_loss(self.down(hidden), y)
+
+
+def graph_break() -> Workload:
+    """A model whose compiled forward has a graph break (eager code between two graphs)."""
+    return Workload(name="graph-break", build_model=BrokenMLP, make_batch=_batch, loss=_loss)
