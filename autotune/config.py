@@ -208,6 +208,8 @@ class TrialSpec:
     max_timed_s: float | None = None
     """Stop timing early once this many seconds were spent timing (at least one timed step):
     a candidate already far slower than the best needs no more evidence."""
+    count_flops: bool = False
+    """Count the model FLOPs of the first warm-up step (eager only; the baseline does it)."""
 
     def memory_class(self) -> MemoryClass:
         """The memory class this spec belongs to."""
@@ -239,13 +241,20 @@ class TrialResult:
     step_times_s: tuple[float, ...] = ()
     """Synchronized wall time of each timed optimizer step."""
     first_loss: float | None = None
-    """Loss of the first micro-batch before any update (for the numerics guard)."""
+    """Loss of the first effective batch before any update, in the trial's precision and
+    compile mode."""
+    reference_loss: float | None = None
+    """fp32 eager loss of the same effective batch with the same initial weights (timed trials
+    only): the numerics guard compares ``first_loss`` with it, on identical data."""
     last_loss: float | None = None
     num_skipped_steps: int = 0
     """fp16: optimizer steps the GradScaler skipped for inf/NaN gradients."""
     num_graphs: int | None = None
     """Dynamo graphs compiled (None when eager). Zero means the trial silently ran eager."""
     num_graph_breaks: int | None = None
+    flops_per_step: int | None = None
+    """Model FLOPs of one optimizer step (forward and backward of every micro-batch, counted
+    by ``torch.utils.flop_counter``), when the spec asked for them."""
     samples_per_step: int = 0
     tokens_per_sample: int | None = None
     workload_name: str = ""
@@ -403,3 +412,25 @@ __all__ = [
     "TrialStatus", "WorkloadSpec", "field", "format_bytes", "from_json_dict", "parse_budget",
     "parse_bytes", "to_json_dict",
 ]
+
+
+# Dense peak TFLOP/s of datacenter GPUs (vendor datasheets; SXM unless the name says PCIe),
+# for MFU. Keys are matched in order against the device name.
+PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
+    ("H100 PCIe", {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.2}),
+    ("H100", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),
+    ("H200", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),
+    ("A100", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
+    ("L40S", {"bf16": 362.1, "fp16": 362.1, "tf32": 183.0, "fp32": 91.6}),
+    ("L4", {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3}),
+    ("V100", {"fp16": 125.0, "fp32": 15.7}),
+)
+
+
+def peak_tflops(device_name: str, precision: str) -> float | None:
+    """The device's dense peak TFLOP/s in a precision, or None when not known (CPUs, GPUs not
+    in ``PEAK_TFLOPS``)."""
+    for key, peaks in PEAK_TFLOPS:
+        if key in device_name:
+            return peaks.get(precision)
+    return None

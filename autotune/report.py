@@ -100,6 +100,12 @@ def search_table(config: TunedConfig) -> Table:
                ("status", "left"), ("ms/step", "right"), ("samples/s", "right"),
                ("tokens/s", "right"), ("peak", "right"), ("compile s", "right"),
                ("speedup", "right"), ("runs", "right")]
+    flops = any(r.tflops_per_s for r in config.trials)
+    mfu = any(r.mfu for r in config.trials)
+    if flops:
+        columns.append(("TFLOP/s", "right"))
+    if mfu:
+        columns.append(("MFU", "right"))
     if config.train_steps:
         columns.append((f"train {config.train_steps} steps s", "right"))
     for name, justify in columns:
@@ -114,6 +120,10 @@ def search_table(config: TunedConfig) -> Table:
                _num(r.tokens_per_s, 1, ",.0f"), format_bytes(r.peak_bytes),
                _num(r.compile_s if r.compile_mode != "off" else None, 1, ".1f"),
                _num(r.speedup, 1, ".2f", "x"), str(r.num_runs)]
+        if flops:
+            row.append(_num(r.tflops_per_s, 1, ".3g"))
+        if mfu:
+            row.append(_num(r.mfu, 100, ".1f", "%"))
         if config.train_steps:
             row.append(_num(r.time_to_train_s, 1, ",.1f"))
         table.add_row(*row, style="bold" if r.verdict == "winner" else None)
@@ -140,6 +150,14 @@ def search_footer(result: SearchResult) -> list[str]:
         f"(budget {format_bytes(mem.budget_bytes)}, headroom {mem.headroom:.0%}); "
         f"peak = {mem.peak_definition}",
     ]
+    winner = next((r for r in c.trials if r.verdict == "winner"), None)
+    if c.flops_per_sample and winner is not None and winner.tflops_per_s:
+        lines.append(
+            f"compute: {c.flops_per_sample / 1e9:,.3g} GFLOP per sample (model FLOPs of forward "
+            f"and backward, counted on the baseline's step); the winner runs "
+            f"{winner.tflops_per_s:.3g} TFLOP/s" + (
+                f", MFU {winner.mfu:.1%} of this device's dense {c.precision} peak"
+                if winner.mfu else f" (MFU: no known {c.precision} peak for {c.device.name})"))
     if c.break_even_steps is not None:
         lines.append(
             "compile pays for itself after "

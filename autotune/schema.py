@@ -60,6 +60,11 @@ class TrialRecord:
     num_graphs: int | None = None
     num_graph_breaks: int | None = None
     num_alloc_retries: int = 0
+    tflops_per_s: float | None = None
+    """Model TFLOP/s achieved (the baseline's counted FLOPs per sample x samples/s)."""
+    mfu: float | None = None
+    """Model FLOPs utilization: TFLOP/s over the device's dense peak in this precision, when
+    the peak is known (``config.PEAK_TFLOPS``)."""
     speedup: float | None = None
     """samples/s over the baseline's."""
     time_to_train_s: float | None = None
@@ -123,6 +128,10 @@ class TunedConfig:
     median_step_s: float | None = None
     samples_per_s: float | None = None
     tokens_per_s: float | None = None
+    flops_per_sample: float | None = None
+    """Model FLOPs of one sample's forward and backward, counted on the baseline's step."""
+    mfu: float | None = None
+    """The winner's model FLOPs utilization, when the device's peak is known."""
     baseline_samples_per_s: float | None = None
     speedup: float | None = None
     break_even_steps: float | None = None

@@ -19,6 +19,7 @@ from autotune.config import (
     TrialResult,
     TrialSpec,
     from_json_dict,
+    peak_tflops,
     to_json_dict,
 )
 from autotune.errors import ConfigError
@@ -285,6 +286,7 @@ def _spec(report: ProbeReport, candidate: Candidate, settings: SearchSettings,
         timeout_s=settings.timeout_s,
         max_timed_s=None if best is None or candidate == baseline
         else settings.slower_factor * best * settings.num_timed_steps,
+        count_flops=candidate == baseline,
     )
 
 
@@ -299,20 +301,26 @@ def classify(candidate: Candidate, result: TrialResult, results: dict[str, Trial
     verdict, reason = result.status, result.message.splitlines()[0] if result.message else ""
     if result.ok:
         verdict, reason = "ok", ""
-        ref = base.first_loss if base is not None else None
+        # The reference is fp32 eager on the trial's own batches (older stored results lack
+        # it: then the baseline's first loss, on batches made the same way).
+        ref = result.reference_loss if result.reference_loss is not None else (
+            base.first_loss if base is not None else None)
         tol = LOSS_TOLERANCE.get(candidate.precision, 0.05)
         if ref is not None and result.first_loss is not None and ref != 0:
             distance = abs(result.first_loss - ref) / abs(ref)
             if distance > tol:
                 verdict = "numerics"
                 reason = (f"first loss {result.first_loss:.4g} is {distance:.1%} from fp32 "
-                          f"eager's {ref:.4g} (allowed {tol:.0%})")
+                          f"eager's {ref:.4g} on the same batches (allowed {tol:.0%})")
         if verdict == "ok" and len(result.step_times_s) < settings.num_timed_steps:
             verdict = "slower"
             reason = (f"stopped after {len(result.step_times_s)} timed steps: over "
                       f"{settings.slower_factor:g}x the best candidate's time")
     value = _objective(result, settings) if verdict in ("ok", "slower") else None
     tokens = sps * result.tokens_per_sample if sps and result.tokens_per_sample else None
+    per_sample = flops_per_sample(base)
+    tflops = per_sample * sps / 1e12 if per_sample and sps else None
+    peak = peak_tflops(report.device.name, candidate.precision)
     record = TrialRecord(
         number=0, micro_batch=candidate.micro_batch,
         accumulate_steps=per_device // candidate.micro_batch, precision=candidate.precision,
@@ -324,10 +332,18 @@ def classify(candidate: Candidate, result: TrialResult, results: dict[str, Trial
         num_graphs=result.num_graphs, num_graph_breaks=result.num_graph_breaks,
         num_alloc_retries=result.num_alloc_retries,
         speedup=sps / base_sps if sps and base_sps else None,
+        tflops_per_s=tflops, mfu=tflops / peak if tflops and peak else None,
         time_to_train_s=value if settings.train_steps and value is not None else None,
         wall_s=result.wall_s,
     )
     return record, value
+
+
+def flops_per_sample(baseline: TrialResult | None) -> float | None:
+    """Model FLOPs per sample, from the FLOPs the baseline counted on its first step."""
+    if baseline is None or not baseline.flops_per_step or not baseline.samples_per_step:
+        return None
+    return baseline.flops_per_step / baseline.samples_per_step
 
 
 def pick_winner(records: tuple[TrialRecord, ...], settings: SearchSettings) -> TrialRecord | None:

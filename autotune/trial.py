@@ -237,6 +237,29 @@ class _Memory:
             torch.cuda.synchronize(self.device)
 
 
+def _reference_loss(model: nn.Module, micro_batches: Sequence[Batch], workload: Workload,
+                    spec: TrialSpec) -> float:
+    """The effective batch's loss in fp32 eager (no autocast, no TF32, no compile, no update)
+    on these micro-batches: the numerics guard's reference, on the trial's own data."""
+    set_matmul_precision("fp32")
+    torch.manual_seed(spec.seed + 2)
+    try:
+        with torch.no_grad():
+            return float(sum(
+                workload.compute_loss(model, batch).float() * weight
+                for weight, batch in zip(loss_weights(micro_batches, workload.count_loss_items),
+                                         micro_batches, strict=True)))
+    finally:
+        set_matmul_precision(spec.precision)
+
+
+def _flop_counter() -> Any:
+    """A FLOP counter over a real step (a warm-up step: its dispatch overhead is not timed)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    return FlopCounterMode(display=False)
+
+
 def _dynamo_counts() -> tuple[int, int]:
     from torch._dynamo.utils import counters
 
@@ -300,17 +323,25 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: _Memor
     def one_step() -> float:
         nonlocal num_skipped
         scale_before = scaler.get_scale() if scaler is not None else None
+        counting = spec.count_flops and spec.compile_mode == "off" and not losses
+        counter = _flop_counter() if counting else contextlib.nullcontext()
         start = time.perf_counter()
-        losses.append(train_step(stepped, optimizer, micro_batches, workload,
-                                 precision=spec.precision, device_type=device.type,
-                                 scaler=scaler))
+        with counter:
+            losses.append(train_step(stepped, optimizer, micro_batches, workload,
+                                     precision=spec.precision, device_type=device.type,
+                                     scaler=scaler))
         memory.sync()
+        if counting:
+            info["flops_per_step"] = int(counter.get_total_flops())  # type: ignore[union-attr]
         elapsed = time.perf_counter() - start
         if scaler is not None and scaler.get_scale() < scale_before:
             num_skipped += 1
         info["num_optimizer_steps"] = len(losses)
         return elapsed
 
+    if spec.num_timed_steps > 0:
+        info["reference_loss"] = _reference_loss(model, micro_batches, workload, spec)
+        torch.manual_seed(spec.seed + 2)  # the first step sees the reference's dropout draws
     warmup = [one_step() for _ in range(max(1, spec.num_warmup_steps))]
     info["warmup_s"] = sum(warmup)
     timed: list[float] = []

@@ -183,3 +183,14 @@ def test_a_graph_break_is_counted() -> None:
     assert result.status == "ok", result.message
     assert result.num_graph_breaks is not None and result.num_graph_breaks >= 1
     assert result.num_graphs is not None and result.num_graphs >= 1
+
+
+def test_the_baseline_counts_model_flops_of_its_step() -> None:
+    result = run_isolated(_spec("tiny", 2, accumulate_steps=3, num_warmup_steps=1,
+                                num_timed_steps=1, count_flops=True))
+    assert result.status == "ok", result.message
+    rows = 2 * 3 * 128  # micro-batch x accumulation x sequence
+    # up (8 -> 4096) and down (4096 -> 8): forward 2 matmuls, backward 3 (no input gradient).
+    assert result.flops_per_step == 5 * 2 * rows * 8 * 4096
+    plain = run_isolated(_spec("tiny", 2, num_warmup_steps=1, num_timed_steps=1))
+    assert plain.status == "ok" and plain.flops_per_step is None

@@ -64,6 +64,12 @@ def test_search_eager_and_compiled_writes_a_consistent_config(tmp_path: Path) ->
     assert config.speedup == pytest.approx(winners[0].samples_per_s / trials[0].samples_per_s)
     assert config.reason.startswith(f"{winners[0].label()} won at ")
     assert "runner-up" in config.reason
+    # Model FLOPs: counted once on the baseline's step (the test MLP's matmuls: forward 2,
+    # backward 3, each 2 x 8 x 4096 FLOPs per row of 128), applied to every trial's samples/s.
+    assert config.flops_per_sample == 5 * 2 * 8 * 4096 * 128
+    for t in feasible:
+        assert t.tflops_per_s == pytest.approx(config.flops_per_sample * t.samples_per_s / 1e12)
+    assert config.mfu is None and all(t.mfu is None for t in trials)  # no known CPU peak
 
 
 def test_oom_candidates_are_recorded_infeasible(tmp_path: Path) -> None:
@@ -151,7 +157,7 @@ def test_ctrl_c_keeps_and_writes_the_best_so_far(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "autotune.cli", "search", "--workload", TINY.target,
            "--target-batch", "8", "--device", "cpu", "--memory-budget", "2GiB",
            "--precisions", "fp32", "--compile-modes", "off", "--micro-batches", "all",
-           "--timed-steps", "3", "--out", str(tmp_path)]
+           "--timed-steps", "20", "--out", str(tmp_path)]  # trials long enough to interrupt
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
     assert proc.stderr is not None
@@ -208,3 +214,48 @@ def test_a_partly_compiled_trial_is_reported_as_such() -> None:
     assert "bf16/default 16x4: partly compiled: 2 graph break(s), 3 graph(s)" in "\n".join(lines)
     assert not any("partly compiled" in line for line in search_footer(SearchResult(
         config=config, path=None, probe=None)))  # type: ignore[arg-type]
+
+
+def test_the_report_states_compute_and_mfu_when_the_peak_is_known() -> None:
+    from autotune.config import peak_tflops
+    from autotune.report import search_footer
+    from autotune.schema import SearchResult
+    from tests.tuned_configs import make_tuned
+
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.4
+    assert peak_tflops("NVIDIA H100 PCIe", "bf16") == 756.0
+    assert peak_tflops("NVIDIA L40S", "fp32") == 91.6
+    assert peak_tflops("AMD EPYC 7B13", "fp32") is None
+    config = make_tuned()
+    trials = tuple(dataclasses.replace(t, tflops_per_s=123.7, mfu=0.125)
+                   if t.verdict == "winner" else t for t in config.trials)
+    gpu = dataclasses.replace(config.device, name="NVIDIA H100 80GB HBM3", device="cuda:0")
+    lines = search_footer(SearchResult(config=dataclasses.replace(
+        config, trials=trials, device=gpu, flops_per_sample=2.5e9, mfu=0.125), path=None,
+        probe=None))  # type: ignore[arg-type]
+    assert ("compute: 2.5 GFLOP per sample (model FLOPs of forward and backward, counted on "
+            "the baseline's step); the winner runs 124 TFLOP/s, MFU 12.5% of this device's "
+            "dense bf16 peak") in lines
+
+
+def test_numerics_guard_compares_on_the_trials_own_batches(tmp_path: Path) -> None:
+    # tiny's batches are random draws, so each micro-batch split sees other samples: the guard
+    # must compare each trial with fp32 eager on its own batches, not with the baseline's.
+    settings = dataclasses.replace(FAST, micro_batches_per_class=0, num_confirm=0)
+    api.search(TINY, target_batch=8, device="cpu", memory_budget="2GiB", precisions=["fp32"],
+               compile_modes=["off"], out=tmp_path / "fp32", settings=settings)
+    config = read_tuned(tmp_path / "fp32" / "autotune.json")
+    assert len(config.trials) == 4
+    assert not [t.reason for t in config.trials if t.verdict == "numerics"]
+
+    wrong = WorkloadSpec(kind="file", target=str(ROOT / "tests" / "workloads.py") +
+                         ":wrong_in_bf16")
+    result = api.search(wrong, target_batch=4, device="cpu", memory_budget="2GiB",
+                        precisions=["fp32", "bf16"], compile_modes=["off"],
+                        out=tmp_path / "bf16",
+                        settings=dataclasses.replace(FAST, micro_batches_per_class=1,
+                                                     num_confirm=0))
+    bf16 = [t for t in result.config.trials if t.precision == "bf16"]
+    assert bf16 and all(t.verdict == "numerics" for t in bf16)
+    assert "50.0% from fp32 eager's" in bf16[0].reason and "on the same batches" in bf16[0].reason
+    assert result.config.precision == "fp32"

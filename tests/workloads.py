@@ -122,3 +122,15 @@ class BrokenMLP(WideMLP):
 def graph_break() -> Workload:
     """A model whose compiled forward has a graph break (eager code between two graphs)."""
     return Workload(name="graph-break", build_model=BrokenMLP, make_batch=_batch, loss=_loss)
+
+
+def wrong_in_bf16() -> Workload:
+    """A loss that is 50% off whenever the model runs in bf16: the numerics guard must catch it."""
+
+    def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        out = model.down(nn.functional.gelu(model.up(x)))
+        value = nn.functional.mse_loss(out.float(), y)
+        return value * 1.5 if out.dtype == torch.bfloat16 else value
+
+    return Workload(name="wrong-in-bf16", build_model=WideMLP, make_batch=_batch, loss=loss)
