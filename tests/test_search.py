@@ -158,8 +158,11 @@ def test_ctrl_c_keeps_and_writes_the_best_so_far(tmp_path: Path) -> None:
            "--target-batch", "8", "--device", "cpu", "--memory-budget", "2GiB",
            "--precisions", "fp32", "--compile-modes", "off", "--micro-batches", "all",
            "--timed-steps", "20", "--out", str(tmp_path)]  # trials long enough to interrupt
+    # A terminal's Ctrl-C reaches a process whose SIGINT is at its default; a CI job started
+    # in the background inherits SIGINT ignored (then Python never raises KeyboardInterrupt).
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
+                            cwd=ROOT, env={**os.environ, "COLUMNS": "200"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stderr is not None
     deadline = time.monotonic() + 300
     for line in proc.stderr:  # wait until the first trial has finished
