@@ -406,14 +406,6 @@ def _convert(tp: Any, data: Any) -> Any:
     return data
 
 
-__all__ = [
-    "COMPILE_MODES", "CUDA_GRAPH_MODES", "PRECISIONS", "CompileMode", "DeviceInfo", "MemoryClass",
-    "MemoryProbe", "Precision", "ProbeReport", "ProbeStep", "TrialResult", "TrialSpec",
-    "TrialStatus", "WorkloadSpec", "field", "format_bytes", "from_json_dict", "parse_budget",
-    "parse_bytes", "to_json_dict",
-]
-
-
 # Dense peak TFLOP/s of datacenter GPUs (vendor datasheets; SXM unless the name says PCIe),
 # for MFU. Keys are matched in order against the device name.
 PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
@@ -434,3 +426,11 @@ def peak_tflops(device_name: str, precision: str) -> float | None:
         if key in device_name:
             return peaks.get(precision)
     return None
+
+
+__all__ = [
+    "COMPILE_MODES", "CUDA_GRAPH_MODES", "PEAK_TFLOPS", "PRECISIONS", "CompileMode", "DeviceInfo",
+    "MemoryClass", "MemoryProbe", "Precision", "ProbeReport", "ProbeStep", "TrialResult",
+    "TrialSpec", "TrialStatus", "WorkloadSpec", "field", "format_bytes", "from_json_dict",
+    "parse_budget", "parse_bytes", "peak_tflops", "to_json_dict",
+]

@@ -242,7 +242,6 @@ def _reference_loss(model: nn.Module, micro_batches: Sequence[Batch], workload: 
     """The effective batch's loss in fp32 eager (no autocast, no TF32, no compile, no update)
     on these micro-batches: the numerics guard's reference, on the trial's own data."""
     set_matmul_precision("fp32")
-    torch.manual_seed(spec.seed + 2)
     try:
         with torch.no_grad():
             return float(sum(
@@ -340,6 +339,7 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: _Memor
         return elapsed
 
     if spec.num_timed_steps > 0:
+        torch.manual_seed(spec.seed + 2)
         info["reference_loss"] = _reference_loss(model, micro_batches, workload, spec)
         torch.manual_seed(spec.seed + 2)  # the first step sees the reference's dropout draws
     warmup = [one_step() for _ in range(max(1, spec.num_warmup_steps))]
