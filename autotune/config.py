@@ -407,7 +407,8 @@ def _convert(tp: Any, data: Any) -> Any:
 
 
 # Dense peak TFLOP/s of datacenter GPUs (vendor datasheets; SXM unless the name says PCIe),
-# for MFU. Keys are matched in order against the device name.
+# for MFU. Keys are matched in order against the device name, as whole words ("L4" is not an
+# "L40").
 PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
     ("H100 PCIe", {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.2}),
     ("H100", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),
@@ -423,7 +424,7 @@ def peak_tflops(device_name: str, precision: str) -> float | None:
     """The device's dense peak TFLOP/s in a precision, or None when not known (CPUs, GPUs not
     in ``PEAK_TFLOPS``)."""
     for key, peaks in PEAK_TFLOPS:
-        if key in device_name:
+        if re.search(rf"\b{re.escape(key)}\b", device_name):
             return peaks.get(precision)
     return None
 

@@ -229,6 +229,8 @@ def test_the_report_states_compute_and_mfu_when_the_peak_is_known() -> None:
     assert peak_tflops("NVIDIA H100 PCIe", "bf16") == 756.0
     assert peak_tflops("NVIDIA L40S", "fp32") == 91.6
     assert peak_tflops("AMD EPYC 7B13", "fp32") is None
+    assert peak_tflops("NVIDIA A100-SXM4-80GB", "tf32") == 156.0
+    assert peak_tflops("NVIDIA L40", "bf16") is None  # not an L4
     config = make_tuned()
     trials = tuple(dataclasses.replace(t, tflops_per_s=123.7, mfu=0.125)
                    if t.verdict == "winner" else t for t in config.trials)
