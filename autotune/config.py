@@ -193,12 +193,17 @@ class TrialSpec:
     micro_batch: int
     """Samples per forward/backward. Memory grows about linearly with it."""
     accumulate_steps: int = 2
-    """Micro-batches per optimizer step; probes use at least 2 (gradients stay alive)."""
+    """Micro-batches per optimizer step of the timed steps (the config's accumulation)."""
+    warmup_accumulate_steps: int | None = None
+    """Micro-batches per warm-up step, when it differs from ``accumulate_steps``: a memory probe
+    warms up with at least 2 (gradients alive during a forward: the most memory any
+    accumulation needs), then times ``accumulate_steps``, so one run is the probe and the
+    trial. The peak covers both."""
     precision: Precision = "fp32"
     compile_mode: CompileMode = "off"
     num_warmup_steps: int = 2
     """Optimizer steps before timing (compile included); optimizer state appears at the first.
-    Probes use 2 so the peak includes optimizer state; eager timing trials may use 1."""
+    Probes use 2 so the peak includes optimizer state."""
     num_timed_steps: int = 0
     """Synchronized, timed optimizer steps after warm-up (0 for a memory probe)."""
     memory_budget_bytes: int | None = None
@@ -210,6 +215,10 @@ class TrialSpec:
     a candidate already far slower than the best needs no more evidence."""
     count_flops: bool = False
     """Count the model FLOPs of the first warm-up step (eager only; the baseline does it)."""
+
+    def warmup_micro_batches(self) -> int:
+        """Micro-batches each warm-up step accumulates."""
+        return max(self.accumulate_steps, self.warmup_accumulate_steps or 0)
 
     def memory_class(self) -> MemoryClass:
         """The memory class this spec belongs to."""

@@ -28,13 +28,14 @@ CPU_ALLOCATOR = {"MALLOC_ARENA_MAX": "1", "MALLOC_TRIM_THRESHOLD_": "0"}
 
 
 def child_environment(device: str = "cpu") -> dict[str, str]:
-    """Environment for a child: unbuffered, in-process inductor compiles (no worker pool that
-    would be forked under the memory cap), and on CPU a glibc set up for repeatable peaks."""
+    """Environment for a child: unbuffered, and on CPU a glibc set up for repeatable peaks.
+
+    Inductor compiles with its default threads (one per core): the child starts them before
+    its cap (``trial._start_compile_threads``), so they cost compile time, not budget."""
     env = dict(os.environ)
     if device == "cpu" and not any(k.startswith("MALLOC_") for k in env):
         env.update(CPU_ALLOCATOR)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("TRANSFORMERS_VERBOSITY", "error")
     return env

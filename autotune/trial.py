@@ -13,6 +13,7 @@ import importlib
 import math
 import resource
 import statistics
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -181,6 +182,33 @@ def _proc_status() -> dict[str, int]:
     return values
 
 
+def _start_compile_threads() -> None:
+    """Start inductor's compile threads now, so their stacks count in the baseline.
+
+    Inductor compiles CPU kernels on a pool of threads (one per core by default) created at
+    the first compile (and tqdm a monitor thread for its progress bar): under the cap their
+    stacks (8 MiB of address space each) would count as training memory and move the boundary
+    by that much. A torch without this pool compiles in the calling thread.
+    """
+    try:
+        from torch._inductor.async_compile import AsyncCompile, get_compile_threads
+    except ImportError:  # pragma: no cover - older or newer torch
+        return
+    num_threads = get_compile_threads()
+    if num_threads <= 1:
+        return
+    with contextlib.suppress(ImportError):  # inductor's progress bar would start it mid-compile
+        import tqdm
+
+        tqdm.tqdm.monitor_interval = 0  # no monitor thread
+    # Each task waits for all the others, so the pool must start one thread per task.
+    barrier = threading.Barrier(num_threads + 1)
+    futures = [AsyncCompile.pool().submit(barrier.wait) for _ in range(num_threads)]
+    barrier.wait()
+    for future in futures:
+        future.result()
+
+
 class _Memory:
     """Caps and measures the child's memory: RLIMIT_AS on CPU, allocator fraction on CUDA."""
 
@@ -201,6 +229,8 @@ class _Memory:
             # cap, or it fails under a small cap (as a SystemError, not an OOM) and its address
             # space counts as training memory.
             importlib.import_module("torch._dynamo")
+            if spec.compile_mode != "off":
+                _start_compile_threads()
             # VmPeak, not VmSize: glibc maps twice a new thread arena's size and trims it, so
             # VmPeak already sits up to 64 MiB above VmSize here. Peaks are read from VmPeak, so
             # the cap and the peak must start from the same high-water mark (else a tiny trial
@@ -307,19 +337,22 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: _Memor
     device = memory.device
     optimizer = workload.make_optimizer(model.parameters())
     torch.manual_seed(spec.seed + 1)
-    micro_batches = []
-    for _ in range(spec.accumulate_steps):
+    warmup_batches = []
+    for _ in range(spec.warmup_micro_batches()):
         batch = workload.make_batch(spec.micro_batch)
         check_batch(batch, spec.micro_batch, workload.name)
-        micro_batches.append(to_device(batch, device))
-    info["workload_fingerprint"] = fingerprint(model, micro_batches[0])
+        warmup_batches.append(to_device(batch, device))
+    # A probe warms up with more micro-batches than the config accumulates (its memory worst
+    # case); the timed steps run the config's own accumulation.
+    timed_batches = warmup_batches[:spec.accumulate_steps]
+    info["workload_fingerprint"] = fingerprint(model, warmup_batches[0])
     scaler = grad_scaler(spec.precision, device.type)
     stepped = compile_model(model, spec.compile_mode)
 
     losses: list[torch.Tensor] = []
     num_skipped = 0
 
-    def one_step() -> float:
+    def one_step(micro_batches: list[Batch]) -> float:
         nonlocal num_skipped
         scale_before = scaler.get_scale() if scaler is not None else None
         counting = spec.count_flops and spec.compile_mode == "off" and not losses
@@ -330,29 +363,32 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: _Memor
                                      precision=spec.precision, device_type=device.type,
                                      scaler=scaler))
         memory.sync()
-        if counting:
-            info["flops_per_step"] = int(counter.get_total_flops())  # type: ignore[union-attr]
+        if counting:  # per timed step: model FLOPs grow with the micro-batches of a step
+            flops = counter.get_total_flops()  # type: ignore[union-attr]
+            info["flops_per_step"] = flops * spec.accumulate_steps // len(micro_batches)
         elapsed = time.perf_counter() - start
         if scaler is not None and scaler.get_scale() < scale_before:
             num_skipped += 1
         info["num_optimizer_steps"] = len(losses)
         return elapsed
 
-    if spec.num_timed_steps > 0:
+    if spec.num_timed_steps > 0:  # the first (warm-up) step's loss is compared with it
         torch.manual_seed(spec.seed + 2)
-        info["reference_loss"] = _reference_loss(model, micro_batches, workload, spec)
+        info["reference_loss"] = _reference_loss(model, warmup_batches, workload, spec)
         torch.manual_seed(spec.seed + 2)  # the first step sees the reference's dropout draws
-    warmup = [one_step() for _ in range(max(1, spec.num_warmup_steps))]
+    warmup = [one_step(warmup_batches) for _ in range(max(1, spec.num_warmup_steps))]
     info["warmup_s"] = sum(warmup)
     timed: list[float] = []
     timing_start = time.perf_counter()
     while len(timed) < spec.num_timed_steps:
-        timed.append(one_step())
+        timed.append(one_step(timed_batches))
         if spec.max_timed_s is not None and time.perf_counter() - timing_start > spec.max_timed_s:
             break
     info["step_times_s"] = tuple(timed)
-    steady = statistics.median(timed) if timed else min(warmup)
-    info["compile_s"] = max(0.0, info["warmup_s"] - steady * len(warmup))
+    # A warm-up step of more micro-batches than a timed one costs proportionally more.
+    per_warmup = (statistics.median(timed) * spec.warmup_micro_batches() / spec.accumulate_steps
+                  if timed else min(warmup))
+    info["compile_s"] = max(0.0, info["warmup_s"] - per_warmup * len(warmup))
     info["peak_bytes"], info["peak_rss_bytes"], info["num_alloc_retries"] = memory.peak()
     values = torch.stack(losses).tolist()
     info.update(first_loss=values[0], last_loss=values[-1], num_skipped_steps=num_skipped)

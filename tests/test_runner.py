@@ -194,3 +194,43 @@ def test_the_baseline_counts_model_flops_of_its_step() -> None:
     assert result.flops_per_step == 5 * 2 * rows * 8 * 4096
     plain = run_isolated(_spec("tiny", 2, num_warmup_steps=1, num_timed_steps=1))
     assert plain.status == "ok" and plain.flops_per_step is None
+
+
+def test_one_run_is_the_probe_and_the_trial() -> None:
+    # Warm-up accumulates 2 micro-batches (a probe's memory worst case), the timed steps the
+    # config's 1: throughput and FLOPs are the config's, the loss guard compares like with like.
+    result = run_isolated(_spec("tiny", 2, accumulate_steps=1, warmup_accumulate_steps=2,
+                                num_warmup_steps=2, num_timed_steps=3, count_flops=True))
+    assert result.status == "ok", result.message
+    assert result.samples_per_step == 2
+    assert result.num_optimizer_steps == 2 + 3
+    assert result.flops_per_step == 5 * 2 * (2 * 128) * 8 * 4096  # one micro-batch of 2 rows
+    assert result.reference_loss is not None
+    assert result.first_loss == pytest.approx(result.reference_loss, rel=1e-5)
+    # Its first step accumulated the same two micro-batches as a run of accumulation 2 (same
+    # seed, same batches): the memory it measured is that step's.
+    two = run_isolated(_spec("tiny", 2, accumulate_steps=2, num_warmup_steps=1,
+                             num_timed_steps=1))
+    one = run_isolated(_spec("tiny", 2, accumulate_steps=1, num_warmup_steps=1,
+                             num_timed_steps=1))
+    assert two.status == one.status == "ok", (two.message, one.message)
+    assert result.first_loss == two.first_loss != one.first_loss
+
+
+@pytest.mark.slow
+def test_compile_threads_do_not_count_as_training_memory() -> None:
+    # Inductor compiles CPU kernels on one thread per core; their stacks (8 MiB of address
+    # space each) must land in the child's baseline, not in its measured peak.
+    import os
+
+    spec = _spec("tiny", 1, compile_mode="default", memory_budget_bytes=512 * MIB)
+    peaks = {}
+    for threads in ("1", "2"):
+        os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = threads
+        try:
+            result = run_isolated(spec)
+        finally:
+            del os.environ["TORCHINDUCTOR_COMPILE_THREADS"]
+        assert result.status == "ok", result.message
+        peaks[threads] = result.peak_bytes or 0
+    assert abs(peaks["2"] - peaks["1"]) < 4 * MIB, peaks
