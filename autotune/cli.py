@@ -154,9 +154,17 @@ def search(
     timed_steps: Annotated[int, typer.Option(
         "--timed-steps", min=3, help="Timed optimizer steps per trial.")] = 10,
     micro_batches: Annotated[str, typer.Option(
-        "--micro-batches", help="Largest N fitting micro-batches per class to time, or 'all'.")
+        "--micro-batches", help=(
+            "Most micro-batches timed per class: the largest that fits, then smaller ones while "
+            "they get faster; or 'all' (every fitting one, none skipped)."))
     ] = "3",
-    max_trials: Annotated[int, typer.Option("--max-trials", min=1)] = 30,
+    refine_within: Annotated[float, typer.Option(
+        "--refine-within", min=0.0, max=1.0, help=(
+            "Try smaller micro-batches of a class, and compile modes beyond off/default for a "
+            "precision, only while its best is at least this share of the leader's; 0 tries "
+            "everything."))] = 0.9,
+    max_trials: Annotated[int, typer.Option(
+        "--max-trials", min=1, help="Most child runs, probes included.")] = 60,
     allow_inexact: Annotated[bool, typer.Option(
         "--allow-inexact",
         help="If --world-size does not divide --target-batch, tune the nearest exact batch.")
@@ -173,6 +181,7 @@ def search(
                 f"--micro-batches must be a number or 'all', got {micro_batches!r}")
         settings = SearchSettings(
             num_timed_steps=timed_steps, max_trials=max_trials, train_steps=train_steps,
+            refine_within=refine_within,
             micro_batches_per_class=0 if micro_batches == "all" else int(micro_batches),
             time_budget_s=config.parse_duration(time_budget) if time_budget else None,
             storage=storage, study_name=study_name)
@@ -181,15 +190,14 @@ def search(
         with _progress() as progress:
             task = progress.add_task("probing memory", total=None)
 
-            def on_step(memory_class, step):
-                err.print(report.probe_step_line(memory_class.label(), step), highlight=False)
+            def on_step(memory_class, step):  # each probe is a trial: its line says it all
                 progress.update(task, description=f"probing {memory_class.label()}")
 
-            def on_trial(done, total, candidate, record):
+            def on_trial(num_runs, stage, candidate, record):
                 if record is not None:
-                    err.print(report.trial_line(record), highlight=False)
-                progress.update(task, total=total, completed=done, description=(
-                    f"trial {min(done + 1, total)}/{total}: {candidate.key()}"))
+                    err.print(report.trial_line(record, stage), highlight=False)
+                progress.update(task, completed=num_runs, description=(
+                    f"{stage}: run {num_runs + (record is None)} {candidate.key()}"))
 
             try:
                 result = api.search(

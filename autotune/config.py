@@ -354,13 +354,18 @@ class ProbeReport:
     requested_batch: int | None = None
     """The target the user asked for, when --allow-inexact moved it to ``target_batch``."""
     skipped: tuple[str, ...] = ()
-    """Memory classes not probed, with the reason (e.g. CUDA-graph modes on CPU)."""
+    """Memory classes not probed, with the reason (e.g. CUDA-graph modes on CPU, or a search
+    that found the class's precision too far behind to try it)."""
     allocator: str = ""
     """Allocator settings in force in the children (they move the CPU boundary)."""
 
     def per_device_batch(self) -> int:
         """target_batch / world_size: what one device's micro-batches must add up to."""
         return self.target_batch // self.world_size
+
+    def usable_bytes(self) -> int:
+        """Budget minus headroom: a fitting run's peak stays under this."""
+        return int(self.budget_bytes * (1 - self.headroom))
 
     def pairs(self, probe: MemoryProbe) -> tuple[tuple[int, int], ...]:
         """(micro_batch, accumulate_steps) pairs that fit for a memory class."""

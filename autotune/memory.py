@@ -8,7 +8,7 @@ boundary and one or two more probes confirm it; before that the search bisects i
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from autotune.config import (
     MemoryClass,
@@ -26,14 +26,30 @@ OnStep = Callable[[MemoryClass, ProbeStep], None]
 
 
 def probe_spec(workload: WorkloadSpec, device: str, memory_class: MemoryClass, micro_batch: int,
-               budget_bytes: int | None, timeout_s: float) -> TrialSpec:
-    """The spec of one probe: two micro-batches accumulated, two optimizer steps, capped."""
+               budget_bytes: int | None, timeout_s: float, *, per_device_batch: int | None = None,
+               num_timed_steps: int = 0, count_flops: bool = False) -> TrialSpec:
+    """The spec of one probe: two micro-batches accumulated, two optimizer steps, capped.
+
+    With ``per_device_batch`` the same run also times ``num_timed_steps`` optimizer steps of
+    the config it probes (``per_device_batch / micro_batch`` micro-batches each): its warm-up
+    accumulates at least two (gradients alive during a forward, the memory worst case), so one
+    child is both the probe and the trial.
+    """
+    accumulate = per_device_batch // micro_batch if per_device_batch else 2
     return TrialSpec(
-        workload=workload, device=device, micro_batch=micro_batch, accumulate_steps=2,
+        workload=workload, device=device, micro_batch=micro_batch, accumulate_steps=accumulate,
+        warmup_accumulate_steps=2 if accumulate < 2 else None,
         precision=memory_class.precision, compile_mode=memory_class.compile_mode,
-        num_warmup_steps=2, num_timed_steps=0, memory_budget_bytes=budget_bytes,
-        timeout_s=timeout_s,
+        num_warmup_steps=2, num_timed_steps=num_timed_steps, memory_budget_bytes=budget_bytes,
+        timeout_s=timeout_s, count_flops=count_flops,
     )
+
+
+def hint_for(memory_class: MemoryClass, probes: Iterable[MemoryProbe]) -> int | None:
+    """A first guess for a class's boundary: the one already found for its precision."""
+    return next((p.max_micro_batch for p in probes
+                 if p.memory_class.precision == memory_class.precision and p.max_micro_batch),
+                None)
 
 
 def probe_memory(
@@ -48,6 +64,7 @@ def probe_memory(
     hint: int | None = None,
     run: Runner = run_isolated,
     on_step: OnStep | None = None,
+    make_spec: Callable[[int], TrialSpec] | None = None,
 ) -> MemoryProbe:
     """The largest candidate micro-batch whose real training step fits.
 
@@ -64,8 +81,11 @@ def probe_memory(
         usable_bytes: a fitting peak must stay under this.
         timeout_s: per child.
         hint: a first guess (e.g. another class's boundary); default: the largest candidate.
-        run: how to run a spec (the isolated runner; tests may pass a recorder around it).
+        run: how to run a spec (the isolated runner; the search passes one that records
+            each run as a trial).
         on_step: called after each probe, for progress output.
+        make_spec: the spec for a micro-batch (default: ``probe_spec``, no timing; the search
+            asks for timed steps too).
 
     Raises:
         WorkloadError: the workload itself fails (factory, batch or model errors).
@@ -75,7 +95,8 @@ def probe_memory(
     lo, hi = 0, math.inf  # largest known to fit, smallest known not to
     micro_batch = hint if hint in cands else cands[-1]
     while True:
-        spec = probe_spec(workload, device, memory_class, micro_batch, budget_bytes, timeout_s)
+        spec = (make_spec(micro_batch) if make_spec is not None else
+                probe_spec(workload, device, memory_class, micro_batch, budget_bytes, timeout_s))
         result = run(spec)
         if result.status in ("workload_error", "error"):
             raise WorkloadError(

@@ -177,11 +177,14 @@ def search_footer(result: SearchResult) -> list[str]:
     return lines
 
 
-def trial_line(record: TrialRecord) -> str:
-    """One progress line for a finished trial."""
+def trial_line(record: TrialRecord, stage: str = "") -> str:
+    """One progress line for a finished run (a probe that fits is also a trial)."""
     speed = f"{record.samples_per_s:,.1f} samples/s" if record.samples_per_s else "-"
     extra = f" ({record.reason})" if record.reason else ""
-    return f"trial {record.label():<28} {record.verdict:<13} {speed}{extra}"
+    wall = f", {record.wall_s:.0f} s" if record.wall_s is not None else ""
+    where = f"{stage:<7} " if stage else ""
+    return (f"trial {where}{record.label():<36} {record.verdict:<13} {speed:>20}  peak "
+            f"{format_bytes(record.peak_bytes):>10}{wall}{extra}")
 # ----------------------------------------------------------------------------------------------
 # estimate and check (issue 5).
 

@@ -26,8 +26,8 @@ from autotune.errors import ConfigError
 SCHEMA_VERSION = 1
 
 Verdict = Literal[
-    "winner", "ok", "slower", "numerics", "oom", "compile_error", "non_finite", "timeout",
-    "crash", "error", "workload_error",
+    "winner", "ok", "slower", "numerics", "over_budget", "oom", "compile_error", "non_finite",
+    "timeout", "crash", "error", "workload_error",
 ]
 
 
@@ -42,7 +42,8 @@ class TrialRecord:
     compile_mode: str
     verdict: Verdict
     """``winner``; ``ok`` (ran, lost by a little); ``slower`` (stopped early: clearly slower);
-    ``numerics`` (loss far from fp32 eager); or the failure status of the child."""
+    ``numerics`` (loss far from fp32 eager); ``over_budget`` (ran, but its peak is over the
+    budget minus headroom: a memory probe's miss); or the failure status of the child."""
     reason: str = ""
     """Why it lost or failed, in words."""
     is_baseline: bool = False

@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from autotune import api
 from autotune.cli import app
-from autotune.config import TrialSpec, WorkloadSpec
+from autotune.config import MemoryClass, ProbeReport, TrialSpec, WorkloadSpec
+from autotune.device import describe_device
 from autotune.errors import ConfigError
 from autotune.runner import run_isolated
 from autotune.schema import read_tuned
@@ -26,6 +27,7 @@ from autotune.search import CONSTRAINT, SearchSettings, run_search
 ROOT = Path(__file__).resolve().parent.parent
 TINY = WorkloadSpec(kind="file", target=str(ROOT / "tests" / "workloads.py") + ":tiny")
 FAST = SearchSettings(num_timed_steps=3, micro_batches_per_class=2, num_confirm=1)
+FP32_EAGER = MemoryClass(precision="fp32", compile_mode="off")
 
 
 class Recorder:
@@ -72,48 +74,48 @@ def test_search_eager_and_compiled_writes_a_consistent_config(tmp_path: Path) ->
     assert config.mfu is None and all(t.mfu is None for t in trials)  # no known CPU peak
 
 
-def test_oom_candidates_are_recorded_infeasible(tmp_path: Path) -> None:
-    budget = 60 * 1024**2
-    report = api.probe(TINY, target_batch=16, device="cpu", memory_budget=budget,
-                       precisions=["fp32"], compile_modes=["off"])
-    probe = report.probes[0]
-    assert 0 < probe.max_micro_batch < 16
-    # Claim every candidate fits: the trials above the real boundary must OOM under the cap.
-    forged = dataclasses.replace(report, probes=(dataclasses.replace(probe, max_micro_batch=16),))
+def _plan(target_batch: int, budget_bytes: int) -> ProbeReport:
+    return ProbeReport(workload=TINY, device=describe_device("cpu"), target_batch=target_batch,
+                       world_size=1, headroom=0.1, budget_bytes=budget_bytes, probes=())
+
+
+def test_probes_that_oom_are_recorded_infeasible(tmp_path: Path) -> None:
+    # Under a real 60 MiB cap the probe's first run (micro-batch 16) runs out of memory: the
+    # study records it as a constraint violation, the fitting ones as feasible.
     storage = f"sqlite:///{tmp_path / 'study.db'}"
-    settings = dataclasses.replace(FAST, micro_batches_per_class=0, num_confirm=0,
-                                   storage=storage, study_name="oom")
-    outcome = run_search(forged, settings)
+    settings = dataclasses.replace(FAST, num_confirm=0, storage=storage, study_name="oom")
+    outcome = run_search(_plan(16, 60 * 1024**2), [FP32_EAGER], settings)
     by_mb = {r.micro_batch: r for r in outcome.records}
+    fits = outcome.probes[0].max_micro_batch
+    assert 0 < fits < 16
     assert by_mb[16].verdict == "oom"
-    assert by_mb[probe.max_micro_batch].verdict in ("ok", "slower")
+    assert by_mb[fits].verdict in ("ok", "slower") and by_mb[fits].is_baseline
     study = optuna.load_study(study_name="oom", storage=storage)
     constraints = {t.params["candidate"]: t.constraints[CONSTRAINT] for t in study.trials}
     assert constraints["fp32/off/16"] > 0
-    assert constraints[f"fp32/off/{probe.max_micro_batch}"] == 0
+    assert constraints[f"fp32/off/{fits}"] == 0
+    assert len(study.trials) == outcome.num_runs == len(outcome.records)
 
 
-def test_resume_from_storage_reuses_completed_trials(tmp_path: Path) -> None:
-    report = api.probe(TINY, target_batch=4, device="cpu", memory_budget="2GiB",
-                       precisions=["fp32"], compile_modes=["off"])
+def test_resume_from_storage_reuses_completed_runs(tmp_path: Path) -> None:
     settings = dataclasses.replace(FAST, num_confirm=0, storage=f"sqlite:///{tmp_path}/s.db",
                                    study_name="resume")
     first, second = Recorder(), Recorder()
-    done = run_search(report, settings, run=first)
-    again = run_search(report, settings, run=second)
+    done = run_search(_plan(4, 2 * 1024**3), [FP32_EAGER], settings, run=first)
+    again = run_search(_plan(4, 2 * 1024**3), [FP32_EAGER], settings, run=second)
     assert len(first.specs) == len(done.records) >= 2
-    assert second.specs == []
+    assert second.specs == []  # probes too: every run is in the study
+    assert again.num_runs == 0
     assert [r.median_step_s for r in again.records] == [r.median_step_s for r in done.records]
+    assert again.probes == done.probes
 
 
 def test_a_study_of_another_search_is_refused(tmp_path: Path) -> None:
-    settings = dataclasses.replace(FAST, storage=f"sqlite:///{tmp_path}/s.db", study_name="x")
-    api_report = api.probe(TINY, target_batch=2, device="cpu", memory_budget="2GiB",
-                           precisions=["fp32"], compile_modes=["off"])
-    run_search(api_report, dataclasses.replace(settings, num_confirm=0))
-    other = dataclasses.replace(api_report, target_batch=4)
+    settings = dataclasses.replace(FAST, num_confirm=0, storage=f"sqlite:///{tmp_path}/s.db",
+                                   study_name="x")
+    run_search(_plan(2, 2 * 1024**3), [FP32_EAGER], settings)
     with pytest.raises(ConfigError, match="refusing to mix"):
-        run_search(other, settings)
+        run_search(_plan(4, 2 * 1024**3), [FP32_EAGER], settings)
 
 
 runner = CliRunner()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,7 +22,7 @@ from autotune.config import (
 )
 from autotune.device import describe_device
 from autotune.errors import AutotuneError, ConfigError, NoFeasibleConfigError
-from autotune.memory import OnStep, probe_memory, probe_spec
+from autotune.memory import OnStep, hint_for, probe_memory, probe_spec
 from autotune.runner import allocator_notes, run_isolated
 from autotune.schema import (
     MemoryRecord,
@@ -32,7 +32,7 @@ from autotune.schema import (
     save_tuned,
 )
 from autotune.search import (
-    Candidate,
+    OnTrial,
     SearchOutcome,
     SearchSettings,
     break_even_steps,
@@ -42,7 +42,7 @@ from autotune.search import (
 )
 from autotune.space import divisors, exact_target, memory_classes, per_device_batch
 
-OnTrial = Callable[[int, int, Candidate, TrialRecord | None], None]
+BASELINE = MemoryClass(precision="fp32", compile_mode="off")
 
 
 def probe(
@@ -81,38 +81,47 @@ def probe(
         ConfigError: bad settings. WorkloadError: the workload fails.
         NoFeasibleConfigError: not even the smallest micro-batch fits in any class.
     """
-    workload = workload or WorkloadSpec()
-    requested = target_batch
-    target_batch = exact_target(target_batch, world_size, allow_inexact)
-    per_device = per_device_batch(target_batch, world_size)
     info = describe_device(device)
-    budget = resolve_budget(info, memory_budget, headroom)
-    classes, skipped = memory_classes(info, precisions, compile_modes)
-    baseline = MemoryClass(precision="fp32", compile_mode="off")
-    if include_baseline and baseline not in classes:
-        classes = (baseline, *classes)
-        skipped = (*skipped, "fp32/off probed and timed as the baseline, outside the restriction")
-    candidates = divisors(per_device)
+    plan, classes, budget = _plan(workload, target_batch, world_size, info, memory_budget,
+                                  headroom, precisions, compile_modes, include_baseline,
+                                  allow_inexact)
+    candidates = divisors(plan.per_device_batch())
     probes: list[MemoryProbe] = []
     for memory_class in classes:
-        eager = next((p for p in probes if p.memory_class.precision == memory_class.precision
-                      and p.max_micro_batch), None)
         probes.append(probe_memory(
-            workload, info.device, memory_class, candidates, budget_bytes=budget.budget_bytes,
-            usable_bytes=budget.usable_bytes, timeout_s=timeout_s,
-            hint=eager.max_micro_batch if eager else None, on_step=on_step))
+            plan.workload, info.device, memory_class, candidates,
+            budget_bytes=budget.budget_bytes, usable_bytes=budget.usable_bytes,
+            timeout_s=timeout_s, hint=hint_for(memory_class, probes), on_step=on_step))
     if not any(p.max_micro_batch for p in probes):
-        raise NoFeasibleConfigError(_nothing_fits(workload, info, budget, probes[0], timeout_s))
-    allocator = allocator_notes(info.device)
-    return ProbeReport(workload=workload, device=info, target_batch=target_batch,
-                       world_size=world_size, headroom=headroom,
-                       budget_bytes=budget.budget_bytes, probes=tuple(probes),
-                       skipped=skipped, allocator=allocator,
+        raise NoFeasibleConfigError(_nothing_fits(plan.workload, info, budget, probes[0],
+                                                  timeout_s))
+    return replace(plan, probes=tuple(probes))
+
+
+def _plan(workload: WorkloadSpec | None, target_batch: int, world_size: int, info: DeviceInfo,
+          memory_budget: str | int | None, headroom: float, precisions: Sequence[str] | None,
+          compile_modes: Sequence[str] | None, include_baseline: bool,
+          allow_inexact: bool) -> tuple[ProbeReport, tuple[MemoryClass, ...], Budget]:
+    """What to probe: the report without probes, the classes in order, and the budget."""
+    requested = target_batch
+    target_batch = exact_target(target_batch, world_size, allow_inexact)
+    per_device_batch(target_batch, world_size)
+    budget = resolve_budget(info, memory_budget, headroom)
+    classes, skipped = memory_classes(info, precisions, compile_modes)
+    if include_baseline and BASELINE not in classes:
+        classes = (BASELINE, *classes)
+        skipped = (*skipped, "fp32/off probed and timed as the baseline, outside the restriction")
+    plan = ProbeReport(workload=workload or WorkloadSpec(), device=info,
+                       target_batch=target_batch, world_size=world_size, headroom=headroom,
+                       budget_bytes=budget.budget_bytes, probes=(), skipped=skipped,
+                       allocator=allocator_notes(info.device),
                        requested_batch=requested if requested != target_batch else None)
+    return plan, classes, budget
 
 
 def _nothing_fits(workload: WorkloadSpec, info: DeviceInfo, budget: Budget,
-                  first: MemoryProbe, timeout_s: float) -> str:
+                  first: MemoryProbe, timeout_s: float,
+                  scope: str = "with any precision or compile mode tried") -> str:
     smallest = first.candidates[0]
     # Measure what the smallest micro-batch needs, capped only by what the device has free.
     result = run_isolated(probe_spec(workload, info.device, first.memory_class, smallest,
@@ -128,7 +137,7 @@ def _nothing_fits(workload: WorkloadSpec, info: DeviceInfo, budget: Budget,
     return (
         f"micro-batch {smallest} does not fit in {format_bytes(budget.usable_bytes)} usable "
         f"(budget {format_bytes(budget.budget_bytes)} minus {budget.headroom:.0%} headroom) "
-        f"with any precision or compile mode tried: {need}. Try a larger --memory-budget, "
+        f"{scope}: {need}. Try a larger --memory-budget, "
         "--precisions bf16 (halves activations), activation checkpointing in the model, or a "
         "shorter --seq-len."
     )
@@ -188,17 +197,20 @@ def search(
         _check_writable(path, force)
         _check_writable(script, force)
     info = describe_device(device)
-    extra_skipped: tuple[str, ...] = ()
-    if precisions is None and not info.is_cuda and not info.native_bf16:
-        precisions = ["fp32"]
-        extra_skipped = ("bf16 not timed: this CPU emulates it (many times slower than fp32); "
-                         "ask for it with --precisions fp32,bf16",)
-    report = probe(workload, target_batch=target_batch, world_size=world_size, device=device,
-                   memory_budget=memory_budget, headroom=headroom, precisions=precisions,
-                   compile_modes=compile_modes, timeout_s=settings.timeout_s, on_step=on_step,
-                   include_baseline=True, allow_inexact=allow_inexact)
-    report = replace(report, skipped=report.skipped + extra_skipped)
-    outcome = run_search(report, settings, on_trial=on_trial)
+    plan, classes, budget = _plan(workload, target_batch, world_size, info, memory_budget,
+                                  headroom, precisions, compile_modes, True, allow_inexact)
+    outcome = run_search(plan, classes, settings, on_trial=on_trial, on_step=on_step)
+    report = replace(plan, probes=outcome.probes)
+    if outcome.baseline is None or outcome.baseline.key() not in outcome.results:
+        if outcome.interrupted and "Ctrl-C" in outcome.stop_reason:
+            raise KeyboardInterrupt
+        if outcome.interrupted:
+            raise NoFeasibleConfigError(
+                f"{outcome.stop_reason.split(':')[0]} before fp32 eager (the baseline) was "
+                "measured: nothing to compare with; allow more time or trials")
+        raise NoFeasibleConfigError(_nothing_fits(
+            plan.workload, info, budget, outcome.probes[0], settings.timeout_s,
+            scope="in fp32 eager (the baseline, measured first)"))
     config = tuned_config(report, outcome, settings)
     config = replace(config, memory=replace(config.memory, calibration=_calibrate(report, config)))
     if path is not None and script is not None:  # both checked before the search began
@@ -245,6 +257,7 @@ def tuned_config(report: ProbeReport, outcome: SearchOutcome,
     Raises:
         NoFeasibleConfigError: no candidate ran to the end with sound numerics.
     """
+    assert outcome.baseline is not None, "search() refuses an outcome without a baseline"
     winner = pick_winner(outcome.records, settings)
     if winner is None:
         seen = ", ".join(f"{r.label()}: {r.verdict}" for r in outcome.records) or "none ran"
@@ -255,7 +268,7 @@ def tuned_config(report: ProbeReport, outcome: SearchOutcome,
     result = outcome.results[f"{winner.precision}/{winner.compile_mode}/{winner.micro_batch}"]
     memory = MemoryRecord(
         device_total_bytes=report.device.total_memory_bytes, budget_bytes=report.budget_bytes,
-        headroom=report.headroom, usable_bytes=int(report.budget_bytes * (1 - report.headroom)),
+        headroom=report.headroom, usable_bytes=report.usable_bytes(),
         peak_bytes=winner.peak_bytes,
         max_micro_batch={p.memory_class.label(): p.max_micro_batch for p in report.probes},
         allocator=report.allocator,

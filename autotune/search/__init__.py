@@ -1,0 +1,27 @@
+"""The search: probe and time memory classes in stages, and keep what wins.
+
+The only package that imports optuna: its study records every run, so an interrupted search
+resumes (completed runs are reused) and several processes can share one (``--storage``).
+``_stages`` holds the strategy, ``_records`` the verdict on each run, ``_study`` the study.
+"""
+
+from autotune.search._records import (
+    LOSS_TOLERANCE,
+    Candidate,
+    SearchOutcome,
+    SearchSettings,
+    break_even_steps,
+    classify,
+    flops_per_sample,
+    objective,
+    pick_winner,
+    score,
+)
+from autotune.search._stages import OnTrial, run_search
+from autotune.search._study import CONSTRAINT, completed, open_study
+
+__all__ = [
+    "CONSTRAINT", "LOSS_TOLERANCE", "Candidate", "OnTrial", "SearchOutcome", "SearchSettings",
+    "break_even_steps", "classify", "completed", "flops_per_sample", "objective", "open_study",
+    "pick_winner", "run_search", "score",
+]

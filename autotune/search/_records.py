@@ -1,0 +1,187 @@
+"""What a search works with: candidates, settings, outcomes, and the verdict on each run."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autotune.config import (
+    MemoryClass,
+    MemoryProbe,
+    ProbeReport,
+    TrialResult,
+    TrialSpec,
+    peak_tflops,
+)
+from autotune.schema import TrialRecord
+
+# Numerics guard: allowed relative distance of the first loss from fp32 eager's, per precision.
+LOSS_TOLERANCE = {"fp32": 0.01, "tf32": 0.01, "bf16": 0.05, "fp16": 0.05}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One point of the search space."""
+
+    precision: str
+    compile_mode: str
+    micro_batch: int
+
+    def key(self) -> str:
+        """Stable name, also the Optuna parameter value."""
+        return f"{self.precision}/{self.compile_mode}/{self.micro_batch}"
+
+    def memory_class(self) -> MemoryClass:
+        """Its (precision, compile mode) class."""
+        return MemoryClass(precision=self.precision,  # type: ignore[arg-type]
+                           compile_mode=self.compile_mode)  # type: ignore[arg-type]
+
+    @classmethod
+    def of(cls, spec: TrialSpec) -> Candidate:
+        """The candidate a spec runs."""
+        return cls(precision=spec.precision, compile_mode=spec.compile_mode,
+                   micro_batch=spec.micro_batch)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchSettings:
+    """How to search (everything but the workload, device and memory)."""
+
+    num_timed_steps: int = 10
+    micro_batches_per_class: int = 3
+    """Most micro-batches timed per memory class: the largest that fits (its probe), then
+    smaller ones while each is faster than the last. 0: every fitting micro-batch of every
+    class tried, none skipped."""
+    refine_within: float = 0.9
+    """Refine only what can still win: smaller micro-batches of a class, and for a precision
+    the compile modes beyond off and default (kernel autotuning, CUDA graphs), are tried only
+    while the class's (or precision's) best is at least this share of the leader's. 0 tries
+    every class the device supports."""
+    max_trials: int = 60
+    """Most child runs, probes included (each probe that fits also times its config)."""
+    time_budget_s: float | None = None
+    train_steps: int | None = None
+    """Objective: time to train this many optimizer steps, compile included."""
+    storage: str | None = None
+    study_name: str | None = None
+    timeout_s: float = 900.0
+    slower_factor: float = 2.0
+    """Stop timing a candidate once it has spent this many times the best's timed seconds."""
+    num_confirm: int = 2
+    """Leaders re-measured (with the baseline, interleaved) before the pick; each keeps its
+    better run, since a slow period of the machine only ever inflates times."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchOutcome:
+    """What the driver hands back to the api."""
+
+    records: tuple[TrialRecord, ...]
+    results: dict[str, TrialResult]
+    baseline: Candidate | None
+    """fp32 eager at its largest fitting micro-batch; None when fp32 eager fits nothing."""
+    probes: tuple[MemoryProbe, ...]
+    """The memory classes probed, in the order they were."""
+    skipped: tuple[str, ...]
+    interrupted: bool
+    stop_reason: str
+    num_runs: int = 0
+    """Child processes this search started (stored results it reused not counted)."""
+
+
+def objective(result: TrialResult, settings: SearchSettings) -> float | None:
+    """samples/s (maximized), or with ``train_steps`` the time to train (minimized)."""
+    median = result.median_step_s()
+    if not result.ok or median is None:
+        return None
+    if settings.train_steps:
+        return (result.compile_s or 0.0) + settings.train_steps * median
+    return result.samples_per_s()
+
+
+def score(value: float | None, settings: SearchSettings) -> float | None:
+    """The objective as larger-is-better, so shares of the leader read the same both ways."""
+    if value is None or value <= 0:
+        return None
+    return 1.0 / value if settings.train_steps else value
+
+
+def classify(candidate: Candidate, result: TrialResult, results: dict[str, TrialResult],
+             baseline: Candidate | None, report: ProbeReport,
+             settings: SearchSettings) -> tuple[TrialRecord, float | None]:
+    """The record of one run: its figures, and a verdict before the winner is known."""
+    per_device = report.per_device_batch()
+    base = results.get(baseline.key()) if baseline is not None else None
+    base_sps = base.samples_per_s() if base is not None else None
+    sps = result.samples_per_s()
+    verdict, reason = result.status, result.message.splitlines()[0] if result.message else ""
+    if result.ok:
+        verdict, reason = "ok", ""
+        usable = report.usable_bytes()
+        # The reference is fp32 eager on the trial's own batches (older stored results lack
+        # it: then the baseline's first loss, on batches made the same way).
+        ref = result.reference_loss if result.reference_loss is not None else (
+            base.first_loss if base is not None else None)
+        tol = LOSS_TOLERANCE.get(candidate.precision, 0.05)
+        if result.peak_bytes is not None and result.peak_bytes > usable:
+            verdict = "over_budget"
+            reason = (f"ran, but its peak {result.peak_bytes / 2**20:,.1f} MiB is over the "
+                      f"{usable / 2**20:,.1f} MiB usable (budget minus headroom)")
+        elif ref is not None and result.first_loss is not None and ref != 0:
+            distance = abs(result.first_loss - ref) / abs(ref)
+            if distance > tol:
+                verdict = "numerics"
+                reason = (f"first loss {result.first_loss:.4g} is {distance:.1%} from fp32 "
+                          f"eager's {ref:.4g} on the same batches (allowed {tol:.0%})")
+        if verdict == "ok" and len(result.step_times_s) < settings.num_timed_steps:
+            verdict = "slower"
+            reason = (f"stopped after {len(result.step_times_s)} timed steps: over "
+                      f"{settings.slower_factor:g}x the best candidate's time")
+    value = objective(result, settings) if verdict in ("ok", "slower") else None
+    tokens = sps * result.tokens_per_sample if sps and result.tokens_per_sample else None
+    per_sample = flops_per_sample(base)
+    tflops = per_sample * sps / 1e12 if per_sample and sps else None
+    peak = peak_tflops(report.device.name, candidate.precision)
+    record = TrialRecord(
+        number=0, micro_batch=candidate.micro_batch,
+        accumulate_steps=per_device // candidate.micro_batch, precision=candidate.precision,
+        compile_mode=candidate.compile_mode, verdict=verdict, reason=reason,  # type: ignore[arg-type]
+        is_baseline=candidate == baseline, median_step_s=result.median_step_s(),
+        spread=result.spread(), num_timed_steps=len(result.step_times_s), samples_per_s=sps,
+        tokens_per_s=tokens, peak_bytes=result.peak_bytes, compile_s=result.compile_s,
+        first_loss=result.first_loss, num_skipped_steps=result.num_skipped_steps,
+        num_graphs=result.num_graphs, num_graph_breaks=result.num_graph_breaks,
+        num_alloc_retries=result.num_alloc_retries,
+        speedup=sps / base_sps if sps and base_sps else None,
+        tflops_per_s=tflops, mfu=tflops / peak if tflops and peak else None,
+        time_to_train_s=value if settings.train_steps and value is not None else None,
+        wall_s=result.wall_s,
+    )
+    return record, value
+
+
+def flops_per_sample(baseline: TrialResult | None) -> float | None:
+    """Model FLOPs per sample, from the FLOPs the baseline counted on its first step."""
+    if baseline is None or not baseline.flops_per_step or not baseline.samples_per_step:
+        return None
+    return baseline.flops_per_step / baseline.samples_per_step
+
+
+def pick_winner(records: tuple[TrialRecord, ...], settings: SearchSettings) -> TrialRecord | None:
+    """The fastest candidate that ran every timed step with sound numerics."""
+    feasible = [r for r in records if r.verdict == "ok" and r.median_step_s]
+    if not feasible:
+        return None
+    if settings.train_steps:
+        return min(feasible, key=lambda r: r.time_to_train_s or math.inf)
+    return max(feasible, key=lambda r: r.samples_per_s or 0.0)
+
+
+def break_even_steps(winner: TrialRecord, baseline: TrialRecord) -> float | None:
+    """Optimizer steps after which a compiled winner's compile time is paid back."""
+    if winner.compile_mode == "off" or not winner.median_step_s or not baseline.median_step_s:
+        return None
+    saved = baseline.median_step_s - winner.median_step_s
+    if saved <= 0:
+        return math.inf
+    return (winner.compile_s or 0.0) / saved

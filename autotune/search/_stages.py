@@ -1,0 +1,315 @@
+"""The search, stage by stage.
+
+1. Probe each memory class with eager and default-compiled code, fp32 eager (the baseline)
+   first: every probe that fits also times its config, so a class's largest fitting
+   micro-batch is timed by the run that found it.
+2. For each precision whose best is near the leader's, probe the other compile modes (kernel
+   autotuning, CUDA graphs): a refinement of ``default`` that rarely gains more than the gap.
+3. Time smaller micro-batches of the classes near the leader, largest first, while each is
+   faster than the last.
+4. Re-measure the leaders and the baseline, interleaved; each keeps its better run.
+
+What is not tried is said, with the measured reason, in the outcome's ``skipped``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from autotune.config import (
+    COMPILE_MODES,
+    PRECISIONS,
+    MemoryClass,
+    MemoryProbe,
+    ProbeReport,
+    TrialResult,
+    TrialSpec,
+)
+from autotune.memory import OnStep, hint_for, probe_memory, probe_spec
+from autotune.runner import run_isolated
+from autotune.schema import TrialRecord
+from autotune.search._records import (
+    Candidate,
+    SearchOutcome,
+    SearchSettings,
+    classify,
+    score,
+)
+from autotune.search._study import completed, open_study, record
+from autotune.space import divisors
+
+Runner = Callable[[TrialSpec], TrialResult]
+OnTrial = Callable[[int, str, Candidate, TrialRecord | None], None]
+"""Progress: (runs so far, stage, candidate, its record when done or None when starting)."""
+BASELINE = MemoryClass(precision="fp32", compile_mode="off")
+FIRST_MODES = ("off", "default")
+
+
+class _Stop(Exception):
+    """A limit ended the search early: the best so far stands."""
+
+
+def run_search(report: ProbeReport, classes: Sequence[MemoryClass], settings: SearchSettings,
+               *, run: Runner = run_isolated, on_trial: OnTrial | None = None,
+               on_step: OnStep | None = None) -> SearchOutcome:
+    """Probe and time the classes in stages, pruning what cannot win (module docstring).
+
+    Args:
+        report: the workload, device, target and budget (its ``probes`` are not used: this
+            search probes each class it tries, and returns the probes).
+        classes: the memory classes the device supports and the user allows; fp32 eager
+            (the baseline) must be one of them.
+        settings: timing, pruning, limits, objective and storage.
+        run: runs a spec (the isolated runner).
+        on_trial: progress before and after each child run.
+        on_step: progress after each memory probe step.
+
+    Raises:
+        ConfigError: a storage that cannot be opened or holds another search.
+        WorkloadError: the workload fails.
+    """
+    assert BASELINE in classes, "fp32 eager is the baseline: the api adds it"
+    search = _Search(report, classes, settings, run, on_trial, on_step)
+    interrupted, stop_reason = False, "every class was tried or pruned with a reason"
+    try:
+        search.stages(classes)
+    except _Stop as stop:
+        interrupted, stop_reason = True, str(stop)
+    except KeyboardInterrupt:
+        interrupted, stop_reason = True, "interrupted (Ctrl-C): best so far"
+    return search.outcome(interrupted, stop_reason)
+
+
+class _Search:
+    """The state of one search: the study, the results so far, the probes, what was pruned."""
+
+    def __init__(self, report: ProbeReport, classes: Sequence[MemoryClass],
+                 settings: SearchSettings, run: Runner, on_trial: OnTrial | None,
+                 on_step: OnStep | None) -> None:
+        self.report, self.settings = report, settings
+        self._run, self._on_trial, self._on_step = run, on_trial, on_step
+        self.per_device = report.per_device_batch()
+        self.micro_batches = divisors(self.per_device)
+        # Every candidate of any class: the study's choices stay the same when a resumed
+        # search is restricted differently.
+        self.choices = [f"{p}/{m}/{b}" for p in PRECISIONS for m in COMPILE_MODES
+                        for b in self.micro_batches]
+        identity = {"workload": report.workload.label(), "target_batch": str(report.target_batch),
+                    "world_size": str(report.world_size), "device": report.device.name,
+                    "objective": f"time_to_train:{settings.train_steps}" if settings.train_steps
+                    else "throughput"}
+        self.study = open_study(settings, identity,
+                                "minimize" if settings.train_steps else "maximize")
+        # A resumed study may hold classes this search is restricted from: leave them out.
+        allowed = {c.label() for c in classes}
+        self.results: dict[str, TrialResult] = {
+            k: r for k, r in completed(self.study).items() if k.rsplit("/", 1)[0] in allowed}
+        self.baseline: Candidate | None = None
+        self.probes: dict[MemoryClass, MemoryProbe] = {}
+        self.skipped: list[str] = []
+        self.runs: dict[str, int] = {}
+        self.num_runs = 0
+        self.stage = "probe"
+        self.start = time.perf_counter()
+
+    # -- the stages ------------------------------------------------------------------------
+
+    def stages(self, classes: Sequence[MemoryClass]) -> None:
+        first = sorted((c for c in classes if c.compile_mode in FIRST_MODES),
+                       key=lambda c: (c != BASELINE, c.compile_mode != "off"))
+        for memory_class in first:
+            self.probe(memory_class)
+            if memory_class == BASELINE:
+                base = self.probes[BASELINE]
+                if not base.max_micro_batch:
+                    return  # no baseline: the api says what it would take
+                self.baseline = Candidate(precision="fp32", compile_mode="off",
+                                          micro_batch=base.max_micro_batch)
+        for memory_class in (c for c in classes if c.compile_mode not in FIRST_MODES):
+            why_not = self._why_not_mode(memory_class)
+            if why_not:
+                self.skipped.append(why_not)
+            else:
+                self.probe(memory_class)
+        self.stage = "refine"
+        for probe in sorted(self.probes.values(), key=lambda p: -(self._class_best(
+                p.memory_class) or 0.0)):
+            self.refine(probe)
+        self.stage = "confirm"
+        self.confirm()
+
+    def probe(self, memory_class: MemoryClass) -> MemoryProbe:
+        """Find the class's largest fitting micro-batch; each fitting probe is timed."""
+        probe = probe_memory(
+            self.report.workload, self.report.device.device, memory_class, self.micro_batches,
+            budget_bytes=self.report.budget_bytes, usable_bytes=self.report.usable_bytes(),
+            timeout_s=self.settings.timeout_s, hint=hint_for(memory_class, self.probes.values()),
+            run=self.measure, on_step=self._on_step,
+            make_spec=lambda m: self.spec(Candidate(precision=memory_class.precision,
+                                                    compile_mode=memory_class.compile_mode,
+                                                    micro_batch=m)))
+        self.probes[memory_class] = probe
+        return probe
+
+    def refine(self, probe: MemoryProbe) -> None:
+        """Time smaller micro-batches of one class, largest first, while each gets faster."""
+        memory_class, per_class = probe.memory_class, self.settings.micro_batches_per_class
+        label = memory_class.label()
+        fitting = sorted(probe.fitting(), reverse=True)
+        timed = [m for m in fitting if self._key(memory_class, m) in self.results]
+        for i, m in enumerate(fitting):
+            if m in timed:
+                continue
+            rest = ", ".join(str(x) for x in fitting[i:] if x not in timed)
+            if per_class:
+                if len(timed) >= per_class:
+                    self.skipped.append(f"{label}: micro-batches {rest} not timed: the class's "
+                                        f"{per_class} largest were (--micro-batches)")
+                    return
+                share = self._share(self._class_best(memory_class))
+                if share is None or share < self.settings.refine_within:
+                    self.skipped.append(f"{label}: micro-batches {rest} not timed: "
+                                        f"{self._behind(share)}")
+                    return
+            before = self._class_best(memory_class)
+            best_m = max(timed, key=lambda x: self._score(self._key(memory_class, x)) or 0.0,
+                         default=None)
+            self.measure(self.spec(Candidate(precision=memory_class.precision,
+                                             compile_mode=memory_class.compile_mode,
+                                             micro_batch=m)))
+            timed.append(m)
+            now = self._score(self._key(memory_class, m))
+            if per_class and (now is None or (before is not None and now <= before)):
+                later = ", ".join(str(x) for x in fitting[i + 1:] if x not in timed)
+                if later:
+                    self.skipped.append(f"{label}: micro-batches {later} not timed: {m} was no "
+                                        f"faster than {best_m}")
+                return
+
+    def confirm(self) -> None:
+        """Re-measure the leaders and the baseline, interleaved; keep each one's better run."""
+        ranked = sorted((k for k in self.results if self._score(k, full=True) is not None),
+                        key=lambda k: -(self._score(k, full=True) or 0.0))
+        assert self.baseline is not None
+        keys = list(dict.fromkeys([self.baseline.key(), *ranked[:self.settings.num_confirm]]))
+        if self.settings.num_confirm <= 0 or len(keys) < 2:
+            return
+        for key in keys:
+            candidate = self._candidate(key)
+            self._progress(candidate, None)
+            again = self._run(self.spec(candidate, early_stop=False))
+            self.runs[key] = 2
+            first = self.results[key]
+            kept = again if again.ok and (not first.ok or (again.median_step_s() or 1e18) <
+                                          (first.median_step_s() or 1e18)) else first
+            # Its peak is the larger of the two: a leader near the boundary may not fit twice.
+            peaks = [r.peak_bytes for r in (first, again) if r.ok and r.peak_bytes is not None]
+            self.results[key] = replace(kept, peak_bytes=max(peaks)) if peaks else kept
+            self._progress(candidate, classify(candidate, self.results[key], self.results,
+                                               self.baseline, self.report, self.settings)[0])
+
+    # -- one run ---------------------------------------------------------------------------
+
+    def spec(self, candidate: Candidate, *, early_stop: bool = True) -> TrialSpec:
+        """A probe of the candidate's memory that also times its config."""
+        is_base_class = candidate.memory_class() == BASELINE
+        spec = probe_spec(self.report.workload, self.report.device.device,
+                          candidate.memory_class(), candidate.micro_batch,
+                          self.report.budget_bytes, self.settings.timeout_s,
+                          per_device_batch=self.per_device,
+                          num_timed_steps=self.settings.num_timed_steps,
+                          count_flops=is_base_class)
+        medians = [r.median_step_s() for r in self.results.values() if r.ok and r.median_step_s()]
+        if not early_stop or is_base_class or not medians:
+            return spec
+        return replace(spec, max_timed_s=self.settings.slower_factor * min(
+            m for m in medians if m is not None) * self.settings.num_timed_steps)
+
+    def measure(self, spec: TrialSpec) -> TrialResult:
+        """Run a spec in a child (or reuse the study's result for it) and record it."""
+        candidate = Candidate.of(spec)
+        key = candidate.key()
+        if key in self.results:
+            return self.results[key]
+        elapsed = time.perf_counter() - self.start
+        if self.settings.time_budget_s and elapsed > self.settings.time_budget_s:
+            raise _Stop("--time-budget reached: best so far")
+        if self.num_runs >= self.settings.max_trials:
+            raise _Stop(f"--max-trials reached ({self.num_runs} child runs): best so far")
+        self._progress(candidate, None)
+        result = self._run(spec)
+        self.num_runs += 1
+        self.results[key] = result
+        rec, value = classify(candidate, result, self.results, self.baseline, self.report,
+                              self.settings)
+        record(self.study, key, result, value, self.choices)
+        self._progress(candidate, rec)
+        return result
+
+    def outcome(self, interrupted: bool, stop_reason: str) -> SearchOutcome:
+        records = tuple(
+            replace(classify(self._candidate(k), r, self.results, self.baseline, self.report,
+                             self.settings)[0], number=i, num_runs=self.runs.get(k, 1))
+            for i, (k, r) in enumerate(self.results.items()))
+        return SearchOutcome(records=records, results=self.results, baseline=self.baseline,
+                             probes=tuple(self.probes.values()), skipped=tuple(self.skipped),
+                             interrupted=interrupted, stop_reason=stop_reason,
+                             num_runs=self.num_runs)
+
+    # -- measures of progress --------------------------------------------------------------
+
+    def _why_not_mode(self, memory_class: MemoryClass) -> str | None:
+        """Why a compile mode beyond off/default is not tried for this precision, if not."""
+        if not self.settings.refine_within:
+            return None
+        same = [c for c in self.probes if c.precision == memory_class.precision]
+        if not same:
+            return None  # nothing measured predicts it: try it
+        share = self._share(max((self._class_best(c) or 0.0 for c in same), default=0.0))
+        if share is not None and share >= self.settings.refine_within:
+            return None
+        return f"{memory_class.label()} not tried: {self._behind(share, memory_class.precision)}"
+
+    def _behind(self, share: float | None, precision: str | None = None) -> str:
+        what = f"{precision}'s best" if precision else "its best"
+        if share is None:
+            return f"{what} did not run"
+        return (f"{what} is {share:.2f}x the leader's ({self._leader_key()}), under the "
+                f"{self.settings.refine_within:.2f} that refinement needs (--refine-within)")
+
+    def _score(self, key: str, *, full: bool = False) -> float | None:
+        """Larger-is-better objective of a run that counts (``full``: all timed steps ran)."""
+        result = self.results.get(key)
+        if result is None:
+            return None
+        rec, value = classify(self._candidate(key), result, self.results, self.baseline,
+                              self.report, self.settings)
+        if rec.verdict not in (("ok",) if full else ("ok", "slower")):
+            return None
+        return score(value, self.settings)
+
+    def _class_best(self, memory_class: MemoryClass) -> float | None:
+        scores = [self._score(self._key(memory_class, m)) for m in self.micro_batches]
+        return max((s for s in scores if s is not None), default=None)
+
+    def _leader_key(self) -> str | None:
+        scored = [(s, k) for k in self.results if (s := self._score(k, full=True)) is not None]
+        return max(scored)[1] if scored else None
+
+    def _share(self, best: float | None) -> float | None:
+        leader = self._leader_key()
+        top = self._score(leader, full=True) if leader else None
+        return best / top if best is not None and top else None
+
+    def _key(self, memory_class: MemoryClass, micro_batch: int) -> str:
+        return f"{memory_class.precision}/{memory_class.compile_mode}/{micro_batch}"
+
+    def _candidate(self, key: str) -> Candidate:
+        precision, mode, micro_batch = key.split("/")
+        return Candidate(precision=precision, compile_mode=mode, micro_batch=int(micro_batch))
+
+    def _progress(self, candidate: Candidate, rec: TrialRecord | None) -> None:
+        if self._on_trial is not None:
+            self._on_trial(self.num_runs, self.stage, candidate, rec)
