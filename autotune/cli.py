@@ -163,6 +163,11 @@ def search(
             "Try smaller micro-batches of a class, and compile modes beyond off/default for a "
             "precision, only while its best is at least this share of the leader's; 0 tries "
             "everything."))] = 0.9,
+    confirm_within: Annotated[float, typer.Option(
+        "--confirm-within", min=0.0, max=1.0, help=(
+            "Re-measure the leader with the candidates within this share of it (or within "
+            "the spread their runs measured) before the pick; 1 re-measures the 2 closest "
+            "always."))] = 0.05,
     max_trials: Annotated[int, typer.Option(
         "--max-trials", min=1, help="Most child runs, probes included.")] = 60,
     allow_inexact: Annotated[bool, typer.Option(
@@ -181,7 +186,7 @@ def search(
                 f"--micro-batches must be a number or 'all', got {micro_batches!r}")
         settings = SearchSettings(
             num_timed_steps=timed_steps, max_trials=max_trials, train_steps=train_steps,
-            refine_within=refine_within,
+            refine_within=refine_within, confirm_within=confirm_within,
             micro_batches_per_class=0 if micro_batches == "all" else int(micro_batches),
             time_budget_s=config.parse_duration(time_budget) if time_budget else None,
             storage=storage, study_name=study_name)
@@ -190,7 +195,10 @@ def search(
         with _progress() as progress:
             task = progress.add_task("probing memory", total=None)
 
-            def on_step(memory_class, step):  # each probe is a trial: its line says it all
+            def on_step(memory_class, step):  # a timed probe is a trial: on_trial says it
+                if not step.timed:
+                    err.print(report.probe_step_line(memory_class.label(), step),
+                              highlight=False)
                 progress.update(task, description=f"probing {memory_class.label()}")
 
             def on_trial(num_runs, stage, candidate, record):

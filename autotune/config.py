@@ -307,6 +307,9 @@ class ProbeStep:
     """Ran to the end and its peak stayed within the usable budget (budget minus headroom)."""
     message: str = ""
     wall_s: float | None = None
+    timed: bool = False
+    """The run also timed the config's steps (a search times the probes that may be the
+    largest fit: such a probe is a trial too)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -46,10 +46,11 @@ def probe_spec(workload: WorkloadSpec, device: str, memory_class: MemoryClass, m
 
 
 def hint_for(memory_class: MemoryClass, probes: Iterable[MemoryProbe]) -> int | None:
-    """A first guess for a class's boundary: the one already found for its precision."""
-    return next((p.max_micro_batch for p in probes
-                 if p.memory_class.precision == memory_class.precision and p.max_micro_batch),
-                None)
+    """A first guess for a class's boundary: the one already found for its precision, else
+    the first one found (fp32 eager's, when the search probed it first)."""
+    found = [p for p in probes if p.max_micro_batch]
+    same = [p for p in found if p.memory_class.precision == memory_class.precision]
+    return (same or found)[0].max_micro_batch if found else None
 
 
 def probe_memory(
@@ -64,7 +65,7 @@ def probe_memory(
     hint: int | None = None,
     run: Runner = run_isolated,
     on_step: OnStep | None = None,
-    make_spec: Callable[[int], TrialSpec] | None = None,
+    make_spec: Callable[[int, bool], TrialSpec] | None = None,
 ) -> MemoryProbe:
     """The largest candidate micro-batch whose real training step fits.
 
@@ -84,8 +85,10 @@ def probe_memory(
         run: how to run a spec (the isolated runner; the search passes one that records
             each run as a trial).
         on_step: called after each probe, for progress output.
-        make_spec: the spec for a micro-batch (default: ``probe_spec``, no timing; the search
-            asks for timed steps too).
+        make_spec: the spec for a micro-batch, told whether the probe may be the class's
+            largest fit (default: ``probe_spec``, no timing; the search times such probes, so
+            the run that finds the boundary also times it, while bisection points do not pay
+            for timed steps).
 
     Raises:
         WorkloadError: the workload itself fails (factory, batch or model errors).
@@ -94,8 +97,9 @@ def probe_memory(
     steps: list[ProbeStep] = []
     lo, hi = 0, math.inf  # largest known to fit, smallest known not to
     micro_batch = hint if hint in cands else cands[-1]
+    may_be_largest = True  # the first guess is the expected boundary
     while True:
-        spec = (make_spec(micro_batch) if make_spec is not None else
+        spec = (make_spec(micro_batch, may_be_largest) if make_spec is not None else
                 probe_spec(workload, device, memory_class, micro_batch, budget_bytes, timeout_s))
         result = run(spec)
         if result.status in ("workload_error", "error"):
@@ -109,7 +113,7 @@ def probe_memory(
             message = "ran, but its peak is over the usable budget (budget minus headroom)"
         step = ProbeStep(micro_batch=micro_batch, status=result.status,
                          peak_bytes=result.peak_bytes, fits=fits, message=message,
-                         wall_s=result.wall_s)
+                         wall_s=result.wall_s, timed=spec.num_timed_steps > 0)
         steps.append(step)
         if on_step is not None:
             on_step(memory_class, step)
@@ -121,6 +125,7 @@ def probe_memory(
         if not between:
             break
         micro_batch = _next_probe(between, steps, lo, hi, usable_bytes, hint)
+        may_be_largest = _may_be_largest(micro_batch, between, steps, usable_bytes)
 
     best = next((s for s in steps if s.micro_batch == lo and s.fits), None)
     notes = _notes(steps)
@@ -151,6 +156,21 @@ def _next_probe(between: list[int], steps: list[ProbeStep], lo: int, hi: float,
     upper = hi if math.isfinite(hi) else max(between) * 2
     middle = math.sqrt(lo * upper)
     return min(between, key=lambda c: abs(math.log(c) - math.log(middle)))
+
+
+def _may_be_largest(micro_batch: int, between: list[int], steps: list[ProbeStep],
+                    usable_bytes: int) -> bool:
+    """Whether the evidence so far allows nothing larger to fit: the largest candidate still
+    open, or the largest the fitted line predicts to fit. Bisection points are neither."""
+    if micro_batch == max(between):
+        return True
+    points = {s.micro_batch: s.peak_bytes for s in steps
+              if s.status == "ok" and s.peak_bytes is not None}
+    if len(points) < 2:
+        return False
+    slope, intercept = _fit_line(points)
+    predicted = [c for c in between if intercept + slope * c <= usable_bytes]
+    return bool(predicted) and micro_batch == max(predicted)
 
 
 def _fit_line(points: dict[int, int]) -> tuple[float, float]:

@@ -91,10 +91,15 @@ def test_probes_that_oom_are_recorded_infeasible(tmp_path: Path) -> None:
     assert by_mb[16].verdict == "oom"
     assert by_mb[fits].verdict in ("ok", "slower") and by_mb[fits].is_baseline
     study = optuna.load_study(study_name="oom", storage=storage)
-    constraints = {t.params["candidate"]: t.constraints[CONSTRAINT] for t in study.trials}
+    trials = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    constraints = {t.params["candidate"]: t.constraints[CONSTRAINT] for t in trials}
     assert constraints["fp32/off/16"] > 0
     assert constraints[f"fp32/off/{fits}"] == 0
-    assert len(study.trials) == outcome.num_runs == len(outcome.records)
+    assert len(trials) == len(outcome.records)
+    # Bisection points measured memory only: pruned trials, not records.
+    probes = study.get_trials(states=(optuna.trial.TrialState.PRUNED,))
+    assert all(t.user_attrs["kind"] == "probe" for t in probes)
+    assert len(study.trials) == outcome.num_runs == len(trials) + len(probes)
 
 
 def test_resume_from_storage_reuses_completed_runs(tmp_path: Path) -> None:

@@ -18,10 +18,10 @@ from autotune.search._records import (
     score,
 )
 from autotune.search._stages import OnTrial, run_search
-from autotune.search._study import CONSTRAINT, completed, open_study
+from autotune.search._study import CONSTRAINT, completed, open_study, probed
 
 __all__ = [
     "CONSTRAINT", "LOSS_TOLERANCE", "Candidate", "OnTrial", "SearchOutcome", "SearchSettings",
     "break_even_steps", "classify", "completed", "flops_per_sample", "objective", "open_study",
-    "pick_winner", "run_search", "score",
+    "pick_winner", "probed", "run_search", "score",
 ]

@@ -68,8 +68,12 @@ class SearchSettings:
     slower_factor: float = 2.0
     """Stop timing a candidate once it has spent this many times the best's timed seconds."""
     num_confirm: int = 2
-    """Leaders re-measured (with the baseline, interleaved) before the pick; each keeps its
+    """Most contenders re-measured with the leader before the pick (0: none); each keeps its
     better run, since a slow period of the machine only ever inflates times."""
+    confirm_within: float = 0.05
+    """A candidate is a contender, re-measured with the leader, when its score is within this
+    share of the leader's or within the step-time spread either run measured: a lead wider
+    than the noise stands without a second run."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,13 +1,15 @@
 """The search, stage by stage.
 
 1. Probe each memory class with eager and default-compiled code, fp32 eager (the baseline)
-   first: every probe that fits also times its config, so a class's largest fitting
-   micro-batch is timed by the run that found it.
+   first: a probe that may be the largest fit also times its config, so a class's largest
+   fitting micro-batch is usually timed by the run that found it (bisection points only
+   measure memory).
 2. For each precision whose best is near the leader's, probe the other compile modes (kernel
    autotuning, CUDA graphs): a refinement of ``default`` that rarely gains more than the gap.
 3. Time smaller micro-batches of the classes near the leader, largest first, while each is
    faster than the last.
-4. Re-measure the leaders and the baseline, interleaved; each keeps its better run.
+4. Re-measure the leader and the candidates whose gap to it is within the noise (a close
+   race), interleaved; each keeps its better run. A clear lead stands without a second run.
 
 What is not tried is said, with the measured reason, in the outcome's ``skipped``.
 """
@@ -37,7 +39,7 @@ from autotune.search._records import (
     classify,
     score,
 )
-from autotune.search._study import completed, open_study, record
+from autotune.search._study import completed, open_study, probed, record
 from autotune.space import divisors
 
 Runner = Callable[[TrialSpec], TrialResult]
@@ -106,6 +108,8 @@ class _Search:
         allowed = {c.label() for c in classes}
         self.results: dict[str, TrialResult] = {
             k: r for k, r in completed(self.study).items() if k.rsplit("/", 1)[0] in allowed}
+        self.probe_runs: dict[str, TrialResult] = probed(self.study)
+        """Memory probes that timed nothing (bisection points), by candidate key."""
         self.baseline: Candidate | None = None
         self.probes: dict[MemoryClass, MemoryProbe] = {}
         self.skipped: list[str] = []
@@ -141,16 +145,25 @@ class _Search:
         self.confirm()
 
     def probe(self, memory_class: MemoryClass) -> MemoryProbe:
-        """Find the class's largest fitting micro-batch; each fitting probe is timed."""
+        """Find the class's largest fitting micro-batch, and time it.
+
+        A probe that may be the largest fit times its config in the same run; bisection
+        points only measure memory. When the boundary turns out to be such a point, it is
+        timed afterwards."""
+
+        def candidate(micro_batch: int) -> Candidate:
+            return Candidate(precision=memory_class.precision,
+                             compile_mode=memory_class.compile_mode, micro_batch=micro_batch)
+
         probe = probe_memory(
             self.report.workload, self.report.device.device, memory_class, self.micro_batches,
             budget_bytes=self.report.budget_bytes, usable_bytes=self.report.usable_bytes(),
             timeout_s=self.settings.timeout_s, hint=hint_for(memory_class, self.probes.values()),
             run=self.measure, on_step=self._on_step,
-            make_spec=lambda m: self.spec(Candidate(precision=memory_class.precision,
-                                                    compile_mode=memory_class.compile_mode,
-                                                    micro_batch=m)))
+            make_spec=lambda m, may_be_largest: self.spec(candidate(m), timed=may_be_largest))
         self.probes[memory_class] = probe
+        if probe.max_micro_batch:
+            self.measure(self.spec(candidate(probe.max_micro_batch)))  # reused when timed
         return probe
 
     def refine(self, probe: MemoryProbe) -> None:
@@ -189,31 +202,61 @@ class _Search:
                 return
 
     def confirm(self) -> None:
-        """Re-measure the leaders and the baseline, interleaved; keep each one's better run."""
-        ranked = sorted((k for k in self.results if self._score(k, full=True) is not None),
-                        key=lambda k: -(self._score(k, full=True) or 0.0))
-        assert self.baseline is not None
-        keys = list(dict.fromkeys([self.baseline.key(), *ranked[:self.settings.num_confirm]]))
-        if self.settings.num_confirm <= 0 or len(keys) < 2:
+        """Re-measure the leader and its close contenders; keep each one's better run."""
+        keys = self._contenders()
+        if len(keys) < 2:
             return
         for key in keys:
             candidate = self._candidate(key)
             self._progress(candidate, None)
             again = self._run(self.spec(candidate, early_stop=False))
             self.runs[key] = 2
+            # The line shows the re-run's own figures; the record keeps the better run.
+            self._progress(candidate, classify(candidate, again, self.results, self.baseline,
+                                               self.report, self.settings)[0])
             first = self.results[key]
             kept = again if again.ok and (not first.ok or (again.median_step_s() or 1e18) <
                                           (first.median_step_s() or 1e18)) else first
             # Its peak is the larger of the two: a leader near the boundary may not fit twice.
             peaks = [r.peak_bytes for r in (first, again) if r.ok and r.peak_bytes is not None]
             self.results[key] = replace(kept, peak_bytes=max(peaks)) if peaks else kept
-            self._progress(candidate, classify(candidate, self.results[key], self.results,
-                                               self.baseline, self.report, self.settings)[0])
+
+    def _contenders(self) -> list[str]:
+        """The leader and up to ``num_confirm`` candidates whose gap to it is within the noise
+        (``confirm_within`` or either run's spread); says why when there are none."""
+        if self.settings.num_confirm <= 0:
+            return []
+        ranked = sorted((k for k in self.results if self._score(k, full=True) is not None),
+                        key=lambda k: -(self._score(k, full=True) or 0.0))
+        if len(ranked) < 2:
+            return []
+        leader, top = ranked[0], self._score(ranked[0], full=True) or 0.0
+
+        def noise(key: str) -> float:
+            spreads = (self.results[k].spread() or 0.0 for k in (key, leader))
+            return max(self.settings.confirm_within, *spreads)
+
+        close = [k for k in ranked[1:]
+                 if (self._score(k, full=True) or 0.0) >= top * (1 - noise(k))]
+        if not close:
+            runner_up = ranked[1]
+            share = (self._score(runner_up, full=True) or 0.0) / top
+            self.skipped.append(
+                f"no re-measurement: the runner-up ({runner_up}) is {share:.2f}x the leader "
+                f"({leader}), a gap wider than the noise measured (spread up to "
+                f"{noise(runner_up):.0%}, --confirm-within {self.settings.confirm_within:g})")
+        return [leader, *close[:self.settings.num_confirm]]
 
     # -- one run ---------------------------------------------------------------------------
 
-    def spec(self, candidate: Candidate, *, early_stop: bool = True) -> TrialSpec:
-        """A probe of the candidate's memory that also times its config."""
+    def spec(self, candidate: Candidate, *, early_stop: bool = True,
+             timed: bool = True) -> TrialSpec:
+        """A probe of the candidate's memory that also times its config (``timed``), or
+        only measures its memory."""
+        if not timed:
+            return probe_spec(self.report.workload, self.report.device.device,
+                              candidate.memory_class(), candidate.micro_batch,
+                              self.report.budget_bytes, self.settings.timeout_s)
         is_base_class = candidate.memory_class() == BASELINE
         spec = probe_spec(self.report.workload, self.report.device.device,
                           candidate.memory_class(), candidate.micro_batch,
@@ -231,8 +274,11 @@ class _Search:
         """Run a spec in a child (or reuse the study's result for it) and record it."""
         candidate = Candidate.of(spec)
         key = candidate.key()
-        if key in self.results:
+        timed = spec.num_timed_steps > 0
+        if key in self.results:  # a trial answers a memory probe too
             return self.results[key]
+        if not timed and key in self.probe_runs:
+            return self.probe_runs[key]
         elapsed = time.perf_counter() - self.start
         if self.settings.time_budget_s and elapsed > self.settings.time_budget_s:
             raise _Stop("--time-budget reached: best so far")
@@ -241,6 +287,10 @@ class _Search:
         self._progress(candidate, None)
         result = self._run(spec)
         self.num_runs += 1
+        if not timed:  # its line comes from the probe's on_step
+            self.probe_runs[key] = result
+            record(self.study, key, result, None, self.choices, probe_only=True)
+            return result
         self.results[key] = result
         rec, value = classify(candidate, result, self.results, self.baseline, self.report,
                               self.settings)

@@ -59,14 +59,31 @@ def completed(study: optuna.Study) -> dict[str, TrialResult]:
     return done
 
 
+def probed(study: optuna.Study) -> dict[str, TrialResult]:
+    """Memory probes already in the study: runs that stopped before timed steps (pruned)."""
+    done: dict[str, TrialResult] = {}
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,)):
+        if t.user_attrs.get("kind") == "probe" and "candidate" in t.params:
+            done[t.params["candidate"]] = from_json_dict(TrialResult,
+                                                         json.loads(t.user_attrs["result"]))
+    return done
+
+
 def record(study: optuna.Study, key: str, result: TrialResult, value: float | None,
-           choices: Sequence[str]) -> None:
-    """Add one finished run; ``value`` None marks it infeasible (a constraint violation)."""
+           choices: Sequence[str], *, probe_only: bool = False) -> None:
+    """Add one finished run; ``value`` None marks it infeasible (a constraint violation).
+
+    A memory probe that timed nothing is added as pruned: it has no objective value."""
     worst = 0.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else 1e18
+    attrs = {"result": json.dumps(to_json_dict(result)), "status": result.status}
+    distributions = {"candidate": optuna.distributions.CategoricalDistribution(choices)}
+    if probe_only:
+        study.add_trial(optuna.trial.create_trial(
+            state=optuna.trial.TrialState.PRUNED, params={"candidate": key},
+            distributions=distributions, user_attrs={**attrs, "kind": "probe"}))
+        return
     study.add_trial(optuna.trial.create_trial(
-        params={"candidate": key},
-        distributions={"candidate": optuna.distributions.CategoricalDistribution(choices)},
-        value=worst if value is None else value,
-        user_attrs={"result": json.dumps(to_json_dict(result)), "status": result.status},
+        params={"candidate": key}, distributions=distributions,
+        value=worst if value is None else value, user_attrs=attrs,
         constraints={CONSTRAINT: _INFEASIBLE if value is None else 0.0},
     ))

@@ -1,0 +1,187 @@
+"""The staged search's decisions: what it probes, times, skips and re-measures, and why.
+
+The real runner is exercised end to end in test_search.py; here a scripted device stands in for
+it, so each decision can be checked against figures chosen to force it (memory linear in the
+micro-batch, throughput per class). Every spec the search asks for is still checked for what a
+real child would need (the budget cap, timed steps, warm-up accumulation).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import pytest
+
+from autotune.config import (
+    MIB,
+    DeviceInfo,
+    MemoryClass,
+    ProbeReport,
+    TrialResult,
+    TrialSpec,
+    WorkloadSpec,
+)
+from autotune.search import SearchSettings, run_search
+
+GPU = DeviceInfo(device="cuda:0", name="scripted GPU", total_memory_bytes=2000 * MIB,
+                 available_memory_bytes=2000 * MIB, supports_bf16=True, supports_fp16=False,
+                 supports_tf32=False, native_bf16=True)
+BUDGET = 1000 * MIB  # usable 900 MiB: micro-batch 32 fits (740 MiB), 64 does not (1380 MiB)
+SETTINGS = SearchSettings(num_timed_steps=5)
+MODES = ("off", "default", "max-autotune")
+CLASSES = [MemoryClass(precision=p, compile_mode=m)  # type: ignore[arg-type]
+           for p in ("fp32", "bf16") for m in MODES]
+
+
+def by_class(fp32_off: float, fp32_default: float, fp32_max: float, bf16_off: float,
+             bf16_default: float, bf16_max: float) -> dict[str, float]:
+    """Samples/s of each class at micro-batch 32."""
+    values = (fp32_off, fp32_default, fp32_max, bf16_off, bf16_default, bf16_max)
+    return {c.label(): v for c, v in zip(CLASSES, values, strict=True)}
+
+
+@dataclass
+class ScriptedDevice:
+    """A device whose memory and speed are known: each run is answered from the script."""
+
+    speed: dict[str, float]
+    """Samples/s at micro-batch 32, per class label."""
+    shape: Callable[[int], float] = lambda m: 1 - 0.1 * math.log2(32 / m)
+    """Throughput at micro-batch m relative to 32 (default: 10% slower per halving)."""
+    peak_mib: Callable[[int], float] = lambda m: 100 + 20 * m
+    """Peak at micro-batch m, any class (default: linear; 32 fits the budget, 64 does not)."""
+    specs: list[TrialSpec] = field(default_factory=list)
+
+    def __call__(self, spec: TrialSpec) -> TrialResult:
+        self.specs.append(spec)
+        assert spec.memory_budget_bytes == BUDGET  # every run is capped
+        assert spec.warmup_micro_batches() >= 2  # gradients alive during a forward
+        assert spec.num_timed_steps in (0, SETTINGS.num_timed_steps)  # a probe, or a trial
+        peak = int(self.peak_mib(spec.micro_batch) * MIB)
+        info = {"samples_per_step": spec.micro_batch * spec.accumulate_steps, "wall_s": 1.0}
+        if peak > BUDGET:
+            return TrialResult(status="oom", message="CUDA out of memory", **info)
+        sps = self.speed[spec.memory_class().label()] * self.shape(spec.micro_batch)
+        step_s = info["samples_per_step"] / sps
+        steps = spec.num_timed_steps  # 0: a memory probe only
+        if spec.max_timed_s is not None:  # the child stops timing once over its limit
+            steps = min(steps, math.floor(spec.max_timed_s / step_s) + 1)
+        return TrialResult(status="ok", peak_bytes=peak, step_times_s=(step_s,) * steps,
+                           first_loss=2.0, reference_loss=2.0,
+                           num_graphs=None if spec.compile_mode == "off" else 1,
+                           num_graph_breaks=None if spec.compile_mode == "off" else 0, **info)
+
+    def runs(self) -> list[str]:
+        """Each run as class/micro-batch, with ``(probe)`` when it timed nothing."""
+        return [f"{s.precision}/{s.compile_mode}/{s.micro_batch}"
+                + ("" if s.num_timed_steps else " (probe)") for s in self.specs]
+
+
+def plan() -> ProbeReport:
+    return ProbeReport(workload=WorkloadSpec(), device=GPU, target_batch=64, world_size=1,
+                       headroom=0.1, budget_bytes=BUDGET, probes=())
+
+
+def search(device: ScriptedDevice, settings: SearchSettings = SETTINGS):
+    outcome = run_search(plan(), CLASSES, settings, run=device)
+    records = {f"{r.precision}/{r.compile_mode}/{r.micro_batch}": r for r in outcome.records}
+    return outcome, records
+
+
+def test_baseline_first_then_each_class_from_the_boundary_found() -> None:
+    device = ScriptedDevice(by_class(100, 150, 160, 200, 300, 330))
+    outcome, records = search(device)
+    # fp32 eager first, from the target down: 64 does not fit; 1 and 8 only measure memory
+    # (bisection points), and the line through them predicts 32, timed in the run that
+    # finds it fits. Every other class starts there, and 64 confirms the boundary.
+    assert device.runs()[:12] == [
+        "fp32/off/64", "fp32/off/1 (probe)", "fp32/off/8 (probe)", "fp32/off/32",
+        "bf16/off/32", "bf16/off/64", "fp32/default/32", "fp32/default/64",
+        "bf16/default/32", "bf16/default/64", "bf16/max-autotune/32", "bf16/max-autotune/64"]
+    assert outcome.baseline is not None and outcome.baseline.key() == "fp32/off/32"
+    assert records["fp32/off/32"].is_baseline and records["fp32/off/64"].verdict == "oom"
+    assert {p.memory_class.label(): p.max_micro_batch for p in outcome.probes} == {
+        "fp32/off": 32, "bf16/off": 32, "fp32/default": 32, "bf16/default": 32,
+        "bf16/max-autotune": 32}
+    # Probes that timed nothing are not trials: no record, no throughput.
+    assert "fp32/off/1" not in records and "fp32/off/8" not in records
+    assert records["bf16/default/32"].samples_per_s == pytest.approx(300)
+
+
+def test_a_boundary_found_by_a_bisection_point_is_timed_afterwards() -> None:
+    # Memory jumps past micro-batch 8: the line through 1 and 8 predicts 32, which fails.
+    device = ScriptedDevice(by_class(100, 150, 160, 200, 300, 330),
+                            peak_mib=lambda m: 100 + 20 * m if m <= 8 else 2000)
+    outcome, records = search(device)
+    assert device.runs()[:6] == ["fp32/off/64", "fp32/off/1 (probe)", "fp32/off/8 (probe)",
+                                 "fp32/off/32", "fp32/off/16", "fp32/off/8"]
+    assert outcome.baseline is not None and outcome.baseline.key() == "fp32/off/8"
+    assert records["fp32/off/8"].samples_per_s == pytest.approx(100 * 0.8)
+
+
+def test_other_compile_modes_only_for_a_precision_near_the_leader() -> None:
+    device = ScriptedDevice(by_class(100, 150, 160, 200, 300, 330))
+    outcome, records = search(device)
+    assert "bf16/max-autotune/32" in records  # bf16 leads: its kernel autotuning is tried
+    assert not any(k.startswith("fp32/max-autotune") for k in device.runs())
+    why = next(s for s in outcome.skipped if s.startswith("fp32/max-autotune not tried"))
+    assert "fp32's best is 0.50x the leader's (bf16/default/32)" in why
+    assert "--refine-within" in why
+
+
+def test_smaller_micro_batches_only_while_they_get_faster() -> None:
+    # The leader's class peaks at micro-batch 16: 32 -> 16 (faster) -> 8 (slower): stop.
+    peak_at_16 = {1: 0.5, 2: 0.6, 4: 0.7, 8: 0.95, 16: 1.05, 32: 1.0, 64: 1.0}
+    device = ScriptedDevice(by_class(100, 150, 160, 200, 300, 330), shape=peak_at_16.get)
+    outcome, records = search(device)
+    leader = [k for k in device.runs() if k.startswith("bf16/max-autotune/")]
+    assert leader[:4] == ["bf16/max-autotune/32", "bf16/max-autotune/64",
+                          "bf16/max-autotune/16", "bf16/max-autotune/8"]
+    assert "bf16/max-autotune: micro-batches 4, 2, 1 not timed: 8 was no faster than 16" in (
+        outcome.skipped)
+    best = max(records.values(), key=lambda r: r.samples_per_s or 0)
+    assert (best.precision, best.compile_mode, best.micro_batch) == ("bf16", "max-autotune", 16)
+    # A class far behind the leader is not refined, and the report says by how much.
+    assert not any(k.startswith("fp32/off/16") for k in device.runs())
+    assert any(s.startswith("fp32/off: micro-batches 16, 8, 4, 2, 1 not timed: its best is "
+                            "0.29x the leader's") for s in outcome.skipped)
+
+
+def test_a_clear_lead_is_not_measured_again() -> None:
+    device = ScriptedDevice(by_class(100, 150, 160, 200, 300, 330))
+    outcome, records = search(device)
+    assert all(r.num_runs == 1 for r in records.values())
+    assert len(device.runs()) == len(set(device.runs()))  # nothing ran twice
+    note = next(s for s in outcome.skipped if s.startswith("no re-measurement"))
+    assert "runner-up (bf16/default/32) is 0.91x the leader (bf16/max-autotune/32)" in note
+
+
+def test_a_close_race_is_measured_again_at_the_end_leader_first() -> None:
+    device = ScriptedDevice(by_class(100, 150, 160, 200, 320, 330))
+    outcome, records = search(device)
+    assert not any(s.startswith("no re-measurement") for s in outcome.skipped)
+    twice = sorted({k for k in device.runs() if device.runs().count(k) == 2})
+    assert twice == ["bf16/default/32", "bf16/max-autotune/32"]  # 320 is within 5% of 330
+    assert device.runs()[-2:] == ["bf16/max-autotune/32", "bf16/default/32"]
+    assert all(s.max_timed_s is None for s in device.specs[-2:])  # every step timed
+    assert records["bf16/default/32"].num_runs == records["bf16/max-autotune/32"].num_runs == 2
+
+
+def test_settings_that_prune_nothing_time_every_fitting_candidate() -> None:
+    device = ScriptedDevice(by_class(100, 150, 160, 200, 300, 330))
+    settings = replace(SETTINGS, refine_within=0.0, micro_batches_per_class=0, num_confirm=0)
+    outcome, records = search(device, settings)
+    fitting = ["1", "2", "4", "8", "16", "32"]
+    assert {f"{c.label()}/{m}" for c in CLASSES for m in fitting} <= set(records)
+    assert all(records[f"{c.label()}/64"].verdict == "oom" for c in CLASSES)
+    assert outcome.skipped == ()
+
+
+def test_max_trials_keeps_the_best_so_far() -> None:
+    device = ScriptedDevice(by_class(100, 150, 160, 200, 300, 330))
+    outcome, _ = search(device, replace(SETTINGS, max_trials=5))
+    assert outcome.interrupted and len(device.specs) == outcome.num_runs == 5
+    assert outcome.stop_reason == "--max-trials reached (5 child runs): best so far"
+    assert outcome.baseline is not None and outcome.baseline.key() == "fp32/off/32"
