@@ -122,6 +122,19 @@ def memory_classes(
     return classes, tuple(skipped)
 
 
+def timed_precisions(device: DeviceInfo, precisions: Sequence[str] | None
+                     ) -> tuple[Sequence[str] | None, tuple[str, ...]]:
+    """The precisions a search times by default, and a note on what it leaves out.
+
+    A CPU that emulates bf16 (no AVX512-BF16 or AMX) runs it many times slower than fp32:
+    it is timed only when asked for. An explicit list is kept as given.
+    """
+    if precisions is None and not device.is_cuda and not device.native_bf16:
+        return ["fp32"], ("bf16 not timed: this CPU emulates it (many times slower than "
+                          "fp32); ask for it with --precisions fp32,bf16",)
+    return precisions, ()
+
+
 def is_cuda_graph_mode(mode: str) -> bool:
     """True for compile modes that capture CUDA graphs."""
     return mode in CUDA_GRAPH_MODES

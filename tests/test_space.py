@@ -12,6 +12,7 @@ from autotune.space import (
     is_cuda_graph_mode,
     memory_classes,
     per_device_batch,
+    timed_precisions,
 )
 
 CPU = DeviceInfo(device="cpu", name="test cpu", total_memory_bytes=8 * GIB,
@@ -67,6 +68,17 @@ def test_cpu_defaults() -> None:
     assert "precision fp16 skipped" in text
     assert "max-autotune-no-cudagraphs not tried by default on CPU" in text
     assert "bf16 is emulated" in text
+
+
+def test_a_search_times_emulated_bf16_only_when_asked() -> None:
+    precisions, note = timed_precisions(CPU, None)
+    assert precisions == ["fp32"]
+    assert note == ("bf16 not timed: this CPU emulates it (many times slower than fp32); ask "
+                    "for it with --precisions fp32,bf16",)
+    assert timed_precisions(CPU, ["fp32", "bf16"]) == (["fp32", "bf16"], ())
+    native = DeviceInfo(**{**CPU.__dict__, "native_bf16": True})
+    assert timed_precisions(native, None) == (None, ())
+    assert timed_precisions(CUDA, None) == (None, ())
 
 
 def test_cpu_never_gets_cuda_graph_modes() -> None:

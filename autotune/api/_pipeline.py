@@ -40,7 +40,13 @@ from autotune.search import (
     pick_winner,
     run_search,
 )
-from autotune.space import divisors, exact_target, memory_classes, per_device_batch
+from autotune.space import (
+    divisors,
+    exact_target,
+    memory_classes,
+    per_device_batch,
+    timed_precisions,
+)
 
 BASELINE = MemoryClass(precision="fp32", compile_mode="off")
 
@@ -197,10 +203,11 @@ def search(
         _check_writable(path, force)
         _check_writable(script, force)
     info = describe_device(device)
+    precisions, not_timed = timed_precisions(info, precisions)
     plan, classes, budget = _plan(workload, target_batch, world_size, info, memory_budget,
                                   headroom, precisions, compile_modes, True, allow_inexact)
     outcome = run_search(plan, classes, settings, on_trial=on_trial, on_step=on_step)
-    report = replace(plan, probes=outcome.probes)
+    report = replace(plan, probes=outcome.probes, skipped=plan.skipped + not_timed)
     if outcome.baseline is None or outcome.baseline.key() not in outcome.results:
         if outcome.interrupted and "Ctrl-C" in outcome.stop_reason:
             raise KeyboardInterrupt
