@@ -213,6 +213,9 @@ class TrialSpec:
     max_timed_s: float | None = None
     """Stop timing early once this many seconds were spent timing (at least one timed step):
     a candidate already far slower than the best needs no more evidence."""
+    min_timed_s: float = 0.0
+    """Keep timing past ``num_timed_steps`` until this many seconds were timed: a median over
+    a window this long is not one short busy period of the machine (fast steps need many)."""
     count_flops: bool = False
     """Count the model FLOPs of the first warm-up step (eager only; the baseline does it)."""
 

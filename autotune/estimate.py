@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -209,6 +210,23 @@ def _kernels(kernels: Kernels) -> Iterator[None]:
         nn.functional.scaled_dot_product_attention = original
 
 
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Transformers' notes on the traced model (its loss type, its defaults) are silenced, as
+    in the trial children (``TRANSFORMERS_VERBOSITY=error``): they are not the user's code."""
+    module = sys.modules.get("transformers")
+    if module is None:
+        yield
+        return
+    logging = module.utils.logging
+    before = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(before)
+
+
 def estimate_step(workload: Workload, micro_batch: int, *, precision: str = "fp32",
                   kernels: Kernels = "cuda", seed: int = 0) -> StepEstimate:
     """Trace the real training step under fake tensors and return its peak breakdown.
@@ -235,7 +253,8 @@ def estimate_step(workload: Workload, micro_batch: int, *, precision: str = "fp3
     storages = _Storages()
     set_matmul_precision(precision)
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True), _kernels(kernels):
+        with FakeTensorMode(allow_non_fake_inputs=True), _kernels(kernels), \
+                _quiet_transformers():
             torch.manual_seed(seed)
             model = workload.build_model()  # on the (fake) CPU, as the contract says
             optimizer = workload.make_optimizer(model.parameters())

@@ -380,9 +380,11 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: _Memor
     info["warmup_s"] = sum(warmup)
     timed: list[float] = []
     timing_start = time.perf_counter()
-    while len(timed) < spec.num_timed_steps:
+    elapsed = 0.0
+    while len(timed) < spec.num_timed_steps or (timed and elapsed < spec.min_timed_s):
         timed.append(one_step(timed_batches))
-        if spec.max_timed_s is not None and time.perf_counter() - timing_start > spec.max_timed_s:
+        elapsed = time.perf_counter() - timing_start
+        if spec.max_timed_s is not None and elapsed > spec.max_timed_s:
             break
     info["step_times_s"] = tuple(timed)
     # A warm-up step of more micro-batches than a timed one costs proportionally more.

@@ -20,9 +20,11 @@ from pathlib import Path
 
 from autotune.config import TrialResult, TrialSpec, WorkloadSpec, to_json_dict
 from autotune.runner import run_isolated
+from autotune.search import SearchSettings
 
 HERE = Path(__file__).resolve().parent
 Runner = Callable[[TrialSpec], TrialResult]
+WINDOW_S = SearchSettings().min_timed_s  # each candidate timed over the search's window
 
 
 def naive_micro_batch(target_batch: int, fits: Callable[[int], bool]) -> int:
@@ -105,14 +107,15 @@ class OracleCandidate:
 def timing_spec(workload: WorkloadSpec, device: str, precision: str, compile_mode: str,
                 micro_batch: int, per_device: int, budget_bytes: int | None,
                 num_timed_steps: int, timeout_s: float,
-                max_timed_s: float | None = None) -> TrialSpec:
-    """The spec autotune.search times a candidate with (same warm-up and step counts)."""
+                max_timed_s: float | None = None, min_timed_s: float = WINDOW_S) -> TrialSpec:
+    """The spec autotune.search times a candidate with (same step counts and timing window)."""
     return TrialSpec(
         workload=workload, device=device, micro_batch=micro_batch,
         accumulate_steps=per_device // micro_batch, precision=precision,  # type: ignore[arg-type]
         compile_mode=compile_mode,  # type: ignore[arg-type]
         num_warmup_steps=1 if compile_mode == "off" else 2, num_timed_steps=num_timed_steps,
-        memory_budget_bytes=budget_bytes, timeout_s=timeout_s, max_timed_s=max_timed_s)
+        memory_budget_bytes=budget_bytes, timeout_s=timeout_s, max_timed_s=max_timed_s,
+        min_timed_s=min_timed_s)
 
 
 def run_oracle(workload: WorkloadSpec, device: str, per_device: int,
@@ -143,7 +146,7 @@ def run_oracle(workload: WorkloadSpec, device: str, per_device: int,
         if deadline_s is not None and time.perf_counter() - start > deadline_s:
             log(f"  oracle {tag} {cand.key()}: not run (deadline {deadline_s:.0f} s)")
             return None
-        limit = slower_factor * min(best) * num_timed_steps if best else None
+        limit = slower_factor * max(min(best) * num_timed_steps, WINDOW_S) if best else None
         spec = timing_spec(workload, device, cand.precision, cand.compile_mode,
                            cand.micro_batch, per_device, budget_bytes, num_timed_steps,
                            timeout_s, limit)

@@ -26,7 +26,7 @@ from autotune.search import CONSTRAINT, SearchSettings, run_search
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = WorkloadSpec(kind="file", target=str(ROOT / "tests" / "workloads.py") + ":tiny")
-FAST = SearchSettings(num_timed_steps=3, micro_batches_per_class=2, num_confirm=1)
+FAST = SearchSettings(num_timed_steps=3, min_timed_s=0.2, micro_batches_per_class=2, num_confirm=1)
 FP32_EAGER = MemoryClass(precision="fp32", compile_mode="off")
 
 

@@ -48,6 +48,9 @@ class SearchSettings:
     """How to search (everything but the workload, device and memory)."""
 
     num_timed_steps: int = 10
+    min_timed_s: float = 1.0
+    """Each trial times at least this many seconds (more steps than ``num_timed_steps`` when
+    they are fast): the median of a 0.3 s window moved by 30% between runs on a shared CPU."""
     micro_batches_per_class: int = 3
     """Most micro-batches timed per memory class: the largest that fits (its probe), then
     smaller ones while each is faster than the last. 0: every fitting micro-batch of every

@@ -167,7 +167,8 @@ class _Search:
         return probe
 
     def refine(self, probe: MemoryProbe) -> None:
-        """Time smaller micro-batches of one class, largest first, while each gets faster."""
+        """Time smaller micro-batches of one class, largest first, while each is faster than
+        the class's best by more than the noise (one run's luck is no trend to follow)."""
         memory_class, per_class = probe.memory_class, self.settings.micro_batches_per_class
         label = memory_class.label()
         fitting = sorted(probe.fitting(), reverse=True)
@@ -193,12 +194,16 @@ class _Search:
                                              compile_mode=memory_class.compile_mode,
                                              micro_batch=m)))
             timed.append(m)
-            now = self._score(self._key(memory_class, m))
-            if per_class and (now is None or (before is not None and now <= before)):
+            key = self._key(memory_class, m)
+            now = self._score(key)
+            noise = self._noise(key, self._key(memory_class, best_m)) if best_m else 0.0
+            if per_class and (now is None or (before is not None and
+                                              now <= before * (1 + noise))):
                 later = ", ".join(str(x) for x in fitting[i + 1:] if x not in timed)
                 if later:
-                    self.skipped.append(f"{label}: micro-batches {later} not timed: {m} was no "
-                                        f"faster than {best_m}")
+                    self.skipped.append(
+                        f"{label}: micro-batches {later} not timed: {m} was not faster than "
+                        f"{best_m} by more than the noise ({noise:.0%})")
                 return
 
     def confirm(self) -> None:
@@ -233,8 +238,7 @@ class _Search:
         leader, top = ranked[0], self._score(ranked[0], full=True) or 0.0
 
         def noise(key: str) -> float:
-            spreads = (self.results[k].spread() or 0.0 for k in (key, leader))
-            return max(self.settings.confirm_within, *spreads)
+            return self._noise(key, leader)
 
         close = [k for k in ranked[1:]
                  if (self._score(k, full=True) or 0.0) >= top * (1 - noise(k))]
@@ -264,11 +268,13 @@ class _Search:
                           per_device_batch=self.per_device,
                           num_timed_steps=self.settings.num_timed_steps,
                           count_flops=is_base_class)
+        spec = replace(spec, min_timed_s=self.settings.min_timed_s)
         medians = [r.median_step_s() for r in self.results.values() if r.ok and r.median_step_s()]
         if not early_stop or is_base_class or not medians:
             return spec
-        return replace(spec, max_timed_s=self.settings.slower_factor * min(
-            m for m in medians if m is not None) * self.settings.num_timed_steps)
+        best_window_s = max(min(m for m in medians if m is not None)
+                            * self.settings.num_timed_steps, self.settings.min_timed_s)
+        return replace(spec, max_timed_s=self.settings.slower_factor * best_window_s)
 
     def measure(self, spec: TrialSpec) -> TrialResult:
         """Run a spec in a child (or reuse the study's result for it) and record it."""
@@ -328,6 +334,12 @@ class _Search:
             return f"{what} did not run"
         return (f"{what} is {share:.2f}x the leader's ({self._leader_key()}), under the "
                 f"{self.settings.refine_within:.2f} that refinement needs (--refine-within)")
+
+    def _noise(self, *keys: str) -> float:
+        """Relative gap two runs need before it counts: ``confirm_within``, or the larger
+        step-time spread (p90 - p10 over the median) the runs measured."""
+        spreads = [r.spread() or 0.0 for k in keys if (r := self.results.get(k)) is not None]
+        return max(self.settings.confirm_within, *spreads)
 
     def _score(self, key: str, *, full: bool = False) -> float | None:
         """Larger-is-better objective of a run that counts (``full``: all timed steps ran)."""
