@@ -72,7 +72,7 @@ class TrialRecord:
     """compile_s + train_steps x median_step_s, when an objective in steps was given."""
     wall_s: float | None = None
     num_runs: int = 1
-    """Times it was measured; leaders are re-measured and keep their better run."""
+    """Times it was measured; a close race is re-measured and each keeps its better run."""
 
     def label(self) -> str:
         """E.g. ``bf16/default mb=16x4``."""

@@ -156,6 +156,10 @@ def bench_workload(name: str, factory: str) -> dict:
             "peers": peers}
 
 
+def _ratio(found: int, truth: int) -> str:
+    return f"{found / truth:.2f}" if truth else "-"
+
+
 def render(out: dict) -> str:
     m = out["machine"]
     lines = [
@@ -174,7 +178,7 @@ def render(out: dict) -> str:
         f"VM: {out.get('concurrency') or 'other jobs may have run at the same time'}.", "",
         "## autotune probe vs brute force", "",
         "| workload | cap | class | probe max | probes | probe s | true max (cap) "
-        "| true max (within headroom) | ratio | re-runs |",
+        "| true max (within headroom) | ratio: cap (within headroom) | re-runs |",
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in out["rows"]:
         for label, p in r["probes"].items():
@@ -184,7 +188,8 @@ def render(out: dict) -> str:
                 f"| {r['workload']} | {format_bytes(r['budget_bytes'])} | {label} | "
                 f"{p['max_micro_batch']} | {p['num_probes']} | {p['probe_s']:.0f} | "
                 f"{t['true_max_cap']} | {t['true_max_usable']} | "
-                f"{'-' if ratio is None else f'{ratio:.2f}'} | "
+                f"{'-' if ratio is None else f'{ratio:.2f}'} "
+                f"({_ratio(p['max_micro_batch'], t['true_max_usable'])}) | "
                 f"{', '.join(x['status'] for x in r['reruns'].get(label, []))} |")
     lines += ["", "## Peers (fp32 eager, same cap)", "",
               "Effective batch: what a user ends up with at accumulation = target // batch "

@@ -27,6 +27,7 @@ import os
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 from oracle import HERE, OracleCandidate, key, machine, naive_micro_batch, run_oracle, write_results
 
@@ -85,31 +86,30 @@ def oracle_space(quick: bool, tuned: tuple[str, str, int]) -> dict[tuple[str, st
     return space
 
 
-def pass_sps(c: OracleCandidate, i: int) -> float | None:
-    """The candidate's samples/s in oracle pass ``i`` alone (None when that run failed)."""
-    if len(c.runs) <= i or not c.runs[i].ok or not c.runs[i].median_step_s():
-        return None
-    return TARGET / c.runs[i].median_step_s()  # type: ignore[operator]
-
-
-def per_pass(fitting: list[OracleCandidate], tuned: OracleCandidate) -> dict:
+def per_pass(row: dict) -> dict:
     """Pick quality in each oracle pass alone, and the oracle's own noise floor: its pass-1
     winner judged by pass 2 and its pass-2 winner judged by pass 1 (what one timed run per
-    candidate can promise on this machine)."""
+    candidate can promise on this machine). From the stored summaries, so older results
+    render it too."""
+    fitting = [c for c in row["oracle"]["candidates"] if c["fits_usable"]]
+
+    def sps(c: dict, i: int) -> float | None:
+        ok = len(c["statuses"]) > i and c["statuses"][i] == "ok" and c["medians_s"][i]
+        return TARGET / c["medians_s"][i] if ok else None
+
+    tuned = next(c for c in row["oracle"]["candidates"] if c["key"] == row["search"]["tuned"])
     out: dict = {"pick_quality": [], "self_agreement": []}
-    winners = []
+    winners, bests = [], []
     for i in (0, 1):
-        scored = [(pass_sps(c, i), c) for c in fitting if pass_sps(c, i)]
+        scored = [(v, c) for c in fitting if (v := sps(c, i))]
         if not scored:
             return out
-        best_sps, winner = max(scored, key=lambda t: t[0] or 0.0)
+        best, winner = max(scored, key=lambda t: t[0])
         winners.append(winner)
-        tuned_sps = pass_sps(tuned, i)
-        out["pick_quality"].append(tuned_sps / best_sps if tuned_sps and best_sps else None)
+        bests.append(best)
+        out["pick_quality"].append((sps(tuned, i) or 0.0) / best)
     for i, winner in ((1, winners[0]), (0, winners[1])):
-        best_sps = max(pass_sps(c, i) or 0.0 for c in fitting)
-        judged = pass_sps(winner, i)
-        out["self_agreement"].append(judged / best_sps if judged and best_sps else None)
+        out["self_agreement"].append((sps(winner, i) or 0.0) / bests[i])
     return out
 
 
@@ -174,7 +174,6 @@ def bench_workload(name: str, spec: WorkloadSpec, quick: bool) -> dict:
                    "candidates": [c.summary(TARGET, usable) for c in candidates],
                    "best": best.key(), "note": ORACLE_NOTE},
         "pick_quality": tuned_sps / best_sps if tuned_sps and best_sps else None,
-        "per_pass": per_pass(fitting, tuned_c),
         "cost_ratio": search_s / sum(c.runs[0].wall_s or 0.0 for c in candidates if c.runs),
         "cost_ratio_two_passes": search_s / oracle_s,
         "tuned_samples_per_s": tuned_sps, "best_samples_per_s": best_sps,
@@ -240,7 +239,7 @@ def render(out: dict) -> str:
               "| workload | pick quality: pass 1, pass 2 | oracle's own pick judged by its "
               "other pass |", "|---|---:|---:|"]
     for r in out["rows"]:
-        pp = r.get("per_pass") or {}
+        pp = per_pass(r)
 
         def fmt(values: list) -> str:
             return ", ".join(f"{v:.2f}" if v is not None else "-" for v in values) or "-"
@@ -274,8 +273,13 @@ def main() -> None:
                         help=f"comma-separated subset of {', '.join(SHORT)} (default: all)")
     parser.add_argument("--concurrency", default="",
                         help="note for the results, e.g. what else this run shared the CPU with")
-    parser.add_argument("--render", metavar="NAME", help="re-render results/NAME.json")
+    parser.add_argument("--render", metavar="NAME", help=(
+        "re-render results/NAME.json; a path ending in .json (e.g. an older result from git "
+        "show) is rendered to stdout only"))
     args = parser.parse_args()
+    if args.render and args.render.endswith(".json"):
+        print(render(json.loads(Path(args.render).read_text())))
+        return
     if args.render:
         out = json.loads((HERE / "results" / f"{args.render}.json").read_text())
         print(write_results(args.render, out, render(out)).read_text())

@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+import optuna
 import pytest
 
 from autotune.config import (
@@ -196,3 +197,35 @@ def test_max_trials_keeps_the_best_so_far() -> None:
     assert outcome.interrupted and len(device.specs) == outcome.num_runs == 5
     assert outcome.stop_reason == "--max-trials reached (5 child runs): best so far"
     assert outcome.baseline is not None and outcome.baseline.key() == "fp32/off/32"
+
+
+def test_a_resumed_search_reuses_every_run_re_measurements_included(tmp_path) -> None:
+    settings = replace(SETTINGS, storage=f"sqlite:///{tmp_path / 'study.db'}", study_name="s")
+    first_device = ScriptedDevice(by_class(100, 150, 160, 200, 320, 330))
+    first, _ = search(first_device, settings)
+    again_device = ScriptedDevice(by_class(100, 150, 160, 200, 320, 330))
+    again, _ = search(again_device, settings)
+    assert again_device.specs == [] and again.num_runs == 0
+    assert again.records == first.records  # the better of each re-measured pair, and its count
+    assert again.probes == first.probes
+
+
+def test_ctrl_c_during_a_run_fails_its_trial_and_keeps_the_rest(tmp_path) -> None:
+    class Interrupted(ScriptedDevice):
+        def __call__(self, spec: TrialSpec) -> TrialResult:
+            if len(self.specs) == 6:  # the 7th run: fp32/default/32
+                raise KeyboardInterrupt
+            return super().__call__(spec)
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    device = Interrupted(by_class(100, 150, 160, 200, 300, 330))
+    outcome, records = search(device, replace(SETTINGS, storage=storage, study_name="s"))
+    assert outcome.interrupted and outcome.stop_reason == "interrupted (Ctrl-C): best so far"
+    assert "fp32/off/32" in records and "fp32/default/32" not in records
+    # The study shows every run as it ended: none left running, the interrupted one failed.
+    study = optuna.load_study(study_name="s", storage=storage)
+    states = [(t.params["candidate"], t.state.name) for t in study.trials]
+    assert states == [
+        ("fp32/off/64", "COMPLETE"), ("fp32/off/1", "PRUNED"), ("fp32/off/8", "PRUNED"),
+        ("fp32/off/32", "COMPLETE"), ("bf16/off/32", "COMPLETE"), ("bf16/off/64", "COMPLETE"),
+        ("fp32/default/32", "FAIL")]

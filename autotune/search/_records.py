@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autotune.config import (
     MemoryClass,
@@ -165,6 +165,16 @@ def classify(candidate: Candidate, result: TrialResult, results: dict[str, Trial
         wall_s=result.wall_s,
     )
     return record, value
+
+
+def keep_better(first: TrialResult, again: TrialResult) -> TrialResult:
+    """Of two runs of one candidate, the one that ran with the lower median step time (a slow
+    period of the machine only ever inflates times), carrying the larger peak of the two: a
+    config near the memory boundary may not fit twice."""
+    kept = again if again.ok and (not first.ok or (again.median_step_s() or 1e18) <
+                                  (first.median_step_s() or 1e18)) else first
+    peaks = [r.peak_bytes for r in (first, again) if r.ok and r.peak_bytes is not None]
+    return replace(kept, peak_bytes=max(peaks)) if peaks else kept
 
 
 def flops_per_sample(baseline: TrialResult | None) -> float | None:

@@ -37,9 +37,10 @@ from autotune.search._records import (
     SearchOutcome,
     SearchSettings,
     classify,
+    keep_better,
     score,
 )
-from autotune.search._study import completed, open_study, probed, record
+from autotune.search._study import completed, open_study, probed, running, tell
 from autotune.space import divisors
 
 Runner = Callable[[TrialSpec], TrialResult]
@@ -106,14 +107,16 @@ class _Search:
                                 "minimize" if settings.train_steps else "maximize")
         # A resumed study may hold classes this search is restricted from: leave them out.
         allowed = {c.label() for c in classes}
+        done, runs = completed(self.study)
         self.results: dict[str, TrialResult] = {
-            k: r for k, r in completed(self.study).items() if k.rsplit("/", 1)[0] in allowed}
+            k: r for k, r in done.items() if k.rsplit("/", 1)[0] in allowed}
         self.probe_runs: dict[str, TrialResult] = probed(self.study)
         """Memory probes that timed nothing (bisection points), by candidate key."""
         self.baseline: Candidate | None = None
         self.probes: dict[MemoryClass, MemoryProbe] = {}
         self.skipped: list[str] = []
-        self.runs: dict[str, int] = {}
+        self.runs: dict[str, int] = {k: n for k, n in runs.items() if k in self.results}
+        """Runs of each candidate (2 once re-measured), stored ones included."""
         self.num_runs = 0
         self.stage = "probe"
         self.start = time.perf_counter()
@@ -168,43 +171,42 @@ class _Search:
 
     def refine(self, probe: MemoryProbe) -> None:
         """Time smaller micro-batches of one class, largest first, while each is faster than
-        the class's best by more than the noise (one run's luck is no trend to follow)."""
+        the class's best by more than the noise (one run's luck is no trend to follow).
+
+        Micro-batches already measured (a resumed study) are walked through the same rule, so
+        a resumed search stops where the first one did."""
         memory_class, per_class = probe.memory_class, self.settings.micro_batches_per_class
         label = memory_class.label()
         fitting = sorted(probe.fitting(), reverse=True)
-        timed = [m for m in fitting if self._key(memory_class, m) in self.results]
+        walked: list[int] = []  # largest first, each measured
         for i, m in enumerate(fitting):
-            if m in timed:
-                continue
-            rest = ", ".join(str(x) for x in fitting[i:] if x not in timed)
-            if per_class:
-                if len(timed) >= per_class:
+            key = self._key(memory_class, m)
+            rest = ", ".join(str(x) for x in fitting[i:])
+            if key not in self.results:
+                if per_class and len(walked) >= per_class:
                     self.skipped.append(f"{label}: micro-batches {rest} not timed: the class's "
                                         f"{per_class} largest were (--micro-batches)")
                     return
                 share = self._share(self._class_best(memory_class))
-                if share is None or share < self.settings.refine_within:
+                if per_class and (share is None or share < self.settings.refine_within):
                     self.skipped.append(f"{label}: micro-batches {rest} not timed: "
                                         f"{self._behind(share)}")
                     return
-            before = self._class_best(memory_class)
-            best_m = max(timed, key=lambda x: self._score(self._key(memory_class, x)) or 0.0,
-                         default=None)
-            self.measure(self.spec(Candidate(precision=memory_class.precision,
-                                             compile_mode=memory_class.compile_mode,
-                                             micro_batch=m)))
-            timed.append(m)
-            key = self._key(memory_class, m)
-            now = self._score(key)
-            noise = self._noise(key, self._key(memory_class, best_m)) if best_m else 0.0
-            if per_class and (now is None or (before is not None and
-                                              now <= before * (1 + noise))):
-                later = ", ".join(str(x) for x in fitting[i + 1:] if x not in timed)
-                if later:
-                    self.skipped.append(
-                        f"{label}: micro-batches {later} not timed: {m} was not faster than "
-                        f"{best_m} by more than the noise ({noise:.0%})")
-                return
+                self.measure(self.spec(Candidate(precision=memory_class.precision,
+                                                 compile_mode=memory_class.compile_mode,
+                                                 micro_batch=m)))
+            if walked and per_class:
+                best_m = max(walked, key=lambda x: self._score(self._key(memory_class, x)) or 0)
+                before, now = self._score(self._key(memory_class, best_m)), self._score(key)
+                noise = self._noise(key, self._key(memory_class, best_m))
+                if now is None or (before is not None and now <= before * (1 + noise)):
+                    later = ", ".join(str(x) for x in fitting[i + 1:])
+                    if later:
+                        self.skipped.append(
+                            f"{label}: micro-batches {later} not timed: {m} was not faster "
+                            f"than {best_m} by more than the noise ({noise:.0%})")
+                    return
+            walked.append(m)
 
     def confirm(self) -> None:
         """Re-measure the leader and its close contenders; keep each one's better run."""
@@ -212,19 +214,18 @@ class _Search:
         if len(keys) < 2:
             return
         for key in keys:
+            if self.runs.get(key, 1) >= 2:  # re-measured before this search was resumed
+                continue
             candidate = self._candidate(key)
             self._progress(candidate, None)
-            again = self._run(self.spec(candidate, early_stop=False))
+            with running(self.study, key, self.choices) as trial:
+                again = self._run(self.spec(candidate, early_stop=False))
+                rec, value = classify(candidate, again, self.results, self.baseline,
+                                      self.report, self.settings)
+                tell(self.study, trial, again, value, kind="re-measure")
             self.runs[key] = 2
-            # The line shows the re-run's own figures; the record keeps the better run.
-            self._progress(candidate, classify(candidate, again, self.results, self.baseline,
-                                               self.report, self.settings)[0])
-            first = self.results[key]
-            kept = again if again.ok and (not first.ok or (again.median_step_s() or 1e18) <
-                                          (first.median_step_s() or 1e18)) else first
-            # Its peak is the larger of the two: a leader near the boundary may not fit twice.
-            peaks = [r.peak_bytes for r in (first, again) if r.ok and r.peak_bytes is not None]
-            self.results[key] = replace(kept, peak_bytes=max(peaks)) if peaks else kept
+            self._progress(candidate, rec)  # the re-run's own figures
+            self.results[key] = keep_better(self.results[key], again)
 
     def _contenders(self) -> list[str]:
         """The leader and up to ``num_confirm`` candidates whose gap to it is within the noise
@@ -291,16 +292,17 @@ class _Search:
         if self.num_runs >= self.settings.max_trials:
             raise _Stop(f"--max-trials reached ({self.num_runs} child runs): best so far")
         self._progress(candidate, None)
-        result = self._run(spec)
-        self.num_runs += 1
-        if not timed:  # its line comes from the probe's on_step
-            self.probe_runs[key] = result
-            record(self.study, key, result, None, self.choices, probe_only=True)
-            return result
-        self.results[key] = result
-        rec, value = classify(candidate, result, self.results, self.baseline, self.report,
-                              self.settings)
-        record(self.study, key, result, value, self.choices)
+        with running(self.study, key, self.choices) as trial:
+            result = self._run(spec)
+            self.num_runs += 1
+            if not timed:  # its line comes from the probe's on_step
+                tell(self.study, trial, result, None, kind="probe")
+                self.probe_runs[key] = result
+                return result
+            self.results[key] = result
+            rec, value = classify(candidate, result, self.results, self.baseline, self.report,
+                                  self.settings)
+            tell(self.study, trial, result, value)
         self._progress(candidate, rec)
         return result
 

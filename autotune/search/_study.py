@@ -1,19 +1,24 @@
-"""The Optuna study: the record of a search, for resuming it and for sharing its results.
+"""The Optuna study: the loop's record, for resuming a search and for reading it.
 
-Each finished child run is added as a completed trial: its candidate, its objective (or a
-constraint violation for OOM, crash, timeout, numerics), and its whole result as JSON.
+Each child run is one trial, asked for before the run starts (so storage shows it running)
+and told when it ends: a timed run completes with its objective, or with a constraint
+violation for OOM, crash, timeout, numerics; a memory probe that timed nothing is pruned; a
+run cut short by Ctrl-C fails. Its whole result rides along as JSON.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Literal
 
 import optuna
+from optuna.trial import TrialState
 
 from autotune.config import TrialResult, from_json_dict, to_json_dict
 from autotune.errors import ConfigError
-from autotune.search._records import SearchSettings
+from autotune.search._records import SearchSettings, keep_better
 
 CONSTRAINT = "ran"
 """Optuna constraint: 0 for a run that counts, 1 for OOM, crash, timeout, numerics, ..."""
@@ -49,41 +54,59 @@ def open_study(settings: SearchSettings, identity: dict[str, str],
     return study
 
 
-def completed(study: optuna.Study) -> dict[str, TrialResult]:
-    """Results already in the study (a resumed or shared search does not run them again)."""
+def completed(study: optuna.Study) -> tuple[dict[str, TrialResult], dict[str, int]]:
+    """Timed runs already in the study, each candidate's better run (a re-measured one has
+    two: the faster kept, as the search keeps it), and how many runs each had."""
     done: dict[str, TrialResult] = {}
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+    runs: dict[str, int] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if "result" not in t.user_attrs or "candidate" not in t.params:
+            continue
+        key = t.params["candidate"]
+        result = from_json_dict(TrialResult, json.loads(t.user_attrs["result"]))
+        runs[key] = runs.get(key, 0) + 1
+        done[key] = keep_better(done[key], result) if key in done else result
+    return done, runs
+
+
+def probed(study: optuna.Study) -> dict[str, TrialResult]:
+    """Memory probes already in the study: runs that stopped before timed steps (pruned)."""
+    done: dict[str, TrialResult] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,)):
         if "result" in t.user_attrs and "candidate" in t.params:
             done[t.params["candidate"]] = from_json_dict(TrialResult,
                                                          json.loads(t.user_attrs["result"]))
     return done
 
 
-def probed(study: optuna.Study) -> dict[str, TrialResult]:
-    """Memory probes already in the study: runs that stopped before timed steps (pruned)."""
-    done: dict[str, TrialResult] = {}
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,)):
-        if t.user_attrs.get("kind") == "probe" and "candidate" in t.params:
-            done[t.params["candidate"]] = from_json_dict(TrialResult,
-                                                         json.loads(t.user_attrs["result"]))
-    return done
+@contextlib.contextmanager
+def running(study: optuna.Study, key: str, choices: Sequence[str]) -> Iterator[optuna.Trial]:
+    """Ask for the trial of one run of ``key``; a run that raises (Ctrl-C) is told failed."""
+    distribution = {"candidate": optuna.distributions.CategoricalDistribution(choices)}
+    study.enqueue_trial({"candidate": key})
+    trial = study.ask(distribution)
+    # A waiting trial left by an interrupted process is popped first: fail it, ask again.
+    while trial.params["candidate"] != key:
+        study.tell(trial, state=TrialState.FAIL)
+        trial = study.ask(distribution)
+    try:
+        yield trial
+    except BaseException:
+        study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+        raise
 
 
-def record(study: optuna.Study, key: str, result: TrialResult, value: float | None,
-           choices: Sequence[str], *, probe_only: bool = False) -> None:
-    """Add one finished run; ``value`` None marks it infeasible (a constraint violation).
-
-    A memory probe that timed nothing is added as pruned: it has no objective value."""
-    worst = 0.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else 1e18
-    attrs = {"result": json.dumps(to_json_dict(result)), "status": result.status}
-    distributions = {"candidate": optuna.distributions.CategoricalDistribution(choices)}
-    if probe_only:
-        study.add_trial(optuna.trial.create_trial(
-            state=optuna.trial.TrialState.PRUNED, params={"candidate": key},
-            distributions=distributions, user_attrs={**attrs, "kind": "probe"}))
+def tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult, value: float | None,
+         *, kind: Literal["trial", "probe", "re-measure"] = "trial") -> None:
+    """End a run's trial: pruned for a memory ``probe`` (it timed nothing); else complete,
+    ``value`` None marking it infeasible (a constraint violation samplers and dashboards
+    read). ``kind`` is kept as a user attribute."""
+    trial.set_user_attr("result", json.dumps(to_json_dict(result)))
+    trial.set_user_attr("status", result.status)
+    trial.set_user_attr("kind", kind)
+    if kind == "probe":
+        study.tell(trial, state=TrialState.PRUNED)
         return
-    study.add_trial(optuna.trial.create_trial(
-        params={"candidate": key}, distributions=distributions,
-        value=worst if value is None else value, user_attrs=attrs,
-        constraints={CONSTRAINT: _INFEASIBLE if value is None else 0.0},
-    ))
+    trial.set_constraint(CONSTRAINT, _INFEASIBLE if value is None else 0.0)
+    worst = 0.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else 1e18
+    study.tell(trial, worst if value is None else value)
