@@ -53,6 +53,8 @@ class ScriptedDevice:
     """Throughput at micro-batch m relative to 32 (default: 10% slower per halving)."""
     peak_mib: Callable[[int], float] = lambda m: 100 + 20 * m
     """Peak at micro-batch m, any class (default: linear; 32 fits the budget, 64 does not)."""
+    retries_at: int | None = None
+    """Micro-batch whose runs report CUDA allocator retries (memory pressure)."""
     specs: list[TrialSpec] = field(default_factory=list)
 
     def __call__(self, spec: TrialSpec) -> TrialResult:
@@ -72,7 +74,9 @@ class ScriptedDevice:
         return TrialResult(status="ok", peak_bytes=peak, step_times_s=(step_s,) * steps,
                            first_loss=2.0, reference_loss=2.0,
                            num_graphs=None if spec.compile_mode == "off" else 1,
-                           num_graph_breaks=None if spec.compile_mode == "off" else 0, **info)
+                           num_graph_breaks=None if spec.compile_mode == "off" else 0,
+                           num_alloc_retries=3 if spec.micro_batch == self.retries_at else 0,
+                           **info)
 
     def runs(self) -> list[str]:
         """Each run as class/micro-batch, with ``(probe)`` when it timed nothing."""
@@ -159,6 +163,25 @@ def test_a_gain_within_the_noise_is_not_followed() -> None:
     assert not any(k.startswith("bf16/max-autotune/8") for k in device.runs())
     assert ("bf16/max-autotune: micro-batches 8, 4, 2, 1 not timed: 16 was not faster than 32 "
             "by more than the noise (5%)") in outcome.skipped
+
+
+def test_a_compiled_class_at_the_whole_batch_is_not_refined_without_memory_pressure() -> None:
+    # Everything fits at 64 (no accumulation): smaller compiled micro-batches would only add
+    # accumulation steps, each at the cost of a compile. Eager ones cost no compile.
+    small = {"peak_mib": lambda m: 100 + 5 * m}
+    speeds = by_class(300, 150, 160, 310, 300, 330)
+    device = ScriptedDevice(speeds, **small)
+    outcome, _ = search(device)
+    assert not any(k.startswith("bf16/max-autotune/32") for k in device.runs())
+    assert ("bf16/max-autotune: micro-batches 32, 16, 8, 4, 2, 1 not timed: 64 (the whole "
+            "per-device batch) ran without allocator retries, so a smaller one only adds "
+            "accumulation steps, each at the cost of a compile (--micro-batches all times "
+            "them)") in outcome.skipped
+    assert "bf16/off/32" in device.runs()  # eager and near the leader: refined
+    # Allocator retries at 64 are memory pressure: then a smaller one may well be faster.
+    pressed = ScriptedDevice(speeds, retries_at=64, **small)
+    search(pressed)
+    assert "bf16/max-autotune/32" in pressed.runs()
 
 
 def test_a_clear_lead_is_not_measured_again() -> None:

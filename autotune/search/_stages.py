@@ -178,6 +178,10 @@ class _Search:
         memory_class, per_class = probe.memory_class, self.settings.micro_batches_per_class
         label = memory_class.label()
         fitting = sorted(probe.fitting(), reverse=True)
+        why_not = self._why_not_smaller(memory_class, fitting)
+        if why_not and per_class:
+            self.skipped.append(why_not)
+            return
         walked: list[int] = []  # largest first, each measured
         for i, m in enumerate(fitting):
             key = self._key(memory_class, m)
@@ -207,6 +211,24 @@ class _Search:
                             f"than {best_m} by more than the noise ({noise:.0%})")
                     return
             walked.append(m)
+
+    def _why_not_smaller(self, memory_class: MemoryClass, fitting: list[int]) -> str | None:
+        """Why a compiled class's smaller micro-batches are not worth their compiles, if not.
+
+        A smaller micro-batch only adds accumulation steps, unless memory pressure slows the
+        largest (allocator retries, or a boundary below the whole per-device batch). Each one
+        costs a compile of its own (``dynamic=False``): a compiled class that runs the whole
+        per-device batch without retries is not refined."""
+        if memory_class.compile_mode == "off" or len(fitting) < 2:
+            return None
+        largest = self.results.get(self._key(memory_class, fitting[0]))
+        if fitting[0] < self.per_device or largest is None or largest.num_alloc_retries:
+            return None
+        rest = ", ".join(str(m) for m in fitting[1:])
+        return (f"{memory_class.label()}: micro-batches {rest} not timed: {fitting[0]} (the "
+                "whole per-device batch) ran without allocator retries, so a smaller one "
+                "only adds accumulation steps, each at the cost of a compile "
+                "(--micro-batches all times them)")
 
     def confirm(self) -> None:
         """Re-measure the leader and its close contenders; keep each one's better run."""
