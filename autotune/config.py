@@ -147,6 +147,10 @@ class MemoryClass:
         return f"{self.precision}/{self.compile_mode}"
 
 
+BASELINE_CLASS = MemoryClass(precision="fp32", compile_mode="off")
+"""fp32 eager: what an untuned user runs; its largest fitting micro-batch is the baseline."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class DeviceInfo:
     """Facts about the device that the search relies on."""
@@ -450,7 +454,8 @@ def peak_tflops(device_name: str, precision: str) -> float | None:
 
 
 __all__ = [
-    "COMPILE_MODES", "CUDA_GRAPH_MODES", "PEAK_TFLOPS", "PRECISIONS", "CompileMode", "DeviceInfo",
+    "BASELINE_CLASS", "COMPILE_MODES", "CUDA_GRAPH_MODES", "PEAK_TFLOPS", "PRECISIONS",
+    "CompileMode", "DeviceInfo",
     "MemoryClass", "MemoryProbe", "Precision", "ProbeReport", "ProbeStep", "TrialResult",
     "TrialSpec", "TrialStatus", "WorkloadSpec", "field", "format_bytes", "from_json_dict",
     "parse_budget", "parse_bytes", "peak_tflops", "to_json_dict",

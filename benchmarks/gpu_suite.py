@@ -14,7 +14,7 @@ runs out of time leaves the others' results:
    both models at two micro-batches, fp32 and bf16.
 
 To stay inside 10 minutes the searches and the oracle are restricted (``--full`` lifts it):
-precisions bf16 and fp32, compile modes off and default, the 2 largest micro-batches per class;
+precisions bf16 and fp32, compile modes off and default, at most 2 micro-batches per class;
 the oracle covers those classes at micro-batches >= 8 and stops starting runs at its deadline.
 The results say so.
 

@@ -13,6 +13,7 @@ from autotune.api._deliver import write_train_script
 from autotune.api._fit import estimate
 from autotune.api._settings import Budget, resolve_budget
 from autotune.config import (
+    BASELINE_CLASS,
     DeviceInfo,
     MemoryClass,
     MemoryProbe,
@@ -47,8 +48,6 @@ from autotune.space import (
     per_device_batch,
     timed_precisions,
 )
-
-BASELINE = MemoryClass(precision="fp32", compile_mode="off")
 
 
 def probe(
@@ -114,8 +113,8 @@ def _plan(workload: WorkloadSpec | None, target_batch: int, world_size: int, inf
     per_device_batch(target_batch, world_size)
     budget = resolve_budget(info, memory_budget, headroom)
     classes, skipped = memory_classes(info, precisions, compile_modes)
-    if include_baseline and BASELINE not in classes:
-        classes = (BASELINE, *classes)
+    if include_baseline and BASELINE_CLASS not in classes:
+        classes = (BASELINE_CLASS, *classes)
         skipped = (*skipped, "fp32/off probed and timed as the baseline, outside the restriction")
     plan = ProbeReport(workload=workload or WorkloadSpec(), device=info,
                        target_batch=target_batch, world_size=world_size, headroom=headroom,

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from autotune.config import (
+    BASELINE_CLASS,
     COMPILE_MODES,
     PRECISIONS,
     MemoryClass,
@@ -46,7 +47,6 @@ from autotune.space import divisors
 Runner = Callable[[TrialSpec], TrialResult]
 OnTrial = Callable[[int, str, Candidate, TrialRecord | None], None]
 """Progress: (runs so far, stage, candidate, its record when done or None when starting)."""
-BASELINE = MemoryClass(precision="fp32", compile_mode="off")
 FIRST_MODES = ("off", "default")
 
 
@@ -73,7 +73,7 @@ def run_search(report: ProbeReport, classes: Sequence[MemoryClass], settings: Se
         ConfigError: a storage that cannot be opened or holds another search.
         WorkloadError: the workload fails.
     """
-    assert BASELINE in classes, "fp32 eager is the baseline: the api adds it"
+    assert BASELINE_CLASS in classes, "fp32 eager is the baseline: the api adds it"
     search = _Search(report, classes, settings, run, on_trial, on_step)
     interrupted, stop_reason = False, "every class was tried or pruned with a reason"
     try:
@@ -125,11 +125,11 @@ class _Search:
 
     def stages(self, classes: Sequence[MemoryClass]) -> None:
         first = sorted((c for c in classes if c.compile_mode in FIRST_MODES),
-                       key=lambda c: (c != BASELINE, c.compile_mode != "off"))
+                       key=lambda c: (c != BASELINE_CLASS, c.compile_mode != "off"))
         for memory_class in first:
             self.probe(memory_class)
-            if memory_class == BASELINE:
-                base = self.probes[BASELINE]
+            if memory_class == BASELINE_CLASS:
+                base = self.probes[BASELINE_CLASS]
                 if not base.max_micro_batch:
                     return  # no baseline: the api says what it would take
                 self.baseline = Candidate(precision="fp32", compile_mode="off",
@@ -284,7 +284,7 @@ class _Search:
             return probe_spec(self.report.workload, self.report.device.device,
                               candidate.memory_class(), candidate.micro_batch,
                               self.report.budget_bytes, self.settings.timeout_s)
-        is_base_class = candidate.memory_class() == BASELINE
+        is_base_class = candidate.memory_class() == BASELINE_CLASS
         spec = probe_spec(self.report.workload, self.report.device.device,
                           candidate.memory_class(), candidate.micro_batch,
                           self.report.budget_bytes, self.settings.timeout_s,
