@@ -229,6 +229,7 @@ def main():
                     "step": args.steps}, args.checkpoint)
         print(f"saved {args.checkpoint}")
     if ddp:
+        dist.barrier()  # no rank tears the group down while another still talks to it
         dist.destroy_process_group()
 
 
