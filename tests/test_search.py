@@ -178,6 +178,7 @@ def test_ctrl_c_keeps_and_writes_the_best_so_far(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
+    assert (tmp_path / "autotune.json").is_file(), stdout + stderr
     config = read_tuned(tmp_path / "autotune.json")
     assert config.interrupted
     assert any(t.verdict == "winner" for t in config.trials)

@@ -252,3 +252,18 @@ def test_ctrl_c_during_a_run_fails_its_trial_and_keeps_the_rest(tmp_path) -> Non
         ("fp32/off/64", "COMPLETE"), ("fp32/off/1", "PRUNED"), ("fp32/off/8", "PRUNED"),
         ("fp32/off/32", "COMPLETE"), ("bf16/off/32", "COMPLETE"), ("bf16/off/64", "COMPLETE"),
         ("fp32/default/32", "FAIL")]
+
+
+def test_ctrl_c_right_after_the_baselines_trial_keeps_it() -> None:
+    """The baseline's line is printed before its memory probe returns: a Ctrl-C in between
+    still leaves a best so far (fp32 eager at its largest timed fit), not nothing."""
+    def on_step(memory_class: MemoryClass, step) -> None:
+        if step.timed and step.fits:  # fp32/off/32, the run that ends the baseline's probe
+            raise KeyboardInterrupt
+
+    device = ScriptedDevice(by_class(100, 150, 160, 200, 300, 330))
+    outcome = run_search(plan(), CLASSES, SETTINGS, run=device, on_step=on_step)
+    assert outcome.interrupted and device.runs()[-1] == "fp32/off/32"
+    assert outcome.baseline is not None and outcome.baseline.key() == "fp32/off/32"
+    assert [(r.micro_batch, r.verdict, r.is_baseline) for r in outcome.records] == [
+        (64, "oom", False), (32, "ok", True)]

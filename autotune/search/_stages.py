@@ -329,6 +329,8 @@ class _Search:
         return result
 
     def outcome(self, interrupted: bool, stop_reason: str) -> SearchOutcome:
+        if self.baseline is None:  # stopped while probing it: its largest fit timed so far
+            self.baseline = self._known_baseline()
         records = tuple(
             replace(classify(self._candidate(k), r, self.results, self.baseline, self.report,
                              self.settings)[0], number=i, num_runs=self.runs.get(k, 1))
@@ -337,6 +339,15 @@ class _Search:
                              probes=tuple(self.probes.values()), skipped=tuple(self.skipped),
                              interrupted=interrupted, stop_reason=stop_reason,
                              num_runs=self.num_runs)
+
+    def _known_baseline(self) -> Candidate | None:
+        """fp32 eager at the largest micro-batch timed so far that fits: the baseline of a
+        search stopped (Ctrl-C, a limit) before the baseline's memory probe ended."""
+        usable = self.report.usable_bytes()
+        fits = [c for k, r in self.results.items()
+                if (c := self._candidate(k)).memory_class() == BASELINE_CLASS and r.ok
+                and r.peak_bytes is not None and r.peak_bytes <= usable]
+        return max(fits, key=lambda c: c.micro_batch, default=None)
 
     # -- measures of progress --------------------------------------------------------------
 
