@@ -6,20 +6,21 @@ bytes of the model's parameters and buffers. The null workload (one parameter) s
 training step costs the process beyond its tensors. The estimate (kernels=cpu) counts live
 tensor bytes at the peak of the same step (two micro-batches accumulated, optimizer step).
 
-Run: ``python benchmarks/estimate_accuracy.py`` (a few minutes on 2 cores); writes
-``benchmarks/results/estimate_accuracy.{json,md}``.
+Run: ``python benchmarks/estimate_accuracy.py [--name NAME]`` (a few minutes on 2 cores);
+writes ``benchmarks/results/NAME.{json,md}`` (default ``estimate_accuracy``). The constant the
+estimate misses is kernel-library scratch memory: it depends on the CPU (oneDNN and MKL pick
+other kernels, with other workspaces, on another instruction set), so record the machine.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
 
-import torch
+from oracle import machine
 
 from autotune.config import TrialSpec, WorkloadSpec, format_bytes
 from autotune.estimate import estimate_step
@@ -46,6 +47,9 @@ def measure(spec: WorkloadSpec, micro_batch: int) -> int:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--name", default="estimate_accuracy", help="results file name")
+    args = parser.parse_args()
     start = time.perf_counter()
     null = measure(NULL, 1)
     rows = []
@@ -62,24 +66,22 @@ def main() -> None:
             })
             print(rows[-1], file=sys.stderr)
     out = {
-        "machine": {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                    "platform": platform.platform(), "processor": platform.processor(),
-                    "cpus": os.cpu_count(), "python": platform.python_version(),
-                    "torch": torch.__version__},
+        "machine": machine(),
         "null_step_bytes": null, "rows": rows, "wall_s": round(time.perf_counter() - start, 1),
     }
     results = HERE / "results"
     results.mkdir(exist_ok=True)
-    (results / "estimate_accuracy.json").write_text(json.dumps(out, indent=2) + "\n")
-    render(out)
+    (results / f"{args.name}.json").write_text(json.dumps(out, indent=2) + "\n")
+    render(out, results / f"{args.name}.md")
 
 
-def render(out: dict) -> None:
+def render(out: dict, path: Path) -> None:
     """Write the markdown table from the JSON results."""
     rows, m = out["rows"], out["machine"]
     lines = [
         "# Estimator accuracy (CPU, fp32, eager)", "",
-        f"{m['date']}; torch {m['torch']}, {m['platform']}, {m['cpus']} CPUs; run "
+        f"{m['date']}; {m.get('cpu_model') or m['processor']}, torch {m['torch']}, "
+        f"{m['platform']}, {m['cpus']} CPUs; run "
         f"{out['wall_s']} s.", "",
         "Estimate: fake-tensor trace of one training step (kernels=cpu): live tensor bytes at "
         "the peak. Measured: the probe's own figure from a real step in a child process "
@@ -112,7 +114,7 @@ def render(out: dict) -> None:
     lines += ["", f"Within 10%: {len(within)} of {len(rows)} points; at micro-batch >= 16: "
               f"{sum(1 for r in within if r['micro_batch'] >= 16)} of "
               f"{sum(1 for r in rows if r['micro_batch'] >= 16)}."]
-    (HERE / "results" / "estimate_accuracy.md").write_text("\n".join(lines) + "\n")
+    path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

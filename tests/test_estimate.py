@@ -40,24 +40,32 @@ def tuned_json(tmp_path: Path, *, micro_batch: int = 8, budget: int = 4 * GIB,
 
 
 def test_estimate_matches_a_real_cpu_step():
-    """Tolerance 10%: the estimate vs the measured peak minus the null-step process overhead,
-    with large blocks returned on free (MALLOC_MMAP_THRESHOLD_) so the address space tracks
-    live memory. Measured here: within ~1-3% (see benchmarks/results)."""
+    """What the micro-batch costs (growth from 8 to 32) within 5% of two real steps; what the
+    estimate misses is a constant: kernel-library scratch outside PyTorch's tensors, which
+    depends on the CPU (measured: 4.6 MiB on an AMD EPYC, 38 MiB on an AVX-512 Xeon, where
+    MKL's AVX-512 code keeps larger buffers), never negative. Large blocks are returned on
+    free (MALLOC_MMAP_THRESHOLD_) so the address space tracks live memory; the null step's
+    peak is what a step costs the process itself. See benchmarks/results/estimate_accuracy*."""
     os.environ["MALLOC_MMAP_THRESHOLD_"] = "131072"
     try:
-        real = run_isolated(TrialSpec(workload=WorkloadSpec(), device="cpu", micro_batch=32))
+        real = {m: run_isolated(TrialSpec(workload=WorkloadSpec(), device="cpu", micro_batch=m))
+                for m in (8, 32)}
         null = run_isolated(TrialSpec(workload=WorkloadSpec(
             kind="file", target=f"{ROOT}/benchmarks/workloads.py:null"), device="cpu",
             micro_batch=1))
     finally:
         del os.environ["MALLOC_MMAP_THRESHOLD_"]
-    assert real.ok and null.ok, (real.message, null.message)
-    est = estimate_step(default_workload("cpu"), 32, kernels="cpu")
-    explained = real.peak_bytes - null.peak_bytes
-    assert abs(est.peak_bytes / explained - 1) < 0.10, (est, real.peak_bytes, null.peak_bytes)
-    assert est.parameters_bytes == est.gradients_bytes > 0
-    assert est.optimizer_bytes >= 2 * est.parameters_bytes  # AdamW: two moments
-    assert est.activations_bytes > est.parameters_bytes
+    assert all(r.ok for r in real.values()) and null.ok, [r.message for r in real.values()]
+    est = {m: estimate_step(default_workload("cpu"), m, kernels="cpu") for m in (8, 32)}
+    growth = real[32].peak_bytes - real[8].peak_bytes
+    assert abs((est[32].peak_bytes - est[8].peak_bytes) / growth - 1) < 0.05, (est, real)
+    for m in (8, 32):
+        missed = real[m].peak_bytes - null.peak_bytes - est[m].peak_bytes
+        assert -0.05 * est[m].peak_bytes < missed < 64 * MIB, (m, est[m], real[m], null)
+    est32 = est[32]
+    assert est32.parameters_bytes == est32.gradients_bytes > 0
+    assert est32.optimizer_bytes >= 2 * est32.parameters_bytes  # AdamW: two moments
+    assert est32.activations_bytes > est32.parameters_bytes
 
 
 def test_largest_fitting_traces_the_boundary():
