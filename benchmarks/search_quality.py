@@ -273,6 +273,8 @@ def main() -> None:
                         help=f"comma-separated subset of {', '.join(SHORT)} (default: all)")
     parser.add_argument("--concurrency", default="",
                         help="note for the results, e.g. what else this run shared the CPU with")
+    parser.add_argument("--name", default="", help=(
+        "results file name (default: search_quality, or search_quality_quick with --quick)"))
     parser.add_argument("--render", metavar="NAME", help=(
         "re-render results/NAME.json; a path ending in .json (e.g. an older result from git "
         "show) is rendered to stdout only"))
@@ -296,7 +298,7 @@ def main() -> None:
     out = {"machine": machine(), "quick": args.quick, "rows": [],
            "concurrency": args.concurrency, "wall_s": 0.0, "classes": default_classes(),
            "native_bf16": describe_device("cpu").native_bf16}
-    name = "search_quality" + ("_quick" if args.quick else "")
+    name = args.name or "search_quality" + ("_quick" if args.quick else "")
     for workload in names:  # results written after each workload: a cut-short run keeps them
         out["rows"].append(bench_workload(workload, WORKLOADS[workload], args.quick))
         out["wall_s"] = time.perf_counter() - start
