@@ -267,3 +267,10 @@ def test_ctrl_c_right_after_the_baselines_trial_keeps_it() -> None:
     assert outcome.baseline is not None and outcome.baseline.key() == "fp32/off/32"
     assert [(r.micro_batch, r.verdict, r.is_baseline) for r in outcome.records] == [
         (64, "oom", False), (32, "ok", True)]
+
+
+def test_a_share_just_under_the_threshold_is_not_rounded_up_to_it() -> None:
+    device = ScriptedDevice(by_class(100, 269.1, 160, 200, 300, 330))  # fp32: 0.897x bf16
+    outcome, _ = search(device)
+    why = next(s for s in outcome.skipped if s.startswith("fp32/max-autotune not tried"))
+    assert "fp32's best is 0.897x the leader's (bf16/default/32), under the 0.90" in why

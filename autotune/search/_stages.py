@@ -367,7 +367,8 @@ class _Search:
         what = f"{precision}'s best" if precision else "its best"
         if share is None:
             return f"{what} did not run"
-        return (f"{what} is {share:.2f}x the leader's ({self._leader_key()}), under the "
+        digits = 2 if round(share, 2) < self.settings.refine_within else 3  # 0.897, not 0.90
+        return (f"{what} is {share:.{digits}f}x the leader's ({self._leader_key()}), under the "
                 f"{self.settings.refine_within:.2f} that refinement needs (--refine-within)")
 
     def _noise(self, *keys: str) -> float:
