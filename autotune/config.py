@@ -284,6 +284,10 @@ class TrialResult:
         """True when every planned step ran with finite loss."""
         return self.status == "ok"
 
+    def fits(self, usable_bytes: int) -> bool:
+        """Ran every step with its measured peak within ``usable_bytes`` (the fit rule)."""
+        return self.ok and self.peak_bytes is not None and self.peak_bytes <= usable_bytes
+
     def median_step_s(self) -> float | None:
         """Median time per optimizer step over the timed steps."""
         return statistics.median(self.step_times_s) if self.step_times_s else None

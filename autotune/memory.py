@@ -107,7 +107,7 @@ def probe_memory(
                 f"the workload failed at micro-batch {micro_batch} ({memory_class.label()}):\n"
                 f"{result.message}"
             )
-        fits = result.ok and result.peak_bytes is not None and result.peak_bytes <= usable_bytes
+        fits = result.fits(usable_bytes)
         message = result.message.splitlines()[0] if result.message else ""
         if result.ok and not fits:
             message = "ran, but its peak is over the usable budget (budget minus headroom)"

@@ -6,7 +6,7 @@ bytes of the model's parameters and buffers. The null workload (one parameter) s
 training step costs the process beyond its tensors. The estimate (kernels=cpu) counts live
 tensor bytes at the peak of the same step (two micro-batches accumulated, optimizer step).
 
-Run: ``python benchmarks/estimate_accuracy.py [--name NAME]`` (a few minutes on 2 cores);
+Run: ``python benchmarks/estimate_accuracy.py [--name NAME] [--render]`` (a few minutes on 2 cores);
 writes ``benchmarks/results/NAME.{json,md}`` (default ``estimate_accuracy``). The constant the
 estimate misses is kernel-library scratch memory: it depends on the CPU (oneDNN and MKL pick
 other kernels, with other workspaces, on another instruction set), so record the machine.
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from oracle import machine
+from oracle import machine, write_results
 
 from autotune.config import TrialSpec, WorkloadSpec, format_bytes
 from autotune.estimate import estimate_step
@@ -49,7 +49,12 @@ def measure(spec: WorkloadSpec, micro_batch: int) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--name", default="estimate_accuracy", help="results file name")
+    parser.add_argument("--render", action="store_true", help="re-render results/NAME.json")
     args = parser.parse_args()
+    if args.render:
+        out = json.loads((HERE / "results" / f"{args.name}.json").read_text())
+        print(write_results(args.name, out, render(out)).read_text())
+        return
     start = time.perf_counter()
     null = measure(NULL, 1)
     rows = []
@@ -69,18 +74,16 @@ def main() -> None:
         "machine": machine(),
         "null_step_bytes": null, "rows": rows, "wall_s": round(time.perf_counter() - start, 1),
     }
-    results = HERE / "results"
-    results.mkdir(exist_ok=True)
-    (results / f"{args.name}.json").write_text(json.dumps(out, indent=2) + "\n")
-    render(out, results / f"{args.name}.md")
+    print(write_results(args.name, out, render(out)).read_text())
 
 
-def render(out: dict, path: Path) -> None:
-    """Write the markdown table from the JSON results."""
+def render(out: dict) -> str:
+    """The markdown table of the JSON results."""
     rows, m = out["rows"], out["machine"]
+    cpu = m.get("cpu_model") or m["processor"] or "CPU model not recorded"
     lines = [
         "# Estimator accuracy (CPU, fp32, eager)", "",
-        f"{m['date']}; {m.get('cpu_model') or m['processor']}, torch {m['torch']}, "
+        f"{m['date']}; {cpu}, torch {m['torch']}, "
         f"{m['platform']}, {m['cpus']} CPUs; run "
         f"{out['wall_s']} s.", "",
         "Estimate: fake-tensor trace of one training step (kernels=cpu): live tensor bytes at "
@@ -114,12 +117,8 @@ def render(out: dict, path: Path) -> None:
     lines += ["", f"Within 10%: {len(within)} of {len(rows)} points; at micro-batch >= 16: "
               f"{sum(1 for r in within if r['micro_batch'] >= 16)} of "
               f"{sum(1 for r in rows if r['micro_batch'] >= 16)}."]
-    path.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--render"]:
-        render(json.loads((HERE / "results" / "estimate_accuracy.json").read_text()))
-    else:
-        main()
+    main()

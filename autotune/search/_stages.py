@@ -345,8 +345,7 @@ class _Search:
         search stopped (Ctrl-C, a limit) before the baseline's memory probe ended."""
         usable = self.report.usable_bytes()
         fits = [c for k, r in self.results.items()
-                if (c := self._candidate(k)).memory_class() == BASELINE_CLASS and r.ok
-                and r.peak_bytes is not None and r.peak_bytes <= usable]
+                if (c := self._candidate(k)).memory_class() == BASELINE_CLASS and r.fits(usable)]
         return max(fits, key=lambda c: c.micro_batch, default=None)
 
     # -- measures of progress --------------------------------------------------------------
