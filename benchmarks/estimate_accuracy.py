@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -72,6 +73,8 @@ def main() -> None:
             print(rows[-1], file=sys.stderr)
     out = {
         "machine": machine(),
+        "kernel_env": {k: v for k, v in sorted(os.environ.items())  # they move the scratch
+                       if k.startswith(("MKL_", "ONEDNN_", "DNNL_", "OMP_"))},
         "null_step_bytes": null, "rows": rows, "wall_s": round(time.perf_counter() - start, 1),
     }
     print(write_results(args.name, out, render(out)).read_text())
@@ -85,7 +88,10 @@ def render(out: dict) -> str:
         "# Estimator accuracy (CPU, fp32, eager)", "",
         f"{m['date']}; {cpu}, torch {m['torch']}, "
         f"{m['platform']}, {m['cpus']} CPUs; run "
-        f"{out['wall_s']} s.", "",
+        f"{out['wall_s']} s. Kernel-library settings: "
+        + ("not recorded" if "kernel_env" not in out else
+           ", ".join(f"{k}={v}" for k, v in out["kernel_env"].items()) or "defaults")
+        + ".", "",
         "Estimate: fake-tensor trace of one training step (kernels=cpu): live tensor bytes at "
         "the peak. Measured: the probe's own figure from a real step in a child process "
         "(address-space growth over the baseline taken after building the model, plus the "
