@@ -21,6 +21,11 @@ The results say so.
 Run: ``benchmarks/gpu.sh`` (or ``python benchmarks/gpu_suite.py``); ``--dry-run`` lists what
 would run without touching a GPU. Results go to ``$OUT/gpu`` when ``OUT`` is set, else
 ``benchmarks/results/gpu/``.
+
+``--rehearse`` runs every step's code on this CPU instead, with tiny stand-ins for the two
+models (``benchmarks/workloads.py``: ``pick_gpt2``, ``pick_bert``), fp32 eager only and short
+timing windows, into ``gpu-rehearsal/``: about a minute, no GPU figures, but a suite that
+rehearsed is one whose first (scarce) GPU call does not die of a Python error.
 """
 
 from __future__ import annotations
@@ -41,8 +46,30 @@ from oracle import HERE, key, machine, naive_micro_batch, run_oracle, write_resu
 from autotune.config import WorkloadSpec
 
 TARGET = 64
-GPT2 = WorkloadSpec()  # the built-in default: GPT-2 small sized on CUDA, seq 1024
-BERT = WorkloadSpec(kind="hf", target="bert-base-uncased")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Setup:
+    """Where the suite runs and on what: the GPU, or a CPU rehearsal of the same code."""
+
+    device: str
+    gpt2: WorkloadSpec
+    bert: WorkloadSpec
+    names: tuple[str, str] = ("gpt2-small (default)", "bert-base-uncased")
+    """How the results name the two models."""
+    rehearsal: bool = False
+
+    def search_settings(self) -> dict:
+        """Timing overrides: a rehearsal times short windows (its figures mean nothing)."""
+        return {"num_timed_steps": 3, "min_timed_s": 0.2} if self.rehearsal else {}
+
+
+GPU = Setup(device="cuda:0",
+            gpt2=WorkloadSpec(),  # the built-in default: GPT-2 small sized on CUDA, seq 1024
+            bert=WorkloadSpec(kind="hf", target="bert-base-uncased"))
+REHEARSAL = Setup(device="cpu", rehearsal=True, names=("pick_gpt2 (tiny)", "pick_bert (tiny)"),
+                  gpt2=WorkloadSpec(kind="file", target=f"{HERE}/workloads.py:pick_gpt2"),
+                  bert=WorkloadSpec(kind="file", target=f"{HERE}/workloads.py:pick_bert"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,46 +83,56 @@ class Step:
     settings: dict = field(default_factory=dict)
 
 
-def plan(full: bool) -> list[Step]:
-    """The steps, with the restrictions that keep the suite within 10 minutes."""
+def plan(full: bool, setup: Setup = GPU) -> list[Step]:
+    """The steps, with the restrictions that keep the suite within 10 minutes (a rehearsal:
+    fp32 eager only, the oracle at two micro-batches, one estimate point per model)."""
     restrict = {} if full else {"precisions": ["bf16", "fp32"],
                                 "compile_modes": ["off", "default"],
                                 "micro_batches_per_class": 2}
     oracle_classes = ([["fp32", "off"], ["bf16", "off"], ["fp32", "default"],
                        ["bf16", "default"]])
+    estimate = {"micro_batches": [4, 8], "precisions": ["fp32", "bf16"]}
+    min_micro_batch = 1 if full else 8
+    if setup.rehearsal:
+        restrict = {"precisions": ["fp32"], "compile_modes": ["off"],
+                    "micro_batches_per_class": 2}
+        oracle_classes, min_micro_batch = [["fp32", "off"]], 32
+        estimate = {"micro_batches": [4], "precisions": ["fp32"]}
     return [
         Step(name="search-gpt2", budget_s=200, what="api.search default workload (GPT-2 small, "
-             f"seq 1024) --target-batch {TARGET}", settings={"workload": GPT2.label(),
+             f"seq 1024) --target-batch {TARGET}", settings={"workload": setup.gpt2.label(),
                                                               **restrict}),
         Step(name="search-bert", budget_s=140, what="api.search --model bert-base-uncased "
-             f"--target-batch {TARGET}", settings={"workload": BERT.label(), **restrict}),
+             f"--target-batch {TARGET}", settings={"workload": setup.bert.label(),
+                                                   **restrict}),
         Step(name="oracle-bert", budget_s=180, what="exhaustive oracle on bert-base-uncased "
              "(2 interleaved passes, best median) vs search-bert; naive baseline",
-             settings={"classes": oracle_classes, "min_micro_batch": 1 if full else 8,
+             settings={"classes": oracle_classes, "min_micro_batch": min_micro_batch,
                        "repeats": 2}),
         Step(name="estimate", budget_s=60, what="estimator (kernels=cuda) vs measured eager "
              "peak: GPT-2 small and BERT-base, micro-batches 4 and 8, fp32 and bf16",
-             settings={"micro_batches": [4, 8], "precisions": ["fp32", "bf16"]}),
+             settings=estimate),
     ]
 
 
-def out_dir() -> Path:
-    return Path(os.environ["OUT"]) / "gpu" if os.environ.get("OUT") else HERE / "results" / "gpu"
+def out_dir(setup: Setup = GPU) -> Path:
+    name = "gpu-rehearsal" if setup.rehearsal else "gpu"
+    return Path(os.environ["OUT"]) / name if os.environ.get("OUT") else HERE / "results" / name
 
 
 def log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def run_search(step: Step, spec: WorkloadSpec) -> dict:
+def run_search(step: Step, spec: WorkloadSpec, setup: Setup) -> dict:
     from autotune import api
     from autotune.search import SearchSettings
 
     settings = SearchSettings(
         micro_batches_per_class=step.settings.get("micro_batches_per_class", 3),
-        time_budget_s=step.budget_s * 0.6)
+        time_budget_s=step.budget_s * 0.6, **setup.search_settings())
     start = time.perf_counter()
-    result = api.search(spec, target_batch=TARGET, device="cuda",
+    result = api.search(spec, target_batch=TARGET, device=setup.device,
                         precisions=step.settings.get("precisions"),
                         compile_modes=step.settings.get("compile_modes"),
                         out=tempfile.mkdtemp(prefix=f"{step.name}-"), force=True,
@@ -113,7 +150,7 @@ def run_search(step: Step, spec: WorkloadSpec) -> dict:
                         "wall_s": t.wall_s} for t in cfg.trials]}
 
 
-def run_oracle_step(step: Step, search: dict | None) -> dict:
+def run_oracle_step(step: Step, search: dict | None, setup: Setup) -> dict:
     from autotune.space import divisors
 
     mbs = [m for m in divisors(TARGET) if m >= step.settings["min_micro_batch"]]
@@ -124,9 +161,10 @@ def run_oracle_step(step: Step, search: dict | None) -> dict:
         space.setdefault((p, c), [])
         if int(m) not in space[(p, c)]:
             space[(p, c)].append(int(m))
-    candidates, wall = run_oracle(BERT, "cuda:0", TARGET, space, budget_bytes=None,
+    timing = setup.search_settings()
+    candidates, wall = run_oracle(setup.bert, setup.device, TARGET, space, budget_bytes=None,
                                   repeats=step.settings["repeats"], deadline_s=step.budget_s,
-                                  log=log)
+                                  log=log, **timing)
     by_key = {c.key(): c for c in candidates}
     measured = [c for c in candidates if c.ran_ok_every_time() and c.samples_per_s(TARGET)]
     best = max(measured, key=lambda c: c.samples_per_s(TARGET) or 0.0, default=None)
@@ -147,22 +185,23 @@ def run_oracle_step(step: Step, search: dict | None) -> dict:
             "note": "no memory cap: the GPU's own memory is the limit (OOM -> infeasible)"}
 
 
-def run_estimate(step: Step) -> dict:
+def run_estimate(step: Step, setup: Setup) -> dict:
     from autotune import api
     from autotune.config import MemoryClass
     from autotune.device import describe_device
     from autotune.memory import probe_spec
     from autotune.runner import run_isolated
 
-    total = describe_device("cuda").total_memory_bytes
+    total = describe_device(setup.device).total_memory_bytes
+    kernels = "cpu" if setup.device == "cpu" else "cuda"
     rows = []
-    for name, spec in (("gpt2-small (default)", GPT2), ("bert-base-uncased", BERT)):
+    for name, spec in zip(setup.names, (setup.gpt2, setup.bert), strict=True):
         for precision in step.settings["precisions"]:
             for m in step.settings["micro_batches"]:
                 est = api.estimate(spec, micro_batch=m, device_memory=total,
-                                   precision=precision, kernels="cuda", find_max=False)
+                                   precision=precision, kernels=kernels, find_max=False)
                 real = run_isolated(probe_spec(
-                    spec, "cuda:0", MemoryClass(precision=precision, compile_mode="off"),  # type: ignore[arg-type]
+                    spec, setup.device, MemoryClass(precision=precision, compile_mode="off"),  # type: ignore[arg-type]
                     m, None, 300))
                 measured = real.peak_bytes if real.ok else None
                 rows.append({"workload": name, "precision": precision, "micro_batch": m,
@@ -177,9 +216,17 @@ def run_estimate(step: Step) -> dict:
 
 def render(results: dict) -> str:
     m = results["machine"]
-    lines = ["# GPU benchmarks", "",
-             f"{m['date']}; {m.get('gpu')}, CUDA {m.get('cuda')}, torch {m['torch']}, "
-             f"transformers {m['transformers']}. Suite {results['wall_s']:.0f} s"
+    if results.get("rehearsal"):
+        title = "# GPU benchmarks: CPU rehearsal (no GPU figures)"
+        where = (f"{m.get('cpu_model') or m['processor']}, {m['cpus']} CPUs, tiny stand-in "
+                 "models, fp32 eager, 3-step windows: this checks the suite's code, the "
+                 "figures mean nothing")
+    else:
+        title = "# GPU benchmarks"
+        where = f"{m.get('gpu')}, CUDA {m.get('cuda')}"
+    lines = [title, "",
+             f"{m['date']}; {where}; torch {m['torch']}, transformers {m['transformers']}, "
+             f"optuna {m['optuna']}. Suite {results['wall_s']:.0f} s"
              f"{' (--full)' if results['full'] else ' (restricted to fit 10 minutes)'}.", ""]
     for name, res in results["steps"].items():
         lines.append(f"## {name}")
@@ -217,9 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--full", action="store_true",
                         help="no restrictions (all precisions and compile modes): far over 10 min")
     parser.add_argument("--only", action="append", help="run only these steps (repeatable)")
+    parser.add_argument("--rehearse", action="store_true",
+                        help="run every step's code on this CPU with tiny models (no GPU figures)")
     args = parser.parse_args(argv)
-    steps = [s for s in plan(args.full) if not args.only or s.name in args.only]
-    folder = out_dir()
+    setup = REHEARSAL if args.rehearse else GPU
+    steps = [s for s in plan(args.full, setup) if not args.only or s.name in args.only]
+    folder = out_dir(setup)
     if args.dry_run:
         print(f"would write to {folder}")
         for s in steps:
@@ -228,17 +278,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
-    if not torch.cuda.is_available():
-        print("no CUDA device here: the GPU suite needs one (try --dry-run)", file=sys.stderr)
+    if not setup.rehearsal and not torch.cuda.is_available():
+        print("no CUDA device here: the GPU suite needs one (try --dry-run, or --rehearse "
+              "to run its code on this CPU)", file=sys.stderr)
         return 2
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="gpu-inductor-"))
     start = time.perf_counter()
-    results: dict = {"machine": machine(), "full": args.full, "steps": {}}
+    results: dict = {"machine": machine(), "full": args.full, "rehearsal": setup.rehearsal,
+                     "steps": {}}
     actions: dict[str, Callable[[Step], dict]] = {
-        "search-gpt2": lambda s: run_search(s, GPT2),
-        "search-bert": lambda s: run_search(s, BERT),
-        "oracle-bert": lambda s: run_oracle_step(s, results["steps"].get("search-bert")),
-        "estimate": run_estimate,
+        "search-gpt2": lambda s: run_search(s, setup.gpt2, setup),
+        "search-bert": lambda s: run_search(s, setup.bert, setup),
+        "oracle-bert": lambda s: run_oracle_step(s, results["steps"].get("search-bert"),
+                                                 setup),
+        "estimate": lambda s: run_estimate(s, setup),
     }
     for step in steps:
         log(f"== {step.name}: {step.what}")
@@ -251,9 +304,16 @@ def main(argv: list[str] | None = None) -> int:
         res["settings"] = step.settings
         results["steps"][step.name] = res
         results["wall_s"] = time.perf_counter() - start
-        write_results("gpu_suite", results, render(results), folder)
+        try:
+            markdown = render(results)
+        except Exception:  # the JSON still holds every figure
+            markdown = f"rendering failed; see gpu_suite.json\n\n{traceback.format_exc()}"
+        write_results("gpu_suite", results, markdown, folder)
     print((folder / "gpu_suite.md").read_text())
-    return 0
+    failed = [name for name, res in results["steps"].items() if "error" in res]
+    if failed:
+        print(f"steps that failed: {', '.join(failed)} (see gpu_suite.json)", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -122,7 +122,7 @@ def run_oracle(workload: WorkloadSpec, device: str, per_device: int,
                space: dict[tuple[str, str], Sequence[int]], *, budget_bytes: int | None,
                num_timed_steps: int = 10, repeats: int = 2, slower_factor: float = 3.0,
                timeout_s: float = 900.0, run: Runner = run_isolated,
-               deadline_s: float | None = None,
+               deadline_s: float | None = None, min_timed_s: float = WINDOW_S,
                log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
                ) -> tuple[list[OracleCandidate], float]:
     """Time every candidate of ``space`` ((precision, compile mode) -> micro-batches).
@@ -146,10 +146,10 @@ def run_oracle(workload: WorkloadSpec, device: str, per_device: int,
         if deadline_s is not None and time.perf_counter() - start > deadline_s:
             log(f"  oracle {tag} {cand.key()}: not run (deadline {deadline_s:.0f} s)")
             return None
-        limit = slower_factor * max(min(best) * num_timed_steps, WINDOW_S) if best else None
+        limit = slower_factor * max(min(best) * num_timed_steps, min_timed_s) if best else None
         spec = timing_spec(workload, device, cand.precision, cand.compile_mode,
                            cand.micro_batch, per_device, budget_bytes, num_timed_steps,
-                           timeout_s, limit)
+                           timeout_s, limit, min_timed_s)
         result = run(spec)
         cand.runs.append(result)
         median = result.median_step_s()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -37,3 +38,23 @@ def test_gpu_suite_dry_run_lists_every_step_within_ten_minutes(tmp_path):
     names = [line.split()[0] for line in lines[1:-1]]
     assert names == ["search-gpt2", "search-bert", "oracle-bert", "estimate"]
     assert float(lines[-1].split("~")[1].split()[0]) <= 600
+
+
+@pytest.mark.slow
+def test_gpu_suite_rehearses_every_step_on_the_cpu(tmp_path):
+    """Every step of the GPU suite runs its real code (tiny models, CPU): a GPU call is scarce,
+    so the suite must not first meet a Python error there."""
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
+    proc = subprocess.run([str(BENCH / "gpu.sh"), "--rehearse"], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "gpu-rehearsal" / "gpu_suite.json").read_text())
+    assert data["rehearsal"] is True
+    steps = data["steps"]
+    assert list(steps) == ["search-gpt2", "search-bert", "oracle-bert", "estimate"]
+    assert all("error" not in res for res in steps.values()), steps
+    assert steps["search-bert"]["tuned"].startswith("fp32/off/")
+    assert steps["oracle-bert"]["pick_quality"] is not None
+    assert all(row["status"] == "ok" for row in steps["estimate"]["rows"])
+    markdown = (tmp_path / "gpu-rehearsal" / "gpu_suite.md").read_text()
+    assert markdown.startswith("# GPU benchmarks: CPU rehearsal (no GPU figures)")
