@@ -246,6 +246,10 @@ class TrialResult:
     parameters and buffers count in the peak by their exact bytes)."""
     peak_rss_bytes: int | None = None
     """CPU: high-water resident set of the child (information only)."""
+    context_bytes: int | None = None
+    """CUDA: device memory the child used outside PyTorch's allocator (the CUDA context, kernel
+    modules loaded as they were first used, library handles), from NVML's device use before
+    the child touched CUDA and at the end; counted in ``peak_bytes``."""
     num_alloc_retries: int = 0
     """CUDA allocator retries (cudaMalloc failed, cache flushed): a near-OOM signal."""
     num_optimizer_steps: int = 0

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from autotune.config import TrialResult, TrialSpec, TrialStatus, format_bytes
+from autotune.device import nvml_used_bytes
 from autotune.errors import WorkloadError
 from autotune.workload import Batch, Workload, check_batch, load_workload, to_device
 
@@ -241,26 +242,44 @@ class _Memory:
                 allowed = max(self.budget - self.model_bytes, 0)
                 resource.setrlimit(resource.RLIMIT_AS, (self.baseline + allowed, hard))
         else:
+            self.index = self.device.index or 0
+            # NVML reads the device's use without a CUDA context: before this child has one,
+            # so the context (hundreds of MiB) counts. torch's own mem_get_info would create
+            # the context before measuring and miss it.
+            self.nvml_before = nvml_used_bytes(self.index)
             torch.cuda.set_device(self.device)
             free_before, total = torch.cuda.mem_get_info(self.device)
             torch.empty(1, device=self.device)
+            torch.cuda.synchronize(self.device)
             free_after, _ = torch.cuda.mem_get_info(self.device)
-            # Context and non-PyTorch use count against the budget like allocations do.
-            reserved = torch.cuda.memory_reserved(self.device)
-            self.context = max(0, free_before - free_after - reserved)
+            # Without NVML: what the first allocation cost beyond PyTorch's own block.
+            fallback = max(0, free_before - free_after - torch.cuda.memory_reserved(self.device))
+            self.context = self._outside_allocator() or fallback
             if self.budget is not None:
-                allowed = min(self.budget, free_before) - self.context
+                allowed = min(self.budget, free_before + self.context) - self.context
                 torch.cuda.set_per_process_memory_fraction(max(allowed, 0) / total, self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
 
-    def peak(self) -> tuple[int, int | None, int]:
-        """(peak bytes, peak RSS or None, allocator retries)."""
+    def _outside_allocator(self) -> int | None:
+        """Device memory this process holds outside PyTorch's allocator now (NVML), or None."""
+        now = nvml_used_bytes(self.index)
+        if self.nvml_before is None or now is None:
+            return None
+        return max(0, now - self.nvml_before - torch.cuda.memory_reserved(self.device))
+
+    def peak(self) -> dict[str, int | None]:
+        """The result's memory fields: peak bytes, peak RSS (CPU), allocator retries and the
+        use outside PyTorch's allocator (CUDA)."""
         if self.device.type == "cpu":
             status = _proc_status()
-            return status["VmPeak"] - self.baseline + self.model_bytes, status["VmHWM"], 0
+            return {"peak_bytes": status["VmPeak"] - self.baseline + self.model_bytes,
+                    "peak_rss_bytes": status["VmHWM"], "num_alloc_retries": 0}
+        # Kernel modules load as they are first used, so the context grows during the steps.
+        self.context = max(self.context, self._outside_allocator() or 0)
         stats = torch.cuda.memory_stats(self.device)
-        return (torch.cuda.max_memory_reserved(self.device) + self.context, None,
-                int(stats.get("num_alloc_retries", 0)))
+        return {"peak_bytes": torch.cuda.max_memory_reserved(self.device) + self.context,
+                "num_alloc_retries": int(stats.get("num_alloc_retries", 0)),
+                "context_bytes": self.context}
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -325,7 +344,7 @@ def run_trial(spec: TrialSpec) -> TrialResult:
             raise
         status = classify_exception(exc)
         if memory is not None:
-            info["peak_bytes"], info["peak_rss_bytes"], info["num_alloc_retries"] = memory.peak()
+            info.update(memory.peak())
         message = f"{type(exc).__name__}: {exc}"
         if status in ("error", "workload_error", "compile_error"):
             message += "\n" + "".join(traceback.format_exception(exc))[-4000:]
@@ -391,7 +410,7 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: _Memor
     per_warmup = (statistics.median(timed) * spec.warmup_micro_batches() / spec.accumulate_steps
                   if timed else min(warmup))
     info["compile_s"] = max(0.0, info["warmup_s"] - per_warmup * len(warmup))
-    info["peak_bytes"], info["peak_rss_bytes"], info["num_alloc_retries"] = memory.peak()
+    info.update(memory.peak())
     values = torch.stack(losses).tolist()
     info.update(first_loss=values[0], last_loss=values[-1], num_skipped_steps=num_skipped)
     if spec.compile_mode != "off":

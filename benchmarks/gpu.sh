@@ -4,8 +4,24 @@
 # Results: $OUT/gpu/ when OUT is set, else benchmarks/results/gpu/. Pass --dry-run to list.
 # Before a GPU call, here: `bash benchmarks/gpu.sh --rehearse` runs every step's code on the
 # CPU with tiny models (about 2 minutes; -> gpu-rehearsal/, no GPU figures).
+# `--tests` runs the CUDA tests instead (tests/test_gpu.py, marker gpu) -> gpu/gpu_tests.txt.
 # PYTHON picks the interpreter (default: python3 on PATH).
+#
+# On a lent GPU (device tool): run `bash benchmarks/gpu_wheels.sh` here, then calls with carry
+# [".whl"], each under 10 minutes and each starting with the install line in gpu_wheels.sh:
+#   1. bash benchmarks/gpu.sh --tests; bash benchmarks/gpu.sh --only estimate
+#   2. bash benchmarks/gpu.sh --only search-gpt2
+#   3. bash benchmarks/gpu.sh --only search-bert --only oracle-bert
+# (or the whole suite in one call). With --only the results are named after the steps run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if [ "${1:-}" = "--tests" ]; then
+  out="${OUT:+$OUT/gpu}"
+  out="${out:-benchmarks/results/gpu}"
+  mkdir -p "$out"
+  "${PYTHON:-python3}" -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py 2>&1 \
+    | tee "$out/gpu_tests.txt"
+  exit "${PIPESTATUS[0]}"
+fi
 exec "${PYTHON:-python3}" benchmarks/gpu_suite.py "$@"

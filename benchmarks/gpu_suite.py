@@ -268,8 +268,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="run every step's code on this CPU with tiny models (no GPU figures)")
     args = parser.parse_args(argv)
     setup = REHEARSAL if args.rehearse else GPU
+    names = [s.name for s in plan(args.full, setup)]
+    unknown = sorted(set(args.only or ()) - set(names))
+    if unknown:
+        parser.error(f"--only {', '.join(unknown)}: not a step; the steps are {', '.join(names)}")
     steps = [s for s in plan(args.full, setup) if not args.only or s.name in args.only]
     folder = out_dir(setup)
+    result_name = "gpu_suite" + "".join(f"-{s.name}" for s in steps if args.only)
     if args.dry_run:
         print(f"would write to {folder}")
         for s in steps:
@@ -307,12 +312,13 @@ def main(argv: list[str] | None = None) -> int:
         try:
             markdown = render(results)
         except Exception:  # the JSON still holds every figure
-            markdown = f"rendering failed; see gpu_suite.json\n\n{traceback.format_exc()}"
-        write_results("gpu_suite", results, markdown, folder)
-    print((folder / "gpu_suite.md").read_text())
+            markdown = f"rendering failed; see {result_name}.json\n\n{traceback.format_exc()}"
+        write_results(result_name, results, markdown, folder)
+    print((folder / f"{result_name}.md").read_text())
     failed = [name for name, res in results["steps"].items() if "error" in res]
     if failed:
-        print(f"steps that failed: {', '.join(failed)} (see gpu_suite.json)", file=sys.stderr)
+        print(f"steps that failed: {', '.join(failed)} (see {result_name}.json)",
+              file=sys.stderr)
     return 1 if failed else 0
 
 
