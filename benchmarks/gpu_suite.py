@@ -38,7 +38,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from oracle import HERE, key, machine, naive_micro_batch, run_oracle, write_results
@@ -273,6 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--only {', '.join(unknown)}: not a step; the steps are {', '.join(names)}")
     steps = [s for s in plan(args.full, setup) if not args.only or s.name in args.only]
+    # The steps chosen share the whole suite's 10 minutes (a call of the device tool each).
+    scale = max(1.0, sum(s.budget_s for s in plan(args.full, setup))
+                / sum(s.budget_s for s in steps))
+    steps = [replace(s, budget_s=s.budget_s * scale) for s in steps]
     folder = out_dir(setup)
     result_name = "gpu_suite" + "".join(f"-{s.name}" for s in steps if args.only)
     if args.dry_run:
