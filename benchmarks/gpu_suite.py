@@ -24,7 +24,7 @@ would run without touching a GPU. Results go to ``$OUT/gpu`` when ``OUT`` is set
 
 ``--rehearse`` runs every step's code on this CPU instead, with tiny stand-ins for the two
 models (``benchmarks/workloads.py``: ``pick_gpt2``, ``pick_bert``), fp32 eager only and short
-timing windows, into ``gpu-rehearsal/``: about a minute, no GPU figures, but a suite that
+timing windows, into ``gpu-rehearsal/``: about two minutes, no GPU figures, but a suite that
 rehearsed is one whose first (scarce) GPU call does not die of a Python error.
 """
 
