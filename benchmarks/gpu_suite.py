@@ -268,14 +268,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="run every step's code on this CPU with tiny models (no GPU figures)")
     args = parser.parse_args(argv)
     setup = REHEARSAL if args.rehearse else GPU
-    names = [s.name for s in plan(args.full, setup)]
+    every = plan(args.full, setup)
+    names = [s.name for s in every]
     unknown = sorted(set(args.only or ()) - set(names))
     if unknown:
         parser.error(f"--only {', '.join(unknown)}: not a step; the steps are {', '.join(names)}")
-    steps = [s for s in plan(args.full, setup) if not args.only or s.name in args.only]
+    steps = [s for s in every if not args.only or s.name in args.only]
     # The steps chosen share the whole suite's 10 minutes (a call of the device tool each).
-    scale = max(1.0, sum(s.budget_s for s in plan(args.full, setup))
-                / sum(s.budget_s for s in steps))
+    scale = max(1.0, sum(s.budget_s for s in every) / sum(s.budget_s for s in steps))
     steps = [replace(s, budget_s=s.budget_s * scale) for s in steps]
     folder = out_dir(setup)
     result_name = "gpu_suite" + "".join(f"-{s.name}" for s in steps if args.only)
