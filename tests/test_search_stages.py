@@ -9,6 +9,7 @@ real child would need (the budget cap, timed steps, warm-up accumulation).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -274,3 +275,63 @@ def test_a_share_just_under_the_threshold_is_not_rounded_up_to_it() -> None:
     outcome, _ = search(device)
     why = next(s for s in outcome.skipped if s.startswith("fp32/max-autotune not tried"))
     assert "fp32's best is 0.897x the leader's (bf16/default/32), under the 0.90" in why
+
+
+def test_max_trials_counts_the_re_measurements_too() -> None:
+    device = ScriptedDevice(by_class(100, 150, 160, 200, 320, 330))
+    runs_before_confirm = len(search(ScriptedDevice(device.speed))[0].records)
+    outcome, _ = search(device, replace(SETTINGS, max_trials=runs_before_confirm + 1))
+    # Every run before the close race, then one of its two re-measurements: the limit holds.
+    assert len(device.specs) == outcome.num_runs == runs_before_confirm + 1
+    assert outcome.interrupted and outcome.stop_reason.startswith("--max-trials reached")
+
+
+def test_every_child_ends_within_the_time_budget() -> None:
+    class Slow(ScriptedDevice):
+        def __call__(self, spec: TrialSpec) -> TrialResult:
+            time.sleep(0.3)
+            return super().__call__(spec)
+
+    device = Slow(by_class(100, 150, 160, 200, 300, 330))
+    started = time.perf_counter()
+    outcome, _ = search(device, replace(SETTINGS, time_budget_s=1.5, timeout_s=900.0))
+    assert outcome.interrupted and outcome.stop_reason == "--time-budget reached: best so far"
+    assert time.perf_counter() - started < 1.5 + 0.3 + 0.5  # the last run, and bookkeeping
+    # Each child's timeout is what was left of the budget when it started, never the 900 s.
+    assert all(s.timeout_s <= 1.5 for s in device.specs)
+    assert [s.timeout_s for s in device.specs] == sorted(
+        (s.timeout_s for s in device.specs), reverse=True)
+
+
+def test_a_run_cut_by_the_time_budget_stops_the_search_and_is_not_a_timeout_verdict(
+        tmp_path) -> None:
+    class Long(ScriptedDevice):
+        def __call__(self, spec: TrialSpec) -> TrialResult:
+            if spec.micro_batch == 1:  # a run longer than what is left: its child is killed
+                self.specs.append(spec)
+                return TrialResult(status="timeout", message="killed")
+            return super().__call__(spec)
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    device = Long(by_class(100, 150, 160, 200, 300, 330))
+    outcome, records = search(device, replace(SETTINGS, time_budget_s=60.0, storage=storage,
+                                              study_name="s"))
+    assert outcome.interrupted
+    assert outcome.stop_reason.startswith("--time-budget reached during a run of fp32/off/1")
+    assert all(r.verdict != "timeout" for r in records.values())
+    study = optuna.load_study(study_name="s", storage=storage)
+    assert study.trials[-1].state.name == "FAIL"  # not stored as the candidate's timeout
+
+
+def test_a_timeout_within_the_budget_is_the_candidates_outcome() -> None:
+    class Hangs(ScriptedDevice):
+        def __call__(self, spec: TrialSpec) -> TrialResult:
+            if spec.memory_class().label() == "bf16/off":
+                self.specs.append(spec)
+                return TrialResult(status="timeout", message="no result after 900 s; killed")
+            return super().__call__(spec)
+
+    device = Hangs(by_class(100, 150, 160, 200, 300, 330))
+    outcome, records = search(device, replace(SETTINGS, time_budget_s=3600.0, timeout_s=30.0))
+    assert not outcome.interrupted
+    assert records["bf16/off/32"].verdict == "timeout"

@@ -17,11 +17,12 @@ from autotune.search._records import (
     pick_winner,
     score,
 )
-from autotune.search._stages import OnTrial, run_search
+from autotune.search._stages import OnTrial, interrupt_name, run_search
 from autotune.search._study import CONSTRAINT, completed, open_study, probed
 
 __all__ = [
     "CONSTRAINT", "LOSS_TOLERANCE", "Candidate", "OnTrial", "SearchOutcome", "SearchSettings",
-    "break_even_steps", "classify", "completed", "flops_per_sample", "objective", "open_study",
+    "break_even_steps", "classify", "completed", "flops_per_sample", "interrupt_name",
+    "objective", "open_study",
     "pick_winner", "probed", "run_search", "score",
 ]

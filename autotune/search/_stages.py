@@ -41,7 +41,14 @@ from autotune.search._records import (
     keep_better,
     score,
 )
-from autotune.search._study import completed, open_study, probed, running, tell
+from autotune.search._study import (
+    completed,
+    open_study,
+    probed,
+    running,
+    study_identity,
+    tell,
+)
 from autotune.space import divisors
 
 Runner = Callable[[TrialSpec], TrialResult]
@@ -52,6 +59,10 @@ FIRST_MODES = ("off", "default")
 
 class _Stop(Exception):
     """A limit ended the search early: the best so far stands."""
+
+
+MIN_CHILD_S = 1.0
+"""A child run needs at least this much of the time budget left to be started."""
 
 
 def run_search(report: ProbeReport, classes: Sequence[MemoryClass], settings: SearchSettings,
@@ -80,9 +91,15 @@ def run_search(report: ProbeReport, classes: Sequence[MemoryClass], settings: Se
         search.stages(classes)
     except _Stop as stop:
         interrupted, stop_reason = True, str(stop)
-    except KeyboardInterrupt:
-        interrupted, stop_reason = True, "interrupted (Ctrl-C): best so far"
+    except KeyboardInterrupt as exc:
+        interrupted, stop_reason = True, f"interrupted ({interrupt_name(exc)}): best so far"
     return search.outcome(interrupted, stop_reason)
+
+
+def interrupt_name(exc: BaseException) -> str:
+    """``Ctrl-C``, or the signal that ended the search (e.g. ``SIGTERM``)."""
+    name = getattr(exc, "signal_name", None)
+    return "Ctrl-C" if name in (None, "SIGINT") else name
 
 
 class _Search:
@@ -99,11 +116,7 @@ class _Search:
         # search is restricted differently.
         self.choices = [f"{p}/{m}/{b}" for p in PRECISIONS for m in COMPILE_MODES
                         for b in self.micro_batches]
-        identity = {"workload": report.workload.label(), "target_batch": str(report.target_batch),
-                    "world_size": str(report.world_size), "device": report.device.name,
-                    "objective": f"time_to_train:{settings.train_steps}" if settings.train_steps
-                    else "throughput"}
-        self.study = open_study(settings, identity,
+        self.study = open_study(settings, study_identity(report, settings),
                                 "minimize" if settings.train_steps else "maximize")
         # A resumed study may hold classes this search is restricted from: leave them out.
         allowed = {c.label() for c in classes}
@@ -239,9 +252,10 @@ class _Search:
             if self.runs.get(key, 1) >= 2:  # re-measured before this search was resumed
                 continue
             candidate = self._candidate(key)
+            spec = self._limited(self.spec(candidate, early_stop=False))
             self._progress(candidate, None)
             with running(self.study, key, self.choices) as trial:
-                again = self._run(self.spec(candidate, early_stop=False))
+                again = self._run_child(spec)
                 rec, value = classify(candidate, again, self.results, self.baseline,
                                       self.report, self.settings)
                 tell(self.study, trial, again, value, kind="re-measure")
@@ -308,15 +322,10 @@ class _Search:
             return self.results[key]
         if not timed and key in self.probe_runs:
             return self.probe_runs[key]
-        elapsed = time.perf_counter() - self.start
-        if self.settings.time_budget_s and elapsed > self.settings.time_budget_s:
-            raise _Stop("--time-budget reached: best so far")
-        if self.num_runs >= self.settings.max_trials:
-            raise _Stop(f"--max-trials reached ({self.num_runs} child runs): best so far")
+        spec = self._limited(spec)
         self._progress(candidate, None)
         with running(self.study, key, self.choices) as trial:
-            result = self._run(spec)
-            self.num_runs += 1
+            result = self._run_child(spec)
             if not timed:  # its line comes from the probe's on_step
                 tell(self.study, trial, result, None, kind="probe")
                 self.probe_runs[key] = result
@@ -326,6 +335,29 @@ class _Search:
                                   self.settings)
             tell(self.study, trial, result, value)
         self._progress(candidate, rec)
+        return result
+
+    def _limited(self, spec: TrialSpec) -> TrialSpec:
+        """The spec with a timeout that ends within the time budget; a ``_Stop`` when a limit
+        (``--max-trials``, ``--time-budget``) allows no further child run."""
+        if self.num_runs >= self.settings.max_trials:
+            raise _Stop(f"--max-trials reached ({self.num_runs} child runs): best so far")
+        timeout_s = self.settings.timeout_s
+        if self.settings.time_budget_s is not None:
+            left = self.settings.time_budget_s - (time.perf_counter() - self.start)
+            if left < MIN_CHILD_S:
+                raise _Stop("--time-budget reached: best so far")
+            timeout_s = min(timeout_s, left)
+        return replace(spec, timeout_s=timeout_s)
+
+    def _run_child(self, spec: TrialSpec) -> TrialResult:
+        """Run one limited spec. A run the time budget cut short says nothing of its
+        candidate: it ends the search (its Optuna trial fails) instead of being recorded."""
+        result = self._run(spec)
+        self.num_runs += 1
+        if result.status == "timeout" and spec.timeout_s < self.settings.timeout_s:
+            raise _Stop(f"--time-budget reached during a run of {Candidate.of(spec).key()} "
+                        "(stopped): best so far")
         return result
 
     def outcome(self, interrupted: bool, stop_reason: str) -> SearchOutcome:

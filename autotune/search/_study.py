@@ -9,14 +9,16 @@ run cut short by Ctrl-C fails. Its whole result rides along as JSON.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Literal
 
 import optuna
 from optuna.trial import TrialState
 
-from autotune.config import TrialResult, from_json_dict, to_json_dict
+from autotune.config import ProbeReport, TrialResult, WorkloadSpec, from_json_dict, to_json_dict
 from autotune.errors import ConfigError
 from autotune.search._records import SearchSettings, keep_better
 
@@ -26,6 +28,53 @@ _INFEASIBLE = 1.0
 optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own progress says what happens
 
 
+def study_identity(report: ProbeReport, settings: SearchSettings) -> dict[str, str]:
+    """What a stored run was measured for: a study holding runs of another identity (another
+    model source, target, budget, device or torch) is refused, never silently reused."""
+    return {
+        "workload": report.workload.label(),
+        "workload_source": workload_source(report.workload),
+        "target_batch": str(report.target_batch), "world_size": str(report.world_size),
+        "device": report.device.name, "torch": report.device.torch_version,
+        "budget_bytes": str(report.budget_bytes), "headroom": f"{report.headroom:g}",
+        "objective": (f"time_to_train:{settings.train_steps}" if settings.train_steps
+                      else "throughput"),
+    }
+
+
+def workload_source(spec: WorkloadSpec) -> str:
+    """A hash of what defines the workload, read without running it: the workload file's
+    bytes (``file``), the model's ``config.json`` when it is a local folder (``hf``), the
+    spec itself. An edited model file is another study."""
+    parts = [spec.kind, spec.target, str(spec.seq_len), str(spec.pretrained)]
+    if spec.kind == "file":
+        path = Path(spec.target.rpartition(":")[0])
+        with contextlib.suppress(OSError):
+            parts.append(hashlib.sha256(path.read_bytes()).hexdigest())
+    elif spec.kind == "hf":
+        with contextlib.suppress(OSError):
+            parts.append(hashlib.sha256((Path(spec.target) / "config.json").read_bytes())
+                         .hexdigest())
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def check_storage(storage: str | None) -> None:
+    """Refuse a storage URL that cannot keep a study (an in-memory SQLite database).
+
+    Raises:
+        ConfigError: ``sqlite://``, ``sqlite:///`` or ``sqlite:///:memory:``.
+    """
+    if storage is None:
+        return
+    scheme, sep, rest = storage.partition("://")
+    if sep and scheme.split("+")[0].lower() == "sqlite":
+        path = rest[1:] if rest.startswith("/") else rest
+        if path.split("?")[0] in ("", ":memory:"):
+            raise ConfigError(
+                f"--storage {storage!r} is an in-memory SQLite database: nothing would be kept "
+                "to resume; name a file, e.g. sqlite:///autotune.db")
+
+
 def open_study(settings: SearchSettings, identity: dict[str, str],
                direction: str) -> optuna.Study:
     """Create or resume the study; refuse one that belongs to another workload or target.
@@ -33,6 +82,7 @@ def open_study(settings: SearchSettings, identity: dict[str, str],
     Raises:
         ConfigError: the storage cannot be opened, or the study holds another search.
     """
+    check_storage(settings.storage)
     name = settings.study_name or ("autotune" if settings.storage else None)
     try:
         study = optuna.create_study(storage=settings.storage, study_name=name,
@@ -47,10 +97,11 @@ def open_study(settings: SearchSettings, identity: dict[str, str],
     if existing is None:
         study.set_user_attr("autotune_identity", identity)
     elif existing != identity:
-        diff = {k: (existing.get(k), v) for k, v in identity.items() if existing.get(k) != v}
+        diff = "; ".join(f"{k}: {existing.get(k)!r} stored, {v!r} now"
+                         for k, v in identity.items() if existing.get(k) != v)
         raise ConfigError(
-            f"study {name!r} in {settings.storage} holds another search ({diff} as stored vs "
-            "now): refusing to mix results; use another --study-name")
+            f"study {name!r} in {settings.storage} holds another search ({diff}): refusing to "
+            "mix results measured for something else; use another --study-name")
     return study
 
 
