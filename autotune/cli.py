@@ -7,7 +7,9 @@ Logs and progress go to stderr, results to stdout.
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
+import traceback
 from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
@@ -24,7 +26,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from autotune.errors import AutotuneError
+from autotune.errors import AutotuneError, ConfigError, Interrupted
 
 app = typer.Typer(
     help="Find the fastest way to train your model at the effective batch size you want.",
@@ -58,20 +60,64 @@ ModesOpt = Annotated[Optional[str], typer.Option(
     help="Comma-separated subset of off,default,reduce-overhead,max-autotune-no-cudagraphs,"
          "max-autotune.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
+TrialTimeoutOpt = Annotated[str, typer.Option(
+    "--trial-timeout", help="Most wall time of one child run (probe or trial), e.g. 90s or "
+                            "15m; --time-budget shortens it when less is left.")]
+TimeoutOpt = Annotated[str, typer.Option(
+    "--timeout", help="Most wall time of the child that builds and traces (or runs) the "
+                      "workload, e.g. 90s or 10m.")]
 
 
 @contextlib.contextmanager
 def _exits() -> Iterator[None]:
-    """Turn library errors into a message on stderr and the error's exit code."""
+    """Turn what ends a command into its exit code (DESIGN.md section 10): a library error's
+    own (2 bad input or broken workload, 1 does not fit), 130 for Ctrl-C and 143 for SIGTERM
+    (saying what was written), 3 for a bug of autotune's own (with its traceback)."""
     try:
         yield
     except AutotuneError as exc:
-        err.print(f"[bold red]error:[/bold red] {exc}", highlight=False, markup=True)
+        err.print("[bold red]error:[/bold red] ", end="", highlight=False, markup=True)
+        err.print(str(exc), highlight=False, markup=False)
         raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt as exc:
+        written = getattr(exc, "written", None)
+        name = "Ctrl-C" if getattr(exc, "signal_name", "SIGINT") == "SIGINT" else exc.signal_name
+        err.print(f"interrupted ({name}): " + (
+            f"wrote {written} and its train_autotuned.py first" if written else
+            "nothing written"), highlight=False, markup=False)
+        raise typer.Exit(getattr(exc, "exit_code", 130)) from None
+    except (typer.Exit, typer.Abort, SystemExit):
+        raise
+    except Exception as exc:
+        err.print("".join(traceback.format_exception(exc)), highlight=False, markup=False)
+        err.print(f"internal error: {type(exc).__name__}: {exc}. This is a bug in autotune, not "
+                  "in your input: please report it with the traceback above",
+                  highlight=False, markup=False)
+        raise typer.Exit(3) from None
 
 
-def _split(text: str | None) -> list[str] | None:
-    return [t.strip() for t in text.split(",") if t.strip()] if text else None
+def _split(text: str | None, option: str) -> list[str] | None:
+    """A comma-separated option as a list; None when not given.
+
+    Raises:
+        ConfigError: given, but naming nothing (``--precisions ,``).
+    """
+    if text is None:
+        return None
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise ConfigError(f"{option} {text!r} names nothing: give a comma-separated list such "
+                          "as fp32,bf16, or leave the option out for every supported value")
+    return items
+
+
+def _seconds(text: str, option: str) -> float:
+    from autotune.config import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ConfigError as exc:
+        raise ConfigError(f"{option}: {exc}") from None
 
 
 @app.command()
@@ -100,6 +146,7 @@ def probe(
     headroom: HeadroomOpt = 0.1,
     precisions: PrecisionsOpt = None,
     compile_modes: ModesOpt = None,
+    trial_timeout: TrialTimeoutOpt = "15m",
     json_out: JsonOpt = False,
 ) -> None:
     """Find the largest micro-batch that fits, for each precision and compile mode."""
@@ -116,8 +163,10 @@ def probe(
 
             result = api.probe(
                 spec, target_batch=target_batch, world_size=world_size, device=device,
-                memory_budget=memory_budget, headroom=headroom, precisions=_split(precisions),
-                compile_modes=_split(compile_modes), on_step=on_step)
+                memory_budget=memory_budget, headroom=headroom,
+                precisions=_split(precisions, "--precisions"),
+                compile_modes=_split(compile_modes, "--compile-modes"),
+                timeout_s=_seconds(trial_timeout, "--trial-timeout"), on_step=on_step)
         if json_out:
             print(report.to_json(result))
             return
@@ -170,6 +219,7 @@ def search(
             "always."))] = 0.05,
     max_trials: Annotated[int, typer.Option(
         "--max-trials", min=1, help="Most child runs, probes included.")] = 60,
+    trial_timeout: TrialTimeoutOpt = "15m",
     allow_inexact: Annotated[bool, typer.Option(
         "--allow-inexact",
         help="If --world-size does not divide --target-batch, tune the nearest exact batch.")
@@ -178,7 +228,7 @@ def search(
 ) -> None:
     """Probe memory, time compile modes x precisions, write the tuned autotune.json."""
     with _exits():
-        from autotune import api, config, errors, report
+        from autotune import api, errors, report
         from autotune.search import SearchSettings
 
         if micro_batches != "all" and not micro_batches.isdigit():
@@ -188,7 +238,8 @@ def search(
             num_timed_steps=timed_steps, max_trials=max_trials, train_steps=train_steps,
             refine_within=refine_within, confirm_within=confirm_within,
             micro_batches_per_class=0 if micro_batches == "all" else int(micro_batches),
-            time_budget_s=config.parse_duration(time_budget) if time_budget else None,
+            time_budget_s=_seconds(time_budget, "--time-budget") if time_budget else None,
+            timeout_s=_seconds(trial_timeout, "--trial-timeout"),
             storage=storage, study_name=study_name)
         spec = api.workload_spec(workload=workload, model=model, seq_len=seq_len,
                                  pretrained=pretrained)
@@ -207,16 +258,13 @@ def search(
                 progress.update(task, completed=num_runs, description=(
                     f"{stage}: run {num_runs + (record is None)} {candidate.key()}"))
 
-            try:
-                result = api.search(
-                    spec, target_batch=target_batch, world_size=world_size, device=device,
-                    memory_budget=memory_budget, headroom=headroom,
-                    precisions=_split(precisions), compile_modes=_split(compile_modes),
-                    out=out, force=force, settings=settings, on_step=on_step,
-                    on_trial=on_trial, allow_inexact=allow_inexact)
-            except KeyboardInterrupt:
-                err.print("interrupted before any trial finished: nothing written")
-                raise typer.Exit(130) from None
+            result = api.search(
+                spec, target_batch=target_batch, world_size=world_size, device=device,
+                memory_budget=memory_budget, headroom=headroom,
+                precisions=_split(precisions, "--precisions"),
+                compile_modes=_split(compile_modes, "--compile-modes"),
+                out=out, force=force, settings=settings, on_step=on_step,
+                on_trial=on_trial, allow_inexact=allow_inexact)
         if json_out:
             print(report.to_json(result.config))
         else:
@@ -224,8 +272,8 @@ def search(
             out_console.print(report.search_table(result.config))
             for line in report.search_footer(result):
                 out_console.print(line, highlight=False)
-        if result.config.interrupted:
-            raise typer.Exit(130 if "Ctrl-C" in result.stop_reason else 0)
+        if result.config.interrupted and result.stop_reason.startswith("interrupted"):
+            raise typer.Exit(143 if "SIGTERM" in result.stop_reason else 130)
 
 
 def out_for_tables() -> Console:
@@ -274,6 +322,7 @@ def estimate(
     kernels: Annotated[KernelsChoice, typer.Option(
         "--kernels", help="Whose kernels to model: cuda (fused attention) or cpu.")
     ] = KernelsChoice.cuda,
+    timeout: TimeoutOpt = "10m",
     json_out: JsonOpt = False,
 ) -> None:
     """Estimate one training step's memory without a GPU or weights, and what fits."""
@@ -285,7 +334,8 @@ def estimate(
             result = api.estimate(
                 spec, micro_batch=micro_batch, device_memory=device_memory,
                 precision=precision.value, headroom=headroom, target_batch=target_batch,
-                world_size=world_size, kernels=kernels.value)
+                world_size=world_size, kernels=kernels.value,
+                timeout_s=_seconds(timeout, "--timeout"))
         if json_out:
             print(report.to_json(result))
             return
@@ -301,13 +351,20 @@ def check(
         "--measure/--estimate",
         help="Run a real short step on the GPU, or use the fake-tensor estimator "
              "(default: measure when a CUDA device is here, else estimate).")] = None,
+    workload: Annotated[Optional[str], typer.Option(
+        "--workload", help="Use this path/to/file.py:factory instead of the one in the file "
+                           "(e.g. after moving it).")] = None,
+    timeout: TimeoutOpt = "10m",
 ) -> None:
-    """Exit 0 if the tuned config still fits its device memory, 1 if not, 2 on bad input."""
+    """Exit 0 if the tuned config still fits its device memory, 1 if not, 2 on bad input or a
+    broken workload."""
     with _exits():
         from autotune import api
 
+        spec = api.workload_spec(workload=workload) if workload else None
         with err.status("checking the tuned config's memory..."):
-            result = api.check(path, measure=measure)
+            result = api.check(path, measure=measure, workload=spec,
+                               timeout_s=_seconds(timeout, "--timeout"))
         out.print(result.message, highlight=False, markup=False)
         if not result.fits:
             raise typer.Exit(1)
@@ -334,8 +391,15 @@ def codegen(
         out.print(f"python {path} --steps 100", highlight=False)
 
 
+def _terminate(signum: int, _frame: object) -> None:
+    """SIGTERM (``timeout``, a CI cancel, ``docker stop``) ends autotune the way Ctrl-C does:
+    the running child is killed with its process group, the best so far kept."""
+    raise Interrupted(signal.Signals(signum).name, signum)
+
+
 def main() -> None:
     """Console-script entry point."""
+    signal.signal(signal.SIGTERM, _terminate)
     app(prog_name="autotune")
 
 

@@ -34,3 +34,23 @@ class NoFeasibleConfigError(AutotuneError):
 
 class MissingDependencyError(AutotuneError):
     """An optional package needed for the requested feature is not installed."""
+
+
+class OutputExistsError(ConfigError):
+    """An output file exists (or appeared while autotune ran) and ``force`` was not given: it
+    was not overwritten."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal that ends autotune early (SIGINT from Ctrl-C, or SIGTERM from ``timeout``, a CI
+    cancel, ``docker stop``): handled like Ctrl-C, the best so far kept.
+
+    Attributes:
+        signal_name: ``SIGINT`` or ``SIGTERM``.
+        exit_code: 128 + the signal number (130 for SIGINT, 143 for SIGTERM).
+    """
+
+    def __init__(self, signal_name: str = "SIGINT", signal_number: int = 2) -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+        self.exit_code = 128 + signal_number

@@ -30,6 +30,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from autotune.config import format_bytes
 from autotune.errors import UntraceableStepError, WorkloadError
 from autotune.trial import set_matmul_precision, train_step
 from autotune.workload import Workload, check_batch, count_parameters
@@ -66,6 +67,85 @@ class StepEstimate:
     trace_s: float
 
 
+MAX_GROWTH = 4.0
+"""Most a calibration may scale the estimate's per-sample growth: a measured growth beyond it is
+implausible (noise between two close points, or a measured peak of another model)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """A search's measured peak beside the estimate of the same config: it corrects later
+    estimates of that memory class, and never turns a miss into a fit.
+
+    The estimate counts tensors, so what it misses is mostly a constant (kernel scratch, a
+    CUDA context, allocator caching): the measured peak's excess over the estimate is added as
+    a constant, never subtracted. When the search measured two micro-batches far enough apart,
+    the part that grows with the micro-batch is scaled by the measured growth over the
+    estimated one, bounded to [1, ``MAX_GROWTH``]. So ``apply(e) >= e`` always.
+    """
+
+    micro_batch: int
+    """Where the peak was measured and traced."""
+    measured_peak_bytes: int
+    estimate_bytes: int
+    growth: float = 1.0
+    """Measured per-sample growth over the estimate's, bounded to [1, ``MAX_GROWTH``]."""
+    notes: tuple[str, ...] = ()
+    """What was implausible in the stored figures, and how it was bounded."""
+
+    @classmethod
+    def from_record(cls, record: dict[str, int], label: str) -> Calibration | None:
+        """The calibration stored in ``autotune.json`` for one memory class (``label``); None
+        when it holds nothing usable (the note says so through ``describe``)."""
+        m = record.get("micro_batch", 0)
+        measured = record.get("measured_peak_bytes", 0)
+        traced = record.get("estimate_bytes", 0)
+        if min(m, measured, traced) <= 0:
+            return None
+        growth, notes = 1.0, []
+        m0 = record.get("growth_micro_batch", 0)
+        measured0 = record.get("growth_measured_peak_bytes", 0)
+        traced0 = record.get("growth_estimate_bytes", 0)
+        if 0 < m0 < m and traced > traced0 > 0 and measured0 > 0:
+            raw = (measured - measured0) / (traced - traced0)
+            growth = min(max(raw, 1.0), MAX_GROWTH)
+            if not 1 / MAX_GROWTH <= raw <= MAX_GROWTH:
+                notes.append(f"{label}'s stored calibration is implausible: it measured "
+                             f"{raw:.2f}x the estimated growth per sample between micro-batches "
+                             f"{m0} and {m}; bounded to {growth:.2f}x")
+        ratio = measured / traced
+        if ratio < 1 / MAX_GROWTH:  # the trace counts tensors a real step holds too
+            notes.append(f"{label}'s stored calibration is implausible (measured peak "
+                         f"{ratio:.3g}x the estimate at micro-batch {m}): it only ever adds to "
+                         "the estimate, so the check stays on the safe side")
+        return cls(micro_batch=m, measured_peak_bytes=measured, estimate_bytes=traced,
+                   growth=growth, notes=tuple(notes))
+
+    @classmethod
+    def ratio(cls, ratio: float) -> Calibration:
+        """A plain measured/estimate ratio (``assert_fits(calibration=...)``), applied to the
+        growth and never below 1."""
+        return cls(micro_batch=1, measured_peak_bytes=0, estimate_bytes=0,
+                   growth=min(max(float(ratio), 1.0), MAX_GROWTH))
+
+    def offset_bytes(self) -> int:
+        """What the measured peak had beyond the (growth-scaled) estimate: never negative."""
+        return max(0, self.measured_peak_bytes - int(self.estimate_bytes * self.growth))
+
+    def apply(self, traced_bytes: int) -> int:
+        """A traced peak corrected by the measurement: at least the traced peak."""
+        return int(traced_bytes * self.growth) + self.offset_bytes()
+
+    def traced_limit(self, usable_bytes: int) -> int:
+        """The largest traced peak whose corrected figure stays within ``usable_bytes``."""
+        return int((usable_bytes - self.offset_bytes()) / self.growth)
+
+    def describe(self) -> str:
+        """E.g. ``+12.0 MiB measured beyond the estimate at micro-batch 8, growth x1.00``."""
+        return (f"+{format_bytes(self.offset_bytes())} measured beyond the estimate at "
+                f"micro-batch {self.micro_batch}, per-sample growth x{self.growth:.2f}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class EstimateReport:
     """An estimated step, and what fits a device memory with headroom."""
@@ -80,21 +160,47 @@ class EstimateReport:
     max_micro_batch: int
     """Largest micro-batch whose estimated peak fits (0: none)."""
     max_peak_bytes: int | None
+    """The corrected peak at ``max_micro_batch``."""
     target_batch: int | None = None
     world_size: int = 1
     pairs: tuple[tuple[int, int], ...] = ()
     """(micro_batch, accumulate_steps) that fit the target batch, largest micro-batch last."""
-    scale: float | None = None
-    """Calibration applied to every figure (measured / estimate), or None."""
+    calibration: Calibration | None = None
+    """The correction applied to peaks, from ``autotune.json``, or None."""
+    traced: tuple[tuple[int, int], ...] = ()
+    """(micro_batch, traced peak bytes) of every step traced, uncorrected."""
     notes: tuple[str, ...] = ()
 
     def fits(self) -> bool:
         """True when the asked micro-batch's estimated peak fits."""
-        return self.scaled(self.estimate.peak_bytes) <= self.usable_bytes
+        return self.peak_bytes() <= self.usable_bytes
 
-    def scaled(self, num_bytes: int) -> int:
-        """A traced figure with the calibration applied."""
-        return int(num_bytes * (self.scale or 1.0))
+    def peak_bytes(self) -> int:
+        """The asked micro-batch's peak, corrected by the calibration."""
+        return self.corrected(self.estimate.peak_bytes)
+
+    def corrected(self, traced_bytes: int) -> int:
+        """A traced peak with the calibration applied (never less than traced)."""
+        return self.calibration.apply(traced_bytes) if self.calibration else traced_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class EstimateRequest:
+    """What to estimate: everything but the workload, so it can travel to a child process."""
+
+    micro_batch: int
+    device_memory_bytes: int
+    precision: str = "fp32"
+    headroom: float = 0.1
+    candidates: tuple[int, ...] | None = None
+    """Allowed micro-batches (divisors of the per-device batch), or None for any."""
+    target_batch: int | None = None
+    world_size: int = 1
+    kernels: Kernels = "cuda"
+    calibration: Calibration | None = None
+    find_max: bool = True
+    also_trace: tuple[int, ...] = ()
+    """Micro-batches to trace besides the asked one (a calibration's second point)."""
 
 
 ESTIMATE_NOTE = (
@@ -413,3 +519,72 @@ def _predict(done: dict[int, StepEstimate], usable_bytes: int, lo: int, hi: floa
     if lo == 0:
         return max(1, int(min(done) // 2)) if done else 1
     return int(lo * 2) if hi == math.inf else int((lo + hi) // 2)
+
+
+def estimate_report(workload: Workload, request: EstimateRequest) -> EstimateReport:
+    """Trace the asked micro-batch (and, with ``find_max``, the boundary) and say what fits.
+
+    Raises:
+        WorkloadError: the workload fails; UntraceableStepError: an op cannot be traced.
+    """
+    def trace(m: int) -> StepEstimate:
+        return estimate_step(workload, m, precision=request.precision, kernels=request.kernels)
+
+    usable = int(request.device_memory_bytes * (1 - request.headroom))
+    asked = trace(request.micro_batch)
+    limit = request.calibration.traced_limit(usable) if request.calibration else usable
+    known = [asked, *(trace(m) for m in request.also_trace if m != request.micro_batch)]
+    if not request.find_max:
+        fits = asked.peak_bytes <= limit
+        search = FitSearch(max_micro_batch=request.micro_batch if fits else 0,
+                           estimates=tuple(known))
+    else:
+        search = largest_fitting(trace, limit, request.candidates, known=known)
+    best = search.max_micro_batch
+    pairs: tuple[tuple[int, int], ...] = ()
+    if request.candidates is not None:
+        per_device = (request.target_batch or 1) // request.world_size
+        pairs = tuple((m, per_device // m) for m in request.candidates if m <= best)
+    peak = search.peak_at(best)
+    notes = [ESTIMATE_NOTE]
+    if request.calibration is not None:
+        notes.append(f"peaks corrected by the search's measurement: "
+                     f"{request.calibration.describe()}")
+        notes += request.calibration.notes
+    return EstimateReport(
+        workload_name=workload.name, estimate=asked,
+        device_memory_bytes=request.device_memory_bytes, headroom=request.headroom,
+        usable_bytes=usable, max_micro_batch=best,
+        max_peak_bytes=None if peak is None else (
+            request.calibration.apply(peak) if request.calibration else peak),
+        target_batch=request.target_batch, world_size=request.world_size, pairs=pairs,
+        calibration=request.calibration,
+        traced=tuple((e.micro_batch, e.peak_bytes) for e in search.estimates),
+        notes=tuple(notes))
+
+
+def _child(request: dict[str, Any]) -> dict[str, Any]:
+    """The estimator's child process: the workload is built and traced here, under the
+    parent's timeout, so a workload that exits, crashes or hangs decides no exit code."""
+    from autotune.config import WorkloadSpec, from_json_dict, to_json_dict
+    from autotune.errors import ConfigError
+    from autotune.workload import load_workload
+
+    spec = from_json_dict(WorkloadSpec, request["workload"])
+    asked = from_json_dict(EstimateRequest, request["request"])
+    try:
+        workload = load_workload(spec, "cuda" if asked.kernels == "cuda" else "cpu")
+        return {"report": to_json_dict(estimate_report(workload, asked))}
+    except UntraceableStepError as exc:
+        return {"error": "untraceable", "message": str(exc)}
+    except WorkloadError as exc:
+        return {"error": "workload", "message": str(exc)}
+    except ConfigError as exc:
+        return {"error": "config", "message": str(exc)}
+
+
+if __name__ == "__main__":
+    from autotune.estimate import _child as handler
+    from autotune.runner import child_main
+
+    child_main(handler)

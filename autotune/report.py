@@ -192,7 +192,6 @@ def trial_line(record: TrialRecord, stage: str = "") -> str:
 def estimate_lines(report: EstimateReport) -> list[str]:
     """The estimate as lines for people: breakdown at the peak, then what fits."""
     step = report.estimate
-    scaled = report.scaled
     kernels = ("CUDA fused attention modelled" if step.kernels == "cuda"
                else "CPU kernels as traced")
     lines = [
@@ -203,14 +202,16 @@ def estimate_lines(report: EstimateReport) -> list[str]:
     rows = [("parameters", step.parameters_bytes), ("gradients", step.gradients_bytes),
             ("optimizer state", step.optimizer_bytes), ("activations", step.activations_bytes),
             ("temporaries", step.temporaries_bytes), ("inputs", step.inputs_bytes)]
-    lines += [f"  {name:<16}{format_bytes(scaled(value)):>12}" for name, value in rows]
-    lines.append(f"  {'peak':<16}{format_bytes(scaled(step.peak_bytes)):>12}  "
+    if report.calibration is not None:
+        rows.append(("measured beyond", report.peak_bytes() - step.peak_bytes))
+    lines += [f"  {name:<16}{format_bytes(value):>12}" for name, value in rows]
+    lines.append(f"  {'peak':<16}{format_bytes(report.peak_bytes()):>12}  "
                  f"(during {step.peak_phase})")
     budget = (f"device memory {format_bytes(report.device_memory_bytes)} - "
               f"{report.headroom:.0%} headroom = {format_bytes(report.usable_bytes)} usable")
     verdict = "fits" if report.fits() else (
         f"does NOT fit (over by "
-        f"{format_bytes(scaled(step.peak_bytes) - report.usable_bytes)})")
+        f"{format_bytes(report.peak_bytes() - report.usable_bytes)})")
     lines.append(f"{budget}: micro-batch {step.micro_batch} {verdict}")
     if report.max_micro_batch:
         kind = "candidate " if report.target_batch else ""

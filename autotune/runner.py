@@ -14,9 +14,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.config import TrialResult, TrialSpec, from_json_dict, to_json_dict
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChildRun:
+    status: str
+    data: dict | None
+    message: str
+    wall_s: float
 
 _STDERR_TAIL_CHARS = 3000
 
@@ -88,6 +97,48 @@ def run_isolated(spec: TrialSpec) -> TrialResult:
         else:
             how = f"exited with code {proc.returncode} without a result"
         return TrialResult(status="crash", wall_s=wall_s, message=f"child {how}\n{tail}".strip())
+
+
+def run_in_child(module: str, request: dict, *, timeout_s: float,
+                 device: str = "cpu") -> ChildRun:
+    """Run ``python -m module request.json result.json`` (temporary stand-in)."""
+    with tempfile.TemporaryDirectory(prefix="autotune-child-") as tmp:
+        request_path, result_path = Path(tmp, "request.json"), Path(tmp, "result.json")
+        stderr_path = Path(tmp, "stderr.txt")
+        request_path.write_text(json.dumps(request))
+        cmd = [sys.executable, "-m", module, str(request_path), str(result_path)]
+        start = time.perf_counter()
+        with open(stderr_path, "wb") as stderr:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr,
+                                    env=child_environment(device), start_new_session=True)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                return ChildRun(status="timeout", data=None, wall_s=time.perf_counter() - start,
+                                message=f"no result after {timeout_s:.0f} s; killed")
+            except BaseException:
+                _kill_group(proc)
+                raise
+        wall_s = time.perf_counter() - start
+        if result_path.exists():
+            return ChildRun(status="ok", data=json.loads(result_path.read_text()), message="",
+                            wall_s=wall_s)
+        tail = stderr_path.read_text(errors="replace")[-_STDERR_TAIL_CHARS:]
+        return ChildRun(status="crash", data=None, wall_s=wall_s,
+                        message=f"child exited with {proc.returncode} without a result\n{tail}")
+
+
+def child_main(handler) -> None:
+    """The child side of ``run_in_child`` (temporary stand-in)."""
+    request = json.loads(Path(sys.argv[1]).read_text())
+    try:
+        data = handler(request)
+    except (Exception, SystemExit) as exc:
+        data = {"child_error": f"{type(exc).__name__}: {exc}"}
+    tmp = sys.argv[2] + ".tmp"
+    Path(tmp).write_text(json.dumps(data))
+    os.replace(tmp, sys.argv[2])
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

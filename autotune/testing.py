@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from autotune import api
 from autotune.config import WorkloadSpec
+from autotune.estimate import Calibration
 from autotune.workload import Workload
 
 
@@ -31,7 +32,8 @@ def assert_fits(workload: Workload | WorkloadSpec | str | None = None, *, micro_
         headroom: share of the device memory kept free.
         seq_len: worst-case sequence length for a HF model id.
         compile_mode: for the message only (compiled steps are estimated as eager).
-        calibration: measured / estimate ratio to apply (from ``autotune.json``).
+        calibration: a measured / estimate ratio: the estimate's growth is scaled by it (never
+            by less than 1, so it cannot turn a miss into a fit).
         kernels: ``cuda`` or ``cpu`` (see ``autotune estimate --kernels``).
 
     Returns:
@@ -54,7 +56,8 @@ def assert_fits(workload: Workload | WorkloadSpec | str | None = None, *, micro_
         workload=spec or WorkloadSpec(), micro_batch=micro_batch,
         accumulate_steps=accumulate_steps, target_batch=micro_batch * accumulate_steps,
         world_size=1, precision=precision, compile_mode=compile_mode,
-        device_memory_bytes=memory, headroom=headroom, calibration=calibration,
+        device_memory_bytes=memory, headroom=headroom,
+        calibration=None if calibration is None else Calibration.ratio(calibration),
         device="cpu" if kernels == "cpu" else "cuda")
     result = api.check(target=target, measure=False,
                        workload=workload if isinstance(workload, Workload) else None)

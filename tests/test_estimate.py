@@ -11,13 +11,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from autotune import api
 from autotune.cli import app
 from autotune.config import GIB, MIB, TrialSpec, WorkloadSpec
 from autotune.errors import ConfigError, WorkloadError
-from autotune.estimate import estimate_step, largest_fitting
+from autotune.estimate import MAX_GROWTH, Calibration, estimate_step, largest_fitting
 from autotune.runner import run_isolated
 from autotune.testing import assert_fits
 from autotune.workload import Workload, default_workload
@@ -118,9 +120,16 @@ def test_check_exit_codes(tmp_path):
     assert "does not fit" in over.output and "over by" in over.output
     assert "largest that fits: micro-batch 8 with accumulate_steps 4" in over.output
 
-    cal = {"fp32/off": {"measured_peak_bytes": 300, "estimate_bytes": 100}}
-    scaled = runner.invoke(app, ["check", str(tuned_json(tmp_path, calibration=cal))])
-    assert scaled.exit_code == 0 and "calibrated by" in scaled.output and "3.000" in scaled.output
+    cal = {"fp32/off": {"measured_peak_bytes": 300 * MIB, "estimate_bytes": 100 * MIB,
+                        "micro_batch": 8}}
+    corrected = runner.invoke(app, ["check", str(tuned_json(tmp_path, calibration=cal))])
+    assert corrected.exit_code == 0, corrected.output
+    # The 200 MiB the search measured beyond the estimate are added to the traced peak.
+    raw = float(fits.output.split("peak ")[1].split(" MiB")[0])
+    assert "estimate corrected by fp32/off's measurement: +200.00 MiB measured beyond the " \
+        "estimate at micro-batch 8, per-sample growth x1.00" in _words(corrected.output)
+    assert float(corrected.output.split("peak ")[1].split(" MiB")[0]) == pytest.approx(
+        raw + 200, abs=0.02)
 
     for bad in ("missing.json", "corrupt", "foreign", "memory"):
         path = tmp_path / "bad.json"
@@ -134,6 +143,23 @@ def test_check_exit_codes(tmp_path):
             path = tmp_path / bad
         result = runner.invoke(app, ["check", str(path)])
         assert result.exit_code == 2, (bad, result.output)
+
+
+def _words(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_a_calibration_never_turns_a_miss_into_a_fit(tmp_path):
+    """The defect: a stored measured/estimate ratio of 0.168 multiplied every estimate, so a
+    config edited to a micro-batch 64 times larger "fit" at a sixth of its estimate."""
+    low = {"fp32/off": {"measured_peak_bytes": 168 * MIB // 10, "estimate_bytes": 100 * MIB,
+                        "micro_batch": 8}}
+    path = tuned_json(tmp_path, micro_batch=32, budget=60 * MIB, calibration=low)
+    result = runner.invoke(app, ["check", str(path)])
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith("does not fit: micro-batch 32 x 1")
+    assert "implausible (measured peak 0.168x the estimate at micro-batch 8)" in _words(
+        result.output)
 
 
 def test_check_measures_a_real_step_when_the_trace_cannot_follow_it(tmp_path):
@@ -211,3 +237,41 @@ def test_examples_ci_pytest_file_runs(monkeypatch):
          str(ROOT / "examples" / "ci" / "test_memory_fits.py")],
         capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+
+
+@given(measured=st.integers(0, 1 << 40), traced_at=st.integers(0, 1 << 40),
+       m=st.integers(0, 4096), m0=st.integers(0, 4096), measured0=st.integers(0, 1 << 40),
+       traced0=st.integers(0, 1 << 40), traced=st.integers(0, 1 << 42),
+       usable=st.integers(1, 1 << 42))
+@settings(max_examples=500, deadline=None)
+def test_a_stored_calibration_only_ever_adds(measured, traced_at, m, m0, measured0, traced0,
+                                             traced, usable):
+    """Whatever a (hand-edited) autotune.json stores, the corrected peak is never below the
+    traced one, so an estimate over the usable memory stays over it."""
+    record = {"measured_peak_bytes": measured, "estimate_bytes": traced_at, "micro_batch": m,
+              "growth_micro_batch": m0, "growth_measured_peak_bytes": measured0,
+              "growth_estimate_bytes": traced0}
+    calibration = Calibration.from_record(record, "fp32/off")
+    if calibration is None:
+        assert min(measured, traced_at, m) <= 0
+        return
+    assert 1.0 <= calibration.growth <= MAX_GROWTH
+    assert calibration.apply(traced) >= traced
+    assert calibration.apply(traced_at) >= measured  # the point it was measured at
+    if traced <= calibration.traced_limit(usable):
+        assert calibration.apply(traced) <= usable
+    else:
+        assert calibration.apply(traced) > usable - 1  # int rounding of the limit
+
+
+def test_calibration_separates_the_growth_from_the_constant():
+    # Measured: 100 MiB + 3 MiB/sample; traced: 40 MiB + 2 MiB/sample (at 4 and 16).
+    record = {"micro_batch": 16, "measured_peak_bytes": (100 + 48) * MIB,
+              "estimate_bytes": (40 + 32) * MIB, "growth_micro_batch": 4,
+              "growth_measured_peak_bytes": (100 + 12) * MIB,
+              "growth_estimate_bytes": (40 + 8) * MIB}
+    calibration = Calibration.from_record(record, "fp32/off")
+    assert calibration is not None and calibration.growth == pytest.approx(1.5)
+    # At 64 the truth is 100 + 192 = 292 MiB; a ratio at 16 (148/72) would say 296 MiB, a
+    # constant alone 76 + 128 = 204 MiB: far under.
+    assert calibration.apply((40 + 128) * MIB) == pytest.approx(292 * MIB, rel=0.01)

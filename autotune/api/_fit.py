@@ -9,11 +9,13 @@ from autotune.config import (
     MemoryClass,
     WorkloadSpec,
     format_bytes,
+    from_json_dict,
+    to_json_dict,
 )
 from autotune.errors import ConfigError, UntraceableStepError, WorkloadError
-from autotune.estimate import ESTIMATE_NOTE, EstimateReport, StepEstimate
+from autotune.estimate import Calibration, EstimateReport, EstimateRequest, estimate_report
 from autotune.memory import probe_spec
-from autotune.runner import run_isolated
+from autotune.runner import run_in_child, run_isolated
 from autotune.schema import (
     read_tuned,
 )
@@ -22,6 +24,9 @@ from autotune.workload import Workload
 
 # ----------------------------------------------------------------------------------------------
 # estimate() and check(): the fake-tensor estimator and the CI memory-fit check (issue 5).
+
+DEFAULT_TIMEOUT_S = 600.0
+"""How long a child that builds and traces (or measures) a workload may take."""
 
 
 def estimate(
@@ -34,10 +39,16 @@ def estimate(
     target_batch: int | None = None,
     world_size: int = 1,
     kernels: str = "cuda",
-    scale: float | None = None,
+    calibration: Calibration | None = None,
     find_max: bool = True,
+    also_trace: tuple[int, ...] = (),
+    timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> EstimateReport:
     """Estimate one training step's memory and the largest micro-batch that fits.
+
+    A workload named by a spec is built and traced in a child process with a timeout (its
+    code decides nothing in this process); a ``Workload`` object, already the caller's code,
+    is traced here.
 
     Args:
         workload: a spec (default: the built-in workload as sized for CUDA) or a Workload.
@@ -48,16 +59,17 @@ def estimate(
         target_batch: when given, list the (micro_batch, accumulate_steps) pairs that fit.
         world_size: data-parallel devices (micro-batches divide target / world).
         kernels: ``cuda`` (model CUDA's fused attention) or ``cpu`` (what a CPU runs).
-        scale: calibration (measured / estimate) to apply, from ``autotune.json``.
+        calibration: the search's measurement of this memory class, from ``autotune.json``.
         find_max: search the largest micro-batch that fits (more traces); without it, only
             the asked micro-batch is traced and reported.
+        also_trace: further micro-batches to trace (reported in ``traced``).
+        timeout_s: for the child process that builds and traces the workload.
 
     Raises:
-        ConfigError: bad settings. WorkloadError: the workload cannot be built or traced.
+        ConfigError: bad settings. WorkloadError: the workload fails, hangs, exits or crashes
+        (UntraceableStepError: an op of its step cannot be traced).
     """
     from autotune.config import PRECISIONS, parse_bytes
-    from autotune.estimate import FitSearch, estimate_step, largest_fitting
-    from autotune.workload import load_workload
 
     problems = []
     if precision not in PRECISIONS:
@@ -68,43 +80,45 @@ def estimate(
         problems.append(f"micro-batch must be at least 1, got {micro_batch}")
     if not 0 <= headroom < 1:
         problems.append(f"headroom must be a fraction in [0, 1) such as 0.1, got {headroom}")
+    if timeout_s <= 0:
+        problems.append(f"timeout must be a positive number of seconds, got {timeout_s}")
     if problems:
         raise ConfigError("; ".join(problems))
     total = device_memory if isinstance(device_memory, int) else parse_bytes(device_memory)
     candidates = None
     if target_batch is not None:
         candidates = divisors(per_device_batch(target_batch, world_size))
+    request = EstimateRequest(
+        micro_batch=micro_batch, device_memory_bytes=total, precision=precision,
+        headroom=headroom, candidates=candidates, target_batch=target_batch,
+        world_size=world_size, kernels=kernels,  # type: ignore[arg-type]
+        calibration=calibration, find_max=find_max, also_trace=tuple(also_trace))
     if isinstance(workload, Workload):
-        loaded = workload
-    else:
-        loaded = load_workload(workload or WorkloadSpec(), "cuda" if kernels == "cuda" else "cpu")
-    usable = int(total * (1 - headroom))
+        return estimate_report(workload, request)
+    return _estimate_in_child(workload or WorkloadSpec(), request, timeout_s)
 
-    def trace(m: int) -> StepEstimate:
-        return estimate_step(loaded, m, precision=precision, kernels=kernels)  # type: ignore[arg-type]
 
-    asked = trace(micro_batch)
-    traced_usable = int(usable / (scale or 1.0))
-    if not find_max:
-        fits = asked.peak_bytes <= traced_usable
-        search = FitSearch(max_micro_batch=micro_batch if fits else 0, estimates=(asked,))
-    else:
-        search = largest_fitting(trace, traced_usable, candidates, known=[asked])
-    best = search.max_micro_batch
-    pairs: tuple[tuple[int, int], ...] = ()
-    if candidates is not None:
-        per_device = per_device_batch(target_batch or 1, world_size)
-        pairs = tuple((m, per_device // m) for m in candidates if m <= best)
-    peak = search.peak_at(best)
-    notes = [ESTIMATE_NOTE]
-    if scale is not None:
-        notes.append(f"figures scaled by the calibration {scale:.3f} (measured / estimate)")
-    return EstimateReport(
-        workload_name=loaded.name, estimate=asked, device_memory_bytes=total, headroom=headroom,
-        usable_bytes=usable, max_micro_batch=best,
-        max_peak_bytes=None if peak is None else int(peak * (scale or 1.0)),
-        target_batch=target_batch, world_size=world_size, pairs=pairs, scale=scale,
-        notes=tuple(notes))
+def _estimate_in_child(spec: WorkloadSpec, request: EstimateRequest,
+                       timeout_s: float) -> EstimateReport:
+    run = run_in_child("autotune.estimate",
+                       {"workload": to_json_dict(spec), "request": to_json_dict(request)},
+                       timeout_s=timeout_s, device="cpu")
+    where = f"estimating {spec.label()} at micro-batch {request.micro_batch}"
+    if run.status == "timeout":
+        raise WorkloadError(f"{where} took longer than {timeout_s:.0f} s and was stopped: the "
+                            "workload hangs, or builds too slowly for --timeout")
+    if run.status != "ok" or run.data is None:
+        raise WorkloadError(f"{where}: the child process failed: {run.message}")
+    data = run.data
+    if "report" in data:
+        return from_json_dict(EstimateReport, data["report"])
+    message = str(data.get("message") or data.get("child_error") or data)
+    kind = data.get("error")
+    if kind == "untraceable":
+        raise UntraceableStepError(message)
+    if kind == "config":
+        raise ConfigError(message)
+    raise WorkloadError(message if kind == "workload" else f"{where}: {message}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,27 +134,23 @@ class CheckTarget:
     compile_mode: str
     device_memory_bytes: int
     headroom: float
-    calibration: float | None
-    """measured / estimate peak for this config's memory class, when the search recorded both."""
+    calibration: Calibration | None
+    """The search's measurement of this config's memory class, when it recorded one."""
     device: str = "cuda"
     """Where the config was tuned (``cpu`` or ``cuda:N``): whose kernels the estimate models."""
 
 
-def _read_tuned(path: str | Path) -> CheckTarget:
-    """Read the fields ``check`` needs from an ``autotune.json``.
+def _read_tuned(path: str | Path, workload: WorkloadSpec | None = None) -> CheckTarget:
+    """Read the fields ``check`` needs from an ``autotune.json`` (validated on read).
 
     Raises:
         ConfigError: missing or unreadable file, not JSON, another schema, or bad fields.
     """
     config = read_tuned(path)
-    if config.memory.budget_bytes <= 0 or not 0 <= config.memory.headroom < 1:
-        raise ConfigError(f"{path}: bad memory budget {config.memory.budget_bytes} or headroom "
-                          f"{config.memory.headroom}; regenerate it with `autotune search`")
-    cal = config.memory.calibration.get(config.memory_class())
-    calibration = (cal["measured_peak_bytes"] / cal["estimate_bytes"]
-                   if cal and cal.get("estimate_bytes") else None)
+    record = config.memory.calibration.get(config.memory_class())
+    calibration = Calibration.from_record(record, config.memory_class()) if record else None
     return CheckTarget(
-        workload=config.workload, micro_batch=config.micro_batch,
+        workload=workload or config.workload, micro_batch=config.micro_batch,
         accumulate_steps=config.accumulate_steps, target_batch=config.target_batch,
         world_size=config.world_size, precision=config.precision,
         compile_mode=config.compile_mode, device_memory_bytes=config.memory.budget_bytes,
@@ -162,65 +172,75 @@ class CheckResult:
 
 
 def check(path: str | Path | None = None, *, target: CheckTarget | None = None,
-          measure: bool | None = None, workload: Workload | None = None) -> CheckResult:
+          measure: bool | None = None, workload: Workload | WorkloadSpec | None = None,
+          timeout_s: float = DEFAULT_TIMEOUT_S) -> CheckResult:
     """Check that a tuned config (``autotune.json``) still fits its device memory.
+
+    The workload runs only in child processes with ``timeout_s`` (unless a ``Workload``
+    object is passed: the caller's own code, traced in the caller's process).
 
     Args:
         path: the ``autotune.json`` to check (or ``target``, already read).
         target: what to check, instead of a file.
         measure: True: a real short step on the CUDA device; False: the estimator; None: measure
             when a CUDA device is here, else estimate.
-        workload: a Workload object to estimate instead of the target's spec (tests).
+        workload: a spec to use instead of the file's (e.g. the workload file moved), or a
+            Workload object to estimate in this process (tests).
+        timeout_s: per child process.
 
     Raises:
         ConfigError: bad file or settings; ``measure=True`` without a CUDA device.
-        WorkloadError: the workload fails (or cannot be traced, with no device to measure on).
+        WorkloadError: the workload fails, exits, crashes or hangs (or cannot be traced, with
+            no device to measure on).
     """
     import torch
 
     if target is None:
         if path is None:
             raise ConfigError("give the autotune.json to check")
-        target = _read_tuned(path)
+        target = _read_tuned(path, workload if isinstance(workload, WorkloadSpec) else None)
     on_cpu = target.device == "cpu"
     device_here = on_cpu or torch.cuda.is_available()
     if measure and not device_here:
         raise ConfigError(f"--measure runs a real step on the config's device "
                           f"({target.device}) and no CUDA device is here; use --estimate (the "
                           "default on machines without one)")
+    object_workload = workload if isinstance(workload, Workload) else None
     usable = int(target.device_memory_bytes * (1 - target.headroom))
     label = f"{target.precision}/{target.compile_mode}"
     step: EstimateReport | None = None
     if measure or (measure is None and device_here and not on_cpu):
-        peak, how = _measure(target), f"measured on the device ({label})"
+        peak, how = _measure(target, timeout_s), f"measured on the device ({label})"
     else:
         kernels = "cpu" if target.device == "cpu" else "cuda"
         settings = dict(micro_batch=target.micro_batch,
                         device_memory=target.device_memory_bytes, precision=target.precision,
                         headroom=target.headroom, target_batch=target.target_batch,
                         world_size=target.world_size, kernels=kernels,
-                        scale=target.calibration)
+                        calibration=target.calibration, timeout_s=timeout_s)
         try:
-            step = estimate(workload or target.workload, find_max=False, **settings)
+            step = estimate(object_workload or target.workload, find_max=False, **settings)
             if not step.fits():  # only then: which micro-batch would fit
-                step = estimate(workload or target.workload, **settings)
+                step = estimate(object_workload or target.workload, **settings)
         except UntraceableStepError as exc:
             # A step the fake-tensor trace cannot follow: measure a real one, but only where
             # the config's device is here and measuring was not forbidden.
-            if measure is False or not device_here or workload is not None:
+            if measure is False or not device_here or object_workload is not None:
                 raise
             step = None
             why = str(exc).split(". ")[0]
         if step is None:
-            peak = _measure(target)
+            peak = _measure(target, timeout_s)
             how = f"measured on the device ({label}), since {why}"
         else:
-            peak = step.scaled(step.estimate.peak_bytes)
-            how = (f"estimate calibrated by {label}'s measured/estimate ratio "
-                   f"{target.calibration:.3f}" if target.calibration is not None
-                   else "eager estimate, uncalibrated" + (
+            peak = step.peak_bytes()
+            how = (f"estimate corrected by {label}'s measurement: "
+                   f"{target.calibration.describe()}" if target.calibration is not None
+                   else "eager estimate, uncorrected" + (
                        f" (compile mode {target.compile_mode} cannot be traced under fake "
                        "tensors)" if target.compile_mode != "off" else ""))
+            notes = target.calibration.notes if target.calibration is not None else ()
+            how += "".join(f"; {note}" for note in notes)
     head = (f"micro-batch {target.micro_batch} x {target.accumulate_steps} ({label}): peak "
             f"{format_bytes(peak)} ({how}), usable {format_bytes(usable)} (device "
             f"{format_bytes(target.device_memory_bytes)} minus {target.headroom:.0%} headroom)")
@@ -240,17 +260,24 @@ def check(path: str | Path | None = None, *, target: CheckTarget | None = None,
                        method="measure" if step is None else "estimate", message=message)
 
 
-def _measure(target: CheckTarget) -> int:
+def _measure(target: CheckTarget, timeout_s: float) -> int:
+    """A real capped step of the config in a child: its peak, or one over the budget for an
+    out-of-memory.
 
+    Raises:
+        WorkloadError: the step fails otherwise (crash, hang, exit, non-finite loss).
+    """
     memory_class = MemoryClass(precision=target.precision,  # type: ignore[arg-type]
                                compile_mode=target.compile_mode)  # type: ignore[arg-type]
     device = "cpu" if target.device == "cpu" else "cuda:0"
     result = run_isolated(probe_spec(target.workload, device, memory_class,
-                                     target.micro_batch, None, 900.0))
+                                     target.micro_batch, None, timeout_s))
     if not result.ok or result.peak_bytes is None:
         if result.status == "oom":
             return target.device_memory_bytes + 1
-        raise WorkloadError(f"the real step failed ({result.status}): {result.message}")
+        raise WorkloadError(f"the real step of micro-batch {target.micro_batch} "
+                            f"({target.precision}/{target.compile_mode}) failed, which is not "
+                            f"a memory verdict [{result.status}]: {result.message}")
     return result.peak_bytes
 
 

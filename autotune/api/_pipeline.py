@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
+import signal
+import threading
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -18,11 +22,19 @@ from autotune.config import (
     MemoryClass,
     MemoryProbe,
     ProbeReport,
+    TrialResult,
     WorkloadSpec,
     format_bytes,
 )
 from autotune.device import describe_device
-from autotune.errors import AutotuneError, ConfigError, NoFeasibleConfigError
+from autotune.errors import (
+    AutotuneError,
+    ConfigError,
+    Interrupted,
+    NoFeasibleConfigError,
+    OutputExistsError,
+    WorkloadError,
+)
 from autotune.memory import OnStep, hint_for, probe_memory, probe_spec
 from autotune.runner import allocator_notes, run_isolated
 from autotune.schema import (
@@ -38,6 +50,7 @@ from autotune.search import (
     SearchSettings,
     break_even_steps,
     flops_per_sample,
+    interrupt_name,
     pick_winner,
     run_search,
 )
@@ -98,8 +111,7 @@ def probe(
             budget_bytes=budget.budget_bytes, usable_bytes=budget.usable_bytes,
             timeout_s=timeout_s, hint=hint_for(memory_class, probes), on_step=on_step))
     if not any(p.max_micro_batch for p in probes):
-        raise NoFeasibleConfigError(_nothing_fits(plan.workload, info, budget, probes[0],
-                                                  timeout_s))
+        raise _nothing_fits(plan.workload, info, budget, probes[0], timeout_s)
     return replace(plan, probes=tuple(probes))
 
 
@@ -124,28 +136,66 @@ def _plan(workload: WorkloadSpec | None, target_batch: int, world_size: int, inf
     return plan, classes, budget
 
 
+BROKEN = ("non_finite", "timeout", "compile_error", "error", "workload_error")
+"""Statuses that no memory budget changes: at the smallest micro-batch they name a broken
+workload (exit 2), never "does not fit" (exit 1)."""
+
+
 def _nothing_fits(workload: WorkloadSpec, info: DeviceInfo, budget: Budget,
-                  first: MemoryProbe, timeout_s: float,
-                  scope: str = "with any precision or compile mode tried") -> str:
+                  first: MemoryProbe, timeout_s: float | None,
+                  results: dict[str, TrialResult] | None = None,
+                  scope: str = "with any precision or compile mode tried") -> AutotuneError:
+    """Why not even the smallest micro-batch fits: a memory verdict (exit 1) with what the
+    budget would have to be, or the workload's own failure (exit 2) when that is the cause."""
     smallest = first.candidates[0]
+    label = first.memory_class.label()
+    step = next((s for s in first.steps if s.micro_batch == smallest), None)
+    timed = (results or {}).get(f"{label}/{smallest}")
+    leak = timed.leak_note() if timed is not None and timed.status == "oom" else None
+    if leak:
+        return WorkloadError(
+            f"micro-batch {smallest} ({label}) ran out of memory after "
+            f"{timed.num_optimizer_steps} optimizer steps: {leak}. A larger budget only "
+            "delays it: fix the workload")  # type: ignore[union-attr]
+    if step is not None and step.status in BROKEN:
+        return WorkloadError(_broken(smallest, label, step.status, step.message))
+    if timeout_s is None:
+        return NoFeasibleConfigError(
+            f"micro-batch {smallest} does not fit in {format_bytes(budget.usable_bytes)} "
+            f"usable {scope} (the time budget is spent: what it needs was not measured)")
     # Measure what the smallest micro-batch needs, capped only by what the device has free.
     result = run_isolated(probe_spec(workload, info.device, first.memory_class, smallest,
                                      info.available_memory_bytes, timeout_s))
+    if result.status not in ("ok", "oom"):
+        # It fails without the cap too (a crash under the cap can be the cap's doing: a
+        # stack that cannot grow is a SIGSEGV): the workload is broken.
+        return WorkloadError(_broken(smallest, label, result.status, result.message,
+                                     " (also without the memory cap)"))
     if result.ok and result.peak_bytes is not None:
         need = (f"it needs {format_bytes(result.peak_bytes)} at its peak "
-                f"({first.memory_class.label()}), so the budget would have to be at least "
+                f"({label}), so the budget would have to be at least "
                 f"{format_bytes(result.peak_bytes / (1 - budget.headroom))} with "
                 f"{budget.headroom:.0%} headroom")
     else:
         need = (f"it did not fit in all {format_bytes(info.available_memory_bytes)} free on "
                 f"{info.device} either ({result.status})")
-    return (
+    return NoFeasibleConfigError(
         f"micro-batch {smallest} does not fit in {format_bytes(budget.usable_bytes)} usable "
         f"(budget {format_bytes(budget.budget_bytes)} minus {budget.headroom:.0%} headroom) "
         f"{scope}: {need}. Try a larger --memory-budget, "
         "--precisions bf16 (halves activations), activation checkpointing in the model, or a "
         "shorter --seq-len."
     )
+
+
+def _broken(micro_batch: int, label: str, status: str, message: str, where: str = "") -> str:
+    what = {"non_finite": "its loss is not finite", "timeout": "it hung (no result in time)",
+            "crash": "its process died", "compile_error": "torch.compile failed",
+            "error": "it raised an error", "workload_error": "the workload raised an error"}
+    return (f"the workload is broken, not too big: at micro-batch {micro_batch} ({label}){where} "
+            f"{what.get(status, status)} [{status}]: {message.strip() or 'no message'}. "
+            "No memory budget changes that: fix the workload (or raise --trial-timeout if it "
+            "is only slow)")
 
 
 def env(device: str | None = None) -> DeviceInfo:
@@ -196,6 +246,7 @@ def search(
         NoFeasibleConfigError: nothing fits, or no candidate ran.
     """
     settings = settings or SearchSettings()
+    started = time.monotonic()
     path = Path(out) / "autotune.json" if out is not None else None
     script = Path(out) / "train_autotuned.py" if out is not None else None
     if path is not None and script is not None:
@@ -208,42 +259,158 @@ def search(
     outcome = run_search(plan, classes, settings, on_trial=on_trial, on_step=on_step)
     report = replace(plan, probes=outcome.probes, skipped=plan.skipped + not_timed)
     if outcome.baseline is None or outcome.baseline.key() not in outcome.results:
-        if outcome.interrupted and "Ctrl-C" in outcome.stop_reason:
-            raise KeyboardInterrupt
-        if outcome.interrupted:
-            raise NoFeasibleConfigError(
+        if outcome.interrupted and outcome.stop_reason.startswith("interrupted"):
+            raise Interrupted(*_signal_of(outcome.stop_reason))
+        if outcome.interrupted:  # a limit, not a memory verdict
+            raise ConfigError(
                 f"{outcome.stop_reason.split(':')[0]} before fp32 eager (the baseline) was "
-                "measured: nothing to compare with; allow more time or trials")
-        raise NoFeasibleConfigError(_nothing_fits(
-            plan.workload, info, budget, outcome.probes[0], settings.timeout_s,
-            scope="in fp32 eager (the baseline, measured first)"))
+                "measured: nothing to compare with; allow more --time-budget or --max-trials")
+        raise _nothing_fits(plan.workload, info, budget, outcome.probes[0],
+                            _time_left(settings, started), outcome.results,
+                            scope="in fp32 eager (the baseline, measured first)")
     config = tuned_config(report, outcome, settings)
-    config = replace(config, memory=replace(config.memory, calibration=_calibrate(report, config)))
+    stop_reason = outcome.stop_reason
+    timeout_s = _time_left(settings, started)
+    runs_left = settings.max_trials - outcome.num_runs
+    if outcome.interrupted or timeout_s is None or runs_left <= 0:
+        why = ("the search was interrupted" if outcome.interrupted else
+               "the time budget is spent" if timeout_s is None else "--max-trials reached")
+        config = replace(config, skipped=(*config.skipped, f"no estimator calibration: {why}"))
+    else:
+        try:
+            calibration, notes = _calibrate(report, config, timeout_s, runs_left)
+            config = replace(config, memory=replace(config.memory, calibration=calibration),
+                             skipped=(*config.skipped, *notes))
+        except KeyboardInterrupt as exc:  # the search is done: keep its result
+            stop_reason = f"interrupted ({interrupt_name(exc)}) while calibrating: best config kept"
+            config = replace(config, interrupted=True, skipped=(
+                *config.skipped, "no estimator calibration: interrupted"))
     if path is not None and script is not None:  # both checked before the search began
-        save_tuned(config, path, force=True)
-        write_train_script(config, script, force=True)
-    return SearchResult(config=config, path=path, probe=report, stop_reason=outcome.stop_reason)
+        _write_outputs(config, path, script, force)
+    return SearchResult(config=config, path=path, probe=report, stop_reason=stop_reason)
 
 
-def _calibrate(report: ProbeReport, config: TunedConfig) -> dict[str, dict[str, int]]:
+def _signal_of(stop_reason: str) -> tuple[str, int]:
+    name = stop_reason.partition("(")[2].partition(")")[0]
+    number = getattr(signal, name, signal.SIGINT) if name.startswith("SIG") else signal.SIGINT
+    return signal.Signals(number).name, int(number)
+
+
+def _time_left(settings: SearchSettings, started: float) -> float | None:
+    """The timeout of a child run after the search: the per-child limit within what is left
+    of ``--time-budget``; None when too little is left to start one."""
+    if settings.time_budget_s is None:
+        return settings.timeout_s
+    left = settings.time_budget_s - (time.monotonic() - started)
+    return min(settings.timeout_s, left) if left >= 1.0 else None
+
+
+def _calibrate(report: ProbeReport, config: TunedConfig, timeout_s: float,
+               runs_left: int) -> tuple[dict[str, dict[str, int]], list[str]]:
     """Measured peak and the estimator's figure for the same config, for the winner's class
-    and fp32 eager: ``autotune check`` scales later estimates by their ratio."""
-    calibration = {}
+    and fp32 eager: ``autotune check`` corrects later estimates with them. Each estimate runs
+    in a child under the search's limits (``timeout_s`` in all, ``runs_left`` children)."""
+    calibration, notes = {}, []
+    deadline = time.monotonic() + timeout_s
     for probe in report.probes:
         label = probe.memory_class.label()
         if label not in (config.memory_class(), "fp32/off") or not probe.peak_bytes:
             continue
+        left = deadline - time.monotonic()
+        if left < 1.0 or runs_left <= 0:
+            notes.append(f"no estimator calibration for {label}: "
+                         + ("the time budget is spent" if left < 1.0 else "--max-trials reached"))
+            continue
+        runs_left -= 1
+        # A second measured point, far enough below the boundary for its growth to show
+        # over the noise, lets the check calibrate per-sample growth apart from the constant.
+        m = probe.max_micro_batch
+        lower = [s for s in probe.steps if s.status == "ok" and s.peak_bytes and
+                 2 * s.micro_batch <= m]
+        point = max(lower, key=lambda s: s.micro_batch, default=None)
         try:
-            figure = estimate(report.workload, micro_batch=probe.max_micro_batch,
+            figure = estimate(report.workload, micro_batch=m,
                               device_memory=report.device.total_memory_bytes,
                               precision=probe.memory_class.precision,
-                              kernels="cuda" if report.device.is_cuda else "cpu", find_max=False)
-        except AutotuneError:  # a step the fake-tensor trace cannot follow: no calibration
+                              kernels="cuda" if report.device.is_cuda else "cpu",
+                              find_max=False, timeout_s=left,
+                              also_trace=(point.micro_batch,) if point else ())
+        except AutotuneError as exc:  # a step the fake-tensor trace cannot follow
+            notes.append(f"no estimator calibration for {label}: {str(exc).splitlines()[0]}")
             continue
-        calibration[label] = {"measured_peak_bytes": probe.peak_bytes,
-                              "estimate_bytes": figure.estimate.peak_bytes,
-                              "micro_batch": probe.max_micro_batch}
-    return calibration
+        record = {"measured_peak_bytes": probe.peak_bytes,
+                  "estimate_bytes": figure.estimate.peak_bytes, "micro_batch": m}
+        traced = dict(figure.traced)
+        if point is not None and point.peak_bytes and point.micro_batch in traced:
+            record.update(growth_micro_batch=point.micro_batch,
+                          growth_measured_peak_bytes=point.peak_bytes,
+                          growth_estimate_bytes=traced[point.micro_batch])
+        calibration[label] = record
+    return calibration, notes
+
+
+def _write_outputs(config: TunedConfig, path: Path, script: Path, force: bool) -> None:
+    """Write autotune.json and train_autotuned.py, with Ctrl-C and SIGTERM held until both are
+    written (then acted on: ``Interrupted`` says what was written). Without ``force`` neither
+    replaces a file another process wrote meanwhile: this search's result goes beside it,
+    and the error says where.
+
+    Raises:
+        OutputExistsError: a file appeared while the search ran.
+        Interrupted: a signal came while writing; both files were written.
+    """
+    with _signals_held() as caught:
+        try:
+            save_tuned(config, path, force=force)
+        except OutputExistsError:
+            spare = _free_name(path)
+            save_tuned(config, spare, force=False)
+            raise OutputExistsError(
+                f"{path} was written by another process while this search ran: not "
+                f"overwritten. This search's config is in {spare}; pass --force to overwrite, "
+                "or --out another folder") from None
+        try:
+            write_train_script(config, script, force=force)
+        except OutputExistsError:
+            spare = _free_name(script)
+            write_train_script(config, spare, force=False)
+            raise OutputExistsError(
+                f"{script} was written by another process while this search ran: not "
+                f"overwritten. {path} holds this search's config and {spare} its script; pass "
+                "--force to overwrite, or --out another folder") from None
+    if caught:
+        stopped = Interrupted(signal.Signals(caught[0]).name, caught[0])
+        stopped.written = path  # type: ignore[attr-defined]
+        raise stopped
+
+
+def _free_name(path: Path) -> Path:
+    """``autotune-2.json``, ``autotune-3.json``, ...: the first name not taken."""
+    n = 2
+    while (candidate := path.with_name(f"{path.stem}-{n}{path.suffix}")).exists():
+        n += 1
+    return candidate
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[list[int]]:
+    """Hold SIGINT and SIGTERM for the milliseconds of writing the outputs: a file is never
+    left half-written, nor one written without the other. Yields the signals that came (a
+    SIGINT or SIGTERM that was ignored before stays ignored). Only the main thread can hold
+    signals; elsewhere this holds nothing."""
+    caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig, handler in previous.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(sig, lambda num, _frame: caught.append(num))
+    try:
+        yield caught
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _check_writable(path: Path, force: bool) -> None:
@@ -267,6 +434,14 @@ def tuned_config(report: ProbeReport, outcome: SearchOutcome,
     winner = pick_winner(outcome.records, settings)
     if winner is None:
         seen = ", ".join(f"{r.label()}: {r.verdict}" for r in outcome.records) or "none ran"
+        leaks = [(key, note) for key, r in outcome.results.items()
+                 if r.status == "oom" and (note := r.leak_note())]
+        if leaks:
+            key, note = leaks[0]
+            raise WorkloadError(
+                f"no candidate completed its timed steps ({seen}): they fit their warm-up steps, "
+                f"then ran out of memory; {key}: {note}. A larger budget only delays it: fix "
+                "the workload")
         raise NoFeasibleConfigError(f"no candidate completed its timed steps ({seen})")
     baseline = next(r for r in outcome.records if r.is_baseline)
     records = tuple(replace(r, verdict="winner", reason="fastest") if r is winner else
