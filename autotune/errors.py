@@ -17,6 +17,20 @@ class ConfigError(AutotuneError):
     """A setting, option or file is wrong. The message names the value seen and what to do."""
 
 
+class OutputExistsError(ConfigError):
+    """An output file (``autotune.json``, ``train_autotuned.py``) exists and ``force`` was not
+    given: it is left as it is, also when another run wrote it after this one started.
+
+    Attributes:
+        path: the file that was not overwritten.
+    """
+
+    def __init__(self, path: object) -> None:
+        self.path = path
+        super().__init__(f"{path} already exists and was not overwritten: pass --force to "
+                         "replace it, or choose another --out folder")
+
+
 class WorkloadError(AutotuneError):
     """The user's workload could not be loaded or misbehaved (factory raised, bad batch, ...)."""
 
