@@ -334,6 +334,18 @@ def codegen(
         out.print(f"python {path} --steps 100", highlight=False)
 
 
+@app.command("schema")
+def schema_command() -> None:
+    """Print the JSON Schema of autotune.json (the fields, their types and ranges)."""
+    with _exits():
+        import json
+
+        from autotune.schema import json_schema  # not via api, which imports torch
+
+
+        print(json.dumps(json_schema(), indent=2))
+
+
 def main() -> None:
     """Console-script entry point."""
     app(prog_name="autotune")

@@ -22,7 +22,12 @@ from autotune.config import (
     format_bytes,
 )
 from autotune.device import describe_device
-from autotune.errors import AutotuneError, ConfigError, NoFeasibleConfigError
+from autotune.errors import (
+    AutotuneError,
+    ConfigError,
+    NoFeasibleConfigError,
+    OutputExistsError,
+)
 from autotune.memory import OnStep, hint_for, probe_memory, probe_spec
 from autotune.runner import allocator_notes, run_isolated
 from autotune.schema import (
@@ -219,9 +224,9 @@ def search(
             scope="in fp32 eager (the baseline, measured first)"))
     config = tuned_config(report, outcome, settings)
     config = replace(config, memory=replace(config.memory, calibration=_calibrate(report, config)))
-    if path is not None and script is not None:  # both checked before the search began
-        save_tuned(config, path, force=True)
-        write_train_script(config, script, force=True)
+    if path is not None and script is not None:  # checked before the search began, and
+        save_tuned(config, path, force=force)  # never replaced if another run wrote them since
+        write_train_script(config, script, force=force)
     return SearchResult(config=config, path=path, probe=report, stop_reason=outcome.stop_reason)
 
 
@@ -248,7 +253,7 @@ def _calibrate(report: ProbeReport, config: TunedConfig) -> dict[str, dict[str, 
 
 def _check_writable(path: Path, force: bool) -> None:
     if path.exists() and not force:
-        raise ConfigError(f"{path} exists; pass --force to overwrite it, or --out another folder")
+        raise OutputExistsError(path)
     folder = path.parent
     existing = folder if folder.exists() else next(
         (p for p in folder.parents if p.exists()), Path("."))
