@@ -15,6 +15,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -66,7 +67,9 @@ def _exits() -> Iterator[None]:
     try:
         yield
     except AutotuneError as exc:
-        err.print(f"[bold red]error:[/bold red] {exc}", highlight=False, markup=True)
+        # The message may quote a file's values: escaped, so "[/]" or ":smile:" print as typed.
+        err.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False,
+                  markup=True, emoji=False)
         raise typer.Exit(exc.exit_code) from None
 
 
@@ -330,8 +333,8 @@ def codegen(
         from autotune import api
 
         path = api.codegen(config_path, workload=workload, out=out_dir, force=force)
-        err.print(f"wrote {path}", highlight=False)
-        out.print(f"python {path} --steps 100", highlight=False)
+        err.print(f"wrote {path}", highlight=False, markup=False, emoji=False)
+        out.print(f"python {path} --steps 100", highlight=False, markup=False, emoji=False)
 
 
 @app.command("schema")
