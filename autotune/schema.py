@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import re
@@ -239,6 +240,12 @@ def _link_exclusive(tmp: str, path: Path) -> None:
 
 
 def _umask() -> int:
+    """The process's umask: read from /proc on Linux (setting it to read it back races with
+    other threads creating files), else set and restored."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
@@ -294,15 +301,10 @@ def read_tuned(path: str | Path) -> TunedConfig:
     return config
 
 
+@functools.cache
 def _adapter() -> TypeAdapter[TunedConfig]:
-    global _ADAPTER
-    if _ADAPTER is None:
-        _ADAPTER = TypeAdapter(TunedConfig)
-    return _ADAPTER
-
-
-_ADAPTER: TypeAdapter[TunedConfig] | None = None
-"""Built on first use: pydantic compiles the validator once per process (some milliseconds)."""
+    """Pydantic's validator for the file, compiled once per process on first use."""
+    return TypeAdapter(TunedConfig)
 
 
 def _check_schema_field(path: Path, data: Any) -> None:

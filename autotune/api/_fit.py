@@ -132,10 +132,7 @@ def _read_tuned(path: str | Path) -> CheckTarget:
     Raises:
         ConfigError: missing or unreadable file, not JSON, another schema, or bad fields.
     """
-    config = read_tuned(path)
-    if config.memory.budget_bytes <= 0 or not 0 <= config.memory.headroom < 1:
-        raise ConfigError(f"{path}: bad memory budget {config.memory.budget_bytes} or headroom "
-                          f"{config.memory.headroom}; regenerate it with `autotune search`")
+    config = read_tuned(path)  # validated there: budget positive, headroom in [0, 1), ...
     cal = config.memory.calibration.get(config.memory_class())
     calibration = (cal["measured_peak_bytes"] / cal["estimate_bytes"]
                    if cal and cal.get("estimate_bytes") else None)
