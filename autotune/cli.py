@@ -17,6 +17,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -76,8 +77,9 @@ def _exits() -> Iterator[None]:
     try:
         yield
     except AutotuneError as exc:
-        err.print("[bold red]error:[/bold red] ", end="", highlight=False, markup=True)
-        err.print(str(exc), highlight=False, markup=False)
+        # The message may quote a file's values: escaped, so "[/]" or ":smile:" print as typed.
+        err.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False,
+                  markup=True, emoji=False)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt as exc:
         written = getattr(exc, "written", None)
@@ -387,8 +389,20 @@ def codegen(
         from autotune import api
 
         path = api.codegen(config_path, workload=workload, out=out_dir, force=force)
-        err.print(f"wrote {path}", highlight=False)
-        out.print(f"python {path} --steps 100", highlight=False)
+        err.print(f"wrote {path}", highlight=False, markup=False, emoji=False)
+        out.print(f"python {path} --steps 100", highlight=False, markup=False, emoji=False)
+
+
+@app.command("schema")
+def schema_command() -> None:
+    """Print the JSON Schema of autotune.json (the fields, their types and ranges)."""
+    with _exits():
+        import json
+
+        from autotune.schema import json_schema  # not via api, which imports torch
+
+
+        print(json.dumps(json_schema(), indent=2))
 
 
 def _terminate(signum: int, _frame: object) -> None:

@@ -1,9 +1,11 @@
 """``train_autotuned.py``: a plain PyTorch training loop with the tuned values. No torch here.
 
-The script is rendered as text from a ``TunedConfig``. It does not import autotune: the
+The script is rendered as text from a ``TunedConfig``. Every value from the config enters it as
+a Python literal (``_literal``), or escaped in the docstring and comments (``_text``): a value
+never becomes code, whatever ``autotune.json`` holds. It does not import autotune: the
 built-in model's source is carried in it (``TINY_GPT``, kept identical to
 ``autotune.workload.TinyGPT`` by a test), a Hugging Face model is rebuilt from its config with
-transformers, and a ``file.py:factory`` workload is imported from its file. Its ``train_step``
+transformers, and a ``file.py:factory`` workload is imported by path. Its ``train_step``
 does the arithmetic of ``autotune.trial.train_step`` (tests compare their gradients).
 """
 
@@ -41,13 +43,32 @@ def render_train_script(config: TunedConfig, *, script_dir: Path | None = None) 
         docstring=_docstring(config),
         imports=imports,
         tuned_block=_tuned_block(config),
-        target_batch=config.target_batch,
-        micro_batch=config.micro_batch,
-        precision=f'"{config.precision}"',
-        compile_mode=f'"{config.compile_mode}"',
-        world_size=config.world_size,
+        target_batch=_literal(config.target_batch),
+        micro_batch=_literal(config.micro_batch),
+        precision=_literal(config.precision),
+        compile_mode=_literal(config.compile_mode),
+        world_size=_literal(config.world_size),
         workload=workload_code,
     )
+
+
+def _literal(value: str | int) -> str:
+    """A config value as a Python literal: the only way one enters the script's code.
+
+    A string becomes its JSON form, which is also a Python string literal with the same value
+    (JSON's escapes are Python's; non-ASCII is escaped, so the source is plain ASCII).
+    """
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(int(value))
+    raise TypeError(f"no literal for {type(value).__name__}")
+
+
+def _text(value: str) -> str:
+    """Text for the docstring or a comment: quotes, backslashes, newlines and non-ASCII
+    escaped, so it can neither end the docstring nor start a line of code."""
+    return json.dumps(value)[1:-1]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -55,9 +76,13 @@ def render_train_script(config: TunedConfig, *, script_dir: Path | None = None) 
 
 
 def _docstring(config: TunedConfig) -> str:
-    name = config.workload_name or config.workload.label()
+    # The workload's name stays off the first line: argparse formats that line (--help) with
+    # "%", which a name such as "%(prog)d" would break.
+    name = _text(config.workload_name or config.workload.label())
     return (
-        f'"""Train {name} with the config autotune measured fastest on {config.device.device}.\n'
+        f'"""Train with the config autotune measured fastest on {_text(config.device.device)}.\n'
+        "\n"
+        f"Workload: {name}\n"
         "\n"
         "Run it:\n"
         "    python train_autotuned.py --steps 100\n"
@@ -91,7 +116,7 @@ def _tuned_block(config: TunedConfig) -> str:
 
 
 def _comment(text: str, indent: str = "# ") -> list[str]:
-    return textwrap.wrap(text, width=_WIDTH, initial_indent="# ", subsequent_indent=indent,
+    return textwrap.wrap(_text(text), width=_WIDTH, initial_indent="# ", subsequent_indent=indent,
                          break_on_hyphens=False)
 
 
@@ -172,14 +197,14 @@ def _workload_section(config: TunedConfig, script_dir: Path | None) -> tuple[str
         labels = ("torch.randint(0, hf_config.num_labels, (micro_batch,))"
                   if task == "classifier" else "ids.clone()")
         code = string.Template(HF).substitute(
-            name=json.dumps(spec.target), seq_len=seq_len, auto=HF_AUTO[task], build=build,
+            name=_literal(spec.target), seq_len=_literal(seq_len), auto=HF_AUTO[task], build=build,
             labels=labels, count=HF_COUNTS[task])
         third.append("import transformers")
     else:
         path_text, _, factory = spec.target.rpartition(":")
         code = string.Template(FILE).substitute(
-            path=_path_expr(Path(path_text), script_dir), factory=factory)
-        std = sorted([*std, "import importlib", "import sys"])
+            path=_path_expr(Path(path_text), script_dir), factory=_literal(factory))
+        std = sorted([*std, "import importlib.util", "import sys"])
         std_from.append("from pathlib import Path")
     imports = "\n".join([*std, *std_from, "", *third, *tail])
     return imports, code.strip("\n")
@@ -187,10 +212,11 @@ def _workload_section(config: TunedConfig, script_dir: Path | None) -> tuple[str
 
 def _hf_task(config: TunedConfig) -> tuple[str, int]:
     """Task and sequence length as measured: ``hf_workload`` names them ``id (task, seq N)``."""
-    match = re.search(r"\((causal-lm|masked-lm|classifier), seq (\d+)\)$", config.workload_name)
+    match = re.search(r"\((causal-lm|masked-lm|classifier), seq ([1-9][0-9]{0,8})\)$",
+                      config.workload_name, flags=re.ASCII)
     if match:
         return match.group(1), int(match.group(2))
-    return "causal-lm", config.workload.seq_len or 1024
+    return "causal-lm", int(config.workload.seq_len or 1024)
 
 
 def _path_expr(path: Path, script_dir: Path | None) -> str:
@@ -198,5 +224,5 @@ def _path_expr(path: Path, script_dir: Path | None) -> str:
     absolute = path.resolve()
     if script_dir is not None and absolute.is_relative_to(Path(script_dir).resolve()):
         relative = absolute.relative_to(Path(script_dir).resolve()).as_posix()
-        return f"Path(__file__).resolve().parent / {json.dumps(relative)}"
-    return f"Path({json.dumps(absolute.as_posix())})"
+        return f"Path(__file__).resolve().parent / {_literal(relative)}"
+    return f"Path({_literal(absolute.as_posix())})"

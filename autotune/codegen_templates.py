@@ -131,10 +131,15 @@ HF_AUTO = {"causal-lm": "AutoModelForCausalLM", "masked-lm": "AutoModelForMasked
             "classifier": "AutoModelForSequenceClassification"}
 
 FILE = '''
-# Your workload factory, imported from its file (its folder goes on sys.path for its imports).
+# Your workload factory, imported by path under a private name (a file named model.v2.py or
+# time.py imports as itself); its folder goes on sys.path for its own imports.
 workload_file = $path
 sys.path.insert(0, str(workload_file.parent))
-workload = importlib.import_module(workload_file.stem).$factory()
+workload_spec = importlib.util.spec_from_file_location("_autotune_workload", workload_file)
+workload_module = importlib.util.module_from_spec(workload_spec)
+sys.modules[workload_spec.name] = workload_module  # dataclasses and pickle look it up here
+workload_spec.loader.exec_module(workload_module)
+workload = vars(workload_module)[$factory]()  # the factory autotune.json names
 
 build_model = workload.build_model
 get_batch = workload.make_batch  # worst-case batches: replace with your data

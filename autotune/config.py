@@ -13,7 +13,7 @@ import statistics
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, ClassVar, Literal, TypeVar, get_args
 
 from autotune.errors import ConfigError
 
@@ -28,6 +28,11 @@ TrialStatus = Literal[
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
 CUDA_GRAPH_MODES: tuple[str, ...] = ("reduce-overhead", "max-autotune")
+
+STRICT_FIELDS: dict[str, Any] = {"extra": "forbid", "strict": True}
+"""Pydantic config of the dataclasses written to ``autotune.json`` (validated on read by
+``autotune.schema.read_tuned``): no unknown field, no coercion ("8" is not 8). A plain dict, so
+this module does not import pydantic."""
 
 GIB = 1024**3
 MIB = 1024**2
@@ -113,6 +118,8 @@ def format_bytes(num_bytes: float | None) -> str:
 class WorkloadSpec:
     """How a child process rebuilds the workload: workloads hold code, so only this travels."""
 
+    __pydantic_config__: ClassVar[dict[str, Any]] = STRICT_FIELDS
+
     kind: Literal["default", "hf", "file"] = "default"
     """``default``: the built-in model sized to the device; ``hf``: a Hugging Face model id or
     local directory built from its config; ``file``: ``path/to/file.py:factory``."""
@@ -154,6 +161,8 @@ BASELINE_CLASS = MemoryClass(precision="fp32", compile_mode="off")
 @dataclass(frozen=True, kw_only=True)
 class DeviceInfo:
     """Facts about the device that the search relies on."""
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = STRICT_FIELDS
 
     device: str
     """``cpu`` or ``cuda:N``."""
@@ -463,6 +472,7 @@ def peak_tflops(device_name: str, precision: str) -> float | None:
 
 __all__ = [
     "BASELINE_CLASS", "COMPILE_MODES", "CUDA_GRAPH_MODES", "PEAK_TFLOPS", "PRECISIONS",
+    "STRICT_FIELDS",
     "CompileMode", "DeviceInfo",
     "MemoryClass", "MemoryProbe", "Precision", "ProbeReport", "ProbeStep", "TrialResult",
     "TrialSpec", "TrialStatus", "WorkloadSpec", "field", "format_bytes", "from_json_dict",

@@ -17,6 +17,20 @@ class ConfigError(AutotuneError):
     """A setting, option or file is wrong. The message names the value seen and what to do."""
 
 
+class OutputExistsError(ConfigError):
+    """An output file (``autotune.json``, ``train_autotuned.py``) exists and ``force`` was not
+    given: it is left as it is, also when another run wrote it after this one started.
+
+    Attributes:
+        path: the file that was not overwritten.
+    """
+
+    def __init__(self, path: object, message: str | None = None) -> None:
+        self.path = path
+        super().__init__(message or f"{path} already exists and was not overwritten: pass "
+                         "--force to replace it, or choose another --out folder")
+
+
 class WorkloadError(AutotuneError):
     """The user's workload could not be loaded or misbehaved (factory raised, bad batch, ...)."""
 
@@ -34,11 +48,6 @@ class NoFeasibleConfigError(AutotuneError):
 
 class MissingDependencyError(AutotuneError):
     """An optional package needed for the requested feature is not installed."""
-
-
-class OutputExistsError(ConfigError):
-    """An output file exists (or appeared while autotune ran) and ``force`` was not given: it
-    was not overwritten."""
 
 
 class Interrupted(KeyboardInterrupt):

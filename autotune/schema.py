@@ -3,25 +3,37 @@
 The file is complete enough to reproduce the winner and to check it later: knobs, memory facts,
 measured throughput and the baseline's, device and versions, workload fingerprint, and each
 trial with its outcome and why it lost (DESIGN.md section 7).
+
+It is validated in one place, on read (``read_tuned``): pydantic checks every field's type and
+range against the dataclasses below (strict: no coercion, no unknown field), then the rules
+that tie fields together. Every problem is reported at once, each with its dotted path.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import functools
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError
 
 from autotune.config import (
+    STRICT_FIELDS,
+    CompileMode,
     DeviceInfo,
+    Precision,
     ProbeReport,
     WorkloadSpec,
-    from_json_dict,
     to_json_dict,
 )
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, OutputExistsError
 
 SCHEMA_VERSION = 1
 
@@ -31,15 +43,31 @@ Verdict = Literal[
 ]
 
 
+def _non_finite(value: Any) -> Any:
+    """``to_json_dict`` writes inf and nan as the strings ``"inf"``, ``"-inf"``, ``"nan"``."""
+    if isinstance(value, str) and value in ("inf", "-inf", "nan"):
+        return float(value)
+    return value
+
+
+Float = Annotated[float, BeforeValidator(
+    _non_finite, json_schema_input_type=float | Literal["inf", "-inf", "nan"])]
+"""A float field of the file: a JSON number, or ``"inf"`` / ``"-inf"`` / ``"nan"``."""
+Count = Annotated[int, Field(ge=0)]
+Positive = Annotated[int, Field(ge=1)]
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrialRecord:
     """One measured candidate and what became of it."""
 
-    number: int
-    micro_batch: int
-    accumulate_steps: int
-    precision: str
-    compile_mode: str
+    __pydantic_config__: ClassVar[dict[str, Any]] = STRICT_FIELDS
+
+    number: Count
+    micro_batch: Positive
+    accumulate_steps: Positive
+    precision: Precision
+    compile_mode: CompileMode
     verdict: Verdict
     """``winner``; ``ok`` (ran, lost by a little); ``slower`` (stopped early: clearly slower);
     ``numerics`` (loss far from fp32 eager); ``over_budget`` (ran, but its peak is over the
@@ -47,31 +75,31 @@ class TrialRecord:
     reason: str = ""
     """Why it lost or failed, in words."""
     is_baseline: bool = False
-    median_step_s: float | None = None
+    median_step_s: Float | None = None
     """Median wall time of one optimizer step (micro_batch x accumulate_steps samples)."""
-    spread: float | None = None
+    spread: Float | None = None
     """(p90 - p10) / median of the timed steps."""
-    num_timed_steps: int = 0
-    samples_per_s: float | None = None
-    tokens_per_s: float | None = None
-    peak_bytes: int | None = None
-    compile_s: float | None = None
-    first_loss: float | None = None
-    num_skipped_steps: int = 0
-    num_graphs: int | None = None
-    num_graph_breaks: int | None = None
-    num_alloc_retries: int = 0
-    tflops_per_s: float | None = None
+    num_timed_steps: Count = 0
+    samples_per_s: Float | None = None
+    tokens_per_s: Float | None = None
+    peak_bytes: Count | None = None
+    compile_s: Float | None = None
+    first_loss: Float | None = None
+    num_skipped_steps: Count = 0
+    num_graphs: Count | None = None
+    num_graph_breaks: Count | None = None
+    num_alloc_retries: Count = 0
+    tflops_per_s: Float | None = None
     """Model TFLOP/s achieved (the baseline's counted FLOPs per sample x samples/s)."""
-    mfu: float | None = None
+    mfu: Float | None = None
     """Model FLOPs utilization: TFLOP/s over the device's dense peak in this precision, when
     the peak is known (``config.PEAK_TFLOPS``)."""
-    speedup: float | None = None
+    speedup: Float | None = None
     """samples/s over the baseline's."""
-    time_to_train_s: float | None = None
+    time_to_train_s: Float | None = None
     """compile_s + train_steps x median_step_s, when an objective in steps was given."""
-    wall_s: float | None = None
-    num_runs: int = 1
+    wall_s: Float | None = None
+    num_runs: Positive = 1
     """Times it was measured; a close race is re-measured and each keeps its better run."""
 
     def label(self) -> str:
@@ -83,16 +111,20 @@ class TrialRecord:
 class MemoryRecord:
     """Memory facts behind the tuned config."""
 
-    device_total_bytes: int
+    __pydantic_config__: ClassVar[dict[str, Any]] = STRICT_FIELDS
+
+    device_total_bytes: Count
     budget_bytes: int
-    headroom: float
-    usable_bytes: int
+    """The hard cap each trial ran under (positive: checked with the other fields' rules)."""
+    headroom: Float
+    """Share of the budget kept free, in [0, 1)."""
+    usable_bytes: Count
     """Budget minus headroom: the winner's peak stays under this."""
-    peak_bytes: int | None
+    peak_bytes: Count | None
     """The winner's measured peak."""
-    max_micro_batch: dict[str, int] = field(default_factory=dict)
+    max_micro_batch: dict[str, Count] = field(default_factory=dict)
     """Largest fitting micro-batch per memory class (``precision/compile_mode``)."""
-    calibration: dict[str, dict[str, int]] = field(default_factory=dict)
+    calibration: dict[str, dict[str, Count]] = field(default_factory=dict)
     """Per memory class: ``measured_peak_bytes`` and the estimator's ``estimate_bytes`` for
     the same config, so ``autotune check`` can scale a later estimate."""
     allocator: str = ""
@@ -103,39 +135,41 @@ class MemoryRecord:
 class TunedConfig:
     """The content of ``autotune.json``."""
 
+    __pydantic_config__: ClassVar[dict[str, Any]] = STRICT_FIELDS
+
     schema: int = SCHEMA_VERSION
     autotune_version: str
     created_at: str
     workload: WorkloadSpec
     workload_name: str
     workload_fingerprint: str
-    target_batch: int
+    target_batch: Positive
     """Effective batch tuned for: samples per optimizer step over all devices."""
-    requested_batch: int | None = None
+    requested_batch: Positive | None = None
     """What the user asked for, when --allow-inexact tuned the nearest exact batch instead."""
-    world_size: int
-    micro_batch: int
+    world_size: Positive
+    micro_batch: Positive
     """Samples per forward/backward on each device."""
-    accumulate_steps: int
+    accumulate_steps: Positive
     """Micro-batches per optimizer step: target_batch / (micro_batch x world_size)."""
-    precision: str
-    compile_mode: str
+    precision: Precision
+    compile_mode: CompileMode
     compile_dynamic: bool = False
     extras: dict[str, str] = field(default_factory=dict)
     memory: MemoryRecord
     device: DeviceInfo
     objective: Literal["throughput", "time_to_train"] = "throughput"
-    train_steps: int | None = None
-    median_step_s: float | None = None
-    samples_per_s: float | None = None
-    tokens_per_s: float | None = None
-    flops_per_sample: float | None = None
+    train_steps: Positive | None = None
+    median_step_s: Float | None = None
+    samples_per_s: Float | None = None
+    tokens_per_s: Float | None = None
+    flops_per_sample: Float | None = None
     """Model FLOPs of one sample's forward and backward, counted on the baseline's step."""
-    mfu: float | None = None
+    mfu: Float | None = None
     """The winner's model FLOPs utilization, when the device's peak is known."""
-    baseline_samples_per_s: float | None = None
-    speedup: float | None = None
-    break_even_steps: float | None = None
+    baseline_samples_per_s: Float | None = None
+    speedup: Float | None = None
+    break_even_steps: Float | None = None
     """Optimizer steps after which the compiled winner's compile time has paid for itself."""
     reason: str = ""
     """One line: why the winner won."""
@@ -155,56 +189,243 @@ class TunedConfig:
 
 
 def write_json_atomic(path: Path, text: str, *, force: bool = False) -> None:
-    """Write ``text`` to ``path`` via a temporary file and a rename.
+    """Write ``text`` to ``path`` atomically, with the user's umask, never over another file.
+
+    The text goes to a temporary file beside ``path``, which then takes the name in one step: a
+    hard link (fails if the name exists, also when another process wrote it after the check
+    at the start) or, with ``force``, a rename over it. Readers never see a half-written file.
 
     Raises:
-        ConfigError: ``path`` exists and ``force`` is False, or the folder is not writable.
+        OutputExistsError: ``path`` exists and ``force`` is False.
+        ConfigError: the folder is not writable.
     """
     path = Path(path)
     if path.exists() and not force:
-        raise ConfigError(f"{path} exists; pass --force to overwrite it, or --out another folder")
+        raise OutputExistsError(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600
+            if force:
+                os.replace(tmp, path)
+            else:
+                _link_exclusive(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
     except OSError as exc:
         raise ConfigError(f"cannot write {path}: {exc.strerror or exc}; choose a writable "
                           "--out folder") from exc
 
 
+def _link_exclusive(tmp: str, path: Path) -> None:
+    """Give the complete ``tmp`` the name ``path`` unless that name exists."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise OutputExistsError(path) from None
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK):
+            raise
+        # A file system without hard links: claim the name exclusively (an empty file for an
+        # instant, never a partial one), then move the complete file onto it.
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+        except FileExistsError:
+            raise OutputExistsError(path) from None
+        os.replace(tmp, path)
+
+
+def _umask() -> int:
+    """The process's umask: read from /proc on Linux (setting it to read it back races with
+    other threads creating files), else set and restored."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def save_tuned(config: TunedConfig, path: Path, *, force: bool = False) -> None:
-    """Write ``autotune.json`` atomically (never a half-written file)."""
+    """Write ``autotune.json`` atomically (never a half-written file, never over another one
+    without ``force``)."""
     write_json_atomic(path, json.dumps(to_json_dict(config), indent=2) + "\n", force=force)
 
 
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of ``autotune.json`` (what ``autotune schema`` prints)."""
+    return _adapter().json_schema()
+
+
 def read_tuned(path: str | Path) -> TunedConfig:
-    """Read and validate ``autotune.json``.
+    """Read and validate ``autotune.json``: the one place its values are checked.
+
+    Pydantic checks each field's type and range (strict: ``"8"`` is not 8, no unknown field),
+    then ``_rules`` checks the fields against each other. All problems are reported at once.
 
     Raises:
-        ConfigError: missing, not JSON, not an autotune file, from a newer schema, or
-            with fields this version does not know.
+        ConfigError: missing, a directory, not JSON, not an autotune file, from another schema,
+            or with bad fields (each named by its dotted path, with the value seen and why).
     """
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path} is a directory, not an autotune.json file: give the file's "
+                          f"path, e.g. {path / 'autotune.json'}")
     if not path.is_file():
         raise ConfigError(f"{path} does not exist: run `autotune search` to create it")
     try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ConfigError(f"{path} is not valid JSON ({exc}); re-run `autotune search`") from exc
-    if not isinstance(data, dict) or "schema" not in data:
-        raise ConfigError(f"{path} is not an autotune.json file (no 'schema' field)")
-    if data["schema"] != SCHEMA_VERSION:
-        newer = isinstance(data["schema"], int) and data["schema"] > SCHEMA_VERSION
-        raise ConfigError(
-            f"{path} has schema {data['schema']!r}; this autotune reads schema {SCHEMA_VERSION}"
-            + (": upgrade autotune (pip install -U torch-autotune)" if newer else
-               ": re-run `autotune search` to write a current file"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    _check_schema_field(path, data)
+    problems: list[str] = []
+    config = None
     try:
-        return from_json_dict(TunedConfig, data)
-    except (TypeError, ConfigError) as exc:
-        raise ConfigError(f"{path} does not match schema {SCHEMA_VERSION}: {exc}") from exc
+        config = _adapter().validate_json(text)
+    except ValidationError as exc:
+        problems += [_problem(error) for error in exc.errors()]
+    problems += _rules(data)
+    if problems or config is None:
+        raise ConfigError(
+            f"{path} is not a valid autotune config ({len(problems)} problem"
+            f"{'s' if len(problems) != 1 else ''}): " + "; ".join(problems)
+            + ". Fix these fields, or re-run `autotune search` to write a fresh file")
+    return config
+
+
+@functools.cache
+def _adapter() -> TypeAdapter[TunedConfig]:
+    """Pydantic's validator for the file, compiled once per process on first use."""
+    return TypeAdapter(TunedConfig)
+
+
+def _check_schema_field(path: Path, data: Any) -> None:
+    """The file is a JSON object with ``"schema": 1`` (the version this autotune reads)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} is not an autotune.json file: it holds {_describe(data)}, "
+                          "not a JSON object; re-run `autotune search` to write one")
+    if "schema" not in data:
+        raise ConfigError(f"{path} is not an autotune.json file (no 'schema' field)")
+    version = data["schema"]
+    if type(version) is not int:
+        raise ConfigError(
+            f"{path}: the field 'schema' must be the number {SCHEMA_VERSION}, got "
+            f"{_describe(version)}; fix it, or re-run `autotune search` to write a fresh file")
+    if version != SCHEMA_VERSION:
+        raise ConfigError(
+            f"{path} has schema {version}; this autotune reads schema {SCHEMA_VERSION}"
+            + (": upgrade autotune (pip install -U torch-autotune)" if version > SCHEMA_VERSION
+               else ": re-run `autotune search` to write a current file"))
+
+
+def _describe(value: Any) -> str:
+    """A JSON value in words, e.g. ``the string '1'``."""
+    if isinstance(value, str):
+        return f"the string {_shown(value)}"
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, (int, float)):
+        return f"the number {_shown(value)}"
+    return f"a JSON {'array' if isinstance(value, list) else 'object'}"
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    """``repr`` of a value seen in the file, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _dotted(loc: tuple[int | str, ...]) -> str:
+    """``("trials", 0, "precision")`` as ``trials[0].precision``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part):
+            out += f".{part}" if out else part
+        else:
+            out += f"[{_shown(part, 40)}]"
+    return out or "(the file)"
+
+
+_REASONS = {
+    "missing": "missing (this field is required)",
+    "unexpected_keyword_argument": "unknown field (not part of schema 1)",
+    "extra_forbidden": "unknown field (not part of schema 1)",
+}
+
+
+def _problem(error: Any) -> str:
+    """One pydantic error as ``dotted.path: got VALUE: reason``."""
+    where = _dotted(tuple(error["loc"]))
+    if error["type"] == "missing":
+        return f"{where}: {_REASONS['missing']}"
+    reason = _REASONS.get(error["type"], error["msg"])
+    return f"{where}: got {_shown(error.get('input'))}: {reason}"
+
+
+def _rules(data: dict[str, Any]) -> list[str]:
+    """What pydantic cannot see field by field: the rules between fields. Each rule runs on
+    the raw JSON where its inputs have the right type (a wrong type is pydantic's problem)."""
+    problems = []
+    batch = [_int(data, name) for name in ("micro_batch", "accumulate_steps", "world_size")]
+    target = _int(data, "target_batch")
+    if None not in batch and target is not None and batch[0] * batch[1] * batch[2] != target:
+        problems.append(
+            f"micro_batch x accumulate_steps x world_size: got {batch[0]} x {batch[1]} x "
+            f"{batch[2]} = {batch[0] * batch[1] * batch[2]}: must equal target_batch "
+            f"({target})")
+    memory = data.get("memory")
+    if isinstance(memory, dict):
+        headroom = _non_finite(memory.get("headroom"))
+        if _is_number(headroom) and not 0 <= headroom < 1:
+            problems.append(f"memory.headroom: got {_shown(memory.get('headroom'))}: must be "
+                            "a fraction in [0, 1), e.g. 0.1 for 10%")
+        budget, usable = _int(memory, "budget_bytes"), _int(memory, "usable_bytes")
+        if budget is not None and budget <= 0:
+            problems.append(f"memory.budget_bytes: got {budget}: must be positive")
+        if budget is not None and usable is not None and usable > budget:
+            problems.append(f"memory.usable_bytes: got {usable}: must not exceed "
+                            f"memory.budget_bytes ({budget})")
+    device = data.get("device")
+    if isinstance(device, dict) and isinstance(device.get("device"), str) and not re.fullmatch(
+            r"cpu|cuda:[0-9]{1,4}", device["device"], flags=re.ASCII):
+        problems.append(f"device.device: got {_shown(device['device'])}: must be 'cpu' or "
+                        "'cuda:N'")
+    workload = data.get("workload")
+    if isinstance(workload, dict):
+        target_text = workload.get("target")
+        if workload.get("kind") == "file" and isinstance(target_text, str) and not _is_factory(
+                target_text):
+            problems.append(f"workload.target: got {_shown(target_text)}: a file workload "
+                            "must be 'path/to/file.py:factory' (factory a Python identifier)")
+        seq_len = _int(workload, "seq_len")
+        if seq_len is not None and seq_len < 1:
+            problems.append(f"workload.seq_len: got {seq_len}: must be at least 1, or null")
+    return problems
+
+
+def _is_factory(target: str) -> bool:
+    """``path/to/file.py:factory`` with an identifier after the colon."""
+    path_text, sep, name = target.rpartition(":")
+    return bool(sep) and path_text.endswith(".py") and name.isidentifier() and "\0" not in target
+
+
+def _int(data: dict[str, Any], name: str) -> int | None:
+    value = data.get(name)
+    return value if type(value) is int else None
+
+
+def _is_number(value: Any) -> bool:
+    return type(value) in (int, float)  # nan too: it fails every range rule
 
 
 @dataclass(frozen=True, kw_only=True)

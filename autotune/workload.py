@@ -175,6 +175,10 @@ def split_factory(target: str) -> tuple[Path, str]:
             "(a Python file and the function in it that returns autotune.Workload)"
         )
     path = Path(path_text)
+    if path.is_dir():
+        raise ConfigError(
+            f"workload file {path_text!r} is a directory, not a Python file (from --workload "
+            f"{target!r}): name the .py file that defines {name}, e.g. {path_text}/model.py")
     if not path.is_file():
         raise ConfigError(
             f"workload file {path_text!r} does not exist (from --workload {target!r})")

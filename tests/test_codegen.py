@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import shutil
@@ -101,6 +102,7 @@ def _variants() -> dict[str, object]:
     }
 
 
+@pytest.mark.subprocess
 def test_generated_scripts_pass_ruff(tmp_path: Path) -> None:
     ruff = shutil.which("ruff") or shutil.which("ruff", path=str(Path(sys.executable).parent))
     if ruff is None:
@@ -207,6 +209,7 @@ def test_generated_step_with_a_file_workload(tmp_path: Path) -> None:
     assert_same_grads(generated.grads, full, float32_weights=True)
 
 
+@pytest.mark.subprocess
 def test_generated_step_under_ddp_normalizes_over_all_ranks(default_script: ModuleType,
                                                            tmp_path: Path) -> None:
     """Two gloo ranks, two padded micro-batches each, different token counts per rank: the
@@ -239,6 +242,7 @@ def test_generated_step_under_ddp_normalizes_over_all_ranks(default_script: Modu
 # Real runs, writing, the CLI
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("name", ["default-fp16", "file-fp32"])
 def test_generated_script_runs(tmp_path: Path, name: str) -> None:
     config = small(precision="fp16") if name == "default-fp16" else small(
@@ -254,6 +258,7 @@ def test_generated_script_runs(tmp_path: Path, name: str) -> None:
     assert not any(k.startswith("_orig_mod") for k in saved["model"])
 
 
+@pytest.mark.subprocess
 @pytest.mark.slow
 def test_compiled_script_saves_plain_keys(tmp_path: Path) -> None:
     script = api.write_train_script(small(compile_mode="default"), tmp_path)
@@ -316,3 +321,129 @@ def test_cli_codegen_bad_config(tmp_path: Path, content: str | None, message: st
     assert result.exit_code == 2
     assert message in " ".join(result.output.split())
     assert not (tmp_path / SCRIPT_NAME).exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# Hostile or unusual values: text stays text, files import by path, paths are absolute.
+
+WORKLOAD_FILE = '''
+import torch
+from torch import nn
+
+from autotune import Workload
+{helper_import}
+
+
+class WideMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(8, HIDDEN)
+        self.down = nn.Linear(HIDDEN, 8)
+
+    def forward(self, x, y):
+        return nn.functional.mse_loss(self.down(nn.functional.gelu(self.up(x))), y)
+
+
+def workload():
+    return Workload(name="wide-mlp", build_model=WideMLP,
+                    make_batch=lambda m: (torch.randn(m, 16, 8), torch.randn(m, 16, 8)),
+                    loss=lambda model, batch: model(*batch))
+'''
+
+
+def _workload_file(folder: Path, name: str, *, helper: bool = False) -> Path:
+    """``folder/name`` defining ``workload()`` (a tiny MLP); with ``helper``, it imports a
+    module beside it (the generated script keeps the folder on sys.path; the library's import
+    does not)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    module = f"helper_{abs(hash(name))}"
+    (folder / f"{module}.py").write_text("HIDDEN = 32\n")
+    path = folder / name
+    path.write_text(WORKLOAD_FILE.format(helper_import=f"from {module} import HIDDEN" if helper
+                                         else "HIDDEN = 32"))
+    return path
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("name", [
+    'evil"""\nimport os\nos.system("touch PWNED")\n"""', "back\\x slash", "%(prog)d \\N{x} \r#"])
+def test_hostile_workload_name_stays_text(tmp_path: Path, name: str) -> None:
+    config = write(make_tuned(workload_name=name), tmp_path / "autotune.json")
+    result = runner.invoke(app, ["codegen", str(config), "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    source = (tmp_path / SCRIPT_NAME).read_text()
+    tree = ast.parse(source)
+    assert f"\nWorkload: {name}\n" in ast.get_docstring(tree, clean=False)
+    assert [type(node).__name__ for node in tree.body[:4]] == ["Expr", "Import", "Import",
+                                                                "Import"]
+    run = subprocess.run([sys.executable, SCRIPT_NAME, "--help"], cwd=tmp_path,
+                         capture_output=True, text=True, env=subprocess_env(), timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.startswith("usage: train_autotuned.py")
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_hostile_hf_values_stay_literals() -> None:
+    target = 'x")\nimport os\nos.system("touch PWNED")  #'
+    text = render_train_script(make_tuned(
+        workload=WorkloadSpec(kind="hf", target=target, seq_len=7),
+        workload_name="m (masked-lm, seq 99999999999999999999)"))
+    tree = ast.parse(text)
+    assigned = {node.targets[0].id: node.value for node in tree.body
+                if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)}
+    assert ast.literal_eval(assigned["model_name"]) == target
+    assert ast.literal_eval(assigned["seq_len"]) == 7  # the name's seq is no number: the spec's
+    assert not any(isinstance(node, ast.Import) and node.names[0].name == "os"
+                   for node in tree.body[10:])
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("file_name", ["model.v2.py", "time.py"])
+def test_file_workload_is_imported_by_path(tmp_path: Path, file_name: str) -> None:
+    """A dotted stem or a stdlib name broke ``import_module(stem)``; by path they run."""
+    workload = _workload_file(tmp_path / "wl", file_name, helper=True)
+    config = write(small(workload=api.workload_spec(workload=f"{workload}:workload")),
+                   tmp_path / "autotune.json")
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["codegen", str(config), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    run = subprocess.run([sys.executable, SCRIPT_NAME, "--steps", "2", "--checkpoint", "ck.pt"],
+                         cwd=out, capture_output=True, text=True, env=subprocess_env(),
+                         timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "step 2/2" in run.stdout and "saved ck.pt" in run.stdout
+    assert set(torch.load(out / "ck.pt")["model"]) == {"up.weight", "up.bias", "down.weight",
+                                                       "down.bias"}
+
+
+def test_relative_workload_is_stored_absolute(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    workload = _workload_file(tmp_path / "project", "wl.py")
+    monkeypatch.chdir(tmp_path / "project")
+    spec = api.workload_spec(workload="wl.py:workload")
+    assert spec == WorkloadSpec(kind="file", target=f"{workload.resolve()}:workload")
+    config = write(small(workload=spec), tmp_path / "autotune.json")
+
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    result = runner.invoke(app, ["codegen", str(config), "--out", "out"])
+    assert result.exit_code == 0, result.output
+    assert f'workload_file = Path("{workload.resolve()}")' in (
+        tmp_path / "elsewhere" / "out" / SCRIPT_NAME).read_text()
+    checked = runner.invoke(app, ["check", str(config)])
+    assert checked.exit_code == 0, checked.output
+
+    workload.unlink()
+    gone = runner.invoke(app, ["codegen", str(config), "--out", "out2"])
+    assert gone.exit_code == 2
+    assert (f"the workload file '{workload.resolve()}' named in {config} does not exist here: "
+            "pass it with `autotune codegen --workload path/to/file.py:factory`") in " ".join(
+                gone.output.split())
+    assert not (tmp_path / "elsewhere" / "out2").exists()
+
+
+def test_directory_as_workload_file_is_said(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        api.workload_spec(workload=f"{tmp_path}:workload")
+    assert str(info.value).startswith(
+        f"workload file '{tmp_path}' is a directory, not a Python file (from --workload")

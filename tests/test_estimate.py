@@ -37,6 +37,7 @@ def tuned_json(tmp_path: Path, *, micro_batch: int = 8, budget: int = 4 * GIB,
         base, target_batch=32, micro_batch=micro_batch, accumulate_steps=32 // micro_batch,
         precision="fp32", compile_mode="off",
         memory=dataclasses.replace(base.memory, device_total_bytes=budget, budget_bytes=budget,
+                                   usable_bytes=max(int(budget * 0.9), 0),
                                    calibration=calibration or {}))
     return write(config, tmp_path / "autotune.json")
 

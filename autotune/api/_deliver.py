@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from autotune.api._settings import workload_spec
 from autotune.codegen import SCRIPT_NAME, render_train_script
@@ -14,6 +15,7 @@ from autotune.schema import (
     read_tuned,
     write_json_atomic,
 )
+from autotune.schema import json_schema as _json_schema
 from autotune.usage import Tuned
 
 # ----------------------------------------------------------------------------------------------
@@ -90,10 +92,21 @@ def codegen(config_path: str | Path, *, workload: str | None = None, out: str | 
         force: overwrite an existing script.
 
     Raises:
-        ConfigError: a missing or bad ``autotune.json``, a bad ``--workload``, an existing
-            script without ``force``.
+        ConfigError: a missing or bad ``autotune.json``, a bad ``--workload``, a file workload
+            whose file is not here, an existing script without ``force``.
     """
     config = read_tuned(config_path)
     if workload is not None:
         config = replace(config, workload=workload_spec(workload=workload))
+    if config.workload.kind == "file":
+        path_text = config.workload.target.rpartition(":")[0]
+        if not Path(path_text).is_file():
+            raise ConfigError(
+                f"the workload file {path_text!r} named in {config_path} does not exist here: "
+                "pass it with `autotune codegen --workload path/to/file.py:factory`")
     return write_train_script(config, Path(out) / SCRIPT_NAME, force=force)
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of ``autotune.json`` (``autotune schema`` prints it)."""
+    return _json_schema()

@@ -365,7 +365,7 @@ def _write_outputs(config: TunedConfig, path: Path, script: Path, force: bool) -
         except OutputExistsError:
             spare = _free_name(path)
             save_tuned(config, spare, force=False)
-            raise OutputExistsError(
+            raise OutputExistsError(path,
                 f"{path} was written by another process while this search ran: not "
                 f"overwritten. This search's config is in {spare}; pass --force to overwrite, "
                 "or --out another folder") from None
@@ -374,7 +374,7 @@ def _write_outputs(config: TunedConfig, path: Path, script: Path, force: bool) -
         except OutputExistsError:
             spare = _free_name(script)
             write_train_script(config, spare, force=False)
-            raise OutputExistsError(
+            raise OutputExistsError(script,
                 f"{script} was written by another process while this search ran: not "
                 f"overwritten. {path} holds this search's config and {spare} its script; pass "
                 "--force to overwrite, or --out another folder") from None
@@ -415,7 +415,7 @@ def _signals_held() -> Iterator[list[int]]:
 
 def _check_writable(path: Path, force: bool) -> None:
     if path.exists() and not force:
-        raise ConfigError(f"{path} exists; pass --force to overwrite it, or --out another folder")
+        raise OutputExistsError(path)
     folder = path.parent
     existing = folder if folder.exists() else next(
         (p for p in folder.parents if p.exists()), Path("."))

@@ -26,8 +26,9 @@ def workload_spec(*, workload: str | None = None, model: str | None = None,
     if seq_len is not None and seq_len <= 0:
         raise ConfigError(f"--seq-len must be a positive number of tokens, got {seq_len}")
     if workload:
-        split_factory(workload)
-        return WorkloadSpec(kind="file", target=workload)
+        path, factory = split_factory(workload)
+        # Absolute, so autotune.json works from any folder (check, codegen, load).
+        return WorkloadSpec(kind="file", target=f"{path.resolve()}:{factory}")
     if model:
         return WorkloadSpec(kind="hf", target=model, seq_len=seq_len, pretrained=pretrained)
     if seq_len is not None:

@@ -1,4 +1,6 @@
-"""Train default-tiny-gpt with the config autotune measured fastest on cpu.
+"""Train with the config autotune measured fastest on cpu.
+
+Workload: default-tiny-gpt
 
 Run it:
     python train_autotuned.py --steps 100
