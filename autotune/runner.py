@@ -79,7 +79,8 @@ def run_in_child(module: str, request: dict[str, Any], *, timeout_s: float,
     process group with ``child_environment(device)``; its stdout and stderr go to a file whose
     end names a crash. After ``timeout_s`` seconds, or when this process gets any exception
     (Ctrl-C included), the child's whole process group is killed. On Linux the child also gets
-    SIGKILL when this process dies (``PR_SET_PDEATHSIG``): no child outlives its parent.
+    SIGKILL when this process dies (``PR_SET_PDEATHSIG``, armed by ``child_main``): no child
+    outlives its parent.
 
     Args:
         module: the child's module, run with ``python -m``.
@@ -99,10 +100,9 @@ def run_in_child(module: str, request: dict[str, Any], *, timeout_s: float,
         start = time.perf_counter()
         with open(output_path, "wb") as output:
             try:
+                env = {**child_environment(device), _PARENT_PID: str(os.getpid())}
                 proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=output,
-                                        stderr=output, env=child_environment(device),
-                                        start_new_session=True,
-                                        preexec_fn=_die_with_parent(os.getpid()))
+                                        stderr=output, env=env, start_new_session=True)
             except OSError as exc:  # EACCES, ENOMEM, EAGAIN, a missing interpreter
                 return ChildRun(status="crash", wall_s=time.perf_counter() - start, message=(
                     f"could not start the child process: {type(exc).__name__}: {exc}"))
@@ -140,25 +140,26 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 _PR_SET_PDEATHSIG = 1
+_PARENT_PID = "AUTOTUNE_PARENT_PID"
 
 
-def _die_with_parent(parent_pid: int) -> Callable[[], None] | None:
-    """The child's ``preexec_fn``: SIGKILL when the parent dies, and exit if it already did.
+def _die_with_parent() -> None:
+    """In the child, first thing: get SIGKILL when the parent dies, and exit if it already did.
 
-    libc is loaded here, in the parent: between fork and exec the child only calls into it.
-    The death signal follows the parent *thread* that started the child; that thread waits for
-    the child, so it outlives it. Elsewhere than Linux (or without libc's prctl), nothing.
+    Not a ``preexec_fn``: with one, CPython runs its at-fork hooks in the parent, which print
+    and drop any exception raised meanwhile, so a Ctrl-C arriving as a child starts was lost.
+    Set here instead, the signal is armed once the interpreter starts; a parent that died
+    before that is caught by comparing ``getppid()`` with the pid it passed down. The signal
+    follows the parent *thread* that started the child; that thread waits for the child, so
+    it outlives it. Elsewhere than Linux (or without libc's prctl), nothing.
     """
     prctl = _prctl()
     if prctl is None:
-        return None
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent_pid:  # the parent died before the signal was armed
-            os._exit(1)
-
-    return preexec
+        return
+    prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    parent = os.environ.get(_PARENT_PID, "")
+    if parent.isdigit() and os.getppid() != int(parent):
+        os._exit(1)
 
 
 @functools.cache
@@ -179,8 +180,10 @@ def child_main(handler: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     atomically (a reader sees the whole result or none). Handlers catch their own errors; when
     one raises anyway, the result is ``{"child_error": "Type: message"}``, and a ``sys.exit``
     from code it ran is ``{"child_error": "the workload called sys.exit(n)"}``: never a child
-    that exits 0 without a result. KeyboardInterrupt ends the child.
+    that exits 0 without a result. KeyboardInterrupt ends the child. Before anything else it
+    arms the parent-death signal (see ``_die_with_parent``).
     """
+    _die_with_parent()
     request_path, result_path = sys.argv[1], sys.argv[2]
     try:
         request = json.loads(Path(request_path).read_text())
