@@ -101,6 +101,7 @@ def _variants() -> dict[str, object]:
     }
 
 
+@pytest.mark.subprocess
 def test_generated_scripts_pass_ruff(tmp_path: Path) -> None:
     ruff = shutil.which("ruff") or shutil.which("ruff", path=str(Path(sys.executable).parent))
     if ruff is None:
@@ -207,6 +208,7 @@ def test_generated_step_with_a_file_workload(tmp_path: Path) -> None:
     assert_same_grads(generated.grads, full, float32_weights=True)
 
 
+@pytest.mark.subprocess
 def test_generated_step_under_ddp_normalizes_over_all_ranks(default_script: ModuleType,
                                                            tmp_path: Path) -> None:
     """Two gloo ranks, two padded micro-batches each, different token counts per rank: the
@@ -239,6 +241,7 @@ def test_generated_step_under_ddp_normalizes_over_all_ranks(default_script: Modu
 # Real runs, writing, the CLI
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("name", ["default-fp16", "file-fp32"])
 def test_generated_script_runs(tmp_path: Path, name: str) -> None:
     config = small(precision="fp16") if name == "default-fp16" else small(
@@ -254,6 +257,7 @@ def test_generated_script_runs(tmp_path: Path, name: str) -> None:
     assert not any(k.startswith("_orig_mod") for k in saved["model"])
 
 
+@pytest.mark.subprocess
 @pytest.mark.slow
 def test_compiled_script_saves_plain_keys(tmp_path: Path) -> None:
     script = api.write_train_script(small(compile_mode="default"), tmp_path)
