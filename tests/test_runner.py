@@ -46,6 +46,12 @@ SPECS = {
     "wrong_rows": _spec("wrong_rows", 3),
     "raises": _spec("raises"),
     "not_a_workload": _spec("not_a_workload"),
+    "flops": _spec("tiny", 2, accumulate_steps=3, num_warmup_steps=1, num_timed_steps=1,
+                   count_flops=True),
+    "probe_and_trial": _spec("tiny", 2, accumulate_steps=1, warmup_accumulate_steps=2,
+                             num_warmup_steps=2, num_timed_steps=3, count_flops=True),
+    "accumulate_2": _spec("tiny", 2, accumulate_steps=2, num_warmup_steps=1, num_timed_steps=1),
+    "accumulate_1": _spec("tiny", 2, accumulate_steps=1, num_warmup_steps=1, num_timed_steps=1),
     # Fault injection: each names its cause (micro-batch 1, few steps: they are about messages).
     "nan_at_step": _spec("nan_at_step", num_warmup_steps=4),
     "segfault": _spec("segfault"),
@@ -350,22 +356,20 @@ def test_a_graph_break_is_counted() -> None:
     assert result.num_graphs is not None and result.num_graphs >= 1
 
 
-def test_the_baseline_counts_model_flops_of_its_step() -> None:
-    result = run_isolated(_spec("tiny", 2, accumulate_steps=3, num_warmup_steps=1,
-                                num_timed_steps=1, count_flops=True))
+def test_the_baseline_counts_model_flops_of_its_step(results: dict[str, TrialResult]) -> None:
+    result = results["flops"]
     assert result.status == "ok", result.message
     rows = 2 * 3 * 128  # micro-batch x accumulation x sequence
     # up (8 -> 4096) and down (4096 -> 8): forward 2 matmuls, backward 3 (no input gradient).
     assert result.flops_per_step == 5 * 2 * rows * 8 * 4096
-    plain = run_isolated(_spec("tiny", 2, num_warmup_steps=1, num_timed_steps=1))
+    plain = results["accumulate_2"]
     assert plain.status == "ok" and plain.flops_per_step is None
 
 
-def test_one_run_is_the_probe_and_the_trial() -> None:
+def test_one_run_is_the_probe_and_the_trial(results: dict[str, TrialResult]) -> None:
     # Warm-up accumulates 2 micro-batches (a probe's memory worst case), the timed steps the
     # config's 1: throughput and FLOPs are the config's, the loss guard compares like with like.
-    result = run_isolated(_spec("tiny", 2, accumulate_steps=1, warmup_accumulate_steps=2,
-                                num_warmup_steps=2, num_timed_steps=3, count_flops=True))
+    result = results["probe_and_trial"]
     assert result.status == "ok", result.message
     assert result.samples_per_step == 2
     assert result.num_optimizer_steps == 2 + 3
@@ -374,10 +378,7 @@ def test_one_run_is_the_probe_and_the_trial() -> None:
     assert result.first_loss == pytest.approx(result.reference_loss, rel=1e-5)
     # Its first step accumulated the same two micro-batches as a run of accumulation 2 (same
     # seed, same batches): the memory it measured is that step's.
-    two = run_isolated(_spec("tiny", 2, accumulate_steps=2, num_warmup_steps=1,
-                             num_timed_steps=1))
-    one = run_isolated(_spec("tiny", 2, accumulate_steps=1, num_warmup_steps=1,
-                             num_timed_steps=1))
+    two, one = results["accumulate_2"], results["accumulate_1"]
     assert two.status == one.status == "ok", (two.message, one.message)
     assert result.first_loss == two.first_loss != one.first_loss
 
