@@ -7,6 +7,7 @@ so it can be written to JSON and read back (``to_json_dict`` / ``from_json_dict`
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import re
 import statistics
@@ -24,6 +25,7 @@ CompileMode = Literal[
 TrialStatus = Literal[
     "ok", "oom", "compile_error", "non_finite", "timeout", "crash", "workload_error", "error"
 ]
+ChildStatus = Literal["ok", "timeout", "crash"]
 
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
@@ -291,11 +293,37 @@ class TrialResult:
     """Hash of parameter shapes and batch shapes: changes when the model or its input does."""
     wall_s: float | None = None
     """Whole child process time, start-up included (set by the runner)."""
+    step_memory_bytes: tuple[int, ...] = ()
+    """Memory after each optimizer step, warm-up included, recorded as the steps ran (so a run
+    that failed later still has it). CPU: the address space over the baseline plus the model's
+    bytes, as ``peak_bytes`` counts it (what the cap limits); CUDA: ``memory_allocated``."""
 
     @property
     def ok(self) -> bool:
         """True when every planned step ran with finite loss."""
         return self.status == "ok"
+
+    def leak_note(self) -> str | None:
+        """Why memory ran out when it grew step after step: a leak in the workload, or None.
+
+        Optimizer state appears at the first step, so growth counts from the second step on.
+        A leak is memory that grew at every step after the second, by more than
+        ``max(1 MiB, 1% of the peak)`` per step on average, over at least 3 steps after the
+        first: a probe (2 warm-up steps) cannot see it, while every longer run runs out.
+        """
+        series = self.step_memory_bytes
+        if len(series) < 4:
+            return None
+        from_second = series[1:]
+        growths = [b - a for a, b in itertools.pairwise(from_second)]
+        average = (from_second[-1] - from_second[0]) / len(growths)
+        peak = max(self.peak_bytes or 0, *series)
+        if min(growths) <= 0 or average <= max(MIB, 0.01 * peak):
+            return None
+        return (f"memory grew by {average / MIB:.1f} MiB every optimizer step (steps "
+                f"2-{len(series)}: {from_second[0] / MIB:.1f} -> {from_second[-1] / MIB:.1f} "
+                "MiB): the workload keeps tensors alive across steps (a leak: e.g. losses kept "
+                "without .item() or .detach())")
 
     def fits(self, usable_bytes: int) -> bool:
         """Ran every step with its measured peak within ``usable_bytes`` (the fit rule)."""
@@ -318,6 +346,23 @@ class TrialResult:
         """Throughput from the median step time."""
         median = self.median_step_s()
         return self.samples_per_step / median if median else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChildRun:
+    """What one isolated child process (``runner.run_in_child``) gave back."""
+
+    status: ChildStatus
+    """``ok``: the child's handler returned and its result was written; ``timeout``: no result
+    within the time limit, the child's process group was killed; ``crash``: the child could not
+    start, died without a result (a signal, ``os._exit``), or its handler raised."""
+    data: dict[str, Any] | None = None
+    """The JSON the child wrote (with ``child_error`` when its handler raised), else None."""
+    message: str = ""
+    """Why a run is not ``ok``: the signal or exit code and the end of the child's output, or
+    the handler's error."""
+    wall_s: float = 0.0
+    """Wall time of the child process, start-up included."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -473,7 +518,7 @@ def peak_tflops(device_name: str, precision: str) -> float | None:
 __all__ = [
     "BASELINE_CLASS", "COMPILE_MODES", "CUDA_GRAPH_MODES", "PEAK_TFLOPS", "PRECISIONS",
     "STRICT_FIELDS",
-    "CompileMode", "DeviceInfo",
+    "ChildRun", "ChildStatus", "CompileMode", "DeviceInfo",
     "MemoryClass", "MemoryProbe", "Precision", "ProbeReport", "ProbeStep", "TrialResult",
     "TrialSpec", "TrialStatus", "WorkloadSpec", "field", "format_bytes", "from_json_dict",
     "parse_budget", "parse_bytes", "peak_tflops", "to_json_dict",

@@ -34,6 +34,13 @@ class OutputExistsError(ConfigError):
 class WorkloadError(AutotuneError):
     """The user's workload could not be loaded or misbehaved (factory raised, bad batch, ...)."""
 
+    @classmethod
+    def from_exit(cls, exc: SystemExit) -> WorkloadError:
+        """The workload called ``sys.exit``: a mistake to name, never a clean exit of a child
+        (exit code 0 without a result) or of the process that decides an exit code."""
+        code = "" if exc.code is None else repr(exc.code)
+        return cls(f"the workload called sys.exit({code})")
+
 
 class UntraceableStepError(WorkloadError):
     """The workload's training step cannot be followed under fake tensors (an op reads tensor

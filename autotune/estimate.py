@@ -33,7 +33,7 @@ from torch import nn
 from autotune.config import format_bytes
 from autotune.errors import UntraceableStepError, WorkloadError
 from autotune.trial import set_matmul_precision, train_step
-from autotune.workload import Workload, check_batch, count_parameters
+from autotune.workload import Workload, check_batch, check_model, count_parameters
 
 Kernels = Literal["cuda", "cpu"]
 CATEGORIES = ("parameters", "gradients", "optimizer", "inputs", "activations", "temporaries")
@@ -363,6 +363,7 @@ def estimate_step(workload: Workload, micro_batch: int, *, precision: str = "fp3
                 _quiet_transformers():
             torch.manual_seed(seed)
             model = workload.build_model()  # on the (fake) CPU, as the contract says
+            check_model(model, workload.name)
             optimizer = workload.make_optimizer(model.parameters())
             for tensor in (*model.parameters(), *model.buffers()):
                 storages.track(tensor, "parameters")

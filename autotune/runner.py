@@ -1,12 +1,17 @@
-"""Run one TrialSpec in a fresh child process and get a TrialResult back.
+"""Run user code in a fresh child process: one TrialSpec to a TrialResult, or any handler.
 
 OOM, compile errors, crashes (the child killed), hangs (timeout) and non-finite losses all come
-back as values. The parent never imports the child's CUDA state: each child starts from nothing.
+back as values. The parent never imports the child's CUDA state: each child starts from nothing,
+and no child outlives its parent. ``run_in_child`` / ``child_main`` are the generic pair any
+stage uses to run a workload where it cannot decide an exit code (a ``sys.exit``, a segfault
+or a hang in user code stays a value).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import json
 import os
 import signal
@@ -14,20 +19,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
-from autotune.config import TrialResult, TrialSpec, from_json_dict, to_json_dict
+from autotune.config import ChildRun, TrialResult, TrialSpec, from_json_dict, to_json_dict
+from autotune.errors import WorkloadError
 
-
-@dataclass(frozen=True, kw_only=True)
-class ChildRun:
-    status: str
-    data: dict | None
-    message: str
-    wall_s: float
-
-_STDERR_TAIL_CHARS = 3000
+_OUTPUT_TAIL_CHARS = 3000
 
 
 # glibc defaults make a CPU child's address space wander by tens of MiB for the same step
@@ -62,33 +61,68 @@ def run_isolated(spec: TrialSpec) -> TrialResult:
 
     The child gets ``spec.timeout_s`` seconds of wall time; after that its whole process group
     is killed and the result is a ``timeout``. A child that dies without writing its result
-    (killed by a signal, segfault, ``os._exit``) is a ``crash`` with the end of its stderr.
+    (killed by a signal, segfault, ``os._exit``) or cannot be started is a ``crash`` with the
+    reason (and the end of its output).
     """
-    with tempfile.TemporaryDirectory(prefix="autotune-trial-") as tmp:
-        spec_path, result_path = Path(tmp, "spec.json"), Path(tmp, "result.json")
-        stderr_path = Path(tmp, "stderr.txt")
-        spec_path.write_text(json.dumps(to_json_dict(spec)))
-        cmd = [sys.executable, "-m", "autotune.runner", str(spec_path), str(result_path)]
+    run = run_in_child("autotune.runner", to_json_dict(spec), timeout_s=spec.timeout_s,
+                       device=spec.device)
+    if run.status == "ok" and run.data is not None:
+        return from_json_dict(TrialResult, {**run.data, "wall_s": run.wall_s})
+    return TrialResult(status=run.status, message=run.message, wall_s=run.wall_s)
+
+
+def run_in_child(module: str, request: dict[str, Any], *, timeout_s: float,
+                 device: str = "cpu") -> ChildRun:
+    """Run ``python -m module request.json result.json`` in a child process and wait for it.
+
+    The module's main calls ``child_main(handler)``. The child starts in its own session and
+    process group with ``child_environment(device)``; its stdout and stderr go to a file whose
+    end names a crash. After ``timeout_s`` seconds, or when this process gets any exception
+    (Ctrl-C included), the child's whole process group is killed. On Linux the child also gets
+    SIGKILL when this process dies (``PR_SET_PDEATHSIG``, armed by ``child_main``): no child
+    outlives its parent.
+
+    Args:
+        module: the child's module, run with ``python -m``.
+        request: JSON-ready data the child's handler gets.
+        timeout_s: wall-clock limit for the child, start-up included.
+        device: the device the child uses (sets up its allocator environment).
+
+    Returns:
+        ``ok`` with the handler's result in ``data``; ``timeout``; or ``crash`` (the child did
+        not start, died without a result, or its handler raised: ``data["child_error"]``).
+    """
+    with tempfile.TemporaryDirectory(prefix="autotune-child-") as tmp:
+        request_path, result_path = Path(tmp, "request.json"), Path(tmp, "result.json")
+        output_path = Path(tmp, "output.txt")
+        request_path.write_text(json.dumps(request))
+        cmd = [sys.executable, "-m", module, str(request_path), str(result_path)]
         start = time.perf_counter()
-        with open(stderr_path, "wb") as stderr:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr,
-                                    env=child_environment(spec.device),
-                                    start_new_session=True)
+        with open(output_path, "wb") as output:
             try:
-                proc.wait(timeout=spec.timeout_s)
+                env = {**child_environment(device), _PARENT_PID: str(os.getpid())}
+                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=output,
+                                        stderr=output, env=env, start_new_session=True)
+            except OSError as exc:  # EACCES, ENOMEM, EAGAIN, a missing interpreter
+                return ChildRun(status="crash", wall_s=time.perf_counter() - start, message=(
+                    f"could not start the child process: {type(exc).__name__}: {exc}"))
+            try:
+                proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 _kill_group(proc)
-                return TrialResult(status="timeout", wall_s=time.perf_counter() - start,
-                                   message=f"no result after {spec.timeout_s:.0f} s; killed")
+                return ChildRun(status="timeout", wall_s=time.perf_counter() - start,
+                                message=f"no result after {timeout_s:.0f} s; killed")
             except BaseException:  # Ctrl-C in the parent: take the child down with it
                 _kill_group(proc)
                 raise
         wall_s = time.perf_counter() - start
         if result_path.exists():
             data = json.loads(result_path.read_text())
-            data["wall_s"] = wall_s
-            return from_json_dict(TrialResult, data)
-        tail = stderr_path.read_text(errors="replace")[-_STDERR_TAIL_CHARS:]
+            if isinstance(data, dict) and "child_error" in data:
+                return ChildRun(status="crash", data=data, wall_s=wall_s,
+                                message=f"the child failed: {data['child_error']}")
+            return ChildRun(status="ok", data=data, wall_s=wall_s)
+        tail = output_path.read_text(errors="replace")[-_OUTPUT_TAIL_CHARS:]
         if proc.returncode < 0:
             name = signal.Signals(-proc.returncode).name
             how = f"killed by {name}"
@@ -96,49 +130,7 @@ def run_isolated(spec: TrialSpec) -> TrialResult:
                 how += " (the kernel's OOM killer, or killed from outside)"
         else:
             how = f"exited with code {proc.returncode} without a result"
-        return TrialResult(status="crash", wall_s=wall_s, message=f"child {how}\n{tail}".strip())
-
-
-def run_in_child(module: str, request: dict, *, timeout_s: float,
-                 device: str = "cpu") -> ChildRun:
-    """Run ``python -m module request.json result.json`` (temporary stand-in)."""
-    with tempfile.TemporaryDirectory(prefix="autotune-child-") as tmp:
-        request_path, result_path = Path(tmp, "request.json"), Path(tmp, "result.json")
-        stderr_path = Path(tmp, "stderr.txt")
-        request_path.write_text(json.dumps(request))
-        cmd = [sys.executable, "-m", module, str(request_path), str(result_path)]
-        start = time.perf_counter()
-        with open(stderr_path, "wb") as stderr:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr,
-                                    env=child_environment(device), start_new_session=True)
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc)
-                return ChildRun(status="timeout", data=None, wall_s=time.perf_counter() - start,
-                                message=f"no result after {timeout_s:.0f} s; killed")
-            except BaseException:
-                _kill_group(proc)
-                raise
-        wall_s = time.perf_counter() - start
-        if result_path.exists():
-            return ChildRun(status="ok", data=json.loads(result_path.read_text()), message="",
-                            wall_s=wall_s)
-        tail = stderr_path.read_text(errors="replace")[-_STDERR_TAIL_CHARS:]
-        return ChildRun(status="crash", data=None, wall_s=wall_s,
-                        message=f"child exited with {proc.returncode} without a result\n{tail}")
-
-
-def child_main(handler) -> None:
-    """The child side of ``run_in_child`` (temporary stand-in)."""
-    request = json.loads(Path(sys.argv[1]).read_text())
-    try:
-        data = handler(request)
-    except (Exception, SystemExit) as exc:
-        data = {"child_error": f"{type(exc).__name__}: {exc}"}
-    tmp = sys.argv[2] + ".tmp"
-    Path(tmp).write_text(json.dumps(data))
-    os.replace(tmp, sys.argv[2])
+        return ChildRun(status="crash", wall_s=wall_s, message=f"child {how}\n{tail}".strip())
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -147,15 +139,72 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def _child_main(spec_path: str, result_path: str) -> None:
-    from autotune.trial import run_trial
+_PR_SET_PDEATHSIG = 1
+_PARENT_PID = "AUTOTUNE_PARENT_PID"
 
-    spec = from_json_dict(TrialSpec, json.loads(Path(spec_path).read_text()))
-    result = run_trial(spec)
+
+def _die_with_parent() -> None:
+    """In the child, first thing: get SIGKILL when the parent dies, and exit if it already did.
+
+    Not a ``preexec_fn``: with one, CPython runs its at-fork hooks in the parent, which print
+    and drop any exception raised meanwhile, so a Ctrl-C arriving as a child starts was lost.
+    Set here instead, the signal is armed once the interpreter starts; a parent that died
+    before that is caught by comparing ``getppid()`` with the pid it passed down. The signal
+    follows the parent *thread* that started the child; that thread waits for the child, so
+    it outlives it. Elsewhere than Linux (or without libc's prctl), nothing.
+    """
+    prctl = _prctl()
+    if prctl is None:
+        return
+    prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    parent = os.environ.get(_PARENT_PID, "")
+    if parent.isdigit() and os.getppid() != int(parent):
+        os._exit(1)
+
+
+@functools.cache
+def _prctl() -> Any:
+    """libc's ``prctl`` on Linux, else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def child_main(handler: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """The child's side of ``run_in_child``: read the request, run ``handler``, write its result.
+
+    Reads the JSON at ``sys.argv[1]`` and writes the handler's dict as JSON to ``sys.argv[2]``
+    atomically (a reader sees the whole result or none). Handlers catch their own errors; when
+    one raises anyway, the result is ``{"child_error": "Type: message"}``, and a ``sys.exit``
+    from code it ran is ``{"child_error": "the workload called sys.exit(n)"}``: never a child
+    that exits 0 without a result. KeyboardInterrupt ends the child. Before anything else it
+    arms the parent-death signal (see ``_die_with_parent``).
+    """
+    _die_with_parent()
+    request_path, result_path = sys.argv[1], sys.argv[2]
+    try:
+        request = json.loads(Path(request_path).read_text())
+        text = json.dumps(handler(request))
+    except KeyboardInterrupt:
+        raise
+    except SystemExit as exc:
+        text = json.dumps({"child_error": str(WorkloadError.from_exit(exc))})
+    except BaseException as exc:
+        text = json.dumps({"child_error": f"{type(exc).__name__}: {exc}"})
     tmp = result_path + ".tmp"
-    Path(tmp).write_text(json.dumps(to_json_dict(result)))
+    Path(tmp).write_text(text)
     os.replace(tmp, result_path)
 
 
+def _run_trial(request: dict[str, Any]) -> dict[str, Any]:
+    from autotune.trial import run_trial  # torch and the workload load in the child only
+
+    result = run_trial(from_json_dict(TrialSpec, request))
+    return cast(dict[str, Any], to_json_dict(result))
+
+
 if __name__ == "__main__":
-    _child_main(sys.argv[1], sys.argv[2])
+    child_main(_run_trial)

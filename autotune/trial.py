@@ -7,6 +7,7 @@ training loop and ``autotune.load`` helpers run the same arithmetic.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import hashlib
 import importlib
@@ -15,7 +16,6 @@ import resource
 import statistics
 import threading
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,7 +25,16 @@ from torch import nn
 from autotune.config import TrialResult, TrialSpec, TrialStatus, format_bytes
 from autotune.device import nvml_used_bytes
 from autotune.errors import WorkloadError
-from autotune.workload import Batch, Workload, check_batch, load_workload, to_device
+from autotune.workload import (
+    Batch,
+    Workload,
+    check_batch,
+    check_loss,
+    check_model,
+    load_workload,
+    to_device,
+    user_traceback,
+)
 
 _OOM_MESSAGES = (
     "out of memory",  # CUDA, HIP, MPS, XPU
@@ -78,7 +87,7 @@ def classify_exception(exc: BaseException) -> TrialStatus:
     """Map an exception raised by a trial to its outcome status."""
     if is_out_of_memory(exc):
         return "oom"
-    if isinstance(exc, WorkloadError):
+    if isinstance(exc, (WorkloadError, SystemExit)):  # SystemExit: the workload called exit
         return "workload_error"
     if _is_compile_error(exc):
         return "compile_error"
@@ -143,12 +152,18 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
 
     Returns:
         The effective batch's loss (detached), computed before the update.
+
+    Raises:
+        WorkloadError: the workload's loss is not a scalar floating-point tensor that requires
+            grad (checked from metadata only: no device sync).
     """
     total = torch.zeros((), device=next(iter(model.parameters())).device)
     for weight, batch in zip(loss_weights(micro_batches, workload.count_loss_items),
                              micro_batches, strict=True):
         with autocast(precision, device_type):
-            loss = workload.compute_loss(model, batch) * weight
+            loss = workload.compute_loss(model, batch)
+            check_loss(loss, workload.name)
+            loss = loss * weight
         (scaler.scale(loss) if scaler is not None else loss).backward()
         total += loss.detach().float()
     if scaler is not None:
@@ -281,6 +296,13 @@ class _Memory:
                 "num_alloc_retries": int(stats.get("num_alloc_retries", 0)),
                 "context_bytes": self.context}
 
+    def current(self) -> int:
+        """Memory now, after a step: CPU, the address space over the baseline plus the model's
+        bytes (what the cap limits, as the peak counts it); CUDA, ``memory_allocated``."""
+        if self.device.type == "cpu":
+            return _proc_status()["VmSize"] - self.baseline + self.model_bytes
+        return torch.cuda.memory_allocated(self.device)
+
     def sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -331,6 +353,7 @@ def run_trial(spec: TrialSpec) -> TrialResult:
         set_matmul_precision(spec.precision)
         torch.manual_seed(spec.seed)
         model = workload.build_model()
+        check_model(model, workload.name)
         memory = _Memory(spec, model)
         info["baseline_bytes"] = memory.baseline
         if memory.budget is not None and memory.model_bytes > memory.budget:
@@ -345,10 +368,27 @@ def run_trial(spec: TrialSpec) -> TrialResult:
         status = classify_exception(exc)
         if memory is not None:
             info.update(memory.peak())
+        return _failed(status, exc, info)
+
+
+def _failed(status: TrialStatus, exc: BaseException, info: dict[str, Any]) -> TrialResult:
+    """The result of a trial that raised: the cause named, then the workload's own frames.
+
+    An OOM after memory grew at every step leads with the leak that caused it."""
+    if isinstance(exc, SystemExit):
+        message = str(WorkloadError.from_exit(exc))
+    elif isinstance(exc, WorkloadError):
+        message = str(exc)  # says what the workload did, with its traceback when it raised
+    else:
         message = f"{type(exc).__name__}: {exc}"
-        if status in ("error", "workload_error", "compile_error"):
-            message += "\n" + "".join(traceback.format_exception(exc))[-4000:]
-        return TrialResult(status=status, message=message[:6000], **info)
+    if status in ("error", "compile_error") or isinstance(exc, SystemExit):
+        frames = user_traceback(exc)
+        message += f"\n{frames}" if frames else ""
+    result = TrialResult(status=status, message=message[:6000], **info)
+    note = result.leak_note() if status == "oom" else None
+    if note is not None:
+        result = dataclasses.replace(result, message=f"{note}\n{result.message}")
+    return result
 
 
 def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: _Memory,
@@ -382,6 +422,7 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: _Memor
                                      precision=spec.precision, device_type=device.type,
                                      scaler=scaler))
         memory.sync()
+        info["step_memory_bytes"] = (*info.get("step_memory_bytes", ()), memory.current())
         if counting:  # per timed step: model FLOPs grow with the micro-batches of a step
             flops = counter.get_total_flops()  # type: ignore[union-attr]
             info["flops_per_step"] = flops * spec.accumulate_steps // len(micro_batches)

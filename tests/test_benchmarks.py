@@ -28,6 +28,7 @@ def test_naive_micro_batch_for_a_target_that_is_not_a_power_of_two():
     assert naive_micro_batch(48, lambda m: m <= 40) == 32
 
 
+@pytest.mark.subprocess
 def test_gpu_suite_dry_run_lists_every_step_within_ten_minutes(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
     proc = subprocess.run([str(BENCH / "gpu.sh"), "--dry-run"], capture_output=True, text=True,
@@ -40,6 +41,7 @@ def test_gpu_suite_dry_run_lists_every_step_within_ten_minutes(tmp_path):
     assert float(lines[-1].split("~")[1].split()[0]) <= 600
 
 
+@pytest.mark.subprocess
 @pytest.mark.slow
 def test_gpu_suite_rehearses_every_step_on_the_cpu(tmp_path):
     """Every step of the GPU suite runs its real code (tiny models, CPU): a GPU call is scarce,

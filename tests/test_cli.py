@@ -49,6 +49,7 @@ def test_env_json() -> None:
     assert data["total_memory_bytes"] > 0
 
 
+@pytest.mark.subprocess
 def test_probe_default_workload_prints_the_table() -> None:
     result = _invoke("probe", "--target-batch", "8", *FAST)
     assert result.exit_code == 0, result.output
@@ -60,6 +61,7 @@ def test_probe_default_workload_prints_the_table() -> None:
     assert "micro-batch 8: ok" in _words(result.stderr)  # progress goes to stderr
 
 
+@pytest.mark.subprocess
 def test_probe_json() -> None:
     result = _invoke("probe", "--target-batch", "8", *FAST, "--json")
     assert result.exit_code == 0, result.output
@@ -88,6 +90,7 @@ def test_probe_bad_input_exits_2(args: list[str], says: str) -> None:
     assert says in _words(result.output)
 
 
+@pytest.mark.subprocess
 def test_factory_that_raises_exits_2_with_the_traceback() -> None:
     result = _invoke("probe", "--target-batch", "1", *FAST,
                      "--workload", workload_target("raises"))
@@ -99,6 +102,7 @@ def test_factory_that_raises_exits_2_with_the_traceback() -> None:
     assert "Traceback" in err and "in raises" in err
 
 
+@pytest.mark.subprocess
 def test_bad_batch_exits_2() -> None:
     result = _invoke("probe", "--target-batch", "1", *FAST,
                      "--workload", workload_target("bad_batch"))
@@ -106,6 +110,7 @@ def test_bad_batch_exits_2() -> None:
     assert "make_batch(1) returned list; it must return a tensor" in _words(result.stderr)
 
 
+@pytest.mark.subprocess
 def test_micro_batch_1_not_fitting_exits_1_and_says_what_would() -> None:
     result = _invoke("probe", "--target-batch", "2", *FAST, "--memory-budget", "8MiB",
                      "--workload", workload_target("tiny"))
@@ -117,6 +122,7 @@ def test_micro_batch_1_not_fitting_exits_1_and_says_what_would() -> None:
     assert float(needed) > 8.0
 
 
+@pytest.mark.subprocess
 def test_cli_import_does_not_import_torch() -> None:
     code = "import sys, autotune.cli; print(sorted(m for m in sys.modules if m == 'torch'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -152,3 +152,38 @@ def test_spread() -> None:
     assert TrialResult(status="ok", step_times_s=(1.0, 1.0)).spread() is None
     assert TrialResult(status="ok", step_times_s=(1.0, 1.0, 1.0)).spread() == 0
     assert TrialResult(status="ok", step_times_s=(1.0, 2.0, 3.0)).spread() == 1.0
+
+
+def _steps(*mib: float, peak_mib: float | None = None) -> TrialResult:
+    return TrialResult(status="oom", step_memory_bytes=tuple(int(m * MIB) for m in mib),
+                       peak_bytes=None if peak_mib is None else int(peak_mib * MIB))
+
+
+def test_leak_note_names_steady_growth_from_the_second_step() -> None:
+    note = _steps(20, 24, 28, 32, 36, 40).leak_note()
+    assert note == (
+        "memory grew by 4.0 MiB every optimizer step (steps 2-6: 24.0 -> 40.0 MiB): the "
+        "workload keeps tensors alive across steps (a leak: e.g. losses kept without .item() "
+        "or .detach())")
+
+
+@pytest.mark.parametrize("series", [
+    (20, 24, 28),  # fewer than 3 steps after the first
+    (20, 20, 20, 20, 20),  # flat
+    (10, 30, 30, 30, 30),  # optimizer state at the first step, then flat
+    (20, 24, 28, 27, 36),  # fell once: not a leak at every step
+    (20, 20.5, 21, 21.5, 22),  # 0.5 MiB a step: under 1 MiB
+], ids=["too-few", "flat", "optimizer-state", "fell-once", "small"])
+def test_leak_note_is_none_without_steady_growth(series: tuple[float, ...]) -> None:
+    assert _steps(*series).leak_note() is None
+
+
+def test_leak_note_threshold_grows_with_the_peak() -> None:
+    growing = (200, 204, 208, 212, 216)  # 4 MiB a step
+    assert _steps(*growing, peak_mib=300).leak_note() is not None  # 1% of the peak: 3 MiB
+    assert _steps(*growing, peak_mib=500).leak_note() is None  # 5 MiB
+
+
+def test_step_memory_round_trips() -> None:
+    result = _steps(1, 2, 3)
+    assert from_json_dict(TrialResult, json.loads(json.dumps(to_json_dict(result)))) == result

@@ -42,6 +42,7 @@ def tuned_json(tmp_path: Path, *, micro_batch: int = 8, budget: int = 4 * GIB,
     return write(config, tmp_path / "autotune.json")
 
 
+@pytest.mark.subprocess
 def test_estimate_matches_a_real_cpu_step():
     """What the micro-batch costs (growth from 8 to 32) within 5% of two real steps; what the
     estimate misses is a constant: kernel-library scratch outside PyTorch's tensors, which
@@ -110,6 +111,7 @@ def test_gpt2_offline_breakdown(monkeypatch):
         assert word in result.output
 
 
+@pytest.mark.subprocess
 def test_check_exit_codes(tmp_path):
     fits = runner.invoke(app, ["check", str(tuned_json(tmp_path)), "--estimate"])
     assert fits.exit_code == 0, fits.output
@@ -150,6 +152,7 @@ def _words(text: str) -> str:
     return " ".join(text.split())
 
 
+@pytest.mark.subprocess
 def test_a_calibration_never_turns_a_miss_into_a_fit(tmp_path):
     """The defect: a stored measured/estimate ratio of 0.168 multiplied every estimate, so a
     config edited to a micro-batch 64 times larger "fit" at a sixth of its estimate."""
@@ -163,6 +166,7 @@ def test_a_calibration_never_turns_a_miss_into_a_fit(tmp_path):
         result.output)
 
 
+@pytest.mark.subprocess
 def test_check_measures_a_real_step_when_the_trace_cannot_follow_it(tmp_path):
     spec = WorkloadSpec(kind="file", target=f"{ROOT / 'tests' / 'workloads.py'}:reads_values")
     path = tuned_json(tmp_path)
@@ -207,6 +211,7 @@ def test_bad_settings_are_config_errors():
         api.estimate(micro_batch=1, device_memory="1GiB", precision="fp8")
 
 
+@pytest.mark.subprocess
 def test_a_20b_parameter_model_is_estimated_without_allocating_it():
     code = (
         "import resource, transformers\n"
@@ -231,6 +236,7 @@ def test_a_20b_parameter_model_is_estimated_without_allocating_it():
     assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 < 4 * GIB
 
 
+@pytest.mark.subprocess
 def test_examples_ci_pytest_file_runs(monkeypatch):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     result = subprocess.run(

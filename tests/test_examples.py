@@ -40,6 +40,7 @@ def test_my_workload_loads_the_cli_way() -> None:
     assert loss.shape == () and torch.isfinite(loss)
 
 
+@pytest.mark.subprocess
 def test_train_plain(tmp_path: Path) -> None:
     config = write(small(workload=my_workload_spec()), tmp_path / "autotune.json")
     result = run_example("train_plain.py", "--config", str(config), "--steps", "2",
@@ -49,6 +50,7 @@ def test_train_plain(tmp_path: Path) -> None:
         my_workload_spec()).build_model().state_dict().keys()
 
 
+@pytest.mark.subprocess
 def test_train_plain_refuses_another_world_size(tmp_path: Path) -> None:
     config = write(small(workload=my_workload_spec()), tmp_path / "autotune.json")
     result = subprocess.run([sys.executable, str(EXAMPLES / "train_plain.py"), "--config",
@@ -57,6 +59,7 @@ def test_train_plain_refuses_another_world_size(tmp_path: Path) -> None:
     assert result.returncode != 0 and "tuned for 1 device" in result.stderr
 
 
+@pytest.mark.subprocess
 def test_train_hf_trainer(tmp_path: Path) -> None:
     if importlib.util.find_spec("accelerate") is None:
         pytest.skip("transformers.Trainer needs accelerate (pip install -e .[dev])")

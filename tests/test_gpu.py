@@ -17,7 +17,7 @@ from autotune.config import GIB, MIB, TrialSpec, WorkloadSpec
 from autotune.runner import run_isolated
 from tests.conftest import workload_target
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.subprocess]
 
 
 def _spec(name: str, micro_batch: int, **kwargs: object) -> TrialSpec:

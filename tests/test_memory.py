@@ -48,6 +48,7 @@ def usable_bytes(brute_force_peaks: dict[int, int]) -> int:
     return (brute_force_peaks[BOUNDARY] + brute_force_peaks[after]) // 2
 
 
+@pytest.mark.subprocess
 def test_peaks_grow_with_the_micro_batch(brute_force_peaks: dict[int, int]) -> None:
     peaks = [brute_force_peaks[m] for m in CANDIDATES]
     assert peaks == sorted(peaks), brute_force_peaks
@@ -55,6 +56,7 @@ def test_peaks_grow_with_the_micro_batch(brute_force_peaks: dict[int, int]) -> N
     assert brute_force_peaks[12] > 5 * brute_force_peaks[1]
 
 
+@pytest.mark.subprocess
 def test_probe_finds_the_brute_force_answer(brute_force_peaks: dict[int, int],
                                             usable_bytes: int) -> None:
     truth = max(m for m in CANDIDATES if brute_force_peaks[m] <= usable_bytes)
@@ -78,6 +80,7 @@ def test_probe_finds_the_brute_force_answer(brute_force_peaks: dict[int, int],
     assert any(s.micro_batch == 6 and not s.fits for s in probe.steps)  # the boundary confirmed
 
 
+@pytest.mark.subprocess
 def test_a_right_hint_settles_in_two_probes(usable_bytes: int) -> None:
     probe = probe_memory(TINY, "cpu", FP32, CANDIDATES, budget_bytes=int(usable_bytes / 0.9),
                          usable_bytes=usable_bytes, timeout_s=300.0, hint=BOUNDARY)
@@ -86,6 +89,7 @@ def test_a_right_hint_settles_in_two_probes(usable_bytes: int) -> None:
     assert [s.fits for s in probe.steps] == [True, False]
 
 
+@pytest.mark.subprocess
 def test_nothing_fits_gives_zero() -> None:
     budget = 4 * MIB  # micro-batch 1 alone needs about 12 MiB
     probe = probe_memory(TINY, "cpu", FP32, (1, 2), budget_bytes=budget,

@@ -1,21 +1,27 @@
-"""runner.run_isolated: every outcome is a value, from real child processes.
+"""runner: every outcome of user code in a child is a value, from real child processes.
 
-The children run in a pool of two (the trials are independent processes), once per module.
+The trials run in a pool of two children (they are independent processes), once per module;
+the misbehaving workloads of tests/workloads.py each show that the outcome names its cause.
 """
 
 from __future__ import annotations
 
-import errno
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
-import torch
 
-from autotune.config import MIB, TrialResult, TrialSpec, WorkloadSpec
-from autotune.runner import run_isolated
-from autotune.trial import classify_exception, is_out_of_memory
-from tests.conftest import workload_target
+from autotune.config import MIB, ChildRun, TrialResult, TrialSpec, WorkloadSpec
+from autotune.runner import run_in_child, run_isolated
+from tests.conftest import ROOT, workload_target
+
+pytestmark = pytest.mark.subprocess
 
 
 def _spec(name: str, micro_batch: int = 1, **kwargs: object) -> TrialSpec:
@@ -24,6 +30,7 @@ def _spec(name: str, micro_batch: int = 1, **kwargs: object) -> TrialSpec:
                      device="cpu", micro_batch=micro_batch, **kwargs)  # type: ignore[arg-type]
 
 
+LEAK_CAP = 56 * MIB
 SPECS = {
     "ok": _spec("tiny", 2, num_warmup_steps=2, num_timed_steps=3,
                 memory_budget_bytes=512 * MIB),
@@ -39,12 +46,35 @@ SPECS = {
     "wrong_rows": _spec("wrong_rows", 3),
     "raises": _spec("raises"),
     "not_a_workload": _spec("not_a_workload"),
+    "flops": _spec("tiny", 2, accumulate_steps=3, num_warmup_steps=1, num_timed_steps=1,
+                   count_flops=True),
+    "probe_and_trial": _spec("tiny", 2, accumulate_steps=1, warmup_accumulate_steps=2,
+                             num_warmup_steps=2, num_timed_steps=3, count_flops=True),
+    "accumulate_2": _spec("tiny", 2, accumulate_steps=2, num_warmup_steps=1, num_timed_steps=1),
+    "accumulate_1": _spec("tiny", 2, accumulate_steps=1, num_warmup_steps=1, num_timed_steps=1),
+    # Fault injection: each names its cause (micro-batch 1, few steps: they are about messages).
+    "nan_at_step": _spec("nan_at_step", num_warmup_steps=4),
+    "segfault": _spec("segfault"),
+    "exits_in_factory": _spec("exits_in_factory"),
+    "exits_in_loss": _spec("exits_in_loss"),
+    "exits_at_import": TrialSpec(workload=WorkloadSpec(
+        kind="file", target=f"{ROOT / 'tests' / 'workloads_exit.py'}:workload"),
+        device="cpu", micro_batch=1, timeout_s=300.0),
+    "slow_build": _spec("slow_build", timeout_s=4.0),  # builds for 20 s
+    "returns_dict_model": _spec("returns_dict_model"),
+    "float_loss": _spec("float_loss"),
+    "vector_loss": _spec("vector_loss"),
+    "no_params": _spec("no_params"),
+    # 4 MiB more per optimizer step: the probe's 2 steps fit the cap, 2 + 15 do not.
+    "leak_probe": _spec("leak", memory_budget_bytes=LEAK_CAP),
+    "leak": _spec("leak", num_timed_steps=15, memory_budget_bytes=LEAK_CAP),
 }
 
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, TrialResult]:
-    names = sorted(SPECS, key=lambda n: n != "timeout")  # the 8 s hang first, beside the rest
+    # The hangs first (8 s and 4 s), beside the rest.
+    names = sorted(SPECS, key=lambda n: n not in ("timeout", "slow_build"))
     with ThreadPoolExecutor(max_workers=2) as pool:
         done = dict(zip(names, pool.map(lambda n: run_isolated(SPECS[n]), names), strict=True))
     return done
@@ -127,58 +157,186 @@ def test_factory_error_carries_the_traceback(results: dict[str, TrialResult]) ->
     assert "workloads.py" in message and "in raises" in message
 
 
+def test_ok_records_memory_after_every_step_and_no_leak(results: dict[str, TrialResult]) -> None:
+    result = results["ok"]
+    assert len(result.step_memory_bytes) == result.num_optimizer_steps == 5
+    assert all(0 < b <= 512 * MIB for b in result.step_memory_bytes)
+    assert result.leak_note() is None
+
+
+@pytest.mark.parametrize(("name", "status", "says"), [
+    ("nan_at_step", "non_finite", "loss became nan at optimizer step 3 of 4"),
+    ("segfault", "crash", "child killed by SIGSEGV"),
+    ("exits_in_factory", "workload_error", "the workload called sys.exit(0)"),
+    ("exits_in_loss", "workload_error", "the workload called sys.exit(3)"),
+    ("exits_at_import", "workload_error", "the workload called sys.exit(0)"),
+    ("slow_build", "timeout", "no result after 4 s; killed"),
+    ("returns_dict_model", "workload_error",
+     "build_model returned dict; it must return a torch.nn.Module"),
+    ("float_loss", "workload_error",
+     "loss returned float "),
+    ("float_loss", "workload_error",
+     "; it must return a scalar torch.Tensor that requires grad"),
+    ("vector_loss", "workload_error",
+     "loss returned a tensor of shape (1,); it must be a scalar: reduce it, e.g. .mean()"),
+    ("no_params", "workload_error", "all 4 of its parameter tensors are frozen"),
+])
+def test_faults_are_named_as_what_they_are(results: dict[str, TrialResult], name: str,
+                                           status: str, says: str) -> None:
+    result = results[name]
+    assert result.status == status, result.message
+    assert says in result.message, result.message
+
+
+@pytest.mark.parametrize(("name", "frame"), [
+    ("exits_in_factory", "in exits_in_factory"),
+    ("exits_in_loss", "in loss"),
+    ("exits_at_import", "workloads_exit.py"),
+    ("raises", "in raises"),
+])
+def test_the_workloads_traceback_once_and_only_its_frames(results: dict[str, TrialResult],
+                                                          name: str, frame: str) -> None:
+    message = results[name].message
+    assert message.count("Traceback") == 1, message
+    assert frame in message
+    assert "/autotune/" not in message and "/torch/" not in message, message
+    assert len(message.splitlines()) <= 16, message
+
+
+def test_a_leak_is_named_when_it_runs_out_of_memory(results: dict[str, TrialResult]) -> None:
+    probe, result = results["leak_probe"], results["leak"]
+    assert probe.status == "ok", probe.message  # what a probe of micro-batch 1 sees
+    assert result.status == "oom", result.message
+    first = result.message.splitlines()[0]
+    assert first.startswith("memory grew by 4.0 MiB every optimizer step (steps 2-"), first
+    assert "a leak" in first
+    assert "can't allocate memory" in result.message  # the OOM itself follows
+    # The series was kept although a later step failed.
+    assert 4 <= len(result.step_memory_bytes) == result.num_optimizer_steps < 17
+    assert result.leak_note() == first
+
+
 # ----------------------------------------------------------------------------------------------
-# is_out_of_memory: by type first, then the messages allocators raise.
+# The child process itself: start failures, the generic child, and no child outliving its parent.
 
 
-def _raised_from(exc: BaseException, cause: BaseException) -> BaseException:
+def test_a_child_that_cannot_start_is_a_crash(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    interpreter = tmp_path / "python"
+    interpreter.write_text("#!/bin/sh\n")  # not executable: the OS refuses to run it
+    monkeypatch.setattr(sys, "executable", str(interpreter))
+    result = run_isolated(_spec("tiny"))
+    assert result.status == "crash"
+    assert result.message.startswith(
+        "could not start the child process: PermissionError: [Errno 13]"), result.message
+
+
+def _child(do: str, timeout_s: float = 60.0, **request: object) -> ChildRun:
+    return run_in_child("tests.child_echo", {"do": do, **request}, timeout_s=timeout_s)
+
+
+def test_run_in_child_returns_the_handlers_result() -> None:
+    run = _child("echo", value=[1, "two"])
+    assert run.status == "ok", run.message
+    assert run.data is not None and run.data["echo"] == [1, "two"]
+    assert run.data["pid"] != os.getpid()
+    assert run.data["malloc"] == "1"  # child_environment("cpu")
+    assert run.wall_s > 0
+
+
+@pytest.mark.parametrize(("do", "request_", "says"), [
+    ("raise", {}, "the child failed: ValueError: the handler failed on purpose"),
+    ("exit", {"code": 0}, "the child failed: the workload called sys.exit(0)"),
+    ("os_exit", {"code": 0}, "child exited with code 0 without a result"),
+])
+def test_run_in_child_never_takes_an_exit_for_a_result(do: str, request_: dict[str, object],
+                                                        says: str) -> None:
+    run = _child(do, **request_)
+    assert run.status == "crash"
+    assert run.message.startswith(says), run.message
+
+
+def test_run_in_child_times_out() -> None:
+    run = _child("sleep", timeout_s=1.0, seconds=60)
+    assert run.status == "timeout" and run.data is None
+    assert run.message == "no result after 1 s; killed"
+    assert 1.0 <= run.wall_s < 10
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_child_whose_parent_is_already_gone_exits(tmp_path: Path) -> None:
+    # The parent died before the child armed its death signal: the child's parent is not the
+    # one that started it, so it leaves at once, without running the handler.
+    request, result = tmp_path / "request.json", tmp_path / "result.json"
+    request.write_text('{"do": "echo"}')
+    env = {**os.environ, "AUTOTUNE_PARENT_PID": str(os.getpid() + 1_000_000)}
+    proc = subprocess.run([sys.executable, "-m", "tests.child_echo", str(request), str(result)],
+                          env=env, cwd=ROOT, timeout=60)
+    assert proc.returncode == 1 and not result.exists()
+    env["AUTOTUNE_PARENT_PID"] = str(os.getpid())  # the real parent: it runs
+    proc = subprocess.run([sys.executable, "-m", "tests.child_echo", str(request), str(result)],
+                          env=env, cwd=ROOT, timeout=60)
+    assert proc.returncode == 0 and result.exists()
+
+
+_PARENT = """
+import sys
+from autotune.config import TrialSpec, WorkloadSpec
+from autotune.runner import run_isolated
+run_isolated(TrialSpec(workload=WorkloadSpec(kind="file", target=sys.argv[1]), device="cpu",
+                       micro_batch=1, timeout_s=120.0))
+"""
+
+
+def _state(pid: int) -> str | None:
+    """The process's state letter (Z: dead, not yet reaped), or None when it is gone."""
     try:
-        try:
-            raise cause
-        except BaseException as inner:
-            raise exc from inner
-    except BaseException as outer:
-        return outer
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return stat.rpartition(")")[2].split()[0]
 
 
-@pytest.mark.parametrize("exc", [
-    torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
-    MemoryError(),
-    OSError(errno.ENOMEM, "Cannot allocate memory"),
-    RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory:"
-                 " you tried to allocate 4194304 bytes. Error code 12"),
-    RuntimeError("could not create a primitive"),
-    RuntimeError("std::bad_alloc"),
-], ids=["torch-oom", "MemoryError", "ENOMEM", "cpu-allocator", "onednn", "bad_alloc"])
-def test_is_out_of_memory(exc: BaseException) -> None:
-    assert is_out_of_memory(exc)
-    assert classify_exception(exc) == "oom"
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rpartition(")")[2].split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
 
 
-def test_is_out_of_memory_follows_the_cause_chain() -> None:
-    wrapped = _raised_from(ValueError("compile failed"), MemoryError())
-    assert is_out_of_memory(wrapped)
-    implicit = None
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_no_child_outlives_its_parent(sig: signal.Signals) -> None:
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT, workload_target("hang")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    child = None
     try:
-        try:
-            raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
-        except RuntimeError:
-            raise KeyError("raised while handling the OOM")  # noqa: B904
-    except KeyError as exc:
-        implicit = exc
-    assert is_out_of_memory(implicit)
-    assert not is_out_of_memory(_raised_from(ValueError("outer"), KeyError("inner")))
-
-
-@pytest.mark.parametrize("exc", [
-    RuntimeError("shape mismatch: mat1 and mat2 shapes cannot be multiplied"),
-    ValueError("out of memory"),  # right words, wrong type: not an allocator error
-    OSError(errno.ENOENT, "No such file"),
-    KeyError("x"),
-], ids=["shape", "ValueError", "ENOENT", "KeyError"])
-def test_is_not_out_of_memory(exc: BaseException) -> None:
-    assert not is_out_of_memory(exc)
-    assert classify_exception(exc) != "oom"
+        deadline = time.monotonic() + 60
+        while child is None and time.monotonic() < deadline:
+            for pid in _children(parent.pid):  # once it runs the runner: past its preexec
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                if b"autotune.runner" in cmdline:
+                    child = pid
+            time.sleep(0.05)
+        assert child is not None, "the parent never started its child"
+        parent.send_signal(sig)
+        parent.wait(timeout=10)
+        assert parent.returncode == -sig
+        deadline = time.monotonic() + 5
+        while _state(child) not in (None, "Z") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _state(child) in (None, "Z"), f"child {child} outlived its parent"
+    finally:
+        parent.kill()
+        parent.wait()
+        if child is not None and _state(child) not in (None, "Z"):
+            os.kill(child, signal.SIGKILL)
 
 
 @pytest.mark.slow
@@ -198,22 +356,20 @@ def test_a_graph_break_is_counted() -> None:
     assert result.num_graphs is not None and result.num_graphs >= 1
 
 
-def test_the_baseline_counts_model_flops_of_its_step() -> None:
-    result = run_isolated(_spec("tiny", 2, accumulate_steps=3, num_warmup_steps=1,
-                                num_timed_steps=1, count_flops=True))
+def test_the_baseline_counts_model_flops_of_its_step(results: dict[str, TrialResult]) -> None:
+    result = results["flops"]
     assert result.status == "ok", result.message
     rows = 2 * 3 * 128  # micro-batch x accumulation x sequence
     # up (8 -> 4096) and down (4096 -> 8): forward 2 matmuls, backward 3 (no input gradient).
     assert result.flops_per_step == 5 * 2 * rows * 8 * 4096
-    plain = run_isolated(_spec("tiny", 2, num_warmup_steps=1, num_timed_steps=1))
+    plain = results["accumulate_2"]
     assert plain.status == "ok" and plain.flops_per_step is None
 
 
-def test_one_run_is_the_probe_and_the_trial() -> None:
+def test_one_run_is_the_probe_and_the_trial(results: dict[str, TrialResult]) -> None:
     # Warm-up accumulates 2 micro-batches (a probe's memory worst case), the timed steps the
     # config's 1: throughput and FLOPs are the config's, the loss guard compares like with like.
-    result = run_isolated(_spec("tiny", 2, accumulate_steps=1, warmup_accumulate_steps=2,
-                                num_warmup_steps=2, num_timed_steps=3, count_flops=True))
+    result = results["probe_and_trial"]
     assert result.status == "ok", result.message
     assert result.samples_per_step == 2
     assert result.num_optimizer_steps == 2 + 3
@@ -222,10 +378,7 @@ def test_one_run_is_the_probe_and_the_trial() -> None:
     assert result.first_loss == pytest.approx(result.reference_loss, rel=1e-5)
     # Its first step accumulated the same two micro-batches as a run of accumulation 2 (same
     # seed, same batches): the memory it measured is that step's.
-    two = run_isolated(_spec("tiny", 2, accumulate_steps=2, num_warmup_steps=1,
-                             num_timed_steps=1))
-    one = run_isolated(_spec("tiny", 2, accumulate_steps=1, num_warmup_steps=1,
-                             num_timed_steps=1))
+    two, one = results["accumulate_2"], results["accumulate_1"]
     assert two.status == one.status == "ok", (two.message, one.message)
     assert result.first_loss == two.first_loss != one.first_loss
 

@@ -41,6 +41,7 @@ class Recorder:
         return run_isolated(spec)
 
 
+@pytest.mark.subprocess
 def test_search_eager_and_compiled_writes_a_consistent_config(tmp_path: Path) -> None:
     result = api.search(TINY, target_batch=8, device="cpu", memory_budget="4GiB",
                         precisions=["fp32"], compile_modes=["off", "default"], out=tmp_path,
@@ -79,6 +80,7 @@ def _plan(target_batch: int, budget_bytes: int) -> ProbeReport:
                        world_size=1, headroom=0.1, budget_bytes=budget_bytes, probes=())
 
 
+@pytest.mark.subprocess
 def test_probes_that_oom_are_recorded_infeasible(tmp_path: Path) -> None:
     # Under a real 60 MiB cap the probe's first run (micro-batch 16) runs out of memory: the
     # study records it as a constraint violation, the fitting ones as feasible.
@@ -102,6 +104,7 @@ def test_probes_that_oom_are_recorded_infeasible(tmp_path: Path) -> None:
     assert len(study.trials) == outcome.num_runs == len(trials) + len(probes)
 
 
+@pytest.mark.subprocess
 def test_resume_from_storage_reuses_completed_runs(tmp_path: Path) -> None:
     settings = dataclasses.replace(FAST, num_confirm=0, storage=f"sqlite:///{tmp_path}/s.db",
                                    study_name="resume")
@@ -115,6 +118,7 @@ def test_resume_from_storage_reuses_completed_runs(tmp_path: Path) -> None:
     assert again.probes == done.probes
 
 
+@pytest.mark.subprocess
 def test_a_study_of_another_search_is_refused(tmp_path: Path) -> None:
     settings = dataclasses.replace(FAST, num_confirm=0, storage=f"sqlite:///{tmp_path}/s.db",
                                    study_name="x")
@@ -160,6 +164,7 @@ def test_search_refuses_to_overwrite_and_unwritable_out(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "not writable" in _err(result)
 
 
+@pytest.mark.subprocess
 def test_ctrl_c_keeps_and_writes_the_best_so_far(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "autotune.cli", "search", "--workload", TINY.target,
            "--target-batch", "8", "--device", "cpu", "--memory-budget", "2GiB",
@@ -186,6 +191,7 @@ def test_ctrl_c_keeps_and_writes_the_best_so_far(tmp_path: Path) -> None:
     json.loads((tmp_path / "autotune.json").read_text())
 
 
+@pytest.mark.subprocess
 def test_allow_inexact_tunes_the_nearest_exact_batch_and_reports_it(tmp_path: Path) -> None:
     settings = dataclasses.replace(FAST, micro_batches_per_class=1, num_confirm=0)
     result = api.search(TINY, target_batch=8, world_size=3, device="cpu", memory_budget="2GiB",
@@ -199,6 +205,7 @@ def test_allow_inexact_tunes_the_nearest_exact_batch_and_reports_it(tmp_path: Pa
     assert "asked for 8: +1 samples, +12.5%" in search_footer(result)[0]
 
 
+@pytest.mark.subprocess
 def test_train_steps_objective_minimizes_time_to_train(tmp_path: Path) -> None:
     settings = dataclasses.replace(FAST, train_steps=500, num_confirm=0)
     api.search(TINY, target_batch=4, device="cpu", memory_budget="2GiB", precisions=["fp32"],
@@ -251,6 +258,7 @@ def test_the_report_states_compute_and_mfu_when_the_peak_is_known() -> None:
             "dense bf16 peak") in lines
 
 
+@pytest.mark.subprocess
 def test_numerics_guard_compares_on_the_trials_own_batches(tmp_path: Path) -> None:
     # tiny's batches are random draws, so each micro-batch split sees other samples: the guard
     # must compare each trial with fp32 eager on its own batches, not with the baseline's.

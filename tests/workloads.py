@@ -6,9 +6,12 @@ hang, a bad batch) happens where it would in real use.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
+import sys
 import time
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -134,3 +137,106 @@ def wrong_in_bf16() -> Workload:
         return value * 1.5 if out.dtype == torch.bfloat16 else value
 
     return Workload(name="wrong-in-bf16", build_model=WideMLP, make_batch=_batch, loss=loss)
+
+
+# ----------------------------------------------------------------------------------------------
+# Fault injection: each misbehaves one way, and the outcome must name it.
+
+
+def nan_at_step() -> Workload:
+    """The loss becomes NaN from optimizer step 3 on (steps counted by the optimizer's hook)."""
+    steps = {"done": 0}
+
+    def build_optimizer(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+        optimizer = torch.optim.AdamW(params, lr=1e-4)
+        optimizer.register_step_post_hook(lambda *_: steps.update(done=steps["done"] + 1))
+        return optimizer
+
+    def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        value = model(*batch)
+        return value * float("nan") if steps["done"] >= 2 else value
+
+    return Workload(name="nan-at-step", build_model=WideMLP, make_batch=_batch, loss=loss,
+                    build_optimizer=build_optimizer)
+
+
+def segfault() -> Workload:
+    """The loss reads address 0: the child dies of SIGSEGV."""
+
+    def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        ctypes.string_at(0)
+        return model(*batch)  # pragma: no cover
+
+    return Workload(name="segfault", build_model=WideMLP, make_batch=_batch, loss=loss)
+
+
+def exits_in_factory() -> Workload:
+    """The factory calls sys.exit(0): a clean exit code, and no workload."""
+    sys.exit(0)
+
+
+def exits_in_loss() -> Workload:
+    """The loss calls sys.exit(3)."""
+
+    def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        sys.exit(3)
+
+    return Workload(name="exits-in-loss", build_model=WideMLP, make_batch=_batch, loss=loss)
+
+
+def slow_build() -> Workload:
+    """build_model sleeps AUTOTUNE_TEST_SLOW_BUILD_S seconds (default 20) before returning."""
+
+    def build_model() -> nn.Module:
+        time.sleep(float(os.environ.get("AUTOTUNE_TEST_SLOW_BUILD_S", "20")))
+        return WideMLP()
+
+    return Workload(name="slow-build", build_model=build_model, make_batch=_batch, loss=_loss)
+
+
+def returns_dict_model() -> Workload:
+    """build_model returns a dict of layers, not an nn.Module."""
+    return Workload(name="returns-dict-model",
+                    build_model=lambda: {"up": nn.Linear(IN_DIM, HIDDEN)},  # type: ignore
+                    make_batch=_batch, loss=_loss)
+
+
+def float_loss() -> Workload:
+    """The loss is a Python float (``.item()`` taken too early)."""
+    return Workload(name="float-loss", build_model=WideMLP, make_batch=_batch,
+                    loss=lambda model, batch: model(*batch).item())  # type: ignore
+
+
+def vector_loss() -> Workload:
+    """The loss is one value per sample, never reduced to a scalar."""
+
+    def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        out = model.down(nn.functional.gelu(model.up(x)))
+        return nn.functional.mse_loss(out, y, reduction="none").mean(dim=(1, 2))
+
+    return Workload(name="vector-loss", build_model=WideMLP, make_batch=_batch, loss=loss)
+
+
+def no_params() -> Workload:
+    """Every parameter of the model is frozen: nothing to train."""
+    return Workload(name="no-params", build_model=lambda: WideMLP().requires_grad_(False),
+                    make_batch=_batch, loss=_loss)
+
+
+LEAKED: list[torch.Tensor] = []
+"""What the ``leak`` workload keeps alive, as a training script keeping its losses would."""
+LEAK_FLOATS = 512 * 1024
+"""Floats kept per micro-batch sample and loss call: 2 MiB, so 4 MiB per optimizer step at the
+default accumulation of 2."""
+
+
+def leak() -> Workload:
+    """Every loss call keeps 2 MiB per sample alive in a module-level list: a probe of 2 warm-up
+    steps fits, a longer run of the same micro-batch runs out of memory."""
+
+    def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        LEAKED.append(torch.randn(batch[0].shape[0], LEAK_FLOATS))
+        return model(*batch)
+
+    return Workload(name="leak", build_model=WideMLP, make_batch=_batch, loss=loss)

@@ -1,0 +1,157 @@
+"""trial: the one training step and its checks, in this process (no child processes)."""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from autotune.errors import WorkloadError
+from autotune.trial import classify_exception, is_out_of_memory, train_step
+from autotune.workload import Workload, check_loss, check_model, user_traceback
+from tests.workloads import WideMLP, _batch
+
+
+def _step(loss: Callable[[nn.Module, Any], Any]) -> torch.Tensor:
+    workload = Workload(name="w", build_model=WideMLP, make_batch=_batch, loss=loss)
+    model = workload.build_model()
+    return train_step(model, workload.make_optimizer(model.parameters()),
+                      [_batch(1), _batch(1)], workload, precision="fp32", device_type="cpu")
+
+
+@pytest.mark.parametrize(("loss", "says"), [
+    (lambda model, batch: 0.5, "loss returned float 0.5; it must return a scalar torch.Tensor"),
+    (lambda model, batch: model(*batch).reshape(1, 1).expand(4, 1),
+     "loss returned a tensor of shape (4, 1); it must be a scalar: reduce it, e.g. .mean()"),
+    (lambda model, batch: (model(*batch) * 100).long(),
+     "loss returned a tensor of dtype torch.int64; it must be floating point"),
+    (lambda model, batch: model(*batch).detach(),
+     "loss returned a tensor that does not require grad"),
+    (lambda model, batch: None, "loss returned NoneType; it must return a scalar torch.Tensor"),
+], ids=["float", "vector", "integer", "no-grad", "none"])
+def test_train_step_names_a_loss_that_is_not_a_scalar_float_tensor_with_grad(
+        loss: Callable[[nn.Module, Any], Any], says: str) -> None:
+    with pytest.raises(WorkloadError) as info:
+        _step(loss)
+    assert says in str(info.value)
+    assert classify_exception(info.value) == "workload_error"
+
+
+def test_a_right_loss_steps() -> None:
+    loss = _step(lambda model, batch: model(*batch))
+    assert loss.shape == () and torch.isfinite(loss)
+
+
+def test_the_loss_check_reads_no_values() -> None:
+    # Meta tensors have no data: any read (a sync on a device) would raise here.
+    check_loss(torch.ones((), device="meta", requires_grad=True), "w")
+    with pytest.raises(WorkloadError, match=r"shape \(4, 1\)"):
+        check_loss(torch.ones(4, 1, device="meta", requires_grad=True), "w")
+
+
+def test_check_model() -> None:
+    with pytest.raises(WorkloadError, match="build_model returned dict; it must return a torch"):
+        check_model({"up": nn.Linear(2, 2)}, "w")
+    with pytest.raises(WorkloadError, match="all 4 of its parameter tensors are frozen"):
+        check_model(WideMLP().requires_grad_(False), "w")
+    with pytest.raises(WorkloadError, match="it has no parameters"):
+        check_model(nn.ReLU(), "w")
+    check_model(WideMLP(), "w")
+
+
+def _user_code_fails() -> None:
+    nn.functional.linear(torch.ones(2, 3), torch.ones(4, 5))  # shapes do not match
+
+
+def test_user_traceback_keeps_only_the_workloads_frames() -> None:
+    with pytest.raises(RuntimeError) as info:
+        _user_code_fails()
+    text = user_traceback(info.value)
+    assert text.startswith("Traceback (the workload's frames")
+    assert "in _user_code_fails" in text and "nn.functional.linear" in text
+    assert "/torch/" not in text and "/autotune/" not in text
+    wrapped = WorkloadError("factory raised")
+    wrapped.__cause__ = info.value
+    assert user_traceback(wrapped) == text  # a WorkloadError shows what it wraps
+
+
+def test_user_traceback_keeps_the_last_frames_of_a_deep_one() -> None:
+    def recurse(depth: int) -> None:
+        if depth == 0:
+            raise ValueError("deep")
+        recurse(depth - 1)
+
+    with pytest.raises(ValueError) as info:
+        recurse(30)
+    lines = user_traceback(info.value).splitlines()
+    assert len(lines) <= 15
+    assert "earlier frames" in lines[1] and 'raise ValueError("deep")' in lines[-1]
+
+
+def test_sys_exit_is_a_workload_error() -> None:
+    exc = SystemExit(3)
+    assert classify_exception(exc) == "workload_error"
+    assert str(WorkloadError.from_exit(exc)) == "the workload called sys.exit(3)"
+    assert str(WorkloadError.from_exit(SystemExit())) == "the workload called sys.exit()"
+    assert str(WorkloadError.from_exit(SystemExit("bye"))) == (
+        "the workload called sys.exit('bye')")
+
+
+# ----------------------------------------------------------------------------------------------
+# is_out_of_memory: by type first, then the messages allocators raise.
+
+
+def _raised_from(exc: BaseException, cause: BaseException) -> BaseException:
+    try:
+        try:
+            raise cause
+        except BaseException as inner:
+            raise exc from inner
+    except BaseException as outer:
+        return outer
+
+
+@pytest.mark.parametrize("exc", [
+    torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+    MemoryError(),
+    OSError(errno.ENOMEM, "Cannot allocate memory"),
+    RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory:"
+                 " you tried to allocate 4194304 bytes. Error code 12"),
+    RuntimeError("could not create a primitive"),
+    RuntimeError("std::bad_alloc"),
+], ids=["torch-oom", "MemoryError", "ENOMEM", "cpu-allocator", "onednn", "bad_alloc"])
+def test_is_out_of_memory(exc: BaseException) -> None:
+    assert is_out_of_memory(exc)
+    assert classify_exception(exc) == "oom"
+
+
+def test_is_out_of_memory_follows_the_cause_chain() -> None:
+    wrapped = _raised_from(ValueError("compile failed"), MemoryError())
+    assert is_out_of_memory(wrapped)
+    implicit = None
+    try:
+        try:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+        except RuntimeError:
+            raise KeyError("raised while handling the OOM")  # noqa: B904
+    except KeyError as exc:
+        implicit = exc
+    assert is_out_of_memory(implicit)
+    assert not is_out_of_memory(_raised_from(ValueError("outer"), KeyError("inner")))
+
+
+@pytest.mark.parametrize("exc", [
+    RuntimeError("shape mismatch: mat1 and mat2 shapes cannot be multiplied"),
+    ValueError("out of memory"),  # right words, wrong type: not an allocator error
+    OSError(errno.ENOENT, "No such file"),
+    KeyError("x"),
+], ids=["shape", "ValueError", "ENOENT", "KeyError"])
+def test_is_not_out_of_memory(exc: BaseException) -> None:
+    assert not is_out_of_memory(exc)
+    assert classify_exception(exc) != "oom"
+
+
