@@ -72,7 +72,7 @@ def _meminfo() -> dict[str, int]:
 
 def _cpu_flags_and_name() -> tuple[set[str], str]:
     flags: set[str] = set()
-    name = platform.processor() or platform.machine()
+    name = platform.machine()  # not platform.processor(): it runs `uname -p`
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

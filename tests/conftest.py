@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -40,3 +41,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 has_cuda = torch.cuda.is_available()
             if not has_cuda:
                 item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
+
+
+@pytest.fixture(autouse=True)
+def _children_only_where_marked(request: pytest.FixtureRequest,
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test that starts a child process must say so (``subprocess``, ``slow`` or ``gpu``),
+    so ``-m "not subprocess"`` stays the quick inner loop: elsewhere starting one fails."""
+    if any(request.node.get_closest_marker(m) for m in ("subprocess", "slow", "gpu")):
+        return
+
+    def refuse(self: subprocess.Popen[bytes], args: object, *rest: object, **kw: object) -> None:
+        raise AssertionError(f"{request.node.nodeid} starts a child process ({args!r}): mark "
+                             "it @pytest.mark.subprocess")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)

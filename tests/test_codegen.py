@@ -416,6 +416,7 @@ def test_file_workload_is_imported_by_path(tmp_path: Path, file_name: str) -> No
                                                        "down.bias"}
 
 
+@pytest.mark.subprocess
 def test_relative_workload_is_stored_absolute(tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     workload = _workload_file(tmp_path / "project", "wl.py")

@@ -82,6 +82,7 @@ def test_largest_fitting_traces_the_boundary():
     assert len(search.estimates) <= 6
 
 
+@pytest.mark.subprocess
 def test_estimate_cli_json_and_pairs():
     result = runner.invoke(app, ["estimate", "--micro-batch", "4", "--device-memory", "200MiB",
                                  "--kernels", "cpu", "--target-batch", "64", "--json",
@@ -93,6 +94,7 @@ def test_estimate_cli_json_and_pairs():
     assert data["pairs"][-1][0] <= data["max_micro_batch"]
 
 
+@pytest.mark.subprocess
 def test_unknown_model_offline_exits_2(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     result = runner.invoke(app, ["estimate", "--model", "no-such-org/no-such-model"])
@@ -100,6 +102,7 @@ def test_unknown_model_offline_exits_2(monkeypatch):
     assert "local directory" in result.output
 
 
+@pytest.mark.subprocess
 def test_gpt2_offline_breakdown(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     result = runner.invoke(app, ["estimate", "--model", "gpt2", "--micro-batch", "2",

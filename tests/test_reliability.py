@@ -61,7 +61,7 @@ FAULTS = [
     (PROBE, "vector_loss", [], 2, ["must be a scalar"]),
     (PROBE, "float_loss", [], 2, ["loss returned float"]),
     (PROBE, "returns_dict_model", [], 2, ["build_model returned dict"]),
-    (PROBE, "no_params", [], 2, ["trainable parameters"]),
+    (PROBE, "no_params", [], 2, ["has nothing to train: all 4 of its parameter tensors"]),
     (PROBE, "raises", [], 2, ["ValueError: workload factory failed on purpose"]),
     (PROBE, "not_a_workload", [], 2, ["returned dict; it must return autotune.Workload"]),
     (PROBE, "bad_batch", [], 2, ["make_batch(2) returned list"]),
@@ -260,7 +260,8 @@ def test_sigterm_keeps_the_best_so_far_and_leaves_no_child(tmp_path: Path) -> No
     assert config["interrupted"] and any(t["verdict"] == "winner" for t in config["trials"])
     assert "interrupted (SIGTERM)" in stdout
     _nothing_half_written(tmp_path / "out")
-    assert list((tmp_path / "tmp").iterdir()) == []  # the children's temporary folders
+    # The children's temporary folders are gone (inductor's cache folder may stay there).
+    assert [p.name for p in (tmp_path / "tmp").iterdir() if p.name.startswith("autotune-")] == []
 
 
 def test_ctrl_c_twice_never_loses_or_half_writes_the_best_so_far(tmp_path: Path) -> None:
@@ -271,7 +272,9 @@ def test_ctrl_c_twice_never_loses_or_half_writes_the_best_so_far(tmp_path: Path)
     time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, stderr
+    # 130; or, when the second Ctrl-C came as the interpreter was shutting down (its handlers
+    # already reset), death by SIGINT, which a shell reports as 130 too.
+    assert proc.returncode in (130, -signal.SIGINT), stderr
     _no_survivors(tag)
     _nothing_half_written(tmp_path / "out")
     written = (tmp_path / "out" / "autotune.json").exists()
@@ -296,3 +299,27 @@ def test_two_searches_into_one_folder_never_replace_each_other(tmp_path: Path) -
     first, second = (json.loads((tmp_path / n).read_text())
                      for n in ("autotune.json", "autotune-2.json"))
     assert first["created_at"] != second["created_at"]  # two results, neither lost
+
+
+def test_ctrl_c_while_calibrating_keeps_and_writes_the_result(tmp_path: Path,
+                                                               monkeypatch) -> None:
+    """The window the defect lived in: the search is over, the estimator's calibration runs
+    (it rebuilt the model in the parent, seconds): a Ctrl-C there kept nothing."""
+    import autotune.api._pipeline as pipeline
+    from autotune import api
+    from autotune.search import SearchSettings
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "estimate", interrupted)
+    tiny = WorkloadSpec(kind="file", target=workload_target("tiny"))
+    result = api.search(tiny, target_batch=2, device="cpu", memory_budget="2GiB",
+                        precisions=["fp32"], compile_modes=["off"], out=tmp_path,
+                        settings=SearchSettings(num_timed_steps=3, min_timed_s=0.1,
+                                                micro_batches_per_class=1, num_confirm=0))
+    assert result.stop_reason == "interrupted (Ctrl-C) while calibrating: best config kept"
+    config = json.loads((tmp_path / "autotune.json").read_text())
+    assert config["interrupted"] and config["memory"]["calibration"] == {}
+    assert any(t["verdict"] == "winner" for t in config["trials"])
+    assert (tmp_path / "train_autotuned.py").is_file()
