@@ -70,3 +70,17 @@ class Interrupted(KeyboardInterrupt):
         super().__init__(signal_name)
         self.signal_name = signal_name
         self.exit_code = 128 + signal_number
+
+
+MEMORY_STATUS = "oom"
+"""The one child-run status that is a memory verdict."""
+
+
+def error_for_status(status: str, message: str) -> AutotuneError:
+    """The one mapping from the status of a child run that decides a command to its error,
+    and so its exit code: ``oom`` is a memory verdict (exit 1); every other failure
+    (``non_finite``, ``timeout``, ``crash``, ``compile_error``, ``error``, ``workload_error``)
+    is the workload's (exit 2), never "does not fit"."""
+    if status == MEMORY_STATUS:
+        return NoFeasibleConfigError(message)
+    return WorkloadError(message)

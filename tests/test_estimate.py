@@ -43,6 +43,7 @@ def tuned_json(tmp_path: Path, *, micro_batch: int = 8, budget: int = 4 * GIB,
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow
 def test_estimate_matches_a_real_cpu_step():
     """What the micro-batch costs (growth from 8 to 32) within 5% of two real steps; what the
     estimate misses is a constant: kernel-library scratch outside PyTorch's tensors, which
@@ -103,6 +104,7 @@ def test_unknown_model_offline_exits_2(monkeypatch):
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow
 def test_gpt2_offline_breakdown(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     result = runner.invoke(app, ["estimate", "--model", "gpt2", "--micro-batch", "2",
@@ -240,6 +242,7 @@ def test_a_20b_parameter_model_is_estimated_without_allocating_it():
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow
 def test_examples_ci_pytest_file_runs(monkeypatch):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     result = subprocess.run(

@@ -57,6 +57,7 @@ def test_peaks_grow_with_the_micro_batch(brute_force_peaks: dict[int, int]) -> N
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow
 def test_probe_finds_the_brute_force_answer(brute_force_peaks: dict[int, int],
                                             usable_bytes: int) -> None:
     truth = max(m for m in CANDIDATES if brute_force_peaks[m] <= usable_bytes)

@@ -53,7 +53,8 @@ FAULTS = [
     (SEARCH, "nan_at_step", [], 2,
      ["the workload is broken, not too big", "loss became nan at optimizer step 3"]),
     (PROBE, "segfault", [], 2, ["killed by SIGSEGV", "also without the memory cap"]),
-    (PROBE, "crash", [], 2, ["killed by SIGKILL", "also without the memory cap"]),
+    pytest.param(PROBE, "crash", [], 2, ["killed by SIGKILL", "also without the memory cap"],
+                 marks=pytest.mark.slow),  # the segfault case takes the same path
     (PROBE, "hang", ["--trial-timeout", "6s"], 2,
      ["the workload is broken, not too big", "it hung", "no result after 6 s"]),
     (PROBE, "exits_in_factory", [], 2, ["called sys.exit(0)"]),
@@ -68,8 +69,12 @@ FAULTS = [
 ]
 
 
+def _values(case: object) -> tuple:
+    return case.values if hasattr(case, "values") else case  # type: ignore[return-value]
+
+
 @pytest.mark.parametrize(("command", "name", "extra", "code", "phrases"), FAULTS,
-                         ids=[f"{c[0]}-{n}" for c, n, *_ in FAULTS])
+                         ids=[f"{_values(c)[0][0]}-{_values(c)[1]}" for c in FAULTS])
 def test_a_faulty_workload_gets_its_exit_code_and_is_named(
         command: list[str], name: str, extra: list[str], code: int, phrases: list[str],
         tmp_path: Path) -> None:
@@ -100,6 +105,7 @@ def test_a_workload_that_leaks_is_named_as_leaking(tmp_path: Path) -> None:
     assert "A larger budget only delays it" in text
 
 
+@pytest.mark.slow
 def test_the_time_budget_bounds_every_child_and_the_calibration(tmp_path: Path) -> None:
     """A build_model of 6 s, so each child takes 7 s or more: without limits in every child
     (and the calibration that rebuilt the model in the parent) a 60 s budget took 123 s."""
@@ -124,6 +130,7 @@ def test_the_time_budget_bounds_every_child_and_the_calibration(tmp_path: Path) 
         assert "--time-budget reached" in text and "before fp32 eager" in text
 
 
+@pytest.mark.slow
 def test_max_trials_bounds_the_re_measurements_and_the_calibration(tmp_path: Path) -> None:
     result, text = _run("search", "--target-batch", "4", *FAST, "--memory-budget", "2GiB",
                         "--workload", workload_target("tiny"), "--timed-steps", "3",
@@ -286,6 +293,7 @@ def test_ctrl_c_twice_never_loses_or_half_writes_the_best_so_far(tmp_path: Path)
     assert ("nothing written" in _words(stderr)) != written, stdout + stderr
 
 
+@pytest.mark.slow
 def test_two_searches_into_one_folder_never_replace_each_other(tmp_path: Path) -> None:
     """Both check the folder when they start; the one that ends second finds autotune.json
     written meanwhile: it keeps its own result beside it and says so (exit 2)."""

@@ -119,6 +119,7 @@ def test_resume_from_storage_reuses_completed_runs(tmp_path: Path) -> None:
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow
 def test_a_study_of_another_search_is_refused(tmp_path: Path) -> None:
     settings = dataclasses.replace(FAST, num_confirm=0, storage=f"sqlite:///{tmp_path}/s.db",
                                    study_name="x")
@@ -206,6 +207,7 @@ def test_allow_inexact_tunes_the_nearest_exact_batch_and_reports_it(tmp_path: Pa
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow
 def test_train_steps_objective_minimizes_time_to_train(tmp_path: Path) -> None:
     settings = dataclasses.replace(FAST, train_steps=500, num_confirm=0)
     api.search(TINY, target_batch=4, device="cpu", memory_budget="2GiB", precisions=["fp32"],
@@ -259,6 +261,7 @@ def test_the_report_states_compute_and_mfu_when_the_peak_is_known() -> None:
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow
 def test_numerics_guard_compares_on_the_trials_own_batches(tmp_path: Path) -> None:
     # tiny's batches are random draws, so each micro-batch split sees other samples: the guard
     # must compare each trial with fp32 eager on its own batches, not with the baseline's.

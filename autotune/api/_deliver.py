@@ -1,18 +1,23 @@
-"""Deliver the result: load() for scripts, the generated training loop."""
+"""Deliver the result: load() for scripts, the generated training loop, the written files."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from autotune.api._settings import workload_spec
 from autotune.codegen import SCRIPT_NAME, render_train_script
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, Interrupted, OutputExistsError
 from autotune.schema import (
     TunedConfig,
     read_tuned,
+    save_tuned,
     write_json_atomic,
 )
 from autotune.schema import json_schema as _json_schema
@@ -110,3 +115,62 @@ def codegen(config_path: str | Path, *, workload: str | None = None, out: str | 
 def json_schema() -> dict[str, Any]:
     """The JSON Schema of ``autotune.json`` (``autotune schema`` prints it)."""
     return _json_schema()
+
+
+def write_outputs(config: TunedConfig, path: Path, script: Path, *, force: bool) -> None:
+    """Write autotune.json and train_autotuned.py, with Ctrl-C and SIGTERM held until both are
+    written (then acted on: ``Interrupted`` says what was written). Without ``force`` neither
+    replaces a file another process wrote meanwhile: this search's result goes beside it,
+    and the error says where.
+
+    Raises:
+        OutputExistsError: a file appeared while the search ran.
+        Interrupted: a signal came while writing; both files were written.
+    """
+    writers = ((path, "config", lambda at, f: save_tuned(config, at, force=f)),
+               (script, "script", lambda at, f: write_train_script(config, at, force=f)))
+    with _signals_held() as caught:
+        for target, what, write in writers:
+            try:
+                write(target, force)
+            except OutputExistsError:
+                spare = _free_name(target)
+                write(spare, False)
+                raise OutputExistsError(target, (
+                    f"{target} was written by another process while this search ran: not "
+                    f"overwritten. This search's {what} is in {spare}"
+                    + (f" (its config in {path})" if target != path else "")
+                    + "; pass --force to overwrite, or --out another folder")) from None
+    if caught:
+        stopped = Interrupted(signal.Signals(caught[0]).name, caught[0])
+        stopped.written = path  # type: ignore[attr-defined]
+        raise stopped
+
+
+def _free_name(path: Path) -> Path:
+    """``autotune-2.json``, ``autotune-3.json``, ...: the first name not taken."""
+    n = 2
+    while (candidate := path.with_name(f"{path.stem}-{n}{path.suffix}")).exists():
+        n += 1
+    return candidate
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[list[int]]:
+    """Hold SIGINT and SIGTERM for the milliseconds of writing the outputs: a file is never
+    left half-written, nor one written without the other. Yields the signals that came (a
+    SIGINT or SIGTERM that was ignored before stays ignored). Only the main thread can hold
+    signals; elsewhere this holds nothing."""
+    caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig, handler in previous.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(sig, lambda num, _frame: caught.append(num))
+    try:
+        yield caught
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

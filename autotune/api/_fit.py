@@ -12,7 +12,13 @@ from autotune.config import (
     from_json_dict,
     to_json_dict,
 )
-from autotune.errors import ConfigError, UntraceableStepError, WorkloadError
+from autotune.errors import (
+    MEMORY_STATUS,
+    ConfigError,
+    UntraceableStepError,
+    WorkloadError,
+    error_for_status,
+)
 from autotune.estimate import Calibration, EstimateReport, EstimateRequest, estimate_report
 from autotune.memory import probe_spec
 from autotune.runner import run_in_child, run_isolated
@@ -273,9 +279,9 @@ def _measure(target: CheckTarget, timeout_s: float) -> int:
     result = run_isolated(probe_spec(target.workload, device, memory_class,
                                      target.micro_batch, None, timeout_s))
     if not result.ok or result.peak_bytes is None:
-        if result.status == "oom":
+        if result.status == MEMORY_STATUS:
             return target.device_memory_bytes + 1
-        raise WorkloadError(f"the real step of micro-batch {target.micro_batch} "
+        raise error_for_status(result.status, f"the real step of micro-batch {target.micro_batch} "
                             f"({target.precision}/{target.compile_mode}) failed, which is not "
                             f"a memory verdict [{result.status}]: {result.message}")
     return result.peak_bytes

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from autotune import __version__
-from autotune.api._deliver import write_train_script
+from autotune.api._deliver import write_outputs
 from autotune.api._fit import estimate
 from autotune.api._settings import Budget, resolve_budget
 from autotune.config import (
@@ -34,6 +32,7 @@ from autotune.errors import (
     NoFeasibleConfigError,
     OutputExistsError,
     WorkloadError,
+    error_for_status,
 )
 from autotune.memory import OnStep, hint_for, probe_memory, probe_spec
 from autotune.runner import allocator_notes, run_isolated
@@ -42,7 +41,6 @@ from autotune.schema import (
     SearchResult,
     TrialRecord,
     TunedConfig,
-    save_tuned,
 )
 from autotune.search import (
     OnTrial,
@@ -158,7 +156,7 @@ def _nothing_fits(workload: WorkloadSpec, info: DeviceInfo, budget: Budget,
             f"{timed.num_optimizer_steps} optimizer steps: {leak}. A larger budget only "
             "delays it: fix the workload")  # type: ignore[union-attr]
     if step is not None and step.status in BROKEN:
-        return WorkloadError(_broken(smallest, label, step.status, step.message))
+        return error_for_status(step.status, _broken(smallest, label, step.status, step.message))
     if timeout_s is None:
         return NoFeasibleConfigError(
             f"micro-batch {smallest} does not fit in {format_bytes(budget.usable_bytes)} "
@@ -169,8 +167,8 @@ def _nothing_fits(workload: WorkloadSpec, info: DeviceInfo, budget: Budget,
     if result.status not in ("ok", "oom"):
         # It fails without the cap too (a crash under the cap can be the cap's doing: a
         # stack that cannot grow is a SIGSEGV): the workload is broken.
-        return WorkloadError(_broken(smallest, label, result.status, result.message,
-                                     " (also without the memory cap)"))
+        return error_for_status(result.status, _broken(
+            smallest, label, result.status, result.message, " (also without the memory cap)"))
     if result.ok and result.peak_bytes is not None:
         need = (f"it needs {format_bytes(result.peak_bytes)} at its peak "
                 f"({label}), so the budget would have to be at least "
@@ -286,7 +284,7 @@ def search(
             config = replace(config, interrupted=True, skipped=(
                 *config.skipped, "no estimator calibration: interrupted"))
     if path is not None and script is not None:  # both checked before the search began
-        _write_outputs(config, path, script, force)
+        write_outputs(config, path, script, force=force)
     return SearchResult(config=config, path=path, probe=report, stop_reason=stop_reason)
 
 
@@ -347,70 +345,6 @@ def _calibrate(report: ProbeReport, config: TunedConfig, timeout_s: float,
                           growth_estimate_bytes=traced[point.micro_batch])
         calibration[label] = record
     return calibration, notes
-
-
-def _write_outputs(config: TunedConfig, path: Path, script: Path, force: bool) -> None:
-    """Write autotune.json and train_autotuned.py, with Ctrl-C and SIGTERM held until both are
-    written (then acted on: ``Interrupted`` says what was written). Without ``force`` neither
-    replaces a file another process wrote meanwhile: this search's result goes beside it,
-    and the error says where.
-
-    Raises:
-        OutputExistsError: a file appeared while the search ran.
-        Interrupted: a signal came while writing; both files were written.
-    """
-    with _signals_held() as caught:
-        try:
-            save_tuned(config, path, force=force)
-        except OutputExistsError:
-            spare = _free_name(path)
-            save_tuned(config, spare, force=False)
-            raise OutputExistsError(path,
-                f"{path} was written by another process while this search ran: not "
-                f"overwritten. This search's config is in {spare}; pass --force to overwrite, "
-                "or --out another folder") from None
-        try:
-            write_train_script(config, script, force=force)
-        except OutputExistsError:
-            spare = _free_name(script)
-            write_train_script(config, spare, force=False)
-            raise OutputExistsError(script,
-                f"{script} was written by another process while this search ran: not "
-                f"overwritten. {path} holds this search's config and {spare} its script; pass "
-                "--force to overwrite, or --out another folder") from None
-    if caught:
-        stopped = Interrupted(signal.Signals(caught[0]).name, caught[0])
-        stopped.written = path  # type: ignore[attr-defined]
-        raise stopped
-
-
-def _free_name(path: Path) -> Path:
-    """``autotune-2.json``, ``autotune-3.json``, ...: the first name not taken."""
-    n = 2
-    while (candidate := path.with_name(f"{path.stem}-{n}{path.suffix}")).exists():
-        n += 1
-    return candidate
-
-
-@contextlib.contextmanager
-def _signals_held() -> Iterator[list[int]]:
-    """Hold SIGINT and SIGTERM for the milliseconds of writing the outputs: a file is never
-    left half-written, nor one written without the other. Yields the signals that came (a
-    SIGINT or SIGTERM that was ignored before stays ignored). Only the main thread can hold
-    signals; elsewhere this holds nothing."""
-    caught: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield caught
-        return
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    for sig, handler in previous.items():
-        if handler is not signal.SIG_IGN:
-            signal.signal(sig, lambda num, _frame: caught.append(num))
-    try:
-        yield caught
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _check_writable(path: Path, force: bool) -> None:
