@@ -172,6 +172,7 @@ def test_a_calibration_never_turns_a_miss_into_a_fit(tmp_path):
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow
 def test_check_measures_a_real_step_when_the_trace_cannot_follow_it(tmp_path):
     spec = WorkloadSpec(kind="file", target=f"{ROOT / 'tests' / 'workloads.py'}:reads_values")
     path = tuned_json(tmp_path)

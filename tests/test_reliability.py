@@ -32,8 +32,9 @@ except TypeError:
     runner = CliRunner()
 
 FAST = ["--device", "cpu", "--precisions", "fp32", "--compile-modes", "off"]
-PROBE = ["probe", "--target-batch", "2", *FAST, "--memory-budget", "2GiB"]
-SEARCH = ["search", "--target-batch", "2", *FAST, "--memory-budget", "2GiB", "--timed-steps",
+# Target 1: micro-batch 1 is the only candidate, so a broken workload is found in one child run.
+PROBE = ["probe", "--target-batch", "1", *FAST, "--memory-budget", "2GiB"]
+SEARCH = ["search", "--target-batch", "1", *FAST, "--memory-budget", "2GiB", "--timed-steps",
           "3", "--micro-batches", "1"]
 
 
@@ -65,7 +66,7 @@ FAULTS = [
     (PROBE, "no_params", [], 2, ["has nothing to train: all 4 of its parameter tensors"]),
     (PROBE, "raises", [], 2, ["ValueError: workload factory failed on purpose"]),
     (PROBE, "not_a_workload", [], 2, ["returned dict; it must return autotune.Workload"]),
-    (PROBE, "bad_batch", [], 2, ["make_batch(2) returned list"]),
+    (PROBE, "bad_batch", [], 2, ["make_batch(1) returned list"]),
 ]
 
 
@@ -99,7 +100,7 @@ def test_a_module_that_exits_at_import_is_a_broken_workload() -> None:
 def test_a_workload_that_leaks_is_named_as_leaking(tmp_path: Path) -> None:
     """Its warm-up steps fit micro-batch 1; every timed run then runs out of memory."""
     result, text = _run(*SEARCH, "--workload", workload_target("leak"), "--memory-budget",
-                        "160MiB", "--timed-steps", "40", "--out", str(tmp_path))
+                        "64MiB", "--timed-steps", "40", "--out", str(tmp_path))
     assert result.exit_code == 2, text
     assert "memory grew by" in text and "every optimizer step" in text
     assert "A larger budget only delays it" in text

@@ -81,6 +81,7 @@ def _plan(target_batch: int, budget_bytes: int) -> ProbeReport:
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow
 def test_probes_that_oom_are_recorded_infeasible(tmp_path: Path) -> None:
     # Under a real 60 MiB cap the probe's first run (micro-batch 16) runs out of memory: the
     # study records it as a constraint violation, the fitting ones as feasible.
