@@ -82,6 +82,7 @@ def test_probe_finds_the_brute_force_answer(brute_force_peaks: dict[int, int],
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow
 def test_a_right_hint_settles_in_two_probes(usable_bytes: int) -> None:
     probe = probe_memory(TINY, "cpu", FP32, CANDIDATES, budget_bytes=int(usable_bytes / 0.9),
                          usable_bytes=usable_bytes, timeout_s=300.0, hint=BOUNDARY)
@@ -91,6 +92,7 @@ def test_a_right_hint_settles_in_two_probes(usable_bytes: int) -> None:
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow
 def test_nothing_fits_gives_zero() -> None:
     budget = 4 * MIB  # micro-batch 1 alone needs about 12 MiB
     probe = probe_memory(TINY, "cpu", FP32, (1, 2), budget_bytes=budget,

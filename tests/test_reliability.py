@@ -48,9 +48,12 @@ def _run(*args: str):
 
 
 # (command, workload, extra args, exit code, phrases the message must hold)
+# The cases marked slow are also checked, status and message, at the runner level
+# (tests/test_runner.py) in the everyday run; here they add the CLI's exit code.
 FAULTS = [
-    (PROBE, "nan_loss", [], 2,
-     ["the workload is broken, not too big", "loss became nan at optimizer step 1"]),
+    pytest.param(PROBE, "nan_loss", [], 2,
+                 ["the workload is broken, not too big", "loss became nan at optimizer step 1"],
+                 marks=pytest.mark.slow),
     (SEARCH, "nan_at_step", [], 2,
      ["the workload is broken, not too big", "loss became nan at optimizer step 3"]),
     (PROBE, "segfault", [], 2, ["killed by SIGSEGV", "also without the memory cap"]),
@@ -61,12 +64,17 @@ FAULTS = [
     (PROBE, "exits_in_factory", [], 2, ["called sys.exit(0)"]),
     (SEARCH, "exits_in_loss", [], 2, ["called sys.exit(3)"]),
     (PROBE, "vector_loss", [], 2, ["must be a scalar"]),
-    (PROBE, "float_loss", [], 2, ["loss returned float"]),
-    (PROBE, "returns_dict_model", [], 2, ["build_model returned dict"]),
+    pytest.param(PROBE, "float_loss", [], 2, ["loss returned float"],
+                 marks=pytest.mark.slow),
+    pytest.param(PROBE, "returns_dict_model", [], 2, ["build_model returned dict"],
+                 marks=pytest.mark.slow),
     (PROBE, "no_params", [], 2, ["has nothing to train: all 4 of its parameter tensors"]),
-    (PROBE, "raises", [], 2, ["ValueError: workload factory failed on purpose"]),
-    (PROBE, "not_a_workload", [], 2, ["returned dict; it must return autotune.Workload"]),
-    (PROBE, "bad_batch", [], 2, ["make_batch(1) returned list"]),
+    pytest.param(PROBE, "raises", [], 2, ["ValueError: workload factory failed on purpose"],
+                 marks=pytest.mark.slow),
+    pytest.param(PROBE, "not_a_workload", [], 2, ["it must return autotune.Workload"],
+                 marks=pytest.mark.slow),
+    pytest.param(PROBE, "bad_batch", [], 2, ["make_batch(1) returned list"],
+                 marks=pytest.mark.slow),
 ]
 
 
@@ -186,6 +194,7 @@ def test_options_that_would_silently_mean_something_else_exit_2(
     assert not (tmp_path / "autotune.json").exists()
 
 
+@pytest.mark.slow
 def test_resume_refuses_runs_of_an_edited_model_or_another_budget(tmp_path: Path) -> None:
     model = tmp_path / "model.py"
     model.write_text((WORKLOADS).read_text())
