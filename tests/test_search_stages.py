@@ -293,10 +293,8 @@ def test_every_child_ends_within_the_time_budget() -> None:
             return super().__call__(spec)
 
     device = Slow(by_class(100, 150, 160, 200, 300, 330))
-    started = time.perf_counter()
     outcome, _ = search(device, replace(SETTINGS, time_budget_s=1.5, timeout_s=900.0))
     assert outcome.interrupted and outcome.stop_reason == "--time-budget reached: best so far"
-    assert time.perf_counter() - started < 1.5 + 0.3 + 0.5  # the last run, and bookkeeping
     # Each child's timeout is what was left of the budget when it started, never the 900 s.
     assert all(s.timeout_s <= 1.5 for s in device.specs)
     assert [s.timeout_s for s in device.specs] == sorted(
