@@ -16,6 +16,8 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "Workload": "autotune.workload",
+    "Knobs": "autotune.knobs",
+    "TuneRequest": "autotune.api",
     "WorkloadSpec": "autotune.config",
     "probe": "autotune.api",
     "load": "autotune.api",

@@ -28,6 +28,7 @@ from rich.progress import (
 )
 
 from autotune.errors import AutotuneError, ConfigError, Interrupted
+from autotune.knobs import Knobs
 
 app = typer.Typer(
     help="Find the fastest way to train your model at the effective batch size you want.",
@@ -60,6 +61,19 @@ ModesOpt = Annotated[Optional[str], typer.Option(
     "--compile-modes",
     help="Comma-separated subset of off,default,reduce-overhead,max-autotune-no-cudagraphs,"
          "max-autotune.")]
+CheckpointingOpt = Annotated[Optional[str], typer.Option(
+    "--checkpointing", help="Comma-separated subset of off,blocks,alternate: activation "
+    "checkpointing of every repeated block or every second one (frees activations for a larger "
+    "micro-batch, costs a recompute).")]
+OptimizerImplsOpt = Annotated[Optional[str], typer.Option(
+    "--optimizer-impls", help="Comma-separated subset of default,for-loop,foreach,fused: the "
+    "workload's optimizer as built or rebuilt with the same groups and hyper-parameters.")]
+MemoryFormatsOpt = Annotated[Optional[str], typer.Option(
+    "--memory-formats", help="Comma-separated subset of contiguous,channels_last (2-D "
+    "convolutions on 4-D images only).")]
+AllocatorsOpt = Annotated[Optional[str], typer.Option(
+    "--allocators", help="Comma-separated subset of default,expandable_segments (CUDA "
+    "allocator; skipped on CPU).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
 TrialTimeoutOpt = Annotated[str, typer.Option(
     "--trial-timeout", help="Most wall time of one child run (probe or trial), e.g. 90s or "
@@ -113,6 +127,15 @@ def _split(text: str | None, option: str) -> list[str] | None:
     return items
 
 
+def _knob_values(checkpointing: str | None, optimizer_impls: str | None,
+                 memory_formats: str | None, allocators: str | None) -> dict[str, list[str] | None]:
+    """The knob options as ``TuneRequest.knob_values`` (checked there, all at once)."""
+    return {"checkpointing": _split(checkpointing, "--checkpointing"),
+            "optimizer_impl": _split(optimizer_impls, "--optimizer-impls"),
+            "memory_format": _split(memory_formats, "--memory-formats"),
+            "allocator": _split(allocators, "--allocators")}
+
+
 def _seconds(text: str, option: str) -> float:
     from autotune.config import parse_duration
 
@@ -148,27 +171,35 @@ def probe(
     headroom: HeadroomOpt = 0.1,
     precisions: PrecisionsOpt = None,
     compile_modes: ModesOpt = None,
+    checkpointing: CheckpointingOpt = None,
+    optimizer_impls: OptimizerImplsOpt = None,
+    memory_formats: MemoryFormatsOpt = None,
+    allocators: AllocatorsOpt = None,
     trial_timeout: TrialTimeoutOpt = "15m",
     json_out: JsonOpt = False,
 ) -> None:
-    """Find the largest micro-batch that fits, for each precision and compile mode."""
+    """Find the largest micro-batch that fits, for each precision and compile mode (the
+    other knobs at their first value asked for, default their default)."""
     with _exits():
         from autotune import api, report
 
         spec = api.workload_spec(workload=workload, model=model, seq_len=seq_len,
                                  pretrained=pretrained)
         with err.status("probing memory with real training steps...") as status:
-            def on_step(memory_class, step):
-                err.print(report.probe_step_line(memory_class.label(), step), highlight=False)
-                status.update(f"probing memory: {memory_class.label()} done up to micro-batch "
+            def on_step(knobs, step):
+                err.print(report.probe_step_line(knobs.label(), step), highlight=False)
+                status.update(f"probing memory: {knobs.label()} done up to micro-batch "
                               f"{step.micro_batch}...")
 
-            result = api.probe(
-                spec, target_batch=target_batch, world_size=world_size, device=device,
+            request = api.TuneRequest(
+                workload=spec, target_batch=target_batch, world_size=world_size, device=device,
                 memory_budget=memory_budget, headroom=headroom,
                 precisions=_split(precisions, "--precisions"),
                 compile_modes=_split(compile_modes, "--compile-modes"),
-                timeout_s=_seconds(trial_timeout, "--trial-timeout"), on_step=on_step)
+                knob_values=_knob_values(checkpointing, optimizer_impls, memory_formats,
+                                         allocators))
+            result = api.probe(request, timeout_s=_seconds(trial_timeout, "--trial-timeout"),
+                               on_step=on_step)
         if json_out:
             print(report.to_json(result))
             return
@@ -191,6 +222,10 @@ def search(
     headroom: HeadroomOpt = 0.1,
     precisions: PrecisionsOpt = None,
     compile_modes: ModesOpt = None,
+    checkpointing: CheckpointingOpt = None,
+    optimizer_impls: OptimizerImplsOpt = None,
+    memory_formats: MemoryFormatsOpt = None,
+    allocators: AllocatorsOpt = None,
     out: Annotated[Path, typer.Option("--out", help="Folder for autotune.json.")] = Path("."),
     force: Annotated[bool, typer.Option("--force", help="Overwrite autotune.json.")] = False,
     time_budget: Annotated[Optional[str], typer.Option(
@@ -228,7 +263,8 @@ def search(
     ] = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Probe memory, time compile modes x precisions, write the tuned autotune.json."""
+    """Probe memory, time compile modes x precisions, screen checkpointing, optimizer
+    implementation, memory format and allocator on the leader, write the tuned autotune.json."""
     with _exits():
         from autotune import api, errors, report
         from autotune.search import SearchSettings
@@ -248,11 +284,10 @@ def search(
         with _progress() as progress:
             task = progress.add_task("probing memory", total=None)
 
-            def on_step(memory_class, step):  # a timed probe is a trial: on_trial says it
+            def on_step(knobs, step):  # a timed probe is a trial: on_trial says it
                 if not step.timed:
-                    err.print(report.probe_step_line(memory_class.label(), step),
-                              highlight=False)
-                progress.update(task, description=f"probing {memory_class.label()}")
+                    err.print(report.probe_step_line(knobs.label(), step), highlight=False)
+                progress.update(task, description=f"probing {knobs.label()}")
 
             def on_trial(num_runs, stage, candidate, record):
                 if record is not None:
@@ -260,13 +295,16 @@ def search(
                 progress.update(task, completed=num_runs, description=(
                     f"{stage}: run {num_runs + (record is None)} {candidate.key()}"))
 
-            result = api.search(
-                spec, target_batch=target_batch, world_size=world_size, device=device,
+            request = api.TuneRequest(
+                workload=spec, target_batch=target_batch, world_size=world_size, device=device,
                 memory_budget=memory_budget, headroom=headroom,
                 precisions=_split(precisions, "--precisions"),
                 compile_modes=_split(compile_modes, "--compile-modes"),
-                out=out, force=force, settings=settings, on_step=on_step,
-                on_trial=on_trial, allow_inexact=allow_inexact)
+                knob_values=_knob_values(checkpointing, optimizer_impls, memory_formats,
+                                         allocators),
+                allow_inexact=allow_inexact)
+            result = api.search(request, out=out, force=force, settings=settings,
+                                on_step=on_step, on_trial=on_trial)
         if json_out:
             print(report.to_json(result.config))
         else:
@@ -313,6 +351,12 @@ def estimate(
     device_memory: Annotated[str, typer.Option(
         "--device-memory", help="The device's memory, e.g. 24GiB or 80GB.")] = "24GiB",
     precision: Annotated[PrecisionChoice, typer.Option("--precision")] = PrecisionChoice.fp32,
+    checkpointing: Annotated[str, typer.Option(
+        "--checkpointing", help="off, blocks or alternate: trace the step checkpointed.")] = "off",
+    optimizer_impl: Annotated[str, typer.Option(
+        "--optimizer-impl", help="default, for-loop, foreach or fused.")] = "default",
+    memory_format: Annotated[str, typer.Option(
+        "--memory-format", help="contiguous or channels_last.")] = "contiguous",
     workload: WorkloadOpt = None,
     model: ModelOpt = None,
     seq_len: SeqLenOpt = None,
@@ -335,7 +379,9 @@ def estimate(
         with err.status("tracing the training step under fake tensors..."):
             result = api.estimate(
                 spec, micro_batch=micro_batch, device_memory=device_memory,
-                precision=precision.value, headroom=headroom, target_batch=target_batch,
+                knobs=Knobs.checked(precision=precision.value, checkpointing=checkpointing,
+                                    optimizer_impl=optimizer_impl, memory_format=memory_format),
+                headroom=headroom, target_batch=target_batch,
                 world_size=world_size, kernels=kernels.value,
                 timeout_s=_seconds(timeout, "--timeout"))
         if json_out:

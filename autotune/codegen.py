@@ -6,7 +6,9 @@ never becomes code, whatever ``autotune.json`` holds. It does not import autotun
 built-in model's source is carried in it (``TINY_GPT``, kept identical to
 ``autotune.workload.TinyGPT`` by a test), a Hugging Face model is rebuilt from its config with
 transformers, and a ``file.py:factory`` workload is imported by path. Its ``train_step``
-does the arithmetic of ``autotune.trial.train_step`` (tests compare their gradients).
+does the arithmetic of ``autotune.trial.train_step`` (tests compare their gradients), and it
+applies every knob as ``autotune.knobs`` does: the knob values are literals, the code applying
+them is the same for every value (checkpointing, optimizer rebuild, memory format, allocator).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 from autotune.codegen_templates import FILE, HF, HF_AUTO, HF_COUNTS, SCRIPT, TINY_GPT
 from autotune.config import format_bytes
+from autotune.knobs import KNOBS, describe
 from autotune.schema import TunedConfig
 
 SCRIPT_NAME = "train_autotuned.py"
@@ -45,8 +48,7 @@ def render_train_script(config: TunedConfig, *, script_dir: Path | None = None) 
         tuned_block=_tuned_block(config),
         target_batch=_literal(config.target_batch),
         micro_batch=_literal(config.micro_batch),
-        precision=_literal(config.precision),
-        compile_mode=_literal(config.compile_mode),
+        **{knob.name: _literal(getattr(config.knobs, knob.name)) for knob in KNOBS},
         world_size=_literal(config.world_size),
         workload=workload_code,
     )
@@ -153,12 +155,32 @@ def _reasons(config: TunedConfig) -> list[tuple[str, str]]:
          f"{config.world_size} device{'s' if config.world_size > 1 else ''}): derived"),
         (f"precision = {config.precision}", speed),
         (f"compile_mode = {config.compile_mode}", compiled),
+        *_knob_reasons(config),
     ]
 
 
+def _knob_reasons(config: TunedConfig) -> list[tuple[str, str]]:
+    """Each knob beyond precision and compile mode: what it does, what it let fit (a knob
+    that frees memory, against the same knobs without it) and the best other value timed."""
+    knobs, fits = config.knobs, config.memory.max_micro_batch
+    out = []
+    for knob, line in zip(KNOBS[2:], describe(knobs), strict=True):
+        name, why = line.split(": ", 1)
+        value = getattr(knobs, knob.name)
+        without = knobs.with_(**{knob.name: knob.default}).label()
+        if value in knob.frees_memory and fits.get(knobs.label()) and fits.get(without):
+            why += (f"; the largest micro-batch that fit: {fits[knobs.label()]} with it, "
+                    f"{fits[without]} without")
+        other = _best_other(config, knob.name)
+        if other:
+            why += f"; best other {knob.name}: {other}"
+        out.append((name, why))
+    return out
+
+
 def _best_other(config: TunedConfig, knob: str) -> str:
-    mine = getattr(config, knob)
-    others = [t for t in config.trials if getattr(t, knob) != mine and t.samples_per_s
+    mine = getattr(config.knobs, knob)
+    others = [t for t in config.trials if getattr(t.knobs, knob) != mine and t.samples_per_s
               and not t.is_baseline and t.verdict in ("ok", "slower")]
     if not others:
         return ""
@@ -182,14 +204,14 @@ _DEFAULT_SIZES = {
 
 def _workload_section(config: TunedConfig, script_dir: Path | None) -> tuple[str, str]:
     spec = config.workload
-    std = ["import argparse", "import os", "import time"]
+    std = ["import argparse", "import functools", "import inspect", "import os", "import time"]
     third = ["import torch", "import torch.distributed as dist"]
-    tail = ["from torch.nn.parallel import DistributedDataParallel as DDP"]
+    tail = ["from torch import nn", "from torch.nn.parallel import DistributedDataParallel as DDP",
+            "from torch.utils.checkpoint import checkpoint"]
     std_from = ["from contextlib import nullcontext"]
     if spec.kind == "default":
         sizes = _DEFAULT_SIZES["cuda" if config.device.is_cuda else "cpu"]
         code = string.Template(TINY_GPT).substitute(sizes=sizes)
-        tail.insert(0, "from torch import nn")
     elif spec.kind == "hf":
         task, seq_len = _hf_task(config)
         build = ("from_pretrained(model_name)" if spec.pretrained else

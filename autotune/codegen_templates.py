@@ -2,6 +2,10 @@
 
 ``$name`` placeholders are filled by ``string.Template`` (the Python code itself has no ``$``).
 ``TINY_GPT`` is ``autotune.workload.TinyGPT`` as plain source; a test keeps the two identical.
+``SCRIPT`` carries ``autotune.knobs``' changes to the model, the optimizer and the batches as
+plain functions (``find_blocks``, ``checkpoint_blocks``, ``rebuild_optimizer``, ``to_device``);
+tests keep them equal to the library's (the same blocks, the same gradients, the same optimizer
+groups). The script's code is the same for every value of a knob: values enter as literals.
 """
 
 from __future__ import annotations
@@ -83,6 +87,9 @@ def count_loss_items(batch):
 
 def make_optimizer(params):
     return torch.optim.AdamW(params, lr=1e-4)
+
+
+model_blocks = None  # the repeated blocks to checkpoint: found by find_blocks() below
 '''
 
 HF = '''
@@ -108,6 +115,9 @@ def compute_loss(model, batch):
 $count
 def make_optimizer(params):
     return torch.optim.AdamW(params, lr=1e-4)
+
+
+model_blocks = None  # checkpointing uses the model's own switch
 '''
 
 HF_COUNTS = {
@@ -146,6 +156,7 @@ get_batch = workload.make_batch  # worst-case batches: replace with your data
 compute_loss = workload.compute_loss
 count_loss_items = workload.count_loss_items
 make_optimizer = workload.make_optimizer
+model_blocks = getattr(workload, "blocks", None)  # None: found by find_blocks() below
 '''
 
 
@@ -158,10 +169,107 @@ target_batch = $target_batch  # samples per optimizer step, all devices together
 micro_batch = $micro_batch  # samples per forward/backward on each device
 precision = $precision  # fp32, tf32, bf16 (autocast) or fp16 (autocast + GradScaler)
 compile_mode = $compile_mode  # off, default, reduce-overhead, max-autotune-no-cudagraphs, ...
+checkpointing = $checkpointing  # off, blocks (every repeated block) or alternate (every second)
+optimizer_impl = $optimizer_impl  # default (as built), for-loop, foreach or fused
+memory_format = $memory_format  # contiguous, or channels_last (2-D convolutions, 4-D images)
+allocator = $allocator  # default, or expandable_segments (CUDA)
 tuned_world_size = $world_size  # devices the search assumed
+
+if allocator == "expandable_segments":
+    # Read when CUDA starts, not when torch is imported: set here, before any CUDA call.
+    alloc_conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").split(",")
+    alloc_conf = [p for p in alloc_conf if p and not p.startswith("expandable_segments")]
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ",".join([*alloc_conf, "expandable_segments:True"])
 
 # ----------------------------------------------------------------------------------------------
 $workload
+
+
+# ----------------------------------------------------------------------------------------------
+# The knobs that change the model, the optimizer and the batches, as autotune applied them.
+
+
+def find_blocks(model):
+    """The repeated blocks: the longest run of consecutive same-type children (each with
+    parameters) of any ModuleList or Sequential; ties go to more parameters."""
+    best = []
+
+    def weight(run):
+        return len(run), sum(p.numel() for block in run for p in block.parameters())
+
+    for module in model.modules():
+        if not isinstance(module, (nn.ModuleList, nn.Sequential)):
+            continue
+        run = []
+        for child in [*module.children(), None]:
+            if child is None or not run or type(child) is not type(run[0]):
+                if len(run) >= 2 and weight(run) > weight(best):
+                    best = run
+                run = []
+            if child is not None and any(True for _ in child.parameters()):
+                run.append(child)
+    return best
+
+
+def checkpoint_blocks(model, setting, blocks=None):
+    """Activation checkpointing of every repeated block ("blocks") or every second one
+    ("alternate"): their activations are recomputed in backward instead of kept."""
+    if setting == "off":
+        return
+    found = list(blocks(model)) if blocks is not None else find_blocks(model)
+    if blocks is None and getattr(model, "supports_gradient_checkpointing", False):
+        # A Hugging Face model checkpoints its own layers (every one, or every second).
+        every = 1 if setting == "blocks" else 2
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
+            model.activation_checkpointing_enable({"use_reentrant": False}, every_n_layers=every)
+            return
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        layers = [block for block in found if hasattr(block, "gradient_checkpointing")]
+        for i, layer in enumerate(layers):  # each layer's flag says which
+            layer.gradient_checkpointing = i % every == 0
+        return
+    if len(found) < 2:
+        raise SystemExit("checkpointing: the model has no repeated blocks (no ModuleList or "
+                         "Sequential of 2 or more same-type modules)")
+    for i, block in enumerate(found):
+        if setting == "blocks" or i % 2 == 0:
+            # Wrapping forward (not the module) keeps the parameter names as they were.
+            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+
+
+def rebuild_optimizer(optimizer, impl):
+    """The same optimizer (class, parameter groups, hyper-parameters, step hooks) rebuilt
+    for-loop, foreach (fewer kernel launches) or fused (one kernel per step)."""
+    if impl == "default":
+        return optimizer
+    if ("fused" if impl == "fused" else "foreach") not in optimizer.defaults:
+        raise SystemExit(f"{type(optimizer).__name__} cannot be rebuilt {impl}")
+    flags = {"foreach": impl == "foreach", "fused": impl == "fused"}
+    flags = {key: value for key, value in flags.items() if key in optimizer.defaults}
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    defaults = {key: value for key, value in {**optimizer.defaults, **flags}.items()
+                if key in accepted}
+    groups = [{**group, **flags} for group in optimizer.param_groups]
+    rebuilt = type(optimizer)(groups, **defaults)
+    for hooks in ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks"):
+        getattr(rebuilt, hooks).update(getattr(optimizer, hooks))
+    return rebuilt
+
+
+def to_device(batch, device):
+    """The batch on the device; with channels_last, its 4-D float tensors (images) too."""
+
+    def move(tensor):
+        tensor = tensor.to(device)
+        if memory_format == "channels_last" and tensor.dim() == 4 and tensor.is_floating_point():
+            tensor = tensor.contiguous(memory_format=torch.channels_last)
+        return tensor
+
+    if isinstance(batch, dict):
+        return {key: move(value) for key, value in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(move(value) for value in batch)
+    return move(batch)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -196,14 +304,6 @@ def train_step(model, optimizer, scaler, micro_batches, autocast):
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return step_loss
-
-
-def to_device(batch, device):
-    if isinstance(batch, dict):
-        return {key: value.to(device) for key, value in batch.items()}
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(value.to(device) for value in batch)
-    return batch.to(device)
 
 
 def main():
@@ -245,7 +345,10 @@ def main():
 
     torch.manual_seed(args.seed)
     model = build_model().to(device)
-    optimizer = make_optimizer(model.parameters())
+    checkpoint_blocks(model, checkpointing, model_blocks)
+    if memory_format == "channels_last":
+        model = model.to(memory_format=torch.channels_last)
+    optimizer = rebuild_optimizer(make_optimizer(model.parameters()), optimizer_impl)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.steps)
     if compile_mode != "off":
         mode = None if compile_mode == "default" else compile_mode
@@ -257,7 +360,8 @@ def main():
     if master:
         print(f"training {args.steps} steps of {target_batch} samples: micro-batch "
               f"{micro_batch} x {accumulate_steps} accumulation x {world_size} device(s), "
-              f"{precision}, compile {compile_mode}, on {device}")
+              f"{precision}, compile {compile_mode}, checkpointing {checkpointing}, optimizer "
+              f"{optimizer_impl}, memory format {memory_format}, on {device}")
     start = time.perf_counter()
     for step in range(1, args.steps + 1):
         micro_batches = [to_device(get_batch(micro_batch), device)

@@ -14,28 +14,35 @@ import statistics
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, TypeVar, get_args
+from typing import Any, ClassVar, Literal, TypeVar
 
 from autotune.errors import ConfigError
+from autotune.knobs import (
+    BASELINE,
+    COMPILE_MODES,
+    CUDA_GRAPH_MODES,
+    PRECISIONS,
+    CompileMode,
+    Knobs,
+    Precision,
+    WorkloadTraits,
+)
 
-Precision = Literal["fp32", "tf32", "bf16", "fp16"]
-CompileMode = Literal[
-    "off", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"
-]
 TrialStatus = Literal[
-    "ok", "oom", "compile_error", "non_finite", "timeout", "crash", "workload_error", "error"
+    "ok", "oom", "compile_error", "non_finite", "timeout", "crash", "workload_error", "error",
+    "unsupported",
 ]
+"""``unsupported``: a knob value the workload cannot take (e.g. ``fused`` for an optimizer
+without it): a reason to skip the candidate, never the workload's failure."""
 ChildStatus = Literal["ok", "timeout", "crash"]
-
-PRECISIONS: tuple[str, ...] = get_args(Precision)
-COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
-CUDA_GRAPH_MODES: tuple[str, ...] = ("reduce-overhead", "max-autotune")
 
 STRICT_FIELDS: dict[str, Any] = {"extra": "forbid", "strict": True}
 """Pydantic config of the dataclasses written to ``autotune.json`` (validated on read by
 ``autotune.schema.read_tuned``): no unknown field, no coercion ("8" is not 8). A plain dict, so
 this module does not import pydantic."""
 
+MIN_STEPS_TO_STOP = 3
+"""Timed steps a candidate runs before sequential stopping may end it."""
 GIB = 1024**3
 MIB = 1024**2
 _UNITS = {
@@ -140,24 +147,9 @@ class WorkloadSpec:
         return f"{self.target}{suffix}"
 
 
-@dataclass(frozen=True, kw_only=True)
-class MemoryClass:
-    """A (precision, compile mode) pair: each has its own memory ceiling and is probed alone."""
-
-    precision: Precision
-    """fp32: full precision, most memory per activation. tf32: fp32 storage, faster matmuls
-    on Ampere+. bf16/fp16: autocast halves many activations; fp16 adds a GradScaler."""
-    compile_mode: CompileMode
-    """torch.compile mode, or ``off`` for eager. Compiled code fuses ops (less activation
-    memory, faster steps) but costs compile time and may keep extra buffers (CUDA graphs)."""
-
-    def label(self) -> str:
-        """E.g. ``bf16/default``."""
-        return f"{self.precision}/{self.compile_mode}"
-
-
-BASELINE_CLASS = MemoryClass(precision="fp32", compile_mode="off")
-"""fp32 eager: what an untuned user runs; its largest fitting micro-batch is the baseline."""
+BASELINE_KNOBS = BASELINE
+"""fp32 eager, nothing else changed: what an untuned user runs; its largest fitting
+micro-batch is the baseline."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,8 +206,8 @@ class TrialSpec:
     warms up with at least 2 (gradients alive during a forward: the most memory any
     accumulation needs), then times ``accumulate_steps``, so one run is the probe and the
     trial. The peak covers both."""
-    precision: Precision = "fp32"
-    compile_mode: CompileMode = "off"
+    knobs: Knobs = BASELINE
+    """Precision, compile mode and every other knob of the run."""
     num_warmup_steps: int = 2
     """Optimizer steps before timing (compile included); optimizer state appears at the first.
     Probes use 2 so the peak includes optimizer state."""
@@ -228,6 +220,10 @@ class TrialSpec:
     max_timed_s: float | None = None
     """Stop timing early once this many seconds were spent timing (at least one timed step):
     a candidate already far slower than the best needs no more evidence."""
+    stop_above_step_s: float | None = None
+    """Sequential stopping: stop timing once ``MIN_STEPS_TO_STOP`` timed steps were all slower
+    than this (the leader's median step time plus the noise): even the fastest of them loses,
+    so more steps only cost time. None: time every step."""
     min_timed_s: float = 0.0
     """Keep timing past ``num_timed_steps`` until this many seconds were timed: a median over
     a window this long is not one short busy period of the machine (fast steps need many)."""
@@ -238,9 +234,15 @@ class TrialSpec:
         """Micro-batches each warm-up step accumulates."""
         return max(self.accumulate_steps, self.warmup_accumulate_steps or 0)
 
-    def memory_class(self) -> MemoryClass:
-        """The memory class this spec belongs to."""
-        return MemoryClass(precision=self.precision, compile_mode=self.compile_mode)
+    @property
+    def precision(self) -> str:
+        """The run's precision (``knobs.precision``)."""
+        return self.knobs.precision
+
+    @property
+    def compile_mode(self) -> str:
+        """The run's compile mode (``knobs.compile_mode``)."""
+        return self.knobs.compile_mode
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -293,6 +295,10 @@ class TrialResult:
     """Hash of parameter shapes and batch shapes: changes when the model or its input does."""
     wall_s: float | None = None
     """Whole child process time, start-up included (set by the runner)."""
+    traits: WorkloadTraits | None = None
+    """What the child saw of the workload that decides which knob values apply to it."""
+    fragmentation_bytes: int | None = None
+    """CUDA: reserved minus allocated at the peak (the allocator's fragmentation and cache)."""
     step_memory_bytes: tuple[int, ...] = ()
     """Memory after each optimizer step, warm-up included, recorded as the steps ran (so a run
     that failed later still has it). CPU: the address space over the baseline plus the model's
@@ -383,9 +389,9 @@ class ProbeStep:
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryProbe:
-    """The largest micro-batch that fits, for one memory class."""
+    """The largest micro-batch that fits, for one setting of the knobs."""
 
-    memory_class: MemoryClass
+    knobs: Knobs
     max_micro_batch: int
     """Largest candidate that fits; 0 when none does."""
     peak_bytes: int | None
@@ -414,7 +420,7 @@ class MemoryProbe:
 
 @dataclass(frozen=True, kw_only=True)
 class ProbeReport:
-    """Memory probes for every memory class of one workload on one device."""
+    """Memory probes for every setting of the knobs probed, for one workload on one device."""
 
     workload: WorkloadSpec
     device: DeviceInfo
@@ -426,7 +432,7 @@ class ProbeReport:
     requested_batch: int | None = None
     """The target the user asked for, when --allow-inexact moved it to ``target_batch``."""
     skipped: tuple[str, ...] = ()
-    """Memory classes not probed, with the reason (e.g. CUDA-graph modes on CPU, or a search
+    """Knob settings not probed, with the reason (e.g. CUDA-graph modes on CPU, or a search
     that found the class's precision too far behind to try it)."""
     allocator: str = ""
     """Allocator settings in force in the children (they move the CPU boundary)."""
@@ -440,7 +446,7 @@ class ProbeReport:
         return int(self.budget_bytes * (1 - self.headroom))
 
     def pairs(self, probe: MemoryProbe) -> tuple[tuple[int, int], ...]:
-        """(micro_batch, accumulate_steps) pairs that fit for a memory class."""
+        """(micro_batch, accumulate_steps) pairs that fit for one setting of the knobs."""
         per_device = self.per_device_batch()
         return tuple((m, per_device // m) for m in probe.fitting())
 
@@ -516,10 +522,11 @@ def peak_tflops(device_name: str, precision: str) -> float | None:
 
 
 __all__ = [
-    "BASELINE_CLASS", "COMPILE_MODES", "CUDA_GRAPH_MODES", "PEAK_TFLOPS", "PRECISIONS",
+    "BASELINE_KNOBS", "COMPILE_MODES", "CUDA_GRAPH_MODES", "PEAK_TFLOPS", "PRECISIONS",
     "STRICT_FIELDS",
     "ChildRun", "ChildStatus", "CompileMode", "DeviceInfo",
-    "MemoryClass", "MemoryProbe", "Precision", "ProbeReport", "ProbeStep", "TrialResult",
-    "TrialSpec", "TrialStatus", "WorkloadSpec", "field", "format_bytes", "from_json_dict",
+    "Knobs", "MemoryProbe", "Precision", "ProbeReport", "ProbeStep", "TrialResult",
+    "TrialSpec", "TrialStatus", "WorkloadSpec", "WorkloadTraits", "field", "format_bytes",
+    "from_json_dict",
     "parse_budget", "parse_bytes", "peak_tflops", "to_json_dict",
 ]

@@ -1,21 +1,411 @@
-"""Facts about the device, read without creating a CUDA context in the calling process.
+"""Device backends: what differs between device kinds, in one class per kind.
 
-CUDA facts come from NVML (pynvml, from the nvidia-ml-py package); CPU facts from /proc.
+A backend owns a kind's child environment, its memory cap and peak (``open_memory``), its
+synchronize, its default and supported knob values and its peak FLOP/s. ``backend_for`` maps a
+device string to its backend; an unknown kind is an error, never another kind's branch. Adding a
+kind is one subclass here and one entry of ``_BACKENDS``.
+
+Device facts (``describe_device``) come without a CUDA context in the calling process: CUDA's
+from NVML (pynvml, from the nvidia-ml-py package), the CPU's from /proc. torch is imported where
+it is used, not at import: ``runner`` imports this module in parents and children alike.
 """
 
 from __future__ import annotations
 
+import abc
+import contextlib
+import importlib
 import os
 import platform
+import resource
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, ClassVar, Literal
 
-import torch
-
-from autotune.config import DeviceInfo
+from autotune.config import (
+    COMPILE_MODES,
+    CUDA_GRAPH_MODES,
+    PRECISIONS,
+    DeviceInfo,
+    TrialSpec,
+    peak_tflops,
+)
 from autotune.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+Kernels = Literal["cpu", "cuda"]
+
+# glibc defaults make a CPU child's address space wander by tens of MiB for the same step
+# (per-thread arenas reserve 64 MiB heaps; freed blocks stay in the heap): one arena and an
+# immediate trim make the measured peak repeat to about 1 MiB. A user's own MALLOC_* wins.
+CPU_ALLOCATOR = {"MALLOC_ARENA_MAX": "1", "MALLOC_TRIM_THRESHOLD_": "0"}
+
+
+class DeviceBackend(abc.ABC):
+    """What one device kind does differently: a stateless object, one per kind."""
+
+    kind: ClassVar[str]
+    """The device kind, as in ``torch.device(...).type``."""
+    kernels: ClassVar[Kernels]
+    """Whose kernel choices the estimator models for this kind (``estimate.StepEstimate``)."""
+    precision_names: ClassVar[tuple[str, ...]]
+    """Precisions this kind can run at all; ``precisions`` narrows them to one device."""
+
+    def child_environment(self, base_env: Mapping[str, str]) -> dict[str, str]:
+        """Variables a child on this kind sets over ``base_env`` before it starts torch."""
+        return {}
+
+    @abc.abstractmethod
+    def allocator_notes(self, env: Mapping[str, str]) -> str:
+        """The allocator settings a child with ``env`` runs with, for the report."""
+
+    @abc.abstractmethod
+    def open_memory(self, spec: TrialSpec, model: nn.Module) -> TrialMemory:
+        """Cap this (child) process's memory for ``spec`` and start measuring it.
+
+        Called once per child, after the model is built and before it moves to the device."""
+
+    @abc.abstractmethod
+    def compile_modes(self) -> tuple[str, ...]:
+        """Compile modes this kind can run."""
+
+    def default_compile_modes(self) -> tuple[str, ...]:
+        """Compile modes a search tries when the user names none."""
+        return self.compile_modes()
+
+    def precisions(self, info: DeviceInfo) -> tuple[str, ...]:
+        """Precisions the device ``info`` describes can run."""
+        ok = {"fp32": True, "tf32": info.supports_tf32, "bf16": info.supports_bf16,
+              "fp16": info.supports_fp16}
+        return tuple(p for p in PRECISIONS if p in self.precision_names and ok[p])
+
+    def peak_tflops(self, device_name: str, precision: str) -> float | None:
+        """Dense peak TFLOP/s of the device in ``precision`` (for MFU), or None if unknown."""
+        return None
+
+    @abc.abstractmethod
+    def normalize(self, device: str) -> str:
+        """Canonical string of a device of this kind, checked to be there.
+
+        Raises:
+            ConfigError: the device is not there.
+        """
+
+    @abc.abstractmethod
+    def describe(self, device: str) -> DeviceInfo:
+        """Facts about ``device``, a canonical string of this kind."""
+
+
+class TrialMemory(abc.ABC):
+    """Caps and measures a trial child's memory on one device (``DeviceBackend.open_memory``)."""
+
+    device: torch.device
+    budget: int | None
+    """The spec's memory budget (None: uncapped)."""
+    baseline: int = 0
+    """Memory the process held before training (CPU: its address space high-water mark)."""
+    context: int = 0
+    """Device memory held outside PyTorch's allocator (CUDA context, library workspaces)."""
+    model_bytes: int = 0
+    """The model's parameters and buffers, counted in the budget (CPU)."""
+
+    @abc.abstractmethod
+    def peak(self) -> dict[str, int | None]:
+        """The result's memory fields (``TrialResult``), read after the steps."""
+
+    @abc.abstractmethod
+    def current(self) -> int:
+        """Memory now, after a step (``TrialResult.step_memory_bytes``)."""
+
+    @abc.abstractmethod
+    def sync(self) -> None:
+        """Wait for the device's queued work (before reading a clock)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# CPU: the cap is RLIMIT_AS over the child's baseline address space.
+
+
+class CPUBackend(DeviceBackend):
+    """The host CPU: glibc set up for repeatable peaks, RLIMIT_AS as the cap."""
+
+    kind = "cpu"
+    kernels = "cpu"
+    precision_names = ("fp32", "bf16")
+
+    def child_environment(self, base_env: Mapping[str, str]) -> dict[str, str]:
+        """``CPU_ALLOCATOR``, unless the user set any ``MALLOC_*`` variable (theirs win)."""
+        if any(k.startswith("MALLOC_") for k in base_env):
+            return {}
+        return dict(CPU_ALLOCATOR)
+
+    def allocator_notes(self, env: Mapping[str, str]) -> str:
+        keys = [k for k in sorted(env) if k.startswith("MALLOC_")]
+        return ", ".join(f"{k}={env[k]}" for k in keys) or "glibc allocator defaults"
+
+    def open_memory(self, spec: TrialSpec, model: nn.Module) -> TrialMemory:
+        return _CPUMemory(spec, model)
+
+    def compile_modes(self) -> tuple[str, ...]:
+        """Every mode but the CUDA-graph ones."""
+        return tuple(m for m in COMPILE_MODES if m not in CUDA_GRAPH_MODES)
+
+    def default_compile_modes(self) -> tuple[str, ...]:
+        """Eager and inductor's default: every CPU compile takes long, autotuning longer."""
+        return ("off", "default")
+
+    def normalize(self, device: str) -> str:
+        return "cpu"
+
+    def describe(self, device: str) -> DeviceInfo:
+        import torch
+
+        mem = _meminfo()
+        flags, name = _cpu_flags_and_name()
+        native_bf16 = bool(flags & {"avx512_bf16", "amx_bf16"})
+        total = mem.get("MemTotal") or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        notes = [f"{os.cpu_count()} CPU cores"]
+        if not native_bf16:
+            notes.append("no native bf16 on this CPU (no AVX512-BF16/AMX): bf16 is emulated, slow")
+        notes.append("fp16 and tf32 are CUDA-only here; CUDA-graph compile modes need CUDA")
+        return DeviceInfo(
+            device="cpu", name=name, total_memory_bytes=total,
+            available_memory_bytes=mem.get("MemAvailable", total),
+            supports_bf16=True, supports_fp16=False, supports_tf32=False,
+            native_bf16=native_bf16, torch_version=torch.__version__, cuda_version=None,
+            notes=tuple(notes),
+        )
+
+
+def tensor_bytes(model: nn.Module) -> int:
+    """Bytes of the model's parameters and buffers (each storage once: tied weights share)."""
+    seen: dict[int, int] = {}
+    for tensor in [*model.parameters(), *model.buffers()]:
+        storage = tensor.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def _proc_status() -> dict[str, int]:
+    values = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("VmSize", "VmPeak", "VmHWM", "VmRSS"):
+                values[key] = int(rest.split()[0]) * 1024
+    return values
+
+
+def _start_compile_threads() -> None:
+    """Start inductor's compile threads now, so their stacks count in the baseline.
+
+    Inductor compiles CPU kernels on a pool of threads (one per core by default) created at
+    the first compile (and tqdm a monitor thread for its progress bar): under the cap their
+    stacks (8 MiB of address space each) would count as training memory and move the boundary
+    by that much. A torch without this pool compiles in the calling thread.
+    """
+    try:
+        from torch._inductor.async_compile import AsyncCompile, get_compile_threads
+    except ImportError:  # pragma: no cover - older or newer torch
+        return
+    num_threads = get_compile_threads()
+    if num_threads <= 1:
+        return
+    with contextlib.suppress(ImportError):  # inductor's progress bar would start it mid-compile
+        import tqdm
+
+        tqdm.tqdm.monitor_interval = 0  # no monitor thread
+    # Each task waits for all the others, so the pool must start one thread per task.
+    barrier = threading.Barrier(num_threads + 1)
+    futures = [AsyncCompile.pool().submit(barrier.wait) for _ in range(num_threads)]
+    barrier.wait()
+    for future in futures:
+        future.result()
+
+
+class _CPUMemory(TrialMemory):
+    """RLIMIT_AS over the baseline; peaks from the kernel's VmPeak."""
+
+    def __init__(self, spec: TrialSpec, model: nn.Module) -> None:
+        import torch
+
+        self.device = torch.device(spec.device)
+        self.budget = spec.memory_budget_bytes
+        # The model is already built: its parameters and buffers count exactly (their bytes),
+        # while what building it cost the process (lazy imports of its code, Python objects)
+        # stays in the baseline, as it is host memory on a GPU.
+        self.model_bytes = tensor_bytes(model)
+        # Create the thread pool now so its stacks count in the baseline, not the budget.
+        torch.ones(64, 64) @ torch.ones(64, 64)
+        # Every optimizer imports torch._dynamo lazily (a large import): do it before the cap,
+        # or it fails under a small cap (as a SystemError, not an OOM) and its address space
+        # counts as training memory.
+        importlib.import_module("torch._dynamo")
+        if spec.compile_mode != "off":
+            _start_compile_threads()
+        # VmPeak, not VmSize: glibc maps twice a new thread arena's size and trims it, so VmPeak
+        # already sits up to 64 MiB above VmSize here. Peaks are read from VmPeak, so the cap
+        # and the peak must start from the same high-water mark (else a tiny trial reports a
+        # 64 MiB peak, over its own cap).
+        self.baseline = _proc_status()["VmPeak"]
+        if self.budget is not None:
+            _, hard = resource.getrlimit(resource.RLIMIT_AS)
+            allowed = max(self.budget - self.model_bytes, 0)
+            resource.setrlimit(resource.RLIMIT_AS, (self.baseline + allowed, hard))
+
+    def peak(self) -> dict[str, int | None]:
+        """Peak bytes (address space over the baseline plus the model) and peak RSS."""
+        status = _proc_status()
+        return {"peak_bytes": status["VmPeak"] - self.baseline + self.model_bytes,
+                "peak_rss_bytes": status["VmHWM"], "num_alloc_retries": 0}
+
+    def current(self) -> int:
+        """The address space over the baseline plus the model's bytes (what the cap limits,
+        as the peak counts it)."""
+        return _proc_status()["VmSize"] - self.baseline + self.model_bytes
+
+    def sync(self) -> None:
+        """Nothing to wait for: CPU ops return when done."""
+
+
+# ----------------------------------------------------------------------------------------------
+# CUDA: the cap is the caching allocator's memory fraction; the context is measured by NVML.
+
+
+class CUDABackend(DeviceBackend):
+    """An NVIDIA GPU: the allocator's memory fraction as the cap, NVML for the context."""
+
+    kind = "cuda"
+    kernels = "cuda"
+    precision_names = PRECISIONS
+
+    def allocator_notes(self, env: Mapping[str, str]) -> str:
+        keys = [k for k in sorted(env) if k.startswith("PYTORCH_CUDA_ALLOC")]
+        return ", ".join(f"{k}={env[k]}" for k in keys) or "torch CUDA allocator defaults"
+
+    def open_memory(self, spec: TrialSpec, model: nn.Module) -> TrialMemory:
+        return _CUDAMemory(spec)
+
+    def compile_modes(self) -> tuple[str, ...]:
+        return COMPILE_MODES
+
+    def peak_tflops(self, device_name: str, precision: str) -> float | None:
+        return peak_tflops(device_name, precision)
+
+    def normalize(self, device: str) -> str:
+        import torch
+
+        index = int(device.strip().partition(":")[2] or "0")
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"--device {device!r}: no CUDA device is available here "
+                f"(torch {torch.__version__}, CUDA build: {torch.version.cuda}); use --device cpu"
+            )
+        count = torch.cuda.device_count()
+        if index >= count:
+            raise ConfigError(f"--device {device!r}: only {count} CUDA device(s) are visible")
+        return f"cuda:{index}"
+
+    def describe(self, device: str) -> DeviceInfo:
+        return _describe_cuda(int(device.partition(":")[2] or "0"))
+
+
+class _CUDAMemory(TrialMemory):
+    """The caching allocator's memory fraction as the cap; peaks from its statistics plus
+    the context NVML sees outside it."""
+
+    def __init__(self, spec: TrialSpec) -> None:
+        import torch
+
+        self.device = torch.device(spec.device)
+        self.budget = spec.memory_budget_bytes
+        self.index = self.device.index or 0
+        # NVML reads the device's use without a CUDA context: before this child has one, so
+        # the context (hundreds of MiB) counts. torch's own mem_get_info would create the
+        # context before measuring and miss it.
+        self.nvml_before = nvml_used_bytes(self.index)
+        torch.cuda.set_device(self.device)
+        free_before, total = torch.cuda.mem_get_info(self.device)
+        torch.empty(1, device=self.device)
+        torch.cuda.synchronize(self.device)
+        free_after, _ = torch.cuda.mem_get_info(self.device)
+        # Without NVML: what the first allocation cost beyond PyTorch's own block.
+        fallback = max(0, free_before - free_after - torch.cuda.memory_reserved(self.device))
+        self.context = self._outside_allocator() or fallback
+        if self.budget is not None:
+            allowed = min(self.budget, free_before + self.context) - self.context
+            torch.cuda.set_per_process_memory_fraction(max(allowed, 0) / total, self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def _outside_allocator(self) -> int | None:
+        """Device memory this process holds outside PyTorch's allocator now (NVML), or None."""
+        import torch
+
+        now = nvml_used_bytes(self.index)
+        if self.nvml_before is None or now is None:
+            return None
+        return max(0, now - self.nvml_before - torch.cuda.memory_reserved(self.device))
+
+    def peak(self) -> dict[str, int | None]:
+        """Peak bytes (reserved plus the context), allocator retries, the context and the
+        fragmentation (reserved beyond allocated, at their peaks)."""
+        import torch
+
+        # Kernel modules load as they are first used, so the context grows during the steps.
+        self.context = max(self.context, self._outside_allocator() or 0)
+        stats = torch.cuda.memory_stats(self.device)
+        reserved = torch.cuda.max_memory_reserved(self.device)
+        return {"peak_bytes": reserved + self.context,
+                "num_alloc_retries": int(stats.get("num_alloc_retries", 0)),
+                "context_bytes": self.context,
+                "fragmentation_bytes": reserved - torch.cuda.max_memory_allocated(self.device)}
+
+    def current(self) -> int:
+        """``memory_allocated`` now."""
+        import torch
+
+        return torch.cuda.memory_allocated(self.device)
+
+    def sync(self) -> None:
+        import torch
+
+        torch.cuda.synchronize(self.device)
+
+
+# ----------------------------------------------------------------------------------------------
+# From a device string to its backend.
+
+_BACKENDS: dict[str, DeviceBackend] = {b.kind: b for b in (CPUBackend(), CUDABackend())}
+
+
+def backend_for(device: str | torch.device) -> DeviceBackend:
+    """The backend of a device: ``cpu``, ``cuda`` or ``cuda:N``.
+
+    Raises:
+        ConfigError: any other kind (``mps``, ``xpu``, ...), or a CUDA index that is not a
+            number. Whether the device is there is ``normalize_device``'s question.
+    """
+    text = str(device).strip().lower()
+    kind, colon, index = text.partition(":")
+    supported = "use cpu, cuda or cuda:N"
+    backend = _BACKENDS.get(kind)
+    if backend is None:
+        raise ConfigError(f"device {str(device)!r}: the device kind {kind!r} is not supported "
+                          f"(supported kinds: {', '.join(_BACKENDS)}); {supported}")
+    if kind == "cpu" and colon:
+        raise ConfigError(f"device {str(device)!r} is not a device: {supported}")
+    if index and not index.isdigit():
+        raise ConfigError(f"device {str(device)!r}: the CUDA index must be a number, e.g. cuda:0")
+    return backend
 
 
 def default_device() -> str:
     """``cuda:0`` when a CUDA device is visible, else ``cpu``."""
+    import torch
+
     return "cuda:0" if torch.cuda.is_available() else "cpu"
 
 
@@ -23,27 +413,11 @@ def normalize_device(device: str | None) -> str:
     """Canonical device string: ``cpu`` or ``cuda:N``.
 
     Raises:
-        ConfigError: unknown device, or CUDA asked for where none is available.
+        ConfigError: unknown device kind, or CUDA asked for where none is available.
     """
     if device is None:
         return default_device()
-    text = device.strip().lower()
-    if text == "cpu":
-        return "cpu"
-    if text == "cuda" or text.startswith("cuda:"):
-        index_text = text.partition(":")[2] or "0"
-        if not index_text.isdigit():
-            raise ConfigError(f"--device {device!r}: the CUDA index must be a number, e.g. cuda:0")
-        if not torch.cuda.is_available():
-            raise ConfigError(
-                f"--device {device!r}: no CUDA device is available here "
-                f"(torch {torch.__version__}, CUDA build: {torch.version.cuda}); use --device cpu"
-            )
-        count = torch.cuda.device_count()
-        if int(index_text) >= count:
-            raise ConfigError(f"--device {device!r}: only {count} CUDA device(s) are visible")
-        return f"cuda:{int(index_text)}"
-    raise ConfigError(f"--device {device!r} is not a device: use cpu, cuda or cuda:N")
+    return backend_for(device).normalize(device)
 
 
 def describe_device(device: str | None = None) -> DeviceInfo:
@@ -53,9 +427,11 @@ def describe_device(device: str | None = None) -> DeviceInfo:
         ConfigError: the device string is wrong or the device is not there.
     """
     device = normalize_device(device)
-    if device == "cpu":
-        return _describe_cpu()
-    return _describe_cuda(int(device.partition(":")[2]))
+    return backend_for(device).describe(device)
+
+
+# ----------------------------------------------------------------------------------------------
+# Facts read from /proc and NVML.
 
 
 def _meminfo() -> dict[str, int]:
@@ -87,24 +463,9 @@ def _cpu_flags_and_name() -> tuple[set[str], str]:
     return flags, name
 
 
-def _describe_cpu() -> DeviceInfo:
-    mem = _meminfo()
-    flags, name = _cpu_flags_and_name()
-    native_bf16 = bool(flags & {"avx512_bf16", "amx_bf16"})
-    total = mem.get("MemTotal") or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    notes = [f"{os.cpu_count()} CPU cores"]
-    if not native_bf16:
-        notes.append("no native bf16 on this CPU (no AVX512-BF16/AMX): bf16 is emulated, slow")
-    notes.append("fp16 and tf32 are CUDA-only here; CUDA-graph compile modes need CUDA")
-    return DeviceInfo(
-        device="cpu", name=name, total_memory_bytes=total,
-        available_memory_bytes=mem.get("MemAvailable", total),
-        supports_bf16=True, supports_fp16=False, supports_tf32=False, native_bf16=native_bf16,
-        torch_version=torch.__version__, cuda_version=None, notes=tuple(notes),
-    )
-
-
 def _describe_cuda(index: int) -> DeviceInfo:
+    import torch
+
     try:
         import pynvml
     except ImportError:  # pragma: no cover - nvidia-ml-py is a dependency
@@ -137,6 +498,8 @@ def _nvml_index(index: int) -> int:
 
 def _cuda_info(index: int, name: str, total: int, free: int, major: int, minor: int,
                notes: tuple[str, ...]) -> DeviceInfo:
+    import torch
+
     ampere = major >= 8
     return DeviceInfo(
         device=f"cuda:{index}", name=name, total_memory_bytes=total, available_memory_bytes=free,

@@ -2,18 +2,21 @@
 
 The real step (``trial.train_step``: two accumulated micro-batches, the precision's autocast,
 the optimizer step; the state it creates is counted as alive in the next step) runs under
-``FakeTensorMode`` on fake CPU tensors, with the model built inside the fake mode: no tensor
-holds data, so a model far larger than RAM can be estimated in seconds. A dispatch mode counts
-the bytes of every live tensor storage (freed through weakref finalizers) and keeps the
-breakdown at the peak.
+``FakeTensorMode`` on fake CPU tensors, with the model built inside the fake mode and the knobs
+applied as a trial applies them (checkpointed blocks, the optimizer rebuilt, channels-last
+batches): no tensor holds data, so a model far larger than RAM can be estimated in seconds. A
+dispatch mode counts the bytes of every live tensor storage (freed through weakref finalizers)
+and keeps the breakdown at the peak; a checkpointed block's recompute in backward counts as
+backward temporaries.
 
 What the figure counts: live tensor storage bytes at the step's peak (parameters and buffers,
 gradients, optimizer state, inputs, activations saved for backward, backward temporaries).
 What it does not count: a CUDA context and library workspaces (cuBLAS, cuDNN), the caching
 allocator's rounding and fragmentation, kernels' internal scratch buffers, and on CPU the process
 overhead (malloc arenas, thread stacks, freed memory the allocator keeps). The headroom covers
-those; ``autotune.json`` calibration (measured / estimate) corrects for them per memory class.
-Compiled modes cannot be traced this way: the figure is always the eager step's.
+those; ``autotune.json`` calibration (measured / estimate) corrects for them per knob setting.
+Compiled modes cannot be traced this way: the figure is always the eager step's. The allocator
+knob changes no tensor: it moves only what the calibration and the headroom cover.
 """
 
 from __future__ import annotations
@@ -31,8 +34,17 @@ import torch
 from torch import nn
 
 from autotune.config import format_bytes
-from autotune.errors import UntraceableStepError, WorkloadError
-from autotune.trial import set_matmul_precision, train_step
+from autotune.errors import ConfigError, UntraceableStepError, WorkloadError
+from autotune.knobs import (
+    BASELINE,
+    Knobs,
+    KnobUnsupported,
+    apply_to_batch,
+    apply_to_model,
+    apply_to_optimizer,
+    set_matmul_precision,
+)
+from autotune.trial import train_step
 from autotune.workload import Workload, check_batch, check_model, count_parameters
 
 Kernels = Literal["cuda", "cpu"]
@@ -44,11 +56,13 @@ class StepEstimate:
     """Live tensor bytes at the peak of one traced training step, by kind."""
 
     micro_batch: int
-    precision: str
+    knobs: Knobs
+    """The knobs the step was traced with (compiled modes traced eager)."""
     kernels: Kernels
     """Whose kernel choices were modelled: ``cuda`` runs attention as CUDA's memory-efficient
-    fused kernel (no seq x seq scores); ``cpu`` keeps what the CPU runs (SDPA's math fallback
-    when there is dropout or a mask)."""
+    fused kernel (no seq x seq scores) and an optimizer left to choose as foreach; ``cpu``
+    keeps what the CPU runs (SDPA's math fallback when there is dropout or a mask, the
+    for-loop optimizer)."""
     peak_bytes: int
     parameters_bytes: int
     """Parameters and buffers."""
@@ -65,6 +79,11 @@ class StepEstimate:
     """``forward``, ``backward`` or ``optimizer step``: where the peak happened."""
     num_parameters: int
     trace_s: float
+
+    @property
+    def precision(self) -> str:
+        """The traced precision (``knobs.precision``)."""
+        return self.knobs.precision
 
 
 MAX_GROWTH = 4.0
@@ -190,7 +209,9 @@ class EstimateRequest:
 
     micro_batch: int
     device_memory_bytes: int
-    precision: str = "fp32"
+    knobs: Knobs = BASELINE
+    """What to trace the step with (precision, checkpointing, optimizer implementation, memory
+    format; a compile mode is traced eager)."""
     headroom: float = 0.1
     candidates: tuple[int, ...] | None = None
     """Allowed micro-batches (divisors of the per-device batch), or None for any."""
@@ -333,7 +354,7 @@ def _quiet_transformers() -> Iterator[None]:
         logging.set_verbosity(before)
 
 
-def estimate_step(workload: Workload, micro_batch: int, *, precision: str = "fp32",
+def estimate_step(workload: Workload, micro_batch: int, *, knobs: Knobs = BASELINE,
                   kernels: Kernels = "cuda", seed: int = 0) -> StepEstimate:
     """Trace the real training step under fake tensors and return its peak breakdown.
 
@@ -344,27 +365,34 @@ def estimate_step(workload: Workload, micro_batch: int, *, precision: str = "fp3
     Args:
         workload: what to train (its factories run inside the fake mode).
         micro_batch: samples per forward/backward.
-        precision: fp32, tf32, bf16 or fp16 (autocast as in ``trial.train_step``; fp16's
-            GradScaler is left out: its inf check reads data, and its unscale is in place).
+        knobs: applied as a trial applies them: the precision's autocast (fp16's GradScaler is
+            left out: its inf check reads data, and its unscale is in place), checkpointed
+            blocks (their recompute in backward is traced), the optimizer rebuilt, channels-last
+            model and batches. A compile mode is traced eager; the allocator changes no tensor.
         kernels: whose kernel choices to model (see ``StepEstimate.kernels``).
         seed: as ``torch.manual_seed`` in a trial.
 
     Raises:
         WorkloadError: the workload or one of its ops cannot run under fake tensors; the
-            message names the op.
+            message names the op (``UntraceableStepError``).
+        ConfigError: a knob value the workload cannot take (e.g. checkpointing without
+            repeated blocks).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     start = time.perf_counter()
     storages = _Storages()
-    set_matmul_precision(precision)
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    set_matmul_precision(knobs.precision)
     try:
         with FakeTensorMode(allow_non_fake_inputs=True), _kernels(kernels), \
                 _quiet_transformers():
             torch.manual_seed(seed)
             model = workload.build_model()  # on the (fake) CPU, as the contract says
             check_model(model, workload.name)
-            optimizer = workload.make_optimizer(model.parameters())
+            apply_to_model(model, knobs, workload.blocks)
+            optimizer = apply_to_optimizer(workload.make_optimizer(model.parameters()), knobs,
+                                           as_on_cuda=kernels == "cuda")
             for tensor in (*model.parameters(), *model.buffers()):
                 storages.track(tensor, "parameters")
             hooks = _install_hooks(model, optimizer, storages)
@@ -372,13 +400,9 @@ def estimate_step(workload: Workload, micro_batch: int, *, precision: str = "fp3
                 with _dispatch_mode(storages):
                     torch.manual_seed(seed + 1)
                     storages.phase = "inputs"
-                    batches = []
-                    for _ in range(2):
-                        batch = workload.make_batch(micro_batch)
-                        check_batch(batch, micro_batch, workload.name)
-                        batches.append(batch)
+                    batches = _make_batches(workload, micro_batch, knobs)
                     storages.phase = "forward"
-                    train_step(model, optimizer, batches, workload, precision=precision,
+                    train_step(model, optimizer, batches, workload, precision=knobs.precision,
                                device_type="cpu")
             finally:
                 for hook in hooks:
@@ -390,6 +414,9 @@ def estimate_step(workload: Workload, micro_batch: int, *, precision: str = "fp3
             state_bytes = sum(state.values())
     except WorkloadError:
         raise
+    except KnobUnsupported as exc:
+        raise ConfigError(f"workload {workload.name!r} cannot take {knobs.label()}: {exc}"
+                          ) from exc
     except _OpFailed as exc:
         raise UntraceableStepError(
             f"workload {workload.name!r}: the training step cannot be traced under fake "
@@ -401,9 +428,21 @@ def estimate_step(workload: Workload, micro_batch: int, *, precision: str = "fp3
             f"workload {workload.name!r}: the training step failed under fake tensors "
             f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}). "
             "Measure a real step on a device instead (autotune check --measure)") from exc
-    return _combine(storages, state_bytes, micro_batch=micro_batch, precision=precision,
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+    return _combine(storages, state_bytes, micro_batch=micro_batch, knobs=knobs,
                     kernels=kernels, num_parameters=num_parameters,
                     trace_s=time.perf_counter() - start)
+
+
+def _make_batches(workload: Workload, micro_batch: int, knobs: Knobs) -> list[Any]:
+    """Two micro-batches as the knobs want them (what ``apply_to_batch`` replaced is freed)."""
+    batches = [workload.make_batch(micro_batch) for _ in range(2)]
+    for batch in batches:
+        check_batch(batch, micro_batch, workload.name)
+    return [apply_to_batch(batch, knobs) for batch in batches]
+
+
 
 
 def _combine(storages: _Storages, state_bytes: int, **fields: Any) -> StepEstimate:
@@ -527,9 +566,10 @@ def estimate_report(workload: Workload, request: EstimateRequest) -> EstimateRep
 
     Raises:
         WorkloadError: the workload fails; UntraceableStepError: an op cannot be traced.
+        ConfigError: a knob value the workload cannot take.
     """
     def trace(m: int) -> StepEstimate:
-        return estimate_step(workload, m, precision=request.precision, kernels=request.kernels)
+        return estimate_step(workload, m, knobs=request.knobs, kernels=request.kernels)
 
     usable = int(request.device_memory_bytes * (1 - request.headroom))
     asked = trace(request.micro_batch)
@@ -568,7 +608,6 @@ def _child(request: dict[str, Any]) -> dict[str, Any]:
     """The estimator's child process: the workload is built and traced here, under the
     parent's timeout, so a workload that exits, crashes or hangs decides no exit code."""
     from autotune.config import WorkloadSpec, from_json_dict, to_json_dict
-    from autotune.errors import ConfigError
     from autotune.workload import load_workload
 
     spec = from_json_dict(WorkloadSpec, request["workload"])

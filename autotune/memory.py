@@ -1,4 +1,4 @@
-"""Find the largest micro-batch that fits, per memory class, with real capped training steps.
+"""Find the largest micro-batch that fits, per setting of the knobs, with real capped steps.
 
 Only divisors of ``target / world_size`` matter (the effective batch stays exact). Measured peaks
 grow about linearly with the micro-batch, so after two fitting measurements a line predicts the
@@ -7,11 +7,12 @@ boundary and one or two more probes confirm it; before that the search bisects i
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Sequence
 
 from autotune.config import (
-    MemoryClass,
+    Knobs,
     MemoryProbe,
     ProbeStep,
     TrialResult,
@@ -22,10 +23,10 @@ from autotune.errors import WorkloadError
 from autotune.runner import run_isolated
 
 Runner = Callable[[TrialSpec], TrialResult]
-OnStep = Callable[[MemoryClass, ProbeStep], None]
+OnStep = Callable[[Knobs, ProbeStep], None]
 
 
-def probe_spec(workload: WorkloadSpec, device: str, memory_class: MemoryClass, micro_batch: int,
+def probe_spec(workload: WorkloadSpec, device: str, knobs: Knobs, micro_batch: int,
                budget_bytes: int | None, timeout_s: float, *, per_device_batch: int | None = None,
                num_timed_steps: int = 0, count_flops: bool = False) -> TrialSpec:
     """The spec of one probe: two micro-batches accumulated, two optimizer steps, capped.
@@ -39,24 +40,32 @@ def probe_spec(workload: WorkloadSpec, device: str, memory_class: MemoryClass, m
     return TrialSpec(
         workload=workload, device=device, micro_batch=micro_batch, accumulate_steps=accumulate,
         warmup_accumulate_steps=2 if accumulate < 2 else None,
-        precision=memory_class.precision, compile_mode=memory_class.compile_mode,
-        num_warmup_steps=2, num_timed_steps=num_timed_steps, memory_budget_bytes=budget_bytes,
+        knobs=knobs, num_warmup_steps=2, num_timed_steps=num_timed_steps,
+        memory_budget_bytes=budget_bytes,
         timeout_s=timeout_s, count_flops=count_flops,
     )
 
 
-def hint_for(memory_class: MemoryClass, probes: Iterable[MemoryProbe]) -> int | None:
-    """A first guess for a class's boundary: the one already found for its precision, else
-    the first one found (fp32 eager's, when the search probed it first)."""
+def hint_for(knobs: Knobs, probes: Iterable[MemoryProbe]) -> int | None:
+    """A first guess for a setting's boundary: the one found for the most alike setting
+    probed so far (the same precision first), earliest on a tie (fp32 eager's, when the
+    search probed it first)."""
     found = [p for p in probes if p.max_micro_batch]
-    same = [p for p in found if p.memory_class.precision == memory_class.precision]
-    return (same or found)[0].max_micro_batch if found else None
+    if not found:
+        return None
+
+    def alike(probe: MemoryProbe) -> tuple[bool, int]:
+        same = sum(getattr(probe.knobs, f.name) == getattr(knobs, f.name)
+                   for f in dataclasses.fields(knobs))
+        return probe.knobs.precision == knobs.precision, same
+
+    return max(found, key=alike).max_micro_batch
 
 
 def probe_memory(
     workload: WorkloadSpec,
     device: str,
-    memory_class: MemoryClass,
+    knobs: Knobs,
     candidates: Sequence[int],
     *,
     budget_bytes: int,
@@ -76,7 +85,7 @@ def probe_memory(
     Args:
         workload: what to train.
         device: ``cpu`` or ``cuda:N``.
-        memory_class: precision and compile mode.
+        knobs: precision, compile mode and the other knobs, held fixed.
         candidates: micro-batches to consider (divisors of the per-device batch).
         budget_bytes: hard cap for each child.
         usable_bytes: a fitting peak must stay under this.
@@ -100,11 +109,11 @@ def probe_memory(
     may_be_largest = True  # the first guess is the expected boundary
     while True:
         spec = (make_spec(micro_batch, may_be_largest) if make_spec is not None else
-                probe_spec(workload, device, memory_class, micro_batch, budget_bytes, timeout_s))
+                probe_spec(workload, device, knobs, micro_batch, budget_bytes, timeout_s))
         result = run(spec)
         if result.status in ("workload_error", "error"):
             raise WorkloadError(
-                f"the workload failed at micro-batch {micro_batch} ({memory_class.label()}):\n"
+                f"the workload failed at micro-batch {micro_batch} ({knobs.label()}):\n"
                 f"{result.message}"
             )
         fits = result.fits(usable_bytes)
@@ -116,7 +125,9 @@ def probe_memory(
                          wall_s=result.wall_s, timed=spec.num_timed_steps > 0)
         steps.append(step)
         if on_step is not None:
-            on_step(memory_class, step)
+            on_step(knobs, step)
+        if result.status == "unsupported":  # no micro-batch changes that
+            break
         if fits:
             lo = max(lo, micro_batch)
         else:
@@ -130,7 +141,7 @@ def probe_memory(
     best = next((s for s in steps if s.micro_batch == lo and s.fits), None)
     notes = _notes(steps)
     return MemoryProbe(
-        memory_class=memory_class, max_micro_batch=lo,
+        knobs=knobs, max_micro_batch=lo,
         peak_bytes=best.peak_bytes if best else None, budget_bytes=budget_bytes,
         usable_bytes=usable_bytes, candidates=tuple(cands), steps=tuple(steps), notes=notes,
     )

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from autotune.config import DeviceInfo, ProbeReport, ProbeStep, format_bytes, to_json_dict
+from autotune.knobs import describe
 from autotune.schema import SearchResult, TrialRecord, TunedConfig
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ def probe_table(report: ProbeReport) -> Table:
     for probe in report.probes:
         pairs = report.pairs(probe)
         table.add_row(
-            probe.memory_class.label(),
+            probe.knobs.label(),
             str(probe.max_micro_batch) if probe.max_micro_batch else "[red]none[/red]",
             format_bytes(probe.peak_bytes),
             format_bytes(probe.usable_bytes),
@@ -74,7 +75,7 @@ def probe_footer(report: ProbeReport) -> list[str]:
     ]
     lines += [f"note: {s}" for s in report.skipped]
     for probe in report.probes:
-        lines += [f"note ({probe.memory_class.label()}): {n}" for n in probe.notes]
+        lines += [f"note ({probe.knobs.label()}): {n}" for n in probe.notes]
     return lines
 
 
@@ -96,7 +97,7 @@ def search_table(config: TunedConfig) -> Table:
     table = Table(title=(
         f"autotune search — {config.workload_name or config.workload.label()} on "
         f"{config.device.name} ({config.device.device}), target batch {config.target_batch}"))
-    columns = [("#", "right"), ("class", "left"), ("micro x acc", "right"),
+    columns = [("#", "right"), ("knobs", "left"), ("micro x acc", "right"),
                ("status", "left"), ("ms/step", "right"), ("samples/s", "right"),
                ("tokens/s", "right"), ("peak", "right"), ("compile s", "right"),
                ("speedup", "right"), ("runs", "right")]
@@ -114,11 +115,11 @@ def search_table(config: TunedConfig) -> Table:
         status = {"winner": "[bold green]winner[/]", "ok": "ok"}.get(r.verdict, r.verdict)
         if r.is_baseline:
             status += " (baseline)"
-        row = [str(r.number), f"{r.precision}/{r.compile_mode}",
+        row = [str(r.number), r.knobs.label(),
                f"{r.micro_batch}x{r.accumulate_steps}", status,
                _num(r.median_step_s, 1000, ".1f"), _num(r.samples_per_s, 1, ",.1f"),
                _num(r.tokens_per_s, 1, ",.0f"), format_bytes(r.peak_bytes),
-               _num(r.compile_s if r.compile_mode != "off" else None, 1, ".1f"),
+               _num(r.compile_s if r.knobs.compile_mode != "off" else None, 1, ".1f"),
                _num(r.speedup, 1, ".2f", "x"), str(r.num_runs)]
         if flops:
             row.append(_num(r.tflops_per_s, 1, ".3g"))
@@ -142,6 +143,7 @@ def search_footer(result: SearchResult) -> list[str]:
         f"winner: micro_batch={c.micro_batch} accumulate_steps={c.accumulate_steps} "
         f"(x world {c.world_size} = {c.effective_batch()}) precision={c.precision} "
         f"compile={c.compile_mode}"
+        + "".join(f" {name}={getattr(c.knobs, name)}" for name in c.knobs.changed())
         + (f" (asked for {c.requested_batch}: {c.effective_batch() - c.requested_batch:+d} "
            f"samples, {(c.effective_batch() - c.requested_batch) / c.requested_batch:+.1%}, "
            "--allow-inexact)" if c.requested_batch else ""),
@@ -151,6 +153,11 @@ def search_footer(result: SearchResult) -> list[str]:
         f"peak = {mem.peak_definition}",
     ]
     winner = next((r for r in c.trials if r.verdict == "winner"), None)
+    if winner is not None and winner.fragmentation_bytes is not None:
+        lines.append(f"fragmentation at the peak (reserved minus allocated): "
+                     f"{format_bytes(winner.fragmentation_bytes)}")
+    lines += [f"knobs: {line}" for line in describe(c.knobs)
+              if line.split(" = ")[0] in c.knobs.changed()]
     if c.flops_per_sample and winner is not None and winner.tflops_per_s:
         lines.append(
             f"compute: {c.flops_per_sample / 1e9:,.3g} GFLOP per sample (model FLOPs of forward "
@@ -168,7 +175,8 @@ def search_footer(result: SearchResult) -> list[str]:
     lines += [f"{r.label()}: partly compiled: {r.num_graph_breaks} graph break(s), "
               f"{r.num_graphs} graph(s); eager code runs between them (TORCH_LOGS=graph_breaks "
               "shows where)" for r in c.trials
-              if r.compile_mode != "off" and r.num_graph_breaks and r.verdict in ("winner", "ok")]
+              if r.knobs.compile_mode != "off" and r.num_graph_breaks
+              and r.verdict in ("winner", "ok")]
     lines += [f"skipped: {s}" for s in c.skipped]
     if c.interrupted:
         lines.append(f"note: {result.stop_reason}")
@@ -195,9 +203,9 @@ def estimate_lines(report: EstimateReport) -> list[str]:
     kernels = ("CUDA fused attention modelled" if step.kernels == "cuda"
                else "CPU kernels as traced")
     lines = [
-        f"{report.workload_name}: micro-batch {step.micro_batch}, {step.precision}, eager "
-        f"({step.num_parameters / 1e6:.1f}M parameters; fake-tensor trace of the training step, "
-        f"2 accumulated micro-batches + optimizer step, {kernels}, {step.trace_s:.1f} s)",
+        f"{report.workload_name}: micro-batch {step.micro_batch}, {step.knobs.label()} traced "
+        f"eager ({step.num_parameters / 1e6:.1f}M parameters; fake-tensor trace of the training "
+        f"step, 2 accumulated micro-batches + optimizer step, {kernels}, {step.trace_s:.1f} s)",
     ]
     rows = [("parameters", step.parameters_bytes), ("gradients", step.gradients_bytes),
             ("optimizer state", step.optimizer_bytes), ("activations", step.activations_bytes),

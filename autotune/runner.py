@@ -24,25 +24,23 @@ from pathlib import Path
 from typing import Any, cast
 
 from autotune.config import ChildRun, TrialResult, TrialSpec, from_json_dict, to_json_dict
+from autotune.device import CPU_ALLOCATOR as CPU_ALLOCATOR  # re-exported
+from autotune.device import backend_for
 from autotune.errors import WorkloadError
+from autotune.knobs import child_environment as knob_environment
 
 _OUTPUT_TAIL_CHARS = 3000
 
 
-# glibc defaults make a CPU child's address space wander by tens of MiB for the same step
-# (per-thread arenas reserve 64 MiB heaps; freed blocks stay in the heap): one arena and an
-# immediate trim make the measured peak repeat to about 1 MiB. A user's own MALLOC_* wins.
-CPU_ALLOCATOR = {"MALLOC_ARENA_MAX": "1", "MALLOC_TRIM_THRESHOLD_": "0"}
-
-
 def child_environment(device: str = "cpu") -> dict[str, str]:
-    """Environment for a child: unbuffered, and on CPU a glibc set up for repeatable peaks.
+    """Environment for a child: unbuffered, plus what its device's backend sets
+    (``DeviceBackend.child_environment``: on CPU a glibc set up for repeatable peaks).
 
-    Inductor compiles with its default threads (one per core): the child starts them before
-    its cap (``trial._start_compile_threads``), so they cost compile time, not budget."""
+    Raises:
+        ConfigError: ``device`` is of a kind no backend runs.
+    """
     env = dict(os.environ)
-    if device == "cpu" and not any(k.startswith("MALLOC_") for k in env):
-        env.update(CPU_ALLOCATOR)
+    env.update(backend_for(device).child_environment(env))
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -50,10 +48,9 @@ def child_environment(device: str = "cpu") -> dict[str, str]:
 
 
 def allocator_notes(device: str) -> str:
-    """The allocator settings children run with (they move the CPU memory boundary)."""
-    env = child_environment(device)
-    keys = [k for k in sorted(env) if k.startswith(("MALLOC_", "PYTORCH_CUDA_ALLOC"))]
-    return ", ".join(f"{k}={env[k]}" for k in keys) or "glibc and torch allocator defaults"
+    """The allocator settings children on ``device`` run with (they move the CPU memory
+    boundary)."""
+    return backend_for(device).allocator_notes(child_environment(device))
 
 
 def run_isolated(spec: TrialSpec) -> TrialResult:
@@ -65,14 +62,15 @@ def run_isolated(spec: TrialSpec) -> TrialResult:
     reason (and the end of its output).
     """
     run = run_in_child("autotune.runner", to_json_dict(spec), timeout_s=spec.timeout_s,
-                       device=spec.device)
+                       device=spec.device,
+                       extra_env=knob_environment(spec.knobs, dict(os.environ)))
     if run.status == "ok" and run.data is not None:
         return from_json_dict(TrialResult, {**run.data, "wall_s": run.wall_s})
     return TrialResult(status=run.status, message=run.message, wall_s=run.wall_s)
 
 
 def run_in_child(module: str, request: dict[str, Any], *, timeout_s: float,
-                 device: str = "cpu") -> ChildRun:
+                 device: str = "cpu", extra_env: dict[str, str] | None = None) -> ChildRun:
     """Run ``python -m module request.json result.json`` in a child process and wait for it.
 
     The module's main calls ``child_main(handler)``. The child starts in its own session and
@@ -87,6 +85,8 @@ def run_in_child(module: str, request: dict[str, Any], *, timeout_s: float,
         request: JSON-ready data the child's handler gets.
         timeout_s: wall-clock limit for the child, start-up included.
         device: the device the child uses (sets up its allocator environment).
+        extra_env: variables the child needs set before it starts (a knob's, e.g. the CUDA
+            allocator's settings, which must be in place before CUDA initializes).
 
     Returns:
         ``ok`` with the handler's result in ``data``; ``timeout``; or ``crash`` (the child did
@@ -100,7 +100,8 @@ def run_in_child(module: str, request: dict[str, Any], *, timeout_s: float,
         start = time.perf_counter()
         with open(output_path, "wb") as output:
             try:
-                env = {**child_environment(device), _PARENT_PID: str(os.getpid())}
+                env = {**child_environment(device), **(extra_env or {}),
+                       _PARENT_PID: str(os.getpid())}
                 proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=output,
                                         stderr=output, env=env, start_new_session=True)
             except OSError as exc:  # EACCES, ENOMEM, EAGAIN, a missing interpreter

@@ -26,20 +26,21 @@ from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError
 
 from autotune.config import (
     STRICT_FIELDS,
-    CompileMode,
     DeviceInfo,
-    Precision,
     ProbeReport,
     WorkloadSpec,
     to_json_dict,
 )
 from autotune.errors import ConfigError, OutputExistsError
+from autotune.knobs import Knobs
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: precision and compile mode moved into ``knobs`` with the other knobs. Schema 1 files are
+read by moving them there (``_from_schema_1``)."""
 
 Verdict = Literal[
     "winner", "ok", "slower", "numerics", "over_budget", "oom", "compile_error", "non_finite",
-    "timeout", "crash", "error", "workload_error",
+    "timeout", "crash", "error", "workload_error", "unsupported",
 ]
 
 
@@ -66,12 +67,14 @@ class TrialRecord:
     number: Count
     micro_batch: Positive
     accumulate_steps: Positive
-    precision: Precision
-    compile_mode: CompileMode
+    knobs: Knobs
+    """Precision, compile mode and every other knob of the candidate."""
     verdict: Verdict
     """``winner``; ``ok`` (ran, lost by a little); ``slower`` (stopped early: clearly slower);
     ``numerics`` (loss far from fp32 eager); ``over_budget`` (ran, but its peak is over the
-    budget minus headroom: a memory probe's miss); or the failure status of the child."""
+    budget minus headroom: a memory probe's miss); ``unsupported`` (a knob value the workload
+    cannot take, e.g. ``fused`` for an optimizer without it); or the failure status of the
+    child."""
     reason: str = ""
     """Why it lost or failed, in words."""
     is_baseline: bool = False
@@ -83,6 +86,8 @@ class TrialRecord:
     samples_per_s: Float | None = None
     tokens_per_s: Float | None = None
     peak_bytes: Count | None = None
+    fragmentation_bytes: Count | None = None
+    """CUDA: reserved minus allocated at the peak (the allocator's fragmentation and cache)."""
     compile_s: Float | None = None
     first_loss: Float | None = None
     num_skipped_steps: Count = 0
@@ -102,9 +107,19 @@ class TrialRecord:
     num_runs: Positive = 1
     """Times it was measured; a close race is re-measured and each keeps its better run."""
 
+    @property
+    def precision(self) -> str:
+        """``knobs.precision``."""
+        return self.knobs.precision
+
+    @property
+    def compile_mode(self) -> str:
+        """``knobs.compile_mode``."""
+        return self.knobs.compile_mode
+
     def label(self) -> str:
-        """E.g. ``bf16/default mb=16x4``."""
-        return f"{self.precision}/{self.compile_mode} {self.micro_batch}x{self.accumulate_steps}"
+        """E.g. ``bf16/default 16x4`` or ``fp32/off+ckpt=blocks 32x2``."""
+        return f"{self.knobs.label()} {self.micro_batch}x{self.accumulate_steps}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,9 +138,10 @@ class MemoryRecord:
     peak_bytes: Count | None
     """The winner's measured peak."""
     max_micro_batch: dict[str, Count] = field(default_factory=dict)
-    """Largest fitting micro-batch per memory class (``precision/compile_mode``)."""
+    """Largest fitting micro-batch per setting of the knobs probed (``Knobs.label()``, e.g.
+    ``bf16/default`` or ``fp32/off+ckpt=blocks``)."""
     calibration: dict[str, dict[str, Count]] = field(default_factory=dict)
-    """Per memory class: ``measured_peak_bytes`` and the estimator's ``estimate_bytes`` for
+    """Per ``Knobs.label()``: ``measured_peak_bytes`` and the estimator's ``estimate_bytes`` for
     the same config, so ``autotune check`` can scale a later estimate."""
     allocator: str = ""
     peak_definition: str = ""
@@ -152,8 +168,9 @@ class TunedConfig:
     """Samples per forward/backward on each device."""
     accumulate_steps: Positive
     """Micro-batches per optimizer step: target_batch / (micro_batch x world_size)."""
-    precision: Precision
-    compile_mode: CompileMode
+    knobs: Knobs
+    """The tuned precision, compile mode, checkpointing, optimizer implementation, memory
+    format and allocator."""
     compile_dynamic: bool = False
     extras: dict[str, str] = field(default_factory=dict)
     memory: MemoryRecord
@@ -183,9 +200,19 @@ class TunedConfig:
         """micro_batch x accumulate_steps x world_size."""
         return self.micro_batch * self.accumulate_steps * self.world_size
 
+    @property
+    def precision(self) -> str:
+        """``knobs.precision``."""
+        return self.knobs.precision
+
+    @property
+    def compile_mode(self) -> str:
+        """``knobs.compile_mode``."""
+        return self.knobs.compile_mode
+
     def memory_class(self) -> str:
-        """E.g. ``bf16/default``."""
-        return f"{self.precision}/{self.compile_mode}"
+        """The knobs' label, the key of ``memory.max_micro_batch``: e.g. ``bf16/default``."""
+        return self.knobs.label()
 
 
 def write_json_atomic(path: Path, text: str, *, force: bool = False) -> None:
@@ -285,13 +312,20 @@ def read_tuned(path: str | Path) -> TunedConfig:
         raise ConfigError(f"{path} is not valid JSON ({exc}); re-run `autotune search`") from exc
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    _check_schema_field(path, data)
+    version = _check_schema_field(path, data)
     problems: list[str] = []
+    if version == 1:
+        data, problems = _from_schema_1(data)
+        try:
+            text = json.dumps(data)
+        except RecursionError as exc:
+            raise ConfigError(f"{path} is nested too deeply to read; re-run `autotune "
+                              "search`") from exc
     config = None
     try:
         config = _adapter().validate_json(text)
     except ValidationError as exc:
-        problems += [_problem(error) for error in exc.errors()]
+        problems += [_problem(error, version) for error in exc.errors()]
     problems += _rules(data)
     if problems or config is None:
         raise ConfigError(
@@ -307,8 +341,12 @@ def _adapter() -> TypeAdapter[TunedConfig]:
     return TypeAdapter(TunedConfig)
 
 
-def _check_schema_field(path: Path, data: Any) -> None:
-    """The file is a JSON object with ``"schema": 1`` (the version this autotune reads)."""
+_READS = (1, SCHEMA_VERSION)
+"""Schema versions this autotune reads: its own, and 1 (moved into it on read)."""
+
+
+def _check_schema_field(path: Path, data: Any) -> int:
+    """The file is a JSON object with a ``schema`` this autotune reads; returns it."""
     if not isinstance(data, dict):
         raise ConfigError(f"{path} is not an autotune.json file: it holds {_describe(data)}, "
                           "not a JSON object; re-run `autotune search` to write one")
@@ -319,11 +357,35 @@ def _check_schema_field(path: Path, data: Any) -> None:
         raise ConfigError(
             f"{path}: the field 'schema' must be the number {SCHEMA_VERSION}, got "
             f"{_describe(version)}; fix it, or re-run `autotune search` to write a fresh file")
-    if version != SCHEMA_VERSION:
+    if version not in _READS:
         raise ConfigError(
-            f"{path} has schema {version}; this autotune reads schema {SCHEMA_VERSION}"
+            f"{path} has schema {version}; this autotune reads schema "
+            f"{' and '.join(map(str, _READS))}"
             + (": upgrade autotune (pip install -U torch-autotune)" if version > SCHEMA_VERSION
                else ": re-run `autotune search` to write a current file"))
+    return version
+
+
+def _from_schema_1(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A schema 1 file as schema 2: ``precision`` and ``compile_mode`` (top level and in each
+    trial) move into ``knobs``; the other knobs keep their defaults (schema 1 had none).
+
+    Returns:
+        The moved data, and what ``knobs`` would hide: a missing ``precision`` or
+        ``compile_mode`` (it would take the default), a ``knobs`` field (not schema 1's).
+    """
+    problems = []
+    trials = data.get("trials")
+    holders = [("", data), *((f"trials[{i}].", t) for i, t in enumerate(
+        trials if isinstance(trials, list) else []) if isinstance(t, dict))]
+    for where, holder in holders:
+        if "knobs" in holder:
+            problems.append(f"{where}knobs: got {_shown(holder['knobs'])}: "
+                            + _REASONS["extra_forbidden"].format(version=1))
+        holder["knobs"] = {k: holder.pop(k) for k in ("precision", "compile_mode") if k in holder}
+        problems += [f"{where}{k}: {_REASONS['missing']}" for k in ("precision", "compile_mode")
+                     if k not in holder["knobs"]]
+    return {**data, "schema": SCHEMA_VERSION}, problems
 
 
 def _describe(value: Any) -> str:
@@ -358,17 +420,24 @@ def _dotted(loc: tuple[int | str, ...]) -> str:
 
 _REASONS = {
     "missing": "missing (this field is required)",
-    "unexpected_keyword_argument": "unknown field (not part of schema 1)",
-    "extra_forbidden": "unknown field (not part of schema 1)",
+    "unexpected_keyword_argument": "unknown field (not part of schema {version})",
+    "extra_forbidden": "unknown field (not part of schema {version})",
 }
 
 
-def _problem(error: Any) -> str:
-    """One pydantic error as ``dotted.path: got VALUE: reason``."""
-    where = _dotted(tuple(error["loc"]))
+def _problem(error: Any, version: int = SCHEMA_VERSION) -> str:
+    """One pydantic error as ``dotted.path: got VALUE: reason``. In a schema 1 file the path
+    is the file's own: ``precision``, not the ``knobs.precision`` it was moved to."""
+    loc = tuple(error["loc"])
+    if version == 1 and loc[:1] == ("knobs",):
+        loc = loc[1:]
+    elif version == 1 and loc[:1] == ("trials",) and loc[2:3] == ("knobs",):
+        loc = loc[:2] + loc[3:]
+    where = _dotted(loc)
     if error["type"] == "missing":
         return f"{where}: {_REASONS['missing']}"
-    reason = _REASONS.get(error["type"], error["msg"])
+    reason = (_REASONS[error["type"]].format(version=version) if error["type"] in _REASONS
+              else error["msg"])
     return f"{where}: got {_shown(error.get('input'))}: {reason}"
 
 

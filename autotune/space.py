@@ -1,17 +1,19 @@
-"""Candidate knobs: micro-batch sizes and memory classes. No torch import here."""
+"""The space a search covers: micro-batch sizes and the knobs' values on this device.
+No torch import here."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from autotune.config import (
     COMPILE_MODES,
     CUDA_GRAPH_MODES,
     PRECISIONS,
     DeviceInfo,
-    MemoryClass,
+    Knobs,
 )
 from autotune.errors import ConfigError
+from autotune.knobs import KNOBS, device_skip_reason, parse_values
 
 
 def divisors(n: int) -> tuple[int, ...]:
@@ -68,8 +70,10 @@ def memory_classes(
     device: DeviceInfo,
     precisions: Sequence[str] | None = None,
     compile_modes: Sequence[str] | None = None,
-) -> tuple[tuple[MemoryClass, ...], tuple[str, ...]]:
-    """The (precision, compile mode) classes to probe on ``device``, and notes on what was skipped.
+    base: Knobs | None = None,
+) -> tuple[tuple[Knobs, ...], tuple[str, ...]]:
+    """The (precision, compile mode) settings to probe on ``device``, the other knobs as in
+    ``base`` (default: their defaults), and notes on what was skipped.
 
     Args:
         device: what the device supports.
@@ -105,8 +109,9 @@ def memory_classes(
     for m in wanted_m:
         if m not in supported_m:
             skipped.append(f"compile mode {m} skipped: CUDA graphs need a CUDA device")
+    base = base or Knobs()
     classes = tuple(
-        MemoryClass(precision=p, compile_mode=m)  # type: ignore[arg-type]
+        base.with_(precision=p, compile_mode=m)
         for m in wanted_m if m in supported_m
         for p in wanted_p if p in supported_p
     )
@@ -138,3 +143,48 @@ def timed_precisions(device: DeviceInfo, precisions: Sequence[str] | None
 def is_cuda_graph_mode(mode: str) -> bool:
     """True for compile modes that capture CUDA graphs."""
     return mode in CUDA_GRAPH_MODES
+
+
+def knob_values(device: DeviceInfo, wanted: Mapping[str, Sequence[str] | None] | None = None
+                ) -> tuple[dict[str, tuple[str, ...]], Knobs, tuple[str, ...]]:
+    """The values of each knob beyond precision and compile mode that a search may try on
+    ``device``, the setting its first stage runs them at, and notes on what was skipped.
+
+    Args:
+        device: what the device runs (CUDA-only values are skipped elsewhere, said so).
+        wanted: per knob name, the user's subset (None or missing: every value).
+
+    Returns:
+        (values per knob name, the base setting: each knob's default when allowed, else the
+        first value asked for, notes).
+
+    Raises:
+        ConfigError: an unknown knob value, or a subset that leaves nothing on this device.
+    """
+    wanted = wanted or {}
+    values: dict[str, tuple[str, ...]] = {}
+    base: dict[str, str] = {}
+    notes: list[str] = []
+    problems: list[str] = []
+    for knob in KNOBS[2:]:
+        try:
+            asked = parse_values(knob, wanted.get(knob.name))
+        except ConfigError as exc:
+            problems.append(str(exc))
+            continue
+        kept = []
+        for value in asked or knob.values:
+            why = device_skip_reason(knob, value, device.is_cuda)
+            if why:
+                notes.append(f"{why} ({device.device})")
+            else:
+                kept.append(value)
+        if not kept:
+            problems.append(f"{knob.option} {','.join(asked or ())}: nothing runs on "
+                            f"{device.device}; leave the option out")
+            continue
+        values[knob.name] = tuple(kept)
+        base[knob.name] = knob.default if knob.default in kept else kept[0]
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return values, Knobs(**base), tuple(notes)  # type: ignore[arg-type]

@@ -10,11 +10,8 @@ import contextlib
 import dataclasses
 import errno
 import hashlib
-import importlib
 import math
-import resource
 import statistics
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,9 +19,26 @@ from typing import Any
 import torch
 from torch import nn
 
-from autotune.config import TrialResult, TrialSpec, TrialStatus, format_bytes
-from autotune.device import nvml_used_bytes
+from autotune.config import (
+    MIN_STEPS_TO_STOP,
+    TrialResult,
+    TrialSpec,
+    TrialStatus,
+    format_bytes,
+)
+from autotune.device import TrialMemory, backend_for
 from autotune.errors import WorkloadError
+from autotune.knobs import (  # the step's knobs; re-exported for callers of trial
+    KnobUnsupported,
+    apply_to_batch,
+    apply_to_model,
+    apply_to_optimizer,
+    autocast,
+    compile_model,
+    grad_scaler,
+    set_matmul_precision,
+    workload_traits,
+)
 from autotune.workload import (
     Batch,
     Workload,
@@ -87,44 +101,13 @@ def classify_exception(exc: BaseException) -> TrialStatus:
     """Map an exception raised by a trial to its outcome status."""
     if is_out_of_memory(exc):
         return "oom"
+    if isinstance(exc, KnobUnsupported):
+        return "unsupported"
     if isinstance(exc, (WorkloadError, SystemExit)):  # SystemExit: the workload called exit
         return "workload_error"
     if _is_compile_error(exc):
         return "compile_error"
     return "error"
-
-
-def autocast_dtype(precision: str) -> torch.dtype | None:
-    """The autocast dtype for a precision, or None when it runs without autocast."""
-    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-
-
-def autocast(precision: str, device_type: str) -> contextlib.AbstractContextManager[Any]:
-    """The autocast context for a precision (a no-op for fp32 and tf32)."""
-    dtype = autocast_dtype(precision)
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device_type, dtype=dtype)
-
-
-def grad_scaler(precision: str, device_type: str) -> torch.amp.GradScaler | None:
-    """A GradScaler for fp16 (its small range underflows gradients without one), else None."""
-    return torch.amp.GradScaler(device_type) if precision == "fp16" else None
-
-
-def set_matmul_precision(precision: str) -> None:
-    """tf32 lets fp32 matmuls and convolutions use TensorFloat-32 (Ampere+); others stay exact."""
-    allow = precision == "tf32"
-    torch.backends.cuda.matmul.allow_tf32 = allow
-    torch.backends.cudnn.allow_tf32 = allow
-
-
-def compile_model(model: nn.Module, compile_mode: str) -> nn.Module:
-    """``torch.compile`` with the mode (``dynamic=False``: one shape per trial), or the model."""
-    if compile_mode == "off":
-        return model
-    return torch.compile(model, mode=None if compile_mode == "default" else compile_mode,
-                         dynamic=False)
 
 
 def loss_weights(micro_batches: Sequence[Batch],
@@ -179,135 +162,6 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
 # One trial, inside the child process.
 
 
-def tensor_bytes(model: nn.Module) -> int:
-    """Bytes of the model's parameters and buffers (each storage once: tied weights share)."""
-    seen: dict[int, int] = {}
-    for tensor in [*model.parameters(), *model.buffers()]:
-        storage = tensor.untyped_storage()
-        seen[storage.data_ptr()] = storage.nbytes()
-    return sum(seen.values())
-
-
-def _proc_status() -> dict[str, int]:
-    values = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            if key in ("VmSize", "VmPeak", "VmHWM", "VmRSS"):
-                values[key] = int(rest.split()[0]) * 1024
-    return values
-
-
-def _start_compile_threads() -> None:
-    """Start inductor's compile threads now, so their stacks count in the baseline.
-
-    Inductor compiles CPU kernels on a pool of threads (one per core by default) created at
-    the first compile (and tqdm a monitor thread for its progress bar): under the cap their
-    stacks (8 MiB of address space each) would count as training memory and move the boundary
-    by that much. A torch without this pool compiles in the calling thread.
-    """
-    try:
-        from torch._inductor.async_compile import AsyncCompile, get_compile_threads
-    except ImportError:  # pragma: no cover - older or newer torch
-        return
-    num_threads = get_compile_threads()
-    if num_threads <= 1:
-        return
-    with contextlib.suppress(ImportError):  # inductor's progress bar would start it mid-compile
-        import tqdm
-
-        tqdm.tqdm.monitor_interval = 0  # no monitor thread
-    # Each task waits for all the others, so the pool must start one thread per task.
-    barrier = threading.Barrier(num_threads + 1)
-    futures = [AsyncCompile.pool().submit(barrier.wait) for _ in range(num_threads)]
-    barrier.wait()
-    for future in futures:
-        future.result()
-
-
-class _Memory:
-    """Caps and measures the child's memory: RLIMIT_AS on CPU, allocator fraction on CUDA."""
-
-    def __init__(self, spec: TrialSpec, model: nn.Module) -> None:
-        self.device = torch.device(spec.device)
-        self.budget = spec.memory_budget_bytes
-        self.baseline = 0
-        self.context = 0
-        self.model_bytes = 0
-        if self.device.type == "cpu":
-            # The model is already built: its parameters and buffers count exactly (their
-            # bytes), while what building it cost the process (lazy imports of its code, Python
-            # objects) stays in the baseline, as it is host memory on a GPU.
-            self.model_bytes = tensor_bytes(model)
-            # Create the thread pool now so its stacks count in the baseline, not the budget.
-            torch.ones(64, 64) @ torch.ones(64, 64)
-            # Every optimizer imports torch._dynamo lazily (a large import): do it before the
-            # cap, or it fails under a small cap (as a SystemError, not an OOM) and its address
-            # space counts as training memory.
-            importlib.import_module("torch._dynamo")
-            if spec.compile_mode != "off":
-                _start_compile_threads()
-            # VmPeak, not VmSize: glibc maps twice a new thread arena's size and trims it, so
-            # VmPeak already sits up to 64 MiB above VmSize here. Peaks are read from VmPeak, so
-            # the cap and the peak must start from the same high-water mark (else a tiny trial
-            # reports a 64 MiB peak, over its own cap).
-            self.baseline = _proc_status()["VmPeak"]
-            if self.budget is not None:
-                _, hard = resource.getrlimit(resource.RLIMIT_AS)
-                allowed = max(self.budget - self.model_bytes, 0)
-                resource.setrlimit(resource.RLIMIT_AS, (self.baseline + allowed, hard))
-        else:
-            self.index = self.device.index or 0
-            # NVML reads the device's use without a CUDA context: before this child has one,
-            # so the context (hundreds of MiB) counts. torch's own mem_get_info would create
-            # the context before measuring and miss it.
-            self.nvml_before = nvml_used_bytes(self.index)
-            torch.cuda.set_device(self.device)
-            free_before, total = torch.cuda.mem_get_info(self.device)
-            torch.empty(1, device=self.device)
-            torch.cuda.synchronize(self.device)
-            free_after, _ = torch.cuda.mem_get_info(self.device)
-            # Without NVML: what the first allocation cost beyond PyTorch's own block.
-            fallback = max(0, free_before - free_after - torch.cuda.memory_reserved(self.device))
-            self.context = self._outside_allocator() or fallback
-            if self.budget is not None:
-                allowed = min(self.budget, free_before + self.context) - self.context
-                torch.cuda.set_per_process_memory_fraction(max(allowed, 0) / total, self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-
-    def _outside_allocator(self) -> int | None:
-        """Device memory this process holds outside PyTorch's allocator now (NVML), or None."""
-        now = nvml_used_bytes(self.index)
-        if self.nvml_before is None or now is None:
-            return None
-        return max(0, now - self.nvml_before - torch.cuda.memory_reserved(self.device))
-
-    def peak(self) -> dict[str, int | None]:
-        """The result's memory fields: peak bytes, peak RSS (CPU), allocator retries and the
-        use outside PyTorch's allocator (CUDA)."""
-        if self.device.type == "cpu":
-            status = _proc_status()
-            return {"peak_bytes": status["VmPeak"] - self.baseline + self.model_bytes,
-                    "peak_rss_bytes": status["VmHWM"], "num_alloc_retries": 0}
-        # Kernel modules load as they are first used, so the context grows during the steps.
-        self.context = max(self.context, self._outside_allocator() or 0)
-        stats = torch.cuda.memory_stats(self.device)
-        return {"peak_bytes": torch.cuda.max_memory_reserved(self.device) + self.context,
-                "num_alloc_retries": int(stats.get("num_alloc_retries", 0)),
-                "context_bytes": self.context}
-
-    def current(self) -> int:
-        """Memory now, after a step: CPU, the address space over the baseline plus the model's
-        bytes (what the cap limits, as the peak counts it); CUDA, ``memory_allocated``."""
-        if self.device.type == "cpu":
-            return _proc_status()["VmSize"] - self.baseline + self.model_bytes
-        return torch.cuda.memory_allocated(self.device)
-
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-
 def _reference_loss(model: nn.Module, micro_batches: Sequence[Batch], workload: Workload,
                     spec: TrialSpec) -> float:
     """The effective batch's loss in fp32 eager (no autocast, no TF32, no compile, no update)
@@ -345,7 +199,7 @@ def run_trial(spec: TrialSpec) -> TrialResult:
     workload that misbehaves): they come back as the result's status.
     """
     info: dict[str, Any] = {"samples_per_step": spec.micro_batch * spec.accumulate_steps}
-    memory: _Memory | None = None
+    memory: TrialMemory | None = None
     try:
         workload = load_workload(spec.workload, spec.device)
         info["tokens_per_sample"] = workload.tokens_per_sample
@@ -354,7 +208,7 @@ def run_trial(spec: TrialSpec) -> TrialResult:
         torch.manual_seed(spec.seed)
         model = workload.build_model()
         check_model(model, workload.name)
-        memory = _Memory(spec, model)
+        memory = backend_for(spec.device).open_memory(spec, model)
         info["baseline_bytes"] = memory.baseline
         if memory.budget is not None and memory.model_bytes > memory.budget:
             return TrialResult(status="oom", peak_bytes=memory.model_bytes, message=(
@@ -377,7 +231,7 @@ def _failed(status: TrialStatus, exc: BaseException, info: dict[str, Any]) -> Tr
     An OOM after memory grew at every step leads with the leak that caused it."""
     if isinstance(exc, SystemExit):
         message = str(WorkloadError.from_exit(exc))
-    elif isinstance(exc, WorkloadError):
+    elif isinstance(exc, (WorkloadError, KnobUnsupported)):
         message = str(exc)  # says what the workload did, with its traceback when it raised
     else:
         message = f"{type(exc).__name__}: {exc}"
@@ -391,16 +245,24 @@ def _failed(status: TrialStatus, exc: BaseException, info: dict[str, Any]) -> Tr
     return result
 
 
-def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: _Memory,
+def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: TrialMemory,
            info: dict[str, Any]) -> TrialResult:
     device = memory.device
-    optimizer = workload.make_optimizer(model.parameters())
+    knobs = spec.knobs
+    model.train()  # from_pretrained builds in eval mode: no dropout, and HF never checkpoints
+    built = workload.make_optimizer(model.parameters())
     torch.manual_seed(spec.seed + 1)
     warmup_batches = []
     for _ in range(spec.warmup_micro_batches()):
         batch = workload.make_batch(spec.micro_batch)
         check_batch(batch, spec.micro_batch, workload.name)
         warmup_batches.append(to_device(batch, device))
+    # What the knobs need of the workload, read before they change it: a knob value that
+    # cannot apply is an ``unsupported`` outcome, never a failure of the workload.
+    info["traits"] = workload_traits(model, built, warmup_batches[0], workload.blocks)
+    apply_to_model(model, knobs, workload.blocks)
+    optimizer = apply_to_optimizer(built, knobs)
+    warmup_batches = [apply_to_batch(b, knobs) for b in warmup_batches]
     # A probe warms up with more micro-batches than the config accumulates (its memory worst
     # case); the timed steps run the config's own accumulation.
     timed_batches = warmup_batches[:spec.accumulate_steps]
@@ -446,6 +308,9 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: _Memor
         elapsed = time.perf_counter() - timing_start
         if spec.max_timed_s is not None and elapsed > spec.max_timed_s:
             break
+        if (spec.stop_above_step_s is not None and len(timed) >= MIN_STEPS_TO_STOP
+                and min(timed) > spec.stop_above_step_s):
+            break  # clearly behind the leader: its best step already loses
     info["step_times_s"] = tuple(timed)
     # A warm-up step of more micro-batches than a timed one costs proportionally more.
     per_warmup = (statistics.median(timed) * spec.warmup_micro_batches() / spec.accumulate_steps

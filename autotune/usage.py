@@ -1,8 +1,9 @@
 """``autotune.load``: the tuned config, ready to use in your own training script.
 
-A thin layer over ``autotune.trial``: the same autocast, GradScaler, compile call and
-``train_step`` that the search measured, plus adapters for Hugging Face ``TrainingArguments``
-and Accelerate's ``Accelerator``.
+A thin layer over ``autotune.knobs`` and ``autotune.trial``: the same checkpointing, optimizer
+rebuild, memory format, autocast, GradScaler, compile call and ``train_step`` that the search
+measured, plus adapters for Hugging Face ``TrainingArguments`` and Accelerate's
+``Accelerator`` (with a warning for what they have no switch for).
 """
 
 from __future__ import annotations
@@ -10,13 +11,14 @@ from __future__ import annotations
 import contextlib
 import inspect
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from autotune import trial
+from autotune import knobs, trial
+from autotune.knobs import Knobs
 from autotune.schema import TunedConfig
 from autotune.workload import Batch, Workload
 
@@ -26,9 +28,11 @@ class Tuned:
 
     Example:
         >>> cfg = autotune.load("autotune.json")
+        >>> model = cfg.apply(build_model())  # checkpointing, memory format
+        >>> optimizer = cfg.build_optimizer(make_optimizer(model.parameters()))
         >>> model = cfg.compile(model)
         >>> for micro_batches in batches_of(cfg.micro_batch, cfg.accumulate_steps):
-        ...     cfg.train_step(model, optimizer, micro_batches, workload)
+        ...     cfg.train_step(model, optimizer, [cfg.batch(b) for b in micro_batches], workload)
     """
 
     def __init__(self, config: TunedConfig, *, device_type: str | None = None) -> None:
@@ -52,40 +56,82 @@ class Tuned:
         return self.config.accumulate_steps
 
     @property
+    def knobs(self) -> Knobs:
+        """Every tuned knob: precision, compile mode, checkpointing, optimizer implementation,
+        memory format, allocator."""
+        return self.config.knobs
+
+    @property
     def precision(self) -> str:
         """``fp32``, ``tf32``, ``bf16`` or ``fp16``."""
-        return self.config.precision
+        return self.knobs.precision
 
     @property
     def compile_mode(self) -> str:
         """A ``torch.compile`` mode, or ``off``."""
-        return self.config.compile_mode
+        return self.knobs.compile_mode
 
     def __repr__(self) -> str:
         return (f"Tuned(micro_batch={self.micro_batch}, accumulate_steps={self.accumulate_steps}, "
-                f"precision={self.precision!r}, compile_mode={self.compile_mode!r})")
+                f"knobs={self.knobs.label()!r})")
+
+    def apply(self, model: nn.Module,
+              blocks: Callable[[nn.Module], Sequence[nn.Module]] | None = None) -> nn.Module:
+        """Apply the knobs that change the model, in place: activation checkpointing of its
+        repeated blocks and the memory format. Call it before ``build_optimizer`` and
+        ``compile``, as the search did.
+
+        Args:
+            model: the model, built as the workload builds it.
+            blocks: the model's repeated blocks, as the workload's ``Workload(blocks=...)``
+                names them (default: the longest run of same-type modules in a ``ModuleList``
+                or ``Sequential``, as the search found them).
+
+        Returns:
+            The same model.
+
+        Raises:
+            KnobUnsupported: the model cannot take a tuned knob (no repeated blocks to
+                checkpoint, no 2-D convolution for channels_last): not the tuned model.
+        """
+        return knobs.apply_to_model(model, self.knobs, blocks)
+
+    def build_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """The optimizer rebuilt as the tuned implementation (``foreach``, ``fused``, ...) with
+        the same class, parameter groups and hyper-parameters; as built when ``default``.
+        Build your LR scheduler on the optimizer it returns.
+
+        Raises:
+            KnobUnsupported: its class has no such implementation (or refuses it here).
+        """
+        return knobs.rebuild_optimizer(optimizer, self.knobs.optimizer_impl)
+
+    def batch(self, batch: Any) -> Any:
+        """A (device) batch as the knobs want it: 4-D float tensors channels-last when the
+        tuned memory format is; otherwise the batch itself."""
+        return knobs.apply_to_batch(batch, self.knobs)
 
     def compile(self, model: nn.Module) -> nn.Module:
         """``torch.compile(model, mode=..., dynamic=False)``, or the model when ``off``.
 
         Save ``compiled._orig_mod.state_dict()`` (or the model you passed) for clean keys.
         """
-        return trial.compile_model(model, self.compile_mode)
+        return knobs.compile_model(model, self.compile_mode)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The autocast context for the forward pass (a no-op for fp32 and tf32)."""
-        return trial.autocast(self.precision, self.device_type)
+        return knobs.autocast(self.precision, self.device_type)
 
     def grad_scaler(self) -> torch.amp.GradScaler | None:
         """The run's GradScaler for fp16, else None. The same one on every call: its scale
         adapts from step to step."""
         if self._scaler is None:
-            self._scaler = trial.grad_scaler(self.precision, self.device_type)
+            self._scaler = knobs.grad_scaler(self.precision, self.device_type)
         return self._scaler
 
     def set_matmul_precision(self) -> None:
         """Allow TensorFloat-32 matmuls for ``tf32``, disallow them otherwise (process-wide)."""
-        trial.set_matmul_precision(self.precision)
+        knobs.set_matmul_precision(self.precision)
 
     def train_step(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                    micro_batches: Sequence[Batch], workload: Workload) -> torch.Tensor:
@@ -103,22 +149,18 @@ class Tuned:
                                 scaler=self.grad_scaler())
 
     def training_arguments(self) -> dict[str, Any]:
-        """Keyword arguments for ``transformers.TrainingArguments``.
+        """Keyword arguments for ``transformers.TrainingArguments``: micro-batch,
+        accumulation, precision, compile mode, gradient checkpointing and the optimizer
+        (``adamw_torch_fused`` for ``fused``). What Trainer has no switch for (every second
+        block, channels_last, the allocator) is said in one warning, with what to do instead.
 
         Example:
             >>> TrainingArguments(output_dir="out", **cfg.training_arguments())
         """
-        compiled = self.compile_mode != "off"
-        return {
-            "per_device_train_batch_size": self.micro_batch,
-            "gradient_accumulation_steps": self.accumulate_steps,
-            "bf16": self.precision == "bf16",
-            "fp16": self.precision == "fp16",
-            "tf32": self.precision == "tf32",  # False turns TF32 off, as the search measured
-            "torch_compile": compiled,
-            "torch_compile_mode": (self.compile_mode if compiled and self.compile_mode != "default"
-                                   else None),
-        }
+        kwargs, notes = knobs.training_arguments(self.knobs)
+        _warn(notes, "TrainingArguments")
+        return {"per_device_train_batch_size": self.micro_batch,
+                "gradient_accumulation_steps": self.accumulate_steps, **kwargs}
 
     def accelerator_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``accelerate.Accelerator``.
@@ -126,12 +168,13 @@ class Tuned:
         The compile mode travels in a ``TorchDynamoPlugin`` when the installed accelerate has
         one (``Accelerator(dynamo_plugin=...)``); otherwise only ``dynamo_backend="inductor"``
         is given and the mode is dropped, with a warning. TF32 has no Accelerator switch: call
-        ``cfg.set_matmul_precision()``.
+        ``cfg.set_matmul_precision()``; nor have checkpointing, the optimizer implementation
+        and the memory format: ``cfg.apply(model)`` and ``cfg.build_optimizer(...)`` (one
+        warning says which are tuned).
         """
-        kwargs: dict[str, Any] = {
-            "gradient_accumulation_steps": self.accumulate_steps,
-            "mixed_precision": {"bf16": "bf16", "fp16": "fp16"}.get(self.precision, "no"),
-        }
+        found, notes = knobs.accelerator_kwargs(self.knobs)
+        _warn(notes, "Accelerator")
+        kwargs: dict[str, Any] = {"gradient_accumulation_steps": self.accumulate_steps, **found}
         if self.compile_mode == "off":
             return kwargs
         mode = None if self.compile_mode == "default" else self.compile_mode
@@ -147,6 +190,13 @@ class Tuned:
                     "inductor's default mode; upgrade accelerate to keep the tuned mode",
                     stacklevel=2)
         return kwargs
+
+
+def _warn(notes: list[str], target: str) -> None:
+    """One warning with every tuned knob that ``target`` cannot take as a keyword."""
+    if notes:
+        warnings.warn(f"{target} keywords do not carry every tuned knob: " + "; ".join(notes),
+                      stacklevel=3)
 
 
 def _dynamo_plugin(mode: str | None) -> Any:

@@ -11,7 +11,7 @@ import os
 import sys
 import sysconfig
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,10 @@ class Workload:
     loss is normalized once over all tokens of the optimizer step."""
     tokens_per_sample: int | None = None
     """For tokens/s in reports (sequence length for language models)."""
+    blocks: Callable[[nn.Module], Sequence[nn.Module]] | None = None
+    """The model's repeated blocks, for activation checkpointing (and FSDP's per-block
+    wrapping). Default: the longest run of same-type modules in a ``ModuleList`` or
+    ``Sequential`` (``knobs.find_blocks``)."""
 
     def compute_loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         """The workload's loss on one micro-batch."""

@@ -62,7 +62,7 @@ def main() -> None:
     for name, spec in WORKLOADS.items():
         workload = load_workload(spec, "cpu")
         for micro_batch in MICRO_BATCHES:
-            est = estimate_step(workload, micro_batch, precision="fp32", kernels="cpu")
+            est = estimate_step(workload, micro_batch, kernels="cpu")  # fp32 eager
             measured = measure(spec, micro_batch)
             rows.append({
                 "workload": name, "micro_batch": micro_batch, "precision": "fp32",

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune.cli import app
+from autotune.config import Knobs, to_json_dict
 from tests.conftest import ROOT, WORKLOADS, workload_target
 
 # Click >= 8.2 keeps stderr apart in result.stderr (result.output interleaves both); older
@@ -68,7 +69,7 @@ def test_probe_json() -> None:
     data = json.loads(result.stdout)  # stdout holds the JSON alone
     assert data["target_batch"] == 8
     [probe] = data["probes"]
-    assert probe["memory_class"] == {"precision": "fp32", "compile_mode": "off"}
+    assert probe["knobs"] == to_json_dict(Knobs())  # fp32 eager, every knob at its default
     assert probe["max_micro_batch"] == 8
     assert probe["peak_bytes"] > 0
     assert probe["steps"][0]["status"] == "ok"

@@ -8,19 +8,22 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
+from torch import nn
 from typer.testing import CliRunner
 
-from autotune import api, trial
+from autotune import api, knobs, trial
 from autotune.cli import app
 from autotune.codegen import SCRIPT_NAME, render_train_script
 from autotune.config import WorkloadSpec
 from autotune.errors import ConfigError
+from autotune.knobs import Knobs
 from autotune.workload import (
     TinyGPT,
     Workload,
@@ -46,11 +49,16 @@ def import_script(path: Path) -> ModuleType:
     return module
 
 
+def script_for(config: object, folder: Path) -> ModuleType:
+    """The script rendered for ``config``, imported from ``folder``."""
+    path = folder / SCRIPT_NAME
+    path.write_text(render_train_script(config))  # type: ignore[arg-type]
+    return import_script(path)
+
+
 @pytest.fixture
 def default_script(tmp_path: Path) -> ModuleType:
-    path = tmp_path / SCRIPT_NAME
-    path.write_text(render_train_script(make_tuned()))
-    return import_script(path)
+    return script_for(make_tuned(), tmp_path)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -81,8 +89,41 @@ def test_header_gives_command_and_measured_reasons() -> None:
     assert "raw_model._orig_mod" in text and "model.no_sync()" in text
 
 
+def test_every_knob_is_a_literal_the_script_uses() -> None:
+    """Each knob of ``autotune.knobs.KNOBS`` is assigned once, as a literal, and read."""
+    tuned = Knobs(precision="fp16", compile_mode="max-autotune", checkpointing="alternate",
+                  optimizer_impl="fused", memory_format="channels_last",
+                  allocator="expandable_segments")
+    tree = ast.parse(render_train_script(make_tuned(knobs=tuned)))
+    assigned = {node.targets[0].id: node.value for node in tree.body
+                if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)}
+    read = {node.id for node in ast.walk(tree)
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+    for knob in knobs.KNOBS:
+        assert ast.literal_eval(assigned[knob.name]) == getattr(tuned, knob.name), knob.name
+        assert knob.name in read, f"{knob.name} is set but never applied"
+
+
 def test_interrupted_search_is_said() -> None:
     assert "interrupted" in render_train_script(make_tuned(interrupted=True))
+
+
+def test_header_lists_every_knob_with_value_and_measurement() -> None:
+    config = make_tuned(checkpointing="blocks", optimizer_impl="fused")
+    config = replace(config, memory=replace(config.memory, max_micro_batch={
+        **config.memory.max_micro_batch, "bf16/default+ckpt=blocks+opt=fused": 64,
+        "bf16/default+opt=fused": 16}))
+    text = render_train_script(config)
+    header = " ".join(text.split("target_batch = 64")[0].replace("#", " ").split())
+    for expected in ("checkpointing = blocks: activation checkpointing of every repeated block; "
+                     "the largest micro-batch that fit: 64 with it, 16 without",
+                     "optimizer_impl = fused: optimizer rebuilt fused",
+                     "memory_format = contiguous: contiguous tensors",
+                     "allocator = default: the default CUDA allocator"):
+        assert expected in header, expected
+    for line in ('checkpointing = "blocks"', 'optimizer_impl = "fused"',
+                 'memory_format = "contiguous"', 'allocator = "default"'):
+        assert f"\n{line}  # " in text, line
 
 
 def _variants() -> dict[str, object]:
@@ -99,6 +140,9 @@ def _variants() -> dict[str, object]:
             workload_name="m (classifier, seq 128)"),
         "hf_unknown_name": make_tuned(**hf, workload_name="renamed"),
         "file": make_tuned(workload=my_workload_spec(), workload_name="mlp-classifier"),
+        "every_knob_set": make_tuned(checkpointing="alternate", optimizer_impl="fused",
+                                     memory_format="channels_last",
+                                     allocator="expandable_segments"),
     }
 
 
@@ -239,14 +283,211 @@ def test_generated_step_under_ddp_normalizes_over_all_ranks(default_script: Modu
 
 
 # ----------------------------------------------------------------------------------------------
+# The knobs: the script applies them as autotune.knobs does (the same blocks, gradients,
+# optimizer groups, batch layout, allocator setting).
+
+
+class _Residual(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(dim, 2 * dim)
+        self.down = nn.Linear(2 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.tanh(self.up(x)))
+
+
+class BlockLM(nn.Module):
+    """A float64-clean causal LM with three repeated blocks to checkpoint."""
+
+    def __init__(self, vocab_size: int = 64, dim: int = 16) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab_size, dim)
+        self.blocks = nn.ModuleList(_Residual(dim) for _ in range(3))
+        self.head = nn.Linear(dim, vocab_size)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        x = self.tok(input_ids)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(x)
+        return nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                           labels[:, 1:].reshape(-1), ignore_index=-100)
+
+
+class SmallCNN(nn.Module):
+    """Two runs of three same-type modules: conv stages and a (larger) head; the head wins."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
+            *(nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+              for _ in range(3)),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.head = nn.Sequential(nn.Linear(8, 64), nn.Linear(64, 64), nn.Linear(64, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+def saved_bytes(model: nn.Module, batch: dict[str, torch.Tensor]) -> int:
+    """Bytes the forward keeps for backward (checkpointed blocks keep only their inputs)."""
+    total = 0
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        total += tensor.numel() * tensor.element_size()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model(**batch)
+    return total
+
+
+def block_names(model: nn.Module, blocks: list[nn.Module]) -> list[str]:
+    names = {id(module): name for name, module in model.named_modules()}
+    return [names[id(block)] for block in blocks]
+
+
+@pytest.mark.parametrize("build", [
+    lambda: TinyGPT(vocab_size=64, seq_len=16, dim=32, num_layers=3, num_heads=4), SmallCNN,
+    lambda: nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4)),  # no run of two
+], ids=["tiny-gpt", "cnn", "none"])
+def test_script_finds_the_library_blocks(default_script: ModuleType, build: object) -> None:
+    model = build()  # type: ignore[operator]
+    expected = {"TinyGPT": ["blocks.0", "blocks.1", "blocks.2"],
+                "SmallCNN": ["head.0", "head.1", "head.2"], "Sequential": []}
+    ours = block_names(model, knobs.find_blocks(model))
+    assert ours == expected[type(model).__name__]
+    assert block_names(model, default_script.find_blocks(model)) == ours
+
+
+@pytest.mark.parametrize("tuned", [Knobs(checkpointing="blocks", optimizer_impl="foreach"),
+                                   Knobs(checkpointing="alternate", optimizer_impl="for-loop")],
+                         ids=Knobs.label)
+def test_generated_knobs_equal_library_knobs(tmp_path: Path, tuned: Knobs) -> None:
+    """The script's checkpointing and optimizer rebuild against ``autotune.knobs`` on a model
+    with blocks: the same blocks checkpointed, the same gradients (as one big batch's), the
+    same optimizer groups and the same step."""
+    script = script_for(make_tuned(knobs=tuned), tmp_path)
+    assert (script.checkpointing, script.optimizer_impl) == (tuned.checkpointing,
+                                                             tuned.optimizer_impl)
+    batches = token_batches(padded=True)
+    workload = Workload(name="t", build_model=BlockLM, make_batch=lambda m: None,
+                        loss=lambda m, b: m(**b), count_loss_items=causal_lm_label_count)
+
+    def built() -> nn.Module:
+        torch.manual_seed(0)
+        return BlockLM().double()
+
+    library, generated, plain = built(), built(), built()
+    knobs.apply_to_model(library, tuned)
+    script.checkpoint_blocks(generated, script.checkpointing, script.model_blocks)
+    # Checkpointed for real, the same blocks: the forward keeps fewer bytes than without,
+    # exactly as many as the library's.
+    kept = {name: saved_bytes(model, batches[0]) for name, model in
+            (("library", library), ("generated", generated), ("plain", plain))}
+    assert kept["generated"] == kept["library"] < kept["plain"], kept
+
+    library_grads, generated_grads = GradRecorder(library), GradRecorder(generated)
+    trial.train_step(library, library_grads, batches, workload, precision="fp32",
+                     device_type="cpu")
+    disabled = torch.amp.GradScaler("cpu", enabled=False)
+    no_autocast = torch.autocast("cpu", enabled=False)
+    script.train_step(generated, generated_grads, disabled, batches, no_autocast)
+    full = full_batch_grads(plain, batches, lambda m, b: m(**b))
+    assert_same_grads(generated_grads.grads, library_grads.grads)
+    assert_same_grads(generated_grads.grads, full, float32_weights=True)
+
+    def adamw(model: nn.Module) -> torch.optim.Optimizer:
+        decay = [p for n, p in model.named_parameters() if n.endswith("weight")]
+        rest = [p for n, p in model.named_parameters() if not n.endswith("weight")]
+        return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                                  {"params": rest, "weight_decay": 0.0, "lr": 3e-3}], lr=1e-3)
+
+    ours = knobs.rebuild_optimizer(adamw(library), tuned.optimizer_impl)
+    theirs = script.rebuild_optimizer(adamw(generated), script.optimizer_impl)
+    assert type(theirs) is type(ours) and theirs.defaults == ours.defaults
+    assert [{k: v for k, v in g.items() if k != "params"} for g in theirs.param_groups] == [
+        {k: v for k, v in g.items() if k != "params"} for g in ours.param_groups]
+    assert [g["foreach"] for g in theirs.param_groups] == [tuned.optimizer_impl == "foreach"] * 2
+    assert [g["lr"] for g in theirs.param_groups] == [1e-3, 3e-3]
+    trial.train_step(library, ours, batches, workload, precision="fp32", device_type="cpu")
+    script.train_step(generated, theirs, disabled, batches, no_autocast)
+    for (name, ours_p), theirs_p in zip(library.named_parameters(), generated.parameters(),
+                                        strict=True):
+        torch.testing.assert_close(theirs_p, ours_p, rtol=1e-12, atol=1e-15, msg=name)
+
+
+@pytest.mark.parametrize("setting", ["blocks", "alternate"])
+def test_script_checkpoints_hf_layers_as_the_library(default_script: ModuleType,
+                                                     setting: str) -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=3, n_embd=16, n_head=2, vocab_size=32,
+                                     n_positions=16)
+
+    def flags(apply: object) -> list[tuple[str, bool]]:
+        torch.manual_seed(0)
+        model = transformers.GPT2LMHeadModel(config)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # gradient_checkpointing_enable
+            apply(model)  # type: ignore[operator]
+        return [(n, m.gradient_checkpointing) for n, m in model.named_modules()
+                if hasattr(m, "gradient_checkpointing")]
+
+    ours = flags(lambda m: knobs.apply_to_model(m, Knobs(checkpointing=setting)))
+    assert [on for name, on in ours if name.startswith("transformer.h.")] == (
+        [True, True, True] if setting == "blocks" else [True, False, True])
+    assert flags(lambda m: default_script.checkpoint_blocks(m, setting, None)) == ours
+
+
+def test_script_batches_and_model_channels_last_as_the_library(tmp_path: Path) -> None:
+    tuned = Knobs(memory_format="channels_last")
+    script = script_for(make_tuned(knobs=tuned), tmp_path)
+    images, labels = torch.randn(2, 3, 8, 8), torch.tensor([0, 1])
+
+    def strides(batch: object) -> list[tuple[int, ...]]:
+        tensors = (batch.values() if isinstance(batch, dict) else
+                   batch if isinstance(batch, tuple) else [batch])
+        return [t.stride() for t in tensors]  # type: ignore[union-attr]
+
+    for batch in ((images, labels), {"x": images, "y": labels}, images):
+        ours, theirs = knobs.apply_to_batch(batch, tuned), script.to_device(batch, "cpu")
+        assert type(theirs) is type(ours) and strides(theirs) == strides(ours)
+    assert script.to_device(images, "cpu").is_contiguous(memory_format=torch.channels_last)
+    (tmp_path / "plain").mkdir()
+    plain = script_for(make_tuned(), tmp_path / "plain")
+    assert plain.to_device(images, "cpu").is_contiguous()
+
+
+def test_script_sets_the_allocator_before_cuda(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """At import, before any CUDA call: the user's other settings kept, ours replacing theirs."""
+    base = "max_split_size_mb:64,expandable_segments:False"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", base)
+    script_for(make_tuned(allocator="expandable_segments"), tmp_path)
+    tuned = Knobs(allocator="expandable_segments")
+    assert {"PYTORCH_CUDA_ALLOC_CONF": os.environ["PYTORCH_CUDA_ALLOC_CONF"]} == (
+        knobs.child_environment(tuned, {"PYTORCH_CUDA_ALLOC_CONF": base})) == {
+        "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64,expandable_segments:True"}
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", base)
+    (tmp_path / "default").mkdir()
+    script_for(make_tuned(), tmp_path / "default")
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == base  # the default allocator: untouched
+
+
+# ----------------------------------------------------------------------------------------------
 # Real runs, writing, the CLI
 
 
 @pytest.mark.subprocess
-@pytest.mark.parametrize("name", ["default-fp16", "file-fp32"])
+@pytest.mark.parametrize("name", ["default-fp16", "file-fp32", "default-ckpt-foreach"])
 def test_generated_script_runs(tmp_path: Path, name: str) -> None:
-    config = small(precision="fp16") if name == "default-fp16" else small(
-        workload=my_workload_spec())
+    config = {"default-fp16": small(precision="fp16"),
+              "file-fp32": small(workload=my_workload_spec()),
+              "default-ckpt-foreach": small(checkpointing="alternate",
+                                            optimizer_impl="foreach")}[name]
     script = api.write_train_script(config, tmp_path)
     result = subprocess.run([sys.executable, str(script), "--steps", "2", "--checkpoint",
                              "ck.pt"], cwd=tmp_path, capture_output=True, text=True,

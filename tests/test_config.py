@@ -11,7 +11,7 @@ from autotune.config import (
     GIB,
     MIB,
     DeviceInfo,
-    MemoryClass,
+    Knobs,
     MemoryProbe,
     ProbeReport,
     ProbeStep,
@@ -114,15 +114,16 @@ def test_non_finite_floats_survive_json() -> None:
 
 def test_trial_spec_round_trip() -> None:
     spec = TrialSpec(workload=WorkloadSpec(kind="hf", target="gpt2", seq_len=256),
-                     device="cpu", micro_batch=4, precision="bf16", compile_mode="default",
+                     device="cpu", micro_batch=4,
+                     knobs=Knobs(precision="bf16", compile_mode="default"),
                      memory_budget_bytes=2 * GIB, max_timed_s=None)
     assert _round_trip(spec) == spec
 
 
 def test_probe_report_round_trip() -> None:
-    mc = MemoryClass(precision="fp32", compile_mode="off")
+    mc = Knobs(precision="fp32", compile_mode="off")
     probe = MemoryProbe(
-        memory_class=mc, max_micro_batch=4, peak_bytes=60 * MIB, budget_bytes=100 * MIB,
+        knobs=mc, max_micro_batch=4, peak_bytes=60 * MIB, budget_bytes=100 * MIB,
         usable_bytes=90 * MIB, candidates=(1, 2, 4, 8),
         steps=(ProbeStep(micro_batch=8, status="oom", peak_bytes=None, fits=False),
                ProbeStep(micro_batch=4, status="ok", peak_bytes=60 * MIB, fits=True,

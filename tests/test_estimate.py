@@ -17,12 +17,19 @@ from typer.testing import CliRunner
 
 from autotune import api
 from autotune.cli import app
-from autotune.config import GIB, MIB, TrialSpec, WorkloadSpec
+from autotune.config import GIB, MIB, TrialSpec, WorkloadSpec, from_json_dict, to_json_dict
 from autotune.errors import ConfigError, WorkloadError
-from autotune.estimate import MAX_GROWTH, Calibration, estimate_step, largest_fitting
+from autotune.estimate import (
+    MAX_GROWTH,
+    Calibration,
+    EstimateRequest,
+    estimate_step,
+    largest_fitting,
+)
+from autotune.knobs import Knobs
 from autotune.runner import run_isolated
 from autotune.testing import assert_fits
-from autotune.workload import Workload, default_workload
+from autotune.workload import TinyGPT, Workload, default_workload
 from tests.tuned_configs import make_tuned, write
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,16 +37,35 @@ runner = CliRunner()
 
 
 def tuned_json(tmp_path: Path, *, micro_batch: int = 8, budget: int = 4 * GIB,
-               calibration: dict | None = None) -> Path:
-    """A real autotune.json (schema 1) for the default CPU workload, fp32 eager, target 32."""
+               calibration: dict | None = None, knobs: Knobs = Knobs(),
+               name: str = "autotune.json") -> Path:
+    """A real autotune.json for the default CPU workload (fp32 eager unless ``knobs``), target
+    32."""
     base = make_tuned()
     config = dataclasses.replace(
         base, target_batch=32, micro_batch=micro_batch, accumulate_steps=32 // micro_batch,
-        precision="fp32", compile_mode="off",
+        knobs=knobs,
         memory=dataclasses.replace(base.memory, device_total_bytes=budget, budget_bytes=budget,
                                    usable_bytes=max(int(budget * 0.9), 0),
                                    calibration=calibration or {}))
-    return write(config, tmp_path / "autotune.json")
+    return write(config, tmp_path / name)
+
+
+def deep_gpt(num_layers: int = 4) -> Workload:
+    """A TinyGPT of ``num_layers`` repeated blocks, small enough to trace in a fraction of a
+    second."""
+    vocab_size, seq_len = 256, 64
+
+    def make_batch(micro_batch: int) -> dict:
+        import torch
+
+        ids = torch.randint(0, vocab_size, (micro_batch, seq_len))
+        return {"input_ids": ids, "labels": ids}
+
+    return Workload(name=f"gpt-{num_layers}-layers",
+                    build_model=lambda: TinyGPT(vocab_size=vocab_size, seq_len=seq_len, dim=64,
+                                                num_layers=num_layers, num_heads=4),
+                    make_batch=make_batch, loss=lambda model, batch: model(**batch))
 
 
 @pytest.mark.subprocess
@@ -215,6 +241,15 @@ def test_bad_settings_are_config_errors():
         api.estimate(micro_batch=1, device_memory="lots")
     with pytest.raises(ConfigError):
         api.estimate(micro_batch=1, device_memory="1GiB", precision="fp8")
+    with pytest.raises(ConfigError, match="not both"):
+        api.estimate(micro_batch=1, device_memory="1GiB", precision="bf16",
+                     knobs=Knobs(precision="bf16"))
+    with pytest.raises(ConfigError, match="checkpointing 'every'"):
+        api.estimate(micro_batch=1, device_memory="1GiB",
+                     knobs=Knobs(checkpointing="every"))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="not both"):
+        assert_fits(deep_gpt(), micro_batch=1, device_memory="1GiB", precision="bf16",
+                    knobs=Knobs(), kernels="cpu")
 
 
 @pytest.mark.subprocess
@@ -223,12 +258,13 @@ def test_a_20b_parameter_model_is_estimated_without_allocating_it():
         "import resource, transformers\n"
         "from autotune.workload import Workload\n"
         "from autotune.estimate import estimate_step\n"
+        "from autotune.knobs import Knobs\n"
         "cfg = transformers.GPT2Config(n_layer=6, n_embd=16384, n_head=128, n_positions=512,"
         " vocab_size=50257)\n"
         "w = Workload(name='20b', build_model=lambda: transformers.GPT2LMHeadModel(cfg),"
         " make_batch=lambda m: {'input_ids': __import__('torch').randint(0, 50257, (m, 512)),"
         " 'labels': __import__('torch').randint(0, 50257, (m, 512))})\n"
-        "e = estimate_step(w, 1, precision='bf16')\n"
+        "e = estimate_step(w, 1, knobs=Knobs(precision='bf16'))\n"
         "print(e.num_parameters, e.peak_bytes,"
         " resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)\n"
     )
@@ -289,3 +325,201 @@ def test_calibration_separates_the_growth_from_the_constant():
     # At 64 the truth is 100 + 192 = 292 MiB; a ratio at 16 (148/72) would say 296 MiB, a
     # constant alone 76 + 128 = 204 MiB: far under.
     assert calibration.apply((40 + 128) * MIB) == pytest.approx(292 * MIB, rel=0.01)
+
+
+# ----------------------------------------------------------------------------------------------
+# Knobs: the step is traced as the knobs change it.
+
+
+def test_checkpointing_frees_the_blocks_activations():
+    """Measured (4 blocks, micro-batch 8, CPU kernels): peak 13.2 MiB off, 9.4 MiB alternate,
+    6.5 MiB blocks; activations alive at the peak 9.8 / 6.0 / 0.5 MiB. Checkpointing every
+    block keeps only the blocks' inputs; its recompute in backward is traced (the peak moves to
+    backward, with a block's recomputed tensors among the temporaries)."""
+    workload = deep_gpt(4)
+    step = {ckpt: estimate_step(workload, 8, knobs=Knobs(checkpointing=ckpt), kernels="cpu")
+            for ckpt in ("off", "alternate", "blocks")}
+    off, alternate, blocks = step["off"], step["alternate"], step["blocks"]
+    assert blocks.activations_bytes < alternate.activations_bytes < off.activations_bytes
+    assert blocks.peak_bytes < alternate.peak_bytes < off.peak_bytes
+    # Every second block checkpointed: about half the blocks' activations are freed.
+    freed = off.activations_bytes - blocks.activations_bytes
+    assert 0.35 < (off.activations_bytes - alternate.activations_bytes) / freed < 0.65
+    assert blocks.peak_phase == "backward" and blocks.temporaries_bytes > 0
+    assert blocks.parameters_bytes == off.parameters_bytes
+    assert blocks.knobs.checkpointing == "blocks" and blocks.precision == "fp32"
+    # The recompute's tensors are freed block by block: a deeper model keeps one more block
+    # input per block, never one more block's activations.
+    deeper = estimate_step(deep_gpt(8), 8, knobs=Knobs(checkpointing="blocks"), kernels="cpu")
+    per_block_activations = (off.activations_bytes - blocks.activations_bytes) / 4
+    assert deeper.activations_bytes - blocks.activations_bytes < per_block_activations
+
+
+def test_a_knob_the_workload_cannot_take_is_a_config_error():
+    import torch
+    from torch import nn
+
+    linear = Workload(name="linear", build_model=lambda: nn.Linear(4, 4),
+                      make_batch=lambda m: torch.randn(m, 4),
+                      loss=lambda model, batch: model(batch).mean())
+    with pytest.raises(ConfigError, match="no repeated blocks"):
+        estimate_step(linear, 2, knobs=Knobs(checkpointing="blocks"))
+    with pytest.raises(ConfigError, match="2-D convolutions"):
+        estimate_step(linear, 2, knobs=Knobs(memory_format="channels_last"))
+
+
+def wide_linear() -> Workload:
+    """Parameters far larger than the activations: the optimizer step is the peak."""
+    import torch
+    from torch import nn
+
+    return Workload(
+        name="wide", build_model=lambda: nn.Sequential(*(nn.Linear(512, 512) for _ in range(3))),
+        make_batch=lambda m: torch.randn(m, 512),
+        loss=lambda model, batch: model(batch).square().mean())
+
+
+def test_optimizer_implementations_hold_their_own_temporaries():
+    """AdamW's step, measured in parameter sizes P beyond the parameters and gradients: the
+    for-loop holds the two moments and two temporaries of one tensor (2.67 P), foreach a
+    temporary of every parameter at once (3.00 P), fused none (2.00 P, and its peak is the
+    backward). CUDA picks foreach for an optimizer left to choose; a CPU the for-loop."""
+    workload = wide_linear()
+    params = 3 * (512 * 512 + 512) * 4
+
+    def step(impl: str, kernels: str = "cpu"):
+        return estimate_step(workload, 1, knobs=Knobs(optimizer_impl=impl), kernels=kernels)
+
+    loop, foreach, fused = step("for-loop"), step("foreach"), step("fused")
+    assert foreach.peak_bytes > loop.peak_bytes > fused.peak_bytes
+    assert foreach.peak_phase == loop.peak_phase == "optimizer step"
+    assert foreach.optimizer_bytes - loop.optimizer_bytes == pytest.approx(params / 3, rel=0.01)
+    assert fused.optimizer_bytes == pytest.approx(2 * params, rel=0.001)
+    assert step("default", "cpu").peak_bytes == loop.peak_bytes
+    assert step("default", "cuda").peak_bytes == foreach.peak_bytes
+
+
+def tiny_cnn(seen: list[tuple[bool, bool]]) -> Workload:
+    """A two-convolution CNN on 32x32 images; each loss call appends whether its images and
+    first convolution's weight were channels-last to ``seen``."""
+    import torch
+    from torch import nn
+
+    def loss(model: nn.Module, batch: tuple) -> torch.Tensor:
+        nhwc = torch.channels_last
+        seen.append((batch[0].is_contiguous(memory_format=nhwc),
+                     model[0].weight.is_contiguous(memory_format=nhwc)))
+        return nn.functional.cross_entropy(model(batch[0]), batch[1])
+
+    return Workload(
+        name="tiny-cnn",
+        build_model=lambda: nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8),
+                                          nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
+                                          nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                                          nn.Linear(8, 10)),
+        make_batch=lambda m: (torch.randn(m, 3, 32, 32), torch.randint(0, 10, (m,))),
+        loss=loss)
+
+
+def test_channels_last_traces_with_the_same_memory():
+    """``Module.to(memory_format=...)`` cannot swap fake parameters: the estimator converts them
+    in place; channels-last changes the layout, not the bytes."""
+    seen: list[tuple[bool, bool]] = []
+    workload = tiny_cnn(seen)
+    contiguous = estimate_step(workload, 4, knobs=Knobs(), kernels="cpu")
+    assert seen == [(False, False)] * 2
+    nhwc = estimate_step(workload, 4, knobs=Knobs(memory_format="channels_last"),
+                         kernels="cpu")
+    assert seen[2:] == [(True, True)] * 2  # both micro-batches, and the model
+    assert nhwc.knobs.memory_format == "channels_last"
+    assert nhwc.activations_bytes == contiguous.activations_bytes
+    assert nhwc.inputs_bytes == contiguous.inputs_bytes  # the contiguous originals are freed
+    assert nhwc.peak_bytes == contiguous.peak_bytes
+
+
+def test_the_request_travels_to_a_child_with_its_knobs():
+    knobs = Knobs(precision="bf16", checkpointing="alternate", optimizer_impl="fused",
+                  memory_format="channels_last", allocator="expandable_segments")
+    request = EstimateRequest(micro_batch=2, device_memory_bytes=GIB, knobs=knobs)
+    data = json.loads(json.dumps(to_json_dict(request)))
+    assert from_json_dict(EstimateRequest, data) == request
+
+
+def test_check_estimates_a_checkpointed_config_as_checkpointed(tmp_path):
+    """An autotune.json tuned with checkpointing=blocks is checked with its blocks
+    checkpointed, and corrected by the calibration stored under its own label."""
+    workload = default_workload("cpu")  # its two blocks
+    ckpt = Knobs(checkpointing="blocks")
+    plain = api.check(tuned_json(tmp_path, micro_batch=16, name="plain.json"), measure=False,
+                      workload=workload)
+    checkpointed = api.check(tuned_json(tmp_path, micro_batch=16, knobs=ckpt), measure=False,
+                             workload=workload)
+    direct = estimate_step(workload, 16, knobs=ckpt, kernels="cpu")
+    assert checkpointed.peak_bytes == direct.peak_bytes < plain.peak_bytes
+    assert "(fp32/off+ckpt=blocks)" in checkpointed.message
+
+    # Between the two peaks: the checkpointed config fits where the plain one does not.
+    budget = int((checkpointed.peak_bytes + plain.peak_bytes) / 2 / 0.9)
+    assert api.check(tuned_json(tmp_path, micro_batch=16, knobs=ckpt, budget=budget),
+                     measure=False, workload=workload).fits
+    assert not api.check(tuned_json(tmp_path, micro_batch=16, budget=budget, name="p.json"),
+                         measure=False, workload=workload).fits
+
+    record = {"measured_peak_bytes": direct.peak_bytes + 10 * MIB,
+              "estimate_bytes": direct.peak_bytes, "micro_batch": 16}
+    own = api.check(tuned_json(tmp_path, micro_batch=16, knobs=ckpt,
+                               calibration={ckpt.label(): record}),
+                    measure=False, workload=workload)
+    assert own.peak_bytes == direct.peak_bytes + 10 * MIB
+    assert "corrected by fp32/off+ckpt=blocks's measurement" in _words(own.message)
+    other = api.check(tuned_json(tmp_path, micro_batch=16, knobs=ckpt,
+                                 calibration={"fp32/off": record}),
+                      measure=False, workload=workload)
+    assert other.peak_bytes == direct.peak_bytes  # another setting's measurement is not used
+
+
+@pytest.mark.subprocess
+def test_check_measures_a_checkpointed_config_as_checkpointed(tmp_path):
+    """A real step of the config's knobs (a CPU config: the CPU is its device). Measured:
+    micro-batch 8 peaks at 27.6 MiB checkpointed, 43.5 MiB not."""
+    ckpt = Knobs(checkpointing="blocks")
+    plain = api.check(tuned_json(tmp_path, name="plain.json"), measure=True)
+    checkpointed = api.check(tuned_json(tmp_path, knobs=ckpt), measure=True)
+    assert plain.method == checkpointed.method == "measure"
+    assert checkpointed.peak_bytes < plain.peak_bytes - 8 * MIB
+    assert "measured on the device (fp32/off+ckpt=blocks)" in checkpointed.message
+
+
+def test_assert_fits_with_knobs():
+    workload = deep_gpt(4)
+    off = estimate_step(workload, 8, kernels="cuda").peak_bytes
+    blocks = estimate_step(workload, 8, knobs=Knobs(checkpointing="blocks")).peak_bytes
+    memory = int((off + blocks) / 2 / 0.9)
+    assert assert_fits(workload, micro_batch=8, device_memory=memory,
+                       knobs=Knobs(checkpointing="blocks")).peak_bytes == blocks
+    with pytest.raises(AssertionError, match=r"does not fit: micro-batch 8 x 1 \(fp32/off\)"):
+        assert_fits(workload, micro_batch=8, device_memory=memory)
+    with pytest.raises(AssertionError, match=r"\(bf16/default\).*compile mode default"):
+        assert_fits(workload, micro_batch=8, device_memory=blocks // 2, precision="bf16",
+                    compile_mode="default")
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+@pytest.mark.parametrize("checkpointing", ["blocks", "alternate"])
+def test_a_checkpointed_estimate_matches_a_real_cpu_step(checkpointing):
+    """The growth from micro-batch 8 to 32 of a real checkpointed CPU step (the default
+    workload's two blocks), within 5%. Measured: blocks 41.9 MiB traced vs 41.8 MiB real,
+    alternate 64.5 vs 65.6 MiB (off: 87.1 vs 87.3)."""
+    knobs = Knobs(checkpointing=checkpointing)
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = "131072"
+    try:
+        real = {m: run_isolated(TrialSpec(workload=WorkloadSpec(), device="cpu", micro_batch=m,
+                                          knobs=knobs)) for m in (8, 32)}
+    finally:
+        del os.environ["MALLOC_MMAP_THRESHOLD_"]
+    assert all(r.ok for r in real.values()), [r.message for r in real.values()]
+    est = {m: estimate_step(default_workload("cpu"), m, knobs=knobs, kernels="cpu")
+           for m in (8, 32)}
+    growth = real[32].peak_bytes - real[8].peak_bytes
+    assert abs((est[32].peak_bytes - est[8].peak_bytes) / growth - 1) < 0.05, (est, real)

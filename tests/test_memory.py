@@ -6,14 +6,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from autotune.config import MIB, MemoryClass, ProbeStep, TrialResult, TrialSpec, WorkloadSpec
+from autotune.config import MIB, Knobs, ProbeStep, TrialResult, TrialSpec, WorkloadSpec
 from autotune.memory import _fit_line, _next_probe, probe_memory, probe_spec
 from autotune.runner import run_isolated
 from autotune.space import divisors
 from tests.conftest import workload_target
 
 TINY = WorkloadSpec(kind="file", target=workload_target("tiny"))
-FP32 = MemoryClass(precision="fp32", compile_mode="off")
+FP32 = Knobs(precision="fp32", compile_mode="off")
 CANDIDATES = divisors(12)  # 1, 2, 3, 4, 6, 12
 BOUNDARY = 4  # the usable budget is put between the peaks of 4 and 6
 

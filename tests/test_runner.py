@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config import MIB, ChildRun, TrialResult, TrialSpec, WorkloadSpec
+from autotune.config import MIB, ChildRun, Knobs, TrialResult, TrialSpec, WorkloadSpec
 from autotune.runner import run_in_child, run_isolated
 from tests.conftest import ROOT, workload_target
 
@@ -341,7 +341,7 @@ def test_no_child_outlives_its_parent(sig: signal.Signals) -> None:
 
 @pytest.mark.slow
 def test_compiled_trial_counts_its_graphs() -> None:
-    result = run_isolated(_spec("tiny", 1, compile_mode="default", num_timed_steps=3))
+    result = run_isolated(_spec("tiny", 1, knobs=Knobs(compile_mode="default"), num_timed_steps=3))
     assert result.status == "ok", result.message
     assert result.num_graphs is not None and result.num_graphs > 0
     assert result.compile_s is not None and result.compile_s > 0
@@ -350,7 +350,8 @@ def test_compiled_trial_counts_its_graphs() -> None:
 
 @pytest.mark.slow
 def test_a_graph_break_is_counted() -> None:
-    result = run_isolated(_spec("graph_break", 1, compile_mode="default", num_timed_steps=2))
+    result = run_isolated(_spec("graph_break", 1, knobs=Knobs(compile_mode="default"),
+                                num_timed_steps=2))
     assert result.status == "ok", result.message
     assert result.num_graph_breaks is not None and result.num_graph_breaks >= 1
     assert result.num_graphs is not None and result.num_graphs >= 1
@@ -389,7 +390,7 @@ def test_compile_threads_do_not_count_as_training_memory() -> None:
     # space each) must land in the child's baseline, not in its measured peak.
     import os
 
-    spec = _spec("tiny", 1, compile_mode="default", memory_budget_bytes=512 * MIB)
+    spec = _spec("tiny", 1, knobs=Knobs(compile_mode="default"), memory_budget_bytes=512 * MIB)
     peaks = {}
     for threads in ("1", "2"):
         os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = threads

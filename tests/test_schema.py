@@ -5,6 +5,7 @@ generated script never turns one of its values into code (property-based, with h
 from __future__ import annotations
 
 import ast
+import copy
 import json
 import os
 import stat
@@ -24,7 +25,8 @@ from autotune.cli import app
 from autotune.codegen import SCRIPT_NAME, render_train_script
 from autotune.config import WorkloadSpec, to_json_dict
 from autotune.errors import ConfigError, OutputExistsError
-from autotune.schema import read_tuned, save_tuned, write_json_atomic
+from autotune.knobs import Knobs
+from autotune.schema import SCHEMA_VERSION, read_tuned, save_tuned, write_json_atomic
 from tests.tuned_configs import REPO, make_tuned, my_workload_spec, write
 
 runner = CliRunner()
@@ -62,10 +64,21 @@ def test_written_config_reads_back_equal(tmp_path: Path) -> None:
         assert read_tuned(path) == config
 
 
+def _schema_1(data: dict[str, Any]) -> dict[str, Any]:
+    """A schema 2 file's JSON as schema 1 wrote it: precision and compile mode at the top and
+    in each trial, no other knob, no fragmentation_bytes."""
+    def moved(holder: dict[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in holder.items() if k not in ("knobs", "fragmentation_bytes")}
+        return {**out, "precision": holder["knobs"]["precision"],
+                "compile_mode": holder["knobs"]["compile_mode"]}
+
+    return {**moved(data), "schema": 1, "trials": [moved(t) for t in data["trials"]]}
+
+
 def test_file_of_an_earlier_version_reads(tmp_path: Path) -> None:
     """Schema 1 as written before validation: non-finite floats as strings, ints where floats
-    go, optional fields left out."""
-    data = _json(make_tuned())
+    go, optional fields left out; its precision and compile mode move into knobs."""
+    data = _schema_1(_json(make_tuned()))
     data["break_even_steps"] = "inf"
     data["speedup"] = "nan"
     data["samples_per_s"] = 1210
@@ -76,6 +89,31 @@ def test_file_of_an_earlier_version_reads(tmp_path: Path) -> None:
     config = read_tuned(_write_json(data, tmp_path / "autotune.json"))
     assert config.break_even_steps == float("inf") and config.samples_per_s == 1210.0
     assert config.memory.headroom == 0.0 and config.trials[0].num_runs == 1
+    assert config.knobs == Knobs(precision="bf16", compile_mode="default")
+    assert [t.knobs for t in config.trials] == [t.knobs for t in make_tuned().trials]
+    assert config.schema == SCHEMA_VERSION == 2 and config.memory_class() == "bf16/default"
+
+
+def test_schema_1_file_reads_as_written(tmp_path: Path) -> None:
+    """A schema 1 file reads into what this autotune writes (knobs at their defaults)."""
+    config = make_tuned()
+    assert read_tuned(_write_json(_schema_1(_json(config)), tmp_path / "a.json")) == config
+
+
+def test_schema_1_problems_name_the_files_own_fields(tmp_path: Path) -> None:
+    data = _schema_1(_json(make_tuned()))
+    data["precision"] = "fp64"
+    data["trials"][2]["compile_mode"] = "warp"
+    del data["trials"][1]["precision"]
+    data["trials"][3]["knobs"] = {"checkpointing": "blocks"}
+    with pytest.raises(ConfigError) as info:
+        read_tuned(_write_json(data, tmp_path / "autotune.json"))
+    problems = _problems(str(info.value))
+    assert sorted(p.split(": ")[0] for p in problems) == [
+        "precision", "trials[1].precision", "trials[2].compile_mode", "trials[3].knobs"]
+    assert "trials[1].precision: missing (this field is required)" in problems
+    assert any(p.startswith("trials[3].knobs: got {'checkpointing': 'blocks'}: unknown field "
+                            "(not part of schema 1)") for p in problems), problems
 
 
 # ----------------------------------------------------------------------------------------------
@@ -87,9 +125,24 @@ def test_file_of_an_earlier_version_reads(tmp_path: Path) -> None:
     ("micro_batch", 0, "micro_batch: got 0: Input should be greater than or equal to 1"),
     ("micro_batch", -8, "micro_batch: got -8: Input should be greater than or equal to 1"),
     ("micro_batch", 8.0, "micro_batch: got 8.0: Input should be a valid integer"),
-    ("precision", "fp64", "precision: got 'fp64': Input should be 'fp32', 'tf32', 'bf16' or "
-                          "'fp16'"),
-    ("compile_mode", "warp", "compile_mode: got 'warp': Input should be 'off', 'default'"),
+    ("knobs.precision", "fp64", "knobs.precision: got 'fp64': Input should be 'fp32', 'tf32', "
+                                "'bf16' or 'fp16'"),
+    ("knobs.compile_mode", "warp", "knobs.compile_mode: got 'warp': Input should be 'off', "
+                                   "'default'"),
+    ("knobs.checkpointing", "sometimes", "knobs.checkpointing: got 'sometimes': Input should be "
+                                         "'off', 'blocks' or 'alternate'"),
+    ("knobs.optimizer_impl", "apex", "knobs.optimizer_impl: got 'apex': Input should be "
+                                     "'default', 'for-loop', 'foreach' or 'fused'"),
+    ("knobs.memory_format", 4, "knobs.memory_format: got 4: Input should be 'contiguous' or "
+                               "'channels_last'"),
+    ("knobs.allocator", "", "knobs.allocator: got '': Input should be 'default' or "
+                            "'expandable_segments'"),
+    ("knobs.offload", True, "knobs.offload: got True: unknown field (not part of schema 2)"),
+    ("knobs", "bf16/default", "knobs: got 'bf16/default': Input should be an object"),
+    ("precision", "bf16", "precision: got 'bf16': unknown field (not part of schema 2)"),
+    ("trials.0.verdict", "unsupported", None),
+    ("trials.0.fragmentation_bytes", -1, "trials[0].fragmentation_bytes: got -1: Input should "
+                                         "be greater than or equal to 0"),
     ("interrupted", 1, "interrupted: got 1: Input should be a valid boolean"),
     ("workload", "list", "workload: got 'list': Input should be an object"),
     ("workload", ["l", "i"], "workload: got ['l', 'i']: Input should be an object"),
@@ -98,10 +151,18 @@ def test_file_of_an_earlier_version_reads(tmp_path: Path) -> None:
     ("workload_name", None, "workload_name: got None: Input should be a valid string"),
 ])
 def test_bad_field_is_named_with_value_and_reason(tmp_path: Path, field: str, value: Any,
-                                                  expected: str) -> None:
+                                                  expected: str | None) -> None:
+    """``expected`` None: the value is valid."""
     data = _json(make_tuned())
-    data[field] = value
+    *parents, name = field.split(".")
+    holder = data
+    for key in parents:
+        holder = holder[int(key) if key.isdigit() else key]
+    holder[name] = value
     path = _write_json(data, tmp_path / "autotune.json")
+    if expected is None:
+        assert read_tuned(path)
+        return
     with pytest.raises(ConfigError) as info:
         read_tuned(path)
     message = str(info.value)
@@ -113,8 +174,8 @@ def test_bad_field_is_named_with_value_and_reason(tmp_path: Path, field: str, va
 def test_all_problems_at_once_with_dotted_paths(tmp_path: Path) -> None:
     data = _json(make_tuned())
     data["micro_batch"] = "eight"
-    data["precision"] = "fp64"
-    data["trials"][2]["compile_mode"] = "warp"
+    data["knobs"]["precision"] = "fp64"
+    data["trials"][2]["knobs"]["compile_mode"] = "warp"
     data["memory"]["headroom"] = 1.5
     data["memory"]["max_micro_batch"]["fp32/off"] = -1
     data["device"]["device"] = "tpu"
@@ -126,7 +187,7 @@ def test_all_problems_at_once_with_dotted_paths(tmp_path: Path) -> None:
     problems = _problems(str(info.value))
     assert f"({len(problems)} problems)" in str(info.value)
     assert sorted(p.split(": ")[0] for p in problems) == sorted([
-        "micro_batch", "precision", "trials[2].compile_mode", "memory.headroom",
+        "micro_batch", "knobs.precision", "trials[2].knobs.compile_mode", "memory.headroom",
         "memory.max_micro_batch['fp32/off']", "device.device", "workload.extra", "created_at"])
     assert "created_at: missing (this field is required)" in problems
 
@@ -169,11 +230,12 @@ def test_rules_between_fields(tmp_path: Path, edit: Any, expected: str) -> None:
 
 
 @pytest.mark.parametrize(("schema", "expected"), [
-    ("1", "the field 'schema' must be the number 1, got the string '1'"),
-    (True, "the field 'schema' must be the number 1, got true"),
-    (1.0, "the field 'schema' must be the number 1, got the number 1.0"),
-    (None, "the field 'schema' must be the number 1, got null"),
-    (2, "has schema 2; this autotune reads schema 1: upgrade autotune"),
+    ("2", "the field 'schema' must be the number 2, got the string '2'"),
+    (True, "the field 'schema' must be the number 2, got true"),
+    (2.0, "the field 'schema' must be the number 2, got the number 2.0"),
+    (None, "the field 'schema' must be the number 2, got null"),
+    (3, "has schema 3; this autotune reads schema 1 and 2: upgrade autotune"),
+    (0, "has schema 0; this autotune reads schema 1 and 2: re-run `autotune search`"),
 ])
 def test_schema_field(tmp_path: Path, schema: Any, expected: str) -> None:
     data = _json(make_tuned())
@@ -215,7 +277,7 @@ def test_cli_rejects_with_exit_2_and_no_traceback(tmp_path: Path) -> None:
     data = _json(make_tuned())
     data["micro_batch"] = "eight"
     data["workload_name"] = "[/] :smile: [bold]"  # rich markup in a value prints as typed
-    data["precision"] = "[/]"
+    data["knobs"]["precision"] = "[/]"
     path = _write_json(data, tmp_path / "autotune.json")
     for command in ("check", "codegen", "codegen"):
         result = runner.invoke(app, [command, str(path), "--out", str(tmp_path)] if
@@ -224,17 +286,18 @@ def test_cli_rejects_with_exit_2_and_no_traceback(tmp_path: Path) -> None:
         assert isinstance(result.exception, SystemExit), result.exception
         output = _words(result.output)
         assert f"{INVALID} (2 problems): micro_batch: got 'eight'" in output
-        assert "precision: got '[/]'" in output
+        assert "knobs.precision: got '[/]'" in output
     assert not (tmp_path / SCRIPT_NAME).exists()
 
 
-def test_injection_in_precision_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("knob", ["precision", "checkpointing", "optimizer_impl", "allocator"])
+def test_injection_in_a_knob_is_refused(tmp_path: Path, knob: str) -> None:
     data = _json(make_tuned())
-    data["precision"] = 'fp32"; import os; os.system("touch PWNED") #'
+    data["knobs"][knob] = 'fp32"; import os; os.system("touch PWNED") #'
     path = _write_json(data, tmp_path / "autotune.json")
     result = runner.invoke(app, ["codegen", str(path), "--out", str(tmp_path)])
     assert result.exit_code == 2 and INVALID in result.output
-    assert "precision: got 'fp32\"; import os; os.system(" in _words(result.output)
+    assert f"knobs.{knob}: got 'fp32\"; import os; os.system(" in _words(result.output)
     assert not (tmp_path / SCRIPT_NAME).exists() and not (tmp_path / "PWNED").exists()
 
 
@@ -243,9 +306,13 @@ def test_schema_command_prints_the_json_schema() -> None:
     assert result.exit_code == 0, result.output
     schema = json.loads(result.stdout)
     props = schema["properties"]
-    assert {"micro_batch", "target_batch", "precision", "workload", "trials"} <= set(props)
+    assert {"micro_batch", "target_batch", "knobs", "workload", "trials"} <= set(props)
+    assert "precision" not in props
     assert props["micro_batch"] == {"minimum": 1, "title": "Micro Batch", "type": "integer"}
-    assert props["precision"]["enum"] == ["fp32", "tf32", "bf16", "fp16"]
+    knobs = schema["$defs"]["Knobs"]["properties"]
+    assert knobs["precision"]["enum"] == ["fp32", "tf32", "bf16", "fp16"]
+    assert knobs["checkpointing"] == {"default": "off", "enum": ["off", "blocks", "alternate"],
+                                      "title": "Checkpointing", "type": "string"}
     assert schema["additionalProperties"] is False
     assert api.json_schema() == schema
 
@@ -329,7 +396,8 @@ NASTY = [
     'fp32"; import os; os.system("touch PWNED") #', 'evil"""\nimport os\nos.system("touch '
     'PWNED")\n"""', "back\\x slash", "\\x", "\\", "'''", '"', "\n", "\r", "\r\n#", "\u2028",
     "\x00", "\x0c", "é✓😀", "\ud800", "$workload", "${precision}", "%(prog)d", "[/]", ":smile:",
-    "{}", "cpu", "cuda:0", "cuda:-1", "bf16", "max-autotune", "inf", "-inf", "nan", "1", "",
+    "{}", "cpu", "cuda:0", "cuda:-1", "bf16", "max-autotune", "blocks", "alternate", "fused",
+    "foreach", "channels_last", "expandable_segments", "inf", "-inf", "nan", "1", "",
     "x.py:f", "/tmp/x.py:os.system", "m.py:f\nimport os", "some/model (masked-lm, seq 64)",
     "m (classifier, seq 99999999999999999999)", "m (causal-lm, seq ٣)", "x" * 300,
 ]
@@ -350,11 +418,13 @@ JSON_VALUES = st.one_of(
 )
 SCRIPT_FIELDS = [  # the values that reach the script: drawn as often as all others together
     ("workload_name",), ("workload", "target"), ("workload", "seq_len"), ("workload", "kind"),
-    ("workload", "pretrained"), ("precision",), ("compile_mode",), ("micro_batch",),
-    ("target_batch",), ("world_size",), ("accumulate_steps",), ("device", "device"),
-    ("device", "name"), ("device", "torch_version"), ("autotune_version",), ("created_at",),
-    ("reason",), ("trials", 1, "precision"), ("trials", 3, "compile_s"), ("speedup",),
-    ("break_even_steps",), ("memory", "headroom"), ("memory", "max_micro_batch"),
+    ("workload", "pretrained"), ("knobs",), ("knobs", "precision"), ("knobs", "compile_mode"),
+    ("knobs", "checkpointing"), ("knobs", "optimizer_impl"), ("knobs", "memory_format"),
+    ("knobs", "allocator"), ("micro_batch",), ("target_batch",), ("world_size",),
+    ("accumulate_steps",), ("device", "device"), ("device", "name"), ("device", "torch_version"),
+    ("autotune_version",), ("created_at",), ("reason",), ("trials", 1, "knobs", "precision"),
+    ("trials", 1, "knobs", "checkpointing"), ("trials", 3, "compile_s"), ("speedup",),
+    ("break_even_steps",), ("memory", "headroom"), ("memory", "max_micro_batch"), ("schema",),
 ]
 
 BASES = {
@@ -364,7 +434,12 @@ BASES = {
     "hf": make_tuned(workload=WorkloadSpec(kind="hf", target="some/model", seq_len=64),
                      workload_name="some/model (causal-lm, seq 64)"),
     "file": make_tuned(workload=my_workload_spec(), workload_name="mlp-classifier"),
+    "knobs": make_tuned(checkpointing="alternate", optimizer_impl="fused",
+                        memory_format="channels_last", allocator="expandable_segments"),
 }
+BASE_FILES = {**{name: _json(config) for name, config in BASES.items()},
+              "schema-1": _schema_1(_json(make_tuned()))}
+"""The JSON each fuzzed file starts from: what this autotune writes, and a schema 1 file."""
 
 
 class _Blank(ast.NodeTransformer):
@@ -375,6 +450,16 @@ class _Blank(ast.NodeTransformer):
 def skeleton(source: str) -> str:
     """The script's code with every literal blanked: what a config value must never change."""
     return ast.dump(_Blank().visit(ast.parse(source)))
+
+
+def test_knob_values_never_change_the_code() -> None:
+    """Every knob value is a literal in the same code: the fuzz test below relies on it."""
+    shapes = {skeleton(render_train_script(make_tuned(knobs=knobs))) for knobs in (
+        Knobs(), Knobs(checkpointing="blocks", optimizer_impl="foreach"),
+        Knobs(precision="fp16", compile_mode="max-autotune", checkpointing="alternate",
+              optimizer_impl="fused", memory_format="channels_last",
+              allocator="expandable_segments"))}
+    assert len(shapes) == 1
 
 
 def _skeletons() -> dict[str, set[str]]:
@@ -395,7 +480,7 @@ def _skeletons() -> dict[str, set[str]]:
 
 
 SKELETONS = _skeletons()
-PATHS = {name: [] for name in BASES}  # every (nested) key of each base, e.g. trials/0/precision
+PATHS = {name: [] for name in BASE_FILES}  # every (nested) key of each base, e.g. knobs/precision
 
 
 def _paths(data: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -409,8 +494,8 @@ def _paths(data: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     return out
 
 
-for _name, _base in BASES.items():
-    PATHS[_name] = _paths(_json(_base))
+for _name, _base in BASE_FILES.items():
+    PATHS[_name] = _paths(_base)
 
 
 TEXT_FIELDS = [  # strings of any content are valid here: these edits give accepted files
@@ -424,8 +509,8 @@ TEXT_FIELDS = [  # strings of any content are valid here: these edits give accep
 def fuzzed(draw: st.DrawFn) -> tuple[str, Any]:
     """A base config's JSON with 1 to 3 fields replaced, deleted or added; or, for a third of
     the cases, only text fields set to hostile text (files that should be accepted)."""
-    name = draw(st.sampled_from(sorted(BASES)))
-    data = _json(BASES[name])
+    name = draw(st.sampled_from(sorted(BASE_FILES)))
+    data = copy.deepcopy(BASE_FILES[name])
     if draw(st.integers(0, 2)) == 0:
         for _ in range(draw(st.integers(1, 3))):
             parent, *keys = draw(st.sampled_from(TEXT_FIELDS))

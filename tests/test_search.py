@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from autotune import api
 from autotune.cli import app
-from autotune.config import MemoryClass, ProbeReport, TrialSpec, WorkloadSpec
+from autotune.config import Knobs, ProbeReport, TrialSpec, WorkloadSpec
 from autotune.device import describe_device
 from autotune.errors import ConfigError
 from autotune.runner import run_isolated
@@ -27,7 +27,7 @@ from autotune.search import CONSTRAINT, SearchSettings, run_search
 ROOT = Path(__file__).resolve().parent.parent
 TINY = WorkloadSpec(kind="file", target=str(ROOT / "tests" / "workloads.py") + ":tiny")
 FAST = SearchSettings(num_timed_steps=3, min_timed_s=0.2, micro_batches_per_class=2, num_confirm=1)
-FP32_EAGER = MemoryClass(precision="fp32", compile_mode="off")
+FP32_EAGER = Knobs(precision="fp32", compile_mode="off")
 
 
 class Recorder:
@@ -48,7 +48,7 @@ def test_search_eager_and_compiled_writes_a_consistent_config(tmp_path: Path) ->
                         settings=FAST)
     config = read_tuned(tmp_path / "autotune.json")
     assert config == result.config
-    assert config.schema == 1
+    assert config.schema == 2
     assert config.micro_batch * config.accumulate_steps * config.world_size == 8
     assert config.workload_fingerprint and config.workload_name == "tiny-wide-mlp"
     assert set(config.memory.max_micro_batch) == {"fp32/off", "fp32/default"}
@@ -95,7 +95,7 @@ def test_probes_that_oom_are_recorded_infeasible(tmp_path: Path) -> None:
     assert by_mb[fits].verdict in ("ok", "slower") and by_mb[fits].is_baseline
     study = optuna.load_study(study_name="oom", storage=storage)
     trials = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
-    constraints = {t.params["candidate"]: t.constraints[CONSTRAINT] for t in trials}
+    constraints = {t.user_attrs["candidate"]: t.constraints[CONSTRAINT] for t in trials}
     assert constraints["fp32/off/16"] > 0
     assert constraints[f"fp32/off/{fits}"] == 0
     assert len(trials) == len(outcome.records)
@@ -284,3 +284,31 @@ def test_numerics_guard_compares_on_the_trials_own_batches(tmp_path: Path) -> No
     assert bf16 and all(t.verdict == "numerics" for t in bf16)
     assert "50.0% from fp32 eager's" in bf16[0].reason and "on the same batches" in bf16[0].reason
     assert result.config.precision == "fp32"
+
+
+@pytest.mark.subprocess
+def test_checkpointing_raises_the_largest_micro_batch_under_a_real_cap(tmp_path: Path) -> None:
+    # deep-mlp: 6 residual blocks, about 6.5 MiB a sample without checkpointing and 1.4 MiB
+    # with it (measured). Under an 80 MiB cap (72 MiB usable) fp32 eager fits 8 of the 32;
+    # the knob stage probes checkpointing because memory binds, and it fits all 32.
+    deep = WorkloadSpec(kind="file", target=str(ROOT / "tests" / "workloads.py") + ":deep")
+    settings = dataclasses.replace(FAST, num_confirm=0, micro_batches_per_class=1)
+    result = api.search(
+        deep, target_batch=32, device="cpu", memory_budget="80MiB", precisions=["fp32"],
+        compile_modes=["off"], knob_values={"checkpointing": ["off", "blocks"],
+                                            "optimizer_impl": ["default"]},
+        out=tmp_path, settings=settings)
+    largest = {p.knobs.label(): p.max_micro_batch for p in result.probe.probes}
+    assert largest["fp32/off"] == 8
+    assert largest["fp32/off+ckpt=blocks"] == 32
+    config = read_tuned(tmp_path / "autotune.json")
+    assert config.memory.max_micro_batch == largest
+    timed = {t.label(): t for t in config.trials}
+    assert timed["fp32/off+ckpt=blocks 32x1"].verdict in ("winner", "ok", "slower")
+    assert timed["fp32/off 8x4"].is_baseline
+    # Whichever won, it ran under the cap with its own knobs, and the script applies them.
+    winner = next(t for t in config.trials if t.verdict == "winner")
+    assert (config.knobs, config.micro_batch) == (winner.knobs, winner.micro_batch)
+    assert config.memory.peak_bytes <= config.memory.usable_bytes
+    script = (tmp_path / "train_autotuned.py").read_text()
+    assert f'checkpointing = "{config.knobs.checkpointing}"' in script

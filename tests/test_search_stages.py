@@ -18,12 +18,14 @@ import pytest
 
 from autotune.config import (
     MIB,
+    MIN_STEPS_TO_STOP,
     DeviceInfo,
-    MemoryClass,
+    Knobs,
     ProbeReport,
     TrialResult,
     TrialSpec,
     WorkloadSpec,
+    WorkloadTraits,
 )
 from autotune.search import SearchSettings, run_search
 
@@ -33,7 +35,7 @@ GPU = DeviceInfo(device="cuda:0", name="scripted GPU", total_memory_bytes=2000 *
 BUDGET = 1000 * MIB  # usable 900 MiB: micro-batch 32 fits (740 MiB), 64 does not (1380 MiB)
 SETTINGS = SearchSettings(num_timed_steps=5)
 MODES = ("off", "default", "max-autotune")
-CLASSES = [MemoryClass(precision=p, compile_mode=m)  # type: ignore[arg-type]
+CLASSES = [Knobs(precision=p, compile_mode=m)  # type: ignore[arg-type]
            for p in ("fp32", "bf16") for m in MODES]
 
 
@@ -67,11 +69,13 @@ class ScriptedDevice:
         info = {"samples_per_step": spec.micro_batch * spec.accumulate_steps, "wall_s": 1.0}
         if peak > BUDGET:
             return TrialResult(status="oom", message="CUDA out of memory", **info)
-        sps = self.speed[spec.memory_class().label()] * self.shape(spec.micro_batch)
+        sps = self.speed[spec.knobs.label()] * self.shape(spec.micro_batch)
         step_s = info["samples_per_step"] / sps
         steps = spec.num_timed_steps  # 0: a memory probe only
         if spec.max_timed_s is not None:  # the child stops timing once over its limit
             steps = min(steps, math.floor(spec.max_timed_s / step_s) + 1)
+        if spec.stop_above_step_s is not None and step_s > spec.stop_above_step_s:
+            steps = min(steps, MIN_STEPS_TO_STOP)  # sequential stopping: clearly behind
         return TrialResult(status="ok", peak_bytes=peak, step_times_s=(step_s,) * steps,
                            first_loss=2.0, reference_loss=2.0,
                            num_graphs=None if spec.compile_mode == "off" else 1,
@@ -108,7 +112,7 @@ def test_baseline_first_then_each_class_from_the_boundary_found() -> None:
         "bf16/default/32", "bf16/default/64", "bf16/max-autotune/32", "bf16/max-autotune/64"]
     assert outcome.baseline is not None and outcome.baseline.key() == "fp32/off/32"
     assert records["fp32/off/32"].is_baseline and records["fp32/off/64"].verdict == "oom"
-    assert {p.memory_class.label(): p.max_micro_batch for p in outcome.probes} == {
+    assert {p.knobs.label(): p.max_micro_batch for p in outcome.probes} == {
         "fp32/off": 32, "bf16/off": 32, "fp32/default": 32, "bf16/default": 32,
         "bf16/max-autotune": 32}
     # Probes that timed nothing are not trials: no record, no throughput.
@@ -248,7 +252,7 @@ def test_ctrl_c_during_a_run_fails_its_trial_and_keeps_the_rest(tmp_path) -> Non
     assert "fp32/off/32" in records and "fp32/default/32" not in records
     # The study shows every run as it ended: none left running, the interrupted one failed.
     study = optuna.load_study(study_name="s", storage=storage)
-    states = [(t.params["candidate"], t.state.name) for t in study.trials]
+    states = [(t.user_attrs["candidate"], t.state.name) for t in study.trials]
     assert states == [
         ("fp32/off/64", "COMPLETE"), ("fp32/off/1", "PRUNED"), ("fp32/off/8", "PRUNED"),
         ("fp32/off/32", "COMPLETE"), ("bf16/off/32", "COMPLETE"), ("bf16/off/64", "COMPLETE"),
@@ -258,7 +262,7 @@ def test_ctrl_c_during_a_run_fails_its_trial_and_keeps_the_rest(tmp_path) -> Non
 def test_ctrl_c_right_after_the_baselines_trial_keeps_it() -> None:
     """The baseline's line is printed before its memory probe returns: a Ctrl-C in between
     still leaves a best so far (fp32 eager at its largest timed fit), not nothing."""
-    def on_step(memory_class: MemoryClass, step) -> None:
+    def on_step(knobs: Knobs, step) -> None:
         if step.timed and step.fits:  # fp32/off/32, the run that ends the baseline's probe
             raise KeyboardInterrupt
 
@@ -324,7 +328,7 @@ def test_a_run_cut_by_the_time_budget_stops_the_search_and_is_not_a_timeout_verd
 def test_a_timeout_within_the_budget_is_the_candidates_outcome() -> None:
     class Hangs(ScriptedDevice):
         def __call__(self, spec: TrialSpec) -> TrialResult:
-            if spec.memory_class().label() == "bf16/off":
+            if spec.knobs.label() == "bf16/off":
                 self.specs.append(spec)
                 return TrialResult(status="timeout", message="no result after 900 s; killed")
             return super().__call__(spec)
@@ -333,3 +337,115 @@ def test_a_timeout_within_the_budget_is_the_candidates_outcome() -> None:
     outcome, records = search(device, replace(SETTINGS, time_budget_s=3600.0, timeout_s=30.0))
     assert not outcome.interrupted
     assert records["bf16/off/32"].verdict == "timeout"
+
+
+def test_a_candidate_clearly_behind_stops_early_and_a_close_race_is_still_confirmed() -> None:
+    # fp32/default, timed when bf16/off leads at 200 samples/s, runs at 60: after 3 timed
+    # steps even its fastest step loses, so it stops there. bf16/default and
+    # bf16/max-autotune are within 2%: both are timed in full and re-measured before the pick.
+    device = ScriptedDevice(by_class(100, 60, 160, 200, 300, 306))
+    _, records = search(device)
+    behind = records["fp32/default/32"]
+    assert behind.verdict == "slower" and behind.num_timed_steps == MIN_STEPS_TO_STOP
+    assert "clearly behind" in behind.reason
+    close = [records["bf16/default/32"], records["bf16/max-autotune/32"]]
+    assert [r.num_timed_steps for r in close] == [SETTINGS.num_timed_steps] * 2
+    assert [r.num_runs for r in close] == [2, 2]  # the confirm stage re-measured both
+    assert records["bf16/max-autotune/32"].verdict == "ok"  # the pick is the api's
+    # Stopped runs say what stopped them: the spec carried the leader's step time + noise.
+    stopped = [s for s in device.specs
+               if s.knobs.label() == "fp32/default" and s.num_timed_steps]
+    leader_step_s = 64 / 200  # 64 samples a step at bf16/off's 200 samples/s
+    assert stopped and stopped[0].stop_above_step_s is not None
+    assert stopped[0].stop_above_step_s < 2 * leader_step_s
+
+
+# ----------------------------------------------------------------------------------------------
+# Stage 3: the further knobs, screened on the leader.
+
+VALUES = {"checkpointing": ("off", "blocks", "alternate"),
+          "optimizer_impl": ("default", "for-loop", "foreach", "fused"),
+          "memory_format": ("contiguous", "channels_last")}
+TRAITS = WorkloadTraits(num_blocks=4, blocks="4 x Block", optimizer="AdamW",
+                        optimizer_impls=("for-loop", "foreach", "fused"),
+                        optimizer_default="for-loop")
+
+
+@dataclass
+class KnobDevice(ScriptedDevice):
+    """A scripted device on which checkpointing frees memory and costs speed."""
+
+    ckpt_memory: dict[str, float] = field(default_factory=lambda: {
+        "off": 1.0, "alternate": 0.6, "blocks": 0.3})
+    """Share of the per-sample memory each checkpointing setting keeps."""
+    ckpt_speed: dict[str, float] = field(default_factory=lambda: {
+        "off": 1.0, "alternate": 0.9, "blocks": 0.8})
+    impl_speed: dict[str, float] = field(default_factory=lambda: {
+        "default": 1.0, "for-loop": 1.0, "foreach": 1.04, "fused": 1.1})
+
+    def __call__(self, spec: TrialSpec) -> TrialResult:
+        base = spec.knobs.with_(checkpointing="off", optimizer_impl="default")
+        keep = self.ckpt_memory[spec.knobs.checkpointing]
+        scaled = replace(spec, knobs=base)
+        result = ScriptedDevice(
+            speed={base.label(): self.speed[base.label()]
+                   * self.ckpt_speed[spec.knobs.checkpointing]
+                   * self.impl_speed[spec.knobs.optimizer_impl]},
+            shape=self.shape, peak_mib=lambda m: 100 + (self.peak_mib(m) - 100) * keep)(scaled)
+        self.specs.append(spec)
+        return replace(result, traits=TRAITS)
+
+
+def knob_search(device: KnobDevice):
+    outcome = run_search(plan(), CLASSES, SETTINGS, values=VALUES, run=device)
+    return outcome, {f"{r.knobs.label()}/{r.micro_batch}": r for r in outcome.records}
+
+
+def test_checkpointing_is_probed_where_memory_binds_and_wins_by_its_larger_micro_batch() -> None:
+    # 64 needs 1380 MiB of 900 usable without checkpointing; with blocks 100 + 1280 x 0.3.
+    # Checkpointing costs 20% of the speed, but 64 runs twice as fast per sample as 32 here:
+    # the larger micro-batch it allows wins, and becomes the leader the next knobs start from.
+    device = KnobDevice(by_class(100, 150, 160, 200, 300, 330),
+                        shape=lambda m: {64: 2.0}.get(m, 1 - 0.1 * math.log2(32 / m)))
+    outcome, records = knob_search(device)
+    probes = {p.knobs.label(): p.max_micro_batch for p in outcome.probes}
+    # Both settings are probed where memory binds; both fit the whole batch (alternate keeps
+    # 60%: 100 + 1280 x 0.6 = 868 of 900 MiB), and alternate, with less recompute, leads.
+    assert probes["bf16/max-autotune"] == 32
+    assert probes["bf16/max-autotune+ckpt=blocks"] == 64
+    assert probes["bf16/max-autotune+ckpt=alternate"] == 64
+    speed = {k: r.samples_per_s for k, r in records.items() if r.verdict in ("ok", "slower")}
+    assert speed["bf16/max-autotune+ckpt=alternate/64"] > speed["bf16/max-autotune+ckpt=blocks/64"]
+    assert speed["bf16/max-autotune+ckpt=blocks/64"] > speed["bf16/max-autotune/32"]
+    # The optimizer implementations are timed on the new leader at its micro-batch; the one
+    # the optimizer already runs (for-loop) is not timed again, and says why.
+    leader = "bf16/max-autotune+ckpt=alternate"
+    assert f"{leader}+opt=fused/64" in records and f"{leader}+opt=foreach/64" in records
+    assert f"{leader}+opt=for-loop/64" not in records
+    assert any("opt=for-loop not tried" in s and "already runs for-loop" in s
+               for s in outcome.skipped)
+    assert any("format=channels_last not tried" in s and "convolutions" in s
+               for s in outcome.skipped)
+    # Additive: the 5 settings of stages 1-2 (fp32/max-autotune was not tried), then 2
+    # checkpointing and 2 optimizer settings: the sum of the knobs' values, not their product.
+    assert len({r.knobs for r in outcome.records}) == 5 + 4
+
+
+def test_checkpointing_is_skipped_with_its_measured_reason_where_memory_does_not_bind() -> None:
+    device = KnobDevice(by_class(100, 150, 160, 200, 300, 330), peak_mib=lambda m: 100 + 5 * m)
+    outcome, records = knob_search(device)
+    assert not any("ckpt=" in key for key in records)
+    reason = next(s for s in outcome.skipped if "ckpt=blocks not tried" in s)
+    assert "whole per-device batch 64 at peak 420.00 MiB" in reason  # 100 + 5 * 64 MiB
+
+
+def test_when_fp32_eager_fits_nothing_checkpointing_is_the_baseline_offered() -> None:
+    # 1 sample needs 1020 MiB without checkpointing (over 900 usable); blocks keeps 30%.
+    device = KnobDevice(by_class(100, 150, 160, 200, 300, 330),
+                        peak_mib=lambda m: 100 + 920 * m)
+    outcome, records = knob_search(device)
+    assert outcome.baseline is not None
+    assert outcome.baseline.knobs.checkpointing == "blocks"
+    assert records[outcome.baseline.key()].is_baseline
+    assert any("fp32/off fits no micro-batch" in s and "ckpt=blocks" in s
+               for s in outcome.skipped)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.config import GIB, DeviceInfo, MemoryClass
+from autotune.config import GIB, DeviceInfo, Knobs
 from autotune.errors import ConfigError
 from autotune.space import (
     divisors,
@@ -56,7 +56,7 @@ def test_per_device_batch_errors(target: int, world: int, says: str) -> None:
     assert says in str(info.value)
 
 
-def _labels(classes: tuple[MemoryClass, ...]) -> list[str]:
+def _labels(classes: tuple[Knobs, ...]) -> list[str]:
     return [c.label() for c in classes]
 
 

@@ -14,11 +14,17 @@ import pytest
 import torch
 
 import autotune
-from autotune import api, trial
+from autotune import api, knobs
 from autotune.errors import ConfigError
+from autotune.knobs import Knobs
+from autotune.trial import train_step
 from autotune.usage import Tuned
-from autotune.workload import Workload
+from autotune.workload import TinyGPT, Workload
 from tests.tuned_configs import make_tuned, write
+
+CKPT = ("activation_checkpointing" if knobs._trainer_has_activation_checkpointing()
+        else "gradient_checkpointing")
+"""The TrainingArguments name of checkpointing in the installed transformers (renamed in 5)."""
 
 
 @pytest.fixture
@@ -33,13 +39,14 @@ def test_load_is_exported_lazily(config_path: Path, monkeypatch: pytest.MonkeyPa
     assert isinstance(cfg, autotune.Tuned)
     assert (cfg.micro_batch, cfg.accumulate_steps, cfg.precision, cfg.compile_mode) == (
         16, 4, "bf16", "default")
-    assert "micro_batch=16" in repr(cfg)
+    assert "micro_batch=16" in repr(cfg) and "bf16/default" in repr(cfg)
+    assert cfg.knobs == Knobs(precision="bf16", compile_mode="default")
 
 
 @pytest.mark.parametrize(("content", "message"), [
     (None, "does not exist: run `autotune search`"),
     ("{not json", "is not valid JSON"),
-    ('{"schema": 2}', "upgrade autotune"),
+    ('{"schema": 3}', "upgrade autotune"),
     ('{"schema": 0}', "re-run `autotune search`"),
     ("[1, 2]", "not an autotune.json"),
 ])
@@ -102,7 +109,7 @@ def test_set_matmul_precision() -> None:
         Tuned(make_tuned(precision="bf16")).set_matmul_precision()
         assert not torch.backends.cuda.matmul.allow_tf32
     finally:
-        trial.set_matmul_precision("fp32")
+        knobs.set_matmul_precision("fp32")
 
 
 def test_train_step_is_the_library_step() -> None:
@@ -119,7 +126,7 @@ def test_train_step_is_the_library_step() -> None:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         double = [(x.double(), y.double()) for x, y in batches]
         losses.append(cfg.train_step(model, optimizer, double, workload) if use_cfg else
-                      trial.train_step(model, optimizer, double, workload, precision="fp32",
+                      train_step(model, optimizer, double, workload, precision="fp32",
                                        device_type="cpu"))
         weights.append(model.weight.detach().clone())
     assert torch.equal(losses[0], losses[1]) and torch.equal(weights[0], weights[1])
@@ -136,19 +143,85 @@ def test_train_step_is_the_library_step() -> None:
                                      torch_compile_mode="reduce-overhead")),
 ])
 def test_training_arguments(precision: str, mode: str, expected: dict) -> None:
-    kwargs = Tuned(make_tuned(precision=precision, compile_mode=mode)).training_arguments()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing to say when every knob has a keyword
+        kwargs = Tuned(make_tuned(precision=precision, compile_mode=mode)).training_arguments()
     assert kwargs == {"per_device_train_batch_size": 16, "gradient_accumulation_steps": 4,
-                      **expected}
+                      CKPT: False, **expected}
 
 
-def test_training_arguments_are_accepted_by_transformers(tmp_path: Path) -> None:
+def test_training_arguments_carry_checkpointing_and_the_fused_optimizer() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kwargs = Tuned(make_tuned(checkpointing="blocks", optimizer_impl="fused")
+                       ).training_arguments()
+    assert kwargs[CKPT] is True
+    assert kwargs[f"{CKPT}_kwargs"]["use_reentrant"] is False
+    assert kwargs[f"{CKPT}_kwargs"].get("every_n_layers", 1) == 1
+    assert kwargs["optim"] == "adamw_torch_fused"
+
+
+def test_training_arguments_warn_once_for_what_trainer_cannot_take() -> None:
+    cfg = Tuned(make_tuned(checkpointing="alternate", memory_format="channels_last",
+                           allocator="expandable_segments"))
+    with pytest.warns(UserWarning) as caught:
+        kwargs = cfg.training_arguments()
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    for knob in ("memory_format=channels_last", "allocator=expandable_segments"):
+        assert knob in message, message
+    assert caught[0].filename == __file__  # points at the caller's line
+    assert kwargs[CKPT] is True
+    if CKPT == "activation_checkpointing":  # Trainer checkpoints every second layer itself
+        assert kwargs[f"{CKPT}_kwargs"]["every_n_layers"] == 2
+        assert "checkpointing=alternate" not in message
+    else:
+        assert "checkpointing=alternate" in message
+
+
+@pytest.mark.parametrize("tuned", [
+    Knobs(), Knobs(precision="bf16", checkpointing="blocks", optimizer_impl="fused"),
+    Knobs(precision="bf16", compile_mode="default", checkpointing="alternate",
+          optimizer_impl="foreach"),
+], ids=Knobs.label)
+def test_training_arguments_are_accepted_by_transformers(tmp_path: Path, tuned: Knobs) -> None:
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate", reason="TrainingArguments needs accelerate (pip install "
                         "-e .[dev])")
-    kwargs = Tuned(make_tuned(precision="fp32", compile_mode="off")).training_arguments()
-    args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[],
-                                          **kwargs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the notes; transformers' renames
+        kwargs = Tuned(make_tuned(knobs=tuned)).training_arguments()
+        args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True,
+                                              report_to=[], **kwargs)
     assert args.per_device_train_batch_size == 16 and args.gradient_accumulation_steps == 4
+    assert bool(getattr(args, CKPT)) is (tuned.checkpointing != "off")
+    assert args.bf16 is (tuned.precision == "bf16")
+    assert args.torch_compile is (tuned.compile_mode != "off")
+    if tuned.optimizer_impl == "fused":
+        assert args.optim == "adamw_torch_fused"
+
+
+@pytest.mark.parametrize("tuned", [
+    Knobs(), Knobs(checkpointing="blocks", optimizer_impl="fused"),
+    Knobs(precision="bf16", compile_mode="default", checkpointing="alternate",
+          optimizer_impl="foreach", memory_format="channels_last"),
+], ids=Knobs.label)
+def test_accelerator_kwargs_are_accepted_by_accelerate(tuned: Knobs) -> None:
+    accelerate = pytest.importorskip("accelerate")
+    cfg = Tuned(make_tuned(knobs=tuned))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kwargs = cfg.accelerator_kwargs()
+    notes = [str(w.message) for w in caught if "Accelerator keywords" in str(w.message)]
+    assert len(notes) == (1 if tuned.changed() else 0)
+    for name in tuned.changed():
+        assert f"{name}={getattr(tuned, name)}" in notes[0]
+    try:
+        accelerator = accelerate.Accelerator(**kwargs)
+        assert accelerator.gradient_accumulation_steps == 4
+        assert accelerator.mixed_precision == {"bf16": "bf16"}.get(tuned.precision, "no")
+    finally:
+        accelerate.state.AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def test_accelerator_kwargs_without_a_dynamo_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -187,3 +260,91 @@ def test_accelerator_kwargs_with_a_dynamo_plugin(monkeypatch: pytest.MonkeyPatch
     assert kwargs["dynamo_plugin"].kwargs == {
         "backend": "inductor", "mode": "max-autotune-no-cudagraphs", "dynamic": False}
     assert "dynamo_backend" not in kwargs
+
+
+# ----------------------------------------------------------------------------------------------
+# The knobs that change the model, the optimizer and the batches
+
+
+def saved_bytes(model: torch.nn.Module, ids: torch.Tensor) -> int:
+    """Bytes the forward keeps for backward (checkpointed blocks keep only their inputs)."""
+    total = 0
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        total += tensor.numel() * tensor.element_size()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model(ids, ids).backward()
+    return total
+
+
+def _tiny_gpt() -> TinyGPT:
+    torch.manual_seed(0)
+    return TinyGPT(vocab_size=64, seq_len=16, dim=32, num_layers=4, num_heads=4)
+
+
+def test_apply_checkpoints_the_blocks() -> None:
+    ids = torch.randint(0, 64, (2, 16))
+    kept = {}
+    grads = {}
+    for setting in ("off", "alternate", "blocks"):
+        model = _tiny_gpt()
+        assert Tuned(make_tuned(checkpointing=setting)).apply(model) is model
+        kept[setting] = saved_bytes(model, ids)
+        grads[setting] = {n: p.grad for n, p in model.named_parameters()}
+    assert kept["blocks"] < kept["alternate"] < kept["off"], kept
+    for setting in ("alternate", "blocks"):  # recomputed, not changed
+        for name, grad in grads["off"].items():
+            torch.testing.assert_close(grads[setting][name], grad, msg=name)
+    assert list(model.state_dict()) == list(_tiny_gpt().state_dict())  # names as they were
+
+
+def test_apply_with_the_workloads_blocks() -> None:
+    ids = torch.randint(0, 64, (2, 16))
+    cfg = Tuned(make_tuned(checkpointing="blocks"))
+    first_two, found = _tiny_gpt(), _tiny_gpt()
+    cfg.apply(first_two, blocks=lambda m: list(m.blocks)[:2])
+    cfg.apply(found)
+    assert saved_bytes(found, ids) < saved_bytes(first_two, ids) < saved_bytes(_tiny_gpt(), ids)
+
+
+def test_apply_refuses_a_model_without_blocks() -> None:
+    with pytest.raises(knobs.KnobUnsupported, match="no repeated blocks"):
+        Tuned(make_tuned(checkpointing="blocks")).apply(torch.nn.Linear(2, 2))
+
+
+def test_apply_and_batch_channels_last() -> None:
+    cfg = Tuned(make_tuned(memory_format="channels_last"))
+    model = cfg.apply(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()))
+    assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
+    images, labels = torch.randn(2, 3, 8, 8), torch.tensor([0, 1])
+    moved = cfg.batch((images, labels))
+    assert moved[0].is_contiguous(memory_format=torch.channels_last) and moved[1] is labels
+    assert Tuned(make_tuned()).batch((images, labels)) == (images, labels)
+
+
+@pytest.mark.parametrize("impl", ["foreach", "for-loop"])
+def test_build_optimizer_keeps_groups_and_hyperparameters(impl: str) -> None:
+    model = _tiny_gpt()
+    decay = [p for n, p in model.named_parameters() if n.endswith("weight")]
+    rest = [p for n, p in model.named_parameters() if not n.endswith("weight")]
+    built = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                               {"params": rest, "weight_decay": 0.0, "lr": 3e-3}],
+                              lr=1e-3, betas=(0.8, 0.95))
+    rebuilt = Tuned(make_tuned(optimizer_impl=impl)).build_optimizer(built)
+    assert type(rebuilt) is torch.optim.AdamW and rebuilt is not built
+    assert [g["foreach"] for g in rebuilt.param_groups] == [impl == "foreach"] * 2
+    assert [g["fused"] for g in rebuilt.param_groups] == [False, False]
+    assert [(g["lr"], g["weight_decay"], g["betas"]) for g in rebuilt.param_groups] == [
+        (1e-3, 0.1, (0.8, 0.95)), (3e-3, 0.0, (0.8, 0.95))]
+    assert [[id(p) for p in g["params"]] for g in rebuilt.param_groups] == [
+        [id(p) for p in g["params"]] for g in built.param_groups]
+    assert Tuned(make_tuned()).build_optimizer(built) is built  # default: as built
+
+
+def test_build_optimizer_refuses_what_the_class_lacks() -> None:
+    sgd = torch.optim.LBFGS(torch.nn.Linear(2, 2).parameters())
+    with pytest.raises(knobs.KnobUnsupported, match="LBFGS cannot be rebuilt as foreach"):
+        Tuned(make_tuned(optimizer_impl="foreach")).build_optimizer(sgd)

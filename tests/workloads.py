@@ -240,3 +240,34 @@ def leak() -> Workload:
         return model(*batch)
 
     return Workload(name="leak", build_model=WideMLP, make_batch=_batch, loss=loss)
+
+
+class _Residual(nn.Module):
+    """One repeated block: a wide per-row MLP with a residual connection."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(IN_DIM, HIDDEN // 4)
+        self.down = nn.Linear(HIDDEN // 4, IN_DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(nn.functional.gelu(self.up(x)))
+
+
+class DeepMLP(nn.Module):
+    """Six residual blocks in a ModuleList: activations (1 MiB per block and sample, kept for
+    backward) dominate memory, so checkpointing the blocks lets a larger micro-batch fit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_Residual() for _ in range(6))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return nn.functional.mse_loss(x, y)
+
+
+def deep() -> Workload:
+    """Repeated blocks whose activations bind memory: what activation checkpointing is for."""
+    return Workload(name="deep-mlp", build_model=DeepMLP, make_batch=_batch, loss=_loss)

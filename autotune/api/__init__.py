@@ -13,19 +13,33 @@ if TYPE_CHECKING:
     from autotune.api._deliver import codegen, json_schema, load, write_train_script
     from autotune.api._fit import CheckResult, CheckTarget, check, estimate
     from autotune.api._pipeline import env, probe, search, tuned_config
-    from autotune.api._settings import Budget, resolve_budget, workload_spec
+    from autotune.api._settings import Budget, TuneRequest, resolve_budget, workload_spec
 
 _EXPORTS = {
     "codegen": "_deliver", "json_schema": "_deliver", "load": "_deliver",
     "write_train_script": "_deliver",
     "CheckResult": "_fit", "CheckTarget": "_fit", "check": "_fit", "estimate": "_fit",
     "env": "_pipeline", "probe": "_pipeline", "search": "_pipeline", "tuned_config": "_pipeline",
-    "Budget": "_settings", "resolve_budget": "_settings", "workload_spec": "_settings",
+    "Budget": "_settings", "TuneRequest": "_settings", "resolve_budget": "_settings",
+    "workload_spec": "_settings",
 }
 __all__ = [
-    "Budget", "CheckResult", "CheckTarget", "check", "codegen", "env", "estimate", "json_schema",
+    "Budget",
+    "CheckResult",
+    "CheckTarget",
+    "TuneRequest",
+    "check",
+    "codegen",
+    "env",
+    "estimate",
+    "json_schema",
     "load",
-    "probe", "resolve_budget", "search", "tuned_config", "workload_spec", "write_train_script",
+    "probe",
+    "resolve_budget",
+    "search",
+    "tuned_config",
+    "workload_spec",
+    "write_train_script",
 ]
 
 

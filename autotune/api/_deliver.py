@@ -40,9 +40,11 @@ def load(path: str | Path = "autotune.json", *, world_size: int | None = None,
             device's).
 
     Returns:
-        The tuned knobs (``micro_batch``, ``accumulate_steps``, ``precision``,
-        ``compile_mode``) with ``compile``, ``autocast``, ``grad_scaler``, ``train_step``,
-        ``training_arguments`` and ``accelerator_kwargs``.
+        The tuned values (``micro_batch``, ``accumulate_steps``, ``knobs`` with ``precision``
+        and ``compile_mode`` at hand) with ``apply`` (checkpointing, memory format),
+        ``build_optimizer``, ``batch``, ``compile``, ``autocast``, ``grad_scaler``,
+        ``train_step``, ``training_arguments`` and ``accelerator_kwargs``. A schema 1 file
+        loads with its other knobs at their defaults.
 
     Raises:
         ConfigError: the file is missing, corrupt, from another schema version, or tuned for

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.config import (
-    MemoryClass,
     WorkloadSpec,
     format_bytes,
     from_json_dict,
@@ -20,6 +19,7 @@ from autotune.errors import (
     error_for_status,
 )
 from autotune.estimate import Calibration, EstimateReport, EstimateRequest, estimate_report
+from autotune.knobs import KNOBS, Knobs
 from autotune.memory import probe_spec
 from autotune.runner import run_in_child, run_isolated
 from autotune.schema import (
@@ -40,7 +40,8 @@ def estimate(
     *,
     micro_batch: int,
     device_memory: str | int,
-    precision: str = "fp32",
+    knobs: Knobs | None = None,
+    precision: str | None = None,
     headroom: float = 0.1,
     target_batch: int | None = None,
     world_size: int = 1,
@@ -60,12 +61,16 @@ def estimate(
         workload: a spec (default: the built-in workload as sized for CUDA) or a Workload.
         micro_batch: the micro-batch to break down.
         device_memory: the device's memory, e.g. ``24GiB`` or bytes.
-        precision: fp32, tf32, bf16 or fp16.
+        knobs: what the step runs with (default: fp32 eager, nothing else changed); a
+            compile mode is traced eager, the allocator changes no tensor.
+        precision: fp32, tf32, bf16 or fp16: a shortcut for ``Knobs(precision=...)`` (not
+            with ``knobs``).
         headroom: share of the device memory kept free.
         target_batch: when given, list the (micro_batch, accumulate_steps) pairs that fit.
         world_size: data-parallel devices (micro-batches divide target / world).
-        kernels: ``cuda`` (model CUDA's fused attention) or ``cpu`` (what a CPU runs).
-        calibration: the search's measurement of this memory class, from ``autotune.json``.
+        kernels: ``cuda`` (model CUDA's kernel choices: fused attention, a foreach optimizer
+            step) or ``cpu`` (what a CPU runs).
+        calibration: the search's measurement of these knobs, from ``autotune.json``.
         find_max: search the largest micro-batch that fits (more traces); without it, only
             the asked micro-batch is traced and reported.
         also_trace: further micro-batches to trace (reported in ``traced``).
@@ -78,8 +83,13 @@ def estimate(
     from autotune.config import PRECISIONS, parse_bytes
 
     problems = []
-    if precision not in PRECISIONS:
+    if knobs is not None and precision is not None:
+        problems.append(f"give the precision in knobs ({knobs.label()}) or as precision "
+                        f"{precision!r}, not both")
+    elif precision is not None and precision not in PRECISIONS:
         problems.append(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    problems += [f"{k.name} {getattr(knobs, k.name)!r} is not one of {', '.join(k.values)}"
+                 for k in KNOBS if knobs is not None and getattr(knobs, k.name) not in k.values]
     if kernels not in ("cuda", "cpu"):
         problems.append(f"kernels {kernels!r} must be cuda or cpu")
     if micro_batch < 1:
@@ -94,8 +104,10 @@ def estimate(
     candidates = None
     if target_batch is not None:
         candidates = divisors(per_device_batch(target_batch, world_size))
+    if knobs is None:
+        knobs = Knobs(precision=precision or "fp32")  # type: ignore[arg-type]
     request = EstimateRequest(
-        micro_batch=micro_batch, device_memory_bytes=total, precision=precision,
+        micro_batch=micro_batch, device_memory_bytes=total, knobs=knobs,
         headroom=headroom, candidates=candidates, target_batch=target_batch,
         world_size=world_size, kernels=kernels,  # type: ignore[arg-type]
         calibration=calibration, find_max=find_max, also_trace=tuple(also_trace))
@@ -136,12 +148,12 @@ class CheckTarget:
     accumulate_steps: int
     target_batch: int
     world_size: int
-    precision: str
-    compile_mode: str
+    knobs: Knobs
+    """The tuned knobs: the step is estimated with them (a compile mode traced eager)."""
     device_memory_bytes: int
     headroom: float
     calibration: Calibration | None
-    """The search's measurement of this config's memory class, when it recorded one."""
+    """The search's measurement of this config's knobs, when it recorded one."""
     device: str = "cuda"
     """Where the config was tuned (``cpu`` or ``cuda:N``): whose kernels the estimate models."""
 
@@ -153,13 +165,14 @@ def _read_tuned(path: str | Path, workload: WorkloadSpec | None = None) -> Check
         ConfigError: missing or unreadable file, not JSON, another schema, or bad fields.
     """
     config = read_tuned(path)
-    record = config.memory.calibration.get(config.memory_class())
-    calibration = Calibration.from_record(record, config.memory_class()) if record else None
+    label = config.knobs.label()
+    record = config.memory.calibration.get(label)
+    calibration = Calibration.from_record(record, label) if record else None
     return CheckTarget(
         workload=workload or config.workload, micro_batch=config.micro_batch,
         accumulate_steps=config.accumulate_steps, target_batch=config.target_batch,
-        world_size=config.world_size, precision=config.precision,
-        compile_mode=config.compile_mode, device_memory_bytes=config.memory.budget_bytes,
+        world_size=config.world_size, knobs=config.knobs,
+        device_memory_bytes=config.memory.budget_bytes,
         headroom=config.memory.headroom, calibration=calibration, device=config.device.device)
 
 
@@ -213,14 +226,14 @@ def check(path: str | Path | None = None, *, target: CheckTarget | None = None,
                           "default on machines without one)")
     object_workload = workload if isinstance(workload, Workload) else None
     usable = int(target.device_memory_bytes * (1 - target.headroom))
-    label = f"{target.precision}/{target.compile_mode}"
+    label = target.knobs.label()
     step: EstimateReport | None = None
     if measure or (measure is None and device_here and not on_cpu):
         peak, how = _measure(target, timeout_s), f"measured on the device ({label})"
     else:
         kernels = "cpu" if target.device == "cpu" else "cuda"
         settings = dict(micro_batch=target.micro_batch,
-                        device_memory=target.device_memory_bytes, precision=target.precision,
+                        device_memory=target.device_memory_bytes, knobs=target.knobs,
                         headroom=target.headroom, target_batch=target.target_batch,
                         world_size=target.world_size, kernels=kernels,
                         calibration=target.calibration, timeout_s=timeout_s)
@@ -243,8 +256,8 @@ def check(path: str | Path | None = None, *, target: CheckTarget | None = None,
             how = (f"estimate corrected by {label}'s measurement: "
                    f"{target.calibration.describe()}" if target.calibration is not None
                    else "eager estimate, uncorrected" + (
-                       f" (compile mode {target.compile_mode} cannot be traced under fake "
-                       "tensors)" if target.compile_mode != "off" else ""))
+                       f" (compile mode {target.knobs.compile_mode} cannot be traced under "
+                       "fake tensors)" if target.knobs.compile_mode != "off" else ""))
             notes = target.calibration.notes if target.calibration is not None else ()
             how += "".join(f"; {note}" for note in notes)
     head = (f"micro-batch {target.micro_batch} x {target.accumulate_steps} ({label}): peak "
@@ -272,18 +285,20 @@ def _measure(target: CheckTarget, timeout_s: float) -> int:
 
     Raises:
         WorkloadError: the step fails otherwise (crash, hang, exit, non-finite loss).
+        ConfigError: a knob value the workload cannot take.
     """
-    memory_class = MemoryClass(precision=target.precision,  # type: ignore[arg-type]
-                               compile_mode=target.compile_mode)  # type: ignore[arg-type]
     device = "cpu" if target.device == "cpu" else "cuda:0"
-    result = run_isolated(probe_spec(target.workload, device, memory_class,
+    result = run_isolated(probe_spec(target.workload, device, target.knobs,
                                      target.micro_batch, None, timeout_s))
     if not result.ok or result.peak_bytes is None:
         if result.status == MEMORY_STATUS:
             return target.device_memory_bytes + 1
+        if result.status == "unsupported":  # as the estimator says of such a knob
+            raise ConfigError(f"the workload cannot take {target.knobs.label()}: "
+                              f"{result.message}")
         raise error_for_status(result.status, f"the real step of micro-batch {target.micro_batch} "
-                            f"({target.precision}/{target.compile_mode}) failed, which is not "
-                            f"a memory verdict [{result.status}]: {result.message}")
+                            f"({target.knobs.label()}) failed, which is not a memory verdict "
+                            f"[{result.status}]: {result.message}")
     return result.peak_bytes
 
 

@@ -5,19 +5,19 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from autotune import __version__
 from autotune.api._deliver import write_outputs
 from autotune.api._fit import estimate
-from autotune.api._settings import Budget, resolve_budget
+from autotune.api._settings import Budget, TuneRequest
 from autotune.config import (
-    BASELINE_CLASS,
+    BASELINE_KNOBS,
     DeviceInfo,
-    MemoryClass,
+    Knobs,
     MemoryProbe,
     ProbeReport,
     TrialResult,
@@ -43,6 +43,7 @@ from autotune.schema import (
     TunedConfig,
 )
 from autotune.search import (
+    Candidate,
     OnTrial,
     SearchOutcome,
     SearchSettings,
@@ -52,86 +53,77 @@ from autotune.search import (
     pick_winner,
     run_search,
 )
-from autotune.space import (
-    divisors,
-    exact_target,
-    memory_classes,
-    per_device_batch,
-    timed_precisions,
-)
+from autotune.space import divisors, timed_precisions
 
 
 def probe(
-    workload: WorkloadSpec | None = None,
+    request: TuneRequest | WorkloadSpec | None = None,
     *,
-    target_batch: int,
-    world_size: int = 1,
-    device: str | None = None,
-    memory_budget: str | int | None = None,
-    headroom: float = 0.1,
-    precisions: Sequence[str] | None = None,
-    compile_modes: Sequence[str] | None = None,
     timeout_s: float = 900.0,
     on_step: OnStep | None = None,
     include_baseline: bool = False,
-    allow_inexact: bool = False,
+    **fields: Any,
 ) -> ProbeReport:
-    """Probe the largest micro-batch that fits for each memory class.
+    """Probe the largest micro-batch that fits for each (precision, compile mode) setting.
 
     Args:
-        workload: what to train (default: the built-in workload).
-        target_batch: effective batch size over all devices.
-        world_size: data-parallel devices; micro-batches are divisors of target / world.
-        device: ``cpu``, ``cuda`` or ``cuda:N`` (default: CUDA when available).
-        memory_budget: ``2GiB``, ``80%`` or bytes (default: what the device has free).
-        headroom: share of the budget kept free.
-        precisions: restrict the precisions probed.
-        compile_modes: restrict the compile modes probed.
+        request: what to probe (a ``TuneRequest``; or its fields as keywords, with a
+            workload spec or None for the built-in workload here).
         timeout_s: per child process.
         on_step: progress callback after each probe.
         include_baseline: also probe fp32 eager (the search's baseline) when restricted out.
-        allow_inexact: when the world size does not divide the target, tune the nearest
-            exact effective batch (reported) instead of refusing.
+        **fields: ``TuneRequest`` fields when ``request`` is not one.
 
     Raises:
-        ConfigError: bad settings. WorkloadError: the workload fails.
-        NoFeasibleConfigError: not even the smallest micro-batch fits in any class.
+        ConfigError: bad settings (all reported at once). WorkloadError: the workload fails.
+        NoFeasibleConfigError: not even the smallest micro-batch fits in any setting.
     """
-    info = describe_device(device)
-    plan, classes, budget = _plan(workload, target_batch, world_size, info, memory_budget,
-                                  headroom, precisions, compile_modes, include_baseline,
-                                  allow_inexact)
+    request = as_request(request, fields)
+    info = describe_device(request.device)
+    plan, classes, budget, _ = _plan(request, info, include_baseline)
     candidates = divisors(plan.per_device_batch())
     probes: list[MemoryProbe] = []
-    for memory_class in classes:
+    for knobs in classes:
         probes.append(probe_memory(
-            plan.workload, info.device, memory_class, candidates,
+            plan.workload, info.device, knobs, candidates,
             budget_bytes=budget.budget_bytes, usable_bytes=budget.usable_bytes,
-            timeout_s=timeout_s, hint=hint_for(memory_class, probes), on_step=on_step))
+            timeout_s=timeout_s, hint=hint_for(knobs, probes), on_step=on_step))
     if not any(p.max_micro_batch for p in probes):
         raise _nothing_fits(plan.workload, info, budget, probes[0], timeout_s)
     return replace(plan, probes=tuple(probes))
 
 
-def _plan(workload: WorkloadSpec | None, target_batch: int, world_size: int, info: DeviceInfo,
-          memory_budget: str | int | None, headroom: float, precisions: Sequence[str] | None,
-          compile_modes: Sequence[str] | None, include_baseline: bool,
-          allow_inexact: bool) -> tuple[ProbeReport, tuple[MemoryClass, ...], Budget]:
-    """What to probe: the report without probes, the classes in order, and the budget."""
-    requested = target_batch
-    target_batch = exact_target(target_batch, world_size, allow_inexact)
-    per_device_batch(target_batch, world_size)
-    budget = resolve_budget(info, memory_budget, headroom)
-    classes, skipped = memory_classes(info, precisions, compile_modes)
-    if include_baseline and BASELINE_CLASS not in classes:
-        classes = (BASELINE_CLASS, *classes)
+def as_request(request: TuneRequest | WorkloadSpec | None, fields: dict[str, Any]) -> TuneRequest:
+    """A ``TuneRequest``: the one given, or one made of a workload spec and keyword fields.
+
+    Raises:
+        ConfigError: fields given beside a request, or a field that is not one.
+    """
+    if isinstance(request, TuneRequest):
+        if fields:
+            raise ConfigError(f"give a TuneRequest or its fields, not both ({sorted(fields)})")
+        return request
+    try:
+        return TuneRequest(workload=request or WorkloadSpec(), **fields)
+    except TypeError as exc:
+        raise ConfigError(f"not a TuneRequest field: {exc}") from None
+
+
+def _plan(request: TuneRequest, info: DeviceInfo, include_baseline: bool
+          ) -> tuple[ProbeReport, tuple[Knobs, ...], Budget, dict[str, tuple[str, ...]]]:
+    """What to probe: the report without probes, the settings in order, the budget, and the
+    further knobs' values."""
+    target_batch, budget, classes, values, skipped = request.validate(info)
+    if include_baseline and BASELINE_KNOBS not in classes:
+        classes = (BASELINE_KNOBS, *classes)
         skipped = (*skipped, "fp32/off probed and timed as the baseline, outside the restriction")
-    plan = ProbeReport(workload=workload or WorkloadSpec(), device=info,
-                       target_batch=target_batch, world_size=world_size, headroom=headroom,
+    plan = ProbeReport(workload=request.workload, device=info, target_batch=target_batch,
+                       world_size=request.world_size, headroom=request.headroom,
                        budget_bytes=budget.budget_bytes, probes=(), skipped=skipped,
                        allocator=allocator_notes(info.device),
-                       requested_batch=requested if requested != target_batch else None)
-    return plan, classes, budget
+                       requested_batch=(request.target_batch
+                                        if request.target_batch != target_batch else None))
+    return plan, classes, budget, values
 
 
 BROKEN = ("non_finite", "timeout", "compile_error", "error", "workload_error")
@@ -146,9 +138,9 @@ def _nothing_fits(workload: WorkloadSpec, info: DeviceInfo, budget: Budget,
     """Why not even the smallest micro-batch fits: a memory verdict (exit 1) with what the
     budget would have to be, or the workload's own failure (exit 2) when that is the cause."""
     smallest = first.candidates[0]
-    label = first.memory_class.label()
+    label = first.knobs.label()
     step = next((s for s in first.steps if s.micro_batch == smallest), None)
-    timed = (results or {}).get(f"{label}/{smallest}")
+    timed = (results or {}).get(Candidate(knobs=first.knobs, micro_batch=smallest))
     leak = timed.leak_note() if timed is not None and timed.status == "oom" else None
     if leak:
         return WorkloadError(
@@ -162,7 +154,7 @@ def _nothing_fits(workload: WorkloadSpec, info: DeviceInfo, budget: Budget,
             f"micro-batch {smallest} does not fit in {format_bytes(budget.usable_bytes)} "
             f"usable {scope} (the time budget is spent: what it needs was not measured)")
     # Measure what the smallest micro-batch needs, capped only by what the device has free.
-    result = run_isolated(probe_spec(workload, info.device, first.memory_class, smallest,
+    result = run_isolated(probe_spec(workload, info.device, first.knobs, smallest,
                                      info.available_memory_bytes, timeout_s))
     if result.status not in ("ok", "oom"):
         # It fails without the cap too (a crash under the cap can be the cap's doing: a
@@ -181,8 +173,8 @@ def _nothing_fits(workload: WorkloadSpec, info: DeviceInfo, budget: Budget,
         f"micro-batch {smallest} does not fit in {format_bytes(budget.usable_bytes)} usable "
         f"(budget {format_bytes(budget.budget_bytes)} minus {budget.headroom:.0%} headroom) "
         f"{scope}: {need}. Try a larger --memory-budget, "
-        "--precisions bf16 (halves activations), activation checkpointing in the model, or a "
-        "shorter --seq-len."
+        "--precisions bf16 (halves activations), --checkpointing blocks (if it was left out), "
+        "or a shorter --seq-len."
     )
 
 
@@ -203,46 +195,34 @@ def env(device: str | None = None) -> DeviceInfo:
 
 
 def search(
-    workload: WorkloadSpec | None = None,
+    request: TuneRequest | WorkloadSpec | None = None,
     *,
-    target_batch: int,
-    world_size: int = 1,
-    device: str | None = None,
-    memory_budget: str | int | None = None,
-    headroom: float = 0.1,
-    precisions: Sequence[str] | None = None,
-    compile_modes: Sequence[str] | None = None,
     out: str | Path | None = ".",
     force: bool = False,
     settings: SearchSettings | None = None,
     on_step: OnStep | None = None,
     on_trial: OnTrial | None = None,
-    allow_inexact: bool = False,
+    **fields: Any,
 ) -> SearchResult:
-    """Probe memory per class, time candidates (baseline first), write ``autotune.json``.
+    """Probe memory per setting, time candidates (baseline first), screen the further knobs
+    on the leader, write ``autotune.json``.
 
     Args:
-        workload: what to train (default: the built-in workload).
-        target_batch: effective batch size over all devices.
-        world_size: data-parallel devices.
-        device: ``cpu``, ``cuda`` or ``cuda:N``.
-        memory_budget: ``2GiB``, ``80%`` or bytes (default: what the device has free).
-        headroom: share of the budget kept free.
-        precisions: restrict the precisions tried.
-        compile_modes: restrict the compile modes tried.
+        request: what to tune (a ``TuneRequest``; or its fields as keywords, with a workload
+            spec or None for the built-in workload here).
         out: folder for ``autotune.json`` (None: write nothing).
         force: overwrite an existing ``autotune.json``.
         settings: trial counts, time budget, objective, Optuna storage.
         on_step: progress after each memory probe.
         on_trial: progress before and after each timed trial.
-        allow_inexact: tune the nearest exact effective batch when the world size does not
-            divide the target (the deviation is reported).
+        **fields: ``TuneRequest`` fields when ``request`` is not one.
 
     Raises:
         ConfigError: bad settings, an existing output without ``force``, a bad storage.
         WorkloadError: the workload fails.
         NoFeasibleConfigError: nothing fits, or no candidate ran.
     """
+    request = as_request(request, fields)
     settings = settings or SearchSettings()
     started = time.monotonic()
     path = Path(out) / "autotune.json" if out is not None else None
@@ -250,13 +230,13 @@ def search(
     if path is not None and script is not None:
         _check_writable(path, force)
         _check_writable(script, force)
-    info = describe_device(device)
-    precisions, not_timed = timed_precisions(info, precisions)
-    plan, classes, budget = _plan(workload, target_batch, world_size, info, memory_budget,
-                                  headroom, precisions, compile_modes, True, allow_inexact)
-    outcome = run_search(plan, classes, settings, on_trial=on_trial, on_step=on_step)
+    info = describe_device(request.device)
+    precisions, not_timed = timed_precisions(info, request.precisions)
+    plan, classes, budget, values = _plan(replace(request, precisions=precisions), info, True)
+    outcome = run_search(plan, classes, settings, values=values, on_trial=on_trial,
+                         on_step=on_step)
     report = replace(plan, probes=outcome.probes, skipped=plan.skipped + not_timed)
-    if outcome.baseline is None or outcome.baseline.key() not in outcome.results:
+    if outcome.baseline is None or outcome.baseline not in outcome.results:
         if outcome.interrupted and outcome.stop_reason.startswith("interrupted"):
             raise Interrupted(*_signal_of(outcome.stop_reason))
         if outcome.interrupted:  # a limit, not a memory verdict
@@ -311,8 +291,8 @@ def _calibrate(report: ProbeReport, config: TunedConfig, timeout_s: float,
     calibration, notes = {}, []
     deadline = time.monotonic() + timeout_s
     for probe in report.probes:
-        label = probe.memory_class.label()
-        if label not in (config.memory_class(), "fp32/off") or not probe.peak_bytes:
+        label = probe.knobs.label()
+        if label not in (config.memory_class(), BASELINE_KNOBS.label()) or not probe.peak_bytes:
             continue
         left = deadline - time.monotonic()
         if left < 1.0 or runs_left <= 0:
@@ -329,7 +309,7 @@ def _calibrate(report: ProbeReport, config: TunedConfig, timeout_s: float,
         try:
             figure = estimate(report.workload, micro_batch=m,
                               device_memory=report.device.total_memory_bytes,
-                              precision=probe.memory_class.precision,
+                              knobs=probe.knobs,
                               kernels="cuda" if report.device.is_cuda else "cpu",
                               find_max=False, timeout_s=left,
                               also_trace=(point.micro_batch,) if point else ())
@@ -368,7 +348,7 @@ def tuned_config(report: ProbeReport, outcome: SearchOutcome,
     winner = pick_winner(outcome.records, settings)
     if winner is None:
         seen = ", ".join(f"{r.label()}: {r.verdict}" for r in outcome.records) or "none ran"
-        leaks = [(key, note) for key, r in outcome.results.items()
+        leaks = [(key.key(), note) for key, r in outcome.results.items()
                  if r.status == "oom" and (note := r.leak_note())]
         if leaks:
             key, note = leaks[0]
@@ -380,12 +360,12 @@ def tuned_config(report: ProbeReport, outcome: SearchOutcome,
     baseline = next(r for r in outcome.records if r.is_baseline)
     records = tuple(replace(r, verdict="winner", reason="fastest") if r is winner else
                     _lost(r, winner) for r in outcome.records)
-    result = outcome.results[f"{winner.precision}/{winner.compile_mode}/{winner.micro_batch}"]
+    result = outcome.results[Candidate(knobs=winner.knobs, micro_batch=winner.micro_batch)]
     memory = MemoryRecord(
         device_total_bytes=report.device.total_memory_bytes, budget_bytes=report.budget_bytes,
         headroom=report.headroom, usable_bytes=report.usable_bytes(),
         peak_bytes=winner.peak_bytes,
-        max_micro_batch={p.memory_class.label(): p.max_micro_batch for p in report.probes},
+        max_micro_batch={p.knobs.label(): p.max_micro_batch for p in report.probes},
         allocator=report.allocator,
         peak_definition=("max_memory_reserved + CUDA context" if report.device.is_cuda else
                          "address-space growth of the child over its baseline"),
@@ -396,12 +376,12 @@ def tuned_config(report: ProbeReport, outcome: SearchOutcome,
         workload_fingerprint=result.workload_fingerprint, target_batch=report.target_batch,
         requested_batch=report.requested_batch,
         world_size=report.world_size, micro_batch=winner.micro_batch,
-        accumulate_steps=winner.accumulate_steps, precision=winner.precision,
-        compile_mode=winner.compile_mode, memory=memory, device=report.device,
+        accumulate_steps=winner.accumulate_steps, knobs=winner.knobs, memory=memory,
+        device=report.device,
         objective="time_to_train" if settings.train_steps else "throughput",
         train_steps=settings.train_steps, median_step_s=winner.median_step_s,
         samples_per_s=winner.samples_per_s, tokens_per_s=winner.tokens_per_s,
-        flops_per_sample=flops_per_sample(outcome.results.get(outcome.baseline.key())),
+        flops_per_sample=flops_per_sample(outcome.results.get(outcome.baseline)),
         mfu=winner.mfu,
         baseline_samples_per_s=baseline.samples_per_s, speedup=winner.speedup,
         break_even_steps=break_even_steps(winner, baseline),

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from autotune.config import (
     DeviceInfo,
+    Knobs,
     WorkloadSpec,
     format_bytes,
     parse_budget,
 )
 from autotune.errors import ConfigError
+from autotune.space import exact_target, knob_values, memory_classes
 from autotune.workload import split_factory
 
 
@@ -71,3 +75,64 @@ def resolve_budget(device: DeviceInfo, memory_budget: str | int | None,
     return Budget(budget_bytes=budget, usable_bytes=int(budget * (1 - headroom)),
                   headroom=headroom)
 
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneRequest:
+    """What to tune: the workload, the effective batch, the device and memory, the knob
+    subsets. ``autotune probe`` / ``search`` and ``api.probe`` / ``search`` take one; its
+    ``validate`` reports every problem at once."""
+
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    target_batch: int
+    """Effective batch: samples per optimizer step over all devices."""
+    world_size: int = 1
+    device: str | None = None
+    """``cpu``, ``cuda`` or ``cuda:N`` (default: CUDA when available)."""
+    memory_budget: str | int | None = None
+    """``2GiB``, ``80%`` or bytes (default: what the device has free)."""
+    headroom: float = 0.1
+    precisions: Sequence[str] | None = None
+    compile_modes: Sequence[str] | None = None
+    knob_values: Mapping[str, Sequence[str] | None] = field(default_factory=dict)
+    """Per knob beyond precision and compile mode (``checkpointing``, ...), the values to try;
+    a missing knob tries every value the device runs."""
+    allow_inexact: bool = False
+    """Tune the nearest exact effective batch when the world size does not divide the target."""
+
+    def validate(self, device: DeviceInfo) -> tuple[int, Budget, tuple[Knobs, ...],
+                                                    dict[str, tuple[str, ...]], tuple[str, ...]]:
+        """Check every field against the device; all problems are reported together.
+
+        Returns:
+            (the exact target batch, the budget, the (precision, compile mode) settings, the
+            further knobs' values, notes on what the device skips).
+
+        Raises:
+            ConfigError: each problem, with the value seen and what to do.
+        """
+        problems: list[str] = []
+        results: list[Any] = []
+        for check in (
+            lambda: exact_target(self.target_batch, self.world_size, self.allow_inexact),
+            lambda: resolve_budget(device, self.memory_budget, self.headroom),
+            lambda: knob_values(device, self.knob_values),
+        ):
+            try:
+                results.append(check())
+            except ConfigError as exc:
+                problems.append(str(exc))
+                results.append(None)
+        target, budget, extra = results
+        classes: tuple[Knobs, ...] = ()
+        skipped: tuple[str, ...] = ()
+        if extra is not None:
+            try:
+                classes, skipped = memory_classes(device, self.precisions, self.compile_modes,
+                                                  base=extra[1])
+            except ConfigError as exc:
+                problems.append(str(exc))
+        if problems:
+            raise ConfigError("; ".join(problems))
+        values, _, notes = extra
+        return target, budget, classes, values, (*skipped, *notes)

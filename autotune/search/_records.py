@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, replace
 
 from autotune.config import (
-    MemoryClass,
+    Knobs,
     MemoryProbe,
     ProbeReport,
     TrialResult,
@@ -21,26 +21,26 @@ LOSS_TOLERANCE = {"fp32": 0.01, "tf32": 0.01, "bf16": 0.05, "fp16": 0.05}
 
 @dataclass(frozen=True, kw_only=True)
 class Candidate:
-    """One point of the search space."""
+    """One point of the search space: the knobs and the micro-batch. The key of every dict
+    of the search (strings exist only at the Optuna boundary and in the report)."""
 
-    precision: str
-    compile_mode: str
+    knobs: Knobs
     micro_batch: int
 
     def key(self) -> str:
-        """Stable name, also the Optuna parameter value."""
-        return f"{self.precision}/{self.compile_mode}/{self.micro_batch}"
+        """A readable name, e.g. ``bf16/default+ckpt=blocks/16``."""
+        return f"{self.knobs.label()}/{self.micro_batch}"
 
-    def memory_class(self) -> MemoryClass:
-        """Its (precision, compile mode) class."""
-        return MemoryClass(precision=self.precision,  # type: ignore[arg-type]
-                           compile_mode=self.compile_mode)  # type: ignore[arg-type]
+    @classmethod
+    def from_key(cls, key: str) -> Candidate:
+        """The candidate ``key()`` names."""
+        label, _, micro_batch = key.rpartition("/")
+        return cls(knobs=Knobs.from_label(label), micro_batch=int(micro_batch))
 
     @classmethod
     def of(cls, spec: TrialSpec) -> Candidate:
         """The candidate a spec runs."""
-        return cls(precision=spec.precision, compile_mode=spec.compile_mode,
-                   micro_batch=spec.micro_batch)
+        return cls(knobs=spec.knobs, micro_batch=spec.micro_batch)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +70,9 @@ class SearchSettings:
     timeout_s: float = 900.0
     slower_factor: float = 2.0
     """Stop timing a candidate once it has spent this many times the best's timed seconds."""
+    stop_margin: float = 0.15
+    """Sequential stopping: stop timing a candidate once its fastest of 3 or more timed steps
+    is this much slower than the leader's median step (or the leader's spread, when wider)."""
     num_confirm: int = 2
     """Most contenders re-measured with the leader before the pick (0: none); each keeps its
     better run, since a slow period of the machine only ever inflates times."""
@@ -84,11 +87,11 @@ class SearchOutcome:
     """What the driver hands back to the api."""
 
     records: tuple[TrialRecord, ...]
-    results: dict[str, TrialResult]
+    results: dict[Candidate, TrialResult]
     baseline: Candidate | None
     """fp32 eager at its largest fitting micro-batch; None when fp32 eager fits nothing."""
     probes: tuple[MemoryProbe, ...]
-    """The memory classes probed, in the order they were."""
+    """The knob settings probed, in the order they were."""
     skipped: tuple[str, ...]
     interrupted: bool
     stop_reason: str
@@ -113,12 +116,12 @@ def score(value: float | None, settings: SearchSettings) -> float | None:
     return 1.0 / value if settings.train_steps else value
 
 
-def classify(candidate: Candidate, result: TrialResult, results: dict[str, TrialResult],
+def classify(candidate: Candidate, result: TrialResult, results: dict[Candidate, TrialResult],
              baseline: Candidate | None, report: ProbeReport,
              settings: SearchSettings) -> tuple[TrialRecord, float | None]:
     """The record of one run: its figures, and a verdict before the winner is known."""
     per_device = report.per_device_batch()
-    base = results.get(baseline.key()) if baseline is not None else None
+    base = results.get(baseline) if baseline is not None else None
     base_sps = base.samples_per_s() if base is not None else None
     sps = result.samples_per_s()
     verdict, reason = result.status, result.message.splitlines()[0] if result.message else ""
@@ -129,7 +132,7 @@ def classify(candidate: Candidate, result: TrialResult, results: dict[str, Trial
         # it: then the baseline's first loss, on batches made the same way).
         ref = result.reference_loss if result.reference_loss is not None else (
             base.first_loss if base is not None else None)
-        tol = LOSS_TOLERANCE.get(candidate.precision, 0.05)
+        tol = LOSS_TOLERANCE.get(candidate.knobs.precision, 0.05)
         if result.peak_bytes is not None and result.peak_bytes > usable:
             verdict = "over_budget"
             reason = (f"ran, but its peak {result.peak_bytes / 2**20:,.1f} MiB is over the "
@@ -142,23 +145,25 @@ def classify(candidate: Candidate, result: TrialResult, results: dict[str, Trial
                           f"eager's {ref:.4g} on the same batches (allowed {tol:.0%})")
         if verdict == "ok" and len(result.step_times_s) < settings.num_timed_steps:
             verdict = "slower"
-            reason = (f"stopped after {len(result.step_times_s)} timed steps: over "
-                      f"{settings.slower_factor:g}x the best candidate's time")
+            reason = (f"stopped after {len(result.step_times_s)} timed steps: clearly behind "
+                      "the leader (its fastest step slower than the leader's median beyond the "
+                      f"noise, or over {settings.slower_factor:g}x its time)")
     value = objective(result, settings) if verdict in ("ok", "slower") else None
     tokens = sps * result.tokens_per_sample if sps and result.tokens_per_sample else None
     per_sample = flops_per_sample(base)
     tflops = per_sample * sps / 1e12 if per_sample and sps else None
-    peak = peak_tflops(report.device.name, candidate.precision)
+    peak = peak_tflops(report.device.name, candidate.knobs.precision)
     record = TrialRecord(
         number=0, micro_batch=candidate.micro_batch,
-        accumulate_steps=per_device // candidate.micro_batch, precision=candidate.precision,
-        compile_mode=candidate.compile_mode, verdict=verdict, reason=reason,  # type: ignore[arg-type]
+        accumulate_steps=per_device // candidate.micro_batch, knobs=candidate.knobs,
+        verdict=verdict, reason=reason,  # type: ignore[arg-type]
         is_baseline=candidate == baseline, median_step_s=result.median_step_s(),
         spread=result.spread(), num_timed_steps=len(result.step_times_s), samples_per_s=sps,
         tokens_per_s=tokens, peak_bytes=result.peak_bytes, compile_s=result.compile_s,
         first_loss=result.first_loss, num_skipped_steps=result.num_skipped_steps,
         num_graphs=result.num_graphs, num_graph_breaks=result.num_graph_breaks,
         num_alloc_retries=result.num_alloc_retries,
+        fragmentation_bytes=result.fragmentation_bytes,
         speedup=sps / base_sps if sps and base_sps else None,
         tflops_per_s=tflops, mfu=tflops / peak if tflops and peak else None,
         time_to_train_s=value if settings.train_steps and value is not None else None,
@@ -196,7 +201,7 @@ def pick_winner(records: tuple[TrialRecord, ...], settings: SearchSettings) -> T
 
 def break_even_steps(winner: TrialRecord, baseline: TrialRecord) -> float | None:
     """Optimizer steps after which a compiled winner's compile time is paid back."""
-    if winner.compile_mode == "off" or not winner.median_step_s or not baseline.median_step_s:
+    if winner.knobs.compile_mode == "off" or not winner.median_step_s or not baseline.median_step_s:
         return None
     saved = baseline.median_step_s - winner.median_step_s
     if saved <= 0:

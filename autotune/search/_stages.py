@@ -6,9 +6,16 @@
    measure memory).
 2. For each precision whose best is near the leader's, probe the other compile modes (kernel
    autotuning, CUDA graphs): a refinement of ``default`` that rarely gains more than the gap.
-3. Time smaller micro-batches of the classes near the leader, largest first, while each is
+3. Screen each further knob (checkpointing, optimizer implementation, memory format,
+   allocator) on the leader, one knob at a time, in ``knobs.KNOBS`` order: a value that frees
+   memory gets a boundary probe of its own only where memory binds the leader (its largest fit
+   is under the per-device batch, or the allocator retried); any other value is timed at the
+   leader's micro-batch. The best becomes the leader for the next knob. The space grows by
+   the sum of the knobs' values, not their product. When fp32 eager fits nothing, the values
+   that free memory are tried on it first (the baseline becomes the first that fits).
+4. Time smaller micro-batches of the settings near the leader, largest first, while each is
    faster than the last.
-4. Re-measure the leader and the candidates whose gap to it is within the noise (a close
+5. Re-measure the leader and the candidates whose gap to it is within the noise (a close
    race), interleaved; each keeps its better run. A clear lead stands without a second run.
 
 What is not tried is said, with the measured reason, in the outcome's ``skipped``.
@@ -17,19 +24,20 @@ What is not tried is said, with the measured reason, in the outcome's ``skipped`
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from autotune.config import (
-    BASELINE_CLASS,
-    COMPILE_MODES,
-    PRECISIONS,
-    MemoryClass,
+    BASELINE_KNOBS,
+    Knobs,
     MemoryProbe,
     ProbeReport,
     TrialResult,
     TrialSpec,
+    WorkloadTraits,
+    format_bytes,
 )
+from autotune.knobs import KNOBS, skip_reason
 from autotune.memory import OnStep, hint_for, probe_memory, probe_spec
 from autotune.runner import run_isolated
 from autotune.schema import TrialRecord
@@ -65,17 +73,19 @@ MIN_CHILD_S = 1.0
 """A child run needs at least this much of the time budget left to be started."""
 
 
-def run_search(report: ProbeReport, classes: Sequence[MemoryClass], settings: SearchSettings,
-               *, run: Runner = run_isolated, on_trial: OnTrial | None = None,
-               on_step: OnStep | None = None) -> SearchOutcome:
+def run_search(report: ProbeReport, classes: Sequence[Knobs], settings: SearchSettings,
+               *, values: Mapping[str, Sequence[str]] | None = None, run: Runner = run_isolated,
+               on_trial: OnTrial | None = None, on_step: OnStep | None = None) -> SearchOutcome:
     """Probe and time the classes in stages, pruning what cannot win (module docstring).
 
     Args:
         report: the workload, device, target and budget (its ``probes`` are not used: this
             search probes each class it tries, and returns the probes).
-        classes: the memory classes the device supports and the user allows; fp32 eager
-            (the baseline) must be one of them.
+        classes: the (precision, compile mode) settings the device supports and the user
+            allows; fp32 eager (the baseline) must be one of them.
         settings: timing, pruning, limits, objective and storage.
+        values: per knob beyond precision and compile mode, the values stage 3 may screen
+            (``space.knob_values``); None screens none.
         run: runs a spec (the isolated runner).
         on_trial: progress before and after each child run.
         on_step: progress after each memory probe step.
@@ -84,8 +94,8 @@ def run_search(report: ProbeReport, classes: Sequence[MemoryClass], settings: Se
         ConfigError: a storage that cannot be opened or holds another search.
         WorkloadError: the workload fails.
     """
-    assert BASELINE_CLASS in classes, "fp32 eager is the baseline: the api adds it"
-    search = _Search(report, classes, settings, run, on_trial, on_step)
+    assert BASELINE_KNOBS in classes, "fp32 eager is the baseline: the api adds it"
+    search = _Search(report, classes, settings, values or {}, run, on_trial, on_step)
     interrupted, stop_reason = False, "every class was tried or pruned with a reason"
     try:
         search.stages(classes)
@@ -105,30 +115,30 @@ def interrupt_name(exc: BaseException) -> str:
 class _Search:
     """The state of one search: the study, the results so far, the probes, what was pruned."""
 
-    def __init__(self, report: ProbeReport, classes: Sequence[MemoryClass],
-                 settings: SearchSettings, run: Runner, on_trial: OnTrial | None,
-                 on_step: OnStep | None) -> None:
+    def __init__(self, report: ProbeReport, classes: Sequence[Knobs],
+                 settings: SearchSettings, values: Mapping[str, Sequence[str]], run: Runner,
+                 on_trial: OnTrial | None, on_step: OnStep | None) -> None:
         self.report, self.settings = report, settings
         self._run, self._on_trial, self._on_step = run, on_trial, on_step
         self.per_device = report.per_device_batch()
         self.micro_batches = divisors(self.per_device)
-        # Every candidate of any class: the study's choices stay the same when a resumed
-        # search is restricted differently.
-        self.choices = [f"{p}/{m}/{b}" for p in PRECISIONS for m in COMPILE_MODES
-                        for b in self.micro_batches]
+        self.values = {k: tuple(v) for k, v in values.items()}
         self.study = open_study(settings, study_identity(report, settings),
                                 "minimize" if settings.train_steps else "maximize")
-        # A resumed study may hold classes this search is restricted from: leave them out.
-        allowed = {c.label() for c in classes}
+        # A resumed study may hold settings this search is restricted from: leave them out.
+        self.allowed_base = {(c.precision, c.compile_mode) for c in classes}
         done, runs = completed(self.study)
-        self.results: dict[str, TrialResult] = {
-            k: r for k, r in done.items() if k.rsplit("/", 1)[0] in allowed}
-        self.probe_runs: dict[str, TrialResult] = probed(self.study)
-        """Memory probes that timed nothing (bisection points), by candidate key."""
+        self.results: dict[Candidate, TrialResult] = {
+            c: r for c, r in done.items() if self._allowed(c.knobs)}
+        self.probe_runs: dict[Candidate, TrialResult] = probed(self.study)
+        """Memory probes that timed nothing (bisection points)."""
         self.baseline: Candidate | None = None
-        self.probes: dict[MemoryClass, MemoryProbe] = {}
+        self.probes: dict[Knobs, MemoryProbe] = {}
         self.skipped: list[str] = []
-        self.runs: dict[str, int] = {k: n for k, n in runs.items() if k in self.results}
+        self.traits: WorkloadTraits | None = next(
+            (r.traits for r in self.results.values() if r.traits is not None), None)
+        """What the workload allows (blocks, convolutions, optimizer), from any run."""
+        self.runs: dict[Candidate, int] = {k: n for k, n in runs.items() if k in self.results}
         """Runs of each candidate (2 once re-measured), stored ones included."""
         self.num_runs = 0
         self.stage = "probe"
@@ -136,51 +146,118 @@ class _Search:
 
     # -- the stages ------------------------------------------------------------------------
 
-    def stages(self, classes: Sequence[MemoryClass]) -> None:
+    def _allowed(self, knobs: Knobs) -> bool:
+        """Whether a stored run's setting is in this search's space."""
+        return (knobs.precision, knobs.compile_mode) in self.allowed_base and all(
+            getattr(knobs, k.name) == k.default or getattr(knobs, k.name) in self.values.get(
+                k.name, ()) for k in KNOBS[2:])
+
+    def stages(self, classes: Sequence[Knobs]) -> None:
         first = sorted((c for c in classes if c.compile_mode in FIRST_MODES),
-                       key=lambda c: (c != BASELINE_CLASS, c.compile_mode != "off"))
-        for memory_class in first:
-            self.probe(memory_class)
-            if memory_class == BASELINE_CLASS:
-                base = self.probes[BASELINE_CLASS]
-                if not base.max_micro_batch:
+                       key=lambda c: (c != BASELINE_KNOBS, c.compile_mode != "off"))
+        for knobs in first:
+            self.probe(knobs)
+            if knobs == BASELINE_KNOBS:
+                base = self.probes[BASELINE_KNOBS]
+                if base.max_micro_batch:
+                    self.baseline = Candidate(knobs=knobs, micro_batch=base.max_micro_batch)
+                elif not self.rescue_baseline():
                     return  # no baseline: the api says what it would take
-                self.baseline = Candidate(precision="fp32", compile_mode="off",
-                                          micro_batch=base.max_micro_batch)
-        for memory_class in (c for c in classes if c.compile_mode not in FIRST_MODES):
-            why_not = self._why_not_mode(memory_class)
+        for knobs in (c for c in classes if c.compile_mode not in FIRST_MODES):
+            why_not = self._why_not_mode(knobs)
             if why_not:
                 self.skipped.append(why_not)
             else:
-                self.probe(memory_class)
+                self.probe(knobs)
+        self.stage = "knobs"
+        self.screen()
         self.stage = "refine"
         for probe in sorted(self.probes.values(), key=lambda p: -(self._class_best(
-                p.memory_class) or 0.0)):
+                p.knobs) or 0.0)):
             self.refine(probe)
         self.stage = "confirm"
         self.confirm()
 
-    def probe(self, memory_class: MemoryClass) -> MemoryProbe:
-        """Find the class's largest fitting micro-batch, and time it.
+    def probe(self, knobs: Knobs) -> MemoryProbe:
+        """Find the setting's largest fitting micro-batch, and time it.
 
         A probe that may be the largest fit times its config in the same run; bisection
         points only measure memory. When the boundary turns out to be such a point, it is
         timed afterwards."""
 
         def candidate(micro_batch: int) -> Candidate:
-            return Candidate(precision=memory_class.precision,
-                             compile_mode=memory_class.compile_mode, micro_batch=micro_batch)
+            return Candidate(knobs=knobs, micro_batch=micro_batch)
 
         probe = probe_memory(
-            self.report.workload, self.report.device.device, memory_class, self.micro_batches,
+            self.report.workload, self.report.device.device, knobs, self.micro_batches,
             budget_bytes=self.report.budget_bytes, usable_bytes=self.report.usable_bytes(),
-            timeout_s=self.settings.timeout_s, hint=hint_for(memory_class, self.probes.values()),
+            timeout_s=self.settings.timeout_s, hint=hint_for(knobs, self.probes.values()),
             run=self.measure, on_step=self._on_step,
             make_spec=lambda m, may_be_largest: self.spec(candidate(m), timed=may_be_largest))
-        self.probes[memory_class] = probe
+        self.probes[knobs] = probe
         if probe.max_micro_batch:
             self.measure(self.spec(candidate(probe.max_micro_batch)))  # reused when timed
         return probe
+
+    def rescue_baseline(self) -> bool:
+        """fp32 eager fits nothing: try the values that free memory on it, most first; the
+        first that fits is the baseline (what fits with the least change). False when none
+        does (the api then says what the budget would need)."""
+        for knob in KNOBS[2:]:
+            for value in knob.frees_memory:
+                if value not in self.values.get(knob.name, ()):
+                    continue
+                knobs = BASELINE_KNOBS.with_(**{knob.name: value})
+                why = skip_reason(knobs, self.traits)
+                if why:
+                    self.skipped.append(f"{knobs.label()} not tried: {why}")
+                    continue
+                probe = self.probe(knobs)
+                if probe.max_micro_batch:
+                    self.baseline = Candidate(knobs=knobs, micro_batch=probe.max_micro_batch)
+                    self.skipped.append(
+                        f"fp32/off fits no micro-batch in "
+                        f"{format_bytes(self.report.usable_bytes())}"
+                        f" usable: the baseline is {self.baseline.key()}, the first setting "
+                        "that frees enough memory")
+                    return True
+        return False
+
+    def screen(self) -> None:
+        """Stage 3: each further knob on the leader, one at a time (module docstring)."""
+        for knob in KNOBS[2:]:
+            leader = self._leader()
+            if leader is None:
+                return
+            for value in self.values.get(knob.name, ()):
+                if value == getattr(leader.knobs, knob.name):
+                    continue
+                knobs = leader.knobs.with_(**{knob.name: value})
+                if knobs in self.probes or any(c.knobs == knobs for c in self.results):
+                    continue
+                why = skip_reason(knobs, self.traits)
+                if why is None and value in knob.frees_memory:
+                    why = self._why_not_free(leader)
+                if why:
+                    self.skipped.append(f"{knobs.label()} not tried: {why}")
+                elif value in knob.frees_memory:
+                    self.probe(knobs)
+                else:
+                    result = self.measure(self.spec(Candidate(knobs=knobs,
+                                                              micro_batch=leader.micro_batch)))
+                    if result.status == "oom":  # it needs more memory than the leader's
+                        self.probe(knobs)
+
+    def _why_not_free(self, leader: Candidate) -> str | None:
+        """Why freeing memory cannot help the leader, if it cannot: it already runs the whole
+        per-device batch without allocator retries (a measured fact, said with its peak)."""
+        result = self.results.get(leader)
+        if leader.micro_batch < self.per_device or result is None or result.num_alloc_retries:
+            return None
+        return (f"the leader ({leader.key()}) already runs the whole per-device batch "
+                f"{self.per_device} at peak {format_bytes(result.peak_bytes)} of "
+                f"{format_bytes(self.report.usable_bytes())} usable, without allocator retries: "
+                "freeing memory cannot raise its micro-batch, and costs time")
 
     def refine(self, probe: MemoryProbe) -> None:
         """Time smaller micro-batches of one class, largest first, while each is faster than
@@ -188,34 +265,34 @@ class _Search:
 
         Micro-batches already measured (a resumed study) are walked through the same rule, so
         a resumed search stops where the first one did."""
-        memory_class, per_class = probe.memory_class, self.settings.micro_batches_per_class
-        label = memory_class.label()
+        knobs, per_class = probe.knobs, self.settings.micro_batches_per_class
+        label = knobs.label()
         fitting = sorted(probe.fitting(), reverse=True)
-        why_not = self._why_not_smaller(memory_class, fitting)
+        why_not = self._why_not_smaller(knobs, fitting)
         if why_not and per_class:
             self.skipped.append(why_not)
             return
         walked: list[int] = []  # largest first, each measured
         for i, m in enumerate(fitting):
-            key = self._key(memory_class, m)
+            key = Candidate(knobs=knobs, micro_batch=m)
             rest = ", ".join(str(x) for x in fitting[i:])
             if key not in self.results:
                 if per_class and len(walked) >= per_class:
                     self.skipped.append(f"{label}: micro-batches {rest} not timed: the class's "
                                         f"{per_class} largest were (--micro-batches)")
                     return
-                share = self._share(self._class_best(memory_class))
+                share = self._share(self._class_best(knobs))
                 if per_class and (share is None or share < self.settings.refine_within):
                     self.skipped.append(f"{label}: micro-batches {rest} not timed: "
                                         f"{self._behind(share)}")
                     return
-                self.measure(self.spec(Candidate(precision=memory_class.precision,
-                                                 compile_mode=memory_class.compile_mode,
-                                                 micro_batch=m)))
+                self.measure(self.spec(key))
             if walked and per_class:
-                best_m = max(walked, key=lambda x: self._score(self._key(memory_class, x)) or 0)
-                before, now = self._score(self._key(memory_class, best_m)), self._score(key)
-                noise = self._noise(key, self._key(memory_class, best_m))
+                best = max((Candidate(knobs=knobs, micro_batch=x) for x in walked),
+                           key=lambda c: self._score(c) or 0)
+                before, now = self._score(best), self._score(key)
+                noise = self._noise(key, best)
+                best_m = best.micro_batch
                 if now is None or (before is not None and now <= before * (1 + noise)):
                     later = ", ".join(str(x) for x in fitting[i + 1:])
                     if later:
@@ -225,20 +302,20 @@ class _Search:
                     return
             walked.append(m)
 
-    def _why_not_smaller(self, memory_class: MemoryClass, fitting: list[int]) -> str | None:
+    def _why_not_smaller(self, knobs: Knobs, fitting: list[int]) -> str | None:
         """Why a compiled class's smaller micro-batches are not worth their compiles, if not.
 
         A smaller micro-batch only adds accumulation steps, unless memory pressure slows the
         largest (allocator retries, or a boundary below the whole per-device batch). Each one
         costs a compile of its own (``dynamic=False``): a compiled class that runs the whole
         per-device batch without retries is not refined."""
-        if memory_class.compile_mode == "off" or len(fitting) < 2:
+        if knobs.compile_mode == "off" or len(fitting) < 2:
             return None
-        largest = self.results.get(self._key(memory_class, fitting[0]))
+        largest = self.results.get(Candidate(knobs=knobs, micro_batch=fitting[0]))
         if fitting[0] < self.per_device or largest is None or largest.num_alloc_retries:
             return None
         rest = ", ".join(str(m) for m in fitting[1:])
-        return (f"{memory_class.label()}: micro-batches {rest} not timed: {fitting[0]} (the "
+        return (f"{knobs.label()}: micro-batches {rest} not timed: {fitting[0]} (the "
                 "whole per-device batch) ran without allocator retries, so a smaller one "
                 "only adds accumulation steps, each at the cost of a compile "
                 "(--micro-batches all times them)")
@@ -251,10 +328,10 @@ class _Search:
         for key in keys:
             if self.runs.get(key, 1) >= 2:  # re-measured before this search was resumed
                 continue
-            candidate = self._candidate(key)
+            candidate = key
             spec = self._limited(self.spec(candidate, early_stop=False))
             self._progress(candidate, None)
-            with running(self.study, key, self.choices) as trial:
+            with running(self.study, candidate, self.micro_batches) as trial:
                 again = self._run_child(spec)
                 rec, value = classify(candidate, again, self.results, self.baseline,
                                       self.report, self.settings)
@@ -263,7 +340,7 @@ class _Search:
             self._progress(candidate, rec)  # the re-run's own figures
             self.results[key] = keep_better(self.results[key], again)
 
-    def _contenders(self) -> list[str]:
+    def _contenders(self) -> list[Candidate]:
         """The leader and up to ``num_confirm`` candidates whose gap to it is within the noise
         (``confirm_within`` or either run's spread); says why when there are none."""
         if self.settings.num_confirm <= 0:
@@ -274,7 +351,7 @@ class _Search:
             return []
         leader, top = ranked[0], self._score(ranked[0], full=True) or 0.0
 
-        def noise(key: str) -> float:
+        def noise(key: Candidate) -> float:
             return self._noise(key, leader)
 
         close = [k for k in ranked[1:]
@@ -283,8 +360,8 @@ class _Search:
             runner_up = ranked[1]
             share = (self._score(runner_up, full=True) or 0.0) / top
             self.skipped.append(
-                f"no re-measurement: the runner-up ({runner_up}) is {share:.2f}x the leader "
-                f"({leader}), a gap wider than the noise measured (spread up to "
+                f"no re-measurement: the runner-up ({runner_up.key()}) is {share:.2f}x the "
+                f"leader ({leader.key()}), a gap wider than the noise measured (spread up to "
                 f"{noise(runner_up):.0%}, --confirm-within {self.settings.confirm_within:g})")
         return [leader, *close[:self.settings.num_confirm]]
 
@@ -296,11 +373,11 @@ class _Search:
         only measures its memory."""
         if not timed:
             return probe_spec(self.report.workload, self.report.device.device,
-                              candidate.memory_class(), candidate.micro_batch,
+                              candidate.knobs, candidate.micro_batch,
                               self.report.budget_bytes, self.settings.timeout_s)
-        is_base_class = candidate.memory_class() == BASELINE_CLASS
+        is_base_class = candidate.knobs == BASELINE_KNOBS
         spec = probe_spec(self.report.workload, self.report.device.device,
-                          candidate.memory_class(), candidate.micro_batch,
+                          candidate.knobs, candidate.micro_batch,
                           self.report.budget_bytes, self.settings.timeout_s,
                           per_device_batch=self.per_device,
                           num_timed_steps=self.settings.num_timed_steps,
@@ -309,14 +386,24 @@ class _Search:
         medians = [r.median_step_s() for r in self.results.values() if r.ok and r.median_step_s()]
         if not early_stop or is_base_class or not medians:
             return spec
-        best_window_s = max(min(m for m in medians if m is not None)
-                            * self.settings.num_timed_steps, self.settings.min_timed_s)
-        return replace(spec, max_timed_s=self.settings.slower_factor * best_window_s)
+        best_s = min(m for m in medians if m is not None)
+        best_window_s = max(best_s * self.settings.num_timed_steps, self.settings.min_timed_s)
+        spec = replace(spec, max_timed_s=self.settings.slower_factor * best_window_s)
+        if self.settings.train_steps:  # compile time counts too: a slow step may still win
+            return spec
+        return replace(spec, stop_above_step_s=best_s * (1 + self._stop_margin()))
+
+    def _stop_margin(self) -> float:
+        """How much slower than the leader's median a candidate's fastest steps must be to
+        stop timing it: ``stop_margin``, or the leader's own step-time spread when wider (a
+        noisy leader's median says less), at most ``slower_factor``."""
+        leader = self._leader()
+        spread = (self.results[leader].spread() or 0.0) if leader is not None else 0.0
+        return min(max(self.settings.stop_margin, spread), self.settings.slower_factor - 1)
 
     def measure(self, spec: TrialSpec) -> TrialResult:
         """Run a spec in a child (or reuse the study's result for it) and record it."""
-        candidate = Candidate.of(spec)
-        key = candidate.key()
+        candidate = key = Candidate.of(spec)
         timed = spec.num_timed_steps > 0
         if key in self.results:  # a trial answers a memory probe too
             return self.results[key]
@@ -324,8 +411,10 @@ class _Search:
             return self.probe_runs[key]
         spec = self._limited(spec)
         self._progress(candidate, None)
-        with running(self.study, key, self.choices) as trial:
+        with running(self.study, candidate, self.micro_batches) as trial:
             result = self._run_child(spec)
+            if self.traits is None and result.traits is not None:
+                self.traits = result.traits
             if not timed:  # its line comes from the probe's on_step
                 tell(self.study, trial, result, None, kind="probe")
                 self.probe_runs[key] = result
@@ -364,7 +453,7 @@ class _Search:
         if self.baseline is None:  # stopped while probing it: its largest fit timed so far
             self.baseline = self._known_baseline()
         records = tuple(
-            replace(classify(self._candidate(k), r, self.results, self.baseline, self.report,
+            replace(classify(k, r, self.results, self.baseline, self.report,
                              self.settings)[0], number=i, num_runs=self.runs.get(k, 1))
             for i, (k, r) in enumerate(self.results.items()))
         return SearchOutcome(records=records, results=self.results, baseline=self.baseline,
@@ -376,68 +465,64 @@ class _Search:
         """fp32 eager at the largest micro-batch timed so far that fits: the baseline of a
         search stopped (Ctrl-C, a limit) before the baseline's memory probe ended."""
         usable = self.report.usable_bytes()
-        fits = [c for k, r in self.results.items()
-                if (c := self._candidate(k)).memory_class() == BASELINE_CLASS and r.fits(usable)]
+        fits = [c for c, r in self.results.items()
+                if c.knobs == BASELINE_KNOBS and r.fits(usable)]
         return max(fits, key=lambda c: c.micro_batch, default=None)
 
     # -- measures of progress --------------------------------------------------------------
 
-    def _why_not_mode(self, memory_class: MemoryClass) -> str | None:
+    def _why_not_mode(self, knobs: Knobs) -> str | None:
         """Why a compile mode beyond off/default is not tried for this precision, if not."""
         if not self.settings.refine_within:
             return None
-        same = [c for c in self.probes if c.precision == memory_class.precision]
+        same = [c for c in self.probes if c.precision == knobs.precision]
         if not same:
             return None  # nothing measured predicts it: try it
         share = self._share(max((self._class_best(c) or 0.0 for c in same), default=0.0))
         if share is not None and share >= self.settings.refine_within:
             return None
-        return f"{memory_class.label()} not tried: {self._behind(share, memory_class.precision)}"
+        return f"{knobs.label()} not tried: {self._behind(share, knobs.precision)}"
 
     def _behind(self, share: float | None, precision: str | None = None) -> str:
         what = f"{precision}'s best" if precision else "its best"
         if share is None:
             return f"{what} did not run"
         digits = 2 if round(share, 2) < self.settings.refine_within else 3  # 0.897, not 0.90
-        return (f"{what} is {share:.{digits}f}x the leader's ({self._leader_key()}), under the "
+        leader = self._leader()
+        return (f"{what} is {share:.{digits}f}x the leader's "
+                f"({leader.key() if leader else '-'}), under the "
                 f"{self.settings.refine_within:.2f} that refinement needs (--refine-within)")
 
-    def _noise(self, *keys: str) -> float:
+    def _noise(self, *keys: Candidate) -> float:
         """Relative gap two runs need before it counts: ``confirm_within``, or the larger
         step-time spread (p90 - p10 over the median) the runs measured."""
         spreads = [r.spread() or 0.0 for k in keys if (r := self.results.get(k)) is not None]
         return max(self.settings.confirm_within, *spreads)
 
-    def _score(self, key: str, *, full: bool = False) -> float | None:
+    def _score(self, key: Candidate, *, full: bool = False) -> float | None:
         """Larger-is-better objective of a run that counts (``full``: all timed steps ran)."""
         result = self.results.get(key)
         if result is None:
             return None
-        rec, value = classify(self._candidate(key), result, self.results, self.baseline,
+        rec, value = classify(key, result, self.results, self.baseline,
                               self.report, self.settings)
         if rec.verdict not in (("ok",) if full else ("ok", "slower")):
             return None
         return score(value, self.settings)
 
-    def _class_best(self, memory_class: MemoryClass) -> float | None:
-        scores = [self._score(self._key(memory_class, m)) for m in self.micro_batches]
+    def _class_best(self, knobs: Knobs) -> float | None:
+        scores = [self._score(Candidate(knobs=knobs, micro_batch=m)) for m in self.micro_batches]
         return max((s for s in scores if s is not None), default=None)
 
-    def _leader_key(self) -> str | None:
+    def _leader(self) -> Candidate | None:
+        """The candidate with the best score of a complete timed run so far."""
         scored = [(s, k) for k in self.results if (s := self._score(k, full=True)) is not None]
-        return max(scored)[1] if scored else None
+        return max(scored, key=lambda t: t[0])[1] if scored else None
 
     def _share(self, best: float | None) -> float | None:
-        leader = self._leader_key()
+        leader = self._leader()
         top = self._score(leader, full=True) if leader else None
         return best / top if best is not None and top else None
-
-    def _key(self, memory_class: MemoryClass, micro_batch: int) -> str:
-        return f"{memory_class.precision}/{memory_class.compile_mode}/{micro_batch}"
-
-    def _candidate(self, key: str) -> Candidate:
-        precision, mode, micro_batch = key.split("/")
-        return Candidate(precision=precision, compile_mode=mode, micro_batch=int(micro_batch))
 
     def _progress(self, candidate: Candidate, rec: TrialRecord | None) -> None:
         if self._on_trial is not None:

@@ -20,7 +20,8 @@ from optuna.trial import TrialState
 
 from autotune.config import ProbeReport, TrialResult, WorkloadSpec, from_json_dict, to_json_dict
 from autotune.errors import ConfigError
-from autotune.search._records import SearchSettings, keep_better
+from autotune.knobs import KNOBS, Knobs
+from autotune.search._records import Candidate, SearchSettings, keep_better
 
 CONSTRAINT = "ran"
 """Optuna constraint: 0 for a run that counts, 1 for OOM, crash, timeout, numerics, ..."""
@@ -39,6 +40,7 @@ def study_identity(report: ProbeReport, settings: SearchSettings) -> dict[str, s
         "budget_bytes": str(report.budget_bytes), "headroom": f"{report.headroom:g}",
         "objective": (f"time_to_train:{settings.train_steps}" if settings.train_steps
                       else "throughput"),
+        "params": "knobs+micro_batch",  # one Optuna parameter per knob (schema 2)
     }
 
 
@@ -105,41 +107,65 @@ def open_study(settings: SearchSettings, identity: dict[str, str],
     return study
 
 
-def completed(study: optuna.Study) -> tuple[dict[str, TrialResult], dict[str, int]]:
+def _candidate(params: dict[str, object]) -> Candidate | None:
+    """The candidate an Optuna trial's parameters name (None: not one of ours)."""
+    try:
+        knobs = Knobs(**{k.name: params[k.name] for k in KNOBS})  # type: ignore[arg-type]
+        return Candidate(knobs=knobs, micro_batch=int(params["micro_batch"]))  # type: ignore[arg-type]
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def completed(study: optuna.Study) -> tuple[dict[Candidate, TrialResult], dict[Candidate, int]]:
     """Timed runs already in the study, each candidate's better run (a re-measured one has
     two: the faster kept, as the search keeps it), and how many runs each had."""
-    done: dict[str, TrialResult] = {}
-    runs: dict[str, int] = {}
+    done: dict[Candidate, TrialResult] = {}
+    runs: dict[Candidate, int] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if "result" not in t.user_attrs or "candidate" not in t.params:
+        key = _candidate(t.params)
+        if "result" not in t.user_attrs or key is None:
             continue
-        key = t.params["candidate"]
         result = from_json_dict(TrialResult, json.loads(t.user_attrs["result"]))
         runs[key] = runs.get(key, 0) + 1
         done[key] = keep_better(done[key], result) if key in done else result
     return done, runs
 
 
-def probed(study: optuna.Study) -> dict[str, TrialResult]:
+def probed(study: optuna.Study) -> dict[Candidate, TrialResult]:
     """Memory probes already in the study: runs that stopped before timed steps (pruned)."""
-    done: dict[str, TrialResult] = {}
+    done: dict[Candidate, TrialResult] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,)):
-        if "result" in t.user_attrs and "candidate" in t.params:
-            done[t.params["candidate"]] = from_json_dict(TrialResult,
-                                                         json.loads(t.user_attrs["result"]))
+        key = _candidate(t.params)
+        if "result" in t.user_attrs and key is not None:
+            done[key] = from_json_dict(TrialResult, json.loads(t.user_attrs["result"]))
     return done
 
 
+def distributions(micro_batches: Sequence[int]) -> dict[str, optuna.distributions.BaseDistribution]:
+    """One categorical parameter per knob over all its values, and the micro-batch: the same
+    choices whatever a search is restricted to, so restricted and resumed searches share a
+    study, and optuna-dashboard shows each knob as a parameter."""
+    dists: dict[str, optuna.distributions.BaseDistribution] = {
+        k.name: optuna.distributions.CategoricalDistribution(k.values) for k in KNOBS}
+    dists["micro_batch"] = optuna.distributions.CategoricalDistribution(tuple(micro_batches))
+    return dists
+
+
 @contextlib.contextmanager
-def running(study: optuna.Study, key: str, choices: Sequence[str]) -> Iterator[optuna.Trial]:
-    """Ask for the trial of one run of ``key``; a run that raises (Ctrl-C) is told failed."""
-    distribution = {"candidate": optuna.distributions.CategoricalDistribution(choices)}
-    study.enqueue_trial({"candidate": key})
-    trial = study.ask(distribution)
+def running(study: optuna.Study, candidate: Candidate,
+            micro_batches: Sequence[int]) -> Iterator[optuna.Trial]:
+    """Ask for the trial of one run of ``candidate``; a run that raises (Ctrl-C) is told
+    failed."""
+    params = {k.name: getattr(candidate.knobs, k.name) for k in KNOBS}
+    params["micro_batch"] = candidate.micro_batch
+    dists = distributions(micro_batches)
+    study.enqueue_trial(params)
+    trial = study.ask(dists)
     # A waiting trial left by an interrupted process is popped first: fail it, ask again.
-    while trial.params["candidate"] != key:
+    while _candidate(trial.params) != candidate:
         study.tell(trial, state=TrialState.FAIL)
-        trial = study.ask(distribution)
+        trial = study.ask(dists)
+    trial.set_user_attr("candidate", candidate.key())
     try:
         yield trial
     except BaseException:

@@ -1,0 +1,641 @@
+"""Every knob of the search in one place: its values, where it applies, and how.
+
+A knob is one entry of ``KNOBS``: its values per device, whether a workload can use a value
+(``skip_reason``), how it is applied (to the model, the optimizer, the batches, the child's
+environment), its Hugging Face ``TrainingArguments`` / Accelerate mapping, its lines in the
+generated script and its words in the report. ``Knobs`` is one point of the space without the
+micro-batch; the child's trial, the estimator, ``autotune.load`` and the generated script all
+apply it through the functions below. No module-level torch import: ``config``, ``schema`` and
+``codegen`` use the values without torch; torch loads where a knob is applied.
+
+Adding a knob: a field of ``Knobs``, an entry of ``KNOBS`` and its CLI option; nothing else
+spells its name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
+
+from autotune.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+Precision = Literal["fp32", "tf32", "bf16", "fp16"]
+CompileMode = Literal[
+    "off", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"
+]
+Checkpointing = Literal["off", "blocks", "alternate"]
+OptimizerImpl = Literal["default", "for-loop", "foreach", "fused"]
+MemoryFormat = Literal["contiguous", "channels_last"]
+Allocator = Literal["default", "expandable_segments"]
+
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
+CUDA_GRAPH_MODES: tuple[str, ...] = ("reduce-overhead", "max-autotune")
+
+_STRICT: dict[str, Any] = {"extra": "forbid", "strict": True}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Knobs:
+    """One point of the knob space, the micro-batch aside: what a memory probe holds fixed.
+
+    Each field's default is what an untuned user runs; the baseline is ``Knobs()``.
+    """
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
+
+    precision: Precision = "fp32"
+    """fp32: full precision. tf32: fp32 storage, TensorFloat-32 matmuls (Ampere+). bf16/fp16:
+    autocast halves many activations and speeds matmuls; fp16 adds a GradScaler."""
+    compile_mode: CompileMode = "off"
+    """torch.compile mode, or ``off`` (eager). Compiled code fuses ops (less activation memory,
+    faster steps) at a compile cost; CUDA-graph modes keep static buffers."""
+    checkpointing: Checkpointing = "off"
+    """Activation checkpointing of the repeated blocks: ``blocks`` (every one) or
+    ``alternate`` (every second): their activations are recomputed in backward instead of
+    kept, so a larger micro-batch fits, at about one more forward of those blocks."""
+    optimizer_impl: OptimizerImpl = "default"
+    """The workload's optimizer as built (``default``), or rebuilt with the same groups and
+    hyper-parameters as ``for-loop``, ``foreach`` (fewer kernel launches, temporaries the
+    size of the parameters) or ``fused`` (one kernel per step)."""
+    memory_format: MemoryFormat = "contiguous"
+    """``channels_last`` stores 4-D images and conv weights NHWC: faster convolutions on
+    tensor cores and oneDNN, the same memory."""
+    allocator: Allocator = "default"
+    """CUDA caching allocator: ``expandable_segments`` grows segments instead of caching
+    fixed blocks: less fragmentation (reserved beyond allocated), so more fits."""
+
+    def label(self) -> str:
+        """``bf16/default``, with every knob away from its default after it, e.g.
+        ``fp32/off+ckpt=blocks+opt=fused``: unique, and read back by ``from_label``."""
+        extras = "".join(f"+{k.tag}={getattr(self, k.name)}" for k in KNOBS[2:]
+                         if getattr(self, k.name) != k.default)
+        return f"{self.precision}/{self.compile_mode}{extras}"
+
+    @classmethod
+    def from_label(cls, text: str) -> Knobs:
+        """The knobs a ``label()`` names.
+
+        Raises:
+            ConfigError: not a label of known knobs and values.
+        """
+        base, *extras = text.split("+")
+        precision, sep, mode = base.partition("/")
+        values: dict[str, str] = {"precision": precision, "compile_mode": mode}
+        by_tag = {k.tag: k for k in KNOBS}
+        for extra in extras:
+            tag, _, value = extra.partition("=")
+            if tag not in by_tag:
+                raise ConfigError(f"{text!r}: unknown knob {tag!r} (known: "
+                                  f"{', '.join(k.tag for k in KNOBS[2:])})")
+            values[by_tag[tag].name] = value
+        problems = [f"{k.name} {values[k.name]!r} is not one of {', '.join(k.values)}"
+                    for k in KNOBS if k.name in values and values[k.name] not in k.values]
+        if not sep or problems:
+            raise ConfigError(f"{text!r} is not a knob label ({'; '.join(problems) or 'no /'})")
+        return cls(**values)  # type: ignore[arg-type]
+
+    @classmethod
+    def checked(cls, **values: str) -> Knobs:
+        """Knobs from user values (unknown names and values are all reported at once).
+
+        Raises:
+            ConfigError: each bad name or value, with the values there are.
+        """
+        problems = [f"{name} {value!r} is not one of {', '.join(KNOB[name].values)}"
+                    if name in KNOB else f"{name!r} is not a knob"
+                    for name, value in values.items()
+                    if name not in KNOB or value not in KNOB[name].values]
+        if problems:
+            raise ConfigError("; ".join(problems))
+        return cls(**values)  # type: ignore[arg-type]
+
+    def with_(self, **changes: str) -> Knobs:
+        """A copy with some knobs changed."""
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    def changed(self) -> tuple[str, ...]:
+        """Names of the knobs beyond precision and compile mode set away from their default."""
+        return tuple(k.name for k in KNOBS[2:] if getattr(self, k.name) != k.default)
+
+
+BASELINE = Knobs()
+"""fp32 eager, nothing else changed: what an untuned user runs."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadTraits:
+    """What a child saw of the workload that decides which knob values can apply to it."""
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
+
+    num_blocks: int = 0
+    """Repeated blocks found for checkpointing (``Workload.blocks`` or the longest run of
+    same-type children of a ModuleList/Sequential)."""
+    blocks: str = ""
+    """Where they are, e.g. ``blocks (2 x _Block)``."""
+    hf_checkpointing: bool = False
+    """A Hugging Face model that supports ``gradient_checkpointing_enable``."""
+    has_conv2d: bool = False
+    image_input: bool = False
+    """The batch has a 4-D floating-point tensor (N, C, H, W)."""
+    optimizer: str = ""
+    """The workload's optimizer class."""
+    optimizer_impls: tuple[str, ...] = ()
+    """Implementations its class can be rebuilt as (``for-loop``, ``foreach``, ``fused``)."""
+    optimizer_default: str = ""
+    """The implementation the optimizer as built runs (torch picks foreach for CUDA
+    parameters and for-loop otherwise, unless the workload chose)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Knob:
+    """One knob: its values, where it applies, and what it does (for help and the report)."""
+
+    name: str
+    """Its field of ``Knobs`` and key in ``autotune.json``."""
+    tag: str
+    """Its short name in labels (``ckpt=blocks``)."""
+    option: str
+    """Its CLI option (comma-separated values)."""
+    values: tuple[str, ...]
+    default: str
+    help: str
+    """What it does, and its memory and speed trade-off (the CLI's help, the README's)."""
+    cuda_only: tuple[str, ...] = ()
+    """Values only a CUDA device runs."""
+    needs: Callable[[str, WorkloadTraits], str | None] = lambda value, traits: None
+    """Why the workload cannot use a value (None: it can)."""
+    frees_memory: tuple[str, ...] = ()
+    """Values that free memory, most first: each is worth a boundary probe of its own where
+    memory binds (and may make fit what did not fit at all), never where it does not."""
+
+
+def _ckpt_needs(value: str, traits: WorkloadTraits) -> str | None:
+    if value != "off" and traits.num_blocks < 2 and not traits.hf_checkpointing:
+        return ("no repeated blocks to checkpoint (no ModuleList/Sequential of 2 or more "
+                "same-type modules; name them with Workload(blocks=...))")
+    return None
+
+
+def _opt_needs(value: str, traits: WorkloadTraits) -> str | None:
+    if value != "default" and value == traits.optimizer_default:
+        return (f"{traits.optimizer} as built already runs {value} (the same run as "
+                "optimizer_impl=default)")
+    if value != "default" and value not in traits.optimizer_impls:
+        return (f"{traits.optimizer or 'the optimizer'} cannot be rebuilt as {value} (it has "
+                f"{', '.join(traits.optimizer_impls) or 'no implementation switch'})")
+    return None
+
+
+def _format_needs(value: str, traits: WorkloadTraits) -> str | None:
+    if value == "channels_last" and not (traits.has_conv2d and traits.image_input):
+        return "needs 2-D convolutions and 4-D image inputs"
+    return None
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob(name="precision", tag="precision", option="--precisions", values=PRECISIONS,
+         default="fp32", help="fp32, tf32 (CUDA), bf16 (autocast), fp16 (autocast + GradScaler): "
+         "lower precision halves activations and speeds matmuls where the device has units for it",
+         cuda_only=("tf32", "fp16")),
+    Knob(name="compile_mode", tag="compile", option="--compile-modes", values=COMPILE_MODES,
+         default="off", help="torch.compile mode or off: fused kernels, less activation memory, "
+         "a compile cost", cuda_only=CUDA_GRAPH_MODES),
+    Knob(name="checkpointing", tag="ckpt", option="--checkpointing",
+         values=get_args(Checkpointing), default="off", needs=_ckpt_needs,
+         frees_memory=("blocks", "alternate"),
+         help="activation checkpointing of the repeated blocks (every one, or every second): "
+         "frees their activations for a larger micro-batch, costs about one more forward of "
+         "them"),
+    Knob(name="optimizer_impl", tag="opt", option="--optimizer-impls",
+         values=get_args(OptimizerImpl), default="default", needs=_opt_needs,
+         help="the workload's optimizer as built, or rebuilt for-loop, foreach (fewer "
+         "launches, temporaries as large as the parameters) or fused (one kernel)"),
+    Knob(name="memory_format", tag="format", option="--memory-formats",
+         values=get_args(MemoryFormat), default="contiguous", needs=_format_needs,
+         help="channels_last for 2-D convolutions on 4-D images: faster convolutions, the same "
+         "memory"),
+    Knob(name="allocator", tag="alloc", option="--allocators", values=get_args(Allocator),
+         default="default", cuda_only=("expandable_segments",),
+         frees_memory=("expandable_segments",),
+         help="CUDA allocator setting expandable_segments: less fragmentation, so more fits"),
+)
+"""Every knob, precision and compile mode first (they form a label's base)."""
+KNOB = {k.name: k for k in KNOBS}
+
+
+def device_skip_reason(knob: Knob, value: str, is_cuda: bool) -> str | None:
+    """Why ``value`` of ``knob`` does not run on this kind of device (None: it does)."""
+    if value in knob.cuda_only and not is_cuda:
+        return f"{knob.name} {value} skipped: CUDA only"
+    return None
+
+
+def parse_values(knob: Knob, wanted: Sequence[str] | None) -> tuple[str, ...] | None:
+    """A user's subset of a knob's values, checked.
+
+    Raises:
+        ConfigError: an unknown value (named, with the ones there are).
+    """
+    if wanted is None:
+        return None
+    unknown = [v for v in wanted if v not in knob.values]
+    if unknown:
+        raise ConfigError(f"{knob.option} {','.join(unknown)}: not a value of {knob.name}; "
+                          f"choose from {','.join(knob.values)}")
+    return tuple(dict.fromkeys(wanted))
+
+
+# ----------------------------------------------------------------------------------------------
+# Applying knobs. The child's trial, the estimator and ``autotune.load`` call these; the
+# generated script carries plain copies (``codegen_templates.SCRIPT``), held to the same
+# behaviour by tests (gradients, saved bytes, blocks found, optimizer groups).
+
+
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    """The autocast dtype for a precision, or None when it runs without autocast."""
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+
+
+def autocast(precision: str, device_type: str) -> Any:
+    """The autocast context for a precision (a no-op for fp32 and tf32)."""
+    import contextlib
+
+    import torch
+
+    dtype = autocast_dtype(precision)
+    return (contextlib.nullcontext() if dtype is None
+            else torch.autocast(device_type=device_type, dtype=dtype))
+
+
+def grad_scaler(precision: str, device_type: str) -> torch.amp.GradScaler | None:
+    """A GradScaler for fp16 (its small range underflows gradients without one), else None."""
+    import torch
+
+    return torch.amp.GradScaler(device_type) if precision == "fp16" else None
+
+
+def set_matmul_precision(precision: str) -> None:
+    """tf32 lets fp32 matmuls and convolutions use TensorFloat-32 (Ampere+); others stay exact."""
+    import torch
+
+    allow = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = allow
+    torch.backends.cudnn.allow_tf32 = allow
+
+
+def compile_model(model: nn.Module, compile_mode: str) -> nn.Module:
+    """``torch.compile`` with the mode (``dynamic=False``: one shape per trial), or the model."""
+    if compile_mode == "off":
+        return model
+    import torch
+
+    return torch.compile(model, mode=None if compile_mode == "default" else compile_mode,
+                         dynamic=False)
+
+
+class KnobUnsupported(Exception):
+    """A knob value cannot apply to this workload (e.g. ``fused`` for an optimizer without
+    it): the run's outcome is ``unsupported``, a reason to skip, never a failure."""
+
+
+def find_blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's repeated blocks: the longest run of consecutive same-type children (each
+    with parameters) of any ``ModuleList`` or ``Sequential``; ties go to more parameters."""
+    from torch import nn
+
+    best: list[nn.Module] = []
+
+    def weight(run: list[nn.Module]) -> tuple[int, int]:
+        return len(run), sum(p.numel() for m in run for p in m.parameters())
+
+    for module in model.modules():
+        if not isinstance(module, (nn.ModuleList, nn.Sequential)):
+            continue
+        run: list[nn.Module] = []
+        for child in [*module.children(), None]:
+            same = (child is not None and run and type(child) is type(run[0]))
+            if not same:
+                if len(run) >= 2 and weight(run) > weight(best):
+                    best = run
+                run = []
+            if child is not None and any(True for _ in child.parameters()):
+                run.append(child)
+    return best
+
+
+def _blocks_of(model: nn.Module, blocks: Callable[[nn.Module], Sequence[nn.Module]] | None
+               ) -> list[nn.Module]:
+    return list(blocks(model)) if blocks is not None else find_blocks(model)
+
+
+def apply_checkpointing(model: nn.Module, setting: str,
+                        blocks: Callable[[nn.Module], Sequence[nn.Module]] | None = None) -> int:
+    """Checkpoint the repeated blocks' activations (non-reentrant): every block (``blocks``)
+    or every second one (``alternate``). A Hugging Face model uses its own switch
+    (``activation_checkpointing_enable``, or ``gradient_checkpointing_enable`` and each
+    layer's ``gradient_checkpointing`` flag before transformers 5); other modules get their
+    blocks' ``forward`` wrapped in ``torch.utils.checkpoint.checkpoint``, so parameter names
+    stay as they were.
+
+    Returns:
+        How many blocks are checkpointed.
+
+    Raises:
+        KnobUnsupported: no repeated blocks.
+    """
+    if setting == "off":
+        return 0
+    found = _blocks_of(model, blocks)
+    chosen = [b for i, b in enumerate(found) if setting == "blocks" or i % 2 == 0]
+    if blocks is None and getattr(model, "supports_gradient_checkpointing", False):
+        every = 1 if setting == "blocks" else 2
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
+            model.activation_checkpointing_enable({"use_reentrant": False}, every_n_layers=every)
+            return len(chosen) or 1
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        layers = [b for b in found if hasattr(b, "gradient_checkpointing")]
+        for i, layer in enumerate(layers):  # every second layer: the others keep activations
+            layer.gradient_checkpointing = i % every == 0
+        return len(chosen) or 1
+    if len(found) < 2:
+        raise KnobUnsupported(_ckpt_needs(setting, WorkloadTraits()) or "no blocks")
+    for block in chosen:
+        _checkpoint_forward(block)
+    return len(chosen)
+
+
+def _checkpoint_forward(block: nn.Module) -> None:
+    import functools
+
+    from torch.utils.checkpoint import checkpoint
+
+    forward = block.forward
+
+    @functools.wraps(forward)
+    def checkpointed(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    block.forward = checkpointed  # type: ignore[method-assign]
+
+
+_IMPL_FLAGS = {"for-loop": {"foreach": False, "fused": False},
+               "foreach": {"foreach": True, "fused": False},
+               "fused": {"foreach": False, "fused": True}}
+
+
+def optimizer_impls(optimizer: torch.optim.Optimizer) -> tuple[str, ...]:
+    """Implementations the optimizer's class has a switch for."""
+    out = []
+    if "foreach" in optimizer.defaults:
+        out += ["for-loop", "foreach"]
+    if "fused" in optimizer.defaults:
+        out.append("fused")
+    return tuple(out)
+
+
+def default_impl(optimizer: torch.optim.Optimizer) -> str:
+    """The implementation an optimizer as built runs: what its flags say, else torch's own
+    choice (foreach when every parameter is on CUDA, for-loop otherwise), else ``""``."""
+    if not optimizer_impls(optimizer):
+        return ""
+    group = optimizer.param_groups[0]
+    if group.get("fused"):
+        return "fused"
+    if group.get("foreach") is not None:
+        return "foreach" if group["foreach"] else "for-loop"
+    on_cuda = all(p.is_cuda for g in optimizer.param_groups for p in g["params"])
+    return "foreach" if on_cuda else "for-loop"
+
+
+def rebuild_optimizer(optimizer: torch.optim.Optimizer, impl: str) -> torch.optim.Optimizer:
+    """The same optimizer (class, parameter groups, hyper-parameters, step hooks) as ``impl``;
+    ``default`` keeps it as built.
+
+    Raises:
+        KnobUnsupported: its class has no such switch, or refuses it here (e.g. fused on a
+            device or dtype it does not support).
+    """
+    if impl == "default":
+        return optimizer
+    cls = type(optimizer)
+    if impl not in optimizer_impls(optimizer):
+        raise KnobUnsupported(_opt_needs(impl, WorkloadTraits(
+            optimizer=cls.__name__, optimizer_impls=optimizer_impls(optimizer))) or impl)
+    flags = {k: v for k, v in _IMPL_FLAGS[impl].items() if k in optimizer.defaults}
+    accepted = inspect.signature(cls.__init__).parameters
+    defaults = {k: v for k, v in {**optimizer.defaults, **flags}.items() if k in accepted}
+    groups = [{**group, **flags} for group in optimizer.param_groups]
+    try:
+        rebuilt = cls(groups, **defaults)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise KnobUnsupported(f"{cls.__name__} refused {impl}: {exc}") from exc
+    for name in ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks"):
+        if hasattr(optimizer, name) and hasattr(rebuilt, name):
+            getattr(rebuilt, name).update(getattr(optimizer, name))
+    return rebuilt
+
+
+def apply_to_model(model: nn.Module, knobs: Knobs,
+                   blocks: Callable[[nn.Module], Sequence[nn.Module]] | None = None) -> nn.Module:
+    """The knobs that change the model (checkpointing, memory format), in place, before it
+    is compiled and its optimizer built.
+
+    Raises:
+        KnobUnsupported: a knob value the model cannot take.
+    """
+    import torch
+    from torch import nn
+
+    apply_checkpointing(model, knobs.checkpointing, blocks)
+    if knobs.memory_format == "channels_last":
+        if not any(isinstance(m, nn.Conv2d) for m in model.modules()):
+            raise KnobUnsupported(_format_needs("channels_last", WorkloadTraits()) or "")
+        # In place, as Module.to(memory_format=...) converts 4-D tensors (``.data =``): that
+        # also works on fake tensors, whose mode refuses swapping a parameter for a new one.
+        with torch.no_grad():
+            for tensor in (*model.parameters(), *model.buffers()):
+                if tensor.dim() == 4:
+                    tensor.data = tensor.data.contiguous(memory_format=torch.channels_last)
+    return model
+
+
+def apply_to_optimizer(optimizer: torch.optim.Optimizer, knobs: Knobs, *,
+                       as_on_cuda: bool = False) -> torch.optim.Optimizer:
+    """The optimizer the knobs run: as built, or rebuilt as their implementation.
+
+    Args:
+        optimizer: the workload's optimizer as built.
+        knobs: the setting.
+        as_on_cuda: run it as CUDA would though its tensors are elsewhere (the estimator's
+            fake CPU tensors): an optimizer left to torch's choice runs foreach there (the
+            for-loop on CPU), and foreach holds temporaries as large as the parameters.
+
+    Raises:
+        KnobUnsupported: its class cannot be rebuilt so.
+    """
+    impl = knobs.optimizer_impl
+    left_to_torch = (optimizer.defaults.get("foreach", False) is None
+                     and not optimizer.defaults.get("fused")
+                     and not optimizer.defaults.get("differentiable")
+                     and all(g.get("foreach") is None for g in optimizer.param_groups))
+    if impl == "default" and as_on_cuda and left_to_torch:
+        try:
+            return rebuild_optimizer(optimizer, "foreach")
+        except KnobUnsupported:
+            return optimizer
+    return rebuild_optimizer(optimizer, impl)
+
+
+def apply_to_batch(batch: Any, knobs: Knobs) -> Any:
+    """The batch as the knobs want it: 4-D floating-point tensors channels-last."""
+    if knobs.memory_format != "channels_last":
+        return batch
+    import torch
+
+    def convert(t: Any) -> Any:
+        if isinstance(t, torch.Tensor) and t.dim() == 4 and t.is_floating_point():
+            return t.contiguous(memory_format=torch.channels_last)
+        return t
+
+    if isinstance(batch, dict):
+        return {k: convert(v) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(convert(v) for v in batch)
+    return convert(batch)
+
+
+def child_environment(knobs: Knobs, base: dict[str, str]) -> dict[str, str]:
+    """Environment variables a child sets before CUDA starts (the allocator), over ``base``."""
+    if knobs.allocator != "expandable_segments":
+        return {}
+    current = base.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    parts = [p for p in current.split(",") if p and not p.startswith("expandable_segments")]
+    return {"PYTORCH_CUDA_ALLOC_CONF": ",".join([*parts, "expandable_segments:True"])}
+
+
+def workload_traits(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any,
+                    blocks: Callable[[nn.Module], Sequence[nn.Module]] | None = None
+                    ) -> WorkloadTraits:
+    """What decides which knob values apply to this workload (read once per child run)."""
+    import torch
+    from torch import nn
+
+    found = _blocks_of(model, blocks)
+    tensors = (batch.values() if isinstance(batch, dict) else
+               batch if isinstance(batch, (tuple, list)) else [batch])
+    return WorkloadTraits(
+        num_blocks=len(found),
+        blocks=(f"{len(found)} x {type(found[0]).__name__}" if found else ""),
+        hf_checkpointing=bool(getattr(model, "supports_gradient_checkpointing", False)),
+        has_conv2d=any(isinstance(m, nn.Conv2d) for m in model.modules()),
+        image_input=any(isinstance(t, torch.Tensor) and t.dim() == 4 and t.is_floating_point()
+                        for t in tensors),
+        optimizer=type(optimizer).__name__, optimizer_impls=optimizer_impls(optimizer),
+        optimizer_default=default_impl(optimizer))
+
+
+def skip_reason(knobs: Knobs, traits: WorkloadTraits | None) -> str | None:
+    """Why a workload with ``traits`` cannot run ``knobs`` (None: it can, or not known)."""
+    if traits is None:
+        return None
+    for knob in KNOBS:
+        why = knob.needs(getattr(knobs, knob.name), traits)
+        if why:
+            return f"{knob.name} {getattr(knobs, knob.name)}: {why}"
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Adapters: Hugging Face TrainingArguments, Accelerate, the report.
+
+
+def training_arguments(knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
+    """``TrainingArguments`` keywords for the knobs, and what has no mapping there."""
+    compiled = knobs.compile_mode != "off"
+    kwargs: dict[str, Any] = {
+        "bf16": knobs.precision == "bf16", "fp16": knobs.precision == "fp16",
+        "tf32": knobs.precision == "tf32",  # False turns TF32 off, as the search measured
+        "torch_compile": compiled,
+        "torch_compile_mode": (knobs.compile_mode if compiled and knobs.compile_mode != "default"
+                               else None),
+    }
+    notes = []
+    checkpointed = knobs.checkpointing != "off"
+    if _trainer_has_activation_checkpointing():  # transformers 5: every_n_layers, new names
+        kwargs["activation_checkpointing"] = checkpointed
+        if checkpointed:
+            kwargs["activation_checkpointing_kwargs"] = {
+                "use_reentrant": False, "every_n_layers": 1 if knobs.checkpointing == "blocks"
+                else 2}
+    else:
+        kwargs["gradient_checkpointing"] = checkpointed
+        if checkpointed:
+            kwargs["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
+        if knobs.checkpointing == "alternate":
+            notes.append("checkpointing=alternate: this transformers' Trainer checkpoints every "
+                         "block (gradient_checkpointing=True); every second one needs "
+                         "cfg.apply(model)")
+    optim = {"fused": "adamw_torch_fused", "foreach": "adamw_torch",
+             "for-loop": "adamw_torch"}.get(knobs.optimizer_impl)
+    if optim is not None:
+        kwargs["optim"] = optim
+        if knobs.optimizer_impl != "fused":
+            notes.append(f"optimizer_impl={knobs.optimizer_impl}: Trainer's adamw_torch picks "
+                         "its own loop; pass optim_args or your optimizer for the exact one")
+    if knobs.memory_format != "contiguous":
+        notes.append("memory_format=channels_last has no TrainingArguments switch: call "
+                     "cfg.apply(model) before Trainer(model=...)")
+    if knobs.allocator != "default":
+        notes.append(f"allocator={knobs.allocator}: set PYTORCH_CUDA_ALLOC_CONF="
+                     "expandable_segments:True in the environment before CUDA starts")
+    return kwargs, notes
+
+
+def _trainer_has_activation_checkpointing() -> bool:
+    """Whether the installed transformers' ``TrainingArguments`` takes
+    ``activation_checkpointing`` (it renamed ``gradient_checkpointing``, an alias until v6)."""
+    try:
+        import transformers
+    except ImportError:
+        return False
+    fields = getattr(transformers.TrainingArguments, "__dataclass_fields__", {})
+    return "activation_checkpointing" in fields
+
+
+def accelerator_kwargs(knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
+    """``Accelerator`` keywords (beyond the compile plugin) and what needs doing by hand."""
+    kwargs = {"mixed_precision": {"bf16": "bf16", "fp16": "fp16"}.get(knobs.precision, "no")}
+    notes = [f"{name}={getattr(knobs, name)}: apply it with cfg.apply(model) / "
+             "cfg.build_optimizer(...) (Accelerate has no switch for it)"
+             for name in knobs.changed()]
+    return kwargs, notes
+
+
+def describe(knobs: Knobs) -> list[str]:
+    """One line per knob beyond precision and compile mode, for the report and the script."""
+    words = {
+        "checkpointing": {"off": "no activation checkpointing",
+                          "blocks": "activation checkpointing of every repeated block",
+                          "alternate": "activation checkpointing of every second block"},
+        "optimizer_impl": {"default": "the workload's optimizer as built",
+                           "for-loop": "optimizer rebuilt for-loop",
+                           "foreach": "optimizer rebuilt foreach",
+                           "fused": "optimizer rebuilt fused"},
+        "memory_format": {"contiguous": "contiguous tensors",
+                          "channels_last": "channels_last model and images"},
+        "allocator": {"default": "the default CUDA allocator",
+                      "expandable_segments": "CUDA allocator expandable_segments"},
+    }
+    return [f"{k.name} = {getattr(knobs, k.name)}: {words[k.name][getattr(knobs, k.name)]}"
+            for k in KNOBS[2:]]

@@ -1,0 +1,77 @@
+"""device: one backend per device kind; an unknown kind is an error, never another's branch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from autotune.config import MIB, TrialSpec, WorkloadSpec
+from autotune.device import (
+    CPU_ALLOCATOR,
+    CPUBackend,
+    CUDABackend,
+    _proc_status,
+    backend_for,
+    describe_device,
+    normalize_device,
+    tensor_bytes,
+)
+from autotune.errors import ConfigError
+
+
+@pytest.mark.parametrize("device", ["mps", "xpu", "xpu:0", "meta", "tpu", "cuda:x", "cpu:0"])
+def test_unknown_kinds_are_an_error_naming_the_device(device: str) -> None:
+    for call in (backend_for, normalize_device, describe_device):
+        with pytest.raises(ConfigError, match=f"'{device}'") as raised:
+            call(device)
+        assert "cuda" in str(raised.value)  # says what would work
+
+
+def test_known_kinds_map_to_their_backend() -> None:
+    assert isinstance(backend_for("cpu"), CPUBackend)
+    assert isinstance(backend_for(" CPU "), CPUBackend)
+    for device in ("cuda", "cuda:0", "cuda:3", torch.device("cuda", 1)):
+        assert isinstance(backend_for(device), CUDABackend)
+    assert normalize_device("cpu") == "cpu"
+
+
+def test_cpu_child_environment_sets_one_arena_unless_the_user_set_malloc() -> None:
+    cpu = backend_for("cpu")
+    env = cpu.child_environment({"PATH": "/bin"})
+    assert env == CPU_ALLOCATOR
+    assert env["MALLOC_ARENA_MAX"] == "1"
+    assert cpu.child_environment({"MALLOC_MMAP_THRESHOLD_": "131072"}) == {}
+    assert "MALLOC_ARENA_MAX=1" in cpu.allocator_notes({**env, "PATH": "/bin"})
+    assert backend_for("cuda:0").child_environment({"PATH": "/bin"}) == {}
+
+
+def test_the_backends_own_their_knob_values() -> None:
+    cpu, cuda = backend_for("cpu"), backend_for("cuda")
+    assert cpu.default_compile_modes() == ("off", "default")
+    assert "reduce-overhead" not in cpu.compile_modes()
+    assert "reduce-overhead" in cuda.compile_modes() == cuda.default_compile_modes()
+    info = describe_device("cpu")
+    assert cpu.precisions(info) == info.precisions()
+    assert (cpu.kernels, cuda.kernels) == ("cpu", "cuda")
+    assert cpu.peak_tflops(info.name, "fp32") is None
+    assert cuda.peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.4
+
+
+def test_cpu_memory_measures_a_large_tensor_in_process() -> None:
+    model = nn.Linear(8, 8)
+    spec = TrialSpec(workload=WorkloadSpec(), device="cpu", micro_batch=1,
+                     memory_budget_bytes=None)  # a budget would set RLIMIT_AS on pytest itself
+    memory = backend_for("cpu").open_memory(spec, model)
+    assert memory.model_bytes == tensor_bytes(model) == (8 * 8 + 8) * 4
+    before = memory.current()
+    # Past the high-water mark this process already reached, so the peak must move.
+    status = _proc_status()
+    size = status["VmPeak"] - status["VmSize"] + 64 * MIB
+    big = torch.empty(size, dtype=torch.uint8)
+    memory.sync()
+    assert memory.current() - before >= size
+    peak = memory.peak()
+    assert peak["peak_bytes"] is not None and peak["peak_bytes"] >= 64 * MIB
+    assert peak["num_alloc_retries"] == 0
+    del big
