@@ -23,6 +23,7 @@ from autotune.knobs import (
     CUDA_GRAPH_MODES,
     PRECISIONS,
     CompileMode,
+    HasKnobs,
     Knobs,
     Precision,
     WorkloadTraits,
@@ -192,7 +193,7 @@ class DeviceInfo:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrialSpec:
+class TrialSpec(HasKnobs):
     """One isolated run of the real training step, in a fresh child process."""
 
     workload: WorkloadSpec
@@ -234,15 +235,6 @@ class TrialSpec:
         """Micro-batches each warm-up step accumulates."""
         return max(self.accumulate_steps, self.warmup_accumulate_steps or 0)
 
-    @property
-    def precision(self) -> str:
-        """The run's precision (``knobs.precision``)."""
-        return self.knobs.precision
-
-    @property
-    def compile_mode(self) -> str:
-        """The run's compile mode (``knobs.compile_mode``)."""
-        return self.knobs.compile_mode
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -35,16 +35,14 @@ from torch import nn
 
 from autotune.config import format_bytes
 from autotune.errors import ConfigError, UntraceableStepError, WorkloadError
-from autotune.knobs import (
-    BASELINE,
-    Knobs,
-    KnobUnsupported,
+from autotune.knobs import BASELINE, Knobs, KnobUnsupported
+from autotune.step import (
     apply_to_batch,
     apply_to_model,
     apply_to_optimizer,
     set_matmul_precision,
+    train_step,
 )
-from autotune.trial import train_step
 from autotune.workload import Workload, check_batch, check_model, count_parameters
 
 Kernels = Literal["cuda", "cpu"]

@@ -4,27 +4,23 @@ A knob is one entry of ``KNOBS``: its values per device, whether a workload can 
 (``skip_reason``), how it is applied (to the model, the optimizer, the batches, the child's
 environment), its Hugging Face ``TrainingArguments`` / Accelerate mapping, its lines in the
 generated script and its words in the report. ``Knobs`` is one point of the space without the
-micro-batch; the child's trial, the estimator, ``autotune.load`` and the generated script all
-apply it through the functions below. No module-level torch import: ``config``, ``schema`` and
-``codegen`` use the values without torch; torch loads where a knob is applied.
+micro-batch; the child's trial, the estimator and ``autotune.load`` apply it through
+``autotune.step`` (the generated script through its plain copy). No torch here: ``config``,
+``schema``, ``space`` and ``codegen`` use the values without it.
 
-Adding a knob: a field of ``Knobs``, an entry of ``KNOBS`` and its CLI option; nothing else
-spells its name.
+Adding a knob: a field of ``Knobs``, an entry of ``KNOBS``, how it applies (``step.py``, and
+its plain copy in the generated script's template) and its CLI option; nothing else spells
+its name.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 from autotune.errors import ConfigError
-
-if TYPE_CHECKING:
-    import torch
-    from torch import nn
 
 Precision = Literal["fp32", "tf32", "bf16", "fp16"]
 CompileMode = Literal[
@@ -124,6 +120,21 @@ class Knobs:
     def changed(self) -> tuple[str, ...]:
         """Names of the knobs beyond precision and compile mode set away from their default."""
         return tuple(k.name for k in KNOBS[2:] if getattr(self, k.name) != k.default)
+
+
+class HasKnobs:
+    """The two knobs every reader asks for, on a value that holds ``knobs`` (a trial spec, a
+    trial record, the tuned config)."""
+
+    @property
+    def precision(self) -> str:
+        """``knobs.precision``."""
+        return self.knobs.precision  # type: ignore[attr-defined]
+
+    @property
+    def compile_mode(self) -> str:
+        """``knobs.compile_mode``."""
+        return self.knobs.compile_mode  # type: ignore[attr-defined]
 
 
 BASELINE = Knobs()
@@ -232,6 +243,11 @@ KNOBS: tuple[Knob, ...] = (
 KNOB = {k.name: k for k in KNOBS}
 
 
+class KnobUnsupported(Exception):
+    """A knob value cannot apply to this workload (e.g. ``fused`` for an optimizer without
+    it): the run's outcome is ``unsupported``, a reason to skip, never a failure."""
+
+
 def device_skip_reason(knob: Knob, value: str, is_cuda: bool) -> str | None:
     """Why ``value`` of ``knob`` does not run on this kind of device (None: it does)."""
     if value in knob.cuda_only and not is_cuda:
@@ -254,267 +270,6 @@ def parse_values(knob: Knob, wanted: Sequence[str] | None) -> tuple[str, ...] | 
     return tuple(dict.fromkeys(wanted))
 
 
-# ----------------------------------------------------------------------------------------------
-# Applying knobs. The child's trial, the estimator and ``autotune.load`` call these; the
-# generated script carries plain copies (``codegen_templates.SCRIPT``), held to the same
-# behaviour by tests (gradients, saved bytes, blocks found, optimizer groups).
-
-
-def autocast_dtype(precision: str) -> torch.dtype | None:
-    """The autocast dtype for a precision, or None when it runs without autocast."""
-    import torch
-
-    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-
-
-def autocast(precision: str, device_type: str) -> Any:
-    """The autocast context for a precision (a no-op for fp32 and tf32)."""
-    import contextlib
-
-    import torch
-
-    dtype = autocast_dtype(precision)
-    return (contextlib.nullcontext() if dtype is None
-            else torch.autocast(device_type=device_type, dtype=dtype))
-
-
-def grad_scaler(precision: str, device_type: str) -> torch.amp.GradScaler | None:
-    """A GradScaler for fp16 (its small range underflows gradients without one), else None."""
-    import torch
-
-    return torch.amp.GradScaler(device_type) if precision == "fp16" else None
-
-
-def set_matmul_precision(precision: str) -> None:
-    """tf32 lets fp32 matmuls and convolutions use TensorFloat-32 (Ampere+); others stay exact."""
-    import torch
-
-    allow = precision == "tf32"
-    torch.backends.cuda.matmul.allow_tf32 = allow
-    torch.backends.cudnn.allow_tf32 = allow
-
-
-def compile_model(model: nn.Module, compile_mode: str) -> nn.Module:
-    """``torch.compile`` with the mode (``dynamic=False``: one shape per trial), or the model."""
-    if compile_mode == "off":
-        return model
-    import torch
-
-    return torch.compile(model, mode=None if compile_mode == "default" else compile_mode,
-                         dynamic=False)
-
-
-class KnobUnsupported(Exception):
-    """A knob value cannot apply to this workload (e.g. ``fused`` for an optimizer without
-    it): the run's outcome is ``unsupported``, a reason to skip, never a failure."""
-
-
-def find_blocks(model: nn.Module) -> list[nn.Module]:
-    """The model's repeated blocks: the longest run of consecutive same-type children (each
-    with parameters) of any ``ModuleList`` or ``Sequential``; ties go to more parameters."""
-    from torch import nn
-
-    best: list[nn.Module] = []
-
-    def weight(run: list[nn.Module]) -> tuple[int, int]:
-        return len(run), sum(p.numel() for m in run for p in m.parameters())
-
-    for module in model.modules():
-        if not isinstance(module, (nn.ModuleList, nn.Sequential)):
-            continue
-        run: list[nn.Module] = []
-        for child in [*module.children(), None]:
-            same = (child is not None and run and type(child) is type(run[0]))
-            if not same:
-                if len(run) >= 2 and weight(run) > weight(best):
-                    best = run
-                run = []
-            if child is not None and any(True for _ in child.parameters()):
-                run.append(child)
-    return best
-
-
-def _blocks_of(model: nn.Module, blocks: Callable[[nn.Module], Sequence[nn.Module]] | None
-               ) -> list[nn.Module]:
-    return list(blocks(model)) if blocks is not None else find_blocks(model)
-
-
-def apply_checkpointing(model: nn.Module, setting: str,
-                        blocks: Callable[[nn.Module], Sequence[nn.Module]] | None = None) -> int:
-    """Checkpoint the repeated blocks' activations (non-reentrant): every block (``blocks``)
-    or every second one (``alternate``). A Hugging Face model uses its own switch
-    (``activation_checkpointing_enable``, or ``gradient_checkpointing_enable`` and each
-    layer's ``gradient_checkpointing`` flag before transformers 5); other modules get their
-    blocks' ``forward`` wrapped in ``torch.utils.checkpoint.checkpoint``, so parameter names
-    stay as they were.
-
-    Returns:
-        How many blocks are checkpointed.
-
-    Raises:
-        KnobUnsupported: no repeated blocks.
-    """
-    if setting == "off":
-        return 0
-    found = _blocks_of(model, blocks)
-    chosen = [b for i, b in enumerate(found) if setting == "blocks" or i % 2 == 0]
-    if blocks is None and getattr(model, "supports_gradient_checkpointing", False):
-        every = 1 if setting == "blocks" else 2
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
-            model.activation_checkpointing_enable({"use_reentrant": False}, every_n_layers=every)
-            return len(chosen) or 1
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        layers = [b for b in found if hasattr(b, "gradient_checkpointing")]
-        for i, layer in enumerate(layers):  # every second layer: the others keep activations
-            layer.gradient_checkpointing = i % every == 0
-        return len(chosen) or 1
-    if len(found) < 2:
-        raise KnobUnsupported(_ckpt_needs(setting, WorkloadTraits()) or "no blocks")
-    for block in chosen:
-        _checkpoint_forward(block)
-    return len(chosen)
-
-
-def _checkpoint_forward(block: nn.Module) -> None:
-    import functools
-
-    from torch.utils.checkpoint import checkpoint
-
-    forward = block.forward
-
-    @functools.wraps(forward)
-    def checkpointed(*args: Any, **kwargs: Any) -> Any:
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-
-    block.forward = checkpointed  # type: ignore[method-assign]
-
-
-_IMPL_FLAGS = {"for-loop": {"foreach": False, "fused": False},
-               "foreach": {"foreach": True, "fused": False},
-               "fused": {"foreach": False, "fused": True}}
-
-
-def optimizer_impls(optimizer: torch.optim.Optimizer) -> tuple[str, ...]:
-    """Implementations the optimizer's class has a switch for."""
-    out = []
-    if "foreach" in optimizer.defaults:
-        out += ["for-loop", "foreach"]
-    if "fused" in optimizer.defaults:
-        out.append("fused")
-    return tuple(out)
-
-
-def default_impl(optimizer: torch.optim.Optimizer) -> str:
-    """The implementation an optimizer as built runs: what its flags say, else torch's own
-    choice (foreach when every parameter is on CUDA, for-loop otherwise), else ``""``."""
-    if not optimizer_impls(optimizer):
-        return ""
-    group = optimizer.param_groups[0]
-    if group.get("fused"):
-        return "fused"
-    if group.get("foreach") is not None:
-        return "foreach" if group["foreach"] else "for-loop"
-    on_cuda = all(p.is_cuda for g in optimizer.param_groups for p in g["params"])
-    return "foreach" if on_cuda else "for-loop"
-
-
-def rebuild_optimizer(optimizer: torch.optim.Optimizer, impl: str) -> torch.optim.Optimizer:
-    """The same optimizer (class, parameter groups, hyper-parameters, step hooks) as ``impl``;
-    ``default`` keeps it as built.
-
-    Raises:
-        KnobUnsupported: its class has no such switch, or refuses it here (e.g. fused on a
-            device or dtype it does not support).
-    """
-    if impl == "default":
-        return optimizer
-    cls = type(optimizer)
-    if impl not in optimizer_impls(optimizer):
-        raise KnobUnsupported(_opt_needs(impl, WorkloadTraits(
-            optimizer=cls.__name__, optimizer_impls=optimizer_impls(optimizer))) or impl)
-    flags = {k: v for k, v in _IMPL_FLAGS[impl].items() if k in optimizer.defaults}
-    accepted = inspect.signature(cls.__init__).parameters
-    defaults = {k: v for k, v in {**optimizer.defaults, **flags}.items() if k in accepted}
-    groups = [{**group, **flags} for group in optimizer.param_groups]
-    try:
-        rebuilt = cls(groups, **defaults)
-    except (RuntimeError, ValueError, TypeError) as exc:
-        raise KnobUnsupported(f"{cls.__name__} refused {impl}: {exc}") from exc
-    for name in ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks"):
-        if hasattr(optimizer, name) and hasattr(rebuilt, name):
-            getattr(rebuilt, name).update(getattr(optimizer, name))
-    return rebuilt
-
-
-def apply_to_model(model: nn.Module, knobs: Knobs,
-                   blocks: Callable[[nn.Module], Sequence[nn.Module]] | None = None) -> nn.Module:
-    """The knobs that change the model (checkpointing, memory format), in place, before it
-    is compiled and its optimizer built.
-
-    Raises:
-        KnobUnsupported: a knob value the model cannot take.
-    """
-    import torch
-    from torch import nn
-
-    apply_checkpointing(model, knobs.checkpointing, blocks)
-    if knobs.memory_format == "channels_last":
-        if not any(isinstance(m, nn.Conv2d) for m in model.modules()):
-            raise KnobUnsupported(_format_needs("channels_last", WorkloadTraits()) or "")
-        # In place, as Module.to(memory_format=...) converts 4-D tensors (``.data =``): that
-        # also works on fake tensors, whose mode refuses swapping a parameter for a new one.
-        with torch.no_grad():
-            for tensor in (*model.parameters(), *model.buffers()):
-                if tensor.dim() == 4:
-                    tensor.data = tensor.data.contiguous(memory_format=torch.channels_last)
-    return model
-
-
-def apply_to_optimizer(optimizer: torch.optim.Optimizer, knobs: Knobs, *,
-                       as_on_cuda: bool = False) -> torch.optim.Optimizer:
-    """The optimizer the knobs run: as built, or rebuilt as their implementation.
-
-    Args:
-        optimizer: the workload's optimizer as built.
-        knobs: the setting.
-        as_on_cuda: run it as CUDA would though its tensors are elsewhere (the estimator's
-            fake CPU tensors): an optimizer left to torch's choice runs foreach there (the
-            for-loop on CPU), and foreach holds temporaries as large as the parameters.
-
-    Raises:
-        KnobUnsupported: its class cannot be rebuilt so.
-    """
-    impl = knobs.optimizer_impl
-    left_to_torch = (optimizer.defaults.get("foreach", False) is None
-                     and not optimizer.defaults.get("fused")
-                     and not optimizer.defaults.get("differentiable")
-                     and all(g.get("foreach") is None for g in optimizer.param_groups))
-    if impl == "default" and as_on_cuda and left_to_torch:
-        try:
-            return rebuild_optimizer(optimizer, "foreach")
-        except KnobUnsupported:
-            return optimizer
-    return rebuild_optimizer(optimizer, impl)
-
-
-def apply_to_batch(batch: Any, knobs: Knobs) -> Any:
-    """The batch as the knobs want it: 4-D floating-point tensors channels-last."""
-    if knobs.memory_format != "channels_last":
-        return batch
-    import torch
-
-    def convert(t: Any) -> Any:
-        if isinstance(t, torch.Tensor) and t.dim() == 4 and t.is_floating_point():
-            return t.contiguous(memory_format=torch.channels_last)
-        return t
-
-    if isinstance(batch, dict):
-        return {k: convert(v) for k, v in batch.items()}
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(convert(v) for v in batch)
-    return convert(batch)
-
-
 def child_environment(knobs: Knobs, base: dict[str, str]) -> dict[str, str]:
     """Environment variables a child sets before CUDA starts (the allocator), over ``base``."""
     if knobs.allocator != "expandable_segments":
@@ -522,27 +277,6 @@ def child_environment(knobs: Knobs, base: dict[str, str]) -> dict[str, str]:
     current = base.get("PYTORCH_CUDA_ALLOC_CONF", "")
     parts = [p for p in current.split(",") if p and not p.startswith("expandable_segments")]
     return {"PYTORCH_CUDA_ALLOC_CONF": ",".join([*parts, "expandable_segments:True"])}
-
-
-def workload_traits(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any,
-                    blocks: Callable[[nn.Module], Sequence[nn.Module]] | None = None
-                    ) -> WorkloadTraits:
-    """What decides which knob values apply to this workload (read once per child run)."""
-    import torch
-    from torch import nn
-
-    found = _blocks_of(model, blocks)
-    tensors = (batch.values() if isinstance(batch, dict) else
-               batch if isinstance(batch, (tuple, list)) else [batch])
-    return WorkloadTraits(
-        num_blocks=len(found),
-        blocks=(f"{len(found)} x {type(found[0]).__name__}" if found else ""),
-        hf_checkpointing=bool(getattr(model, "supports_gradient_checkpointing", False)),
-        has_conv2d=any(isinstance(m, nn.Conv2d) for m in model.modules()),
-        image_input=any(isinstance(t, torch.Tensor) and t.dim() == 4 and t.is_floating_point()
-                        for t in tensors),
-        optimizer=type(optimizer).__name__, optimizer_impls=optimizer_impls(optimizer),
-        optimizer_default=default_impl(optimizer))
 
 
 def skip_reason(knobs: Knobs, traits: WorkloadTraits | None) -> str | None:

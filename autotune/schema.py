@@ -32,7 +32,7 @@ from autotune.config import (
     to_json_dict,
 )
 from autotune.errors import ConfigError, OutputExistsError
-from autotune.knobs import Knobs
+from autotune.knobs import HasKnobs, Knobs
 
 SCHEMA_VERSION = 2
 """2: precision and compile mode moved into ``knobs`` with the other knobs. Schema 1 files are
@@ -59,7 +59,7 @@ Positive = Annotated[int, Field(ge=1)]
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrialRecord:
+class TrialRecord(HasKnobs):
     """One measured candidate and what became of it."""
 
     __pydantic_config__: ClassVar[dict[str, Any]] = STRICT_FIELDS
@@ -107,15 +107,6 @@ class TrialRecord:
     num_runs: Positive = 1
     """Times it was measured; a close race is re-measured and each keeps its better run."""
 
-    @property
-    def precision(self) -> str:
-        """``knobs.precision``."""
-        return self.knobs.precision
-
-    @property
-    def compile_mode(self) -> str:
-        """``knobs.compile_mode``."""
-        return self.knobs.compile_mode
 
     def label(self) -> str:
         """E.g. ``bf16/default 16x4`` or ``fp32/off+ckpt=blocks 32x2``."""
@@ -148,7 +139,7 @@ class MemoryRecord:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TunedConfig:
+class TunedConfig(HasKnobs):
     """The content of ``autotune.json``."""
 
     __pydantic_config__: ClassVar[dict[str, Any]] = STRICT_FIELDS
@@ -200,15 +191,6 @@ class TunedConfig:
         """micro_batch x accumulate_steps x world_size."""
         return self.micro_batch * self.accumulate_steps * self.world_size
 
-    @property
-    def precision(self) -> str:
-        """``knobs.precision``."""
-        return self.knobs.precision
-
-    @property
-    def compile_mode(self) -> str:
-        """``knobs.compile_mode``."""
-        return self.knobs.compile_mode
 
     def memory_class(self) -> str:
         """The knobs' label, the key of ``memory.max_micro_batch``: e.g. ``bf16/default``."""

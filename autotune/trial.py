@@ -1,8 +1,4 @@
-"""The measured training step, and one trial of it (run inside a child process).
-
-``train_step`` is the one truth: trials time it, probes measure its memory, and the generated
-training loop and ``autotune.load`` helpers run the same arithmetic.
-"""
+"""One trial of the measured training step (``step.train_step``), inside a child process."""
 
 from __future__ import annotations
 
@@ -13,7 +9,7 @@ import hashlib
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -28,22 +24,22 @@ from autotune.config import (
 )
 from autotune.device import TrialMemory, backend_for
 from autotune.errors import WorkloadError
-from autotune.knobs import (  # the step's knobs; re-exported for callers of trial
-    KnobUnsupported,
+from autotune.knobs import KnobUnsupported
+from autotune.step import (  # train_step and loss_weights re-exported for callers of trial
     apply_to_batch,
     apply_to_model,
     apply_to_optimizer,
-    autocast,
     compile_model,
     grad_scaler,
+    loss_weights,
     set_matmul_precision,
+    train_step,
     workload_traits,
 )
 from autotune.workload import (
     Batch,
     Workload,
     check_batch,
-    check_loss,
     check_model,
     load_workload,
     to_device,
@@ -108,54 +104,6 @@ def classify_exception(exc: BaseException) -> TrialStatus:
     if _is_compile_error(exc):
         return "compile_error"
     return "error"
-
-
-def loss_weights(micro_batches: Sequence[Batch],
-                 count_loss_items: Callable[[Batch], Any] | None) -> list[Any]:
-    """Weight of each micro-batch's mean loss in the effective batch's loss.
-
-    Without item counts every micro-batch weighs 1/k. With counts (e.g. label tokens), a
-    micro-batch weighs its share of all items in the optimizer step, so the effective batch's
-    loss is the mean over all its items: the same gradient as one big batch.
-    """
-    if count_loss_items is None:
-        return [1.0 / len(micro_batches)] * len(micro_batches)
-    counts = [count_loss_items(b) for b in micro_batches]
-    total = sum(counts)
-    return [c / total for c in counts]
-
-
-def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
-               micro_batches: Sequence[Batch], workload: Workload, *, precision: str,
-               device_type: str, scaler: torch.amp.GradScaler | None = None) -> torch.Tensor:
-    """One optimizer step over the micro-batches of one effective batch.
-
-    Forward and backward run per micro-batch under autocast; gradients accumulate in
-    ``.grad``; the optimizer steps once; gradients are freed (``set_to_none``).
-
-    Returns:
-        The effective batch's loss (detached), computed before the update.
-
-    Raises:
-        WorkloadError: the workload's loss is not a scalar floating-point tensor that requires
-            grad (checked from metadata only: no device sync).
-    """
-    total = torch.zeros((), device=next(iter(model.parameters())).device)
-    for weight, batch in zip(loss_weights(micro_batches, workload.count_loss_items),
-                             micro_batches, strict=True):
-        with autocast(precision, device_type):
-            loss = workload.compute_loss(model, batch)
-            check_loss(loss, workload.name)
-            loss = loss * weight
-        (scaler.scale(loss) if scaler is not None else loss).backward()
-        total += loss.detach().float()
-    if scaler is not None:
-        scaler.step(optimizer)
-        scaler.update()
-    else:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return total
 
 
 # ----------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from autotune import knobs, trial
+from autotune import knobs, step
 from autotune.knobs import Knobs
 from autotune.schema import TunedConfig
 from autotune.workload import Batch, Workload
@@ -94,7 +94,7 @@ class Tuned:
             KnobUnsupported: the model cannot take a tuned knob (no repeated blocks to
                 checkpoint, no 2-D convolution for channels_last): not the tuned model.
         """
-        return knobs.apply_to_model(model, self.knobs, blocks)
+        return step.apply_to_model(model, self.knobs, blocks)
 
     def build_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """The optimizer rebuilt as the tuned implementation (``foreach``, ``fused``, ...) with
@@ -104,34 +104,34 @@ class Tuned:
         Raises:
             KnobUnsupported: its class has no such implementation (or refuses it here).
         """
-        return knobs.rebuild_optimizer(optimizer, self.knobs.optimizer_impl)
+        return step.apply_to_optimizer(optimizer, self.knobs)
 
     def batch(self, batch: Any) -> Any:
         """A (device) batch as the knobs want it: 4-D float tensors channels-last when the
         tuned memory format is; otherwise the batch itself."""
-        return knobs.apply_to_batch(batch, self.knobs)
+        return step.apply_to_batch(batch, self.knobs)
 
     def compile(self, model: nn.Module) -> nn.Module:
         """``torch.compile(model, mode=..., dynamic=False)``, or the model when ``off``.
 
         Save ``compiled._orig_mod.state_dict()`` (or the model you passed) for clean keys.
         """
-        return knobs.compile_model(model, self.compile_mode)
+        return step.compile_model(model, self.compile_mode)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The autocast context for the forward pass (a no-op for fp32 and tf32)."""
-        return knobs.autocast(self.precision, self.device_type)
+        return step.autocast(self.precision, self.device_type)
 
     def grad_scaler(self) -> torch.amp.GradScaler | None:
         """The run's GradScaler for fp16, else None. The same one on every call: its scale
         adapts from step to step."""
         if self._scaler is None:
-            self._scaler = knobs.grad_scaler(self.precision, self.device_type)
+            self._scaler = step.grad_scaler(self.precision, self.device_type)
         return self._scaler
 
     def set_matmul_precision(self) -> None:
         """Allow TensorFloat-32 matmuls for ``tf32``, disallow them otherwise (process-wide)."""
-        knobs.set_matmul_precision(self.precision)
+        step.set_matmul_precision(self.precision)
 
     def train_step(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                    micro_batches: Sequence[Batch], workload: Workload) -> torch.Tensor:
@@ -144,7 +144,7 @@ class Tuned:
         Returns:
             The effective batch's loss (detached).
         """
-        return trial.train_step(model, optimizer, micro_batches, workload,
+        return step.train_step(model, optimizer, micro_batches, workload,
                                 precision=self.precision, device_type=self.device_type,
                                 scaler=self.grad_scaler())
 

@@ -79,3 +79,18 @@ def assert_same_grads(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor],
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=rtol, atol=atol,
                                    msg=lambda m, key=key: f"{key}: {m}")
+
+
+def saved_bytes(forward) -> int:
+    """Bytes autograd keeps for backward while ``forward()`` runs (what checkpointing frees:
+    checkpointed blocks keep only their inputs)."""
+    total = 0
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        total += tensor.numel() * tensor.element_size()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        forward()
+    return total

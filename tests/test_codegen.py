@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from typer.testing import CliRunner
 
-from autotune import api, knobs, trial
+from autotune import api, knobs, step
 from autotune.cli import app
 from autotune.codegen import SCRIPT_NAME, render_train_script
 from autotune.config import WorkloadSpec
@@ -31,6 +31,7 @@ from autotune.workload import (
     default_workload,
     load_workload,
 )
+from tests import one_truth
 from tests.one_truth import GradRecorder, TinyLM, assert_same_grads, full_batch_grads, token_batches
 from tests.tuned_configs import REPO, make_tuned, my_workload_spec, small, subprocess_env, write
 
@@ -220,7 +221,7 @@ def test_generated_step_equals_library_step_and_one_big_batch(default_script: Mo
     library = GradRecorder(model)
     workload = Workload(name="t", build_model=lambda: model, make_batch=lambda m: None,
                         loss=lambda m, b: m(**b), count_loss_items=causal_lm_label_count)
-    library_loss = trial.train_step(model, library, batches, workload, precision="fp32",
+    library_loss = step.train_step(model, library, batches, workload, precision="fp32",
                                     device_type="cpu")
     full = full_batch_grads(model, batches, lambda m, b: m(**b))
 
@@ -229,7 +230,7 @@ def test_generated_step_equals_library_step_and_one_big_batch(default_script: Mo
     torch.testing.assert_close(loss, library_loss)
     if padded:  # the case normalization is for: averaging the micro-batch means is wrong
         naive = GradRecorder(model)
-        trial.train_step(model, naive, batches, replace(workload, count_loss_items=None),
+        step.train_step(model, naive, batches, replace(workload, count_loss_items=None),
                          precision="fp32", device_type="cpu")
         assert not torch.allclose(naive.grads["tok.weight"], full["tok.weight"], rtol=1e-2)
 
@@ -246,7 +247,7 @@ def test_generated_step_with_a_file_workload(tmp_path: Path) -> None:
     script.train_step(model, generated, torch.amp.GradScaler("cpu", enabled=False), batches,
                       torch.autocast("cpu", enabled=False))
     library = GradRecorder(model)
-    trial.train_step(model, library, batches, script.workload, precision="fp32",
+    step.train_step(model, library, batches, script.workload, precision="fp32",
                      device_type="cpu")
     full = full_batch_grads(model, batches, script.compute_loss)
     assert_same_grads(generated.grads, library.grads)
@@ -276,7 +277,7 @@ def test_generated_step_under_ddp_normalizes_over_all_ranks(default_script: Modu
     per_rank = []
     for rank in range(2):
         recorder = GradRecorder(model)
-        trial.train_step(model, recorder, batches[2 * rank:2 * rank + 2], workload,
+        step.train_step(model, recorder, batches[2 * rank:2 * rank + 2], workload,
                          precision="fp32", device_type="cpu")
         per_rank.append(recorder.grads["head.weight"])
     assert not torch.allclose((per_rank[0] + per_rank[1]) / 2, full["head.weight"], rtol=1e-2)
@@ -333,16 +334,7 @@ class SmallCNN(nn.Module):
 
 def saved_bytes(model: nn.Module, batch: dict[str, torch.Tensor]) -> int:
     """Bytes the forward keeps for backward (checkpointed blocks keep only their inputs)."""
-    total = 0
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        nonlocal total
-        total += tensor.numel() * tensor.element_size()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        model(**batch)
-    return total
+    return one_truth.saved_bytes(lambda: model(**batch))
 
 
 def block_names(model: nn.Module, blocks: list[nn.Module]) -> list[str]:
@@ -358,7 +350,7 @@ def test_script_finds_the_library_blocks(default_script: ModuleType, build: obje
     model = build()  # type: ignore[operator]
     expected = {"TinyGPT": ["blocks.0", "blocks.1", "blocks.2"],
                 "SmallCNN": ["head.0", "head.1", "head.2"], "Sequential": []}
-    ours = block_names(model, knobs.find_blocks(model))
+    ours = block_names(model, step.find_blocks(model))
     assert ours == expected[type(model).__name__]
     assert block_names(model, default_script.find_blocks(model)) == ours
 
@@ -382,7 +374,7 @@ def test_generated_knobs_equal_library_knobs(tmp_path: Path, tuned: Knobs) -> No
         return BlockLM().double()
 
     library, generated, plain = built(), built(), built()
-    knobs.apply_to_model(library, tuned)
+    step.apply_to_model(library, tuned)
     script.checkpoint_blocks(generated, script.checkpointing, script.model_blocks)
     # Checkpointed for real, the same blocks: the forward keeps fewer bytes than without,
     # exactly as many as the library's.
@@ -391,7 +383,7 @@ def test_generated_knobs_equal_library_knobs(tmp_path: Path, tuned: Knobs) -> No
     assert kept["generated"] == kept["library"] < kept["plain"], kept
 
     library_grads, generated_grads = GradRecorder(library), GradRecorder(generated)
-    trial.train_step(library, library_grads, batches, workload, precision="fp32",
+    step.train_step(library, library_grads, batches, workload, precision="fp32",
                      device_type="cpu")
     disabled = torch.amp.GradScaler("cpu", enabled=False)
     no_autocast = torch.autocast("cpu", enabled=False)
@@ -406,14 +398,14 @@ def test_generated_knobs_equal_library_knobs(tmp_path: Path, tuned: Knobs) -> No
         return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                                   {"params": rest, "weight_decay": 0.0, "lr": 3e-3}], lr=1e-3)
 
-    ours = knobs.rebuild_optimizer(adamw(library), tuned.optimizer_impl)
+    ours = step.rebuild_optimizer(adamw(library), tuned.optimizer_impl)
     theirs = script.rebuild_optimizer(adamw(generated), script.optimizer_impl)
     assert type(theirs) is type(ours) and theirs.defaults == ours.defaults
     assert [{k: v for k, v in g.items() if k != "params"} for g in theirs.param_groups] == [
         {k: v for k, v in g.items() if k != "params"} for g in ours.param_groups]
     assert [g["foreach"] for g in theirs.param_groups] == [tuned.optimizer_impl == "foreach"] * 2
     assert [g["lr"] for g in theirs.param_groups] == [1e-3, 3e-3]
-    trial.train_step(library, ours, batches, workload, precision="fp32", device_type="cpu")
+    step.train_step(library, ours, batches, workload, precision="fp32", device_type="cpu")
     script.train_step(generated, theirs, disabled, batches, no_autocast)
     for (name, ours_p), theirs_p in zip(library.named_parameters(), generated.parameters(),
                                         strict=True):
@@ -436,7 +428,7 @@ def test_script_checkpoints_hf_layers_as_the_library(default_script: ModuleType,
         return [(n, m.gradient_checkpointing) for n, m in model.named_modules()
                 if hasattr(m, "gradient_checkpointing")]
 
-    ours = flags(lambda m: knobs.apply_to_model(m, Knobs(checkpointing=setting)))
+    ours = flags(lambda m: step.apply_to_model(m, Knobs(checkpointing=setting)))
     assert [on for name, on in ours if name.startswith("transformer.h.")] == (
         [True, True, True] if setting == "blocks" else [True, False, True])
     assert flags(lambda m: default_script.checkpoint_blocks(m, setting, None)) == ours
@@ -453,7 +445,7 @@ def test_script_batches_and_model_channels_last_as_the_library(tmp_path: Path) -
         return [t.stride() for t in tensors]  # type: ignore[union-attr]
 
     for batch in ((images, labels), {"x": images, "y": labels}, images):
-        ours, theirs = knobs.apply_to_batch(batch, tuned), script.to_device(batch, "cpu")
+        ours, theirs = step.apply_to_batch(batch, tuned), script.to_device(batch, "cpu")
         assert type(theirs) is type(ours) and strides(theirs) == strides(ours)
     assert script.to_device(images, "cpu").is_contiguous(memory_format=torch.channels_last)
     (tmp_path / "plain").mkdir()

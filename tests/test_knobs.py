@@ -12,11 +12,14 @@ from hypothesis import strategies as st
 from torch import nn
 
 from autotune import knobs as K
+from autotune import step as S
 from autotune.config import TrialSpec, WorkloadSpec
 from autotune.errors import ConfigError
 from autotune.knobs import KNOBS, Knobs, KnobUnsupported, WorkloadTraits
-from autotune.trial import run_trial, train_step
+from autotune.step import train_step
+from autotune.trial import run_trial
 from autotune.workload import TinyGPT, default_workload
+from tests import one_truth
 from tests.conftest import workload_target
 
 KNOB_VALUES = st.builds(Knobs, **{k.name: st.sampled_from(k.values) for k in KNOBS})
@@ -70,24 +73,15 @@ def cnn() -> nn.Sequential:
 
 def test_the_repeated_blocks_are_found() -> None:
     model = tiny_gpt()
-    assert K.find_blocks(model) == list(model.blocks)
+    assert S.find_blocks(model) == list(model.blocks)
     net = cnn()
-    assert K.find_blocks(net) == [net[0], net[1], net[2]]
-    assert K.find_blocks(nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Conv1d(2, 2, 1))) == []
+    assert S.find_blocks(net) == [net[0], net[1], net[2]]
+    assert S.find_blocks(nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Conv1d(2, 2, 1))) == []
 
 
 def saved_bytes(model: nn.Module, ids: torch.Tensor) -> int:
     """Bytes autograd keeps for backward during one forward (what checkpointing frees)."""
-    total = 0
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        nonlocal total
-        total += tensor.numel() * tensor.element_size()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(ids, ids).backward()
-    return total
+    return one_truth.saved_bytes(lambda: model(ids, ids).backward())
 
 
 def test_checkpointing_frees_activations_every_block_more_than_every_second() -> None:
@@ -96,7 +90,7 @@ def test_checkpointing_frees_activations_every_block_more_than_every_second() ->
     for setting in ("off", "alternate", "blocks"):
         torch.manual_seed(0)
         model = tiny_gpt()
-        count = K.apply_checkpointing(model, setting)
+        count = S.apply_checkpointing(model, setting)
         assert count == {"off": 0, "alternate": 2, "blocks": 4}[setting]
         saved[setting] = saved_bytes(model, ids)
     assert saved["blocks"] < saved["alternate"] < saved["off"]
@@ -108,7 +102,7 @@ def test_a_checkpointed_step_gives_the_same_gradients() -> None:
     for setting in ("off", "blocks"):
         torch.manual_seed(0)
         model = tiny_gpt().double()
-        K.apply_checkpointing(model, setting)
+        S.apply_checkpointing(model, setting)
         torch.manual_seed(1)
         batches = [{"input_ids": (ids := torch.randint(0, 64, (2, 32))), "labels": ids}
                    for _ in range(2)]
@@ -135,10 +129,10 @@ class _Recorder:
 
 def test_a_model_without_repeated_blocks_cannot_be_checkpointed() -> None:
     with pytest.raises(KnobUnsupported, match="no repeated blocks"):
-        K.apply_checkpointing(nn.Linear(2, 2), "blocks")
+        S.apply_checkpointing(nn.Linear(2, 2), "blocks")
     # A workload may name its blocks itself.
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
-    assert K.apply_checkpointing(model, "blocks", blocks=lambda m: [m[0], m[2]]) == 2
+    assert S.apply_checkpointing(model, "blocks", blocks=lambda m: [m[0], m[2]]) == 2
 
 
 # ----------------------------------------------------------------------------------------------
@@ -159,7 +153,7 @@ def test_the_optimizer_is_rebuilt_with_the_same_groups_and_hyper_parameters(impl
     model, optimizer = two_groups()
     calls = []
     optimizer.register_step_post_hook(lambda *_: calls.append(1))
-    rebuilt = K.rebuild_optimizer(optimizer, impl)
+    rebuilt = S.rebuild_optimizer(optimizer, impl)
     assert type(rebuilt) is torch.optim.AdamW and rebuilt is not optimizer
     for before, after in zip(optimizer.param_groups, rebuilt.param_groups, strict=True):
         assert after["params"] == before["params"]
@@ -170,16 +164,16 @@ def test_the_optimizer_is_rebuilt_with_the_same_groups_and_hyper_parameters(impl
     model(torch.randn(3, 4)).sum().backward()
     rebuilt.step()
     assert calls == [1]  # the workload's step hooks come along
-    assert K.default_impl(optimizer) == "for-loop"  # what torch picks for CPU parameters
-    assert K.default_impl(rebuilt) == impl
+    assert S.default_impl(optimizer) == "for-loop"  # what torch picks for CPU parameters
+    assert S.default_impl(rebuilt) == impl
 
 
 def test_an_optimizer_without_the_switch_is_unsupported() -> None:
     lbfgs = torch.optim.LBFGS(nn.Linear(2, 2).parameters())
-    assert K.optimizer_impls(lbfgs) == ()
+    assert S.optimizer_impls(lbfgs) == ()
     with pytest.raises(KnobUnsupported, match="LBFGS cannot be rebuilt as fused"):
-        K.rebuild_optimizer(lbfgs, "fused")
-    assert K.rebuild_optimizer(lbfgs, "default") is lbfgs
+        S.rebuild_optimizer(lbfgs, "fused")
+    assert S.rebuild_optimizer(lbfgs, "default") is lbfgs
 
 
 # ----------------------------------------------------------------------------------------------
@@ -189,14 +183,14 @@ def test_an_optimizer_without_the_switch_is_unsupported() -> None:
 def test_channels_last_applies_to_convolutions_and_images_only() -> None:
     net = cnn()
     net(torch.randn(1, 3, 8, 8))  # materialize the lazy layer
-    K.apply_to_model(net, Knobs(memory_format="channels_last"))
+    S.apply_to_model(net, Knobs(memory_format="channels_last"))
     assert net[0][0].weight.is_contiguous(memory_format=torch.channels_last)
-    images, labels = K.apply_to_batch((torch.randn(2, 3, 8, 8), torch.tensor([1, 2])),
+    images, labels = S.apply_to_batch((torch.randn(2, 3, 8, 8), torch.tensor([1, 2])),
                                       Knobs(memory_format="channels_last"))
     assert images.is_contiguous(memory_format=torch.channels_last)
     assert labels.dim() == 1
     with pytest.raises(KnobUnsupported, match="2-D convolutions"):
-        K.apply_to_model(tiny_gpt(), Knobs(memory_format="channels_last"))
+        S.apply_to_model(tiny_gpt(), Knobs(memory_format="channels_last"))
 
 
 def test_the_allocator_setting_goes_to_the_childs_environment() -> None:
@@ -212,7 +206,7 @@ def test_the_allocator_setting_goes_to_the_childs_environment() -> None:
 
 def test_which_values_a_workload_can_take() -> None:
     _, optimizer = two_groups()
-    traits = K.workload_traits(tiny_gpt(), optimizer, {"input_ids": torch.zeros(2, 32)})
+    traits = S.workload_traits(tiny_gpt(), optimizer, {"input_ids": torch.zeros(2, 32)})
     assert traits.num_blocks == 4 and traits.blocks == "4 x _Block"
     assert traits.optimizer_impls == ("for-loop", "foreach", "fused")
     assert not traits.image_input and not traits.has_conv2d
@@ -244,17 +238,9 @@ def test_hugging_face_checkpointing_uses_the_models_own_switch() -> None:
     def saved(setting: str) -> int:
         torch.manual_seed(0)
         model = transformers.GPT2LMHeadModel(config)
-        K.apply_checkpointing(model, setting)
-        total = 0
-
-        def pack(tensor: torch.Tensor) -> torch.Tensor:
-            nonlocal total
-            total += tensor.numel() * tensor.element_size()
-            return tensor
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            model(input_ids=ids, labels=ids).loss.backward()
-        return total
+        S.apply_checkpointing(model, setting)
+        return one_truth.saved_bytes(
+            lambda: model(input_ids=ids, labels=ids).loss.backward())
 
     off, alternate, blocks = saved("off"), saved("alternate"), saved("blocks")
     assert blocks < alternate < off
@@ -262,10 +248,10 @@ def test_hugging_face_checkpointing_uses_the_models_own_switch() -> None:
 
 def test_an_optimizer_left_to_torch_runs_as_the_modelled_device_would() -> None:
     _, optimizer = two_groups()
-    assert K.apply_to_optimizer(optimizer, Knobs()) is optimizer  # as built
-    as_cuda = K.apply_to_optimizer(optimizer, Knobs(), as_on_cuda=True)
-    assert K.default_impl(as_cuda) == "foreach"  # what torch picks for CUDA parameters
+    assert S.apply_to_optimizer(optimizer, Knobs()) is optimizer  # as built
+    as_cuda = S.apply_to_optimizer(optimizer, Knobs(), as_on_cuda=True)
+    assert S.default_impl(as_cuda) == "foreach"  # what torch picks for CUDA parameters
     chosen = torch.optim.AdamW(nn.Linear(2, 2).parameters(), foreach=False)
-    assert K.apply_to_optimizer(chosen, Knobs(), as_on_cuda=True) is chosen  # the user chose
-    assert K.default_impl(K.apply_to_optimizer(optimizer, Knobs(optimizer_impl="fused"),
+    assert S.apply_to_optimizer(chosen, Knobs(), as_on_cuda=True) is chosen  # the user chose
+    assert S.default_impl(S.apply_to_optimizer(optimizer, Knobs(optimizer_impl="fused"),
                                                as_on_cuda=True)) == "fused"

@@ -327,7 +327,7 @@ def test_ctrl_c_while_calibrating_keeps_and_writes_the_result(tmp_path: Path,
                                                                monkeypatch) -> None:
     """The window the defect lived in: the search is over, the estimator's calibration runs
     (it rebuilt the model in the parent, seconds): a Ctrl-C there kept nothing."""
-    import autotune.api._pipeline as pipeline
+    import autotune.api.tune as pipeline
     from autotune import api
     from autotune.search import SearchSettings
 

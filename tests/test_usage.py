@@ -14,12 +14,13 @@ import pytest
 import torch
 
 import autotune
-from autotune import api, knobs
+from autotune import api, knobs, step
 from autotune.errors import ConfigError
 from autotune.knobs import Knobs
 from autotune.trial import train_step
 from autotune.usage import Tuned
 from autotune.workload import TinyGPT, Workload
+from tests import one_truth
 from tests.tuned_configs import make_tuned, write
 
 CKPT = ("activation_checkpointing" if knobs._trainer_has_activation_checkpointing()
@@ -109,7 +110,7 @@ def test_set_matmul_precision() -> None:
         Tuned(make_tuned(precision="bf16")).set_matmul_precision()
         assert not torch.backends.cuda.matmul.allow_tf32
     finally:
-        knobs.set_matmul_precision("fp32")
+        step.set_matmul_precision("fp32")
 
 
 def test_train_step_is_the_library_step() -> None:
@@ -268,16 +269,7 @@ def test_accelerator_kwargs_with_a_dynamo_plugin(monkeypatch: pytest.MonkeyPatch
 
 def saved_bytes(model: torch.nn.Module, ids: torch.Tensor) -> int:
     """Bytes the forward keeps for backward (checkpointed blocks keep only their inputs)."""
-    total = 0
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        nonlocal total
-        total += tensor.numel() * tensor.element_size()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        model(ids, ids).backward()
-    return total
+    return one_truth.saved_bytes(lambda: model(ids, ids).backward())
 
 
 def _tiny_gpt() -> TinyGPT:

@@ -16,13 +16,28 @@ from autotune.search._records import (
     objective,
     pick_winner,
     score,
+    tuned_config,
 )
 from autotune.search._stages import OnTrial, interrupt_name, run_search
 from autotune.search._study import CONSTRAINT, completed, open_study, probed
 
 __all__ = [
-    "CONSTRAINT", "LOSS_TOLERANCE", "Candidate", "OnTrial", "SearchOutcome", "SearchSettings",
-    "break_even_steps", "classify", "completed", "flops_per_sample", "interrupt_name",
-    "objective", "open_study",
-    "pick_winner", "probed", "run_search", "score",
+    "CONSTRAINT",
+    "LOSS_TOLERANCE",
+    "Candidate",
+    "OnTrial",
+    "SearchOutcome",
+    "SearchSettings",
+    "break_even_steps",
+    "classify",
+    "completed",
+    "flops_per_sample",
+    "interrupt_name",
+    "objective",
+    "open_study",
+    "pick_winner",
+    "probed",
+    "run_search",
+    "score",
+    "tuned_config",
 ]

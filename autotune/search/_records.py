@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 
+from autotune import __version__
 from autotune.config import (
     Knobs,
     MemoryProbe,
@@ -13,7 +15,8 @@ from autotune.config import (
     TrialSpec,
     peak_tflops,
 )
-from autotune.schema import TrialRecord
+from autotune.errors import NoFeasibleConfigError, WorkloadError
+from autotune.schema import MemoryRecord, TrialRecord, TunedConfig
 
 # Numerics guard: allowed relative distance of the first loss from fp32 eager's, per precision.
 LOSS_TOLERANCE = {"fp32": 0.01, "tf32": 0.01, "bf16": 0.05, "fp16": 0.05}
@@ -207,3 +210,83 @@ def break_even_steps(winner: TrialRecord, baseline: TrialRecord) -> float | None
     if saved <= 0:
         return math.inf
     return (winner.compile_s or 0.0) / saved
+
+
+# ----------------------------------------------------------------------------------------------
+# The winner, assembled as autotune.json content.
+
+
+def tuned_config(report: ProbeReport, outcome: SearchOutcome,
+                 settings: SearchSettings) -> TunedConfig:
+    """Pick the winner and describe it, with every trial, as ``autotune.json`` content.
+
+    Raises:
+        NoFeasibleConfigError: no candidate ran to the end with sound numerics.
+    """
+    assert outcome.baseline is not None, "search() refuses an outcome without a baseline"
+    winner = pick_winner(outcome.records, settings)
+    if winner is None:
+        seen = ", ".join(f"{r.label()}: {r.verdict}" for r in outcome.records) or "none ran"
+        leaks = [(key.key(), note) for key, r in outcome.results.items()
+                 if r.status == "oom" and (note := r.leak_note())]
+        if leaks:
+            key, note = leaks[0]
+            raise WorkloadError(
+                f"no candidate completed its timed steps ({seen}): they fit their warm-up steps, "
+                f"then ran out of memory; {key}: {note}. A larger budget only delays it: fix "
+                "the workload")
+        raise NoFeasibleConfigError(f"no candidate completed its timed steps ({seen})")
+    baseline = next(r for r in outcome.records if r.is_baseline)
+    records = tuple(replace(r, verdict="winner", reason="fastest") if r is winner else
+                    _lost(r, winner) for r in outcome.records)
+    result = outcome.results[Candidate(knobs=winner.knobs, micro_batch=winner.micro_batch)]
+    memory = MemoryRecord(
+        device_total_bytes=report.device.total_memory_bytes, budget_bytes=report.budget_bytes,
+        headroom=report.headroom, usable_bytes=report.usable_bytes(),
+        peak_bytes=winner.peak_bytes,
+        max_micro_batch={p.knobs.label(): p.max_micro_batch for p in report.probes},
+        allocator=report.allocator,
+        peak_definition=("max_memory_reserved + CUDA context" if report.device.is_cuda else
+                         "address-space growth of the child over its baseline"),
+    )
+    return TunedConfig(
+        autotune_version=__version__, created_at=datetime.now(timezone.utc).isoformat(),
+        workload=report.workload, workload_name=result.workload_name,
+        workload_fingerprint=result.workload_fingerprint, target_batch=report.target_batch,
+        requested_batch=report.requested_batch,
+        world_size=report.world_size, micro_batch=winner.micro_batch,
+        accumulate_steps=winner.accumulate_steps, knobs=winner.knobs, memory=memory,
+        device=report.device,
+        objective="time_to_train" if settings.train_steps else "throughput",
+        train_steps=settings.train_steps, median_step_s=winner.median_step_s,
+        samples_per_s=winner.samples_per_s, tokens_per_s=winner.tokens_per_s,
+        flops_per_sample=flops_per_sample(outcome.results.get(outcome.baseline)),
+        mfu=winner.mfu,
+        baseline_samples_per_s=baseline.samples_per_s, speedup=winner.speedup,
+        break_even_steps=break_even_steps(winner, baseline),
+        reason=_why(winner, baseline, records), trials=records,
+        skipped=report.skipped + outcome.skipped, interrupted=outcome.interrupted,
+    )
+
+
+def _lost(record: TrialRecord, winner: TrialRecord) -> TrialRecord:
+    if record.verdict != "ok" or not record.samples_per_s or not winner.samples_per_s:
+        return record
+    ratio = record.samples_per_s / winner.samples_per_s
+    return replace(record, reason=f"{ratio:.2f}x the winner's samples/s")
+
+
+def _why(winner: TrialRecord, baseline: TrialRecord, records: tuple[TrialRecord, ...]) -> str:
+    text = f"{winner.label()} won at {winner.samples_per_s:,.1f} samples/s"
+    if winner.is_baseline:
+        text += " (it is the baseline: nothing tried beat fp32 eager)"
+    elif winner.speedup:
+        noise = max(winner.spread or 0.0, baseline.spread or 0.0)
+        text += f", {winner.speedup:.2f}x the baseline ({baseline.label()})"
+        if winner.speedup - 1 < noise:
+            text += f", within the measured noise ({noise:.0%} spread)"
+    others = [r for r in records if r.verdict == "ok" and r.samples_per_s]
+    if others:
+        runner_up = max(others, key=lambda r: r.samples_per_s or 0.0)
+        text += f"; runner-up {runner_up.label()} ({runner_up.reason})"
+    return text

@@ -13,20 +13,27 @@ import hashlib
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Literal
-
-import optuna
-from optuna.trial import TrialState
+from typing import TYPE_CHECKING, Any, Literal
 
 from autotune.config import ProbeReport, TrialResult, WorkloadSpec, from_json_dict, to_json_dict
 from autotune.errors import ConfigError
 from autotune.knobs import KNOBS, Knobs
 from autotune.search._records import Candidate, SearchSettings, keep_better
 
+if TYPE_CHECKING:
+    import optuna
+
 CONSTRAINT = "ran"
 """Optuna constraint: 0 for a run that counts, 1 for OOM, crash, timeout, numerics, ..."""
 _INFEASIBLE = 1.0
-optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own progress says what happens
+
+
+def _optuna() -> Any:
+    """optuna, imported when a search opens its study (``autotune.load`` never needs it)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own progress says what happens
+    return optuna
 
 
 def study_identity(report: ProbeReport, settings: SearchSettings) -> dict[str, str]:
@@ -85,6 +92,7 @@ def open_study(settings: SearchSettings, identity: dict[str, str],
         ConfigError: the storage cannot be opened, or the study holds another search.
     """
     check_storage(settings.storage)
+    optuna = _optuna()
     name = settings.study_name or ("autotune" if settings.storage else None)
     try:
         study = optuna.create_study(storage=settings.storage, study_name=name,
@@ -121,7 +129,7 @@ def completed(study: optuna.Study) -> tuple[dict[Candidate, TrialResult], dict[C
     two: the faster kept, as the search keeps it), and how many runs each had."""
     done: dict[Candidate, TrialResult] = {}
     runs: dict[Candidate, int] = {}
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+    for t in study.get_trials(deepcopy=False, states=(_optuna().trial.TrialState.COMPLETE,)):
         key = _candidate(t.params)
         if "result" not in t.user_attrs or key is None:
             continue
@@ -134,7 +142,7 @@ def completed(study: optuna.Study) -> tuple[dict[Candidate, TrialResult], dict[C
 def probed(study: optuna.Study) -> dict[Candidate, TrialResult]:
     """Memory probes already in the study: runs that stopped before timed steps (pruned)."""
     done: dict[Candidate, TrialResult] = {}
-    for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,)):
+    for t in study.get_trials(deepcopy=False, states=(_optuna().trial.TrialState.PRUNED,)):
         key = _candidate(t.params)
         if "result" in t.user_attrs and key is not None:
             done[key] = from_json_dict(TrialResult, json.loads(t.user_attrs["result"]))
@@ -145,9 +153,10 @@ def distributions(micro_batches: Sequence[int]) -> dict[str, optuna.distribution
     """One categorical parameter per knob over all its values, and the micro-batch: the same
     choices whatever a search is restricted to, so restricted and resumed searches share a
     study, and optuna-dashboard shows each knob as a parameter."""
+    categorical = _optuna().distributions.CategoricalDistribution
     dists: dict[str, optuna.distributions.BaseDistribution] = {
-        k.name: optuna.distributions.CategoricalDistribution(k.values) for k in KNOBS}
-    dists["micro_batch"] = optuna.distributions.CategoricalDistribution(tuple(micro_batches))
+        k.name: categorical(k.values) for k in KNOBS}
+    dists["micro_batch"] = categorical(tuple(micro_batches))
     return dists
 
 
@@ -163,13 +172,13 @@ def running(study: optuna.Study, candidate: Candidate,
     trial = study.ask(dists)
     # A waiting trial left by an interrupted process is popped first: fail it, ask again.
     while _candidate(trial.params) != candidate:
-        study.tell(trial, state=TrialState.FAIL)
+        study.tell(trial, state=_optuna().trial.TrialState.FAIL)
         trial = study.ask(dists)
     trial.set_user_attr("candidate", candidate.key())
     try:
         yield trial
     except BaseException:
-        study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+        study.tell(trial, state=_optuna().trial.TrialState.FAIL, skip_if_finished=True)
         raise
 
 
@@ -182,8 +191,8 @@ def tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult, value: f
     trial.set_user_attr("status", result.status)
     trial.set_user_attr("kind", kind)
     if kind == "probe":
-        study.tell(trial, state=TrialState.PRUNED)
+        study.tell(trial, state=_optuna().trial.TrialState.PRUNED)
         return
     trial.set_constraint(CONSTRAINT, _INFEASIBLE if value is None else 0.0)
-    worst = 0.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else 1e18
+    worst = 0.0 if study.direction == _optuna().study.StudyDirection.MAXIMIZE else 1e18
     study.tell(trial, worst if value is None else value)

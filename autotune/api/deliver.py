@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from autotune.api._settings import workload_spec
+from autotune.api.request import workload_spec
 from autotune.codegen import SCRIPT_NAME, render_train_script
 from autotune.errors import ConfigError, Interrupted, OutputExistsError
 from autotune.schema import (

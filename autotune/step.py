@@ -1,0 +1,328 @@
+"""The one training step, and the knobs applied to torch objects.
+
+``train_step`` is the step trials time, probes measure, the estimator traces and
+``autotune.load`` runs; the generated script carries the same arithmetic (tests compare their
+gradients). The functions here apply a ``knobs.Knobs`` to a model, an optimizer and batches:
+the child's trial, the estimator and ``Tuned`` all call them, so every path applies a knob the
+same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from autotune.knobs import KNOB, Knobs, KnobUnsupported, WorkloadTraits
+from autotune.workload import Batch, Workload, check_loss
+
+
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    """The autocast dtype for a precision, or None when it runs without autocast."""
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+
+
+def autocast(precision: str, device_type: str) -> Any:
+    """The autocast context for a precision (a no-op for fp32 and tf32)."""
+
+
+    dtype = autocast_dtype(precision)
+    return (contextlib.nullcontext() if dtype is None
+            else torch.autocast(device_type=device_type, dtype=dtype))
+
+
+def grad_scaler(precision: str, device_type: str) -> torch.amp.GradScaler | None:
+    """A GradScaler for fp16 (its small range underflows gradients without one), else None."""
+
+    return torch.amp.GradScaler(device_type) if precision == "fp16" else None
+
+
+def set_matmul_precision(precision: str) -> None:
+    """tf32 lets fp32 matmuls and convolutions use TensorFloat-32 (Ampere+); others stay exact."""
+
+    allow = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = allow
+    torch.backends.cudnn.allow_tf32 = allow
+
+
+def compile_model(model: nn.Module, compile_mode: str) -> nn.Module:
+    """``torch.compile`` with the mode (``dynamic=False``: one shape per trial), or the model."""
+    if compile_mode == "off":
+        return model
+
+    return torch.compile(model, mode=None if compile_mode == "default" else compile_mode,
+                         dynamic=False)
+
+
+def find_blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's repeated blocks: the longest run of consecutive same-type children (each
+    with parameters) of any ``ModuleList`` or ``Sequential``; ties go to more parameters."""
+
+    best: list[nn.Module] = []
+
+    def weight(run: list[nn.Module]) -> tuple[int, int]:
+        return len(run), sum(p.numel() for m in run for p in m.parameters())
+
+    for module in model.modules():
+        if not isinstance(module, (nn.ModuleList, nn.Sequential)):
+            continue
+        run: list[nn.Module] = []
+        for child in [*module.children(), None]:
+            same = (child is not None and run and type(child) is type(run[0]))
+            if not same:
+                if len(run) >= 2 and weight(run) > weight(best):
+                    best = run
+                run = []
+            if child is not None and any(True for _ in child.parameters()):
+                run.append(child)
+    return best
+
+
+def _blocks_of(model: nn.Module, blocks: Callable[[nn.Module], Sequence[nn.Module]] | None
+               ) -> list[nn.Module]:
+    return list(blocks(model)) if blocks is not None else find_blocks(model)
+
+
+def apply_checkpointing(model: nn.Module, setting: str,
+                        blocks: Callable[[nn.Module], Sequence[nn.Module]] | None = None) -> int:
+    """Checkpoint the repeated blocks' activations (non-reentrant): every block (``blocks``)
+    or every second one (``alternate``). A Hugging Face model uses its own switch
+    (``activation_checkpointing_enable``, or ``gradient_checkpointing_enable`` and each
+    layer's ``gradient_checkpointing`` flag before transformers 5); other modules get their
+    blocks' ``forward`` wrapped in ``torch.utils.checkpoint.checkpoint``, so parameter names
+    stay as they were.
+
+    Returns:
+        How many blocks are checkpointed.
+
+    Raises:
+        KnobUnsupported: no repeated blocks.
+    """
+    if setting == "off":
+        return 0
+    found = _blocks_of(model, blocks)
+    chosen = [b for i, b in enumerate(found) if setting == "blocks" or i % 2 == 0]
+    if blocks is None and getattr(model, "supports_gradient_checkpointing", False):
+        every = 1 if setting == "blocks" else 2
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
+            model.activation_checkpointing_enable({"use_reentrant": False}, every_n_layers=every)
+            return len(chosen) or 1
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        layers = [b for b in found if hasattr(b, "gradient_checkpointing")]
+        for i, layer in enumerate(layers):  # every second layer: the others keep activations
+            layer.gradient_checkpointing = i % every == 0
+        return len(chosen) or 1
+    if len(found) < 2:
+        raise KnobUnsupported(KNOB["checkpointing"].needs(setting, WorkloadTraits()) or "no blocks")
+    for block in chosen:
+        _checkpoint_forward(block)
+    return len(chosen)
+
+
+def _checkpoint_forward(block: nn.Module) -> None:
+    from torch.utils.checkpoint import checkpoint
+
+    forward = block.forward
+
+    @functools.wraps(forward)
+    def checkpointed(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    block.forward = checkpointed  # type: ignore[method-assign]
+
+
+_IMPL_FLAGS = {"for-loop": {"foreach": False, "fused": False},
+               "foreach": {"foreach": True, "fused": False},
+               "fused": {"foreach": False, "fused": True}}
+
+
+def optimizer_impls(optimizer: torch.optim.Optimizer) -> tuple[str, ...]:
+    """Implementations the optimizer's class has a switch for."""
+    out = []
+    if "foreach" in optimizer.defaults:
+        out += ["for-loop", "foreach"]
+    if "fused" in optimizer.defaults:
+        out.append("fused")
+    return tuple(out)
+
+
+def default_impl(optimizer: torch.optim.Optimizer) -> str:
+    """The implementation an optimizer as built runs: what its flags say, else torch's own
+    choice (foreach when every parameter is on CUDA, for-loop otherwise), else ``""``."""
+    if not optimizer_impls(optimizer):
+        return ""
+    group = optimizer.param_groups[0]
+    if group.get("fused"):
+        return "fused"
+    if group.get("foreach") is not None:
+        return "foreach" if group["foreach"] else "for-loop"
+    on_cuda = all(p.is_cuda for g in optimizer.param_groups for p in g["params"])
+    return "foreach" if on_cuda else "for-loop"
+
+
+def rebuild_optimizer(optimizer: torch.optim.Optimizer, impl: str) -> torch.optim.Optimizer:
+    """The same optimizer (class, parameter groups, hyper-parameters, step hooks) as ``impl``;
+    ``default`` keeps it as built.
+
+    Raises:
+        KnobUnsupported: its class has no such switch, or refuses it here (e.g. fused on a
+            device or dtype it does not support).
+    """
+    if impl == "default":
+        return optimizer
+    cls = type(optimizer)
+    if impl not in optimizer_impls(optimizer):
+        raise KnobUnsupported(KNOB["optimizer_impl"].needs(impl, WorkloadTraits(
+            optimizer=cls.__name__, optimizer_impls=optimizer_impls(optimizer))) or impl)
+    flags = {k: v for k, v in _IMPL_FLAGS[impl].items() if k in optimizer.defaults}
+    accepted = inspect.signature(cls.__init__).parameters
+    defaults = {k: v for k, v in {**optimizer.defaults, **flags}.items() if k in accepted}
+    groups = [{**group, **flags} for group in optimizer.param_groups]
+    try:
+        rebuilt = cls(groups, **defaults)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise KnobUnsupported(f"{cls.__name__} refused {impl}: {exc}") from exc
+    for name in ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks"):
+        if hasattr(optimizer, name) and hasattr(rebuilt, name):
+            getattr(rebuilt, name).update(getattr(optimizer, name))
+    return rebuilt
+
+
+def apply_to_model(model: nn.Module, knobs: Knobs,
+                   blocks: Callable[[nn.Module], Sequence[nn.Module]] | None = None) -> nn.Module:
+    """The knobs that change the model (checkpointing, memory format), in place, before it
+    is compiled and its optimizer built.
+
+    Raises:
+        KnobUnsupported: a knob value the model cannot take.
+    """
+
+    apply_checkpointing(model, knobs.checkpointing, blocks)
+    if knobs.memory_format == "channels_last":
+        if not any(isinstance(m, nn.Conv2d) for m in model.modules()):
+            raise KnobUnsupported(
+                KNOB["memory_format"].needs("channels_last", WorkloadTraits()) or "")
+        # In place, as Module.to(memory_format=...) converts 4-D tensors (``.data =``): that
+        # also works on fake tensors, whose mode refuses swapping a parameter for a new one.
+        with torch.no_grad():
+            for tensor in (*model.parameters(), *model.buffers()):
+                if tensor.dim() == 4:
+                    tensor.data = tensor.data.contiguous(memory_format=torch.channels_last)
+    return model
+
+
+def apply_to_optimizer(optimizer: torch.optim.Optimizer, knobs: Knobs, *,
+                       as_on_cuda: bool = False) -> torch.optim.Optimizer:
+    """The optimizer the knobs run: as built, or rebuilt as their implementation.
+
+    Args:
+        optimizer: the workload's optimizer as built.
+        knobs: the setting.
+        as_on_cuda: run it as CUDA would though its tensors are elsewhere (the estimator's
+            fake CPU tensors): an optimizer left to torch's choice runs foreach there (the
+            for-loop on CPU), and foreach holds temporaries as large as the parameters.
+
+    Raises:
+        KnobUnsupported: its class cannot be rebuilt so.
+    """
+    impl = knobs.optimizer_impl
+    left_to_torch = (optimizer.defaults.get("foreach", False) is None
+                     and not optimizer.defaults.get("fused")
+                     and not optimizer.defaults.get("differentiable")
+                     and all(g.get("foreach") is None for g in optimizer.param_groups))
+    if impl == "default" and as_on_cuda and left_to_torch:
+        try:
+            return rebuild_optimizer(optimizer, "foreach")
+        except KnobUnsupported:
+            return optimizer
+    return rebuild_optimizer(optimizer, impl)
+
+
+def apply_to_batch(batch: Any, knobs: Knobs) -> Any:
+    """The batch as the knobs want it: 4-D floating-point tensors channels-last."""
+    if knobs.memory_format != "channels_last":
+        return batch
+
+    def convert(t: Any) -> Any:
+        if isinstance(t, torch.Tensor) and t.dim() == 4 and t.is_floating_point():
+            return t.contiguous(memory_format=torch.channels_last)
+        return t
+
+    if isinstance(batch, dict):
+        return {k: convert(v) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(convert(v) for v in batch)
+    return convert(batch)
+
+
+def workload_traits(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any,
+                    blocks: Callable[[nn.Module], Sequence[nn.Module]] | None = None
+                    ) -> WorkloadTraits:
+    """What decides which knob values apply to this workload (read once per child run)."""
+
+    found = _blocks_of(model, blocks)
+    tensors = (batch.values() if isinstance(batch, dict) else
+               batch if isinstance(batch, (tuple, list)) else [batch])
+    return WorkloadTraits(
+        num_blocks=len(found),
+        blocks=(f"{len(found)} x {type(found[0]).__name__}" if found else ""),
+        hf_checkpointing=bool(getattr(model, "supports_gradient_checkpointing", False)),
+        has_conv2d=any(isinstance(m, nn.Conv2d) for m in model.modules()),
+        image_input=any(isinstance(t, torch.Tensor) and t.dim() == 4 and t.is_floating_point()
+                        for t in tensors),
+        optimizer=type(optimizer).__name__, optimizer_impls=optimizer_impls(optimizer),
+        optimizer_default=default_impl(optimizer))
+
+
+def loss_weights(micro_batches: Sequence[Batch],
+                 count_loss_items: Callable[[Batch], Any] | None) -> list[Any]:
+    """Weight of each micro-batch's mean loss in the effective batch's loss.
+
+    Without item counts every micro-batch weighs 1/k. With counts (e.g. label tokens), a
+    micro-batch weighs its share of all items in the optimizer step, so the effective batch's
+    loss is the mean over all its items: the same gradient as one big batch.
+    """
+    if count_loss_items is None:
+        return [1.0 / len(micro_batches)] * len(micro_batches)
+    counts = [count_loss_items(b) for b in micro_batches]
+    total = sum(counts)
+    return [c / total for c in counts]
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
+               micro_batches: Sequence[Batch], workload: Workload, *, precision: str,
+               device_type: str, scaler: torch.amp.GradScaler | None = None) -> torch.Tensor:
+    """One optimizer step over the micro-batches of one effective batch.
+
+    Forward and backward run per micro-batch under autocast; gradients accumulate in
+    ``.grad``; the optimizer steps once; gradients are freed (``set_to_none``).
+
+    Returns:
+        The effective batch's loss (detached), computed before the update.
+
+    Raises:
+        WorkloadError: the workload's loss is not a scalar floating-point tensor that requires
+            grad (checked from metadata only: no device sync).
+    """
+    total = torch.zeros((), device=next(iter(model.parameters())).device)
+    for weight, batch in zip(loss_weights(micro_batches, workload.count_loss_items),
+                             micro_batches, strict=True):
+        with autocast(precision, device_type):
+            loss = workload.compute_loss(model, batch)
+            check_loss(loss, workload.name)
+            loss = loss * weight
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        total += loss.detach().float()
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return total
