@@ -41,9 +41,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from oracle import HERE, key, machine, naive_micro_batch, run_oracle, write_results
+from oracle import HERE, machine, naive_micro_batch, run_oracle, write_results
 
 from autotune.config import WorkloadSpec
+from autotune.search import Candidate
 
 TARGET = 64
 
@@ -138,8 +139,8 @@ def run_search(step: Step, spec: WorkloadSpec, setup: Setup) -> dict:
                         out=tempfile.mkdtemp(prefix=f"{step.name}-"), force=True,
                         settings=settings)
     cfg = result.config
-    return {"wall_s": time.perf_counter() - start, "tuned": key(cfg.precision, cfg.compile_mode,
-                                                                cfg.micro_batch),
+    tuned = Candidate(knobs=cfg.knobs, micro_batch=cfg.micro_batch).key()  # every knob
+    return {"wall_s": time.perf_counter() - start, "tuned": tuned,
             "accumulate_steps": cfg.accumulate_steps, "samples_per_s": cfg.samples_per_s,
             "tokens_per_s": cfg.tokens_per_s, "speedup": cfg.speedup,
             "baseline_samples_per_s": cfg.baseline_samples_per_s,

@@ -1,26 +1,30 @@
 """Helpers the search benchmarks share (CPU and GPU): the exhaustive oracle, the naive baseline,
 machine facts and result files.
 
-The oracle times every candidate (memory class x micro-batch) with the real isolated runner under
-the same cap as the search, in passes that alternate direction (interleaved repeats), and keeps
-each candidate's best median: a busy period of a shared machine only ever inflates times.
+The oracle times every candidate (knob setting x micro-batch) with the real isolated runner under
+the same cap as the search and with the same spec (``timing_spec``), in passes that alternate
+direction (interleaved repeats), and keeps each candidate's best median: a busy period of a shared
+machine only ever inflates times.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from autotune.config import TrialResult, TrialSpec, WorkloadSpec, to_json_dict
+from autotune.config import TrialResult, TrialSpec, WorkloadSpec, WorkloadTraits, to_json_dict
+from autotune.knobs import BASELINE, Knobs
+from autotune.memory import probe_spec
 from autotune.runner import run_isolated
-from autotune.search import SearchSettings
+from autotune.search import Candidate, SearchSettings
 
 HERE = Path(__file__).resolve().parent
 Runner = Callable[[TrialSpec], TrialResult]
@@ -51,21 +55,32 @@ def naive_micro_batch(target_batch: int, fits: Callable[[int], bool]) -> int:
 
 
 def key(precision: str, compile_mode: str, micro_batch: int) -> str:
-    """The candidate's name, as autotune.search names it."""
-    return f"{precision}/{compile_mode}/{micro_batch}"
+    """The name of a candidate whose further knobs are at their defaults, as autotune.search
+    names it (``Candidate.key``)."""
+    return Candidate(knobs=as_knobs((precision, compile_mode)), micro_batch=micro_batch).key()
 
 
 @dataclass(kw_only=True)
 class OracleCandidate:
     """One candidate's runs in the oracle."""
 
-    precision: str
-    compile_mode: str
+    knobs: Knobs
     micro_batch: int
     runs: list[TrialResult] = field(default_factory=list)
+    excluded: str = ""
+    """Why the oracle did not run it (the workload cannot take it, or a duplicate of another
+    candidate's run); empty when it ran or was never reached."""
+
+    @property
+    def precision(self) -> str:
+        return self.knobs.precision
+
+    @property
+    def compile_mode(self) -> str:
+        return self.knobs.compile_mode
 
     def key(self) -> str:
-        return key(self.precision, self.compile_mode, self.micro_batch)
+        return Candidate(knobs=self.knobs, micro_batch=self.micro_batch).key()
 
     def ran_ok_every_time(self) -> bool:
         """Ran (no OOM, no crash) on every repeat under the cap."""
@@ -88,8 +103,11 @@ class OracleCandidate:
         best = self.best_median_s()
         ok_runs = [r for r in self.runs if r.ok]
         return {
-            "key": self.key(), "precision": self.precision, "compile_mode": self.compile_mode,
+            "key": self.key(), "label": self.knobs.label(), "precision": self.precision,
+            "compile_mode": self.compile_mode, "knobs": dataclasses.asdict(self.knobs),
+            "changed": list(self.knobs.changed()),
             "micro_batch": self.micro_batch, "accumulate_steps": per_device // self.micro_batch,
+            "excluded": self.excluded,
             "statuses": [r.status for r in self.runs],
             "medians_s": [r.median_step_s() for r in self.runs],
             "num_timed_steps": [len(r.step_times_s) for r in self.runs],
@@ -97,6 +115,7 @@ class OracleCandidate:
             "best_median_s": best,
             "samples_per_s": self.samples_per_s(per_device),
             "peak_bytes": max((r.peak_bytes or 0) for r in ok_runs) if ok_runs else None,
+            "run_peak_bytes": [r.peak_bytes for r in self.runs],
             "compile_s": min((r.compile_s or 0.0) for r in ok_runs) if ok_runs else None,
             "ran_ok_every_time": self.ran_ok_every_time(),
             "fits_usable": self.fits_usable(usable_bytes),
@@ -104,32 +123,50 @@ class OracleCandidate:
         }
 
 
-def timing_spec(workload: WorkloadSpec, device: str, precision: str, compile_mode: str,
-                micro_batch: int, per_device: int, budget_bytes: int | None,
-                num_timed_steps: int, timeout_s: float,
+def timing_spec(workload: WorkloadSpec, device: str, knobs: Knobs, micro_batch: int,
+                per_device: int, budget_bytes: int | None, num_timed_steps: int, timeout_s: float,
                 max_timed_s: float | None = None, min_timed_s: float = WINDOW_S) -> TrialSpec:
-    """The spec autotune.search times a candidate with (same step counts and timing window)."""
-    return TrialSpec(
-        workload=workload, device=device, micro_batch=micro_batch,
-        accumulate_steps=per_device // micro_batch, precision=precision,  # type: ignore[arg-type]
-        compile_mode=compile_mode,  # type: ignore[arg-type]
-        num_warmup_steps=1 if compile_mode == "off" else 2, num_timed_steps=num_timed_steps,
-        memory_budget_bytes=budget_bytes, timeout_s=timeout_s, max_timed_s=max_timed_s,
-        min_timed_s=min_timed_s)
+    """The spec autotune.search times a candidate with (``_Search.spec``: a memory probe that
+    also times the config, the same warm-up, step counts and timing window; the baseline
+    counts FLOPs and is never stopped early), with the oracle's own early-stop limit."""
+    is_base_class = knobs == BASELINE
+    spec = probe_spec(workload, device, knobs, micro_batch, budget_bytes, timeout_s,
+                      per_device_batch=per_device, num_timed_steps=num_timed_steps,
+                      count_flops=is_base_class)
+    return replace(spec, min_timed_s=min_timed_s,
+                   max_timed_s=None if is_base_class else max_timed_s)
+
+
+Exclude = Callable[[Knobs, WorkloadTraits | None], "str | None"]
+"""Why the oracle leaves a setting out given the workload's traits (None: it runs it)."""
+
+
+def as_knobs(setting: Knobs | tuple[str, str]) -> Knobs:
+    """A space key: knobs, or a (precision, compile mode) pair (the other knobs at defaults;
+    a compile mode followed by further knobs, ``default+opt=fused``, as a label reads)."""
+    if isinstance(setting, Knobs):
+        return setting
+    precision, compile_mode = setting
+    return Knobs.from_label(f"{precision}/{compile_mode}")
 
 
 def run_oracle(workload: WorkloadSpec, device: str, per_device: int,
-               space: dict[tuple[str, str], Sequence[int]], *, budget_bytes: int | None,
+               space: Mapping[Knobs, Sequence[int]] | Mapping[tuple[str, str], Sequence[int]],
+               *, budget_bytes: int | None,
                num_timed_steps: int = 10, repeats: int = 2, slower_factor: float = 3.0,
                timeout_s: float = 900.0, run: Runner = run_isolated,
                deadline_s: float | None = None, min_timed_s: float = WINDOW_S,
+               exclude: Exclude | None = None,
                log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
                ) -> tuple[list[OracleCandidate], float]:
-    """Time every candidate of ``space`` ((precision, compile mode) -> micro-batches).
+    """Time every candidate of ``space`` (knob setting, or (precision, compile mode), ->
+    micro-batches), each with the spec the search times it with (``timing_spec``).
 
-    Pass 1 goes through the classes in increasing micro-batch; a class stops at its first
-    failure (memory grows with the micro-batch). Later passes alternate direction and re-run
-    what pass 1 ran, the first failure included (near the boundary a fit can flip). A candidate
+    Pass 1 goes through the settings (fp32 eager first) in increasing micro-batch; a setting
+    stops at its first failure (memory grows with the micro-batch). ``exclude`` leaves out a
+    setting the workload cannot take, judged by the traits the runs so far reported (fp32 eager
+    runs first, so from the first run on). Later passes alternate direction and re-run what
+    pass 1 ran, the first failure included (near the boundary a fit can flip). A candidate
     already ``slower_factor`` times slower than the best median so far stops timing early.
     Past ``deadline_s`` seconds no new run starts (the GPU suite's time box): what did not
     run has no runs.
@@ -138,38 +175,47 @@ def run_oracle(workload: WorkloadSpec, device: str, per_device: int,
         The candidates with their runs, and the oracle's wall time in seconds.
     """
     start = time.perf_counter()
-    candidates = [OracleCandidate(precision=p, compile_mode=c, micro_batch=m)
-                  for (p, c), mbs in space.items() for m in sorted(set(mbs))]
+    settings = sorted(((as_knobs(s), mbs) for s, mbs in space.items()),
+                      key=lambda t: t[0] != BASELINE)
+    candidates = [OracleCandidate(knobs=k, micro_batch=m)
+                  for k, mbs in settings for m in sorted(set(mbs))]
     best: list[float] = []
+    traits: list[WorkloadTraits] = []
 
     def one(cand: OracleCandidate, tag: str) -> TrialResult | None:
         if deadline_s is not None and time.perf_counter() - start > deadline_s:
             log(f"  oracle {tag} {cand.key()}: not run (deadline {deadline_s:.0f} s)")
             return None
         limit = slower_factor * max(min(best) * num_timed_steps, min_timed_s) if best else None
-        spec = timing_spec(workload, device, cand.precision, cand.compile_mode,
-                           cand.micro_batch, per_device, budget_bytes, num_timed_steps,
-                           timeout_s, limit, min_timed_s)
+        spec = timing_spec(workload, device, cand.knobs, cand.micro_batch, per_device,
+                           budget_bytes, num_timed_steps, timeout_s, limit, min_timed_s)
         result = run(spec)
         cand.runs.append(result)
+        if result.traits is not None and not traits:
+            traits.append(result.traits)
         median = result.median_step_s()
         if result.ok and median and len(result.step_times_s) >= num_timed_steps:
             best.append(median)
-        log(f"  oracle {tag} {cand.key():24s} {result.status:8s} "
+        log(f"  oracle {tag} {cand.key():44s} {result.status:8s} "
             f"median {median or 0:.3f}s steps {len(result.step_times_s)} "
             f"peak {(result.peak_bytes or 0) / 2**20:.0f}MiB wall {result.wall_s or 0:.0f}s")
         return result
 
     ran: list[OracleCandidate] = []
-    stopped: set[tuple[str, str]] = set()
+    stopped: dict[Knobs, str] = {}
     for cand in candidates:
-        cls = (cand.precision, cand.compile_mode)
-        if cls in stopped:
+        if cand.knobs in stopped:
+            cand.excluded = stopped[cand.knobs]
+            continue
+        why = exclude(cand.knobs, traits[0] if traits else None) if exclude else None
+        if why:
+            stopped[cand.knobs] = cand.excluded = why
+            log(f"  oracle pass 1 {cand.knobs.label()}: left out ({why})")
             continue
         ran.append(cand)
         result = one(cand, "pass 1")
         if result is None or not result.ok:
-            stopped.add(cls)
+            stopped[cand.knobs] = ""
     for rep in range(1, repeats):
         for cand in (reversed(ran) if rep % 2 else ran):
             one(cand, f"pass {rep + 1}")

@@ -1,56 +1,122 @@
-"""Pick quality, search cost and end-to-end speedup of ``autotune.search`` (CPU testbed).
+"""Pick quality and search cost of ``autotune.search`` over its default knob space (CPU).
 
-For each workload, under one memory cap and target batch:
+The speedups it finds are reported too.
 
-1. ``api.search`` with its defaults (fresh inductor cache), timed end to end;
-2. the exhaustive oracle (``oracle.run_oracle``, its own fresh inductor cache): every candidate
-   of the search's default space on this device (every memory class it would consider x every
-   divisor of the target) timed with the real isolated runner, in two interleaved passes, best
-   median kept;
+For each workload, under its memory cap and one target batch (default 16):
+
+1. ``api.search`` with its defaults (fresh inductor cache), timed end to end: on this CPU it
+   considers fp32 and bf16 (when native), compile off and default, and screens checkpointing
+   (off/blocks/alternate), the optimizer implementation (default/for-loop/foreach/fused) and the
+   memory format (contiguous/channels_last) on its leader (the allocator knob is CUDA only);
+2. the exhaustive oracle (``oracle.run_oracle``, its own fresh inductor cache): every knob
+   setting the search would consider by default on this device (``space.memory_classes`` x
+   every value of every further knob from ``space.knob_values``), less what the workload cannot
+   take by the search's own rule (``knobs.skip_reason``, with the traits the first run reports),
+   x every divisor of the target, each timed with the spec the search times it with
+   (``oracle.timing_spec``), in ``--passes`` interleaved passes, best median kept;
 3. pick quality = oracle throughput of the tuned config / best oracle throughput among the
-   candidates that fit (same fit rule as autotune: ran under the cap, peak within the budget
-   minus headroom); search cost = search wall time / the oracle's first pass (an exhaustive
-   search: each candidate run once), and against both passes;
-4. end-to-end: the tuned config vs the naive run (fp32 eager, micro-batch = target if it fits,
-   else the largest power of two that fits, accumulation to the target), both from the oracle's
-   measurements; plus a fresh capped re-run of the tuned config (no OOM expected).
+   candidates that fit (ran under the cap, peak within the budget minus headroom), overall and in
+   each pass alone; search cost = search wall time / the oracle's first pass (an exhaustive
+   search: each candidate run once);
+4. the winner's speedup over the best oracle config without the new knobs (every knob beyond
+   precision and compile mode at its default) and over the naive run (fp32 eager, micro-batch =
+   target if it fits, else the largest power of two that fits); for each workload the largest
+   fitting micro-batch with and without checkpointing, from the oracle's runs; a fresh capped
+   re-run of the tuned config (no OOM expected).
 
-Run: ``python benchmarks/search_quality.py [--quick] [--workloads cnn,gpt2]``; writes
-``benchmarks/results/search_quality.{json,md}``.
+``pick_deep_gpt`` is the checkpointing workload: under ``DEEP_GPT_CAP_BYTES`` (50 MiB, usable
+45 MiB) fp32 eager fits micro-batch 4 of 16 and not 8, checkpointing every block fits 16.
+Measured with ``probe_spec`` children (2 warm-up steps of 2 accumulated micro-batches, 3 timed
+steps at per-device batch 16; peak = address-space growth over the child's baseline; 2-core
+AMD EPYC, torch 2.13 CPU): no cap: fp32/off 35.2 MiB at 4, 61.2 MiB at 8; bf16/off 62.4 MiB at
+8; fp32/default 130.4 MiB at 4, 157.1 MiB at 8 (the compile's own memory: compiled settings fit
+nothing under this cap); fp32/off+ckpt=blocks 21.6 MiB at 8, 34.7 MiB at 16. Under the 50 MiB
+cap: fp32/off ok 35.0 MiB at 4, oom at 8; fp32/off+ckpt=blocks ok 34.7 MiB at 16;
+fp32/off+ckpt=alternate ok 39.3 MiB at 8. A step of 16 samples took 0.20-0.24 s (fp32 eager,
+with or without checkpointing) when the machine was quiet.
+
+Run: ``python benchmarks/search_quality.py [--workloads deep_gpt,gpt2,cnn] [--target 16]
+[--passes 2] [--space full|lean] [--min-micro-batch 1]``; writes
+``benchmarks/results/search_quality_knobs.{json,md}``. ``--render NAME`` re-renders a results
+file, the older precision x compile-mode ones (``search_quality.json``, target 64) included.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
 import tempfile
 import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from oracle import HERE, OracleCandidate, key, machine, naive_micro_batch, run_oracle, write_results
+from oracle import (
+    HERE,
+    Exclude,
+    OracleCandidate,
+    machine,
+    naive_micro_batch,
+    run_oracle,
+    write_results,
+)
+from workloads import DEEP_GPT_CAP_BYTES
 
 from autotune import api
-from autotune.config import MIB, TrialSpec, WorkloadSpec, format_bytes
+from autotune.config import (
+    MIB,
+    DeviceInfo,
+    Knobs,
+    TrialSpec,
+    WorkloadSpec,
+    WorkloadTraits,
+    format_bytes,
+)
+from autotune.knobs import BASELINE, skip_reason
 from autotune.runner import run_isolated
-from autotune.space import divisors
+from autotune.schema import SearchResult
+from autotune.search import Candidate
+from autotune.space import divisors, knob_values, memory_classes, timed_precisions
 
-TARGET = 64
-BUDGET_BYTES = 1024 * MIB
+TARGET = 16
 HEADROOM = 0.1
 TRAIN_STEPS = 1000  # for the end-to-end time, compile included
-WORKLOADS = {  # cheapest compiles first
-    "CNN (3 conv blocks, 32x32)": WorkloadSpec(kind="file", target=f"{HERE}/workloads.py:pick_cnn"),
-    "causal LM (GPT-2, 2x64, seq 64)": WorkloadSpec(kind="file",
-                                                     target=f"{HERE}/workloads.py:pick_gpt2"),
-    "masked LM (BERT, 2x64, seq 64)": WorkloadSpec(kind="file",
-                                                    target=f"{HERE}/workloads.py:pick_bert"),
-}
-SHORT_OF = dict(zip(WORKLOADS, ("cnn", "gpt2", "bert"), strict=True))
-SHORT = tuple(SHORT_OF.values())
-ORACLE_NOTE = ("oracle space: every memory class the search considers by default on this device "
-               "(before it prunes any) at every divisor of the target")
+NAME = "search_quality_knobs"
+
+
+@dataclass(frozen=True)
+class Bench:
+    """One workload of the benchmark and its memory cap."""
+
+    short: str
+    title: str
+    factory: str
+    budget_bytes: int
+
+    def spec(self) -> WorkloadSpec:
+        return WorkloadSpec(kind="file", target=f"{HERE}/workloads.py:{self.factory}")
+
+
+WORKLOADS = (  # the checkpointing workload first: under its cap compiled settings fit nothing
+    Bench("deep_gpt", "deep GPT (plain torch, 6x64, seq 256): memory binds", "pick_deep_gpt",
+          DEEP_GPT_CAP_BYTES),
+    Bench("gpt2", "causal LM (GPT-2, 2x64, seq 64)", "pick_gpt2", 1024 * MIB),
+    Bench("cnn", "CNN (3 conv blocks, 32x32)", "pick_cnn", 1024 * MIB),
+    Bench("bert", "masked LM (BERT, 2x64, seq 64)", "pick_bert", 1024 * MIB),
+)
+BY_SHORT = {b.short: b for b in WORKLOADS}
+DEFAULT_WORKLOADS = ("deep_gpt", "gpt2", "cnn")
+ORACLE_NOTE = ("oracle space: every knob setting the search considers by default on this device "
+               "(every memory class x every value of every further knob, before the search "
+               "prunes any), less what the workload cannot take by the search's own rule "
+               "(knobs.skip_reason), at every divisor of the target")
+V1_TARGET = 64
+V1_ORACLE_NOTE = ("oracle space: every memory class the search considers by default on this "
+                  "device (before it prunes any) at every divisor of the target")
 
 
 def log(text: str) -> None:
@@ -59,48 +125,98 @@ def log(text: str) -> None:
 
 def fresh_inductor_cache() -> str:
     """Point the children at an empty inductor cache: both the search and the oracle pay for
-    their compiles cold."""
+    their compiles cold (the oracle's later candidates reuse its own earlier compiles, as an
+    exhaustive search would)."""
     path = tempfile.mkdtemp(prefix="bench-inductor-")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
     return path
 
 
-def default_classes() -> list[tuple[str, str]]:
-    """The (precision, compile mode) classes ``api.search`` considers by default here."""
-    from autotune.device import describe_device
-    from autotune.space import memory_classes, timed_precisions
+def default_settings(info: DeviceInfo) -> tuple[list[Knobs], list[str]]:
+    """Every knob setting ``api.search`` considers by default on ``info`` (before a workload's
+    traits rule any out), fp32 eager first, and the device's notes on what it leaves out."""
+    values, base, notes = knob_values(info)
+    precisions, not_timed = timed_precisions(info, None)
+    classes, skipped = memory_classes(info, precisions, base=base)
+    names = list(values)
+    settings = [cls.with_(**dict(zip(names, combo, strict=True)))
+                for cls in classes for combo in itertools.product(*values.values())]
+    settings.sort(key=lambda k: k != BASELINE)
+    return settings, [*skipped, *not_timed, *notes]
 
-    info = describe_device("cpu")
-    classes, _ = memory_classes(info, timed_precisions(info, None)[0])
-    return [(c.precision, c.compile_mode) for c in classes]
+
+def lean_duplicate(knobs: Knobs, traits: WorkloadTraits | None) -> str | None:
+    """Why ``knobs`` runs exactly what another setting of the space runs on this device (None:
+    it does not, or the traits are not known yet): an optimizer implementation that is the one
+    the optimizer as built already runs (AdamW on CPU: torch picks for-loop there)."""
+    if traits is None:
+        return None
+    impl = knobs.optimizer_impl
+    if impl != "default" and impl == traits.optimizer_default:
+        return (f"{traits.optimizer} as built runs {impl} on this device: the same run as "
+                f"{knobs.with_(optimizer_impl='default').label()}")
+    return None
 
 
-def oracle_space(quick: bool, tuned: tuple[str, str, int]) -> dict[tuple[str, str], list[int]]:
-    all_mbs = list(divisors(TARGET))
-    mbs = [m for m in all_mbs if m >= 16] if quick else all_mbs
-    space = {cls: list(mbs) for cls in default_classes()}
-    precision, compile_mode, mb = tuned
-    space.setdefault((precision, compile_mode), [])
-    if mb not in space[(precision, compile_mode)]:
-        space[(precision, compile_mode)].append(mb)
+def exclusion(lean: bool, keep: Knobs | None = None) -> Exclude:
+    """What the oracle leaves out: what the search's own rule skips for the workload and, with
+    ``lean``, exact duplicates of another setting's run; never ``keep`` (the tuned setting)."""
+
+    def exclude(knobs: Knobs, traits: WorkloadTraits | None) -> str | None:
+        if knobs == keep:
+            return None
+        why = skip_reason(knobs, traits)
+        if why:
+            return f"the search skips it: {why}"
+        dup = lean_duplicate(knobs, traits) if lean else None
+        return f"lean: {dup}" if dup else None
+
+    return exclude
+
+
+def oracle_space(settings: Sequence[Knobs], target: int, min_micro_batch: int,
+                 tuned: Candidate) -> dict[Knobs, list[int]]:
+    """Each setting at every divisor of the target from ``min_micro_batch``; the tuned
+    candidate always in it."""
+    mbs = [m for m in divisors(target) if m >= min_micro_batch]
+    space = {k: list(mbs) for k in settings}
+    space.setdefault(tuned.knobs, [])
+    if tuned.micro_batch not in space[tuned.knobs]:
+        space[tuned.knobs].append(tuned.micro_batch)
     return space
 
 
-def per_pass(row: dict) -> dict:
+def largest_fits(candidates: Sequence[OracleCandidate], usable: int) -> dict:
+    """The largest fitting micro-batch (0: none) per checkpointing value, over all settings and
+    for fp32 eager (the other knobs at their defaults), from the oracle's runs."""
+    out: dict[str, dict[str, int]] = {"any": {}, "fp32/off": {}}
+    for c in candidates:
+        value = c.knobs.checkpointing
+        fits = c.fits_usable(usable)
+        for scope, inside in (("any", True), ("fp32/off", c.knobs.with_(checkpointing="off")
+                                                == BASELINE)):
+            if inside:
+                best = out[scope].get(value, 0)
+                out[scope][value] = max(best, c.micro_batch if fits else 0)
+    return out
+
+
+def per_pass(row: dict, passes: int) -> dict:
     """Pick quality in each oracle pass alone, and the oracle's own noise floor: its pass-1
     winner judged by pass 2 and its pass-2 winner judged by pass 1 (what one timed run per
     candidate can promise on this machine). From the stored summaries, so older results
     render it too."""
+    target = row.get("target_batch", V1_TARGET)
     fitting = [c for c in row["oracle"]["candidates"] if c["fits_usable"]]
 
     def sps(c: dict, i: int) -> float | None:
         ok = len(c["statuses"]) > i and c["statuses"][i] == "ok" and c["medians_s"][i]
-        return TARGET / c["medians_s"][i] if ok else None
+        return target / c["medians_s"][i] if ok else None
 
     tuned = next(c for c in row["oracle"]["candidates"] if c["key"] == row["search"]["tuned"])
     out: dict = {"pick_quality": [], "self_agreement": []}
     winners, bests = [], []
-    for i in (0, 1):
+    for i in range(passes):
         scored = [(v, c) for c in fitting if (v := sps(c, i))]
         if not scored:
             return out
@@ -108,77 +224,120 @@ def per_pass(row: dict) -> dict:
         winners.append(winner)
         bests.append(best)
         out["pick_quality"].append((sps(tuned, i) or 0.0) / best)
-    for i, winner in ((1, winners[0]), (0, winners[1])):
-        out["self_agreement"].append((sps(winner, i) or 0.0) / bests[i])
+    if passes >= 2:
+        for i, winner in ((1, winners[0]), (0, winners[1])):
+            out["self_agreement"].append((sps(winner, i) or 0.0) / bests[i])
     return out
 
 
-def bench_workload(name: str, spec: WorkloadSpec, quick: bool) -> dict:
-    usable = int(BUDGET_BYTES * (1 - HEADROOM))
-    log(f"== {name}: search")
+def search_runs(result: SearchResult) -> dict:
+    """Child runs the search started: timed trials (re-measurements counted), memory-only
+    probe steps, and the estimator calibration after the pick."""
+    cfg = result.config
+    trials = sum(t.num_runs for t in cfg.trials)
+    probes = sum(not step.timed for p in result.probe.probes for step in p.steps)
+    calibration = len(cfg.memory.calibration or {})
+    return {"num_runs": trials + probes, "num_trial_runs": trials, "num_probe_runs": probes,
+            "num_calibration_runs": calibration}
+
+
+def bench_workload(bench: Bench, info: DeviceInfo, *, target: int, passes: int, lean: bool,
+                   min_micro_batch: int) -> dict:
+    spec = bench.spec()
+    budget = bench.budget_bytes
+    usable = int(budget * (1 - HEADROOM))
+    log(f"== {bench.title}: search (target {target}, cap {format_bytes(budget)})")
     fresh_inductor_cache()
     start = time.perf_counter()
-    result = api.search(spec, target_batch=TARGET, device="cpu", memory_budget=BUDGET_BYTES,
+    result = api.search(spec, target_batch=target, device="cpu", memory_budget=budget,
                         headroom=HEADROOM, out=tempfile.mkdtemp(prefix="bench-search-"),
                         force=True)
     search_s = time.perf_counter() - start
     cfg = result.config
-    tuned = (cfg.precision, cfg.compile_mode, cfg.micro_batch)
-    log(f"   tuned {key(*tuned)} at {cfg.samples_per_s:.1f} samples/s in {search_s:.0f} s")
+    tuned = Candidate(knobs=cfg.knobs, micro_batch=cfg.micro_batch)
+    runs = search_runs(result)
+    log(f"   tuned {tuned.key()} at {cfg.samples_per_s:.1f} samples/s in {search_s:.0f} s, "
+        f"{runs['num_runs']} child runs (+{runs['num_calibration_runs']} calibration)")
 
-    log(f"== {name}: oracle")
+    settings, device_notes = default_settings(info)
+    space = oracle_space(settings, target, min_micro_batch, tuned)
+    log(f"== {bench.title}: oracle over {len(space)} settings x micro-batches "
+        f"{sorted({m for mbs in space.values() for m in mbs})}, {passes} pass(es)"
+        f"{' (lean)' if lean else ''}")
     fresh_inductor_cache()
-    candidates, oracle_s = run_oracle(spec, "cpu", TARGET, oracle_space(quick, tuned),
-                                      budget_bytes=BUDGET_BYTES, log=log)
+    candidates, oracle_s = run_oracle(spec, "cpu", target, space, budget_bytes=budget,
+                                      repeats=passes, exclude=exclusion(lean, tuned.knobs),
+                                      log=log)
     by_key = {c.key(): c for c in candidates}
-    fitting = [c for c in candidates if c.fits_usable(usable) and c.samples_per_s(TARGET)]
-    best = max(fitting, key=lambda c: c.samples_per_s(TARGET) or 0.0)
-    tuned_c = by_key[key(*tuned)]
-    fp32_eager = {c.micro_batch: c for c in candidates
-                  if (c.precision, c.compile_mode) == ("fp32", "off")}
+    fitting = [c for c in candidates if c.fits_usable(usable) and c.samples_per_s(target)]
+    best = max(fitting, key=lambda c: c.samples_per_s(target) or 0.0, default=None)
+    plain = max((c for c in fitting if not c.knobs.changed()),
+                key=lambda c: c.samples_per_s(target) or 0.0, default=None)
+    tuned_c = by_key[tuned.key()]
+    fp32_eager = {c.micro_batch: c for c in candidates if c.knobs == BASELINE}
     naive_mb = naive_micro_batch(
-        TARGET, lambda m: m in fp32_eager and fp32_eager[m].ran_ok_every_time())
-    naive = fp32_eager[naive_mb]
+        target, lambda m: m in fp32_eager and fp32_eager[m].ran_ok_every_time())
+    naive = fp32_eager.get(naive_mb)
 
-    def e2e_s(c: OracleCandidate) -> float | None:
-        s = c.summary(TARGET, usable)
-        if s["best_median_s"] is None:
+    def sps(c: OracleCandidate | None) -> float | None:
+        return c.samples_per_s(target) if c is not None else None
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a and b else None
+
+    def e2e_s(c: OracleCandidate | None) -> float | None:
+        if c is None or c.best_median_s() is None:
             return None
+        s = c.summary(target, usable)
         return (s["compile_s"] or 0.0) + TRAIN_STEPS * s["best_median_s"]
 
-    log(f"== {name}: re-run the tuned config under the cap")
+    log(f"== {bench.title}: re-run the tuned config under the cap")
     rerun = run_isolated(TrialSpec(
         workload=spec, device="cpu", micro_batch=cfg.micro_batch,
-        accumulate_steps=cfg.accumulate_steps, precision=cfg.precision,  # type: ignore[arg-type]
-        compile_mode=cfg.compile_mode, num_warmup_steps=2,  # type: ignore[arg-type]
-        num_timed_steps=0, memory_budget_bytes=BUDGET_BYTES, timeout_s=900))
-    tuned_sps, best_sps = tuned_c.samples_per_s(TARGET), best.samples_per_s(TARGET)
-    naive_sps = naive.samples_per_s(TARGET)
+        accumulate_steps=cfg.accumulate_steps, knobs=cfg.knobs, num_warmup_steps=2,
+        num_timed_steps=0, memory_budget_bytes=budget, timeout_s=900))
+    first_pass = [c.runs[0].wall_s or 0.0 for c in candidates if c.runs]
+    excluded = Counter({c.knobs: c.excluded for c in candidates if c.excluded}.values())
     return {
-        "workload": name, "spec": spec, "target_batch": TARGET, "budget_bytes": BUDGET_BYTES,
-        "usable_bytes": usable,
+        "workload": bench.title, "short": bench.short, "spec": spec, "target_batch": target,
+        "budget_bytes": budget, "usable_bytes": usable,
         "search": {
-            "wall_s": search_s, "tuned": key(*tuned), "accumulate_steps": cfg.accumulate_steps,
+            "wall_s": search_s, "tuned": tuned.key(), "knobs": cfg.knobs,
+            "accumulate_steps": cfg.accumulate_steps,
             "samples_per_s_reported": cfg.samples_per_s,
             "baseline_samples_per_s_reported": cfg.baseline_samples_per_s,
             "num_trials": len(cfg.trials),
-            "num_probes": sum(p.num_probes for p in result.probe.probes),
-            "num_runs": sum(t.num_runs for t in cfg.trials) + sum(
-                not step.timed for p in result.probe.probes for step in p.steps),
+            "num_probes": sum(p.num_probes for p in result.probe.probes), **runs,
             "max_micro_batch": cfg.memory.max_micro_batch, "skipped": cfg.skipped,
             "trials": [{"label": t.label(), "verdict": t.verdict,
-                        "samples_per_s": t.samples_per_s, "wall_s": t.wall_s}
-                       for t in cfg.trials],
+                        "samples_per_s": t.samples_per_s, "wall_s": t.wall_s,
+                        "num_runs": t.num_runs} for t in cfg.trials],
         },
-        "oracle": {"wall_s": oracle_s, "num_runs": sum(len(c.runs) for c in candidates),
-                   "candidates": [c.summary(TARGET, usable) for c in candidates],
-                   "best": best.key(), "note": ORACLE_NOTE},
-        "pick_quality": tuned_sps / best_sps if tuned_sps and best_sps else None,
-        "cost_ratio": search_s / sum(c.runs[0].wall_s or 0.0 for c in candidates if c.runs),
-        "cost_ratio_two_passes": search_s / oracle_s,
-        "tuned_samples_per_s": tuned_sps, "best_samples_per_s": best_sps,
-        "naive": {"key": naive.key(), "samples_per_s": naive_sps},
-        "speedup_vs_naive": tuned_sps / naive_sps if tuned_sps and naive_sps else None,
+        "space": {"mode": "lean" if lean else "full", "passes": passes,
+                  "micro_batches": sorted({m for mbs in space.values() for m in mbs}),
+                  "min_micro_batch": min_micro_batch, "num_settings": len(space),
+                  "num_candidates": len(candidates),
+                  "num_settings_excluded": len({c.knobs for c in candidates if c.excluded}),
+                  "excluded": dict(excluded), "device_notes": device_notes,
+                  "num_lean_duplicates": sum(n for why, n in excluded.items()
+                                             if why.startswith("lean:"))},
+        "oracle": {"wall_s": oracle_s, "first_pass_s": sum(first_pass),
+                   "num_runs": sum(len(c.runs) for c in candidates),
+                   "num_first_pass_runs": len(first_pass),
+                   "candidates": [c.summary(target, usable) for c in candidates],
+                   "best": best.key() if best else None,
+                   "best_without_new_knobs": plain.key() if plain else None,
+                   "note": ORACLE_NOTE},
+        "pick_quality": ratio(sps(tuned_c), sps(best)),
+        "cost_ratio": search_s / sum(first_pass) if sum(first_pass) else None,
+        "cost_ratio_all_passes": search_s / oracle_s if oracle_s else None,
+        "tuned_samples_per_s": sps(tuned_c), "best_samples_per_s": sps(best),
+        "without_new_knobs": {"key": plain.key() if plain else None, "samples_per_s": sps(plain),
+                              "tuned_speedup": ratio(sps(tuned_c), sps(plain)),
+                              "best_speedup": ratio(sps(best), sps(plain))},
+        "largest_fit": largest_fits(candidates, usable),
+        "naive": {"key": naive.key() if naive else None, "samples_per_s": sps(naive)},
+        "speedup_vs_naive": ratio(sps(tuned_c), sps(naive)),
         "train_steps": TRAIN_STEPS, "tuned_e2e_s": e2e_s(tuned_c), "naive_e2e_s": e2e_s(naive),
         "tuned_rerun": {"status": rerun.status, "peak_bytes": rerun.peak_bytes,
                         "message": rerun.message[:300]},
@@ -190,14 +349,140 @@ def first_pass_s(row: dict) -> float:
     return sum(c["wall_s"][0] or 0.0 for c in row["oracle"]["candidates"] if c["wall_s"])
 
 
+def _f(value: float | None, spec: str = ".2f", suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
 def render(out: dict) -> str:
+    """The markdown of a results file (this benchmark's, or the older precision x compile one)."""
+    return render_knobs(out) if out.get("schema") == "knobs" else render_v1(out)
+
+
+def render_knobs(out: dict) -> str:
     m = out["machine"]
+    passes = out["passes"]
+    lines = [
+        "# Search quality and cost over the knob space (CPU testbed)", "",
+        f"{m['date']}; {m.get('cpu_model') or m['processor']}, {m['cpus']} CPUs, "
+        f"{m['platform']}; torch {m['torch']}, transformers {m['transformers']}, optuna "
+        f"{m['optuna']}. Run {out['wall_s']:.0f} s: `{out.get('command', '')}`.", "",
+        f"Target batch {out['target_batch']}, headroom {HEADROOM:.0%}, each workload under its "
+        "own cap per child (RLIMIT_AS over its baseline). `api.search` with its defaults "
+        f"considers the classes {', '.join(out.get('classes', []))} (native bf16 on this CPU: "
+        f"{out.get('native_bf16')}) and screens on its leader the further knobs "
+        + "; ".join(f"{k} {', '.join(v)}" for k, v in out.get("knob_values", {}).items())
+        + ". Not in the default space here: " + "; ".join(out.get("device_notes", [])) + ".", "",
+        f"Shared 2-core VM: {out.get('concurrency') or 'other jobs may have run at the same time'}"
+        f". Every oracle candidate ran in {passes} pass(es)"
+        + (" (interleaved: the second in reverse order), its best median kept" if passes > 1
+           else "") + f". {ORACLE_NOTE}."
+        + (" Space `lean`: also without exact duplicates of another setting's run on this "
+           "device (counted below)." if out["space"] == "lean" else "")
+        + (f" Oracle micro-batches from {out['min_micro_batch']} only (plus the tuned one): "
+           "not exhaustive below." if out.get("min_micro_batch", 1) > 1 else ""), "",
+        "Search cost is the search's wall time (its estimator calibration included) against the "
+        "oracle's first pass (each candidate run once: an exhaustive search over the same "
+        "space), and in brackets against all passes. Child runs: the search's timed trials "
+        "(re-measurements counted), memory-only probes (+ calibration runs).", "",
+        "| workload | cap | tuned (search) | best (oracle) | pick quality | search s (child runs) "
+        "| exhaustive pass s (runs) | cost ratio (all passes) | best without new knobs | tuned "
+        "speedup over it | naive | tuned vs naive |",
+        "|---|---:|---|---|---:|---:|---:|---:|---|---:|---|---:|",
+    ]
+    for r in out["rows"]:
+        s, o, w = r["search"], r["oracle"], r["without_new_knobs"]
+        lines.append(
+            f"| {r['workload']} | {format_bytes(r['budget_bytes'])} | {s['tuned']} "
+            f"({_f(r['tuned_samples_per_s'], '.0f')}/s) | {o['best']} "
+            f"({_f(r['best_samples_per_s'], '.0f')}/s) | {_f(r['pick_quality'])} | "
+            f"{s['wall_s']:.0f} ({s['num_runs']} + {s['num_calibration_runs']}) | "
+            f"{o['first_pass_s']:.0f} ({o['num_first_pass_runs']}) | {_f(r['cost_ratio'])} "
+            f"({_f(r['cost_ratio_all_passes'])}) | {w['key']} "
+            f"({_f(w['samples_per_s'], '.0f')}/s) | {_f(w['tuned_speedup'], '.2f', 'x')} | "
+            f"{r['naive']['key']} ({_f(r['naive']['samples_per_s'], '.0f')}/s) | "
+            f"{_f(r['speedup_vs_naive'], '.2f', 'x')} |")
+    lines += ["", "Targets (DESIGN.md section 9): pick quality >= 0.97 in each oracle pass, "
+              "search cost <= 0.10 of one exhaustive pass.", "",
+              "Pick quality of the tuned config in each oracle pass alone"
+              + (", and the oracle's own pick judged by its other pass (its pass-1 winner's "
+                 "throughput in pass 2 over pass 2's best, and the reverse): an exhaustive "
+                 "search that times each candidate once is only as good as that" if passes > 1
+                 else "") + ".", "",
+              "| workload | pick quality per pass | oracle's own pick judged by its other pass |",
+              "|---|---:|---:|"]
+    for r in out["rows"]:
+        pp = per_pass(r, passes)
+
+        def fmt(values: list) -> str:
+            return ", ".join(f"{v:.2f}" if v is not None else "-" for v in values) or "-"
+
+        lines.append(f"| {r['workload']} | {fmt(pp.get('pick_quality', []))} | "
+                     f"{fmt(pp.get('self_agreement', []))} |")
+    lines += ["", "Largest micro-batch that fits (ran every pass under the cap, peak within the "
+              "usable budget) per checkpointing value, from the oracle's runs: over every "
+              "setting, and for fp32 eager with the other knobs at their defaults (0: none "
+              "fits; - not run).", "",
+              "| workload | usable | any setting: off / blocks / alternate | fp32 eager: off / "
+              "blocks / alternate |", "|---|---:|---:|---:|"]
+    for r in out["rows"]:
+        lf = r["largest_fit"]
+
+        def trio(d: dict) -> str:
+            return " / ".join(str(d.get(v, "-")) for v in ("off", "blocks", "alternate"))
+
+        lines.append(f"| {r['workload']} | {format_bytes(r['usable_bytes'])} | "
+                     f"{trio(lf['any'])} | {trio(lf['fp32/off'])} |")
+    lines += ["", "Space per workload: settings and candidates in the oracle, and what it left "
+              "out (settings) and why.", ""]
+    for r in out["rows"]:
+        sp = r["space"]
+        reasons = "; ".join(f"{n} x {why}" for why, n in sp["excluded"].items()) or "nothing"
+        lean = ""
+        if sp["mode"] == "lean":
+            lean = (f" Lean left out {sp['num_lean_duplicates']} duplicate settings" if
+                    sp["num_lean_duplicates"] else " Lean left out nothing beyond the search's "
+                    "own rule (the duplicates it knows of are skipped by the search itself)")
+        lines.append(f"- {r['workload']}: {sp['num_settings']} settings x micro-batches "
+                     f"{', '.join(map(str, sp['micro_batches']))}; settings left out: "
+                     f"{reasons}; {r['oracle']['num_first_pass_runs']} candidates ran in pass 1 "
+                     f"(a setting stops at its first failure).{lean}.")
+    lines += ["", "Tuned configs re-run in a fresh process under the cap: " + ", ".join(
+        f"{r['search']['tuned']}: {r['tuned_rerun']['status']}" for r in out["rows"]) + ".", "",
+        "## What the search did", ""]
+    for r in out["rows"]:
+        lines += [f"### {r['workload']}", "", "| trial | verdict | samples/s | runs | wall s |",
+                  "|---|---|---:|---:|---:|"]
+        lines += [f"| {t['label']} | {t['verdict']} | {_f(t['samples_per_s'], '.0f')} | "
+                  f"{t.get('num_runs', 1)} | {_f(t['wall_s'], '.0f')} |"
+                  for t in r["search"]["trials"]]
+        lines += ["", "Skipped: " + " ".join(f"({i + 1}) {s}" for i, s in
+                                             enumerate(r["search"]["skipped"])), ""]
+    lines += ["## Oracle measurements", ""]
+    for r in out["rows"]:
+        lines += [f"### {r['workload']}", "",
+                  "| candidate | runs | best median s | samples/s | peak | fits usable |",
+                  "|---|---|---:|---:|---:|---|"]
+        for c in r["oracle"]["candidates"]:
+            if not c["statuses"]:
+                continue
+            lines.append(
+                f"| {c['key']} | {', '.join(c['statuses'])} | "
+                f"{c['best_median_s'] or 0:.3f} | {c['samples_per_s'] or 0:.0f} | "
+                f"{format_bytes(c['peak_bytes'])} | {'yes' if c['fits_usable'] else 'no'} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def render_v1(out: dict) -> str:
+    """The precision x compile-mode benchmark's results (schema before the knobs; target 64)."""
+    m = out["machine"]
+    cap = out["rows"][0]["budget_bytes"] if out["rows"] else 2**30
     lines = [
         "# Search quality and cost (CPU testbed)", "",
         f"{m['date']}; {m.get('cpu_model') or m['processor']}, {m['cpus']} CPUs, "
         f"{m['platform']}; torch {m['torch']}, transformers {m['transformers']}, optuna "
         f"{m['optuna']}. Run {out['wall_s']:.0f} s{' (--quick)' if out['quick'] else ''}.", "",
-        f"Target batch {TARGET}, cap {format_bytes(BUDGET_BYTES)} per child (RLIMIT_AS over its "
+        f"Target batch {V1_TARGET}, cap {format_bytes(cap)} per child (RLIMIT_AS over its "
         f"baseline), headroom {HEADROOM:.0%}. `api.search` with its defaults considers the "
         f"classes {', '.join('/'.join(c) for c in out.get('classes', []))} (native bf16 on this "
         f"CPU: {out.get('native_bf16')}), probes each (fp32 eager first), tries a class's "
@@ -209,7 +494,7 @@ def render(out: dict) -> str:
         "candidate ran in two interleaved passes (second in reverse order); its best median "
         "is kept. Throughputs in the ratios below are the oracle's measurements of the same "
         "configs, so the tuned config and the best one were measured under the same "
-        f"conditions. {ORACLE_NOTE}.", "",
+        f"conditions. {V1_ORACLE_NOTE}.", "",
         "Search cost is the search's wall time against the oracle's first pass (each "
         "candidate run once: an exhaustive search over the same space), and in brackets "
         "against both passes. Search runs: child processes the search started (timed trials, "
@@ -239,7 +524,7 @@ def render(out: dict) -> str:
               "| workload | pick quality: pass 1, pass 2 | oracle's own pick judged by its "
               "other pass |", "|---|---:|---:|"]
     for r in out["rows"]:
-        pp = per_pass(r)
+        pp = per_pass(r, 2)
 
         def fmt(values: list) -> str:
             return ", ".join(f"{v:.2f}" if v is not None else "-" for v in values) or "-"
@@ -267,17 +552,27 @@ def render(out: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="the CNN only, oracle from micro-batch 16")
-    parser.add_argument("--workloads", default="",
-                        help=f"comma-separated subset of {', '.join(SHORT)} (default: all)")
+    parser.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS), help=(
+        f"comma-separated subset of {', '.join(BY_SHORT)} (default: "
+        f"{','.join(DEFAULT_WORKLOADS)})"))
+    parser.add_argument("--target", type=int, default=TARGET,
+                        help=f"target (effective) batch (default {TARGET})")
+    parser.add_argument("--passes", type=int, choices=(1, 2), default=2, help=(
+        "oracle passes: 2 interleaved (each candidate's best median kept, and the oracle's "
+        "own agreement across passes), or 1 (half the time)"))
+    parser.add_argument("--space", choices=("full", "lean"), default="full", help=(
+        "full: every setting the search considers by default, less what the search's own "
+        "rule skips for the workload; lean: also without exact duplicates of another "
+        "setting's run on this device (said in the output)"))
+    parser.add_argument("--min-micro-batch", type=int, default=1, help=(
+        "oracle micro-batches from this one only, plus the tuned one (default 1: all; said "
+        "in the output: the oracle is then not exhaustive below it)"))
     parser.add_argument("--concurrency", default="",
                         help="note for the results, e.g. what else this run shared the CPU with")
-    parser.add_argument("--name", default="", help=(
-        "results file name (default: search_quality, or search_quality_quick with --quick)"))
+    parser.add_argument("--name", default=NAME, help=f"results file name (default {NAME})")
     parser.add_argument("--render", metavar="NAME", help=(
-        "re-render results/NAME.json; a path ending in .json (e.g. an older result from git "
-        "show) is rendered to stdout only"))
+        "re-render results/NAME.json (this benchmark's or the older search_quality*); a path "
+        "ending in .json (e.g. an older result from git show) is rendered to stdout only"))
     args = parser.parse_args()
     if args.render and args.render.endswith(".json"):
         print(render(json.loads(Path(args.render).read_text())))
@@ -286,26 +581,35 @@ def main() -> None:
         out = json.loads((HERE / "results" / f"{args.render}.json").read_text())
         print(write_results(args.render, out, render(out)).read_text())
         return
-    start = time.perf_counter()
-    names = list(WORKLOADS)[:1] if args.quick else list(WORKLOADS)
-    if args.workloads:
-        unknown = set(args.workloads.split(",")) - set(SHORT)
-        if unknown:
-            parser.error(f"unknown workloads {sorted(unknown)}; choose from {', '.join(SHORT)}")
-        names = [n for n in names if SHORT_OF[n] in args.workloads.split(",")]
+    wanted = [w for w in args.workloads.split(",") if w]
+    unknown = sorted(set(wanted) - set(BY_SHORT))
+    if unknown:
+        parser.error(f"unknown workloads {unknown}; choose from {', '.join(BY_SHORT)}")
+    if args.target < 1 or args.min_micro_batch < 1:
+        parser.error("--target and --min-micro-batch must be at least 1")
     from autotune.device import describe_device
 
-    out = {"machine": machine(), "quick": args.quick, "rows": [],
-           "concurrency": args.concurrency, "wall_s": 0.0, "classes": default_classes(),
-           "native_bf16": describe_device("cpu").native_bf16}
-    name = args.name or "search_quality" + ("_quick" if args.quick else "")
-    for workload in names:  # results written after each workload: a cut-short run keeps them
-        out["rows"].append(bench_workload(workload, WORKLOADS[workload], args.quick))
+    start = time.perf_counter()
+    info = describe_device("cpu")
+    settings, device_notes = default_settings(info)
+    values, _, _ = knob_values(info)
+    classes, _ = memory_classes(info, timed_precisions(info, None)[0])
+    out = {"schema": "knobs", "machine": machine(), "rows": [], "concurrency": args.concurrency,
+           "command": "python benchmarks/search_quality.py " + " ".join(sys.argv[1:]),
+           "wall_s": 0.0, "target_batch": args.target, "passes": args.passes,
+           "space": args.space, "min_micro_batch": args.min_micro_batch,
+           "classes": [c.label() for c in classes], "knob_values": values,
+           "num_settings": len(settings), "device_notes": device_notes,
+           "native_bf16": info.native_bf16}
+    for short in wanted:  # results written after each workload: a cut-short run keeps them
+        out["rows"].append(bench_workload(
+            BY_SHORT[short], info, target=args.target, passes=args.passes,
+            lean=args.space == "lean", min_micro_batch=args.min_micro_batch))
         out["wall_s"] = time.perf_counter() - start
-        write_results(name, out, "rendering failed: python benchmarks/search_quality.py "
-                      f"--render {name}\n")
-        write_results(name, out, render(out))
-    print((HERE / "results" / f"{name}.md").read_text())
+        write_results(args.name, out, "rendering failed: python benchmarks/search_quality.py "
+                      f"--render {args.name}\n")
+        write_results(args.name, out, render(out))
+    print((HERE / "results" / f"{args.name}.md").read_text())
 
 
 if __name__ == "__main__":

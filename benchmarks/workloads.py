@@ -115,3 +115,35 @@ def pick_cnn() -> autotune.Workload:
         name="pick-cnn", build_model=build,
         make_batch=lambda m: (torch.randn(m, 3, 32, 32), torch.randint(0, 10, (m,))),
         loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]))
+
+
+# The checkpointing workload of the knob benchmark: deep and narrow with a long sequence, so
+# the blocks' activations (about 16 x seq x width floats per block and sample) dominate memory
+# and checkpointing them frees most of it. ``DEEP_GPT_CAP`` (search_quality.py's cap for it)
+# sits between fp32 eager's peaks at micro-batches 4 and 8: without checkpointing 4 is its
+# largest fit under the cap, with ``checkpointing=blocks`` 16 fits (measured figures:
+# search_quality.py's module docstring).
+_DEEP_SEQ, _DEEP_VOCAB, _DEEP_WIDTH, _DEEP_LAYERS = 256, 128, 64, 6
+
+
+def pick_deep_gpt() -> autotune.Workload:
+    """A plain-torch GPT (``autotune.workload.TinyGPT``): 6 blocks, width 64, 256 tokens,
+    vocab 128: activations dominate its memory (the checkpointing workload)."""
+    from autotune.workload import TinyGPT, causal_lm_label_count
+
+    def make_batch(micro_batch: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, _DEEP_VOCAB, (micro_batch, _DEEP_SEQ))
+        return {"input_ids": ids, "labels": ids}
+
+    return autotune.Workload(
+        name="pick-deep-gpt",
+        build_model=lambda: TinyGPT(vocab_size=_DEEP_VOCAB, seq_len=_DEEP_SEQ, dim=_DEEP_WIDTH,
+                                    num_layers=_DEEP_LAYERS, num_heads=2),
+        make_batch=make_batch, loss=lambda model, batch: model(**batch),
+        count_loss_items=causal_lm_label_count, tokens_per_sample=_DEEP_SEQ)
+
+
+DEEP_GPT_CAP_BYTES = 50 * 2**20
+"""The memory cap of ``pick_deep_gpt`` in the search benchmark (usable 45 MiB with 10%
+headroom): between fp32 eager's peaks at micro-batches 4 (35 MiB) and 8 (61 MiB), above
+``checkpointing=blocks`` at 16 (35 MiB)."""

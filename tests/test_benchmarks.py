@@ -13,7 +13,27 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
-from oracle import naive_micro_batch  # noqa: E402
+from oracle import naive_micro_batch, run_oracle, timing_spec  # noqa: E402
+from search_quality import (  # noqa: E402
+    default_settings,
+    exclusion,
+    largest_fits,
+    per_pass,
+    render,
+)
+
+from autotune.config import DeviceInfo, Knobs, ProbeReport, TrialResult, WorkloadSpec  # noqa: E402
+from autotune.knobs import BASELINE, WorkloadTraits  # noqa: E402
+
+CPU = DeviceInfo(device="cpu", name="test CPU", total_memory_bytes=2**34,
+                 available_memory_bytes=2**34, supports_bf16=True, supports_fp16=False,
+                 supports_tf32=False, native_bf16=True)
+TRANSFORMER = WorkloadTraits(num_blocks=2, blocks="2 x Block", optimizer="AdamW",
+                             optimizer_impls=("for-loop", "foreach", "fused"),
+                             optimizer_default="for-loop")
+CNN = WorkloadTraits(num_blocks=3, blocks="3 x Sequential", has_conv2d=True, image_input=True,
+                     optimizer="AdamW", optimizer_impls=("for-loop", "foreach", "fused"),
+                     optimizer_default="for-loop")
 
 
 @pytest.mark.parametrize(("largest_fitting", "expected"), [
@@ -26,6 +46,109 @@ def test_naive_micro_batch_is_target_or_largest_power_of_two(largest_fitting, ex
 def test_naive_micro_batch_for_a_target_that_is_not_a_power_of_two():
     assert naive_micro_batch(48, lambda m: m <= 48) == 48
     assert naive_micro_batch(48, lambda m: m <= 40) == 32
+
+
+def test_the_oracle_times_a_candidate_with_the_spec_the_search_times_it_with():
+    from autotune.search import Candidate, SearchSettings
+    from autotune.search._stages import _Search
+
+    report = ProbeReport(workload=WorkloadSpec(), device=CPU, target_batch=16, world_size=1,
+                         headroom=0.1, budget_bytes=2**30, probes=())
+    settings = SearchSettings()
+    search = _Search(report, [BASELINE], settings, {}, lambda spec: pytest.fail("ran"), None,
+                     None)
+    for knobs in (BASELINE, Knobs(precision="bf16", compile_mode="default",
+                                  checkpointing="blocks", optimizer_impl="fused")):
+        for micro_batch in (1, 4, 16):
+            ours = timing_spec(report.workload, "cpu", knobs, micro_batch, 16,
+                               report.budget_bytes, settings.num_timed_steps,
+                               settings.timeout_s, None, settings.min_timed_s)
+            assert ours == search.spec(Candidate(knobs=knobs, micro_batch=micro_batch),
+                                       early_stop=False)
+
+
+def test_the_default_space_is_every_class_times_every_value_of_every_further_knob():
+    settings, notes = default_settings(CPU)
+    assert settings[0] == BASELINE
+    assert len(set(settings)) == len(settings) == 4 * 3 * 4 * 2  # CPU: no allocator values
+    assert {k.label() for k in settings if not k.changed()} == {
+        "fp32/off", "bf16/off", "fp32/default", "bf16/default"}
+    assert any("expandable_segments" in n for n in notes)
+
+
+@pytest.mark.parametrize(("traits", "lean", "expected"), [
+    (TRANSFORMER, True, 4 * 3 * 3),  # no channels_last; for-loop is what AdamW runs here
+    (CNN, True, 4 * 3 * 3 * 2),
+])
+def test_the_oracle_leaves_out_what_the_search_skips_and_lean_its_duplicates(
+        traits, lean, expected):
+    settings, _ = default_settings(CPU)
+    full = [k for k in settings if exclusion(False)(k, traits) is None]
+    kept = [k for k in settings if exclusion(lean)(k, traits) is None]
+    assert len(kept) == expected
+    assert set(kept) <= set(full)
+    assert not any(k.optimizer_impl == "for-loop" for k in kept)
+    assert all(exclusion(lean)(k, None) is None for k in settings)  # traits not known yet
+    fused = Knobs(optimizer_impl="for-loop")
+    assert exclusion(lean, keep=fused)(fused, traits) is None  # the tuned setting stays
+
+
+def test_the_oracle_runs_fp32_eager_first_and_stops_a_setting_at_its_first_failure():
+    """Fake children: every setting fits micro-batches up to 2 (4 is an OOM); the traits of
+    the first run rule out checkpointing (no blocks) and for-loop (AdamW's own here)."""
+    traits = WorkloadTraits(num_blocks=0, optimizer="AdamW",
+                            optimizer_impls=("for-loop", "foreach", "fused"),
+                            optimizer_default="for-loop")
+    ran = []
+
+    def run(spec):
+        ran.append((spec.knobs.label(), spec.micro_batch))
+        if spec.micro_batch > 2:
+            return TrialResult(status="oom", traits=traits, wall_s=1.0)
+        return TrialResult(status="ok", step_times_s=(0.1 / spec.micro_batch,) * 10,
+                           peak_bytes=spec.micro_batch * 100, traits=traits, wall_s=2.0)
+
+    space = {Knobs(checkpointing="blocks"): [1, 2, 4], ("fp32", "off"): [1, 2, 4, 8],
+             Knobs(optimizer_impl="for-loop"): [1, 2], Knobs(optimizer_impl="fused"): [1, 2]}
+    candidates, _ = run_oracle(WorkloadSpec(), "cpu", 8, space, budget_bytes=2**20, run=run,
+                               exclude=exclusion(lean=False), log=lambda s: None)
+    first = [("fp32/off", 1), ("fp32/off", 2), ("fp32/off", 4), ("fp32/off+opt=fused", 1),
+             ("fp32/off+opt=fused", 2)]
+    assert ran == first + first[::-1]
+    by_key = {c.key(): c for c in candidates}
+    assert "checkpointing blocks" in by_key["fp32/off+ckpt=blocks/1"].excluded
+    assert by_key["fp32/off+opt=for-loop/2"].excluded
+    assert not by_key["fp32/off/8"].runs and not by_key["fp32/off/8"].excluded
+    assert largest_fits(candidates, usable=1000) == {
+        "any": {"off": 2, "blocks": 0}, "fp32/off": {"off": 2, "blocks": 0}}
+    row = {"target_batch": 8, "search": {"tuned": "fp32/off+opt=fused/2"},
+           "oracle": {"candidates": [c.summary(8, 1000) for c in candidates]}}
+    assert per_pass(row, 2) == {"pick_quality": [1.0, 1.0], "self_agreement": [1.0, 1.0]}
+
+
+@pytest.mark.parametrize("results", sorted((BENCH / "results").glob("search_quality*.json")),
+                         ids=lambda p: p.stem)
+def test_search_quality_results_render_as_committed(results):
+    assert render(json.loads(results.read_text())) == results.with_suffix(".md").read_text()
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+def test_the_deep_gpt_workload_needs_checkpointing_for_micro_batch_8_under_its_cap():
+    from workloads import DEEP_GPT_CAP_BYTES
+
+    from autotune.memory import probe_spec
+    from autotune.runner import run_isolated
+
+    spec = WorkloadSpec(kind="file", target=f"{BENCH}/workloads.py:pick_deep_gpt")
+    usable = int(DEEP_GPT_CAP_BYTES * 0.9)
+
+    def fits(knobs: Knobs, micro_batch: int) -> bool:
+        return run_isolated(probe_spec(spec, "cpu", knobs, micro_batch, DEEP_GPT_CAP_BYTES,
+                                       300, per_device_batch=16)).fits(usable)
+
+    assert fits(BASELINE, 4) and not fits(BASELINE, 8)
+    assert fits(Knobs(checkpointing="blocks"), 16)
 
 
 @pytest.mark.subprocess
