@@ -22,7 +22,6 @@ knob changes no tensor: it moves only what the calibration and the headroom cove
 from __future__ import annotations
 
 import contextlib
-import math
 import sys
 import time
 import weakref
@@ -33,6 +32,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from autotune.boundary import Point, bracket, first_candidate, next_candidate
 from autotune.config import format_bytes
 from autotune.errors import ConfigError, UntraceableStepError, WorkloadError
 from autotune.knobs import BASELINE, Knobs, KnobUnsupported
@@ -497,66 +497,43 @@ class FitSearch:
                     None)
 
 
+EVERY_MICRO_BATCH = range(1, 2**16 + 1)
+"""The candidates when any micro-batch is allowed (no target batch given)."""
+
+
 def largest_fitting(trace: Callable[[int], StepEstimate], usable_bytes: int,
                     candidates: Sequence[int] | None = None,
                     known: Sequence[StepEstimate] = ()) -> FitSearch:
-    """The largest candidate micro-batch whose traced peak is at most ``usable_bytes``.
+    """The largest candidate micro-batch whose traced peak is at most ``usable_bytes``: the
+    memory probe's boundary search (``autotune.boundary``) over traces instead of runs.
 
     The peak grows about linearly with the micro-batch, so two traces predict the boundary and
-    one or two more confirm it. Without candidates, every positive integer is one.
+    one or two more confirm it. Without candidates, every micro-batch up to 65536 is one.
 
     Args:
         trace: micro-batch -> its estimate (``estimate_step`` with the other settings bound).
         usable_bytes: memory a fitting step may use (device memory minus headroom).
         candidates: allowed micro-batches (e.g. divisors of the per-device batch).
-        known: estimates already traced.
+        known: estimates already traced (the first is where the search starts from).
     """
     done: dict[int, StepEstimate] = {e.micro_batch: e for e in known}
+    cands: Sequence[int] = sorted(set(candidates)) if candidates else EVERY_MICRO_BATCH
 
-    def fits(m: int) -> bool:
-        if m not in done:
-            done[m] = trace(m)
-        return done[m].peak_bytes <= usable_bytes
+    def point(e: StepEstimate) -> Point:
+        return Point(micro_batch=e.micro_batch, peak_bytes=e.peak_bytes,
+                     fits=e.peak_bytes <= usable_bytes)
 
-    allowed = sorted(set(candidates)) if candidates else None
-    lo, hi = 0, math.inf  # largest known to fit, smallest known not to
-    for m, e in done.items():
-        if e.peak_bytes <= usable_bytes:
-            lo = max(lo, m)
-        else:
-            hi = min(hi, m)
-    for _ in range(24):
-        between = ([c for c in allowed if lo < c < hi] if allowed is not None
-                   else None if hi - lo <= 1 else True)
-        if not between:
-            break
-        guess = _predict(done, usable_bytes, lo, hi)
-        if allowed is not None:
-            below = [c for c in between if c <= guess]
-            m = max(below) if below else min(between)
-        else:
-            m = int(min(max(guess, lo + 1), hi - 1))
-        if fits(m):
-            lo = m
-        else:
-            hi = m
-    return FitSearch(max_micro_batch=lo,
+    points = [point(e) for e in done.values()]
+    # A trace costs the same at any size: start from what is known, else the smallest.
+    hint = known[0].micro_batch if known else cands[0]
+    micro_batch = (next_candidate(cands, points, usable_bytes, hint) if points
+                   else first_candidate(cands, hint))
+    while micro_batch is not None and len(done) < 32:
+        done[micro_batch] = trace(micro_batch)
+        points.append(point(done[micro_batch]))
+        micro_batch = next_candidate(cands, points, usable_bytes, hint)
+    return FitSearch(max_micro_batch=bracket(points)[0],
                      estimates=tuple(done[m] for m in sorted(done)))
-
-
-def _predict(done: dict[int, StepEstimate], usable_bytes: int, lo: int, hi: float) -> int:
-    points = sorted((m, e.peak_bytes) for m, e in done.items())
-    if len(points) >= 2:
-        (x0, y0), (x1, y1) = points[-2], points[-1]
-        if lo and hi < math.inf:  # bracketed: use the two traces around the boundary
-            x0, y0 = lo, done[lo].peak_bytes
-            x1, y1 = int(hi), done[int(hi)].peak_bytes
-        slope = (y1 - y0) / (x1 - x0)
-        if slope > 0:
-            return max(1, int((usable_bytes - y1) / slope + x1))
-    if lo == 0:
-        return max(1, int(min(done) // 2)) if done else 1
-    return int(lo * 2) if hi == math.inf else int((lo + hi) // 2)
 
 
 def estimate_report(workload: Workload, request: EstimateRequest) -> EstimateReport:

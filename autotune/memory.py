@@ -1,16 +1,18 @@
 """Find the largest micro-batch that fits, per setting of the knobs, with real capped steps.
 
 Only divisors of ``target / world_size`` matter (the effective batch stays exact). Measured peaks
-grow about linearly with the micro-batch, so after two fitting measurements a line predicts the
-boundary and one or two more probes confirm it; before that the search bisects in log space.
+grow about linearly with the micro-batch, so after two measurements a line predicts the
+boundary and one or two more probes confirm it; before that the search bisects in log space
+(``autotune.boundary``, shared with the estimator).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Iterable, Sequence
 
+from autotune.boundary import Point, bracket, first_candidate, next_candidate
+from autotune.boundary import may_be_largest as is_largest_candidate
 from autotune.config import (
     Knobs,
     MemoryProbe,
@@ -104,10 +106,10 @@ def probe_memory(
     """
     cands = sorted(set(candidates))
     steps: list[ProbeStep] = []
-    lo, hi = 0, math.inf  # largest known to fit, smallest known not to
-    micro_batch = hint if hint in cands else cands[-1]
+    points: list[Point] = []
+    micro_batch: int | None = first_candidate(cands, hint)
     may_be_largest = True  # the first guess is the expected boundary
-    while True:
+    while micro_batch is not None:
         spec = (make_spec(micro_batch, may_be_largest) if make_spec is not None else
                 probe_spec(workload, device, knobs, micro_batch, budget_bytes, timeout_s))
         result = run(spec)
@@ -124,20 +126,18 @@ def probe_memory(
                          peak_bytes=result.peak_bytes, fits=fits, message=message,
                          wall_s=result.wall_s, timed=spec.num_timed_steps > 0)
         steps.append(step)
+        # Only a complete run's peak is on the line: a failed run's is where it stopped.
+        points.append(Point(micro_batch=micro_batch, fits=fits,
+                            peak_bytes=result.peak_bytes if result.ok else None))
         if on_step is not None:
             on_step(knobs, step)
         if result.status == "unsupported":  # no micro-batch changes that
             break
-        if fits:
-            lo = max(lo, micro_batch)
-        else:
-            hi = min(hi, micro_batch)
-        between = [c for c in cands if lo < c < hi]
-        if not between:
-            break
-        micro_batch = _next_probe(between, steps, lo, hi, usable_bytes, hint)
-        may_be_largest = _may_be_largest(micro_batch, between, steps, usable_bytes)
+        micro_batch = next_candidate(cands, points, usable_bytes, hint)
+        if micro_batch is not None:
+            may_be_largest = is_largest_candidate(micro_batch, cands, points, usable_bytes)
 
+    lo, _ = bracket(points)
     best = next((s for s in steps if s.micro_batch == lo and s.fits), None)
     notes = _notes(steps)
     return MemoryProbe(
@@ -145,51 +145,6 @@ def probe_memory(
         peak_bytes=best.peak_bytes if best else None, budget_bytes=budget_bytes,
         usable_bytes=usable_bytes, candidates=tuple(cands), steps=tuple(steps), notes=notes,
     )
-
-
-def _next_probe(between: list[int], steps: list[ProbeStep], lo: int, hi: float,
-                usable_bytes: int, hint: int | None) -> int:
-    last = steps[-1]
-    if hint is not None and len(steps) == 1 and last.micro_batch == hint:
-        # Start next to the hint: its neighbour settles the boundary if the hint was right.
-        return min(between) if last.fits else max(between)
-    points = {s.micro_batch: s.peak_bytes for s in steps
-              if s.status == "ok" and s.peak_bytes is not None}
-    if len(points) >= 2:
-        slope, intercept = _fit_line(points)
-        if slope <= 0:
-            return max(between)
-        predicted = [c for c in between if intercept + slope * c <= usable_bytes]
-        # The largest predicted to fit; when none is, confirm the failure just above `lo`.
-        return max(predicted) if predicted else min(between)
-    if lo == 0:
-        return min(between)  # nothing fits yet: is the smallest feasible at all?
-    upper = hi if math.isfinite(hi) else max(between) * 2
-    middle = math.sqrt(lo * upper)
-    return min(between, key=lambda c: abs(math.log(c) - math.log(middle)))
-
-
-def _may_be_largest(micro_batch: int, between: list[int], steps: list[ProbeStep],
-                    usable_bytes: int) -> bool:
-    """Whether the evidence so far allows nothing larger to fit: the largest candidate still
-    open, or the largest the fitted line predicts to fit. Bisection points are neither."""
-    if micro_batch == max(between):
-        return True
-    points = {s.micro_batch: s.peak_bytes for s in steps
-              if s.status == "ok" and s.peak_bytes is not None}
-    if len(points) < 2:
-        return False
-    slope, intercept = _fit_line(points)
-    predicted = [c for c in between if intercept + slope * c <= usable_bytes]
-    return bool(predicted) and micro_batch == max(predicted)
-
-
-def _fit_line(points: dict[int, int]) -> tuple[float, float]:
-    xs, ys = list(points), list(points.values())
-    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
-    var = sum((x - mean_x) ** 2 for x in xs)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / var
-    return slope, mean_y - slope * mean_x
 
 
 def _notes(steps: list[ProbeStep]) -> tuple[str, ...]:

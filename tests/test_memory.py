@@ -6,8 +6,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from autotune.config import MIB, Knobs, ProbeStep, TrialResult, TrialSpec, WorkloadSpec
-from autotune.memory import _fit_line, _next_probe, probe_memory, probe_spec
+from autotune.config import MIB, Knobs, TrialResult, TrialSpec, WorkloadSpec
+from autotune.memory import probe_memory, probe_spec
 from autotune.runner import run_isolated
 from autotune.space import divisors
 from tests.conftest import workload_target
@@ -103,52 +103,3 @@ def test_nothing_fits_gives_zero() -> None:
     assert not any(s.fits for s in probe.steps)
     assert all(s.status == "oom" for s in probe.steps), probe.steps
     assert probe.fitting() == ()
-
-
-# ----------------------------------------------------------------------------------------------
-# The search's arithmetic on synthetic probes (no processes).
-
-
-def _step(micro_batch: int, peak: int | None, fits: bool, status: str = "ok") -> ProbeStep:
-    return ProbeStep(micro_batch=micro_batch, status=status, peak_bytes=peak,  # type: ignore
-                     fits=fits)
-
-
-def test_fit_line() -> None:
-    slope, intercept = _fit_line({1: 110, 3: 130, 5: 150})
-    assert slope == pytest.approx(10)
-    assert intercept == pytest.approx(100)
-
-
-def test_line_predicts_the_largest_fitting() -> None:
-    steps = [_step(48, None, False, "oom"), _step(1, 110, True), _step(6, 160, True)]
-    between = [8, 12, 16, 24]
-    # peak = 100 + 10 * m: 16 -> 260 fits in 265, 24 -> 340 does not.
-    assert _next_probe(between, steps, 6, 48, 265, None) == 16
-    assert _next_probe(between, steps, 6, 48, 1000, None) == 24
-
-
-def test_line_predicting_nothing_confirms_just_above_lo() -> None:
-    steps = [_step(48, None, False, "oom"), _step(1, 110, True), _step(6, 160, True)]
-    assert _next_probe([8, 12, 16, 24], steps, 6, 48, 170, None) == 8
-
-
-def test_non_increasing_line_tries_the_largest() -> None:
-    steps = [_step(1, 200, True), _step(4, 150, True)]
-    assert _next_probe([6, 8, 12], steps, 4, float("inf"), 1000, None) == 12
-
-
-def test_nothing_fits_yet_tries_the_smallest() -> None:
-    steps = [_step(48, None, False, "oom")]
-    assert _next_probe([1, 2, 3, 4, 6], steps, 0, 48, 1000, None) == 1
-
-
-def test_one_point_bisects_in_log_space() -> None:
-    steps = [_step(16, None, False, "oom"), _step(1, 110, True)]
-    assert _next_probe([2, 4, 8], steps, 1, 16, 1000, None) == 4
-
-
-def test_hint_neighbours() -> None:
-    between_up, between_down = [12, 24], [1, 2, 3, 4, 6]
-    assert _next_probe(between_up, [_step(8, 100, True)], 8, float("inf"), 1000, 8) == 12
-    assert _next_probe(between_down, [_step(8, None, False, "oom")], 0, 8, 1000, 8) == 6
