@@ -32,6 +32,7 @@ from autotune.errors import (
     WorkloadError,
     error_for_status,
 )
+from autotune.knobs import KNOBS, device_skip_reason
 from autotune.memory import OnStep, hint_for, probe_memory, probe_spec
 from autotune.runner import allocator_notes, run_isolated
 from autotune.schema import (
@@ -166,9 +167,15 @@ def _nothing_fits(workload: WorkloadSpec, info: DeviceInfo, budget: Budget,
         f"micro-batch {smallest} does not fit in {format_bytes(budget.usable_bytes)} usable "
         f"(budget {format_bytes(budget.budget_bytes)} minus {budget.headroom:.0%} headroom) "
         f"{scope}: {need}. Try a larger --memory-budget, "
-        "--precisions bf16 (halves activations), --checkpointing blocks (if it was left out), "
+        f"--precisions bf16 (halves activations), {_freeing(info)} (if it was left out), "
         "or a shorter --seq-len."
     )
+
+
+def _freeing(info: DeviceInfo) -> str:
+    """The knob values that free memory on this device, as options: what to try next."""
+    return " or ".join(f"{k.option} {value}" for k in KNOBS for value in k.frees_memory[:1]
+                       if device_skip_reason(k, value, info.is_cuda) is None)
 
 
 def _broken(micro_batch: int, label: str, status: str, message: str, where: str = "") -> str:

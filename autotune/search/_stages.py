@@ -172,9 +172,13 @@ class _Search:
         self.stage = "knobs"
         self.screen()
         self.stage = "refine"
+        screened = self._leader()
         for probe in sorted(self.probes.values(), key=lambda p: -(self._class_best(
                 p.knobs) or 0.0)):
             self.refine(probe)
+        if self._leader() != screened:  # the knobs were screened at another micro-batch
+            self.stage = "knobs"
+            self.screen(timing_only=True)
         self.stage = "confirm"
         self.confirm()
 
@@ -223,9 +227,15 @@ class _Search:
                     return True
         return False
 
-    def screen(self) -> None:
-        """Stage 3: each further knob on the leader, one at a time (module docstring)."""
+    def screen(self, *, timing_only: bool = False) -> None:
+        """Stage 3: each further knob on the leader, one at a time (module docstring).
+
+        ``timing_only``: only the knobs whose values free no memory, at the leader's
+        micro-batch (after refinement moved the leader to another micro-batch, where their
+        effect can differ: an optimizer step weighs more beside smaller micro-batches)."""
         for knob in KNOBS[2:]:
+            if timing_only and knob.frees_memory:
+                continue
             leader = self._leader()
             if leader is None:
                 return
@@ -233,7 +243,8 @@ class _Search:
                 if value == getattr(leader.knobs, knob.name):
                     continue
                 knobs = leader.knobs.with_(**{knob.name: value})
-                if knobs in self.probes or any(c.knobs == knobs for c in self.results):
+                timed_here = Candidate(knobs=knobs, micro_batch=leader.micro_batch)
+                if knobs in self.probes or timed_here in self.results:
                     continue
                 why = skip_reason(knobs, self.traits)
                 if why is None and value in knob.frees_memory:
@@ -294,13 +305,31 @@ class _Search:
                 noise = self._noise(key, best)
                 best_m = best.micro_batch
                 if now is None or (before is not None and now <= before * (1 + noise)):
-                    later = ", ".join(str(x) for x in fitting[i + 1:])
+                    later = list(fitting[i + 1:])
+                    if later and self._time_the_other_end(knobs, later[-1], len(walked) + 1):
+                        later = later[:-1]
                     if later:
                         self.skipped.append(
-                            f"{label}: micro-batches {later} not timed: {m} was not faster "
-                            f"than {best_m} by more than the noise ({noise:.0%})")
+                            f"{label}: micro-batches {', '.join(map(str, later))} not timed: "
+                            f"{m} was not faster than {best_m} by more than the noise "
+                            f"({noise:.0%})")
                     return
             walked.append(m)
+
+    def _time_the_other_end(self, knobs: Knobs, smallest: int, num_timed: int) -> bool:
+        """A walk down stopped at a micro-batch that was not faster: time the smallest that fits
+        too, once, for a setting near the leader (speed is not always monotone in the
+        micro-batch: on a CPU a small one can stay in cache, and one noisy middle point must
+        not hide the range's other end). False when it is not worth a run (the setting is
+        behind the leader by more than ``--refine-within``, or ``--micro-batches`` allows no
+        more)."""
+        per_class = self.settings.micro_batches_per_class
+        share = self._share(self._class_best(knobs))
+        if (share is None or share < self.settings.refine_within
+                or (per_class and num_timed >= per_class)):
+            return False
+        self.measure(self.spec(Candidate(knobs=knobs, micro_batch=smallest)))
+        return True
 
     def _why_not_smaller(self, knobs: Knobs, fitting: list[int]) -> str | None:
         """Why a compiled class's smaller micro-batches are not worth their compiles, if not.
@@ -457,7 +486,8 @@ class _Search:
                              self.settings)[0], number=i, num_runs=self.runs.get(k, 1))
             for i, (k, r) in enumerate(self.results.items()))
         return SearchOutcome(records=records, results=self.results, baseline=self.baseline,
-                             probes=tuple(self.probes.values()), skipped=tuple(self.skipped),
+                             probes=tuple(self.probes.values()),
+                             skipped=tuple(dict.fromkeys(self.skipped)),
                              interrupted=interrupted, stop_reason=stop_reason,
                              num_runs=self.num_runs)
 
