@@ -188,8 +188,8 @@ def run_oracle_step(step: Step, search: dict | None, setup: Setup) -> dict:
 
 def run_estimate(step: Step, setup: Setup) -> dict:
     from autotune import api
-    from autotune.config import MemoryClass
     from autotune.device import describe_device
+    from autotune.knobs import Knobs
     from autotune.memory import probe_spec
     from autotune.runner import run_isolated
 
@@ -202,7 +202,7 @@ def run_estimate(step: Step, setup: Setup) -> dict:
                 est = api.estimate(spec, micro_batch=m, device_memory=total,
                                    precision=precision, kernels=kernels, find_max=False)
                 real = run_isolated(probe_spec(
-                    spec, setup.device, MemoryClass(precision=precision, compile_mode="off"),  # type: ignore[arg-type]
+                    spec, setup.device, Knobs.checked(precision=precision),
                     m, None, 300))
                 measured = real.peak_bytes if real.ok else None
                 rows.append({"workload": name, "precision": precision, "micro_batch": m,

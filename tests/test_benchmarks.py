@@ -178,7 +178,7 @@ def test_gpu_suite_rehearses_every_step_on_the_cpu(tmp_path):
     steps = data["steps"]
     assert list(steps) == ["search-gpt2", "search-bert", "oracle-bert", "estimate"]
     assert all("error" not in res for res in steps.values()), steps
-    assert steps["search-bert"]["tuned"].startswith("fp32/off/")
+    assert steps["search-bert"]["tuned"].startswith("fp32/off")  # fp32 eager, any knobs
     assert steps["oracle-bert"]["pick_quality"] is not None
     assert all(row["status"] == "ok" for row in steps["estimate"]["rows"])
     markdown = (tmp_path / "gpu-rehearsal" / "gpu_suite.md").read_text()
