@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autotune.config import TrialResult, TrialSpec, WorkloadSpec, WorkloadTraits, to_json_dict
-from autotune.knobs import BASELINE, Knobs
+from autotune.knobs import BASELINE, HasKnobs, Knobs
 from autotune.memory import probe_spec
 from autotune.runner import run_isolated
 from autotune.search import Candidate, SearchSettings
@@ -61,7 +61,7 @@ def key(precision: str, compile_mode: str, micro_batch: int) -> str:
 
 
 @dataclass(kw_only=True)
-class OracleCandidate:
+class OracleCandidate(HasKnobs):
     """One candidate's runs in the oracle."""
 
     knobs: Knobs
@@ -70,14 +70,6 @@ class OracleCandidate:
     excluded: str = ""
     """Why the oracle did not run it (the workload cannot take it, or a duplicate of another
     candidate's run); empty when it ran or was never reached."""
-
-    @property
-    def precision(self) -> str:
-        return self.knobs.precision
-
-    @property
-    def compile_mode(self) -> str:
-        return self.knobs.compile_mode
 
     def key(self) -> str:
         return Candidate(knobs=self.knobs, micro_batch=self.micro_batch).key()

@@ -458,18 +458,7 @@ def render_knobs(out: dict) -> str:
         lines += ["", "Skipped: " + " ".join(f"({i + 1}) {s}" for i, s in
                                              enumerate(r["search"]["skipped"])), ""]
     lines += ["## Oracle measurements", ""]
-    for r in out["rows"]:
-        lines += [f"### {r['workload']}", "",
-                  "| candidate | runs | best median s | samples/s | peak | fits usable |",
-                  "|---|---|---:|---:|---:|---|"]
-        for c in r["oracle"]["candidates"]:
-            if not c["statuses"]:
-                continue
-            lines.append(
-                f"| {c['key']} | {', '.join(c['statuses'])} | "
-                f"{c['best_median_s'] or 0:.3f} | {c['samples_per_s'] or 0:.0f} | "
-                f"{format_bytes(c['peak_bytes'])} | {'yes' if c['fits_usable'] else 'no'} |")
-        lines.append("")
+    lines += oracle_tables(out)
     return "\n".join(lines) + "\n"
 
 
@@ -535,6 +524,13 @@ def render_v1(out: dict) -> str:
               "Tuned configs re-run in a fresh process under the cap: " + ", ".join(
                   f"{r['search']['tuned']}: {r['tuned_rerun']['status']}" for r in out["rows"])
               + ".", "", "## Oracle measurements", ""]
+    lines += oracle_tables(out)
+    return "\n".join(lines) + "\n"
+
+
+def oracle_tables(out: dict) -> list[str]:
+    """Every oracle measurement, one table per workload (both renderers end with it)."""
+    lines: list[str] = []
     for r in out["rows"]:
         lines += [f"### {r['workload']}", "",
                   "| candidate | runs | best median s | samples/s | peak | fits usable |",
@@ -547,7 +543,7 @@ def render_v1(out: dict) -> str:
                 f"{c['best_median_s'] or 0:.3f} | {c['samples_per_s'] or 0:.0f} | "
                 f"{format_bytes(c['peak_bytes'])} | {'yes' if c['fits_usable'] else 'no'} |")
         lines.append("")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main() -> None:
