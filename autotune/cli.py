@@ -28,7 +28,7 @@ from rich.progress import (
 )
 
 from autotune.errors import AutotuneError, ConfigError, Interrupted
-from autotune.knobs import Knobs
+from autotune.knobs import KNOB, Knobs
 
 app = typer.Typer(
     help="Find the fastest way to train your model at the effective batch size you want.",
@@ -61,19 +61,22 @@ ModesOpt = Annotated[Optional[str], typer.Option(
     "--compile-modes",
     help="Comma-separated subset of off,default,reduce-overhead,max-autotune-no-cudagraphs,"
          "max-autotune.")]
+
+
+def _knob_help(name: str) -> str:
+    """A knob option's help, from its one description in ``knobs.KNOBS``."""
+    knob = KNOB[name]
+    return f"Comma-separated subset of {','.join(knob.values)}: {knob.help}."
+
+
 CheckpointingOpt = Annotated[Optional[str], typer.Option(
-    "--checkpointing", help="Comma-separated subset of off,blocks,alternate: activation "
-    "checkpointing of every repeated block or every second one (frees activations for a larger "
-    "micro-batch, costs a recompute).")]
+    "--checkpointing", help=_knob_help("checkpointing"))]
 OptimizerImplsOpt = Annotated[Optional[str], typer.Option(
-    "--optimizer-impls", help="Comma-separated subset of default,for-loop,foreach,fused: the "
-    "workload's optimizer as built or rebuilt with the same groups and hyper-parameters.")]
+    "--optimizer-impls", help=_knob_help("optimizer_impl"))]
 MemoryFormatsOpt = Annotated[Optional[str], typer.Option(
-    "--memory-formats", help="Comma-separated subset of contiguous,channels_last (2-D "
-    "convolutions on 4-D images only).")]
+    "--memory-formats", help=_knob_help("memory_format"))]
 AllocatorsOpt = Annotated[Optional[str], typer.Option(
-    "--allocators", help="Comma-separated subset of default,expandable_segments (CUDA "
-    "allocator; skipped on CPU).")]
+    "--allocators", help=_knob_help("allocator"))]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
 TrialTimeoutOpt = Annotated[str, typer.Option(
     "--trial-timeout", help="Most wall time of one child run (probe or trial), e.g. 90s or "

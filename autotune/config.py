@@ -148,11 +148,6 @@ class WorkloadSpec:
         return f"{self.target}{suffix}"
 
 
-BASELINE_KNOBS = BASELINE
-"""fp32 eager, nothing else changed: what an untuned user runs; its largest fitting
-micro-batch is the baseline."""
-
-
 @dataclass(frozen=True, kw_only=True)
 class DeviceInfo:
     """Facts about the device that the search relies on."""
@@ -514,7 +509,7 @@ def peak_tflops(device_name: str, precision: str) -> float | None:
 
 
 __all__ = [
-    "BASELINE_KNOBS", "COMPILE_MODES", "CUDA_GRAPH_MODES", "PEAK_TFLOPS", "PRECISIONS",
+    "COMPILE_MODES", "CUDA_GRAPH_MODES", "PEAK_TFLOPS", "PRECISIONS",
     "STRICT_FIELDS",
     "ChildRun", "ChildStatus", "CompileMode", "DeviceInfo",
     "Knobs", "MemoryProbe", "Precision", "ProbeReport", "ProbeStep", "TrialResult",

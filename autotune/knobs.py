@@ -181,7 +181,7 @@ class Knob:
     help: str
     """What it does, and its memory and speed trade-off (the CLI's help, the README's)."""
     cuda_only: tuple[str, ...] = ()
-    """Values only a CUDA device runs."""
+    """Values only a CUDA device runs (precision and compile mode: the device backend says)."""
     needs: Callable[[str, WorkloadTraits], str | None] = lambda value, traits: None
     """Why the workload cannot use a value (None: it can)."""
     frees_memory: tuple[str, ...] = ()
@@ -215,11 +215,10 @@ def _format_needs(value: str, traits: WorkloadTraits) -> str | None:
 KNOBS: tuple[Knob, ...] = (
     Knob(name="precision", tag="precision", option="--precisions", values=PRECISIONS,
          default="fp32", help="fp32, tf32 (CUDA), bf16 (autocast), fp16 (autocast + GradScaler): "
-         "lower precision halves activations and speeds matmuls where the device has units for it",
-         cuda_only=("tf32", "fp16")),
+         "lower precision halves activations and speeds matmuls where the device has units for it"),
     Knob(name="compile_mode", tag="compile", option="--compile-modes", values=COMPILE_MODES,
          default="off", help="torch.compile mode or off: fused kernels, less activation memory, "
-         "a compile cost", cuda_only=CUDA_GRAPH_MODES),
+         "a compile cost"),
     Knob(name="checkpointing", tag="ckpt", option="--checkpointing",
          values=get_args(Checkpointing), default="off", needs=_ckpt_needs,
          frees_memory=("blocks", "alternate"),
@@ -356,8 +355,9 @@ def accelerator_kwargs(knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
     return kwargs, notes
 
 
-def describe(knobs: Knobs) -> list[str]:
-    """One line per knob beyond precision and compile mode, for the report and the script."""
+def describe(knobs: Knobs, names: Sequence[str] | None = None) -> list[str]:
+    """One line per knob beyond precision and compile mode (or per knob in ``names``), for
+    the report and the script."""
     words = {
         "checkpointing": {"off": "no activation checkpointing",
                           "blocks": "activation checkpointing of every repeated block",
@@ -372,4 +372,4 @@ def describe(knobs: Knobs) -> list[str]:
                       "expandable_segments": "CUDA allocator expandable_segments"},
     }
     return [f"{k.name} = {getattr(knobs, k.name)}: {words[k.name][getattr(knobs, k.name)]}"
-            for k in KNOBS[2:]]
+            for k in KNOBS[2:] if names is None or k.name in names]

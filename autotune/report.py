@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from autotune.config import DeviceInfo, ProbeReport, ProbeStep, format_bytes, to_json_dict
+from autotune.device import backend_for
 from autotune.knobs import describe
 from autotune.schema import SearchResult, TrialRecord, TunedConfig
 
@@ -24,9 +25,9 @@ def env_table(info: DeviceInfo) -> Table:
         ("device", info.device), ("name", info.name),
         ("total memory", format_bytes(info.total_memory_bytes)),
         ("available memory", format_bytes(info.available_memory_bytes)),
-        ("precisions", ", ".join(info.precisions())),
+        ("precisions", ", ".join(backend_for(info.device).precisions(info))),
         ("native bf16", "yes" if info.native_bf16 else "no (emulated)"),
-        ("compile modes", ", ".join(info.compile_modes())),
+        ("compile modes", ", ".join(backend_for(info.device).compile_modes())),
         ("torch", info.torch_version), ("CUDA", info.cuda_version or "-"),
         ("compute capability", info.compute_capability or "-"),
     ]
@@ -156,8 +157,7 @@ def search_footer(result: SearchResult) -> list[str]:
     if winner is not None and winner.fragmentation_bytes is not None:
         lines.append(f"fragmentation at the peak (reserved minus allocated): "
                      f"{format_bytes(winner.fragmentation_bytes)}")
-    lines += [f"knobs: {line}" for line in describe(c.knobs)
-              if line.split(" = ")[0] in c.knobs.changed()]
+    lines += [f"knobs: {line}" for line in describe(c.knobs, c.knobs.changed())]
     if c.flops_per_sample and winner is not None and winner.tflops_per_s:
         lines.append(
             f"compute: {c.flops_per_sample / 1e9:,.3g} GFLOP per sample (model FLOPs of forward "

@@ -12,6 +12,7 @@ from autotune.config import (
     DeviceInfo,
     Knobs,
 )
+from autotune.device import backend_for
 from autotune.errors import ConfigError
 from autotune.knobs import KNOBS, device_skip_reason, parse_values
 
@@ -91,21 +92,21 @@ def memory_classes(
             f"unknown precision or compile mode {', '.join(map(repr, unknown))}: precisions are "
             f"{', '.join(PRECISIONS)}; compile modes are {', '.join(COMPILE_MODES)}"
         )
+    backend = backend_for(device.device)
     skipped: list[str] = []
     wanted_p = list(precisions) if precisions else list(PRECISIONS)
+    supported_m = backend.compile_modes()
     if compile_modes:
         wanted_m = list(compile_modes)
     else:
-        wanted_m = list(COMPILE_MODES) if device.is_cuda else ["off", "default"]
-        if not device.is_cuda:
-            skipped.append("max-autotune-no-cudagraphs not tried by default on CPU (long "
-                           "compiles); ask for it with --compile-modes")
-    supported_p = device.precisions()
+        wanted_m = list(backend.default_compile_modes())
+        skipped += [f"{m} not tried by default on {device.device.upper()} (long compiles); ask "
+                    "for it with --compile-modes" for m in supported_m if m not in wanted_m]
+    supported_p = backend.precisions(device)
     for p in wanted_p:
         if p not in supported_p:
             skipped.append(
                 f"precision {p} skipped: not supported on {device.name} ({device.device})")
-    supported_m = device.compile_modes()
     for m in wanted_m:
         if m not in supported_m:
             skipped.append(f"compile mode {m} skipped: CUDA graphs need a CUDA device")

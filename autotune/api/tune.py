@@ -13,7 +13,6 @@ from autotune.api.deliver import write_outputs
 from autotune.api.fit import estimate
 from autotune.api.request import Budget, TuneRequest
 from autotune.config import (
-    BASELINE_KNOBS,
     DeviceInfo,
     Knobs,
     MemoryProbe,
@@ -32,7 +31,7 @@ from autotune.errors import (
     WorkloadError,
     error_for_status,
 )
-from autotune.knobs import KNOBS, device_skip_reason
+from autotune.knobs import BASELINE, KNOBS, device_skip_reason
 from autotune.memory import OnStep, hint_for, probe_memory, probe_spec
 from autotune.runner import allocator_notes, run_isolated
 from autotune.schema import (
@@ -108,8 +107,8 @@ def _plan(request: TuneRequest, info: DeviceInfo, include_baseline: bool
     """What to probe: the report without probes, the settings in order, the budget, and the
     further knobs' values."""
     target_batch, budget, classes, values, skipped = request.validate(info)
-    if include_baseline and BASELINE_KNOBS not in classes:
-        classes = (BASELINE_KNOBS, *classes)
+    if include_baseline and BASELINE not in classes:
+        classes = (BASELINE, *classes)
         skipped = (*skipped, "fp32/off probed and timed as the baseline, outside the restriction")
     plan = ProbeReport(workload=request.workload, device=info, target_batch=target_batch,
                        world_size=request.world_size, headroom=request.headroom,
@@ -292,7 +291,7 @@ def _calibrate(report: ProbeReport, config: TunedConfig, timeout_s: float,
     deadline = time.monotonic() + timeout_s
     for probe in report.probes:
         label = probe.knobs.label()
-        if label not in (config.memory_class(), BASELINE_KNOBS.label()) or not probe.peak_bytes:
+        if label not in (config.memory_class(), BASELINE.label()) or not probe.peak_bytes:
             continue
         left = deadline - time.monotonic()
         if left < 1.0 or runs_left <= 0:

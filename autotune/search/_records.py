@@ -13,8 +13,8 @@ from autotune.config import (
     ProbeReport,
     TrialResult,
     TrialSpec,
-    peak_tflops,
 )
+from autotune.device import backend_for
 from autotune.errors import NoFeasibleConfigError, WorkloadError
 from autotune.schema import MemoryRecord, TrialRecord, TunedConfig
 
@@ -155,7 +155,8 @@ def classify(candidate: Candidate, result: TrialResult, results: dict[Candidate,
     tokens = sps * result.tokens_per_sample if sps and result.tokens_per_sample else None
     per_sample = flops_per_sample(base)
     tflops = per_sample * sps / 1e12 if per_sample and sps else None
-    peak = peak_tflops(report.device.name, candidate.knobs.precision)
+    peak = backend_for(report.device.device).peak_tflops(report.device.name,
+                                                         candidate.knobs.precision)
     record = TrialRecord(
         number=0, micro_batch=candidate.micro_batch,
         accumulate_steps=per_device // candidate.micro_batch, knobs=candidate.knobs,

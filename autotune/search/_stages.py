@@ -28,7 +28,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from autotune.config import (
-    BASELINE_KNOBS,
     Knobs,
     MemoryProbe,
     ProbeReport,
@@ -37,7 +36,7 @@ from autotune.config import (
     WorkloadTraits,
     format_bytes,
 )
-from autotune.knobs import KNOBS, skip_reason
+from autotune.knobs import BASELINE, KNOBS, skip_reason
 from autotune.memory import OnStep, hint_for, probe_memory, probe_spec
 from autotune.runner import run_isolated
 from autotune.schema import TrialRecord
@@ -94,7 +93,7 @@ def run_search(report: ProbeReport, classes: Sequence[Knobs], settings: SearchSe
         ConfigError: a storage that cannot be opened or holds another search.
         WorkloadError: the workload fails.
     """
-    assert BASELINE_KNOBS in classes, "fp32 eager is the baseline: the api adds it"
+    assert BASELINE in classes, "fp32 eager is the baseline: the api adds it"
     search = _Search(report, classes, settings, values or {}, run, on_trial, on_step)
     interrupted, stop_reason = False, "every class was tried or pruned with a reason"
     try:
@@ -154,11 +153,11 @@ class _Search:
 
     def stages(self, classes: Sequence[Knobs]) -> None:
         first = sorted((c for c in classes if c.compile_mode in FIRST_MODES),
-                       key=lambda c: (c != BASELINE_KNOBS, c.compile_mode != "off"))
+                       key=lambda c: (c != BASELINE, c.compile_mode != "off"))
         for knobs in first:
             self.probe(knobs)
-            if knobs == BASELINE_KNOBS:
-                base = self.probes[BASELINE_KNOBS]
+            if knobs == BASELINE:
+                base = self.probes[BASELINE]
                 if base.max_micro_batch:
                     self.baseline = Candidate(knobs=knobs, micro_batch=base.max_micro_batch)
                 elif not self.rescue_baseline():
@@ -211,7 +210,7 @@ class _Search:
             for value in knob.frees_memory:
                 if value not in self.values.get(knob.name, ()):
                     continue
-                knobs = BASELINE_KNOBS.with_(**{knob.name: value})
+                knobs = BASELINE.with_(**{knob.name: value})
                 why = skip_reason(knobs, self.traits)
                 if why:
                     self.skipped.append(f"{knobs.label()} not tried: {why}")
@@ -404,7 +403,7 @@ class _Search:
             return probe_spec(self.report.workload, self.report.device.device,
                               candidate.knobs, candidate.micro_batch,
                               self.report.budget_bytes, self.settings.timeout_s)
-        is_base_class = candidate.knobs == BASELINE_KNOBS
+        is_base_class = candidate.knobs == BASELINE
         spec = probe_spec(self.report.workload, self.report.device.device,
                           candidate.knobs, candidate.micro_batch,
                           self.report.budget_bytes, self.settings.timeout_s,
@@ -496,7 +495,7 @@ class _Search:
         search stopped (Ctrl-C, a limit) before the baseline's memory probe ended."""
         usable = self.report.usable_bytes()
         fits = [c for c, r in self.results.items()
-                if c.knobs == BASELINE_KNOBS and r.fits(usable)]
+                if c.knobs == BASELINE and r.fits(usable)]
         return max(fits, key=lambda c: c.micro_batch, default=None)
 
     # -- measures of progress --------------------------------------------------------------
