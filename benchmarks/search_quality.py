@@ -458,7 +458,7 @@ def render_knobs(out: dict) -> str:
         lines += ["", "Skipped: " + " ".join(f"({i + 1}) {s}" for i, s in
                                              enumerate(r["search"]["skipped"])), ""]
     lines += ["## Oracle measurements", ""]
-    lines += oracle_tables(out)
+    lines += oracle_tables(out, per_pass=True)
     return "\n".join(lines) + "\n"
 
 
@@ -528,20 +528,25 @@ def render_v1(out: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def oracle_tables(out: dict) -> list[str]:
-    """Every oracle measurement, one table per workload (both renderers end with it)."""
+def oracle_tables(out: dict, *, per_pass: bool = False) -> list[str]:
+    """Every oracle measurement, one table per workload (both renderers end with it);
+    ``per_pass`` adds each pass's samples/s (how far one candidate's runs lie apart)."""
     lines: list[str] = []
+    extra = (" samples/s per pass |", "---:|") if per_pass else ("", "")
     for r in out["rows"]:
         lines += [f"### {r['workload']}", "",
-                  "| candidate | runs | best median s | samples/s | peak | fits usable |",
-                  "|---|---|---:|---:|---:|---|"]
+                  "| candidate | runs | best median s | samples/s | peak | fits usable |"
+                  + extra[0], "|---|---|---:|---:|---:|---|" + extra[1]]
         for c in r["oracle"]["candidates"]:
             if not c["statuses"]:
                 continue
+            passes = ", ".join(f"{out['target_batch'] / m:.0f}" if m else "-"
+                               for m in c["medians_s"]) if per_pass else ""
             lines.append(
                 f"| {c['key']} | {', '.join(c['statuses'])} | "
                 f"{c['best_median_s'] or 0:.3f} | {c['samples_per_s'] or 0:.0f} | "
-                f"{format_bytes(c['peak_bytes'])} | {'yes' if c['fits_usable'] else 'no'} |")
+                f"{format_bytes(c['peak_bytes'])} | {'yes' if c['fits_usable'] else 'no'} |"
+                + (f" {passes} |" if per_pass else ""))
         lines.append("")
     return lines
 
