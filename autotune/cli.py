@@ -125,8 +125,9 @@ def _split(text: str | None, option: str) -> list[str] | None:
         return None
     items = [t.strip() for t in text.split(",") if t.strip()]
     if not items:
-        raise ConfigError(f"{option} {text!r} names nothing: give a comma-separated list such "
-                          "as fp32,bf16, or leave the option out for every supported value")
+        raise ConfigError(f"{option} {text!r} names nothing: give a comma-separated list of "
+                          "its values (autotune search --help lists them), or leave the option "
+                          "out for every supported value")
     return items
 
 

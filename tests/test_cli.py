@@ -129,3 +129,23 @@ def test_cli_import_does_not_import_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_bad_knob_options_are_all_named_at_once_and_start_nothing(tmp_path) -> None:
+    # No child starts (this test has no subprocess marker: the conftest guard would fail it).
+    result = _invoke("search", "--target-batch", "8", "--out", str(tmp_path),
+                     "--optimizer-impls", "fused,turbo", "--precisions", "fp8",
+                     "--memory-formats", 'x"y\\z')
+    assert result.exit_code == 2, result.output
+    message = _words(result.stderr)
+    assert "--optimizer-impls turbo: not a value of optimizer_impl" in message
+    assert "--memory-formats x\"y\\z: not a value of memory_format" in message
+    assert "unknown precision or compile mode 'fp8'" in message
+    assert "Traceback" not in result.output and not list(tmp_path.iterdir())
+    empty = _invoke("search", "--target-batch", "8", "--out", str(tmp_path),
+                    "--checkpointing", " , ")
+    assert empty.exit_code == 2 and "--checkpointing ' , ' names nothing" in _words(empty.stderr)
+    cuda_only = _invoke("probe", "--target-batch", "8", "--device", "cpu",
+                        "--allocators", "expandable_segments")
+    assert cuda_only.exit_code == 2
+    assert "--allocators expandable_segments: nothing runs on cpu" in _words(cuda_only.stderr)

@@ -255,3 +255,16 @@ def test_an_optimizer_left_to_torch_runs_as_the_modelled_device_would() -> None:
     assert S.apply_to_optimizer(chosen, Knobs(), as_on_cuda=True) is chosen  # the user chose
     assert S.default_impl(S.apply_to_optimizer(optimizer, Knobs(optimizer_impl="fused"),
                                                as_on_cuda=True)) == "fused"
+
+
+@pytest.mark.parametrize(("name", "status", "named"), [
+    ("blocks_raise", "error", "ValueError: blocks failed on purpose"),
+    ("blocks_exit", "workload_error", "the workload called sys.exit(0)"),
+])
+def test_a_blocks_callable_that_fails_is_the_workloads_failure(name, status, named) -> None:
+    spec = TrialSpec(workload=WorkloadSpec(kind="file", target=workload_target(name)),
+                     device="cpu", micro_batch=1, knobs=Knobs(checkpointing="blocks"),
+                     num_warmup_steps=1)
+    result = run_trial(spec)
+    assert result.status == status
+    assert named in result.message

@@ -271,3 +271,21 @@ class DeepMLP(nn.Module):
 def deep() -> Workload:
     """Repeated blocks whose activations bind memory: what activation checkpointing is for."""
     return Workload(name="deep-mlp", build_model=DeepMLP, make_batch=_batch, loss=_loss)
+
+
+def blocks_raise() -> Workload:
+    """Workload.blocks raises: user code the knobs run."""
+    def blocks(model: nn.Module) -> list[nn.Module]:
+        raise ValueError("blocks failed on purpose")
+
+    return Workload(name="blocks-raise", build_model=DeepMLP, make_batch=_batch, loss=_loss,
+                    blocks=blocks)
+
+
+def blocks_exit() -> Workload:
+    """Workload.blocks calls sys.exit(0)."""
+    def blocks(model: nn.Module) -> list[nn.Module]:
+        sys.exit(0)
+
+    return Workload(name="blocks-exit", build_model=DeepMLP, make_batch=_batch, loss=_loss,
+                    blocks=blocks)

@@ -126,12 +126,11 @@ class TuneRequest:
         target, budget, extra = results
         classes: tuple[Knobs, ...] = ()
         skipped: tuple[str, ...] = ()
-        if extra is not None:
-            try:
-                classes, skipped = memory_classes(device, self.precisions, self.compile_modes,
-                                                  base=extra[1])
-            except ConfigError as exc:
-                problems.append(str(exc))
+        try:  # checked also when the other knobs failed: every problem is said at once
+            classes, skipped = memory_classes(device, self.precisions, self.compile_modes,
+                                              base=extra[1] if extra is not None else None)
+        except ConfigError as exc:
+            problems.append(str(exc))
         if problems:
             raise ConfigError("; ".join(problems))
         values, _, notes = extra
