@@ -242,7 +242,14 @@ def search(
     ] = None,
     study_name: Annotated[Optional[str], typer.Option("--study-name")] = None,
     timed_steps: Annotated[int, typer.Option(
-        "--timed-steps", min=3, help="Timed optimizer steps per trial.")] = 10,
+        "--timed-steps", min=3, help=(
+            "Most timed optimizer steps per trial; a re-measurement of the contenders times "
+            "them all."))] = 10,
+    rank_precision: Annotated[float, typer.Option(
+        "--rank-precision", min=0.0, max=1.0, help=(
+            "A first timing stops once its median step time is known within this share (95% "
+            "interval, 3 steps at least): enough to rank it; 0 times every run in full."))
+    ] = 0.05,
     micro_batches: Annotated[str, typer.Option(
         "--micro-batches", help=(
             "Most micro-batches timed per class: the largest that fits, then smaller ones while "
@@ -277,7 +284,8 @@ def search(
             raise errors.ConfigError(
                 f"--micro-batches must be a number or 'all', got {micro_batches!r}")
         settings = SearchSettings(
-            num_timed_steps=timed_steps, max_trials=max_trials, train_steps=train_steps,
+            num_timed_steps=timed_steps, rank_precision=rank_precision or None,
+            max_trials=max_trials, train_steps=train_steps,
             refine_within=refine_within, confirm_within=confirm_within,
             micro_batches_per_class=0 if micro_batches == "all" else int(micro_batches),
             time_budget_s=_seconds(time_budget, "--time-budget") if time_budget else None,

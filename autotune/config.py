@@ -28,6 +28,7 @@ from autotune.knobs import (
     Precision,
     WorkloadTraits,
 )
+from autotune.timing import TimingStop, relative_halfwidth
 
 TrialStatus = Literal[
     "ok", "oom", "compile_error", "non_finite", "timeout", "crash", "workload_error", "error",
@@ -42,8 +43,6 @@ STRICT_FIELDS: dict[str, Any] = {"extra": "forbid", "strict": True}
 ``autotune.schema.read_tuned``): no unknown field, no coercion ("8" is not 8). A plain dict, so
 this module does not import pydantic."""
 
-MIN_STEPS_TO_STOP = 3
-"""Timed steps a candidate runs before sequential stopping may end it."""
 GIB = 1024**3
 MIB = 1024**2
 _UNITS = {
@@ -199,16 +198,17 @@ class TrialSpec(HasKnobs):
     """Micro-batches per optimizer step of the timed steps (the config's accumulation)."""
     warmup_accumulate_steps: int | None = None
     """Micro-batches per warm-up step, when it differs from ``accumulate_steps``: a memory probe
-    warms up with at least 2 (gradients alive during a forward: the most memory any
-    accumulation needs), then times ``accumulate_steps``, so one run is the probe and the
-    trial. The peak covers both."""
+    warms up with 2 (gradients alive during a forward: the most memory any accumulation needs;
+    more would only cost time, since gradients accumulate in place), then times
+    ``accumulate_steps``, so one run is the probe and the trial. The peak covers both."""
     knobs: Knobs = BASELINE
     """Precision, compile mode and every other knob of the run."""
     num_warmup_steps: int = 2
     """Optimizer steps before timing (compile included); optimizer state appears at the first.
     Probes use 2 so the peak includes optimizer state."""
     num_timed_steps: int = 0
-    """Synchronized, timed optimizer steps after warm-up (0 for a memory probe)."""
+    """Synchronized, timed optimizer steps after warm-up (0 for a memory probe); with
+    ``timing_precision``, the most it times."""
     memory_budget_bytes: int | None = None
     """Hard cap for the child: RLIMIT_AS above its baseline on CPU, memory fraction on CUDA."""
     timeout_s: float = 600.0
@@ -223,12 +223,16 @@ class TrialSpec(HasKnobs):
     min_timed_s: float = 0.0
     """Keep timing past ``num_timed_steps`` until this many seconds were timed: a median over
     a window this long is not one short busy period of the machine (fast steps need many)."""
+    timing_precision: float | None = None
+    """Stop timing once the median step time's 95% interval is within this share of it (after
+    ``MIN_STEPS_TO_STOP`` steps and ``min_timed_s``): the spread decides how long a run times
+    (``autotune.timing.stop_reason``). None: time ``num_timed_steps``."""
     count_flops: bool = False
     """Count the model FLOPs of the first warm-up step (eager only; the baseline does it)."""
 
     def warmup_micro_batches(self) -> int:
         """Micro-batches each warm-up step accumulates."""
-        return max(self.accumulate_steps, self.warmup_accumulate_steps or 0)
+        return self.warmup_accumulate_steps or self.accumulate_steps
 
 
 
@@ -260,6 +264,11 @@ class TrialResult:
     """Warm-up time beyond what the same steps take once compiled: the compile cost."""
     step_times_s: tuple[float, ...] = ()
     """Synchronized wall time of each timed optimizer step."""
+    update_times_s: tuple[float, ...] = ()
+    """Of each timed step, the optimizer update's share (after the last backward: unscale,
+    step, zero_grad), timed on the device's own clock; the rest is the micro-batches'."""
+    timing_stop: TimingStop = ""
+    """Why timing stopped (``autotune.timing.TimingStop``)."""
     first_loss: float | None = None
     """Loss of the first effective batch before any update, in the trial's precision and
     compile mode."""
@@ -334,6 +343,10 @@ class TrialResult:
         low = times[int(0.1 * (len(times) - 1))]
         high = times[math.ceil(0.9 * (len(times) - 1))]
         return (high - low) / statistics.median(times)
+
+    def halfwidth(self) -> float | None:
+        """The median step time's 95% interval half-width over the median (``timing``)."""
+        return relative_halfwidth(self.step_times_s)
 
     def samples_per_s(self) -> float | None:
         """Throughput from the median step time."""

@@ -19,8 +19,9 @@ import os
 import platform
 import resource
 import threading
+import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from autotune.config import (
     COMPILE_MODES,
@@ -123,6 +124,15 @@ class TrialMemory(abc.ABC):
     @abc.abstractmethod
     def sync(self) -> None:
         """Wait for the device's queued work (before reading a clock)."""
+
+    def mark(self) -> Any:
+        """A point in the device's queue of work, without waiting for it (read by
+        ``seconds`` after ``sync``). The host's clock, for a device whose ops return when done."""
+        return time.perf_counter()
+
+    def seconds(self, start: Any, end: Any) -> float:
+        """Seconds of device work between two ``mark``s (after ``sync``)."""
+        return float(end - start)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -373,6 +383,17 @@ class _CUDAMemory(TrialMemory):
         import torch
 
         torch.cuda.synchronize(self.device)
+
+    def mark(self) -> Any:
+        """A CUDA event recorded on the current stream: marking does not wait for the GPU."""
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start: Any, end: Any) -> float:
+        return float(start.elapsed_time(end)) / 1000.0
 
 
 # ----------------------------------------------------------------------------------------------

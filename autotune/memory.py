@@ -35,13 +35,13 @@ def probe_spec(workload: WorkloadSpec, device: str, knobs: Knobs, micro_batch: i
 
     With ``per_device_batch`` the same run also times ``num_timed_steps`` optimizer steps of
     the config it probes (``per_device_batch / micro_batch`` micro-batches each): its warm-up
-    accumulates at least two (gradients alive during a forward, the memory worst case), so one
-    child is both the probe and the trial.
+    accumulates two (gradients alive during a forward, the memory worst case; more only cost
+    time), so one child is both the probe and the trial.
     """
     accumulate = per_device_batch // micro_batch if per_device_batch else 2
     return TrialSpec(
         workload=workload, device=device, micro_batch=micro_batch, accumulate_steps=accumulate,
-        warmup_accumulate_steps=2 if accumulate < 2 else None,
+        warmup_accumulate_steps=2 if per_device_batch else None,
         knobs=knobs, num_warmup_steps=2, num_timed_steps=num_timed_steps,
         memory_budget_bytes=budget_bytes,
         timeout_s=timeout_s, count_flops=count_flops,

@@ -99,7 +99,7 @@ def search_table(config: TunedConfig) -> Table:
         f"autotune search — {config.workload_name or config.workload.label()} on "
         f"{config.device.name} ({config.device.device}), target batch {config.target_batch}"))
     columns = [("#", "right"), ("knobs", "left"), ("micro x acc", "right"),
-               ("status", "left"), ("ms/step", "right"), ("samples/s", "right"),
+               ("status", "left"), ("ms/step", "right"), ("±", "right"), ("samples/s", "right"),
                ("tokens/s", "right"), ("peak", "right"), ("compile s", "right"),
                ("speedup", "right"), ("runs", "right")]
     flops = any(r.tflops_per_s for r in config.trials)
@@ -118,7 +118,8 @@ def search_table(config: TunedConfig) -> Table:
             status += " (baseline)"
         row = [str(r.number), r.knobs.label(),
                f"{r.micro_batch}x{r.accumulate_steps}", status,
-               _num(r.median_step_s, 1000, ".1f"), _num(r.samples_per_s, 1, ",.1f"),
+               _num(r.median_step_s, 1000, ".1f"), _num(r.halfwidth, 100, ".0f", "%"),
+               _num(r.samples_per_s, 1, ",.1f"),
                _num(r.tokens_per_s, 1, ",.0f"), format_bytes(r.peak_bytes),
                _num(r.compile_s if r.knobs.compile_mode != "off" else None, 1, ".1f"),
                _num(r.speedup, 1, ".2f", "x"), str(r.num_runs)]
@@ -178,6 +179,8 @@ def search_footer(result: SearchResult) -> list[str]:
               if r.knobs.compile_mode != "off" and r.num_graph_breaks
               and r.verdict in ("winner", "ok")]
     lines += [f"skipped: {s}" for s in c.skipped]
+    if c.cost is not None:
+        lines.append(f"search: {c.cost.describe()}")
     if c.interrupted:
         lines.append(f"note: {result.stop_reason}")
     if result.path is not None:

@@ -82,6 +82,11 @@ class TrialRecord(HasKnobs):
     """Median wall time of one optimizer step (micro_batch x accumulate_steps samples)."""
     spread: Float | None = None
     """(p90 - p10) / median of the timed steps."""
+    halfwidth: Float | None = None
+    """Half-width of the 95% interval of the median step time, over the median: how sure the
+    figure is (``autotune.timing.relative_halfwidth``; None with fewer than 2 timed steps)."""
+    update_s: Float | None = None
+    """Of the median step, the optimizer update's seconds (the rest is the micro-batches')."""
     num_timed_steps: Count = 0
     samples_per_s: Float | None = None
     tokens_per_s: Float | None = None
@@ -106,6 +111,8 @@ class TrialRecord(HasKnobs):
     wall_s: Float | None = None
     num_runs: Positive = 1
     """Times it was measured; a close race is re-measured and each keeps its better run."""
+    timed_s: Float | None = None
+    """Seconds of timed steps over all its runs (what the search spent timing it)."""
 
 
     def label(self) -> str:
@@ -136,6 +143,26 @@ class MemoryRecord:
     the same config, so ``autotune check`` can scale a later estimate."""
     allocator: str = ""
     peak_definition: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchCost:
+    """Where a search's time went, over every child run (memory probes included)."""
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = STRICT_FIELDS
+
+    num_runs: Count
+    child_s: Float
+    """Wall time of the child runs, start-up included."""
+    compile_s: Float
+    """Of that, compiling (the compiled runs' warm-up beyond the same steps once compiled)."""
+    timed_s: Float
+    """Of that, timed steps."""
+
+    def describe(self) -> str:
+        """``12 child runs, 310 s (compile 95 s, timed steps 120 s)``."""
+        return (f"{self.num_runs} child runs, {self.child_s:,.0f} s (compile "
+                f"{self.compile_s:,.0f} s, timed steps {self.timed_s:,.0f} s)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -186,6 +213,8 @@ class TunedConfig(HasKnobs):
     """Candidates or classes not measured, with the reason."""
     interrupted: bool = False
     """True when the search stopped early (Ctrl-C or time budget): best so far."""
+    cost: SearchCost | None = None
+    """What the search spent (None: written before it was recorded)."""
 
     def effective_batch(self) -> int:
         """micro_batch x accumulate_steps x world_size."""

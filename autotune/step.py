@@ -297,11 +297,14 @@ def loss_weights(micro_batches: Sequence[Batch],
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
                micro_batches: Sequence[Batch], workload: Workload, *, precision: str,
-               device_type: str, scaler: torch.amp.GradScaler | None = None) -> torch.Tensor:
+               device_type: str, scaler: torch.amp.GradScaler | None = None,
+               on_backward: Callable[[], object] | None = None) -> torch.Tensor:
     """One optimizer step over the micro-batches of one effective batch.
 
     Forward and backward run per micro-batch under autocast; gradients accumulate in
     ``.grad``; the optimizer steps once; gradients are freed (``set_to_none``).
+    ``on_backward`` is called after each micro-batch's backward (a trial's clock marks the
+    micro-batches' and the update's shares of the step there; it must not wait for the device).
 
     Returns:
         The effective batch's loss (detached), computed before the update.
@@ -319,6 +322,8 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
             loss = loss * weight
         (scaler.scale(loss) if scaler is not None else loss).backward()
         total += loss.detach().float()
+        if on_backward is not None:
+            on_backward()
     if scaler is not None:
         scaler.step(optimizer)
         scaler.update()

@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from autotune.config import (
-    MIN_STEPS_TO_STOP,
     TrialResult,
     TrialSpec,
     TrialStatus,
@@ -36,6 +35,7 @@ from autotune.step import (  # train_step and loss_weights re-exported for calle
     train_step,
     workload_traits,
 )
+from autotune.timing import stop_reason
 from autotune.workload import (
     Batch,
     Workload,
@@ -200,38 +200,48 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: TrialM
     model.train()  # from_pretrained builds in eval mode: no dropout, and HF never checkpoints
     built = workload.make_optimizer(model.parameters())
     torch.manual_seed(spec.seed + 1)
-    warmup_batches = []
-    for _ in range(spec.warmup_micro_batches()):
+    batches = []
+    for _ in range(max(spec.warmup_micro_batches(), spec.accumulate_steps)):
         batch = workload.make_batch(spec.micro_batch)
         check_batch(batch, spec.micro_batch, workload.name)
-        warmup_batches.append(to_device(batch, device))
+        batches.append(to_device(batch, device))
     # What the knobs need of the workload, read before they change it: a knob value that
     # cannot apply is an ``unsupported`` outcome, never a failure of the workload.
-    info["traits"] = workload_traits(model, built, warmup_batches[0], workload.blocks)
+    info["traits"] = workload_traits(model, built, batches[0], workload.blocks)
     apply_to_model(model, knobs, workload.blocks)
     optimizer = apply_to_optimizer(built, knobs)
-    warmup_batches = [apply_to_batch(b, knobs) for b in warmup_batches]
-    # A probe warms up with more micro-batches than the config accumulates (its memory worst
-    # case); the timed steps run the config's own accumulation.
-    timed_batches = warmup_batches[:spec.accumulate_steps]
+    batches = [apply_to_batch(b, knobs) for b in batches]
+    # A probe warms up with 2 micro-batches (its memory worst case); the timed steps run the
+    # config's own accumulation.
+    warmup_batches = batches[:spec.warmup_micro_batches()]
+    timed_batches = batches[:spec.accumulate_steps]
     info["workload_fingerprint"] = fingerprint(model, warmup_batches[0])
     scaler = grad_scaler(spec.precision, device.type)
     stepped = compile_model(model, spec.compile_mode)
 
     losses: list[torch.Tensor] = []
     num_skipped = 0
+    updates: list[float] = []
 
     def one_step(micro_batches: list[Batch]) -> float:
         nonlocal num_skipped
         scale_before = scaler.get_scale() if scaler is not None else None
         counting = spec.count_flops and spec.compile_mode == "off" and not losses
         counter = _flop_counter() if counting else contextlib.nullcontext()
+        marks = [memory.mark()]
         start = time.perf_counter()
         with counter:
             losses.append(train_step(stepped, optimizer, micro_batches, workload,
                                      precision=spec.precision, device_type=device.type,
-                                     scaler=scaler))
+                                     scaler=scaler, on_backward=lambda: marks.append(
+                                         memory.mark())))
+        marks.append(memory.mark())
         memory.sync()
+        # The update's share of the step: from the last backward to the end, on the device's
+        # clock, scaled to the step's wall time (what grows with the micro-batches is the rest).
+        device_s = memory.seconds(marks[0], marks[-1])
+        share = memory.seconds(marks[-2], marks[-1]) / device_s if device_s > 0 else 0.0
+        updates.append(share)
         info["step_memory_bytes"] = (*info.get("step_memory_bytes", ()), memory.current())
         if counting:  # per timed step: model FLOPs grow with the micro-batches of a step
             flops = counter.get_total_flops()  # type: ignore[union-attr]
@@ -250,20 +260,20 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: TrialM
     info["warmup_s"] = sum(warmup)
     timed: list[float] = []
     timing_start = time.perf_counter()
-    elapsed = 0.0
-    while len(timed) < spec.num_timed_steps or (timed and elapsed < spec.min_timed_s):
+    while spec.num_timed_steps > 0:
         timed.append(one_step(timed_batches))
-        elapsed = time.perf_counter() - timing_start
-        if spec.max_timed_s is not None and elapsed > spec.max_timed_s:
+        why = stop_reason(timed, max_steps=spec.num_timed_steps,
+                          elapsed_s=time.perf_counter() - timing_start,
+                          min_elapsed_s=spec.min_timed_s, max_elapsed_s=spec.max_timed_s,
+                          precision=spec.timing_precision, stop_above_s=spec.stop_above_step_s)
+        if why is not None:
+            info["timing_stop"] = why
             break
-        if (spec.stop_above_step_s is not None and len(timed) >= MIN_STEPS_TO_STOP
-                and min(timed) > spec.stop_above_step_s):
-            break  # clearly behind the leader: its best step already loses
     info["step_times_s"] = tuple(timed)
-    # A warm-up step of more micro-batches than a timed one costs proportionally more.
-    per_warmup = (statistics.median(timed) * spec.warmup_micro_batches() / spec.accumulate_steps
-                  if timed else min(warmup))
-    info["compile_s"] = max(0.0, info["warmup_s"] - per_warmup * len(warmup))
+    shares = updates[len(warmup):]
+    info["update_times_s"] = tuple(t * share for t, share in zip(timed, shares, strict=True))
+    info["compile_s"] = max(0.0, info["warmup_s"] - len(warmup) * _warm_step_s(
+        timed, info["update_times_s"], spec, min(warmup)))
     info.update(memory.peak())
     values = torch.stack(losses).tolist()
     info.update(first_loss=values[0], last_loss=values[-1], num_skipped_steps=num_skipped)
@@ -278,6 +288,18 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: TrialM
         return TrialResult(status="non_finite", message=(
             f"loss became {values[bad]} at optimizer step {bad + 1} of {len(values)}"), **info)
     return TrialResult(status="ok", **info)
+
+
+def _warm_step_s(timed: Sequence[float], update_s: Sequence[float], spec: TrialSpec,
+                 fallback: float) -> float:
+    """What one warm-up step takes once compiled: its micro-batches at the timed steps' time
+    per micro-batch, plus one update (``fallback``, the fastest warm-up step, without timed
+    steps)."""
+    if not timed:
+        return fallback
+    update = statistics.median(update_s)
+    per_micro_batch = (statistics.median(timed) - update) / spec.accumulate_steps
+    return spec.warmup_micro_batches() * per_micro_batch + update
 
 
 def fingerprint(model: nn.Module, batch: Batch) -> str:

@@ -9,6 +9,7 @@ real child would need (the budget cap, timed steps, warm-up accumulation).
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -18,7 +19,6 @@ import pytest
 
 from autotune.config import (
     MIB,
-    MIN_STEPS_TO_STOP,
     DeviceInfo,
     Knobs,
     ProbeReport,
@@ -27,7 +27,8 @@ from autotune.config import (
     WorkloadSpec,
     WorkloadTraits,
 )
-from autotune.search import SearchSettings, run_search
+from autotune.search import SearchSettings, run_search, tuned_config
+from autotune.timing import MIN_STEPS_TO_STOP, stop_reason
 
 GPU = DeviceInfo(device="cuda:0", name="scripted GPU", total_memory_bytes=2000 * MIB,
                  available_memory_bytes=2000 * MIB, supports_bf16=True, supports_fp16=False,
@@ -58,25 +59,36 @@ class ScriptedDevice:
     """Peak at micro-batch m, any class (default: linear; 32 fits the budget, 64 does not)."""
     retries_at: int | None = None
     """Micro-batch whose runs report CUDA allocator retries (memory pressure)."""
+    jitter: tuple[float, ...] = (0.0,)
+    """Relative noise of successive timed steps (cycled): 0 is a perfectly quiet device."""
     specs: list[TrialSpec] = field(default_factory=list)
+    timed_steps: list[int] = field(default_factory=list)
+    """Timed steps of each run that fitted, in order."""
 
     def __call__(self, spec: TrialSpec) -> TrialResult:
         self.specs.append(spec)
         assert spec.memory_budget_bytes == BUDGET  # every run is capped
-        assert spec.warmup_micro_batches() >= 2  # gradients alive during a forward
-        assert spec.num_timed_steps in (0, SETTINGS.num_timed_steps)  # a probe, or a trial
+        # 2 micro-batches: gradients alive during a forward (more would only cost time)
+        assert spec.warmup_micro_batches() == 2
+        assert spec.num_timed_steps in (0, SETTINGS.num_timed_steps, SLOW.num_timed_steps)
         peak = int(self.peak_mib(spec.micro_batch) * MIB)
         info = {"samples_per_step": spec.micro_batch * spec.accumulate_steps, "wall_s": 1.0}
         if peak > BUDGET:
             return TrialResult(status="oom", message="CUDA out of memory", **info)
         sps = self.speed[spec.knobs.label()] * self.shape(spec.micro_batch)
         step_s = info["samples_per_step"] / sps
-        steps = spec.num_timed_steps  # 0: a memory probe only
-        if spec.max_timed_s is not None:  # the child stops timing once over its limit
-            steps = min(steps, math.floor(spec.max_timed_s / step_s) + 1)
-        if spec.stop_above_step_s is not None and step_s > spec.stop_above_step_s:
-            steps = min(steps, MIN_STEPS_TO_STOP)  # sequential stopping: clearly behind
-        return TrialResult(status="ok", peak_bytes=peak, step_times_s=(step_s,) * steps,
+        times: list[float] = []
+        why = None
+        while spec.num_timed_steps and why is None:  # the child's own rule (trial._train)
+            times.append(step_s * (1 + self.jitter[len(times) % len(self.jitter)]))
+            why = stop_reason(times, max_steps=spec.num_timed_steps, elapsed_s=sum(times),
+                              min_elapsed_s=spec.min_timed_s, max_elapsed_s=spec.max_timed_s,
+                              precision=spec.timing_precision,
+                              stop_above_s=spec.stop_above_step_s)
+        self.timed_steps.append(len(times))
+        return TrialResult(status="ok", peak_bytes=peak, step_times_s=tuple(times),
+                           timing_stop=why or "",
+                           update_times_s=tuple(0.1 * t for t in times),
                            first_loss=2.0, reference_loss=2.0,
                            num_graphs=None if spec.compile_mode == "off" else 1,
                            num_graph_breaks=None if spec.compile_mode == "off" else 0,
@@ -236,7 +248,11 @@ def test_a_resumed_search_reuses_every_run_re_measurements_included(tmp_path) ->
     again_device = ScriptedDevice(by_class(100, 150, 160, 200, 320, 330))
     again, _ = search(again_device, settings)
     assert again_device.specs == [] and again.num_runs == 0
-    assert again.records == first.records  # the better of each re-measured pair, and its count
+    # The better of each re-measured pair, and its count; the resumed search timed nothing.
+    assert [replace(r, timed_s=None) for r in again.records] == [
+        replace(r, timed_s=None) for r in first.records]
+    assert all(r.timed_s is None for r in again.records)
+    assert sum(r.timed_s or 0.0 for r in first.records) > 0
     assert again.probes == first.probes
 
 
@@ -360,6 +376,72 @@ def test_a_candidate_clearly_behind_stops_early_and_a_close_race_is_still_confir
     leader_step_s = 64 / 200  # 64 samples a step at bf16/off's 200 samples/s
     assert stopped and stopped[0].stop_above_step_s is not None
     assert stopped[0].stop_above_step_s < 2 * leader_step_s
+
+
+SLOW = SearchSettings(num_timed_steps=10, min_timed_s=0.0)
+"""Slow steps (no minimum window to fill): the spread alone decides how long a run times."""
+
+
+def test_a_quiet_device_ranks_each_candidate_in_a_few_steps_and_times_the_close_race_in_full(
+        ) -> None:
+    device = ScriptedDevice(by_class(100, 150, 160, 200, 300, 306))
+    outcome, records = search(device, SLOW)
+    first_runs = {}
+    for spec in device.specs:
+        if spec.num_timed_steps:
+            first_runs.setdefault(f"{spec.precision}/{spec.compile_mode}/{spec.micro_batch}", spec)
+    # Every first timing asked for the rank precision; a steady step is known after 3 steps.
+    assert {s.timing_precision for s in first_runs.values()} == {SLOW.rank_precision}
+    ranked = [r for r in records.values() if r.num_runs == 1 and r.verdict == "ok"]
+    assert ranked and all(r.num_timed_steps == MIN_STEPS_TO_STOP for r in ranked)
+    # The two within 2% are re-measured with every step (no precision stop), and stay "ok".
+    confirm = [s for s in device.specs if s.num_timed_steps and s.timing_precision is None]
+    assert sorted(f"{s.precision}/{s.compile_mode}/{s.micro_batch}" for s in confirm) == [
+        "bf16/default/32", "bf16/max-autotune/32"]
+    assert all(s.stop_above_step_s is None for s in confirm)
+    assert records["bf16/max-autotune/32"].num_runs == 2
+    assert records["bf16/max-autotune/32"].verdict == "ok"
+    # The cost says where the time went: timed steps are the runs' own step times.
+    assert outcome.cost is not None and outcome.cost.num_runs == len(device.specs)
+    assert outcome.cost.timed_s == pytest.approx(sum(r.timed_s or 0 for r in outcome.records))
+
+
+def test_a_noisy_device_times_longer_before_it_ranks() -> None:
+    quiet = ScriptedDevice(by_class(100, 150, 160, 200, 300, 200))
+    search(quiet, SLOW)
+    noisy = ScriptedDevice(by_class(100, 150, 160, 200, 300, 200),
+                           jitter=(0.0, 0.3, -0.2, 0.25, -0.15))
+    search(noisy, SLOW)
+
+    assert sum(noisy.timed_steps) > sum(quiet.timed_steps)
+    assert max(noisy.timed_steps) == SLOW.num_timed_steps
+
+
+def test_the_pick_says_by_how_much_it_leads_and_how_sure_that_is() -> None:
+    # bf16/default leads bf16/off by 50% on a steady device: clearly ahead.
+    device = ScriptedDevice(by_class(100, 150, 150, 200, 300, 300),
+                            jitter=(0.0, 0.02, -0.02))
+    outcome, _ = search(device, replace(SLOW, refine_within=0.0))
+    config = tuned_config(plan(), outcome, SLOW)
+    assert "ahead of the runner-up" in config.reason
+    gap = re.search(r"by (\d+)% \+- (\d+)% \((.*?)\)", config.reason)
+    assert gap is not None, config.reason
+    assert gap.group(3) == ("beyond the noise" if int(gap.group(1)) > int(gap.group(2))
+                            else "within the noise: either would do")
+
+
+def test_a_setting_near_the_leader_times_its_smallest_micro_batch_only_if_it_could_win(
+        ) -> None:
+    # bf16/default (not the leader's setting, within 0.9 of it) walks 32 -> 16, slower by the
+    # per-micro-batch overhead; the line through them predicts 1 slower still: not timed, said.
+    device = ScriptedDevice(by_class(100, 150, 160, 200, 300, 320),
+                            shape=lambda m: m / (m + 2) / (32 / 34))
+    outcome, records = search(device, replace(SLOW, micro_batches_per_class=3))
+    assert "bf16/default/16" in records and "bf16/default/1" not in records
+    reason = next(s for s in outcome.skipped if s.startswith("bf16/default: micro-batch 1 not"))
+    assert "predicted" in reason and "line through micro-batches 16, 32" in reason
+    # The leader's own setting is timed at its smallest anyway: the pick is decided there.
+    assert "bf16/max-autotune/1" in records
 
 
 # ----------------------------------------------------------------------------------------------

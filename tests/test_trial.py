@@ -10,9 +10,12 @@ import pytest
 import torch
 from torch import nn
 
+from autotune.config import TrialResult, TrialSpec, WorkloadSpec
 from autotune.errors import WorkloadError
-from autotune.trial import classify_exception, is_out_of_memory, train_step
+from autotune.timing import MIN_STEPS_TO_STOP
+from autotune.trial import classify_exception, is_out_of_memory, run_trial, train_step
 from autotune.workload import Workload, check_loss, check_model, user_traceback
+from tests.conftest import workload_target
 from tests.workloads import WideMLP, _batch
 
 
@@ -155,3 +158,48 @@ def test_is_not_out_of_memory(exc: BaseException) -> None:
     assert classify_exception(exc) != "oom"
 
 
+
+
+# ----------------------------------------------------------------------------------------------
+# How long a real run times (in this process, uncapped: run_trial without a child).
+
+
+def _timed(**fields: Any) -> TrialResult:
+    spec = TrialSpec(workload=WorkloadSpec(kind="file", target=workload_target("tiny")),
+                     device="cpu", micro_batch=2, **{"accumulate_steps": 2, **fields})
+    result = run_trial(spec)
+    assert result.status == "ok", result.message
+    return result
+
+
+def test_a_run_times_until_its_median_is_known_then_stops() -> None:
+    # Any spread is within a precision of 1000%: three steps, the fewest a spread needs.
+    precise = _timed(num_timed_steps=50, timing_precision=10.0)
+    assert (len(precise.step_times_s), precise.timing_stop) == (MIN_STEPS_TO_STOP, "precise")
+    # No precision asked: every step.
+    full = _timed(num_timed_steps=5)
+    assert (len(full.step_times_s), full.timing_stop) == (5, "steps")
+    # Behind a leader whose steps took no time at all: three steps, then stopped.
+    behind = _timed(num_timed_steps=50, stop_above_step_s=1e-9)
+    assert (len(behind.step_times_s), behind.timing_stop) == (MIN_STEPS_TO_STOP, "behind")
+    # A memory probe times nothing.
+    probe = _timed(num_timed_steps=0)
+    assert probe.step_times_s == () and probe.timing_stop == ""
+
+
+def test_each_step_is_split_into_its_micro_batches_and_its_update() -> None:
+    result = _timed(num_timed_steps=4, accumulate_steps=3)
+    assert len(result.update_times_s) == len(result.step_times_s) == 4
+    assert all(0 < u < t for u, t in zip(result.update_times_s, result.step_times_s,
+                                         strict=True))
+
+
+def test_a_probe_warms_up_on_two_micro_batches_and_times_the_configs_accumulation() -> None:
+    # FLOPs are counted on the first warm-up step and scaled to the timed step's micro-batches:
+    # a warm-up of 2 then steps of 6 counts what a warm-up of 6 does.
+    short = _timed(num_timed_steps=2, accumulate_steps=6, warmup_accumulate_steps=2,
+                   count_flops=True)
+    full = _timed(num_timed_steps=2, accumulate_steps=6, count_flops=True)
+    assert short.flops_per_step and short.flops_per_step == full.flops_per_step
+    assert short.samples_per_step == full.samples_per_step == 2 * 6
+    assert short.num_optimizer_steps == full.num_optimizer_steps == 2 + 2

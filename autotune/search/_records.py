@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
@@ -16,7 +17,8 @@ from autotune.config import (
 )
 from autotune.device import backend_for
 from autotune.errors import NoFeasibleConfigError, WorkloadError
-from autotune.schema import MemoryRecord, TrialRecord, TunedConfig
+from autotune.schema import MemoryRecord, SearchCost, TrialRecord, TunedConfig
+from autotune.timing import lead
 
 # Numerics guard: allowed relative distance of the first loss from fp32 eager's, per precision.
 LOSS_TOLERANCE = {"fp32": 0.01, "tf32": 0.01, "bf16": 0.05, "fp16": 0.05}
@@ -51,6 +53,11 @@ class SearchSettings:
     """How to search (everything but the workload, device and memory)."""
 
     num_timed_steps: int = 10
+    """Most timed steps of a run; a re-measurement of the contenders times all of them."""
+    rank_precision: float | None = 0.05
+    """A first timing stops once its median step time is known within this share (the 95%
+    interval's half-width, at least 3 steps): enough to rank it, while the contenders are
+    re-measured in full (``num_confirm``). None: every run times ``num_timed_steps``."""
     min_timed_s: float = 1.0
     """Each trial times at least this many seconds (more steps than ``num_timed_steps`` when
     they are fast): the median of a 0.3 s window moved by 30% between runs on a shared CPU."""
@@ -100,6 +107,7 @@ class SearchOutcome:
     stop_reason: str
     num_runs: int = 0
     """Child processes this search started (stored results it reused not counted)."""
+    cost: SearchCost | None = None
 
 
 def objective(result: TrialResult, settings: SearchSettings) -> float | None:
@@ -146,7 +154,7 @@ def classify(candidate: Candidate, result: TrialResult, results: dict[Candidate,
                 verdict = "numerics"
                 reason = (f"first loss {result.first_loss:.4g} is {distance:.1%} from fp32 "
                           f"eager's {ref:.4g} on the same batches (allowed {tol:.0%})")
-        if verdict == "ok" and len(result.step_times_s) < settings.num_timed_steps:
+        if verdict == "ok" and _stopped_behind(result, settings):
             verdict = "slower"
             reason = (f"stopped after {len(result.step_times_s)} timed steps: clearly behind "
                       "the leader (its fastest step slower than the leader's median beyond the "
@@ -162,7 +170,9 @@ def classify(candidate: Candidate, result: TrialResult, results: dict[Candidate,
         accumulate_steps=per_device // candidate.micro_batch, knobs=candidate.knobs,
         verdict=verdict, reason=reason,  # type: ignore[arg-type]
         is_baseline=candidate == baseline, median_step_s=result.median_step_s(),
-        spread=result.spread(), num_timed_steps=len(result.step_times_s), samples_per_s=sps,
+        spread=result.spread(), halfwidth=result.halfwidth(),
+        update_s=statistics.median(result.update_times_s) if result.update_times_s else None,
+        num_timed_steps=len(result.step_times_s), samples_per_s=sps,
         tokens_per_s=tokens, peak_bytes=result.peak_bytes, compile_s=result.compile_s,
         first_loss=result.first_loss, num_skipped_steps=result.num_skipped_steps,
         num_graphs=result.num_graphs, num_graph_breaks=result.num_graph_breaks,
@@ -174,6 +184,14 @@ def classify(candidate: Candidate, result: TrialResult, results: dict[Candidate,
         wall_s=result.wall_s,
     )
     return record, value
+
+
+def _stopped_behind(result: TrialResult, settings: SearchSettings) -> bool:
+    """The run stopped timing because it was behind the leader or out of time, not because it
+    had measured enough (a stored run without the reason: fewer steps than asked)."""
+    if result.timing_stop:
+        return result.timing_stop in ("behind", "time_limit")
+    return len(result.step_times_s) < settings.num_timed_steps
 
 
 def keep_better(first: TrialResult, again: TrialResult) -> TrialResult:
@@ -267,6 +285,7 @@ def tuned_config(report: ProbeReport, outcome: SearchOutcome,
         break_even_steps=break_even_steps(winner, baseline),
         reason=_why(winner, baseline, records), trials=records,
         skipped=report.skipped + outcome.skipped, interrupted=outcome.interrupted,
+        cost=outcome.cost,
     )
 
 
@@ -287,7 +306,16 @@ def _why(winner: TrialRecord, baseline: TrialRecord, records: tuple[TrialRecord,
         if winner.speedup - 1 < noise:
             text += f", within the measured noise ({noise:.0%} spread)"
     others = [r for r in records if r.verdict == "ok" and r.samples_per_s]
-    if others:
-        runner_up = max(others, key=lambda r: r.samples_per_s or 0.0)
+    if not others or not winner.samples_per_s:
+        return text
+    runner_up = max(others, key=lambda r: r.samples_per_s or 0.0)
+    if winner.time_to_train_s is not None:  # the objective is not samples/s: no lead in it
         text += f"; runner-up {runner_up.label()} ({runner_up.reason})"
+    else:
+        ahead = lead(winner.samples_per_s, winner.halfwidth, runner_up.samples_per_s or 0.0,
+                     runner_up.halfwidth)
+        sure = ("beyond the noise" if ahead.is_clear else "within the noise: either would do"
+                if ahead.halfwidth is not None else "")
+        text += (f"; ahead of the runner-up {runner_up.label()} by {ahead.describe()}"
+                 f"{f' ({sure})' if sure else ''}")
     return text

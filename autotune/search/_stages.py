@@ -23,6 +23,9 @@ What is not tried is said, with the measured reason, in the outcome's ``skipped`
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -39,7 +42,7 @@ from autotune.config import (
 from autotune.knobs import BASELINE, KNOBS, skip_reason
 from autotune.memory import OnStep, hint_for, probe_memory, probe_spec
 from autotune.runner import run_isolated
-from autotune.schema import TrialRecord
+from autotune.schema import SearchCost, TrialRecord
 from autotune.search._records import (
     Candidate,
     SearchOutcome,
@@ -57,6 +60,7 @@ from autotune.search._study import (
     tell,
 )
 from autotune.space import divisors
+from autotune.timing import predict_step_s
 
 Runner = Callable[[TrialSpec], TrialResult]
 OnTrial = Callable[[int, str, Candidate, TrialRecord | None], None]
@@ -105,6 +109,14 @@ def run_search(report: ProbeReport, classes: Sequence[Knobs], settings: SearchSe
     return search.outcome(interrupted, stop_reason)
 
 
+def _split(result: TrialResult, accumulate: int) -> tuple[float, float]:
+    """(seconds per micro-batch, seconds per update) of a timed run's median step; the whole
+    step counts as micro-batches when the run did not time its update apart (a stored run)."""
+    step_s = result.median_step_s() or 0.0
+    update_s = statistics.median(result.update_times_s) if result.update_times_s else 0.0
+    return (step_s - update_s) / accumulate, update_s
+
+
 def interrupt_name(exc: BaseException) -> str:
     """``Ctrl-C``, or the signal that ended the search (e.g. ``SIGTERM``)."""
     name = getattr(exc, "signal_name", None)
@@ -140,6 +152,9 @@ class _Search:
         self.runs: dict[Candidate, int] = {k: n for k, n in runs.items() if k in self.results}
         """Runs of each candidate (2 once re-measured), stored ones included."""
         self.num_runs = 0
+        self.cost = {"child_s": 0.0, "compile_s": 0.0, "timed_s": 0.0}
+        self.timed_s: dict[Candidate, float] = {}
+        """Seconds of timed steps per candidate, over its runs in this search."""
         self.stage = "probe"
         self.start = time.perf_counter()
 
@@ -317,18 +332,57 @@ class _Search:
 
     def _time_the_other_end(self, knobs: Knobs, smallest: int, num_timed: int) -> bool:
         """A walk down stopped at a micro-batch that was not faster: time the smallest that fits
-        too, once, for a setting near the leader (speed is not always monotone in the
-        micro-batch: on a CPU a small one can stay in cache, and one noisy middle point must
-        not hide the range's other end). False when it is not worth a run (the setting is
-        behind the leader by more than ``--refine-within``, or ``--micro-batches`` allows no
-        more)."""
+        too, once, for the leader's setting, and for a setting near the leader where the line
+        through its timed micro-batches predicts the smallest could win (speed is not always
+        monotone in the micro-batch: on a CPU a small one can stay in cache, and one noisy
+        middle point must not hide the range's other end). False when it is not worth a run
+        (the setting is behind the leader by more than ``--refine-within``, predicted to lose,
+        or ``--micro-batches`` allows no more)."""
         per_class = self.settings.micro_batches_per_class
         share = self._share(self._class_best(knobs))
         if (share is None or share < self.settings.refine_within
                 or (per_class and num_timed >= per_class)):
             return False
+        why_not = (None if knobs == self._leaders_setting()
+                   else self._predicted_to_lose(knobs, smallest))
+        if why_not:  # the leader's own setting is timed anyway: the pick is decided there
+            self.skipped.append(why_not)
+            return False
         self.measure(self.spec(Candidate(knobs=knobs, micro_batch=smallest)))
         return True
+
+    def _leaders_setting(self) -> Knobs | None:
+        """The probed setting the leader is, or was screened from (the most alike: further
+        knobs timed at its micro-batch share its probe)."""
+        leader = self._leader()
+        if leader is None or not self.probes:
+            return None
+        return max(self.probes, key=lambda k: sum(
+            getattr(k, f.name) == getattr(leader.knobs, f.name) for f in dataclasses.fields(k)))
+
+    def _predicted_to_lose(self, knobs: Knobs, micro_batch: int) -> str | None:
+        """Why a micro-batch of a setting cannot beat the setting's best, predicted from its
+        timed micro-batches (``timing.predict_step_s``: per micro-batch time linear in its
+        size, plus one update per step), if it cannot: its predicted throughput is below the
+        best's by more than the noise. None when it could win, or nothing predicts it."""
+        timed = {m: r for m in self.micro_batches if (r := self.results.get(
+            Candidate(knobs=knobs, micro_batch=m))) is not None and r.ok and r.step_times_s}
+        points = [(m, *_split(r, self.per_device // m)) for m, r in timed.items()]
+        step_s = predict_step_s(points, micro_batch, self.per_device)
+        best = max(timed, key=lambda m: self._score(Candidate(knobs=knobs, micro_batch=m)) or 0)
+        best_sps = self.results[Candidate(knobs=knobs, micro_batch=best)].samples_per_s()
+        if step_s is None or not best_sps or self.settings.train_steps:
+            return None
+        predicted = self.per_device / step_s
+        noise = self._noise(*(Candidate(knobs=knobs, micro_batch=m) for m in timed))
+        if predicted >= best_sps * (1 - noise):
+            return None
+        sizes = ", ".join(str(m) for m in sorted(timed))
+        return (f"{knobs.label()}: micro-batch {micro_batch} not timed: predicted "
+                f"{predicted:,.1f} samples/s from the line through micro-batches {sizes} "
+                f"(time per micro-batch linear in its size, plus one update per step), "
+                f"{predicted / best_sps:.2f}x micro-batch {best}'s: behind by more than the "
+                f"noise ({noise:.0%})")
 
     def _why_not_smaller(self, knobs: Knobs, fitting: list[int]) -> str | None:
         """Why a compiled class's smaller micro-batches are not worth their compiles, if not.
@@ -370,7 +424,8 @@ class _Search:
 
     def _contenders(self) -> list[Candidate]:
         """The leader and up to ``num_confirm`` candidates whose gap to it is within the noise
-        (``confirm_within`` or either run's spread); says why when there are none."""
+        (``confirm_within``, or the interval of the two runs' ratio); says why when there are
+        none."""
         if self.settings.num_confirm <= 0:
             return []
         ranked = sorted((k for k in self.results if self._score(k, full=True) is not None),
@@ -389,8 +444,9 @@ class _Search:
             share = (self._score(runner_up, full=True) or 0.0) / top
             self.skipped.append(
                 f"no re-measurement: the runner-up ({runner_up.key()}) is {share:.2f}x the "
-                f"leader ({leader.key()}), a gap wider than the noise measured (spread up to "
-                f"{noise(runner_up):.0%}, --confirm-within {self.settings.confirm_within:g})")
+                f"leader ({leader.key()}), a gap wider than the noise measured "
+                f"({noise(runner_up):.0%}: 95% interval of the ratio, at least --confirm-within "
+                f"{self.settings.confirm_within:g})")
         return [leader, *close[:self.settings.num_confirm]]
 
     # -- one run ---------------------------------------------------------------------------
@@ -411,8 +467,11 @@ class _Search:
                           num_timed_steps=self.settings.num_timed_steps,
                           count_flops=is_base_class)
         spec = replace(spec, min_timed_s=self.settings.min_timed_s)
+        if not early_stop:  # a re-measurement of a contender: every step, in full
+            return spec
+        spec = replace(spec, timing_precision=self.settings.rank_precision)
         medians = [r.median_step_s() for r in self.results.values() if r.ok and r.median_step_s()]
-        if not early_stop or is_base_class or not medians:
+        if is_base_class or not medians:
             return spec
         best_s = min(m for m in medians if m is not None)
         best_window_s = max(best_s * self.settings.num_timed_steps, self.settings.min_timed_s)
@@ -423,11 +482,12 @@ class _Search:
 
     def _stop_margin(self) -> float:
         """How much slower than the leader's median a candidate's fastest steps must be to
-        stop timing it: ``stop_margin``, or the leader's own step-time spread when wider (a
-        noisy leader's median says less), at most ``slower_factor``."""
+        stop timing it: ``stop_margin`` (the run-to-run noise of a machine), or the width of
+        the leader's own interval when wider (a noisy leader's median says less), at most
+        ``slower_factor``."""
         leader = self._leader()
-        spread = (self.results[leader].spread() or 0.0) if leader is not None else 0.0
-        return min(max(self.settings.stop_margin, spread), self.settings.slower_factor - 1)
+        width = (self.results[leader].halfwidth() or 0.0) if leader is not None else 0.0
+        return min(max(self.settings.stop_margin, width), self.settings.slower_factor - 1)
 
     def measure(self, spec: TrialSpec) -> TrialResult:
         """Run a spec in a child (or reuse the study's result for it) and record it."""
@@ -472,6 +532,12 @@ class _Search:
         candidate: it ends the search (its Optuna trial fails) instead of being recorded."""
         result = self._run(spec)
         self.num_runs += 1
+        timed_s = sum(result.step_times_s)
+        self.cost["child_s"] += result.wall_s or 0.0
+        self.cost["compile_s"] += (result.compile_s or 0.0) if spec.compile_mode != "off" else 0.0
+        self.cost["timed_s"] += timed_s
+        key = Candidate.of(spec)
+        self.timed_s[key] = self.timed_s.get(key, 0.0) + timed_s
         if result.status == "timeout" and spec.timeout_s < self.settings.timeout_s:
             raise _Stop(f"--time-budget reached during a run of {Candidate.of(spec).key()} "
                         "(stopped): best so far")
@@ -482,13 +548,15 @@ class _Search:
             self.baseline = self._known_baseline()
         records = tuple(
             replace(classify(k, r, self.results, self.baseline, self.report,
-                             self.settings)[0], number=i, num_runs=self.runs.get(k, 1))
+                             self.settings)[0], number=i, num_runs=self.runs.get(k, 1),
+                    timed_s=self.timed_s.get(k) or None)
             for i, (k, r) in enumerate(self.results.items()))
         return SearchOutcome(records=records, results=self.results, baseline=self.baseline,
                              probes=tuple(self.probes.values()),
                              skipped=tuple(dict.fromkeys(self.skipped)),
                              interrupted=interrupted, stop_reason=stop_reason,
-                             num_runs=self.num_runs)
+                             num_runs=self.num_runs,
+                             cost=SearchCost(num_runs=self.num_runs, **self.cost))
 
     def _known_baseline(self) -> Candidate | None:
         """fp32 eager at the largest micro-batch timed so far that fits: the baseline of a
@@ -523,10 +591,11 @@ class _Search:
                 f"{self.settings.refine_within:.2f} that refinement needs (--refine-within)")
 
     def _noise(self, *keys: Candidate) -> float:
-        """Relative gap two runs need before it counts: ``confirm_within``, or the larger
-        step-time spread (p90 - p10 over the median) the runs measured."""
-        spreads = [r.spread() or 0.0 for k in keys if (r := self.results.get(k)) is not None]
-        return max(self.settings.confirm_within, *spreads)
+        """Relative gap two runs need before it counts: ``confirm_within`` (the run-to-run
+        noise of a machine), or the 95% interval of the runs' ratio when wider (their medians'
+        half-widths in quadrature: a short or noisy timing says less)."""
+        widths = [r.halfwidth() or 0.0 for k in keys if (r := self.results.get(k)) is not None]
+        return max(self.settings.confirm_within, math.hypot(*widths))
 
     def _score(self, key: Candidate, *, full: bool = False) -> float | None:
         """Larger-is-better objective of a run that counts (``full``: all timed steps ran)."""
