@@ -281,6 +281,10 @@ class TrialResult:
     num_graphs: int | None = None
     """Dynamo graphs compiled (None when eager). Zero means the trial silently ran eager."""
     num_graph_breaks: int | None = None
+    compile_cache_hits: int | None = None
+    """Compiled: artifacts loaded from inductor's on-disk caches (AOT autograd's, FX graphs'):
+    a graph another child compiled before is not compiled again."""
+    compile_cache_misses: int | None = None
     flops_per_step: int | None = None
     """Model FLOPs of one optimizer step (forward and backward of every micro-batch, counted
     by ``torch.utils.flop_counter``), when the spec asked for them."""

@@ -156,13 +156,20 @@ class SearchCost:
     """Wall time of the child runs, start-up included."""
     compile_s: Float
     """Of that, compiling (the compiled runs' warm-up beyond the same steps once compiled)."""
+    num_compiled_runs: Count = 0
+    num_cached_compiles: Count = 0
+    """Compiled runs whose graphs all came from inductor's on-disk caches (compiled before,
+    by another child of the same setting and micro-batch, or an earlier search)."""
     timed_s: Float
     """Of that, timed steps."""
 
     def describe(self) -> str:
-        """``12 child runs, 310 s (compile 95 s, timed steps 120 s)``."""
+        """``12 child runs, 310 s (compile 95 s, timed steps 120 s; 2 of 6 compiled runs
+        reused inductor's cache)``."""
+        cached = (f"; {self.num_cached_compiles} of {self.num_compiled_runs} compiled runs "
+                  "reused inductor's cache" if self.num_compiled_runs else "")
         return (f"{self.num_runs} child runs, {self.child_s:,.0f} s (compile "
-                f"{self.compile_s:,.0f} s, timed steps {self.timed_s:,.0f} s)")
+                f"{self.compile_s:,.0f} s, timed steps {self.timed_s:,.0f} s{cached})")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -401,3 +401,16 @@ def test_compile_threads_do_not_count_as_training_memory() -> None:
         assert result.status == "ok", result.message
         peaks[threads] = result.peak_bytes or 0
     assert abs(peaks["2"] - peaks["1"]) < 4 * MIB, peaks
+
+
+@pytest.mark.slow
+def test_a_compile_is_paid_once_the_next_child_of_the_same_graphs_loads_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # a cold cache
+    spec = _spec("tiny", 2, knobs=Knobs(compile_mode="default"), num_timed_steps=3)
+    first, again = run_isolated(spec), run_isolated(spec)
+    assert first.status == again.status == "ok", (first.message, again.message)
+    assert first.compile_cache_misses and not first.compile_cache_hits  # compiled here
+    assert again.compile_cache_hits and not again.compile_cache_misses  # loaded, not compiled
+    eager = run_isolated(_spec("tiny", 2, num_timed_steps=3))
+    assert eager.compile_cache_hits is None  # nothing compiled, nothing to count

@@ -152,7 +152,9 @@ class _Search:
         self.runs: dict[Candidate, int] = {k: n for k, n in runs.items() if k in self.results}
         """Runs of each candidate (2 once re-measured), stored ones included."""
         self.num_runs = 0
-        self.cost = {"child_s": 0.0, "compile_s": 0.0, "timed_s": 0.0}
+        self.cost: dict[str, float] = {"child_s": 0.0, "compile_s": 0.0, "timed_s": 0.0}
+        self.compiles = [0, 0]
+        """Compiled runs, and those whose graphs all came from inductor's on-disk cache."""
         self.timed_s: dict[Candidate, float] = {}
         """Seconds of timed steps per candidate, over its runs in this search."""
         self.stage = "probe"
@@ -536,6 +538,10 @@ class _Search:
         self.cost["child_s"] += result.wall_s or 0.0
         self.cost["compile_s"] += (result.compile_s or 0.0) if spec.compile_mode != "off" else 0.0
         self.cost["timed_s"] += timed_s
+        if result.compile_cache_hits is not None:
+            self.compiles[0] += 1
+            self.compiles[1] += bool(result.compile_cache_hits
+                                     and not result.compile_cache_misses)
         key = Candidate.of(spec)
         self.timed_s[key] = self.timed_s.get(key, 0.0) + timed_s
         if result.status == "timeout" and spec.timeout_s < self.settings.timeout_s:
@@ -556,7 +562,9 @@ class _Search:
                              skipped=tuple(dict.fromkeys(self.skipped)),
                              interrupted=interrupted, stop_reason=stop_reason,
                              num_runs=self.num_runs,
-                             cost=SearchCost(num_runs=self.num_runs, **self.cost))
+                             cost=SearchCost(num_runs=self.num_runs, **self.cost,
+                                             num_compiled_runs=self.compiles[0],
+                                             num_cached_compiles=self.compiles[1]))
 
     def _known_baseline(self) -> Candidate | None:
         """fp32 eager at the largest micro-batch timed so far that fits: the baseline of a
