@@ -11,7 +11,8 @@ a few steps of a quiet machine are enough; a noisy one keeps timing until its me
 or the step limit is reached.
 
 ``lead`` says how far the winner is ahead of the runner-up, with the interval of that ratio
-(the two runs' relative half-widths added in quadrature), for the report's "ahead by 9% +- 4%".
+(the two runs' relative half-widths added in quadrature), for the report's "ahead by 9.0% +-
+3.9%".
 
 ``predict_step_s`` is the model of what grows with the micro-batch: an optimizer step is k
 micro-batches plus one update, and a micro-batch's time is about linear in its size, so two
@@ -113,10 +114,12 @@ class Lead:
         return self.halfwidth is not None and self.gap > self.halfwidth
 
     def describe(self) -> str:
-        """``9% +- 4%``, or ``9% (spread not measured)``."""
+        """``9.0% +- 3.9%``, ``35% +- 12%``, or ``9.0% (spread not measured)``: a tenth of a
+        percent below 10%, so a gap and a width that differ never read alike."""
+        digits = 1 if abs(self.gap) < 0.1 or (self.halfwidth or 0.0) < 0.1 else 0
         if self.halfwidth is None:
-            return f"{self.gap:.0%} (spread not measured)"
-        return f"{self.gap:.0%} +- {self.halfwidth:.0%}"
+            return f"{self.gap:.{digits}%} (spread not measured)"
+        return f"{self.gap:.{digits}%} +- {self.halfwidth:.{digits}%}"
 
 
 def lead(winner_speed: float, winner_halfwidth: float | None, other_speed: float,

@@ -35,6 +35,10 @@ cap: fp32/off ok 35.0 MiB at 4, oom at 8; fp32/off+ckpt=blocks ok 34.7 MiB at 16
 fp32/off+ckpt=alternate ok 39.3 MiB at 8. A step of 16 samples took 0.20-0.24 s (fp32 eager,
 with or without checkpointing) when the machine was quiet.
 
+``slow_gpt2``, ``slow_bert`` and ``slow_cnn`` are for ``--target 64``: under their caps fp32
+eager fits micro-batch 8 (bf16 eager 8, 8 and 16; checkpointing every block 16) and one step of
+64 samples took 2.6-3.4 s on the quiet machine (figures beside the caps in workloads.py).
+
 Run: ``python benchmarks/search_quality.py [--workloads deep_gpt,gpt2,cnn] [--target 16]
 [--passes 2] [--space full|lean] [--min-micro-batch 1]``; writes
 ``benchmarks/results/search_quality_knobs.{json,md}``. ``--render NAME`` re-renders a results
@@ -44,6 +48,7 @@ file, the older precision x compile-mode ones (``search_quality.json``, target 6
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -64,7 +69,12 @@ from oracle import (
     run_oracle,
     write_results,
 )
-from workloads import DEEP_GPT_CAP_BYTES
+from workloads import (
+    DEEP_GPT_CAP_BYTES,
+    SLOW_BERT_CAP_BYTES,
+    SLOW_CNN_CAP_BYTES,
+    SLOW_GPT2_CAP_BYTES,
+)
 
 from autotune import api
 from autotune.config import (
@@ -78,7 +88,7 @@ from autotune.config import (
 )
 from autotune.knobs import BASELINE, skip_reason
 from autotune.runner import run_isolated
-from autotune.schema import SearchResult
+from autotune.schema import SearchResult, TrialRecord
 from autotune.search import Candidate
 from autotune.space import divisors, knob_values, memory_classes, timed_precisions
 
@@ -86,6 +96,7 @@ TARGET = 16
 HEADROOM = 0.1
 TRAIN_STEPS = 1000  # for the end-to-end time, compile included
 NAME = "search_quality_knobs"
+BELOW = 0.8  # timed seconds on candidates that ended below this share of the winner
 
 
 @dataclass(frozen=True)
@@ -107,6 +118,13 @@ WORKLOADS = (  # the checkpointing workload first: under its cap compiled settin
     Bench("gpt2", "causal LM (GPT-2, 2x64, seq 64)", "pick_gpt2", 1024 * MIB),
     Bench("cnn", "CNN (3 conv blocks, 32x32)", "pick_cnn", 1024 * MIB),
     Bench("bert", "masked LM (BERT, 2x64, seq 64)", "pick_bert", 1024 * MIB),
+    # slow steps (>= 2 s per step of 64 samples, fp32 eager): for --target 64
+    Bench("slow_gpt2", "causal LM (GPT-2, 4x256, seq 128): memory binds, >= 2 s steps",
+          "slow_gpt2", SLOW_GPT2_CAP_BYTES),
+    Bench("slow_bert", "masked LM (BERT, 4x256, seq 128): memory binds, >= 2 s steps",
+          "slow_bert", SLOW_BERT_CAP_BYTES),
+    Bench("slow_cnn", "CNN (4 conv blocks, 128x128): memory binds, >= 2 s steps",
+          "slow_cnn", SLOW_CNN_CAP_BYTES),
 )
 BY_SHORT = {b.short: b for b in WORKLOADS}
 DEFAULT_WORKLOADS = ("deep_gpt", "gpt2", "cnn")
@@ -311,7 +329,12 @@ def bench_workload(bench: Bench, info: DeviceInfo, *, target: int, passes: int, 
             "max_micro_batch": cfg.memory.max_micro_batch, "skipped": cfg.skipped,
             "trials": [{"label": t.label(), "verdict": t.verdict,
                         "samples_per_s": t.samples_per_s, "wall_s": t.wall_s,
-                        "num_runs": t.num_runs} for t in cfg.trials],
+                        "num_runs": t.num_runs, "timed_s": t.timed_s,
+                        "num_timed_steps": t.num_timed_steps, "halfwidth": t.halfwidth,
+                        "compile_s": t.compile_s} for t in cfg.trials],
+            "cost": dataclasses.asdict(cfg.cost) if cfg.cost else None,
+            "timed_below_s": timed_below(cfg.trials, cfg.samples_per_s),
+            "reason": cfg.reason,
         },
         "space": {"mode": "lean" if lean else "full", "passes": passes,
                   "micro_batches": sorted({m for mbs in space.values() for m in mbs}),
@@ -344,6 +367,16 @@ def bench_workload(bench: Bench, info: DeviceInfo, *, target: int, passes: int, 
     }
 
 
+def timed_below(trials: Sequence[TrialRecord], winner_sps: float | None,
+                share: float = BELOW) -> float:
+    """Seconds of timed steps the search spent on candidates that ended below ``share`` of the
+    winner's samples/s (by the search's own figures): time the measurement could have saved."""
+    if not winner_sps:
+        return 0.0
+    return sum(t.timed_s or 0.0 for t in trials
+               if t.samples_per_s is not None and t.samples_per_s < share * winner_sps)
+
+
 def first_pass_s(row: dict) -> float:
     """The oracle's first pass: every candidate's first run (child wall time)."""
     return sum(c["wall_s"][0] or 0.0 for c in row["oracle"]["candidates"] if c["wall_s"])
@@ -356,6 +389,24 @@ def _f(value: float | None, spec: str = ".2f", suffix: str = "") -> str:
 def render(out: dict) -> str:
     """The markdown of a results file (this benchmark's, or the older precision x compile one)."""
     return render_knobs(out) if out.get("schema") == "knobs" else render_v1(out)
+
+
+def cost_table(out: dict) -> list[str]:
+    """Where each search's time went, from its own cost record."""
+    lines = [
+        "Where the search's time went (its own cost record): child runs' wall time, of it "
+        "compiling and timed steps, and the timed seconds spent on candidates that ended "
+        f"below {BELOW}x the winner's samples/s.", "",
+        "| workload | child runs | child s | compile s (cached / compiled runs) | timed s "
+        f"| timed s below {BELOW}x |", "|---|---:|---:|---:|---:|---:|"]
+    for r in out["rows"]:
+        c = r["search"].get("cost")
+        if c:
+            lines.append(
+                f"| {r['workload']} | {c['num_runs']} | {c['child_s']:.0f} | "
+                f"{c['compile_s']:.0f} ({c['num_cached_compiles']} / {c['num_compiled_runs']}) "
+                f"| {c['timed_s']:.0f} | {r['search']['timed_below_s']:.0f} |")
+    return [*lines, ""]
 
 
 def render_knobs(out: dict) -> str:
@@ -402,8 +453,10 @@ def render_knobs(out: dict) -> str:
             f"{r['naive']['key']} ({_f(r['naive']['samples_per_s'], '.0f')}/s) | "
             f"{_f(r['speedup_vs_naive'], '.2f', 'x')} |")
     lines += ["", "Targets (DESIGN.md section 9): pick quality >= 0.97 in each oracle pass, "
-              "search cost <= 0.10 of one exhaustive pass.", "",
-              "Pick quality of the tuned config in each oracle pass alone"
+              "search cost <= 0.10 of one exhaustive pass.", ""]
+    if any(r["search"].get("cost") for r in out["rows"]):  # results before issue 18 lack it
+        lines += cost_table(out)
+    lines += ["Pick quality of the tuned config in each oracle pass alone"
               + (", and the oracle's own pick judged by its other pass (its pass-1 winner's "
                  "throughput in pass 2 over pass 2's best, and the reverse): an exhaustive "
                  "search that times each candidate once is only as good as that" if passes > 1
@@ -450,13 +503,24 @@ def render_knobs(out: dict) -> str:
         f"{r['search']['tuned']}: {r['tuned_rerun']['status']}" for r in out["rows"]) + ".", "",
         "## What the search did", ""]
     for r in out["rows"]:
-        lines += [f"### {r['workload']}", "", "| trial | verdict | samples/s | runs | wall s |",
-                  "|---|---|---:|---:|---:|"]
-        lines += [f"| {t['label']} | {t['verdict']} | {_f(t['samples_per_s'], '.0f')} | "
-                  f"{t.get('num_runs', 1)} | {_f(t['wall_s'], '.0f')} |"
-                  for t in r["search"]["trials"]]
+        lines += [f"### {r['workload']}", ""]
+        if all("timed_s" in t for t in r["search"]["trials"]):
+            lines += ["| trial | verdict | samples/s | ± | runs | timed steps | timed s | "
+                      "compile s | wall s |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+            lines += [f"| {t['label']} | {t['verdict']} | {_f(t['samples_per_s'], '.0f')} | "
+                      f"{_f(t['halfwidth'], '.0%')} | {t['num_runs']} | "
+                      f"{t['num_timed_steps']} | {_f(t['timed_s'], '.0f')} | "
+                      f"{_f(t['compile_s'], '.0f')} | {_f(t['wall_s'], '.0f')} |"
+                      for t in r["search"]["trials"]]
+        else:  # results before issue 18: no timing record per trial
+            lines += ["| trial | verdict | samples/s | runs | wall s |", "|---|---|---:|---:|---:|"]
+            lines += [f"| {t['label']} | {t['verdict']} | {_f(t['samples_per_s'], '.0f')} | "
+                      f"{t.get('num_runs', 1)} | {_f(t['wall_s'], '.0f')} |"
+                      for t in r["search"]["trials"]]
         lines += ["", "Skipped: " + " ".join(f"({i + 1}) {s}" for i, s in
                                              enumerate(r["search"]["skipped"])), ""]
+        if r["search"].get("reason"):
+            lines += [f"Why: {r['search']['reason']}", ""]
     lines += ["## Oracle measurements", ""]
     lines += oracle_tables(out, per_pass=True)
     return "\n".join(lines) + "\n"

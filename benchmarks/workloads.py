@@ -147,3 +147,95 @@ DEEP_GPT_CAP_BYTES = 50 * 2**20
 """The memory cap of ``pick_deep_gpt`` in the search benchmark (usable 45 MiB with 10%
 headroom): between fp32 eager's peaks at micro-batches 4 (35 MiB) and 8 (61 MiB), above
 ``checkpointing=blocks`` at 16 (35 MiB)."""
+
+
+# Slow-step workloads for the search benchmark (target 64): memory binds (under its cap fp32
+# eager fits micro-batch 8 of 64, bf16 eager 8 or 16) and one optimizer step of 64 samples
+# takes seconds on the 2-core CPU, so a pick's throughput differences weigh more than a child's
+# own start-up cost. Measured figures beside each cap: ``probe_spec`` children (2 warm-up steps
+# of 2 accumulated micro-batches; peak = address-space growth over the child's baseline;
+# timed: 3 steps at per-device batch 64), 2-core AMD EPYC, torch 2.13 CPU, quiet machine.
+# With another process busy on one core the steps took 2-4x as long.
+_SLOW_SEQ, _SLOW_VOCAB, _SLOW_WIDTH, _SLOW_LAYERS, _SLOW_HEADS = 128, 8192, 256, 4, 4
+
+
+def _slow_lm_batch(micro_batch: int, mask: bool) -> dict[str, torch.Tensor]:
+    ids = torch.randint(0, _SLOW_VOCAB, (micro_batch, _SLOW_SEQ))
+    batch = {"input_ids": ids, "labels": ids}
+    if mask:
+        batch["attention_mask"] = torch.ones_like(ids)
+    return batch
+
+
+def slow_gpt2() -> autotune.Workload:
+    """A 4-layer GPT-2 causal LM (Hugging Face), width 256, 4 heads, 128 tokens, vocab 8192
+    (5.3M parameters)."""
+    import transformers
+
+    config = transformers.GPT2Config(n_layer=_SLOW_LAYERS, n_embd=_SLOW_WIDTH,
+                                     n_head=_SLOW_HEADS, n_positions=_SLOW_SEQ,
+                                     vocab_size=_SLOW_VOCAB, bos_token_id=0, eos_token_id=0)
+    return autotune.Workload(
+        name="slow-gpt2", build_model=lambda: transformers.GPT2LMHeadModel(config),
+        make_batch=lambda m: _slow_lm_batch(m, mask=False), tokens_per_sample=_SLOW_SEQ)
+
+
+SLOW_GPT2_CAP_BYTES = 480 * 2**20
+"""The memory cap of ``slow_gpt2`` (usable 432 MiB with 10% headroom). fp32 eager peaks:
+213.0 MiB at micro-batch 4, 335.3 at 8, 578.5 at 16, 1064.9 at 32; bf16 eager: 305.2 at 8,
+497.8 at 16, 882.9 at 32; fp32 eager with ``checkpointing=blocks`` (capped): 297.9 at 16, oom
+at 32. So fp32 and bf16 eager fit 8, checkpointing 16. fp32 eager at 8 (capped, 335.8 MiB):
+3.39-3.41 s per step of 64 samples."""
+
+
+def slow_bert() -> autotune.Workload:
+    """A 4-layer BERT masked LM (Hugging Face), width 256, 4 heads, 128 tokens, vocab 8192
+    (5.4M parameters)."""
+    import transformers
+
+    config = transformers.BertConfig(num_hidden_layers=_SLOW_LAYERS, hidden_size=_SLOW_WIDTH,
+                                     num_attention_heads=_SLOW_HEADS,
+                                     intermediate_size=4 * _SLOW_WIDTH, vocab_size=_SLOW_VOCAB,
+                                     max_position_embeddings=_SLOW_SEQ)
+    return autotune.Workload(
+        name="slow-bert", build_model=lambda: transformers.BertForMaskedLM(config),
+        make_batch=lambda m: _slow_lm_batch(m, mask=True), tokens_per_sample=_SLOW_SEQ)
+
+
+SLOW_BERT_CAP_BYTES = 440 * 2**20
+"""The memory cap of ``slow_bert`` (usable 396 MiB with 10% headroom). fp32 eager peaks:
+192.2 MiB at micro-batch 4, 292.0 at 8, 490.1 at 16, 886.5 at 32; bf16 eager: 284.7 at 8,
+458.9 at 16, 807.2 at 32; fp32 eager with ``checkpointing=blocks`` (capped): 305.8 at 16, oom
+at 32. So fp32 and bf16 eager fit 8, checkpointing 16. fp32 eager at 8 (capped, 292.4 MiB):
+2.88-2.93 s per step of 64 samples."""
+
+
+_SLOW_IMAGE = 128
+
+
+def slow_cnn() -> autotune.Workload:
+    """A plain-torch CNN (four blocks of two convs with batch norm, 32 to 128 channels) on
+    128x128 images, 10 classes (0.6M parameters)."""
+    def block(cin: int, cout: int) -> nn.Module:
+        return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(),
+                             nn.Conv2d(cout, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(),
+                             nn.MaxPool2d(2))
+
+    def build() -> nn.Module:
+        return nn.Sequential(block(3, 32), block(32, 64), block(64, 128), block(128, 128),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10))
+
+    return autotune.Workload(
+        name="slow-cnn", build_model=build,
+        make_batch=lambda m: (torch.randn(m, 3, _SLOW_IMAGE, _SLOW_IMAGE),
+                              torch.randint(0, 10, (m,))),
+        loss=lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]))
+
+
+SLOW_CNN_CAP_BYTES = 270 * 2**20
+"""The memory cap of ``slow_cnn`` (usable 243 MiB with 10% headroom). fp32 eager peaks:
+95.8 MiB at micro-batch 4, 167.7 at 8 (175.7 when timing 8 accumulated), 308.5 at 16, 593.4
+at 32; bf16 eager: 115.1 at 8, 195.1 at 16, 355.6 at 32; fp32 eager with
+``checkpointing=blocks`` (capped): 222.0 at 16, oom at 32. So fp32 eager fits 8, bf16 eager
+16, checkpointing 16 (by 9% only). fp32 eager at 8 (capped): 2.55-2.59 s per step of 64
+samples."""

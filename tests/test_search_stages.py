@@ -424,9 +424,9 @@ def test_the_pick_says_by_how_much_it_leads_and_how_sure_that_is() -> None:
     outcome, _ = search(device, replace(SLOW, refine_within=0.0))
     config = tuned_config(plan(), outcome, SLOW)
     assert "ahead of the runner-up" in config.reason
-    gap = re.search(r"by (\d+)% \+- (\d+)% \((.*?)\)", config.reason)
+    gap = re.search(r"by ([\d.]+)% \+- ([\d.]+)% \((.*?)\)", config.reason)
     assert gap is not None, config.reason
-    assert gap.group(3) == ("beyond the noise" if int(gap.group(1)) > int(gap.group(2))
+    assert gap.group(3) == ("beyond the noise" if float(gap.group(1)) > float(gap.group(2))
                             else "within the noise: either would do")
 
 

@@ -116,11 +116,12 @@ def test_the_lead_and_how_sure_it_is() -> None:
     ahead = lead(109.0, 0.03, 100.0, 0.02)
     assert ahead.gap == pytest.approx(0.09)
     assert ahead.halfwidth == pytest.approx(1.09 * math.hypot(0.03, 0.02))
-    assert ahead.is_clear and ahead.describe() == "9% +- 4%"
+    assert ahead.is_clear and ahead.describe() == "9.0% +- 3.9%"
     close = lead(102.0, 0.03, 100.0, 0.02)
-    assert not close.is_clear and close.describe() == "2% +- 4%"
+    assert not close.is_clear and close.describe() == "2.0% +- 3.7%"
+    assert lead(135.0, 0.1, 100.0, 0.05).describe() == "35% +- 15%"  # wide: whole percents
     unknown = lead(102.0, None, 100.0, 0.02)
-    assert not unknown.is_clear and unknown.describe() == "2% (spread not measured)"
+    assert not unknown.is_clear and unknown.describe() == "2.0% (spread not measured)"
     assert Lead(gap=0.0, halfwidth=0.0).is_clear is False
     with pytest.raises(ValueError, match="positive"):
         lead(0.0, 0.1, 100.0, 0.1)
