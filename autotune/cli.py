@@ -246,7 +246,7 @@ def search(
             "Most timed optimizer steps per trial; a re-measurement of the contenders times "
             "them all."))] = 10,
     rank_precision: Annotated[float, typer.Option(
-        "--rank-precision", min=0.0, max=1.0, help=(
+        "--rank-precision", help=(
             "A first timing stops once its median step time is known within this share (95% "
             "interval, 3 steps at least): enough to rank it; 0 times every run in full."))
     ] = 0.05,
@@ -280,6 +280,10 @@ def search(
         from autotune import api, errors, report
         from autotune.search import SearchSettings
 
+        if not 0.0 <= rank_precision <= 1.0:
+            raise errors.ConfigError(
+                f"--rank-precision must be a share from 0 to 1 (e.g. 0.05: stop timing once the "
+                f"median is known within 5%; 0 times every run in full), got {rank_precision:g}")
         if micro_batches != "all" and not micro_batches.isdigit():
             raise errors.ConfigError(
                 f"--micro-batches must be a number or 'all', got {micro_batches!r}")

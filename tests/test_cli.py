@@ -91,6 +91,21 @@ def test_probe_bad_input_exits_2(args: list[str], says: str) -> None:
     assert says in _words(result.output)
 
 
+@pytest.mark.parametrize(("value", "says"), [
+    ("1.5", "--rank-precision must be a share from 0 to 1"),
+    ("-0.1", "--rank-precision must be a share from 0 to 1"),
+    ("nan", "--rank-precision must be a share from 0 to 1"),
+    ("fast", "Invalid value for '--rank-precision': Input should be a valid number"),
+])
+def test_a_rank_precision_outside_0_to_1_exits_2_naming_it(value: str, says: str) -> None:
+    result = _invoke("search", "--device", "cpu", "--target-batch", "8", "--rank-precision",
+                     value)
+    assert result.exit_code == 2, result.output
+    out = _words(result.output)
+    assert says in out
+    assert value == "fast" or f"got {value}" in out  # the value seen (typer's own: not said)
+
+
 @pytest.mark.subprocess
 def test_factory_that_raises_exits_2_with_the_traceback() -> None:
     result = _invoke("probe", "--target-batch", "1", *FAST,
