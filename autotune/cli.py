@@ -231,7 +231,9 @@ def search(
     memory_formats: MemoryFormatsOpt = None,
     allocators: AllocatorsOpt = None,
     out: Annotated[Path, typer.Option("--out", help="Folder for autotune.json.")] = Path("."),
-    force: Annotated[bool, typer.Option("--force", help="Overwrite autotune.json.")] = False,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Overwrite autotune.json, train_autotuned.py and autotune.html.")
+    ] = False,
     time_budget: Annotated[Optional[str], typer.Option(
         "--time-budget", help="Stop after this long and keep the best so far, e.g. 10m.")] = None,
     train_steps: Annotated[Optional[int], typer.Option(
@@ -241,6 +243,14 @@ def search(
         "--storage", help="Optuna RDB storage to resume or share, e.g. sqlite:///autotune.db.")
     ] = None,
     study_name: Annotated[Optional[str], typer.Option("--study-name")] = None,
+    no_cache: Annotated[bool, typer.Option(
+        "--no-cache", help=(
+            "Keep no runs: without --storage a search records them in the local study store "
+            "($AUTOTUNE_CACHE_DIR, else $XDG_CACHE_HOME/autotune) and a repeated one reuses "
+            "them."))] = False,
+    fresh: Annotated[bool, typer.Option(
+        "--fresh", help="Ignore the runs the local study store holds for this search (they "
+                        "are replaced by this one's).")] = False,
     timed_steps: Annotated[int, typer.Option(
         "--timed-steps", min=3, help=(
             "Most timed optimizer steps per trial; a re-measurement of the contenders times "
@@ -284,6 +294,10 @@ def search(
             raise errors.ConfigError(
                 f"--rank-precision must be a share from 0 to 1 (e.g. 0.05: stop timing once the "
                 f"median is known within 5%; 0 times every run in full), got {rank_precision:g}")
+        if fresh and storage is not None:
+            raise errors.ConfigError(
+                "--fresh applies to the local study store, not to --storage "
+                f"{storage!r}: name another --study-name to start that study afresh")
         if micro_batches != "all" and not micro_batches.isdigit():
             raise errors.ConfigError(
                 f"--micro-batches must be a number or 'all', got {micro_batches!r}")
@@ -294,7 +308,7 @@ def search(
             micro_batches_per_class=0 if micro_batches == "all" else int(micro_batches),
             time_budget_s=_seconds(time_budget, "--time-budget") if time_budget else None,
             timeout_s=_seconds(trial_timeout, "--trial-timeout"),
-            storage=storage, study_name=study_name)
+            storage=storage, study_name=study_name, cache=not no_cache, fresh=fresh)
         spec = api.workload_spec(workload=workload, model=model, seq_len=seq_len,
                                  pretrained=pretrained)
         with _progress() as progress:
@@ -455,6 +469,29 @@ def codegen(
         out.print(f"python {path} --steps 100", highlight=False, markup=False, emoji=False)
 
 
+@app.command("report")
+def report_command(
+    config_path: Annotated[Path, typer.Argument(
+        help="An autotune.json written by `autotune search` (any schema it reads).")] = Path(
+        "autotune.json"),
+    out_path: Annotated[Optional[Path], typer.Option(
+        "--out", dir_okay=False,
+        help="Where to write the page (default: beside CONFIG_PATH, as .html).")] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Overwrite an existing page.")] = False,
+) -> None:
+    """Write autotune.html: the search's plots (memory, throughput, timeline, compile
+    break-even) in one page that opens offline."""
+    with _exits():
+        from autotune.report_html import write_html  # not via api, which imports torch
+        from autotune.schema import read_tuned
+
+        config = read_tuned(config_path)
+        path = write_html(config, out_path or config_path.with_suffix(".html"), force=force)
+        err.print(f"wrote {path}", highlight=False, markup=False, emoji=False)
+        out.print(f"xdg-open {path}", highlight=False, markup=False, emoji=False)
+
+
 @app.command("schema")
 def schema_command() -> None:
     """Print the JSON Schema of autotune.json (the fields, their types and ranges)."""
@@ -465,6 +502,66 @@ def schema_command() -> None:
 
 
         print(json.dumps(json_schema(), indent=2))
+
+
+cache_app = typer.Typer(
+    help="The local study store: a repeated search reuses the runs it holds.",
+    no_args_is_help=True)
+app.add_typer(cache_app, name="cache")
+
+
+@cache_app.command("list")
+def cache_list(json_out: JsonOpt = False) -> None:
+    """Show the stored studies: what each search was for, its runs, its last run."""
+    with _exits():
+        import json
+
+        from rich.table import Table
+
+        from autotune.search import list_studies
+
+        path, studies = list_studies()
+        if json_out:
+            print(json.dumps({"store": str(path), "studies": [
+                {"name": s.name, "key": s.key, "num_runs": s.num_runs,
+                 "last_run_at": s.last_run_at} for s in studies]}, indent=2))
+            return
+        if not studies:
+            out.print(f"no stored studies ({path})", highlight=False, markup=False)
+            return
+        table = Table(title=f"{path}")
+        for column in ("study", "workload", "target", "device", "budget", "runs", "last run"):
+            table.add_column(column, justify="right" if column == "runs" else "left")
+        for s in studies:
+            key = s.key
+            table.add_row(escape(s.name), escape(str(key.get("workload", "?"))),
+                          str(key.get("target_batch", "?")), escape(str(key.get("device", "?"))),
+                          _mib(key.get("budget_bytes")), str(s.num_runs),
+                          s.last_run_at or "-")
+        out_for_tables().print(table)
+        out.print("open it in optuna-dashboard: optuna-dashboard sqlite:///" + str(path),
+                  highlight=False, markup=False)
+
+
+def _mib(value: object) -> str:
+    try:
+        return f"{int(str(value)) / 2**20:,.0f} MiB"
+    except ValueError:
+        return "?"
+
+
+@cache_app.command("clear")
+def cache_clear() -> None:
+    """Remove the local study store (every stored study; a search starts afresh)."""
+    with _exits():
+        from autotune.search import clear_studies
+
+        removed = clear_studies()
+        for path in removed:
+            err.print(f"removed {path}", highlight=False, markup=False)
+        if not removed:
+            err.print("nothing to remove: the study store is empty", highlight=False,
+                      markup=False)
 
 
 def _terminate(signum: int, _frame: object) -> None:

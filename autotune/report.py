@@ -140,6 +140,32 @@ def _num(value: float | None, scale: float, fmt: str, suffix: str = "") -> str:
 def search_footer(result: SearchResult) -> list[str]:
     """Lines under the search table: why the winner won, memory, skipped, failures, file."""
     c = result.config
+    lines = summary_lines(c)
+    lines += [f"{r.label()}: {r.verdict}: {r.reason}" for r in c.trials
+              if r.verdict not in ("winner", "ok") and r.reason]
+    lines += [f"{r.label()}: partly compiled: {r.num_graph_breaks} graph break(s), "
+              f"{r.num_graphs} graph(s); eager code runs between them (TORCH_LOGS=graph_breaks "
+              "shows where)" for r in c.trials
+              if r.knobs.compile_mode != "off" and r.num_graph_breaks
+              and r.verdict in ("winner", "ok")]
+    lines += [s if s.startswith("re-check of ") else f"skipped: {s}" for s in c.skipped]
+    if c.cost is not None:
+        lines.append(f"search: {c.cost.describe()}")
+    lines += study_lines(c)
+    if c.interrupted:
+        lines.append(f"note: {result.stop_reason}")
+    if result.path is not None:
+        page = result.path.with_suffix(".html")  # not written when it could not be rendered
+        lines.append(f"wrote {result.path}"
+                     + (f", {result.path.with_name('train_autotuned.py')} and {page} (open it "
+                        "in a browser: the search's plots)" if page.exists() else
+                        f" and {result.path.with_name('train_autotuned.py')}"))
+    return lines
+
+
+def summary_lines(c: TunedConfig) -> list[str]:
+    """The winner, why it won, its memory, knobs, compute and compile break-even: the head of
+    the search's footer, and of ``autotune.html``."""
     mem = c.memory
     lines = [
         f"winner: micro_batch={c.micro_batch} accumulate_steps={c.accumulate_steps} "
@@ -171,20 +197,6 @@ def search_footer(result: SearchResult) -> list[str]:
             "compile pays for itself after "
             + ("never (not faster per step)" if c.break_even_steps == float("inf")
                else f"{c.break_even_steps:,.0f} optimizer steps") + " against the baseline")
-    lines += [f"{r.label()}: {r.verdict}: {r.reason}" for r in c.trials
-              if r.verdict not in ("winner", "ok") and r.reason]
-    lines += [f"{r.label()}: partly compiled: {r.num_graph_breaks} graph break(s), "
-              f"{r.num_graphs} graph(s); eager code runs between them (TORCH_LOGS=graph_breaks "
-              "shows where)" for r in c.trials
-              if r.knobs.compile_mode != "off" and r.num_graph_breaks
-              and r.verdict in ("winner", "ok")]
-    lines += [f"skipped: {s}" for s in c.skipped]
-    if c.cost is not None:
-        lines.append(f"search: {c.cost.describe()}")
-    if c.interrupted:
-        lines.append(f"note: {result.stop_reason}")
-    if result.path is not None:
-        lines.append(f"wrote {result.path} and {result.path.with_name('train_autotuned.py')}")
     return lines
 
 
@@ -235,4 +247,21 @@ def estimate_lines(report: EstimateReport) -> list[str]:
         lines.append(f"target batch {report.target_batch} (world size {report.world_size}): "
                      f"micro_batch x accumulate_steps that fit: {pairs}")
     lines += [f"note: {note}" for note in report.notes]
+    return lines
+
+
+def study_lines(c: TunedConfig) -> list[str]:
+    """Where the runs are kept, what was reused from it and from when, what the store said."""
+    if c.study is None:
+        return []
+    stored = sorted(r.stored_at for r in c.runs if r.stored_at)
+    where = c.study.storage.removeprefix("sqlite:///")
+    lines = [f"study store: {c.study.note}"] if c.study.note else []
+    if stored:
+        when = stored[0] if stored[0] == stored[-1] else f"{stored[0]} to {stored[-1]}"
+        lines.append(f"study store: reused {len(stored)} stored run(s) measured {when} "
+                     f"({where}, study {c.study.name}); --fresh measures everything again")
+    elif where:
+        lines.append(f"study store: runs recorded in {where} (study {c.study.name}): a "
+                     "repeated search reuses them (--no-cache: keep none)")
     return lines

@@ -28,6 +28,7 @@ from autotune.config import (
     STRICT_FIELDS,
     DeviceInfo,
     ProbeReport,
+    TrialStatus,
     WorkloadSpec,
     to_json_dict,
 )
@@ -173,6 +174,56 @@ class SearchCost:
 
 
 @dataclass(frozen=True, kw_only=True)
+class StudyRecord:
+    """The Optuna study the search recorded its runs in."""
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = STRICT_FIELDS
+
+    storage: str = ""
+    """Its storage URL (the local study store, or ``--storage``); empty: kept in memory only."""
+    name: str = ""
+    note: str = ""
+    """What the store said: why it was not used, or a damaged file moved aside."""
+
+
+RunKind = Literal["probe", "trial", "re-measure"]
+"""A memory ``probe`` (timed nothing), a timed ``trial``, or the ``re-measure`` of a contender."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRecord(HasKnobs):
+    """One child run of the search, in the order it ran: what the report's memory plot, and
+    its timeline, are drawn from."""
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = STRICT_FIELDS
+
+    number: Count
+    kind: RunKind
+    knobs: Knobs
+    micro_batch: Positive
+    status: TrialStatus
+    """The child's outcome (``ok``, ``oom``, ``crash``, ...)."""
+    fits: bool = False
+    """Ran to the end with its peak within the usable bytes (budget minus headroom)."""
+    peak_bytes: Count | None = None
+    start_s: Float = 0.0
+    """When it started, in seconds after the search started (a stored run: 0)."""
+    wall_s: Float | None = None
+    """Whole child process time, start-up included."""
+    compile_s: Float | None = None
+    """Of that, compiling (compiled runs)."""
+    timed_s: Float = 0.0
+    """Of that, timed steps."""
+    stored_at: str | None = None
+    """A run reused from the study store: when it was measured (ISO 8601, UTC); None for a
+    run of this search."""
+
+    def label(self) -> str:
+        """E.g. ``bf16/default 16`` (the micro-batch)."""
+        return f"{self.knobs.label()} {self.micro_batch}"
+
+
+@dataclass(frozen=True, kw_only=True)
 class TunedConfig(HasKnobs):
     """The content of ``autotune.json``."""
 
@@ -222,6 +273,11 @@ class TunedConfig(HasKnobs):
     """True when the search stopped early (Ctrl-C or time budget): best so far."""
     cost: SearchCost | None = None
     """What the search spent (None: written before it was recorded)."""
+    study: StudyRecord | None = None
+    """Where the runs are recorded (None: older files)."""
+    runs: tuple[RunRecord, ...] = ()
+    """Every child run, in order, with those reused from the study store first (older files:
+    none recorded)."""
 
     def effective_batch(self) -> int:
         """micro_batch x accumulate_steps x world_size."""

@@ -56,3 +56,13 @@ def _children_only_where_marked(request: pytest.FixtureRequest,
                              "it @pytest.mark.subprocess")
 
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+
+
+@pytest.fixture(autouse=True)
+def _own_study_store(tmp_path_factory: pytest.TempPathFactory,
+                     monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's searches record into a study store of their own (never the user's cache,
+    never another test's runs)."""
+    folder = tmp_path_factory.mktemp("autotune-cache")
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(folder))
+    return folder

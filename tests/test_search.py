@@ -313,3 +313,35 @@ def test_checkpointing_raises_the_largest_micro_batch_under_a_real_cap(tmp_path:
     assert config.memory.peak_bytes <= config.memory.usable_bytes
     script = (tmp_path / "train_autotuned.py").read_text()
     assert f'checkpointing = "{config.knobs.checkpointing}"' in script
+
+
+@pytest.mark.subprocess
+def test_a_repeated_cli_search_reuses_the_store_and_re_checks_the_leaders(
+        tmp_path: Path) -> None:
+    args = ["search", "--workload", TINY.target, "--target-batch", "8", "--device", "cpu",
+            "--memory-budget", "4GiB", "--precisions", "fp32,bf16", "--compile-modes", "off",
+            "--timed-steps", "3", "--micro-batches", "1"]
+    first = runner.invoke(app, [*args, "--out", str(tmp_path / "one")])
+    assert first.exit_code == 0, first.output
+    again = runner.invoke(app, [*args, "--out", str(tmp_path / "two")])
+    assert again.exit_code == 0, again.output
+    one, two = (read_tuned(tmp_path / d / "autotune.json") for d in ("one", "two"))
+    fresh_runs = [r for r in two.runs if r.stored_at is None]
+    assert [r.kind for r in fresh_runs] == ["re-measure"] * len(fresh_runs)
+    assert 2 <= len(fresh_runs) <= 3 and two.cost is not None  # leader, 1-2 contenders
+    assert two.cost.num_runs == len(fresh_runs)
+    assert len([r for r in two.runs if r.stored_at]) == len(one.runs)
+    assert "study store: reused" in again.output and "re-check of" in again.output
+    # The estimator's figures for the calibration are kept in the study too.
+    base = "fp32/off"  # calibrated in every search (the winner's class may differ)
+    assert base in two.memory.calibration
+    assert two.memory.calibration[base] == one.memory.calibration[base]
+    assert two.study is not None
+    kept = optuna.load_study(study_name=two.study.name, storage=two.study.storage).user_attrs
+    assert any(k.startswith("estimate:fp32/off:") for k in kept)
+    # --no-cache: every run again, nothing reused.
+    cold = runner.invoke(app, [*args, "--out", str(tmp_path / "three"), "--no-cache"])
+    assert cold.exit_code == 0, cold.output
+    three = read_tuned(tmp_path / "three" / "autotune.json")
+    assert not any(r.stored_at for r in three.runs) and three.study is not None
+    assert three.study.storage == ""

@@ -199,7 +199,7 @@ def test_a_compiled_class_at_the_whole_batch_is_not_refined_without_memory_press
     assert "bf16/off/32" in device.runs()  # eager and near the leader: refined
     # Allocator retries at 64 are memory pressure: then a smaller one may well be faster.
     pressed = ScriptedDevice(speeds, retries_at=64, **small)
-    search(pressed)
+    search(pressed, replace(SETTINGS, fresh=True))  # another device: not the stored runs
     assert "bf16/max-autotune/32" in pressed.runs()
 
 
@@ -302,7 +302,8 @@ def test_a_share_just_under_the_threshold_is_not_rounded_up_to_it() -> None:
 def test_max_trials_counts_the_re_measurements_too() -> None:
     device = ScriptedDevice(by_class(100, 150, 160, 200, 320, 330))
     runs_before_confirm = len(search(ScriptedDevice(device.speed))[0].records)
-    outcome, _ = search(device, replace(SETTINGS, max_trials=runs_before_confirm + 1))
+    outcome, _ = search(device, replace(SETTINGS, max_trials=runs_before_confirm + 1,
+                                        fresh=True))
     # Every run before the close race, then one of its two re-measurements: the limit holds.
     assert len(device.specs) == outcome.num_runs == runs_before_confirm + 1
     assert outcome.interrupted and outcome.stop_reason.startswith("--max-trials reached")
@@ -411,7 +412,7 @@ def test_a_noisy_device_times_longer_before_it_ranks() -> None:
     search(quiet, SLOW)
     noisy = ScriptedDevice(by_class(100, 150, 160, 200, 300, 200),
                            jitter=(0.0, 0.3, -0.2, 0.25, -0.15))
-    search(noisy, SLOW)
+    search(noisy, replace(SLOW, fresh=True))
 
     assert sum(noisy.timed_steps) > sum(quiet.timed_steps)
     assert max(noisy.timed_steps) == SLOW.num_timed_steps

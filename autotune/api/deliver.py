@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import threading
+import warnings
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -13,7 +14,8 @@ from typing import Any
 
 from autotune.api.request import workload_spec
 from autotune.codegen import SCRIPT_NAME, render_train_script
-from autotune.errors import ConfigError, Interrupted, OutputExistsError
+from autotune.errors import AutotuneError, ConfigError, Interrupted, OutputExistsError
+from autotune.report_html import render_html
 from autotune.schema import (
     TunedConfig,
     read_tuned,
@@ -120,17 +122,25 @@ def json_schema() -> dict[str, Any]:
 
 
 def write_outputs(config: TunedConfig, path: Path, script: Path, *, force: bool) -> None:
-    """Write autotune.json and train_autotuned.py, with Ctrl-C and SIGTERM held until both are
-    written (then acted on: ``Interrupted`` says what was written). Without ``force`` neither
-    replaces a file another process wrote meanwhile: this search's result goes beside it,
-    and the error says where.
+    """Write autotune.json, train_autotuned.py and, beside the first, autotune.html, with
+    Ctrl-C and SIGTERM held until all are written (then acted on: ``Interrupted`` says what was
+    written). Without ``force`` none replaces a file another process wrote meanwhile: this
+    search's result goes beside it, and the error says where.
+
+    The page is a view of the config, rendered before anything is written: when it cannot be
+    (plotly missing, a bug in the page), the config and the script are still written, and a
+    warning says so and how to write the page later (``autotune report``).
 
     Raises:
         OutputExistsError: a file appeared while the search ran.
-        Interrupted: a signal came while writing; both files were written.
+        Interrupted: a signal came while writing; the files were written.
     """
-    writers = ((path, "config", lambda at, f: save_tuned(config, at, force=f)),
-               (script, "script", lambda at, f: write_train_script(config, at, force=f)))
+    writers = [(path, "config", lambda at, f: save_tuned(config, at, force=f)),
+               (script, "script", lambda at, f: write_train_script(config, at, force=f))]
+    page = _render_page(config, path)
+    if page is not None:
+        writers.append((path.with_suffix(".html"), "report",
+                        lambda at, f: write_json_atomic(at, page, force=f)))
     with _signals_held() as caught:
         for target, what, write in writers:
             try:
@@ -147,6 +157,20 @@ def write_outputs(config: TunedConfig, path: Path, script: Path, *, force: bool)
         stopped = Interrupted(signal.Signals(caught[0]).name, caught[0])
         stopped.written = path  # type: ignore[attr-defined]
         raise stopped
+
+
+def _render_page(config: TunedConfig, path: Path) -> str | None:
+    """autotune.html's text, or None (with a warning) when it cannot be rendered: a view of the
+    result never costs the result."""
+    try:
+        return render_html(config)
+    except Exception as exc:
+        bug = "" if isinstance(exc, AutotuneError) else " (a bug in autotune: please report it)"
+        warnings.warn(
+            f"{path.with_suffix('.html')} not written: {type(exc).__name__}: {exc}{bug}. "
+            f"{path.name} and the script are written; `autotune report {path}` writes the "
+            "page once that is fixed", stacklevel=3)
+        return None
 
 
 def _free_name(path: Path) -> Path:

@@ -43,6 +43,8 @@ from autotune.search import (
     OnTrial,
     SearchSettings,
     interrupt_name,
+    recall,
+    remember,
     run_search,
     tuned_config,
 )
@@ -229,6 +231,7 @@ def search(
     if path is not None and script is not None:
         _check_writable(path, force)
         _check_writable(script, force)
+        _check_writable(path.with_suffix(".html"), force)  # the report beside it
     info = describe_device(request.device)
     precisions, not_timed = timed_precisions(info, request.precisions)
     plan, classes, budget, values = _plan(replace(request, precisions=precisions), info, True)
@@ -305,19 +308,29 @@ def _calibrate(report: ProbeReport, config: TunedConfig, timeout_s: float,
         lower = [s for s in probe.steps if s.status == "ok" and s.peak_bytes and
                  2 * s.micro_batch <= m]
         point = max(lower, key=lambda s: s.micro_batch, default=None)
-        try:
-            figure = estimate(report.workload, micro_batch=m,
-                              device_memory=report.device.total_memory_bytes,
-                              knobs=probe.knobs,
-                              kernels="cuda" if report.device.is_cuda else "cpu",
-                              find_max=False, timeout_s=left,
-                              also_trace=(point.micro_batch,) if point else ())
-        except AutotuneError as exc:  # a step the fake-tensor trace cannot follow
-            notes.append(f"no estimator calibration for {label}: {str(exc).splitlines()[0]}")
-            continue
+        # The estimator's figures depend only on what the study's key holds (the workload,
+        # the knobs, the micro-batches): a repeated search takes them from its study.
+        kept = f"estimate:{label}:{m}:{point.micro_batch if point else 0}"
+        traced = recall(config.study, kept)
+        if not (isinstance(traced, dict) and all(isinstance(v, int) for v in traced.values())
+                and str(m) in traced):
+            try:
+                figure = estimate(report.workload, micro_batch=m,
+                                  device_memory=report.device.total_memory_bytes,
+                                  knobs=probe.knobs,
+                                  kernels="cuda" if report.device.is_cuda else "cpu",
+                                  find_max=False, timeout_s=left,
+                                  also_trace=(point.micro_batch,) if point else ())
+            except AutotuneError as exc:  # a step the fake-tensor trace cannot follow
+                notes.append(f"no estimator calibration for {label}: "
+                             f"{str(exc).splitlines()[0]}")
+                continue
+            traced = {str(k): v for k, v in figure.traced} | {
+                str(m): figure.estimate.peak_bytes}
+            remember(config.study, kept, traced)
         record = {"measured_peak_bytes": probe.peak_bytes,
-                  "estimate_bytes": figure.estimate.peak_bytes, "micro_batch": m}
-        traced = dict(figure.traced)
+                  "estimate_bytes": traced[str(m)], "micro_batch": m}
+        traced = {int(k): v for k, v in traced.items()}
         if point is not None and point.peak_bytes and point.micro_batch in traced:
             record.update(growth_micro_batch=point.micro_batch,
                           growth_measured_peak_bytes=point.peak_bytes,

@@ -19,6 +19,14 @@ from autotune.search._records import (
     tuned_config,
 )
 from autotune.search._stages import OnTrial, interrupt_name, run_search
+from autotune.search._store import (
+    cache_dir,
+    clear_studies,
+    list_studies,
+    recall,
+    remember,
+    store_path,
+)
 from autotune.search._study import CONSTRAINT, completed, open_study, probed
 
 __all__ = [
@@ -29,15 +37,21 @@ __all__ = [
     "SearchOutcome",
     "SearchSettings",
     "break_even_steps",
+    "cache_dir",
     "classify",
+    "clear_studies",
     "completed",
     "flops_per_sample",
     "interrupt_name",
+    "list_studies",
     "objective",
     "open_study",
     "pick_winner",
     "probed",
+    "recall",
+    "remember",
     "run_search",
     "score",
+    "store_path",
     "tuned_config",
 ]

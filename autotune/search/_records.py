@@ -17,7 +17,15 @@ from autotune.config import (
 )
 from autotune.device import backend_for
 from autotune.errors import NoFeasibleConfigError, WorkloadError
-from autotune.schema import MemoryRecord, SearchCost, TrialRecord, TunedConfig
+from autotune.schema import (
+    MemoryRecord,
+    RunKind,
+    RunRecord,
+    SearchCost,
+    StudyRecord,
+    TrialRecord,
+    TunedConfig,
+)
 from autotune.timing import lead
 
 # Numerics guard: allowed relative distance of the first loss from fp32 eager's, per precision.
@@ -76,7 +84,13 @@ class SearchSettings:
     train_steps: int | None = None
     """Objective: time to train this many optimizer steps, compile included."""
     storage: str | None = None
+    """An Optuna RDB URL to resume or share (``--storage``); None: the local study store."""
     study_name: str | None = None
+    cache: bool = True
+    """Without ``storage``, record runs in the local study store and reuse what it holds for
+    the same key (``_store``); False: in memory only (``--no-cache``)."""
+    fresh: bool = False
+    """Drop the local store's runs for this key first (``--fresh``)."""
     timeout_s: float = 900.0
     slower_factor: float = 2.0
     """Stop timing a candidate once it has spent this many times the best's timed seconds."""
@@ -108,6 +122,21 @@ class SearchOutcome:
     num_runs: int = 0
     """Child processes this search started (stored results it reused not counted)."""
     cost: SearchCost | None = None
+    runs: tuple[RunRecord, ...] = ()
+    """Every child run, stored ones first (``schema.RunRecord``)."""
+    study: StudyRecord | None = None
+
+
+def run_record(number: int, kind: RunKind, candidate: Candidate, result: TrialResult,
+               usable_bytes: int, *, start_s: float = 0.0, compiled: bool,
+               stored_at: str | None = None) -> RunRecord:
+    """A child run as the report draws it."""
+    return RunRecord(
+        number=number, kind=kind, knobs=candidate.knobs, micro_batch=candidate.micro_batch,
+        status=result.status, fits=result.fits(usable_bytes), peak_bytes=result.peak_bytes,
+        start_s=max(start_s, 0.0), wall_s=result.wall_s,
+        compile_s=result.compile_s if compiled else None,
+        timed_s=sum(result.step_times_s), stored_at=stored_at)
 
 
 def objective(result: TrialResult, settings: SearchSettings) -> float | None:
@@ -285,7 +314,7 @@ def tuned_config(report: ProbeReport, outcome: SearchOutcome,
         break_even_steps=break_even_steps(winner, baseline),
         reason=_why(winner, baseline, records), trials=records,
         skipped=report.skipped + outcome.skipped, interrupted=outcome.interrupted,
-        cost=outcome.cost,
+        cost=outcome.cost, runs=outcome.runs, study=outcome.study,
     )
 
 

@@ -29,6 +29,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 from autotune.config import (
     Knobs,
@@ -42,20 +43,23 @@ from autotune.config import (
 from autotune.knobs import BASELINE, KNOBS, skip_reason
 from autotune.memory import OnStep, hint_for, probe_memory, probe_spec
 from autotune.runner import run_isolated
-from autotune.schema import SearchCost, TrialRecord
+from autotune.schema import RunKind, RunRecord, SearchCost, StudyRecord, TrialRecord
 from autotune.search._records import (
     Candidate,
     SearchOutcome,
     SearchSettings,
     classify,
     keep_better,
+    run_record,
     score,
 )
+from autotune.search._store import open_local, study_key
 from autotune.search._study import (
     completed,
     open_study,
     probed,
     running,
+    stored_runs,
     study_identity,
     tell,
 )
@@ -66,6 +70,11 @@ Runner = Callable[[TrialSpec], TrialResult]
 OnTrial = Callable[[int, str, Candidate, TrialRecord | None], None]
 """Progress: (runs so far, stage, candidate, its record when done or None when starting)."""
 FIRST_MODES = ("off", "default")
+_SPACE_SETTINGS = frozenset((
+    "num_timed_steps", "rank_precision", "min_timed_s", "micro_batches_per_class",
+    "refine_within", "slower_factor", "stop_margin", "num_confirm", "confirm_within",
+    "timeout_s"))
+"""Settings that change what a search measures: part of the local store's key."""
 
 
 class _Stop(Exception):
@@ -134,8 +143,7 @@ class _Search:
         self.per_device = report.per_device_batch()
         self.micro_batches = divisors(self.per_device)
         self.values = {k: tuple(v) for k, v in values.items()}
-        self.study = open_study(settings, study_identity(report, settings),
-                                "minimize" if settings.train_steps else "maximize")
+        self.study, self.study_record = self._open_study(classes)
         # A resumed study may hold settings this search is restricted from: leave them out.
         self.allowed_base = {(c.precision, c.compile_mode) for c in classes}
         done, runs = completed(self.study)
@@ -151,14 +159,40 @@ class _Search:
         """What the workload allows (blocks, convolutions, optimizer), from any run."""
         self.runs: dict[Candidate, int] = {k: n for k, n in runs.items() if k in self.results}
         """Runs of each candidate (2 once re-measured), stored ones included."""
+        self.stored = set(self.results) if self.study_record.name.startswith("autotune-") \
+            else set()
+        """Candidates whose timing came from the local study store: a contender among them is
+        re-measured once in this search (``confirm``), so a stale timing never picks alone."""
         self.num_runs = 0
         self.cost: dict[str, float] = {"child_s": 0.0, "compile_s": 0.0, "timed_s": 0.0}
         self.compiles = [0, 0]
         """Compiled runs, and those whose graphs all came from inductor's on-disk cache."""
         self.timed_s: dict[Candidate, float] = {}
         """Seconds of timed steps per candidate, over its runs in this search."""
+        self.run_log: list[RunRecord] = list(stored_runs(self.study, report.usable_bytes()))
+        """Every child run: the study's stored ones first, then this search's, in order."""
         self.stage = "probe"
         self.start = time.perf_counter()
+
+    def _open_study(self, classes: Sequence[Knobs]) -> tuple[Any, StudyRecord]:
+        """``--storage``'s study, or the local store's study for this search's key, or (with
+        ``--no-cache``) one in memory."""
+        settings, direction = self.settings, "minimize" if self.settings.train_steps else \
+            "maximize"
+        identity = study_identity(self.report, settings)
+        if settings.storage is not None or not settings.cache:
+            study = open_study(settings, identity, direction)
+            return study, StudyRecord(storage=settings.storage or "",
+                                      name=study.study_name if settings.storage else "")
+        space = {
+            "classes": sorted(k.label() for k in classes),
+            "values": {k: sorted(v) for k, v in sorted(self.values.items())},
+            **{f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)
+               if f.name in _SPACE_SETTINGS}}
+        name, key = study_key(identity, space)
+        local = open_local(name, key, direction, fresh=settings.fresh)
+        return local.study, StudyRecord(storage=local.storage or "",
+                                        name=name if local.storage else "", note=local.note)
 
     # -- the stages ------------------------------------------------------------------------
 
@@ -405,24 +439,58 @@ class _Search:
                 "(--micro-batches all times them)")
 
     def confirm(self) -> None:
-        """Re-measure the leader and its close contenders; keep each one's better run."""
+        """Re-measure the leader and its close contenders; keep each one's better run. A
+        contender timed only by a search before (the local study store) is re-measured once
+        here, the leader and the runner-up at least: if its stored timing is no longer within
+        the noise of what it runs at now, the fresh run replaces it."""
         keys = self._contenders()
         if len(keys) < 2:
             return
         for key in keys:
-            if self.runs.get(key, 1) >= 2:  # re-measured before this search was resumed
+            recheck = key in self.stored
+            if self.runs.get(key, 1) >= 2 and not recheck:  # re-measured before a resume
                 continue
             candidate = key
             spec = self._limited(self.spec(candidate, early_stop=False))
             self._progress(candidate, None)
             with running(self.study, candidate, self.micro_batches) as trial:
-                again = self._run_child(spec)
+                again = self._run_child(spec, "re-measure")
                 rec, value = classify(candidate, again, self.results, self.baseline,
                                       self.report, self.settings)
                 tell(self.study, trial, again, value, kind="re-measure")
-            self.runs[key] = 2
+            self.runs[key] = self.runs.get(key, 1) + 1
             self._progress(candidate, rec)  # the re-run's own figures
-            self.results[key] = keep_better(self.results[key], again)
+            stored = self.results[key]
+            self.results[key] = keep_better(stored, again)
+            if recheck:
+                self.stored.discard(key)
+                self.skipped.append(self._rechecked(key, stored, again))
+
+    def _rechecked(self, key: Candidate, stored: TrialResult, again: TrialResult) -> str:
+        """Keep the fresh run alone when the stored one is faster beyond the noise (stale:
+        measured on a quieter machine, or another version of something the key cannot see);
+        say what the re-check found."""
+        before, now = stored.samples_per_s(), again.samples_per_s()
+        if not again.ok or now is None or before is None:
+            self.results[key] = again
+            return (f"re-check of {key.key()} (stored run): it now ends {again.status}: the "
+                    "fresh run counts")
+        noise = max(self.settings.confirm_within, math.hypot(
+            stored.halfwidth() or 0.0, again.halfwidth() or 0.0))
+        if now < before * (1 - noise):
+            self.results[key] = again
+            verdict = f"slower beyond the noise ({noise:.0%}): the fresh run counts"
+        elif now > before * (1 + noise):
+            verdict = f"faster beyond the noise ({noise:.0%}): the fresh run counts"
+        else:
+            verdict = f"within the noise ({noise:.0%}): the better run counts"
+        return (f"re-check of {key.key()} (stored run): {before:,.1f} samples/s stored, "
+                f"{now:,.1f} now, {verdict}")
+
+    def _ranked(self) -> list[Candidate]:
+        """Candidates with a complete timed run, best first."""
+        return sorted((k for k in self.results if self._score(k, full=True) is not None),
+                      key=lambda k: -(self._score(k, full=True) or 0.0))
 
     def _contenders(self) -> list[Candidate]:
         """The leader and up to ``num_confirm`` candidates whose gap to it is within the noise
@@ -430,8 +498,7 @@ class _Search:
         none."""
         if self.settings.num_confirm <= 0:
             return []
-        ranked = sorted((k for k in self.results if self._score(k, full=True) is not None),
-                        key=lambda k: -(self._score(k, full=True) or 0.0))
+        ranked = self._ranked()
         if len(ranked) < 2:
             return []
         leader, top = ranked[0], self._score(ranked[0], full=True) or 0.0
@@ -441,6 +508,8 @@ class _Search:
 
         close = [k for k in ranked[1:]
                  if (self._score(k, full=True) or 0.0) >= top * (1 - noise(k))]
+        if not close and self.stored & {leader, ranked[1]}:
+            close = ranked[1:2]  # a stored timing never picks alone: re-check the two
         if not close:
             runner_up = ranked[1]
             share = (self._score(runner_up, full=True) or 0.0) / top
@@ -502,7 +571,7 @@ class _Search:
         spec = self._limited(spec)
         self._progress(candidate, None)
         with running(self.study, candidate, self.micro_batches) as trial:
-            result = self._run_child(spec)
+            result = self._run_child(spec, "trial" if timed else "probe")
             if self.traits is None and result.traits is not None:
                 self.traits = result.traits
             if not timed:  # its line comes from the probe's on_step
@@ -529,12 +598,16 @@ class _Search:
             timeout_s = min(timeout_s, left)
         return replace(spec, timeout_s=timeout_s)
 
-    def _run_child(self, spec: TrialSpec) -> TrialResult:
+    def _run_child(self, spec: TrialSpec, kind: RunKind) -> TrialResult:
         """Run one limited spec. A run the time budget cut short says nothing of its
         candidate: it ends the search (its Optuna trial fails) instead of being recorded."""
+        start_s = time.perf_counter() - self.start
         result = self._run(spec)
         self.num_runs += 1
         timed_s = sum(result.step_times_s)
+        self.run_log.append(run_record(
+            len(self.run_log), kind, Candidate.of(spec), result, self.report.usable_bytes(),
+            start_s=start_s, compiled=spec.compile_mode != "off"))
         self.cost["child_s"] += result.wall_s or 0.0
         self.cost["compile_s"] += (result.compile_s or 0.0) if spec.compile_mode != "off" else 0.0
         self.cost["timed_s"] += timed_s
@@ -562,6 +635,7 @@ class _Search:
                              skipped=tuple(dict.fromkeys(self.skipped)),
                              interrupted=interrupted, stop_reason=stop_reason,
                              num_runs=self.num_runs,
+                             runs=tuple(self.run_log), study=self.study_record,
                              cost=SearchCost(num_runs=self.num_runs, **self.cost,
                                              num_compiled_runs=self.compiles[0],
                                              num_cached_compiles=self.compiles[1]))

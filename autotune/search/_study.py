@@ -12,13 +12,15 @@ import contextlib
 import hashlib
 import json
 from collections.abc import Iterator, Sequence
+from datetime import timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from autotune.config import ProbeReport, TrialResult, WorkloadSpec, from_json_dict, to_json_dict
 from autotune.errors import ConfigError
 from autotune.knobs import KNOBS, Knobs
-from autotune.search._records import Candidate, SearchSettings, keep_better
+from autotune.schema import RunRecord
+from autotune.search._records import Candidate, SearchSettings, keep_better, run_record
 
 if TYPE_CHECKING:
     import optuna
@@ -164,22 +166,47 @@ def distributions(micro_batches: Sequence[int]) -> dict[str, optuna.distribution
 def running(study: optuna.Study, candidate: Candidate,
             micro_batches: Sequence[int]) -> Iterator[optuna.Trial]:
     """Ask for the trial of one run of ``candidate``; a run that raises (Ctrl-C) is told
-    failed."""
+    failed.
+
+    The trial is asked with every parameter fixed to the candidate's (a fixed sampler), not
+    enqueued: a queue is shared by every process on the study, so two searches at once
+    would pop each other's runs."""
+    optuna = _optuna()
     params = {k.name: getattr(candidate.knobs, k.name) for k in KNOBS}
     params["micro_batch"] = candidate.micro_batch
-    dists = distributions(micro_batches)
-    study.enqueue_trial(params)
-    trial = study.ask(dists)
-    # A waiting trial left by an interrupted process is popped first: fail it, ask again.
-    while _candidate(trial.params) != candidate:
-        study.tell(trial, state=_optuna().trial.TrialState.FAIL)
-        trial = study.ask(dists)
+    sampler = study.sampler
+    study.sampler = _fixed_sampler(params)
+    try:
+        trial = study.ask(distributions(micro_batches))
+    finally:
+        study.sampler = sampler
+    if _candidate(trial.params) != candidate:  # a waiting trial (enqueued by an older version)
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        raise RuntimeError(f"the study handed out {trial.params}, not {candidate.key()}")
     trial.set_user_attr("candidate", candidate.key())
     try:
         yield trial
     except BaseException:
-        study.tell(trial, state=_optuna().trial.TrialState.FAIL, skip_if_finished=True)
+        study.tell(trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
         raise
+
+
+def _fixed_sampler(params: dict[str, object]) -> optuna.samplers.BaseSampler:
+    """A sampler that answers every parameter with ``params``' value: the search decides
+    what runs; Optuna records it."""
+    base = _optuna().samplers.BaseSampler
+
+    class Fixed(base):  # type: ignore[misc, valid-type]
+        def infer_relative_search_space(self, study, trial):  # type: ignore[no-untyped-def]
+            return {}
+
+        def sample_relative(self, study, trial, search_space):  # type: ignore[no-untyped-def]
+            return {}
+
+        def sample_independent(self, study, trial, name, distribution):  # type: ignore[no-untyped-def]
+            return params[name]
+
+    return Fixed()
 
 
 def tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult, value: float | None,
@@ -190,9 +217,43 @@ def tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult, value: f
     trial.set_user_attr("result", json.dumps(to_json_dict(result)))
     trial.set_user_attr("status", result.status)
     trial.set_user_attr("kind", kind)
+    # Readable in optuna-dashboard beside the parameters (the result above is for autotune).
+    if result.peak_bytes is not None:
+        trial.set_user_attr("peak_MiB", round(result.peak_bytes / 2**20, 1))
+    if (median := result.median_step_s()) is not None:
+        trial.set_user_attr("median_step_s", round(median, 4))
+        trial.set_user_attr("timed_steps", len(result.step_times_s))
+    if (per_s := result.samples_per_s()) is not None:
+        trial.set_user_attr("samples_per_s", round(per_s, 2))
+    if result.compile_s is not None:
+        trial.set_user_attr("compile_s", round(result.compile_s, 1))
+    if result.wall_s is not None:
+        trial.set_user_attr("wall_s", round(result.wall_s, 1))
+    if result.message:
+        trial.set_user_attr("message", result.message[:500])
     if kind == "probe":
         study.tell(trial, state=_optuna().trial.TrialState.PRUNED)
         return
     trial.set_constraint(CONSTRAINT, _INFEASIBLE if value is None else 0.0)
     worst = 0.0 if study.direction == _optuna().study.StudyDirection.MAXIMIZE else 1e18
     study.tell(trial, worst if value is None else value)
+
+
+def stored_runs(study: optuna.Study, usable_bytes: int) -> list[RunRecord]:
+    """The runs the study held before this search, in the order they ended, each with when it
+    was measured (the report's memory plot draws them; its timeline does not)."""
+    state = _optuna().trial.TrialState
+    runs: list[RunRecord] = []
+    for t in study.get_trials(deepcopy=False, states=(state.COMPLETE, state.PRUNED)):
+        key = _candidate(t.params)
+        if "result" not in t.user_attrs or key is None:
+            continue
+        result = from_json_dict(TrialResult, json.loads(t.user_attrs["result"]))
+        kind = t.user_attrs.get("kind", "trial")
+        ended = t.datetime_complete or t.datetime_start
+        runs.append(run_record(
+            len(runs), kind if kind in ("probe", "trial", "re-measure") else "trial", key,
+            result, usable_bytes, compiled=key.knobs.compile_mode != "off",
+            stored_at=ended.astimezone(timezone.utc).isoformat(timespec="seconds")
+            if ended else None))
+    return runs

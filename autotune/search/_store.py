@@ -1,0 +1,302 @@
+"""The local study store: every search records its runs in an Optuna SQLite file under the
+user's cache folder, so a repeated search on the same key reuses what it measured.
+
+One study per key: the search's identity (workload and its source, target batch, world size,
+device, torch, budget, headroom, objective) plus what it searches (the knob settings and
+values, the timing settings) and autotune's version. The key's hash is the study's name; the
+key itself is a study attribute (``autotune cache list`` shows it, optuna-dashboard too).
+
+The store is a cache: when it cannot be used (an unwritable folder, a file that is not an
+SQLite database) the search runs without it and says why; a corrupt file is moved aside
+(never deleted) and a fresh store started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from autotune import __version__
+from autotune.errors import ConfigError
+from autotune.schema import StudyRecord
+
+if TYPE_CHECKING:
+    import optuna
+
+STORE_NAME = "studies.db"
+KEY_ATTR = "autotune_key"
+
+
+def cache_dir() -> Path:
+    """``$AUTOTUNE_CACHE_DIR``, else ``$XDG_CACHE_HOME/autotune``, else
+    ``~/.cache/autotune``.
+
+    Raises:
+        ConfigError: ``AUTOTUNE_CACHE_DIR`` is set but empty or names an existing file.
+    """
+    env = os.environ.get("AUTOTUNE_CACHE_DIR")
+    if env is not None:
+        if not env.strip():
+            raise ConfigError("AUTOTUNE_CACHE_DIR is set but empty: unset it (the default is "
+                              "$XDG_CACHE_HOME/autotune) or name a folder")
+        path = Path(env).expanduser()
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+        path = (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "autotune"
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"the autotune cache folder {path} is a file, not a folder: set "
+                          "AUTOTUNE_CACHE_DIR to a folder, or pass --no-cache")
+    return path.resolve()
+
+
+def store_path() -> Path:
+    """The SQLite file of the local study store."""
+    return cache_dir() / STORE_NAME
+
+
+def storage_url(path: Path) -> str:
+    return f"sqlite:///{path}"
+
+
+BUDGET_TOLERANCE = 0.05
+"""A stored study is reused while the memory budget is within this share of the one its runs
+were measured under: the default budget is what is free, which moves a little between runs.
+Stored peaks are judged against the budget of now; only an out-of-memory near the old cap
+could read otherwise."""
+
+
+def study_key(identity: dict[str, str], space: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(study name, key): the name is a hash of the key without the budget (compared with
+    ``BUDGET_TOLERANCE`` on open), so the same search finds its study."""
+    key = {**identity, "space": space, "autotune": __version__}
+    named = {k: v for k, v in key.items() if k != "budget_bytes"}
+    digest = hashlib.sha256(json.dumps(named, sort_keys=True).encode()).hexdigest()[:16]
+    return f"autotune-{digest}", key
+
+
+def _budget_moved(stored: dict[str, Any], key: dict[str, Any]) -> str:
+    """Why the stored study's budget is too far from this search's ('' when close enough)."""
+    try:
+        before, now = int(stored["budget_bytes"]), int(key["budget_bytes"])
+    except (KeyError, TypeError, ValueError):
+        return "its key is unreadable"
+    if abs(now - before) <= BUDGET_TOLERANCE * max(before, 1):
+        return ""
+    return (f"the memory budget moved from {before / 2**20:,.0f} MiB to {now / 2**20:,.0f} MiB "
+            f"(more than {BUDGET_TOLERANCE:.0%})")
+
+
+@dataclass(frozen=True)
+class LocalStudy:
+    """The study a search records into, and what the store said while opening it."""
+
+    study: optuna.Study
+    storage: str | None
+    """The store's URL; None when the search runs without it (in memory)."""
+    note: str = ""
+    """Why the store was not used, or what was done to it (a corrupt file moved aside)."""
+
+
+def open_local(name: str, key: dict[str, Any], direction: str, *,
+               fresh: bool = False) -> LocalStudy:
+    """Open (or create) the key's study in the local store. ``fresh``: delete its stored runs
+    first. Never raises for the store's own trouble: the search then runs in memory and the
+    note says why.
+
+    Raises:
+        ConfigError: ``AUTOTUNE_CACHE_DIR`` is unusable as a folder name (see ``cache_dir``).
+    """
+    optuna = _optuna()
+    try:
+        path = store_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(path.parent, os.W_OK | os.X_OK):
+            raise PermissionError(f"{path.parent} is not writable")
+    except OSError as exc:
+        return LocalStudy(_in_memory(direction), None,
+                          f"study store not used: {exc}; runs are not kept (set "
+                          "AUTOTUNE_CACHE_DIR to a writable folder, or pass --no-cache)")
+    try:
+        lock = _lock(path.with_name(f"{path.name}.lock"))
+    except OSError as exc:
+        return LocalStudy(_in_memory(direction), None,
+                          f"study store not used: cannot lock {path}: {exc}; runs are not kept")
+    with lock:  # one process at a time creates tables and studies (they race otherwise)
+        note = ""
+        if path.exists() and not _is_sqlite(path):
+            note = _move_aside(path)
+        try:
+            study, moved = _open(optuna, path, name, key, direction, fresh)
+        except Exception as exc:  # sqlalchemy/optuna raise many types for a damaged database
+            if not path.exists():
+                raise
+            note = _move_aside(path, f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
+            try:
+                study, moved = _open(optuna, path, name, key, direction, fresh)
+            except Exception as again:
+                return LocalStudy(_in_memory(direction), None,
+                                  f"{note}; the fresh store failed too ({type(again).__name__}: "
+                                  f"{str(again).splitlines()[0]}): runs are not kept")
+    return LocalStudy(study, storage_url(path), "; ".join(filter(None, (note, moved))))
+
+
+LOCK_WAIT_S = 60.0
+
+
+def _lock(path: Path) -> IO[str]:
+    """Open ``path`` (created if missing) holding an exclusive lock on it: closing the file
+    releases it.
+
+    Raises:
+        OSError: the lock file cannot be made, or another process held it ``LOCK_WAIT_S``.
+    """
+    import fcntl
+
+    f = path.open("a")
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return f
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                f.close()
+                raise OSError(f"another process held {path} for {LOCK_WAIT_S:.0f} s") from None
+            time.sleep(0.05)
+
+
+def _open(optuna: Any, path: Path, name: str, key: dict[str, Any], direction: str,
+          fresh: bool) -> tuple[optuna.Study, str]:
+    storage = storage_url(path)
+    if fresh:
+        with contextlib.suppress(KeyError):
+            optuna.delete_study(study_name=name, storage=storage)
+    study = optuna.create_study(storage=storage, study_name=name, direction=direction,
+                                load_if_exists=True)
+    stored = study.user_attrs.get(KEY_ATTR)
+    why = _budget_moved(stored, key) if isinstance(stored, dict) else ""
+    if why:
+        optuna.delete_study(study_name=name, storage=storage)
+        study = optuna.create_study(storage=storage, study_name=name, direction=direction)
+        stored = None
+    if stored is None:
+        study.set_user_attr(KEY_ATTR, key)
+        study.set_user_attr("created_at", datetime.now(timezone.utc).isoformat(
+            timespec="seconds"))
+    return study, (f"stored runs not reused: {why}; this search's replace them" if why else "")
+
+
+def _in_memory(direction: str) -> optuna.Study:
+    return _optuna().create_study(direction=direction)
+
+
+def _is_sqlite(path: Path) -> bool:
+    """An SQLite database starts with this header (an empty file is one too: SQLite makes
+    it a database)."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(16)
+    except OSError:
+        return True  # unreadable: let SQLite say why
+    return head in (b"", b"SQLite format 3\x00")
+
+
+def _move_aside(path: Path, why: str = "not an SQLite database") -> str:
+    """Rename a damaged store to ``studies.db.corrupt-<time>`` (kept, never deleted)."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    aside = path.with_name(f"{path.name}.corrupt-{stamp}")
+    try:
+        path.replace(aside)
+    except OSError as exc:
+        return f"study store {path} is damaged ({why}) and could not be moved aside: {exc}"
+    return (f"study store {path} was damaged ({why}): moved to {aside.name} and a fresh store "
+            "started (earlier runs are not reused)")
+
+
+@dataclass(frozen=True)
+class StoredStudy:
+    """One study in the store, as ``autotune cache list`` shows it."""
+
+    name: str
+    key: dict[str, Any]
+    num_runs: int
+    last_run_at: str | None
+
+
+def list_studies() -> tuple[Path, list[StoredStudy]]:
+    """The store's file and its studies (none when it does not exist).
+
+    Raises:
+        ConfigError: the store cannot be read.
+    """
+    path = store_path()
+    if not path.exists():
+        return path, []
+    optuna = _optuna()
+    try:
+        summaries = optuna.get_all_study_summaries(storage_url(path), include_best_trial=False)
+        studies = []
+        for s in summaries:
+            study = optuna.load_study(study_name=s.study_name, storage=storage_url(path))
+            ends = [t.datetime_complete for t in study.get_trials(deepcopy=False)
+                    if t.datetime_complete]
+            studies.append(StoredStudy(
+                s.study_name, dict(s.user_attrs.get(KEY_ATTR, {})), s.n_trials,
+                max(ends).astimezone(timezone.utc).isoformat(timespec="seconds")
+                if ends else None))
+    except Exception as exc:
+        raise ConfigError(f"cannot read the study store {path}: {type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0]}; `autotune cache clear` removes it"
+                          ) from exc
+    return path, studies
+
+
+def clear_studies() -> list[Path]:
+    """Remove the store's files (and damaged ones moved aside); the files removed."""
+    folder = cache_dir()
+    if not folder.is_dir():
+        return []
+    removed = []
+    for path in sorted(folder.glob(f"{STORE_NAME}*")):
+        try:
+            path.unlink()
+        except OSError as exc:
+            raise ConfigError(f"cannot remove {path}: {exc.strerror or exc}") from exc
+        removed.append(path)
+    return removed
+
+
+def _optuna() -> Any:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna
+
+
+def recall(study: StudyRecord | None, name: str) -> Any:
+    """A value a search before kept in its study (``remember``); None when there is none, or
+    no store."""
+    if study is None or not study.storage or not study.name:
+        return None
+    try:
+        return _optuna().load_study(study_name=study.name,
+                                    storage=study.storage).user_attrs.get(name)
+    except Exception:  # a cache: unreadable is the same as absent
+        return None
+
+
+def remember(study: StudyRecord | None, name: str, value: Any) -> None:
+    """Keep a JSON value in the study for the next search with its key (e.g. the estimator's
+    figures for a calibration); nothing without a store."""
+    if study is None or not study.storage or not study.name:
+        return
+    with contextlib.suppress(Exception):  # a cache: failing to keep is not an error
+        _optuna().load_study(study_name=study.name, storage=study.storage).set_user_attr(
+            name, value)

@@ -1,0 +1,231 @@
+"""The local study store: a repeated search reuses its runs and re-checks the leaders; a
+changed budget, ``--fresh``, ``--no-cache``, a damaged store and two searches at once.
+
+The scripted device of test_search_stages stands in for the runner (each test has a store of
+its own: conftest's ``AUTOTUNE_CACHE_DIR``).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sqlite3
+from dataclasses import replace
+from pathlib import Path
+
+import optuna
+import pytest
+from typer.testing import CliRunner
+
+from autotune.cli import app
+from autotune.config import MIB
+from autotune.errors import ConfigError
+from autotune.search import SearchSettings, list_studies, run_search, store_path, tuned_config
+from tests.test_search_stages import CLASSES, SETTINGS, ScriptedDevice, by_class, plan
+
+SPEEDS = by_class(100, 150, 160, 200, 300, 290)
+"""bf16/default leads bf16/max-autotune by 3%: a close race, re-measured."""
+CLEAR = by_class(100, 150, 160, 200, 300, 200)
+"""bf16/default leads by 50%: a clear lead, not re-measured by a first search."""
+
+
+def search(device: ScriptedDevice, settings: SearchSettings = SETTINGS, report=None):
+    return run_search(report or plan(), CLASSES, settings, run=device)
+
+
+def winner(outcome) -> str:
+    config = tuned_config(plan(), outcome, SETTINGS)
+    return f"{config.knobs.label()}/{config.micro_batch}"
+
+
+def test_a_repeated_search_reuses_every_run_and_re_checks_only_the_two_leaders() -> None:
+    first = ScriptedDevice(CLEAR)
+    one = search(first)
+    assert not any("re-check" in s for s in one.skipped)
+    again = ScriptedDevice(CLEAR)
+    two = search(again)
+    # Nothing probed or timed again: only the leader and the runner-up, once each, in full.
+    assert again.runs() == ["bf16/default/32", "bf16/default/16"]
+    assert all(s.timing_precision is None for s in again.specs)
+    assert winner(two) == winner(one) == "bf16/default/32"
+    assert two.num_runs == 2 and two.cost is not None and two.cost.num_runs == 2
+    # The report's record: the first search's runs come first, stamped; then the re-checks.
+    stored = [r for r in two.runs if r.stored_at]
+    assert len(stored) == one.num_runs
+    assert [r.kind for r in two.runs if not r.stored_at] == ["re-measure", "re-measure"]
+    assert sum("re-check of" in s and "within the noise" in s for s in two.skipped) == 2
+    assert two.study is not None and two.study.storage == f"sqlite:///{store_path()}"
+
+
+def test_a_stale_stored_leader_is_replaced_by_its_fresh_run_and_loses() -> None:
+    search(ScriptedDevice(SPEEDS))
+    # The machine changed: bf16/default now runs 40% slower than its stored timing.
+    slower = ScriptedDevice({**SPEEDS, "bf16/default": 180})
+    two = search(slower)
+    assert "bf16/default/32" in slower.runs()
+    assert any(s.startswith("re-check of bf16/default/32 (stored run): 300.0 samples/s "
+                            "stored, 180.0 now, slower beyond the noise") for s in two.skipped)
+    assert winner(two) == "bf16/max-autotune/32"
+
+
+def test_fresh_measures_everything_again_and_no_cache_keeps_nothing() -> None:
+    first = ScriptedDevice(SPEEDS)
+    search(first)
+    fresh = ScriptedDevice(SPEEDS)
+    search(fresh, replace(SETTINGS, fresh=True))
+    assert fresh.runs() == first.runs()
+    _, studies = list_studies()
+    assert [s.num_runs for s in studies] == [len(first.specs)]  # replaced, not added to
+    store_path().unlink()
+    memory_only = ScriptedDevice(SPEEDS)
+    outcome = search(memory_only, replace(SETTINGS, cache=False))
+    assert not store_path().exists()
+    assert outcome.study is not None and outcome.study.storage == ""
+
+
+class AnyBudget(ScriptedDevice):
+    """The scripted device, run under another search budget (its memory stays the same)."""
+
+    def __call__(self, spec):
+        return super().__call__(replace(spec, memory_budget_bytes=plan().budget_bytes))
+
+
+def test_the_store_is_reused_within_5_percent_of_the_budget_and_not_beyond() -> None:
+    search(ScriptedDevice(SPEEDS))
+    near = AnyBudget(SPEEDS)
+    search(near, report=replace(plan(), budget_bytes=plan().budget_bytes - 20 * MIB))
+    assert len(near.specs) <= 3  # re-checks only
+    far = AnyBudget(SPEEDS)
+    outcome = search(far, report=replace(plan(), budget_bytes=plan().budget_bytes - 100 * MIB))
+    assert far.specs[0].micro_batch == 64 and len(far.specs) > 3  # probed from scratch
+    assert outcome.study is not None
+    assert outcome.study.note == ("stored runs not reused: the memory budget moved from "
+                                  "1,000 MiB to 900 MiB (more than 5%); this search's replace "
+                                  "them")
+
+
+def test_a_damaged_store_is_moved_aside_kept_and_a_fresh_one_started() -> None:
+    path = store_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"not a database \x00\xff" * 100)
+    device = ScriptedDevice(SPEEDS)
+    outcome = search(device)
+    aside = list(path.parent.glob("studies.db.corrupt-*"))
+    assert len(aside) == 1 and aside[0].read_bytes() == b"not a database \x00\xff" * 100
+    assert outcome.study is not None and outcome.study.note.startswith(
+        f"study store {path} was damaged (not an SQLite database): moved to {aside[0].name}")
+    # The fresh store works: a repeat reuses it.
+    again = ScriptedDevice(SPEEDS)
+    search(again)
+    assert len(again.specs) <= 3
+
+
+def test_a_store_with_sqlite_header_but_broken_tables_is_moved_aside(tmp_path: Path) -> None:
+    path = store_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(path) as db:  # an SQLite file, but not an Optuna schema
+        db.execute("create table studies (nonsense text)")
+    outcome = search(ScriptedDevice(SPEEDS))
+    assert outcome.study is not None and "was damaged" in outcome.study.note
+    assert outcome.study.storage == f"sqlite:///{path}"
+    assert len(list(path.parent.glob("studies.db.corrupt-*"))) == 1
+
+
+def test_a_cache_folder_that_cannot_be_made_runs_in_memory_and_says_why(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("mine")
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(blocker / "cache"))
+    outcome = search(ScriptedDevice(SPEEDS))
+    assert outcome.study is not None and outcome.study.storage == ""
+    assert outcome.study.note.startswith("study store not used: ")
+    assert "AUTOTUNE_CACHE_DIR" in outcome.study.note
+    assert blocker.read_text() == "mine"
+
+
+@pytest.mark.parametrize("value, message", [
+    ("", "AUTOTUNE_CACHE_DIR is set but empty"),
+    ("{file}", "is a file, not a folder"),
+])
+def test_a_cache_dir_naming_nothing_usable_is_a_config_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str, message: str) -> None:
+    (tmp_path / "f").write_text("x")
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", value.format(file=tmp_path / "f"))
+    with pytest.raises(ConfigError) as info:
+        search(ScriptedDevice(SPEEDS))
+    assert message in str(info.value)
+
+
+def test_the_store_records_readable_attributes_for_optuna_dashboard() -> None:
+    search(ScriptedDevice(SPEEDS))
+    _, [stored] = list_studies()
+    study = optuna.load_study(study_name=stored.name, storage=f"sqlite:///{store_path()}")
+    timed = [t for t in study.trials
+             if t.user_attrs.get("kind") == "trial" and t.user_attrs["status"] == "ok"]
+    assert timed and all({"samples_per_s", "peak_MiB", "median_step_s", "status"}
+                         <= set(t.user_attrs) for t in timed)
+    assert stored.key["target_batch"] == "64" and stored.key["space"]["classes"]
+
+
+def test_cache_list_and_clear_show_and_remove_the_store() -> None:
+    runner = CliRunner()
+    empty = runner.invoke(app, ["cache", "list"])
+    assert empty.exit_code == 0 and "no stored studies" in empty.output
+    search(ScriptedDevice(SPEEDS))
+    listed = runner.invoke(app, ["cache", "list", "--json"])
+    assert listed.exit_code == 0, listed.output
+    assert '"target_batch": "64"' in listed.output
+    cleared = runner.invoke(app, ["cache", "clear"])
+    assert cleared.exit_code == 0 and not store_path().exists()
+
+
+def test_cache_list_of_a_damaged_store_exits_2_saying_how_to_clear_it() -> None:
+    path = store_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(path) as db:
+        db.execute("create table studies (nonsense text)")
+    result = CliRunner().invoke(app, ["cache", "list"])
+    assert result.exit_code == 2
+    assert f"cannot read the study store {path}" in result.output
+    assert "autotune cache clear" in result.output
+
+
+def test_fresh_with_storage_is_refused() -> None:
+    result = CliRunner().invoke(app, ["search", "--fresh", "--storage", "sqlite:///x.db"])
+    assert result.exit_code == 2
+    assert "--fresh applies to the local study store" in result.output
+
+
+def _search_in_child(queue: multiprocessing.Queue, speeds: dict[str, float]) -> None:
+    class Slow(ScriptedDevice):
+        def __call__(self, spec):
+            import time
+
+            time.sleep(0.05)  # let the two searches' runs interleave
+            return super().__call__(spec)
+
+    device = Slow(speeds)
+    outcome = run_search(plan(), CLASSES, SETTINGS, run=device)
+    queue.put((outcome.num_runs, winner(outcome)))
+
+
+@pytest.mark.subprocess
+def test_two_searches_at_once_on_one_key_lose_no_run_and_agree() -> None:
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    children = [ctx.Process(target=_search_in_child, args=(queue, SPEEDS)) for _ in range(2)]
+    for child in children:
+        child.start()
+    results = [queue.get(timeout=120) for _ in children]
+    for child in children:
+        child.join(timeout=60)
+        assert child.exitcode == 0
+    assert {w for _, w in results} == {"bf16/default/32"}
+    _, [stored] = list_studies()
+    study = optuna.load_study(study_name=stored.name, storage=f"sqlite:///{store_path()}")
+    states = [t.state for t in study.trials]
+    # Every run of both searches is in the study, each complete or pruned (a probe): none
+    # failed, none handed to the other search, none lost.
+    assert len(states) == sum(n for n, _ in results)
+    assert set(states) <= {optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED}
+    assert os.environ["AUTOTUNE_CACHE_DIR"] in str(store_path())
