@@ -46,7 +46,9 @@ def test_a_repeated_search_reuses_every_run_and_re_checks_only_the_two_leaders()
     two = search(again)
     # Nothing probed or timed again: only the leader and the runner-up, once each, in full.
     assert again.runs() == ["bf16/default/32", "bf16/default/16"]
-    assert all(s.timing_precision is None for s in again.specs)
+    # Timed until their medians are known (no stop for being behind: a re-check, not a race).
+    assert all(s.timing_precision == SETTINGS.rank_precision and s.stop_above_step_s is None
+               for s in again.specs)
     assert winner(two) == winner(one) == "bf16/default/32"
     assert two.num_runs == 2 and two.cost is not None and two.cost.num_runs == 2
     # The report's record: the first search's runs come first, stamped; then the re-checks.
@@ -229,3 +231,13 @@ def test_two_searches_at_once_on_one_key_lose_no_run_and_agree() -> None:
     assert len(states) == sum(n for n, _ in results)
     assert set(states) <= {optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED}
     assert os.environ["AUTOTUNE_CACHE_DIR"] in str(store_path())
+
+
+def test_a_repeat_of_a_three_way_race_re_checks_only_the_two_leaders() -> None:
+    close = by_class(100, 150, 160, 295, 300, 290)
+    first = ScriptedDevice(close)
+    one = search(first)
+    assert sum(r.kind == "re-measure" for r in one.runs) == 3  # leader and 2 contenders
+    again = ScriptedDevice(close)
+    search(again)
+    assert len(again.specs) == 2 and again.runs()[0] == "bf16/default/32"

@@ -446,12 +446,19 @@ class _Search:
         keys = self._contenders()
         if len(keys) < 2:
             return
+        if all(k in self.stored for k in keys):
+            # A repeated search: its first confirmed the race; the re-check only asks whether
+            # the two leaders still run as stored, timed until their medians are known.
+            keys = keys[:2]
         for key in keys:
             recheck = key in self.stored
             if self.runs.get(key, 1) >= 2 and not recheck:  # re-measured before a resume
                 continue
             candidate = key
-            spec = self._limited(self.spec(candidate, early_stop=False))
+            spec = self.spec(candidate, early_stop=False)
+            if recheck:
+                spec = replace(spec, timing_precision=self.settings.rank_precision)
+            spec = self._limited(spec)
             self._progress(candidate, None)
             with running(self.study, candidate, self.micro_batches) as trial:
                 again = self._run_child(spec, "re-measure")
