@@ -241,3 +241,21 @@ def test_a_repeat_of_a_three_way_race_re_checks_only_the_two_leaders() -> None:
     again = ScriptedDevice(close)
     search(again)
     assert len(again.specs) == 2 and again.runs()[0] == "bf16/default/32"
+
+
+def test_an_interrupted_search_keeps_every_run_it_finished_for_the_next() -> None:
+    class CtrlC(ScriptedDevice):
+        def __call__(self, spec):
+            if len(self.specs) == 5:
+                raise KeyboardInterrupt
+            return super().__call__(spec)
+
+    cut = CtrlC(SPEEDS)
+    stopped = search(cut)
+    assert stopped.interrupted and stopped.stop_reason.startswith("interrupted (Ctrl-C)")
+    done = cut.runs()[:5]
+    again = ScriptedDevice(SPEEDS)
+    two = search(again)
+    assert not set(done) & set(again.runs()[:len(again.runs()) - 2])  # none run twice
+    assert len([r for r in two.runs if r.stored_at]) == 5
+    assert not two.interrupted
