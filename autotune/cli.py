@@ -102,7 +102,9 @@ def _exits() -> Iterator[None]:
         written = getattr(exc, "written", None)
         name = "Ctrl-C" if getattr(exc, "signal_name", "SIGINT") == "SIGINT" else exc.signal_name
         err.print(f"interrupted ({name}): " + (
-            f"wrote {written} and its train_autotuned.py first" if written else
+            f"wrote {written}, its train_autotuned.py"
+            + (" and autotune.html" if Path(written).with_suffix(".html").exists() else "")
+            + " first" if written else
             "nothing written"), highlight=False, markup=False)
         raise typer.Exit(getattr(exc, "exit_code", 130)) from None
     except (typer.Exit, typer.Abort, SystemExit):

@@ -163,9 +163,14 @@ def _not_timed(c: TunedConfig) -> str:
     out = ""
     if failed:
         out += "<h3>Ran, not timed</h3>" + _table(("candidate", "outcome", "why"), failed)
-    if c.skipped:
+    rechecks = [s for s in c.skipped if s.startswith("re-check of ")]
+    skipped = [s for s in c.skipped if s not in rechecks]
+    if skipped:
         out += ("<h3>Not measured, with the measured reason</h3><ul class=\"lines\">"
-                + "".join(f"<li>{_e(s)}</li>" for s in c.skipped) + "</ul>")
+                + "".join(f"<li>{_e(s)}</li>" for s in skipped) + "</ul>")
+    if rechecks:
+        out += ("<h3>Re-checked: stored runs measured again</h3><ul class=\"lines\">"
+                + "".join(f"<li>{_e(s)}</li>" for s in rechecks) + "</ul>")
     return out
 
 

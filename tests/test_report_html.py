@@ -406,3 +406,13 @@ def test_page_shows_its_own_script_errors_and_undrawn_plots(tmp_path: Path) -> N
     assert any("the memory plot did not draw" in e for e in state.errors), state
     assert state.plots["memory"].get("data-rendered") is None
     assert state.plots["throughput"].get("data-rendered") == "yes"
+
+
+def test_re_checks_of_stored_runs_are_listed_apart_from_what_was_not_measured() -> None:
+    recheck = ("re-check of bf16/default/32 (stored run): 300.0 samples/s stored, 180.0 now, "
+               "slower beyond the noise (5%): the fresh run counts")
+    page = render_html(searched(skipped=("bf16/max-autotune not tried: behind", recheck)))
+    not_measured = page.split("Not measured, with the measured reason", 1)[1]
+    skipped_part, rechecked = not_measured.split("Re-checked: stored runs measured again", 1)
+    assert html.escape(recheck) not in skipped_part
+    assert html.escape(recheck) in rechecked.split("</ul>", 1)[0]
