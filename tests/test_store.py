@@ -259,3 +259,14 @@ def test_an_interrupted_search_keeps_every_run_it_finished_for_the_next() -> Non
     assert not set(done) & set(again.runs()[:len(again.runs()) - 2])  # none run twice
     assert len([r for r in two.runs if r.stored_at]) == 5
     assert not two.interrupted
+
+
+def test_a_repeat_says_each_stored_result_before_it_re_checks() -> None:
+    one = search(ScriptedDevice(SPEEDS))
+    said: list[tuple[str, str, bool]] = []
+    run_search(plan(), CLASSES, SETTINGS, run=ScriptedDevice(SPEEDS),
+               on_trial=lambda n, stage, c, rec: said.append((stage, c.key(), rec is None)))
+    stored = [key for stage, key, _ in said if stage == "stored"]
+    assert sorted(stored) == sorted(f"{r.knobs.label()}/{r.micro_batch}" for r in one.records)
+    assert [stage for stage, _, _ in said][:len(stored)] == ["stored"] * len(stored)
+    assert {stage for stage, _, _ in said[len(stored):]} == {"confirm"}

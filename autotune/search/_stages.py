@@ -203,6 +203,11 @@ class _Search:
                 k.name, ()) for k in KNOBS[2:])
 
     def stages(self, classes: Sequence[Knobs]) -> None:
+        self.stage = "stored"  # what the study holds, said before it answers the stages
+        for key, result in list(self.results.items()):
+            self._progress(key, classify(key, result, self.results, None, self.report,
+                                         self.settings)[0])
+        self.stage = "probe"
         first = sorted((c for c in classes if c.compile_mode in FIRST_MODES),
                        key=lambda c: (c != BASELINE, c.compile_mode != "off"))
         for knobs in first:
