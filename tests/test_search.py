@@ -339,6 +339,12 @@ def test_a_repeated_cli_search_reuses_the_store_and_re_checks_the_leaders(
     assert two.study is not None
     kept = optuna.load_study(study_name=two.study.name, storage=two.study.storage).user_attrs
     assert any(k.startswith("estimate:fp32/off:") for k in kept)
+    # Readable in optuna-dashboard; no compile seconds for eager runs (a warm-up is no compile).
+    trials = optuna.load_study(study_name=two.study.name, storage=two.study.storage).trials
+    timed = [t for t in trials if t.user_attrs.get("status") == "ok"
+             and t.user_attrs.get("kind") != "probe"]
+    assert timed and all("samples_per_s" in t.user_attrs and "compile_s" not in t.user_attrs
+                         for t in timed)
     # --no-cache: every run again, nothing reused.
     cold = runner.invoke(app, [*args, "--out", str(tmp_path / "three"), "--no-cache"])
     assert cold.exit_code == 0, cold.output

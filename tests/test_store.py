@@ -270,3 +270,28 @@ def test_a_repeat_says_each_stored_result_before_it_re_checks() -> None:
     assert sorted(stored) == sorted(f"{r.knobs.label()}/{r.micro_batch}" for r in one.records)
     assert [stage for stage, _, _ in said][:len(stored)] == ["stored"] * len(stored)
     assert {stage for stage, _, _ in said[len(stored):]} == {"confirm"}
+
+
+class Fingerprinted(ScriptedDevice):
+    """The scripted device, reporting the model's fingerprint as a real child does."""
+
+    fingerprint: str = "model-a"
+
+    def __call__(self, spec):
+        return replace(super().__call__(spec), workload_fingerprint=self.fingerprint)
+
+
+def test_a_re_check_that_finds_another_model_measures_everything_again() -> None:
+    first = Fingerprinted(SPEEDS)
+    search(first)
+    edited = Fingerprinted(SPEEDS)
+    edited.fingerprint = "model-b"  # e.g. a module the workload imports changed its shapes
+    outcome = search(edited)
+    # One re-check found the change; then every candidate ran again, none from the store.
+    assert edited.runs()[1:] == first.runs()
+    assert not any(r.stored_at for r in outcome.runs)
+    assert len(outcome.runs) == outcome.num_runs == len(first.specs) + 1
+    assert outcome.study is not None and "the workload changed since they were measured" in (
+        outcome.study.note)
+    _, [stored] = list_studies()
+    assert stored.num_runs == len(first.specs)  # the stale runs were replaced

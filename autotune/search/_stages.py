@@ -81,6 +81,10 @@ class _Stop(Exception):
     """A limit ended the search early: the best so far stands."""
 
 
+class _Stale(Exception):
+    """A re-check ran another model than the stored runs did (its fingerprint differs)."""
+
+
 MIN_CHILD_S = 1.0
 """A child run needs at least this much of the time budget left to be started."""
 
@@ -110,7 +114,14 @@ def run_search(report: ProbeReport, classes: Sequence[Knobs], settings: SearchSe
     search = _Search(report, classes, settings, values or {}, run, on_trial, on_step)
     interrupted, stop_reason = False, "every class was tried or pruned with a reason"
     try:
-        search.stages(classes)
+        try:
+            search.stages(classes)
+        except _Stale as stale:  # the stored runs measured another model: measure afresh
+            search = _Search(report, classes, replace(settings, fresh=True), values or {},
+                             run, on_trial, on_step, before=search)
+            search.study_record = replace(search.study_record, note="; ".join(
+                filter(None, (search.study_record.note, str(stale)))))
+            search.stages(classes)
     except _Stop as stop:
         interrupted, stop_reason = True, str(stop)
     except KeyboardInterrupt as exc:
@@ -137,7 +148,10 @@ class _Search:
 
     def __init__(self, report: ProbeReport, classes: Sequence[Knobs],
                  settings: SearchSettings, values: Mapping[str, Sequence[str]], run: Runner,
-                 on_trial: OnTrial | None, on_step: OnStep | None) -> None:
+                 on_trial: OnTrial | None, on_step: OnStep | None, *,
+                 before: _Search | None = None) -> None:
+        """``before``: a search given up (its stored runs were stale); its own runs, cost and
+        clock carry over, so the limits and the record cover both."""
         self.report, self.settings = report, settings
         self._run, self._on_trial, self._on_step = run, on_trial, on_step
         self.per_device = report.per_device_batch()
@@ -173,6 +187,11 @@ class _Search:
         """Every child run: the study's stored ones first, then this search's, in order."""
         self.stage = "probe"
         self.start = time.perf_counter()
+        if before is not None:
+            self.num_runs, self.start = before.num_runs, before.start
+            self.cost, self.compiles = dict(before.cost), list(before.compiles)
+            self.run_log += [replace(r, number=len(self.run_log) + i) for i, r in enumerate(
+                r for r in before.run_log if r.stored_at is None)]
 
     def _open_study(self, classes: Sequence[Knobs]) -> tuple[Any, StudyRecord]:
         """``--storage``'s study, or the local store's study for this search's key, or (with
@@ -473,6 +492,13 @@ class _Search:
             self.runs[key] = self.runs.get(key, 1) + 1
             self._progress(candidate, rec)  # the re-run's own figures
             stored = self.results[key]
+            if recheck and again.ok and stored.workload_fingerprint and \
+                    again.workload_fingerprint not in ("", stored.workload_fingerprint):
+                raise _Stale(
+                    f"stored runs not reused: the workload changed since they were measured "
+                    f"(re-check of {key.key()}: fingerprint {again.workload_fingerprint}, "
+                    f"stored {stored.workload_fingerprint}: its parameter or batch shapes "
+                    "differ); every candidate was measured again")
             self.results[key] = keep_better(stored, again)
             if recheck:
                 self.stored.discard(key)

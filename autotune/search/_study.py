@@ -225,7 +225,7 @@ def tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult, value: f
         trial.set_user_attr("timed_steps", len(result.step_times_s))
     if (per_s := result.samples_per_s()) is not None:
         trial.set_user_attr("samples_per_s", round(per_s, 2))
-    if result.compile_s is not None:
+    if result.compile_s is not None and trial.params.get("compile_mode") != "off":
         trial.set_user_attr("compile_s", round(result.compile_s, 1))
     if result.wall_s is not None:
         trial.set_user_attr("wall_s", round(result.wall_s, 1))
