@@ -293,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
               "to run its code on this CPU)", file=sys.stderr)
         return 2
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="gpu-inductor-"))
+    # Each suite run measures afresh: no study store from an earlier run answers its searches.
+    os.environ.setdefault("AUTOTUNE_CACHE_DIR", tempfile.mkdtemp(prefix="gpu-store-"))
     start = time.perf_counter()
     results: dict = {"machine": machine(), "full": args.full, "rehearsal": setup.rehearsal,
                      "steps": {}}

@@ -147,6 +147,8 @@ def fresh_inductor_cache() -> str:
     exhaustive search would)."""
     path = tempfile.mkdtemp(prefix="bench-inductor-")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+    # And an empty study store: a search measured again must not answer from the last one.
+    os.environ["AUTOTUNE_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-store-")
     return path
 
 
