@@ -48,7 +48,9 @@ PretrainedOpt = Annotated[bool, typer.Option(
 TargetOpt = Annotated[int, typer.Option(
     "--target-batch", min=1,
     help="Effective batch size (samples per optimizer step, all devices).")]
-WorldOpt = Annotated[int, typer.Option("--world-size", min=1, help="Data-parallel devices.")]
+WorldOpt = Annotated[int, typer.Option(
+    "--world-size", min=1, help="Data-parallel devices of the whole job, all nodes (with "
+    "--nproc-per-node: default that many).")]
 DeviceOpt = Annotated[Optional[str], typer.Option(
     "--device", help="cpu, cuda or cuda:N (default: cuda when available).")]
 BudgetOpt = Annotated[Optional[str], typer.Option(
@@ -77,6 +79,13 @@ MemoryFormatsOpt = Annotated[Optional[str], typer.Option(
     "--memory-formats", help=_knob_help("memory_format"))]
 AllocatorsOpt = Annotated[Optional[str], typer.Option(
     "--allocators", help=_knob_help("allocator"))]
+StrategyOpt = Annotated[Optional[str], typer.Option(
+    "--strategy", help=_knob_help("strategy")
+    + " Default: none with one process, ddp with --nproc-per-node above 1.")]
+NprocOpt = Annotated[int, typer.Option(
+    "--nproc-per-node", help="Ranks each probe and trial runs as one job on this machine "
+    "(torch's elastic launcher, as torchrun; gloo on CPU, nccl on CUDA), each capped like a "
+    "device: at most this machine's GPUs (CPU: cores). --world-size defaults to it.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
 TrialTimeoutOpt = Annotated[str, typer.Option(
     "--trial-timeout", help="Most wall time of one child run (probe or trial), e.g. 90s or "
@@ -134,12 +143,14 @@ def _split(text: str | None, option: str) -> list[str] | None:
 
 
 def _knob_values(checkpointing: str | None, optimizer_impls: str | None,
-                 memory_formats: str | None, allocators: str | None) -> dict[str, list[str] | None]:
+                 memory_formats: str | None, allocators: str | None,
+                 strategy: str | None = None) -> dict[str, list[str] | None]:
     """The knob options as ``TuneRequest.knob_values`` (checked there, all at once)."""
     return {"checkpointing": _split(checkpointing, "--checkpointing"),
             "optimizer_impl": _split(optimizer_impls, "--optimizer-impls"),
             "memory_format": _split(memory_formats, "--memory-formats"),
-            "allocator": _split(allocators, "--allocators")}
+            "allocator": _split(allocators, "--allocators"),
+            "strategy": _split(strategy, "--strategy")}
 
 
 def _seconds(text: str, option: str) -> float:
@@ -181,11 +192,13 @@ def probe(
     optimizer_impls: OptimizerImplsOpt = None,
     memory_formats: MemoryFormatsOpt = None,
     allocators: AllocatorsOpt = None,
+    strategy: StrategyOpt = None,
+    nproc_per_node: NprocOpt = 1,
     trial_timeout: TrialTimeoutOpt = "15m",
     json_out: JsonOpt = False,
 ) -> None:
-    """Find the largest micro-batch that fits, for each precision and compile mode (the
-    other knobs at their first value asked for, default their default)."""
+    """Find the largest micro-batch that fits, for each precision and compile mode and each
+    --strategy (the other knobs at their first value asked for, default their default)."""
     with _exits():
         from autotune import api, report
 
@@ -203,7 +216,8 @@ def probe(
                 precisions=_split(precisions, "--precisions"),
                 compile_modes=_split(compile_modes, "--compile-modes"),
                 knob_values=_knob_values(checkpointing, optimizer_impls, memory_formats,
-                                         allocators))
+                                         allocators, strategy),
+                nproc_per_node=nproc_per_node)
             result = api.probe(request, timeout_s=_seconds(trial_timeout, "--trial-timeout"),
                                on_step=on_step)
         if json_out:
@@ -232,6 +246,8 @@ def search(
     optimizer_impls: OptimizerImplsOpt = None,
     memory_formats: MemoryFormatsOpt = None,
     allocators: AllocatorsOpt = None,
+    strategy: StrategyOpt = None,
+    nproc_per_node: NprocOpt = 1,
     out: Annotated[Path, typer.Option("--out", help="Folder for autotune.json.")] = Path("."),
     force: Annotated[bool, typer.Option(
         "--force", help="Overwrite autotune.json, train_autotuned.py and autotune.html.")
@@ -333,8 +349,8 @@ def search(
                 precisions=_split(precisions, "--precisions"),
                 compile_modes=_split(compile_modes, "--compile-modes"),
                 knob_values=_knob_values(checkpointing, optimizer_impls, memory_formats,
-                                         allocators),
-                allow_inexact=allow_inexact)
+                                         allocators, strategy),
+                nproc_per_node=nproc_per_node, allow_inexact=allow_inexact)
             result = api.search(request, out=out, force=force, settings=settings,
                                 on_step=on_step, on_trial=on_trial)
         if json_out:

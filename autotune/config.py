@@ -229,6 +229,10 @@ class TrialSpec(HasKnobs):
     (``autotune.timing.stop_reason``). None: time ``num_timed_steps``."""
     count_flops: bool = False
     """Count the model FLOPs of the first warm-up step (eager only; the baseline does it)."""
+    ranks: int = 1
+    """Processes of the job on this machine (``--nproc-per-node``): with a strategy other than
+    ``none`` the run is one job of this many ranks under torch's elastic launcher, each capped
+    like a single child; its result is the job's (``runner.merge_ranks``)."""
 
     def warmup_micro_batches(self) -> int:
         """Micro-batches each warm-up step accumulates."""
@@ -299,6 +303,8 @@ class TrialResult:
     """What the child saw of the workload that decides which knob values apply to it."""
     fragmentation_bytes: int | None = None
     """CUDA: reserved minus allocated at the peak (the allocator's fragmentation and cache)."""
+    rank_peak_bytes: tuple[int, ...] = ()
+    """A job of several ranks: each rank's peak, by rank (``peak_bytes`` is the largest)."""
     step_memory_bytes: tuple[int, ...] = ()
     """Memory after each optimizer step, warm-up included, recorded as the steps ran (so a run
     that failed later still has it). CPU: the address space over the baseline plus the model's
@@ -440,6 +446,8 @@ class ProbeReport:
     that found the class's precision too far behind to try it)."""
     allocator: str = ""
     """Allocator settings in force in the children (they move the CPU boundary)."""
+    nproc_per_node: int = 1
+    """Ranks each probe and trial runs as one job (``--nproc-per-node``)."""
 
     def per_device_batch(self) -> int:
         """target_batch / world_size: what one device's micro-batches must add up to."""

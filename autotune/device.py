@@ -73,6 +73,10 @@ class DeviceBackend(abc.ABC):
     def compile_modes(self) -> tuple[str, ...]:
         """Compile modes this kind can run."""
 
+    @abc.abstractmethod
+    def max_ranks(self) -> int:
+        """The most ranks of a job this machine runs on its own devices of this kind."""
+
     def default_compile_modes(self) -> tuple[str, ...]:
         """Compile modes a search tries when the user names none."""
         return self.compile_modes()
@@ -121,6 +125,11 @@ class TrialMemory(abc.ABC):
     def current(self) -> int:
         """Memory now, after a step (``TrialResult.step_memory_bytes``)."""
 
+    def rebase(self, model: nn.Module, batch_bytes: int) -> None:
+        """The model was sharded (FSDP): count its local shards from now on, not the full
+        model it was built as (nothing to do where the device's allocator counts)."""
+        return None
+
     @abc.abstractmethod
     def sync(self) -> None:
         """Wait for the device's queued work (before reading a clock)."""
@@ -159,6 +168,11 @@ class CPUBackend(DeviceBackend):
     def open_memory(self, spec: TrialSpec, model: nn.Module) -> TrialMemory:
         return _CPUMemory(spec, model)
 
+    def max_ranks(self) -> int:
+        """One rank per core: ranks sharing a core time each other's work."""
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+
     def compile_modes(self) -> tuple[str, ...]:
         """Every mode but the CUDA-graph ones."""
         return tuple(m for m in COMPILE_MODES if m not in CUDA_GRAPH_MODES)
@@ -194,6 +208,7 @@ def tensor_bytes(model: nn.Module) -> int:
     """Bytes of the model's parameters and buffers (each storage once: tied weights share)."""
     seen: dict[int, int] = {}
     for tensor in [*model.parameters(), *model.buffers()]:
+        tensor = getattr(tensor, "_local_tensor", tensor)  # a DTensor's shard on this rank
         storage = tensor.untyped_storage()
         seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values())
@@ -266,6 +281,18 @@ class _CPUMemory(TrialMemory):
             allowed = max(self.budget - self.model_bytes, 0)
             resource.setrlimit(resource.RLIMIT_AS, (self.baseline + allowed, hard))
 
+    def rebase(self, model: nn.Module, batch_bytes: int) -> None:
+        """Count from here: the sharded model's bytes and the batches exactly, the cap over
+        the address space now (the full parameters were freed). The kernel's VmPeak still
+        remembers the full model: a run whose training needs less than the parameters freed
+        reports that earlier high-water mark, an over-count that errs on the safe side."""
+        self.model_bytes = tensor_bytes(model) + batch_bytes
+        self.baseline = _proc_status()["VmSize"]
+        if self.budget is not None:
+            _, hard = resource.getrlimit(resource.RLIMIT_AS)
+            allowed = max(self.budget - self.model_bytes, 0)
+            resource.setrlimit(resource.RLIMIT_AS, (self.baseline + allowed, hard))
+
     def peak(self) -> dict[str, int | None]:
         """Peak bytes (address space over the baseline plus the model) and peak RSS."""
         status = _proc_status()
@@ -301,6 +328,12 @@ class CUDABackend(DeviceBackend):
 
     def compile_modes(self) -> tuple[str, ...]:
         return COMPILE_MODES
+
+    def max_ranks(self) -> int:
+        """One rank per GPU."""
+        import torch
+
+        return torch.cuda.device_count()
 
     def peak_tflops(self, device_name: str, precision: str) -> float | None:
         return peak_tflops(device_name, precision)

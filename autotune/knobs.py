@@ -30,6 +30,7 @@ Checkpointing = Literal["off", "blocks", "alternate"]
 OptimizerImpl = Literal["default", "for-loop", "foreach", "fused"]
 MemoryFormat = Literal["contiguous", "channels_last"]
 Allocator = Literal["default", "expandable_segments"]
+Strategy = Literal["none", "ddp", "ddp-bucket-view", "fsdp", "fsdp-no-reshard"]
 
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
@@ -67,6 +68,15 @@ class Knobs:
     allocator: Allocator = "default"
     """CUDA caching allocator: ``expandable_segments`` grows segments instead of caching
     fixed blocks: less fragmentation (reserved beyond allocated), so more fits."""
+    strategy: Strategy = "none"
+    """How the ranks of the job share the work: ``none`` (one process), ``ddp``
+    (DistributedDataParallel: every rank holds the whole model; gradients all-reduced once per
+    optimizer step, ``no_sync`` on the other micro-batches), ``ddp-bucket-view`` (its gradients
+    are views into the all-reduce buckets: one copy of the gradients less), ``fsdp`` (FSDP2
+    ``fully_shard`` per repeated block and the root: parameters, gradients and optimizer state
+    sharded over the ranks, parameters gathered per block and freed after its forward) or
+    ``fsdp-no-reshard`` (parameters kept gathered from forward to backward: one all-gather
+    less per block, the memory of unsharded parameters)."""
 
     def label(self) -> str:
         """``bf16/default``, with every knob away from its default after it, e.g.
@@ -138,7 +148,13 @@ class HasKnobs:
 
 
 BASELINE = Knobs()
-"""fp32 eager, nothing else changed: what an untuned user runs."""
+"""fp32 eager, nothing else changed: what an untuned user runs on one process."""
+
+
+def job_baseline(strategy: str = "none") -> Knobs:
+    """What an untuned user runs in a job of ``strategy``: fp32 eager, nothing else changed
+    (the baseline of a search of several ranks keeps their strategy)."""
+    return BASELINE.with_(strategy=strategy)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -187,6 +203,11 @@ class Knob:
     frees_memory: tuple[str, ...] = ()
     """Values that free memory, most first: each is worth a boundary probe of its own where
     memory binds (and may make fit what did not fit at all), never where it does not."""
+    by_default: tuple[str, ...] | None = None
+    """The values a search tries when its option is not given (None: every value)."""
+    families: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    """Names its option also takes for several values (``--strategy ddp``: plain DDP and its
+    memory option)."""
 
 
 def _ckpt_needs(value: str, traits: WorkloadTraits) -> str | None:
@@ -237,6 +258,14 @@ KNOBS: tuple[Knob, ...] = (
          default="default", cuda_only=("expandable_segments",),
          frees_memory=("expandable_segments",),
          help="CUDA allocator setting expandable_segments: less fragmentation, so more fits"),
+    Knob(name="strategy", tag="dp", option="--strategy", values=get_args(Strategy),
+         default="none", frees_memory=("fsdp", "ddp-bucket-view"), by_default=("none",),
+         families={"ddp": ("ddp", "ddp-bucket-view"), "fsdp": ("fsdp", "fsdp-no-reshard")},
+         help="how the ranks of --nproc-per-node share the work: none (one process), ddp "
+         "(DistributedDataParallel; ddp-bucket-view: one copy of the gradients less) or fsdp "
+         "(FSDP2: parameters, gradients and optimizer state sharded over the ranks; "
+         "fsdp-no-reshard: faster, parameters stay gathered from forward to backward); ddp "
+         "and fsdp name both of their values"),
 )
 """Every knob, precision and compile mode first (they form a label's base)."""
 KNOB = {k.name: k for k in KNOBS}
@@ -262,11 +291,12 @@ def parse_values(knob: Knob, wanted: Sequence[str] | None) -> tuple[str, ...] | 
     """
     if wanted is None:
         return None
-    unknown = [v for v in wanted if v not in knob.values]
+    unknown = [v for v in wanted if v not in knob.values and v not in knob.families]
     if unknown:
+        names = [*knob.values, *(f for f in knob.families if f not in knob.values)]
         raise ConfigError(f"{knob.option} {','.join(unknown)}: not a value of {knob.name}; "
-                          f"choose from {','.join(knob.values)}")
-    return tuple(dict.fromkeys(wanted))
+                          f"choose from {','.join(names)}")
+    return tuple(dict.fromkeys(v for w in wanted for v in knob.families.get(w, (w,))))
 
 
 def child_environment(knobs: Knobs, base: dict[str, str]) -> dict[str, str]:
@@ -370,6 +400,12 @@ def describe(knobs: Knobs, names: Sequence[str] | None = None) -> list[str]:
                           "channels_last": "channels_last model and images"},
         "allocator": {"default": "the default CUDA allocator",
                       "expandable_segments": "CUDA allocator expandable_segments"},
+        "strategy": {"none": "one process, no process group",
+                     "ddp": "DistributedDataParallel, no_sync but on the last micro-batch",
+                     "ddp-bucket-view": "DistributedDataParallel, gradient_as_bucket_view",
+                     "fsdp": "FSDP2 fully_shard per block and root, resharded after forward",
+                     "fsdp-no-reshard": "FSDP2 fully_shard, parameters kept from forward to "
+                                        "backward"},
     }
     return [f"{k.name} = {getattr(knobs, k.name)}: {words[k.name][getattr(knobs, k.name)]}"
             for k in KNOBS[2:] if names is None or k.name in names]

@@ -30,13 +30,14 @@ OnStep = Callable[[Knobs, ProbeStep], None]
 
 def probe_spec(workload: WorkloadSpec, device: str, knobs: Knobs, micro_batch: int,
                budget_bytes: int | None, timeout_s: float, *, per_device_batch: int | None = None,
-               num_timed_steps: int = 0, count_flops: bool = False) -> TrialSpec:
+               num_timed_steps: int = 0, count_flops: bool = False, ranks: int = 1) -> TrialSpec:
     """The spec of one probe: two micro-batches accumulated, two optimizer steps, capped.
 
     With ``per_device_batch`` the same run also times ``num_timed_steps`` optimizer steps of
     the config it probes (``per_device_batch / micro_batch`` micro-batches each): its warm-up
     accumulates two (gradients alive during a forward, the memory worst case; more only cost
-    time), so one child is both the probe and the trial.
+    time), so one child is both the probe and the trial. ``ranks``: the job's processes on
+    this machine (a strategy other than ``none`` runs them as one job).
     """
     accumulate = per_device_batch // micro_batch if per_device_batch else 2
     return TrialSpec(
@@ -44,7 +45,7 @@ def probe_spec(workload: WorkloadSpec, device: str, knobs: Knobs, micro_batch: i
         warmup_accumulate_steps=2 if per_device_batch else None,
         knobs=knobs, num_warmup_steps=2, num_timed_steps=num_timed_steps,
         memory_budget_bytes=budget_bytes,
-        timeout_s=timeout_s, count_flops=count_flops,
+        timeout_s=timeout_s, count_flops=count_flops, ranks=ranks,
     )
 
 
@@ -77,6 +78,7 @@ def probe_memory(
     run: Runner = run_isolated,
     on_step: OnStep | None = None,
     make_spec: Callable[[int, bool], TrialSpec] | None = None,
+    ranks: int = 1,
 ) -> MemoryProbe:
     """The largest candidate micro-batch whose real training step fits.
 
@@ -100,6 +102,7 @@ def probe_memory(
             largest fit (default: ``probe_spec``, no timing; the search times such probes, so
             the run that finds the boundary also times it, while bisection points do not pay
             for timed steps).
+        ranks: processes of the job on this machine (``probe_spec``).
 
     Raises:
         WorkloadError: the workload itself fails (factory, batch or model errors).
@@ -111,7 +114,8 @@ def probe_memory(
     may_be_largest = True  # the first guess is the expected boundary
     while micro_batch is not None:
         spec = (make_spec(micro_batch, may_be_largest) if make_spec is not None else
-                probe_spec(workload, device, knobs, micro_batch, budget_bytes, timeout_s))
+                probe_spec(workload, device, knobs, micro_batch, budget_bytes, timeout_s,
+                           ranks=ranks))
         result = run(spec)
         if result.status in ("workload_error", "error"):
             raise WorkloadError(

@@ -19,7 +19,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -61,16 +62,76 @@ def run_isolated(spec: TrialSpec) -> TrialResult:
     (killed by a signal, segfault, ``os._exit``) or cannot be started is a ``crash`` with the
     reason (and the end of its output).
     """
+    ranks = spec.ranks if spec.knobs.strategy != "none" else 0
     run = run_in_child("autotune.runner", to_json_dict(spec), timeout_s=spec.timeout_s,
                        device=spec.device,
-                       extra_env=knob_environment(spec.knobs, dict(os.environ)))
+                       extra_env=knob_environment(spec.knobs, dict(os.environ)), ranks=ranks)
+    if ranks and run.data is not None:
+        return replace(merge_ranks(run.data["ranks"], run.message), wall_s=run.wall_s)
     if run.status == "ok" and run.data is not None:
         return from_json_dict(TrialResult, {**run.data, "wall_s": run.wall_s})
     return TrialResult(status=run.status, message=run.message, wall_s=run.wall_s)
 
 
+_FAILURE_ORDER = ("oom", "workload_error", "non_finite", "compile_error", "unsupported",
+                  "timeout", "crash", "error")
+"""Which rank's failure is the job's: a cause before its echoes (a rank that ran out of
+memory leaves its peers with a broken connection, an ``error``)."""
+
+
+def merge_ranks(ranks: Sequence[dict[str, Any] | None], launcher: str = "") -> TrialResult:
+    """The job's result from its ranks' results (``None``: a rank that left none).
+
+    A failure on any rank is the job's outcome, the cause first (``_FAILURE_ORDER``); a rank
+    that died without a result makes the job a ``crash`` (unless another rank names a cause
+    such as an OOM). A job where every rank ran is ``ok``: its peak is its largest rank's,
+    each timed step its slowest rank's (the ranks agree on them as they time).
+
+    Args:
+        ranks: each rank's result JSON, by rank.
+        launcher: the end of the launcher's output (why a rank left no result).
+    """
+    results: list[TrialResult | None] = []
+    for data in ranks:
+        if data is None:
+            results.append(None)
+        elif "child_error" in data:
+            results.append(TrialResult(status="crash", message=str(data["child_error"])))
+        else:
+            results.append(from_json_dict(TrialResult, data))
+    failed = [(i, r) for i, r in enumerate(results) if r is not None and not r.ok]
+    missing = [i for i, r in enumerate(results) if r is None]
+    causes = [(i, r) for i, r in failed if r.status not in ("error", "crash") or not missing]
+    if causes:
+        rank, worst = min(causes, key=lambda ir: (_FAILURE_ORDER.index(ir[1].status)
+                                                  if ir[1].status in _FAILURE_ORDER else 99))
+        return replace(worst, message=f"rank {rank} of {len(ranks)}: {worst.message}".strip())
+    if missing:
+        return TrialResult(status="crash", message=(
+            f"rank {', '.join(map(str, missing))} of {len(ranks)} left no result (killed, or "
+            f"its process died){': ' + launcher if launcher else ''}")[:6000])
+    done = [r for r in results if r is not None]
+    first = done[0]
+    peaks = tuple(r.peak_bytes or 0 for r in done)
+    steps = zip(*(r.step_times_s for r in done), strict=False)
+
+    def largest(name: str) -> int | None:
+        values = [getattr(r, name) for r in done if getattr(r, name) is not None]
+        return max(values) if values else None
+
+    return replace(
+        first, peak_bytes=max(peaks), rank_peak_bytes=peaks,
+        peak_rss_bytes=largest("peak_rss_bytes"), context_bytes=largest("context_bytes"),
+        fragmentation_bytes=largest("fragmentation_bytes"),
+        num_alloc_retries=sum(r.num_alloc_retries for r in done),
+        step_times_s=tuple(max(t) for t in steps),
+        step_memory_bytes=tuple(max(m) for m in zip(*(r.step_memory_bytes for r in done),
+                                                     strict=False)))
+
+
 def run_in_child(module: str, request: dict[str, Any], *, timeout_s: float,
-                 device: str = "cpu", extra_env: dict[str, str] | None = None) -> ChildRun:
+                 device: str = "cpu", extra_env: dict[str, str] | None = None,
+                 ranks: int = 0) -> ChildRun:
     """Run ``python -m module request.json result.json`` in a child process and wait for it.
 
     The module's main calls ``child_main(handler)``. The child starts in its own session and
@@ -87,6 +148,10 @@ def run_in_child(module: str, request: dict[str, Any], *, timeout_s: float,
         device: the device the child uses (sets up its allocator environment).
         extra_env: variables the child needs set before it starts (a knob's, e.g. the CUDA
             allocator's settings, which must be in place before CUDA initializes).
+        ranks: run the module as a job of this many ranks under torch's elastic launcher
+            (the engine of ``torchrun``; 0: one plain child). Each rank writes its own result;
+            they come back as ``data["ranks"]`` (None for a rank that left none) whenever
+            any rank wrote one, and the launcher's output end as ``message``.
 
     Returns:
         ``ok`` with the handler's result in ``data``; ``timeout``; or ``crash`` (the child did
@@ -97,6 +162,8 @@ def run_in_child(module: str, request: dict[str, Any], *, timeout_s: float,
         output_path = Path(tmp, "output.txt")
         request_path.write_text(json.dumps(request))
         cmd = [sys.executable, "-m", module, str(request_path), str(result_path)]
+        if ranks:
+            cmd = [sys.executable, "-m", "autotune.runner", _LAUNCH, str(ranks), *cmd[2:]]
         start = time.perf_counter()
         with open(output_path, "wb") as output:
             try:
@@ -111,12 +178,21 @@ def run_in_child(module: str, request: dict[str, Any], *, timeout_s: float,
                 proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 _kill_group(proc)
-                return ChildRun(status="timeout", wall_s=time.perf_counter() - start,
-                                message=f"no result after {timeout_s:.0f} s; killed")
+                timed_out = ChildRun(status="timeout", wall_s=time.perf_counter() - start,
+                                     message=f"no result after {timeout_s:.0f} s; killed")
+                return _ranks_run(result_path, ranks, timed_out) if ranks else timed_out
             except BaseException:  # Ctrl-C in the parent: take the child down with it
                 _kill_group(proc)
                 raise
         wall_s = time.perf_counter() - start
+        if ranks:
+            output = output_path.read_text(errors="replace")
+            summary = [line.removeprefix(_SUMMARY) for line in output.splitlines()
+                       if line.startswith(_SUMMARY)]
+            how = ("" if proc.returncode == 0 else "\n".join(
+                [*summary[-1:], output[-_OUTPUT_TAIL_CHARS:]]).strip())
+            return _ranks_run(result_path, ranks, ChildRun(status="crash", wall_s=wall_s,
+                                                           message=how))
         if result_path.exists():
             data = json.loads(result_path.read_text())
             if isinstance(data, dict) and "child_error" in data:
@@ -132,6 +208,73 @@ def run_in_child(module: str, request: dict[str, Any], *, timeout_s: float,
         else:
             how = f"exited with code {proc.returncode} without a result"
         return ChildRun(status="crash", wall_s=wall_s, message=f"child {how}\n{tail}".strip())
+
+
+def _ranks_run(result_path: Path, ranks: int, failed: ChildRun) -> ChildRun:
+    """The ranks' results of a job (``run_in_child`` with ``ranks``), or ``failed`` when no
+    rank wrote one."""
+    found: list[dict[str, Any] | None] = []
+    for rank in range(ranks):
+        path = _rank_path(str(result_path), rank)
+        found.append(json.loads(Path(path).read_text()) if os.path.exists(path) else None)
+    if not any(d is not None for d in found):
+        return replace(failed, message=failed.message or "no rank wrote a result")
+    return ChildRun(status="ok", data={"ranks": found}, wall_s=failed.wall_s,
+                    message=failed.message)
+
+
+def _rank_path(result_path: str, rank: int) -> str:
+    return f"{result_path}.rank{rank}"
+
+
+_LAUNCH = "--launch-ranks"
+_RANKS = "AUTOTUNE_RANKS"
+
+
+def _launch(ranks: int, module: str, request_path: str, result_path: str) -> int:
+    """The launcher child of a job of ranks: torch's elastic launcher (``torchrun``'s engine)
+    in this process, one node, no restarts; each rank runs ``python -m module`` and writes its
+    own result. The ranks start in sessions of their own: they get SIGKILL when this process
+    dies (``PR_SET_PDEATHSIG``, armed by their ``child_main`` against this pid), so killing
+    this launcher's group on a timeout leaves no rank running. A rank that fails exits
+    non-zero, and the launcher stops the others at once.
+
+    Returns:
+        The exit status: 0 when every rank ended well.
+    """
+    _die_with_parent()
+    os.environ[_PARENT_PID] = str(os.getpid())
+    os.environ[_RANKS] = str(ranks)
+    # torchrun's own default would be 1 thread per rank, with a warning: share the cores out.
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks)))
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    args = parse_args(["--standalone", "--nnodes=1", f"--nproc-per-node={ranks}",
+                       "--max-restarts=0", "--monitor-interval=0.1", "-m", module,
+                       request_path, result_path])
+    try:
+        run(args)
+    except ChildFailedError as exc:
+        failures = sorted(exc.failures.items(), key=lambda rf: (rf[1].exitcode == -15, rf[0]))
+        print(f"{_SUMMARY}the job of {ranks} ranks failed: " + "; ".join(
+            f"rank {rank} {_how(f.exitcode)}" for rank, f in failures), flush=True)
+        return 1
+    return 0
+
+
+_SUMMARY = "autotune: "
+
+
+def _how(exitcode: int) -> str:
+    """How a rank ended, from its exit code (negative: the signal)."""
+    if exitcode == -signal.SIGTERM:
+        return "stopped by the launcher (SIGTERM) once another rank had failed"
+    if exitcode == -signal.SIGKILL:
+        return "killed by SIGKILL (the kernel's OOM killer, or killed from outside)"
+    if exitcode < 0:
+        return f"killed by {signal.Signals(-exitcode).name}"
+    return f"exited with code {exitcode}" + (" (its result says why)" if exitcode == 3 else "")
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -186,6 +329,9 @@ def child_main(handler: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     """
     _die_with_parent()
     request_path, result_path = sys.argv[1], sys.argv[2]
+    rank = os.environ.get("RANK") if os.environ.get(_RANKS) else None
+    if rank is not None:  # one rank of a job: its own result, beside its peers'
+        result_path = _rank_path(result_path, int(rank))
     try:
         request = json.loads(Path(request_path).read_text())
         text = json.dumps(handler(request))
@@ -198,6 +344,12 @@ def child_main(handler: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     tmp = result_path + ".tmp"
     Path(tmp).write_text(text)
     os.replace(tmp, result_path)
+    if rank is not None and json.loads(text).get("status", "crash") != "ok":
+        # A failed rank ends the job now: its peers may wait for it in a collective, and the
+        # launcher stops them once one rank exits non-zero.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(3)
 
 
 def _run_trial(request: dict[str, Any]) -> dict[str, Any]:
@@ -208,4 +360,6 @@ def _run_trial(request: dict[str, Any]) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == _LAUNCH:
+        sys.exit(_launch(int(sys.argv[2]), *sys.argv[3:6]))
     child_main(_run_trial)

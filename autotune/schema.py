@@ -246,7 +246,10 @@ class TunedConfig(HasKnobs):
     """Micro-batches per optimizer step: target_batch / (micro_batch x world_size)."""
     knobs: Knobs
     """The tuned precision, compile mode, checkpointing, optimizer implementation, memory
-    format and allocator."""
+    format, allocator and the ranks' strategy."""
+    nproc_per_node: Positive = 1
+    """Ranks each probe and trial ran as one job (``--nproc-per-node``); ``world_size`` may
+    be larger (several nodes)."""
     compile_dynamic: bool = False
     extras: dict[str, str] = field(default_factory=dict)
     memory: MemoryRecord
@@ -526,6 +529,15 @@ def _rules(data: dict[str, Any]) -> list[str]:
             f"micro_batch x accumulate_steps x world_size: got {batch[0]} x {batch[1]} x "
             f"{batch[2]} = {batch[0] * batch[1] * batch[2]}: must equal target_batch "
             f"({target})")
+    ranks, world = _int(data, "nproc_per_node"), batch[2]
+    if ranks is not None and world is not None and ranks > 0 and world % ranks:
+        problems.append(f"nproc_per_node: got {ranks}: world_size ({world}) must be a multiple "
+                        "of it (nodes x ranks per node)")
+    knobs = data.get("knobs")
+    strategy = knobs.get("strategy", "none") if isinstance(knobs, dict) else "none"
+    if ranks is not None and ranks > 1 and strategy == "none":
+        problems.append(f"nproc_per_node: got {ranks}: ranks need knobs.strategy ddp or fsdp "
+                        "(it is none)")
     memory = data.get("memory")
     if isinstance(memory, dict):
         headroom = _non_finite(memory.get("headroom"))

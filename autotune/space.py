@@ -174,7 +174,7 @@ def knob_values(device: DeviceInfo, wanted: Mapping[str, Sequence[str] | None] |
             problems.append(str(exc))
             continue
         kept = []
-        for value in asked or knob.values:
+        for value in asked or knob.by_default or knob.values:
             why = device_skip_reason(knob, value, device.is_cuda)
             if why:
                 notes.append(f"{why} ({device.device})")

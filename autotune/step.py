@@ -217,6 +217,68 @@ def apply_to_model(model: nn.Module, knobs: Knobs,
     return model
 
 
+def apply_parallel(model: nn.Module, knobs: Knobs,
+                   blocks: Callable[[nn.Module], Sequence[nn.Module]] | None = None,
+                   device: torch.device | None = None) -> nn.Module:
+    """The model as its job's strategy runs it, after ``apply_to_model`` and before its
+    optimizer is built and it is compiled: DistributedDataParallel (``ddp``;
+    ``gradient_as_bucket_view`` for ``ddp-bucket-view``) or FSDP2 (``fully_shard`` on each
+    repeated block, then the root; resharded after forward unless ``fsdp-no-reshard``; with
+    bf16/fp16, parameters in that dtype for compute and gradients reduced in fp32). Without
+    repeated blocks FSDP shards the root alone (one all-gather of every parameter).
+
+    ``fully_shard`` replaces the parameters with sharded ones: build the optimizer over the
+    returned model's parameters.
+
+    Raises:
+        KnobUnsupported: no process group to run the strategy in.
+    """
+    if knobs.strategy == "none":
+        return model
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise KnobUnsupported(
+            f"strategy {knobs.strategy} needs a process group: run under torchrun (autotune "
+            "starts one per probe with --nproc-per-node)")
+    if knobs.strategy.startswith("ddp"):
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [device] if device is not None and device.type == "cuda" else None
+        return DistributedDataParallel(
+            model, device_ids=ids, gradient_as_bucket_view=knobs.strategy == "ddp-bucket-view")
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    dtype = autocast_dtype(knobs.precision)
+    policy = MixedPrecisionPolicy(param_dtype=dtype,
+                                  reduce_dtype=torch.float32 if dtype is not None else None)
+    reshard = knobs.strategy == "fsdp"
+    for block in _blocks_of(model, blocks):
+        fully_shard(block, reshard_after_forward=reshard, mp_policy=policy)
+    fully_shard(model, reshard_after_forward=reshard, mp_policy=policy)
+    return model
+
+
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The module under torch.compile's and DistributedDataParallel's wrappers."""
+    model = getattr(model, "_orig_mod", model)
+    from torch.nn.parallel import DistributedDataParallel
+
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def _sync_context(model: nn.Module, last: bool) -> Any:
+    """DistributedDataParallel's ``no_sync`` on all but the last micro-batch of a step: the
+    gradients are all-reduced once per optimizer step, as accumulation intends."""
+    inner = getattr(model, "_orig_mod", model)
+    if last or not hasattr(inner, "no_sync"):
+        return contextlib.nullcontext()
+    from torch.nn.parallel import DistributedDataParallel
+
+    return inner.no_sync() if isinstance(inner, DistributedDataParallel) else (
+        contextlib.nullcontext())
+
+
 def apply_to_optimizer(optimizer: torch.optim.Optimizer, knobs: Knobs, *,
                        as_on_cuda: bool = False) -> torch.optim.Optimizer:
     """The optimizer the knobs run: as built, or rebuilt as their implementation.
@@ -302,7 +364,9 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     """One optimizer step over the micro-batches of one effective batch.
 
     Forward and backward run per micro-batch under autocast; gradients accumulate in
-    ``.grad``; the optimizer steps once; gradients are freed (``set_to_none``).
+    ``.grad`` (a DistributedDataParallel model all-reduces them at the last micro-batch's
+    backward only: ``no_sync`` before); the optimizer steps once; gradients are freed
+    (``set_to_none``).
     ``on_backward`` is called after each micro-batch's backward (a trial's clock marks the
     micro-batches' and the update's shares of the step there; it must not wait for the device).
 
@@ -313,14 +377,16 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
         WorkloadError: the workload's loss is not a scalar floating-point tensor that requires
             grad (checked from metadata only: no device sync).
     """
-    total = torch.zeros((), device=next(iter(model.parameters())).device)
-    for weight, batch in zip(loss_weights(micro_batches, workload.count_loss_items),
-                             micro_batches, strict=True):
-        with autocast(precision, device_type):
-            loss = workload.compute_loss(model, batch)
-            check_loss(loss, workload.name)
-            loss = loss * weight
-        (scaler.scale(loss) if scaler is not None else loss).backward()
+    first = next(iter(model.parameters()))
+    total = torch.zeros((), device=getattr(first, "_local_tensor", first).device)
+    weights = loss_weights(micro_batches, workload.count_loss_items)
+    for i, (weight, batch) in enumerate(zip(weights, micro_batches, strict=True)):
+        with _sync_context(model, i == len(weights) - 1):
+            with autocast(precision, device_type):
+                loss = workload.compute_loss(model, batch)
+                check_loss(loss, workload.name)
+                loss = loss * weight
+            (scaler.scale(loss) if scaler is not None else loss).backward()
         total += loss.detach().float()
         if on_backward is not None:
             on_backward()

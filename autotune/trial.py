@@ -7,6 +7,7 @@ import dataclasses
 import errno
 import hashlib
 import math
+import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ from autotune.device import TrialMemory, backend_for
 from autotune.errors import WorkloadError
 from autotune.knobs import KnobUnsupported
 from autotune.step import (  # train_step and loss_weights re-exported for callers of trial
+    apply_parallel,
     apply_to_batch,
     apply_to_model,
     apply_to_optimizer,
@@ -33,12 +35,14 @@ from autotune.step import (  # train_step and loss_weights re-exported for calle
     loss_weights,
     set_matmul_precision,
     train_step,
+    unwrapped,
     workload_traits,
 )
 from autotune.timing import stop_reason
 from autotune.workload import (
     Batch,
     Workload,
+    batch_bytes,
     check_batch,
     check_model,
     load_workload,
@@ -161,6 +165,8 @@ def run_trial(spec: TrialSpec) -> TrialResult:
     info: dict[str, Any] = {"samples_per_step": spec.micro_batch * spec.accumulate_steps}
     memory: TrialMemory | None = None
     try:
+        spec, world = _join_job(spec)
+        info["samples_per_step"] *= world  # the job's: every rank's micro-batches
         workload = load_workload(spec.workload, spec.device)
         info["tokens_per_sample"] = workload.tokens_per_sample
         info["workload_name"] = workload.name
@@ -175,7 +181,9 @@ def run_trial(spec: TrialSpec) -> TrialResult:
                 f"the model's parameters and buffers alone take "
                 f"{format_bytes(memory.model_bytes)}, over the budget of "
                 f"{format_bytes(memory.budget)}"), **info)
-        return _train(spec, workload, model.to(memory.device), memory, info)
+        result = _train(spec, workload, model.to(memory.device), memory, info)
+        _leave_job(result)
+        return result
     except BaseException as exc:  # every outcome is a value; KeyboardInterrupt ends the child
         if isinstance(exc, KeyboardInterrupt):
             raise
@@ -183,6 +191,52 @@ def run_trial(spec: TrialSpec) -> TrialResult:
         if memory is not None:
             info.update(memory.peak())
         return _failed(status, exc, info)
+
+
+def _join_job(spec: TrialSpec) -> tuple[TrialSpec, int]:
+    """Join the job's process group when the spec runs a strategy of several ranks (this
+    process is one rank, started by the elastic launcher): gloo on CPU, nccl on CUDA, each
+    rank on its own GPU (``LOCAL_RANK``). Returns the spec for this rank and the job's size
+    (1 without a strategy)."""
+    if spec.knobs.strategy == "none":
+        return spec, 1
+    import datetime
+
+    import torch.distributed as dist
+
+    if "RANK" not in os.environ:
+        raise KnobUnsupported(f"strategy {spec.knobs.strategy} runs as a job of ranks (the "
+                              "runner starts one with torch's elastic launcher)")
+    device = spec.device
+    if device.startswith("cuda"):
+        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo",
+                            timeout=datetime.timedelta(seconds=max(60.0, spec.timeout_s)))
+    return dataclasses.replace(spec, device=device), dist.get_world_size()
+
+
+def _leave_job(result: TrialResult) -> None:
+    """Leave the process group after a run that ended well (a failed rank exits at once:
+    its peers may be waiting for it)."""
+    import torch.distributed as dist
+
+    if result.ok and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _agreed(values: Sequence[float], device: torch.device) -> list[float]:
+    """The largest of each value over the job's ranks (the values as they are without one):
+    the slowest rank's step time and elapsed time, so every rank takes the same decision to
+    stop timing (a rank that stops alone would leave its peers waiting in a collective)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return list(values)
+    tensor = torch.tensor(values, dtype=torch.float64,
+                          device=device if device.type == "cuda" else "cpu")
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor.tolist()
 
 
 def _failed(status: TrialStatus, exc: BaseException, info: dict[str, Any]) -> TrialResult:
@@ -221,13 +275,25 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: TrialM
     # cannot apply is an ``unsupported`` outcome, never a failure of the workload.
     info["traits"] = workload_traits(model, built, batches[0], workload.blocks)
     apply_to_model(model, knobs, workload.blocks)
-    optimizer = apply_to_optimizer(built, knobs)
     batches = [apply_to_batch(b, knobs) for b in batches]
     # A probe warms up with 2 micro-batches (its memory worst case); the timed steps run the
     # config's own accumulation.
     warmup_batches = batches[:spec.warmup_micro_batches()]
     timed_batches = batches[:spec.accumulate_steps]
     info["workload_fingerprint"] = fingerprint(model, warmup_batches[0])
+    reference_model = model
+    if knobs.strategy.startswith("fsdp"):
+        # fully_shard swaps the parameters for shards: the optimizer is built over those,
+        # and the full ones (freed) no longer count in this rank's memory.
+        del built
+        model = apply_parallel(model, knobs, workload.blocks, device)
+        memory.rebase(model, sum(batch_bytes(b) for b in batches))
+        built = workload.make_optimizer(model.parameters())
+        reference_model = model
+    elif knobs.strategy != "none":
+        model = apply_parallel(model, knobs, workload.blocks, device)
+        reference_model = unwrapped(model)
+    optimizer = apply_to_optimizer(built, knobs)
     scaler = grad_scaler(spec.precision, device.type)
     stepped = compile_model(model, spec.compile_mode)
 
@@ -266,16 +332,18 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: TrialM
 
     if spec.num_timed_steps > 0:  # the first (warm-up) step's loss is compared with it
         torch.manual_seed(spec.seed + 2)
-        info["reference_loss"] = _reference_loss(model, warmup_batches, workload, spec)
+        info["reference_loss"] = _reference_loss(reference_model, warmup_batches, workload,
+                                                 spec)
         torch.manual_seed(spec.seed + 2)  # the first step sees the reference's dropout draws
     warmup = [one_step(warmup_batches) for _ in range(max(1, spec.num_warmup_steps))]
     info["warmup_s"] = sum(warmup)
     timed: list[float] = []
     timing_start = time.perf_counter()
     while spec.num_timed_steps > 0:
-        timed.append(one_step(timed_batches))
-        why = stop_reason(timed, max_steps=spec.num_timed_steps,
-                          elapsed_s=time.perf_counter() - timing_start,
+        step_s, elapsed_s = _agreed(
+            [one_step(timed_batches), time.perf_counter() - timing_start], device)
+        timed.append(step_s)
+        why = stop_reason(timed, max_steps=spec.num_timed_steps, elapsed_s=elapsed_s,
                           min_elapsed_s=spec.min_timed_s, max_elapsed_s=spec.max_timed_s,
                           precision=spec.timing_precision, stop_above_s=spec.stop_above_step_s)
         if why is not None:

@@ -130,6 +130,14 @@ def to_device(batch: Batch, device: torch.device | str) -> Batch:
     return type(batch)(to_device(v, device) for v in batch)
 
 
+def batch_bytes(batch: Batch) -> int:
+    """Bytes of a batch's tensors."""
+    if isinstance(batch, torch.Tensor):
+        return batch.nelement() * batch.element_size()
+    values = batch.values() if isinstance(batch, dict) else batch
+    return sum(batch_bytes(v) for v in values if isinstance(v, (torch.Tensor, dict, tuple, list)))
+
+
 def load_workload(spec: WorkloadSpec, device: str = "cpu") -> Workload:
     """Rebuild the workload a spec names.
 

@@ -289,3 +289,83 @@ def blocks_exit() -> Workload:
 
     return Workload(name="blocks-exit", build_model=DeepMLP, make_batch=_batch, loss=_loss,
                     blocks=blocks)
+
+
+# -- jobs of several ranks (--nproc-per-node): a fault on one rank is the job's ------------------
+
+def _on_rank(rank: int, calls: list[int], at_call: int) -> bool:
+    """True on ``rank`` of a job at the ``at_call``-th loss computed there."""
+    calls.append(1)
+    return os.environ.get("RANK") == str(rank) and len(calls) == at_call
+
+
+def rank_killed() -> Workload:
+    """Rank 1 is killed (SIGKILL) in the middle of its third micro-batch."""
+    calls: list[int] = []
+
+    def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        if _on_rank(1, calls, 3):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return model(*batch)
+
+    return Workload(name="rank-killed", build_model=WideMLP, make_batch=_batch, loss=loss)
+
+
+def rank_oom() -> Workload:
+    """Rank 1 runs out of memory (a real allocation over its cap) at its third micro-batch."""
+    calls: list[int] = []
+
+    def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        if _on_rank(1, calls, 3):
+            torch.ones(1 << 34, dtype=torch.uint8)  # 16 GiB: more than any test's cap
+        return model(*batch)
+
+    return Workload(name="rank-oom", build_model=WideMLP, make_batch=_batch, loss=loss)
+
+
+def rank_hang() -> Workload:
+    """Rank 1 hangs at its third micro-batch: its peers wait for it in the all-reduce."""
+    calls: list[int] = []
+
+    def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        if _on_rank(1, calls, 3):
+            time.sleep(3600)
+        return model(*batch)
+
+    return Workload(name="rank-hang", build_model=WideMLP, make_batch=_batch, loss=loss)
+
+
+STATE_WIDTH = 1024
+STATE_BLOCKS = 4
+
+
+class _StateBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(STATE_WIDTH, STATE_WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.linear(x))
+
+
+class StateHeavy(nn.Module):
+    """Residual blocks of square layers (4 x 1024 x 1024: 16 MiB of fp32 parameters) on short
+    inputs: AdamW's state and the gradients dominate memory, as in large models."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_StateBlock() for _ in range(STATE_BLOCKS))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x.pow(2).mean()
+
+
+def state_heavy() -> Workload:
+    """A model whose training state (parameters, gradients, AdamW's two moments: 64 MiB in
+    all) dwarfs its activations (256 KiB per sample): FSDP's sharding is what frees memory."""
+    return Workload(name="state-heavy", build_model=StateHeavy,
+                    make_batch=lambda m: torch.randn(m, 64, STATE_WIDTH),
+                    loss=lambda model, x: model(x),
+                    build_optimizer=lambda params: torch.optim.AdamW(params, lr=1e-4))

@@ -13,6 +13,7 @@ from autotune.config import (
     format_bytes,
     parse_budget,
 )
+from autotune.device import backend_for
 from autotune.errors import ConfigError
 from autotune.space import exact_target, knob_values, memory_classes
 from autotune.workload import split_factory
@@ -99,6 +100,54 @@ class TuneRequest:
     a missing knob tries every value the device runs."""
     allow_inexact: bool = False
     """Tune the nearest exact effective batch when the world size does not divide the target."""
+    nproc_per_node: int = 1
+    """Ranks each probe and trial runs as one job on this machine (``--nproc-per-node``):
+    with ``strategy`` ddp or fsdp. ``world_size`` left at 1 means this many."""
+
+    def __post_init__(self) -> None:
+        if self.world_size == 1 and isinstance(self.nproc_per_node, int) and (
+                self.nproc_per_node > 1):
+            object.__setattr__(self, "world_size", self.nproc_per_node)
+
+    def _job(self, device: DeviceInfo) -> dict[str, Sequence[str] | None]:
+        """The knob values with the strategy's settled: ``none`` for one process, DDP's
+        values when ranks are asked for without a strategy.
+
+        Raises:
+            ConfigError: ranks that do not fit the machine or the world, or a strategy that
+                does not fit the ranks.
+        """
+        values = dict(self.knob_values)
+        ranks, problems = self.nproc_per_node, []
+        if not isinstance(ranks, int) or ranks < 1:
+            raise ConfigError(f"--nproc-per-node must be a whole number of at least 1, got "
+                              f"{ranks!r}")
+        most = backend_for(device.device).max_ranks()
+        if ranks > most:
+            problems.append(
+                f"--nproc-per-node {ranks} is more than this machine runs: "
+                + (f"{most} CUDA device(s)" if device.is_cuda else
+                   f"{most} CPU core(s) (a CPU rank needs a core of its own, or its timings "
+                   "are another rank's)") + f"; use at most {most}, and --world-size for the "
+                "whole job on several nodes")
+        if self.world_size % ranks:
+            problems.append(
+                f"--world-size {self.world_size} is not a multiple of --nproc-per-node {ranks}: "
+                "the world is nodes x ranks per node")
+        strategy = values.get("strategy")
+        if strategy is None:
+            values["strategy"] = ["none"] if ranks == 1 else ["ddp"]
+        elif ranks > 1 and "none" in strategy:
+            problems.append(
+                f"--strategy {','.join(strategy)} with --nproc-per-node {ranks}: ranks need a "
+                "strategy to share the work; use --strategy ddp or fsdp (or both)")
+        elif "none" in strategy and len(strategy) > 1:
+            problems.append(
+                f"--strategy {','.join(strategy)}: none is one process, the others a job of "
+                "ranks; give none alone, or ddp/fsdp")
+        if problems:
+            raise ConfigError("; ".join(problems))
+        return values
 
     def validate(self, device: DeviceInfo) -> tuple[int, Budget, tuple[Knobs, ...],
                                                     dict[str, tuple[str, ...]], tuple[str, ...]]:
@@ -116,7 +165,7 @@ class TuneRequest:
         for check in (
             lambda: exact_target(self.target_batch, self.world_size, self.allow_inexact),
             lambda: resolve_budget(device, self.memory_budget, self.headroom),
-            lambda: knob_values(device, self.knob_values),
+            lambda: knob_values(device, self._job(device)),
         ):
             try:
                 results.append(check())

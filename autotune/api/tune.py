@@ -31,7 +31,7 @@ from autotune.errors import (
     WorkloadError,
     error_for_status,
 )
-from autotune.knobs import BASELINE, KNOBS, device_skip_reason
+from autotune.knobs import BASELINE, KNOBS, device_skip_reason, job_baseline
 from autotune.memory import OnStep, hint_for, probe_memory, probe_spec
 from autotune.runner import allocator_notes, run_isolated
 from autotune.schema import (
@@ -75,16 +75,22 @@ def probe(
     """
     request = as_request(request, fields)
     info = describe_device(request.device)
-    plan, classes, budget, _ = _plan(request, info, include_baseline)
+    plan, classes, budget, values = _plan(request, info, include_baseline)
+    # Each strategy asked for is a job of its own: probe every one (DDP's and FSDP's largest
+    # micro-batch side by side).
+    classes = tuple(dict.fromkeys(c.with_(strategy=s) for c in classes
+                                  for s in values["strategy"]))
     candidates = divisors(plan.per_device_batch())
     probes: list[MemoryProbe] = []
     for knobs in classes:
         probes.append(probe_memory(
             plan.workload, info.device, knobs, candidates,
             budget_bytes=budget.budget_bytes, usable_bytes=budget.usable_bytes,
-            timeout_s=timeout_s, hint=hint_for(knobs, probes), on_step=on_step))
+            timeout_s=timeout_s, hint=hint_for(knobs, probes), on_step=on_step,
+            ranks=plan.nproc_per_node))
     if not any(p.max_micro_batch for p in probes):
-        raise _nothing_fits(plan.workload, info, budget, probes[0], timeout_s)
+        raise _nothing_fits(plan.workload, info, budget, probes[0], timeout_s,
+                            ranks=plan.nproc_per_node)
     return replace(plan, probes=tuple(probes))
 
 
@@ -109,11 +115,13 @@ def _plan(request: TuneRequest, info: DeviceInfo, include_baseline: bool
     """What to probe: the report without probes, the settings in order, the budget, and the
     further knobs' values."""
     target_batch, budget, classes, values, skipped = request.validate(info)
-    if include_baseline and BASELINE not in classes:
-        classes = (BASELINE, *classes)
+    baseline = job_baseline(values["strategy"][0])
+    if include_baseline and baseline not in classes:
+        classes = (baseline, *classes)
         skipped = (*skipped, "fp32/off probed and timed as the baseline, outside the restriction")
     plan = ProbeReport(workload=request.workload, device=info, target_batch=target_batch,
                        world_size=request.world_size, headroom=request.headroom,
+                       nproc_per_node=request.nproc_per_node,
                        budget_bytes=budget.budget_bytes, probes=(), skipped=skipped,
                        allocator=allocator_notes(info.device),
                        requested_batch=(request.target_batch
@@ -129,7 +137,8 @@ workload (exit 2), never "does not fit" (exit 1)."""
 def _nothing_fits(workload: WorkloadSpec, info: DeviceInfo, budget: Budget,
                   first: MemoryProbe, timeout_s: float | None,
                   results: dict[str, TrialResult] | None = None,
-                  scope: str = "with any precision or compile mode tried") -> AutotuneError:
+                  scope: str = "with any precision or compile mode tried",
+                  ranks: int = 1) -> AutotuneError:
     """Why not even the smallest micro-batch fits: a memory verdict (exit 1) with what the
     budget would have to be, or the workload's own failure (exit 2) when that is the cause."""
     smallest = first.candidates[0]
@@ -150,7 +159,7 @@ def _nothing_fits(workload: WorkloadSpec, info: DeviceInfo, budget: Budget,
             f"usable {scope} (the time budget is spent: what it needs was not measured)")
     # Measure what the smallest micro-batch needs, capped only by what the device has free.
     result = run_isolated(probe_spec(workload, info.device, first.knobs, smallest,
-                                     info.available_memory_bytes, timeout_s))
+                                     info.available_memory_bytes, timeout_s, ranks=ranks))
     if result.status not in ("ok", "oom"):
         # It fails without the cap too (a crash under the cap can be the cap's doing: a
         # stack that cannot grow is a SIGSEGV): the workload is broken.
@@ -247,14 +256,18 @@ def search(
                 "measured: nothing to compare with; allow more --time-budget or --max-trials")
         raise _nothing_fits(plan.workload, info, budget, outcome.probes[0],
                             _time_left(settings, started), outcome.results,
-                            scope="in fp32 eager (the baseline, measured first)")
+                            scope="in fp32 eager (the baseline, measured first)",
+                            ranks=plan.nproc_per_node)
     config = tuned_config(report, outcome, settings)
     stop_reason = outcome.stop_reason
     timeout_s = _time_left(settings, started)
     runs_left = settings.max_trials - outcome.num_runs
-    if outcome.interrupted or timeout_s is None or runs_left <= 0:
+    if (outcome.interrupted or timeout_s is None or runs_left <= 0
+            or config.knobs.strategy != "none"):
         why = ("the search was interrupted" if outcome.interrupted else
-               "the time budget is spent" if timeout_s is None else "--max-trials reached")
+               "the time budget is spent" if timeout_s is None else
+               "--max-trials reached" if runs_left <= 0 else
+               f"the estimator traces one process, not a job of {config.knobs.strategy} ranks")
         config = replace(config, skipped=(*config.skipped, f"no estimator calibration: {why}"))
     else:
         try:

@@ -40,7 +40,7 @@ from autotune.config import (
     WorkloadTraits,
     format_bytes,
 )
-from autotune.knobs import BASELINE, KNOBS, skip_reason
+from autotune.knobs import KNOBS, job_baseline, skip_reason
 from autotune.memory import OnStep, hint_for, probe_memory, probe_spec
 from autotune.runner import run_isolated
 from autotune.schema import RunKind, RunRecord, SearchCost, StudyRecord, TrialRecord
@@ -110,7 +110,8 @@ def run_search(report: ProbeReport, classes: Sequence[Knobs], settings: SearchSe
         ConfigError: a storage that cannot be opened or holds another search.
         WorkloadError: the workload fails.
     """
-    assert BASELINE in classes, "fp32 eager is the baseline: the api adds it"
+    base = job_baseline((values or {}).get("strategy", ("none",))[0])
+    assert base in classes, "fp32 eager is the baseline: the api adds it"
     search = _Search(report, classes, settings, values or {}, run, on_trial, on_step)
     interrupted, stop_reason = False, "every class was tried or pruned with a reason"
     try:
@@ -157,6 +158,8 @@ class _Search:
         self.per_device = report.per_device_batch()
         self.micro_batches = divisors(self.per_device)
         self.values = {k: tuple(v) for k, v in values.items()}
+        self.base = job_baseline(self.values.get("strategy", ("none",))[0])
+        """fp32 eager in the job's strategy: what an untuned user runs."""
         self.study, self.study_record = self._open_study(classes)
         # A resumed study may hold settings this search is restricted from: leave them out.
         self.allowed_base = {(c.precision, c.compile_mode) for c in classes}
@@ -228,11 +231,11 @@ class _Search:
                                          self.settings)[0])
         self.stage = "probe"
         first = sorted((c for c in classes if c.compile_mode in FIRST_MODES),
-                       key=lambda c: (c != BASELINE, c.compile_mode != "off"))
+                       key=lambda c: (c != self.base, c.compile_mode != "off"))
         for knobs in first:
             self.probe(knobs)
-            if knobs == BASELINE:
-                base = self.probes[BASELINE]
+            if knobs == self.base:
+                base = self.probes[self.base]
                 if base.max_micro_batch:
                     self.baseline = Candidate(knobs=knobs, micro_batch=base.max_micro_batch)
                 elif not self.rescue_baseline():
@@ -285,7 +288,7 @@ class _Search:
             for value in knob.frees_memory:
                 if value not in self.values.get(knob.name, ()):
                     continue
-                knobs = BASELINE.with_(**{knob.name: value})
+                knobs = self.base.with_(**{knob.name: value})
                 why = skip_reason(knobs, self.traits)
                 if why:
                     self.skipped.append(f"{knobs.label()} not tried: {why}")
@@ -294,7 +297,7 @@ class _Search:
                 if probe.max_micro_batch:
                     self.baseline = Candidate(knobs=knobs, micro_batch=probe.max_micro_batch)
                     self.skipped.append(
-                        f"fp32/off fits no micro-batch in "
+                        f"{self.base.label()} fits no micro-batch in "
                         f"{format_bytes(self.report.usable_bytes())}"
                         f" usable: the baseline is {self.baseline.key()}, the first setting "
                         "that frees enough memory")
@@ -567,14 +570,15 @@ class _Search:
         if not timed:
             return probe_spec(self.report.workload, self.report.device.device,
                               candidate.knobs, candidate.micro_batch,
-                              self.report.budget_bytes, self.settings.timeout_s)
-        is_base_class = candidate.knobs == BASELINE
+                              self.report.budget_bytes, self.settings.timeout_s,
+                              ranks=self.report.nproc_per_node)
+        is_base_class = candidate.knobs == self.base
         spec = probe_spec(self.report.workload, self.report.device.device,
                           candidate.knobs, candidate.micro_batch,
                           self.report.budget_bytes, self.settings.timeout_s,
                           per_device_batch=self.per_device,
                           num_timed_steps=self.settings.num_timed_steps,
-                          count_flops=is_base_class)
+                          count_flops=is_base_class, ranks=self.report.nproc_per_node)
         spec = replace(spec, min_timed_s=self.settings.min_timed_s)
         if not early_stop:  # a re-measurement of a contender: every step, in full
             return spec
@@ -683,7 +687,7 @@ class _Search:
         search stopped (Ctrl-C, a limit) before the baseline's memory probe ended."""
         usable = self.report.usable_bytes()
         fits = [c for c, r in self.results.items()
-                if c.knobs == BASELINE and r.fits(usable)]
+                if c.knobs == self.base and r.fits(usable)]
         return max(fits, key=lambda c: c.micro_batch, default=None)
 
     # -- measures of progress --------------------------------------------------------------

@@ -1,0 +1,235 @@
+"""Jobs of several ranks (``--nproc-per-node``, ``--strategy ddp|fsdp``): real gloo ranks on
+this CPU under torch's elastic launcher; a fault on any rank is the job's outcome, and no rank
+outlives the job."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autotune import api
+from autotune.config import MIB, DeviceInfo, Knobs, TrialSpec, WorkloadSpec
+from autotune.errors import ConfigError
+from autotune.runner import merge_ranks, run_isolated
+from tests.conftest import workload_target
+from tests.test_cli import _invoke, _words
+
+CPU = DeviceInfo(device="cpu", name="test cpu", total_memory_bytes=8 * 1024 * MIB,
+                 available_memory_bytes=8 * 1024 * MIB, supports_bf16=True,
+                 supports_fp16=False, supports_tf32=False)
+
+
+def _spec(name: str, strategy: str, micro_batch: int = 2, **kwargs: object) -> TrialSpec:
+    kwargs.setdefault("timeout_s", 120.0)
+    return TrialSpec(workload=WorkloadSpec(kind="file", target=workload_target(name)),
+                     device="cpu", micro_batch=micro_batch, knobs=Knobs(strategy=strategy),
+                     ranks=2, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def job_token(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A token in the environment of every process this test starts (inherited by the
+    launcher and its ranks): what ``_left_running`` looks for."""
+    token = f"test-{uuid.uuid4().hex}"
+    monkeypatch.setenv("AUTOTUNE_TEST_JOB", token)
+    return token
+
+
+def _left_running(token: str) -> list[int]:
+    """Processes still running with ``token`` in their environment (this one aside)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if token.encode() in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
+# -- the job's result from its ranks' (no processes) -------------------------------------------
+
+def _ok(peak: int, steps: tuple[float, ...] = (1.0, 2.0)) -> dict[str, object]:
+    return {"status": "ok", "peak_bytes": peak, "step_times_s": list(steps),
+            "samples_per_step": 8}
+
+
+def test_an_ok_job_takes_its_largest_rank_and_slowest_steps() -> None:
+    job = merge_ranks([_ok(10 * MIB, (1.0, 3.0)), _ok(12 * MIB, (2.0, 1.5))])
+    assert job.ok
+    assert job.peak_bytes == 12 * MIB and job.rank_peak_bytes == (10 * MIB, 12 * MIB)
+    assert job.step_times_s == (2.0, 3.0)
+
+
+def test_the_cause_wins_over_its_echoes() -> None:
+    echo = {"status": "error", "message": "RuntimeError: Connection closed by peer"}
+    oom = {"status": "oom", "message": "can't allocate memory"}
+    job = merge_ranks([echo, oom])
+    assert job.status == "oom"
+    assert job.message.startswith("rank 1 of 2: can't allocate memory")
+
+
+def test_a_rank_without_a_result_is_a_crash_unless_another_names_the_cause() -> None:
+    echo = {"status": "error", "message": "RuntimeError: Connection closed by peer"}
+    crash = merge_ranks([echo, None], "launcher exited with code 1")
+    assert crash.status == "crash"
+    assert crash.message.startswith("rank 1 of 2 left no result")
+    assert "launcher exited with code 1" in crash.message
+    assert merge_ranks([_ok(MIB), None]).status == "crash"
+    assert merge_ranks([{"status": "oom", "message": "m"}, None]).status == "oom"
+    assert merge_ranks([{"child_error": "ValueError: x"}, _ok(MIB)]).status == "crash"
+
+
+_STATUSES = ("ok", "oom", "error", "non_finite", "crash", "workload_error", "compile_error")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.tuples(st.sampled_from(_STATUSES),
+                                               st.integers(0, 2**40))), min_size=1, max_size=8))
+def test_any_failed_or_missing_rank_fails_the_job(ranks: list[tuple[str, int] | None]) -> None:
+    datas = [None if r is None else {"status": r[0], "peak_bytes": r[1], "message": r[0]}
+             for r in ranks]
+    job = merge_ranks(datas)
+    if all(r is not None and r[0] == "ok" for r in ranks):
+        assert job.ok and job.peak_bytes == max(r[1] for r in ranks if r is not None)
+    else:
+        assert not job.ok
+        if any(r is not None and r[0] == "oom" for r in ranks):
+            assert job.status == "oom"  # the cause of the others' failures
+
+
+# -- what a request of ranks may ask (no processes) --------------------------------------------
+
+def _validate(**fields: object):
+    fields.setdefault("target_batch", 64)
+    fields.setdefault("precisions", ["fp32"])
+    fields.setdefault("compile_modes", ["off"])
+    return api.TuneRequest(**fields).validate(CPU)  # type: ignore[arg-type]
+
+
+def test_ranks_default_to_ddp_and_the_world_to_the_ranks() -> None:
+    request = api.TuneRequest(target_batch=64, nproc_per_node=2)
+    assert request.world_size == 2
+    _, _, classes, values, _ = _validate(nproc_per_node=2)
+    assert values["strategy"] == ("ddp", "ddp-bucket-view")
+    assert classes == (Knobs(strategy="ddp"),)
+    _, _, classes, values, _ = _validate()
+    assert values["strategy"] == ("none",) and classes == (Knobs(),)
+
+
+def test_a_strategy_family_names_its_memory_option() -> None:
+    _, _, _, values, _ = _validate(nproc_per_node=2, knob_values={"strategy": ["fsdp", "ddp"]})
+    assert values["strategy"] == ("fsdp", "fsdp-no-reshard", "ddp", "ddp-bucket-view")
+
+
+@pytest.mark.parametrize(("fields", "expected"), [
+    ({"nproc_per_node": 4096}, "--nproc-per-node 4096 is more than this machine runs"),
+    ({"nproc_per_node": 0}, "--nproc-per-node must be a whole number of at least 1, got 0"),
+    ({"nproc_per_node": 2, "world_size": 3, "target_batch": 63},
+     "--world-size 3 is not a multiple of --nproc-per-node 2"),
+    ({"nproc_per_node": 2, "knob_values": {"strategy": ["none"]}},
+     "ranks need a strategy to share the work; use --strategy ddp or fsdp"),
+    ({"knob_values": {"strategy": ["none", "ddp"]}}, "--strategy none,ddp: none is one process"),
+    ({"knob_values": {"strategy": ["zero3"]}},
+     "--strategy zero3: not a value of strategy; choose from none,ddp,ddp-bucket-view,fsdp,"
+     "fsdp-no-reshard"),
+])
+def test_bad_ranks_are_named(fields: dict[str, object], expected: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        _validate(**fields)
+    assert expected in str(caught.value)
+
+
+def test_the_cli_refuses_more_ranks_than_cores_with_exit_2() -> None:
+    result = _invoke("search", "--nproc-per-node", "4096", "--device", "cpu")
+    assert result.exit_code == 2
+    assert "--nproc-per-node 4096 is more than this machine runs" in _words(result.stderr)
+
+
+# -- real jobs of 2 gloo ranks -----------------------------------------------------------------
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_job_of_two_ranks_trains_and_reports_each_rank(strategy: str) -> None:
+    result = run_isolated(_spec("tiny", strategy, accumulate_steps=2, num_timed_steps=2))
+    assert result.status == "ok", result.message
+    assert len(result.rank_peak_bytes) == 2 and result.peak_bytes == max(result.rank_peak_bytes)
+    assert result.samples_per_step == 2 * 2 * 2  # micro-batch x accumulation x ranks
+    assert len(result.step_times_s) == 2 and result.reference_loss is not None
+
+
+@pytest.mark.subprocess
+def test_fsdp_shards_the_training_state_that_ddp_replicates() -> None:
+    """state_heavy: 16 MiB of parameters, 64 MiB with gradients and AdamW's moments; FSDP2 on
+    2 ranks holds half of that per rank, DDP all of it plus its gradient buckets."""
+    ddp = run_isolated(_spec("state_heavy", "ddp", micro_batch=1, num_timed_steps=1))
+    fsdp = run_isolated(_spec("state_heavy", "fsdp", micro_batch=1, num_timed_steps=1))
+    assert ddp.ok and fsdp.ok, (ddp.message, fsdp.message)
+    assert ddp.peak_bytes is not None and fsdp.peak_bytes is not None
+    assert ddp.peak_bytes - fsdp.peak_bytes > 16 * MIB  # at least the state's half, less noise
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize(("workload", "status", "cause"), [
+    ("rank_killed", "crash", "rank 1 killed by SIGKILL"),
+    ("rank_oom", "oom", "rank 1 of 2: RuntimeError"),
+])
+def test_a_fault_on_one_rank_ends_the_job_and_no_rank_is_left(workload: str, status: str,
+                                                             cause: str, job_token: str) -> None:
+    start = time.monotonic()
+    result = run_isolated(_spec(workload, "ddp", timeout_s=60.0, num_timed_steps=2,
+                                memory_budget_bytes=512 * MIB))
+    assert result.status == status, result.message
+    assert cause in result.message.splitlines()[0]
+    assert time.monotonic() - start < 60.0  # ended by the fault, not the timeout
+    time.sleep(0.5)  # SIGKILL of the ranks (parent-death signal) is delivered asynchronously
+    assert _left_running(job_token) == []
+
+
+@pytest.mark.subprocess
+def test_a_hanging_rank_times_the_job_out_and_no_rank_is_left(job_token: str) -> None:
+    result = run_isolated(_spec("rank_hang", "ddp", timeout_s=12.0, num_timed_steps=2))
+    assert result.status == "timeout"
+    time.sleep(0.5)  # SIGKILL of the ranks (parent-death signal) is delivered asynchronously
+    assert _left_running(job_token) == []
+
+
+@pytest.mark.subprocess
+def test_probe_shows_ddp_and_fsdp_side_by_side(tmp_path: object) -> None:
+    """Under a cap where DDP's replicated AdamW state leaves room for few samples, FSDP2's
+    shards leave room for more: the probe JSON shows both."""
+    result = _invoke("probe", "--workload", workload_target("state_heavy"),
+                     "--target-batch", "32", "--nproc-per-node", "2", "--strategy", "ddp,fsdp",
+                     "--memory-budget", "120MiB", "--headroom", "0", "--device", "cpu",
+                     "--precisions", "fp32", "--compile-modes", "off", "--json")
+    assert result.exit_code == 0, result.output
+    probes = {p["knobs"]["strategy"]: p for p in json.loads(result.stdout)["probes"]}
+    assert set(probes) == {"ddp", "ddp-bucket-view", "fsdp", "fsdp-no-reshard"}
+    assert probes["fsdp"]["max_micro_batch"] > probes["ddp"]["max_micro_batch"] >= 1
+
+
+@pytest.mark.slow
+def test_a_model_too_big_for_one_rank_is_tuned_with_fsdp(tmp_path: object) -> None:
+    """DDP (the job's baseline) fits no micro-batch: the search offers FSDP2, the first
+    setting that frees enough memory, and tunes it."""
+    out = str(tmp_path)
+    result = _invoke("search", "--workload", workload_target("state_heavy"),
+                     "--target-batch", "16", "--nproc-per-node", "2", "--strategy", "ddp,fsdp",
+                     "--memory-budget", "85MiB", "--headroom", "0", "--device", "cpu",
+                     "--precisions", "fp32", "--compile-modes", "off", "--checkpointing", "off",
+                     "--optimizer-impls", "default", "--out", out, "--no-cache")
+    assert result.exit_code == 0, result.output
+    config = json.loads((tmp_path / "autotune.json").read_text())  # type: ignore[operator]
+    assert config["knobs"]["strategy"].startswith("fsdp")
+    assert config["nproc_per_node"] == 2 and config["world_size"] == 2
+    assert "fp32/off+dp=ddp fits no micro-batch" in " ".join(config["skipped"])
+    assert config["nproc_per_node"] == 2
