@@ -233,3 +233,25 @@ def test_a_model_too_big_for_one_rank_is_tuned_with_fsdp(tmp_path: object) -> No
     assert config["nproc_per_node"] == 2 and config["world_size"] == 2
     assert "fp32/off+dp=ddp fits no micro-batch" in " ".join(config["skipped"])
     assert config["nproc_per_node"] == 2
+
+
+def test_a_shared_study_refuses_runs_of_another_job(tmp_path: Path) -> None:
+    """Searches on several nodes share one --storage study; one measured with another number
+    of ranks per node, or on another device kind, is refused (its peaks are another job's)."""
+    from autotune.config import ProbeReport
+    from autotune.search import SearchSettings
+    from autotune.search._study import open_study, study_identity
+
+    settings = SearchSettings(storage=f"sqlite:///{tmp_path}/shared.db", study_name="nodes")
+
+    def identity(ranks: int, device: DeviceInfo = CPU) -> dict[str, str]:
+        report = ProbeReport(workload=WorkloadSpec(), device=device, target_batch=64,
+                             world_size=4, headroom=0.1, budget_bytes=1024 * MIB, probes=(),
+                             nproc_per_node=ranks)
+        return study_identity(report, settings)
+
+    open_study(settings, identity(2), "maximize")
+    open_study(settings, identity(2), "maximize")  # another node of the same kind: shared
+    for other in (identity(4), identity(2, DeviceInfo(**{**CPU.__dict__, "name": "other"}))):
+        with pytest.raises(ConfigError, match="refusing to mix"):
+            open_study(settings, other, "maximize")

@@ -40,7 +40,8 @@ def _optuna() -> Any:
 
 def study_identity(report: ProbeReport, settings: SearchSettings) -> dict[str, str]:
     """What a stored run was measured for: a study holding runs of another identity (another
-    model source, target, budget, device or torch) is refused, never silently reused."""
+    model source, target, world size, ranks per node, budget, device or torch) is refused,
+    never silently reused (searches on several nodes of one GPU kind share one)."""
     return {
         "workload": report.workload.label(),
         "workload_source": workload_source(report.workload),
@@ -50,6 +51,8 @@ def study_identity(report: ProbeReport, settings: SearchSettings) -> dict[str, s
         "objective": (f"time_to_train:{settings.train_steps}" if settings.train_steps
                       else "throughput"),
         "params": "knobs+micro_batch",  # one Optuna parameter per knob (schema 2)
+        # Ranks measure another job (their peaks and global throughput): said when several.
+        **({"nproc_per_node": str(report.nproc_per_node)} if report.nproc_per_node > 1 else {}),
     }
 
 
