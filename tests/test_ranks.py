@@ -255,3 +255,17 @@ def test_a_shared_study_refuses_runs_of_another_job(tmp_path: Path) -> None:
     for other in (identity(4), identity(2, DeviceInfo(**{**CPU.__dict__, "name": "other"}))):
         with pytest.raises(ConfigError, match="refusing to mix"):
             open_study(settings, other, "maximize")
+
+
+@pytest.mark.subprocess
+def test_fsdp_without_repeated_blocks_shards_the_root_and_says_so(tmp_path: Path) -> None:
+    """tiny (two Linear layers, no ModuleList): FSDP2 has no blocks to shard one by one."""
+    result = _invoke("search", "--workload", workload_target("tiny"), "--target-batch", "4",
+                     "--nproc-per-node", "1", "--strategy", "fsdp", "--device", "cpu",
+                     "--precisions", "fp32", "--compile-modes", "off", "--checkpointing", "off",
+                     "--optimizer-impls", "default", "--out", str(tmp_path), "--no-cache")
+    assert result.exit_code == 0, result.output
+    config = json.loads((tmp_path / "autotune.json").read_text())
+    assert config["knobs"]["strategy"].startswith("fsdp")
+    assert any(s.startswith("fsdp: no repeated blocks to shard one by one")
+               for s in config["skipped"])

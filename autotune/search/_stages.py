@@ -667,6 +667,13 @@ class _Search:
     def outcome(self, interrupted: bool, stop_reason: str) -> SearchOutcome:
         if self.baseline is None:  # stopped while probing it: its largest fit timed so far
             self.baseline = self._known_baseline()
+        traits = self.traits
+        if (traits is not None and traits.num_blocks < 2 and any(
+                k.knobs.strategy.startswith("fsdp") for k in self.results)):
+            self.skipped.append(
+                "fsdp: no repeated blocks to shard one by one, so FSDP2 shards the root alone "
+                "(every parameter gathered at once in forward and backward: less memory saved "
+                "at the peak); name them with Workload(blocks=...)")
         records = tuple(
             replace(classify(k, r, self.results, self.baseline, self.report,
                              self.settings)[0], number=i, num_runs=self.runs.get(k, 1),
