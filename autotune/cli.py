@@ -401,6 +401,9 @@ def estimate(
     precision: Annotated[PrecisionChoice, typer.Option("--precision")] = PrecisionChoice.fp32,
     checkpointing: Annotated[str, typer.Option(
         "--checkpointing", help="off, blocks or alternate: trace the step checkpointed.")] = "off",
+    strategy: Annotated[str, typer.Option(
+        "--strategy", help="none, ddp, ddp-bucket-view, fsdp or fsdp-no-reshard: trace one rank "
+        "of a --world-size job (a fake process group in one process).")] = "none",
     optimizer_impl: Annotated[str, typer.Option(
         "--optimizer-impl", help="default, for-loop, foreach or fused.")] = "default",
     memory_format: Annotated[str, typer.Option(
@@ -428,7 +431,8 @@ def estimate(
             result = api.estimate(
                 spec, micro_batch=micro_batch, device_memory=device_memory,
                 knobs=Knobs.checked(precision=precision.value, checkpointing=checkpointing,
-                                    optimizer_impl=optimizer_impl, memory_format=memory_format),
+                                    optimizer_impl=optimizer_impl, memory_format=memory_format,
+                                    strategy=strategy),
                 headroom=headroom, target_batch=target_batch,
                 world_size=world_size, kernels=kernels.value,
                 timeout_s=_seconds(timeout, "--timeout"))

@@ -17,6 +17,21 @@ overhead (malloc arenas, thread stacks, freed memory the allocator keeps). The h
 those; ``autotune.json`` calibration (measured / estimate) corrects for them per knob setting.
 Compiled modes cannot be traced this way: the figure is always the eager step's. The allocator
 knob changes no tensor: it moves only what the calibration and the headroom cover.
+
+A job of several ranks (``knobs.strategy`` ddp or fsdp, ``world_size`` ranks) is traced as its
+rank 0, in this one process, under a fake process group of ``world_size`` ranks (as torchtitan's
+memory estimation does): ``step.apply_parallel`` wraps the model as the job's ranks do, FSDP2
+shards over the fake world, DDP allocates its buckets, and the collectives do nothing. The figure
+is one rank's: FSDP's rank 0 holds the largest (padded) shards. What the fake world changes:
+DDP's check that the ranks' parameter shapes agree runs outside the fake mode (it writes the
+shapes into a real tensor), and DDP gets a communication hook that hands each bucket back as the
+in-place all-reduce does (the fake group's all-reduce returns no tensor). FSDP's device mesh is
+built outside the fake mode (it reads its ranks from a tensor); the parameters stay fake, so the
+shards made from them are too. Not counted: the full model a real FSDP rank builds before it
+shards it (a real CPU job's peak address space keeps it), communication buffers inside the
+process group (NCCL's, gloo's), and DDP's rebuilt buckets after the first step (the same size).
+FSDP pads every parameter's first dimension to a multiple of the world size: near that size (a
+1024-row layer over 1000 ranks) the gathered buffers grow to twice the layer, as in a real job.
 """
 
 from __future__ import annotations
@@ -35,8 +50,9 @@ from torch import nn
 from autotune.boundary import Point, bracket, first_candidate, next_candidate
 from autotune.config import format_bytes
 from autotune.errors import ConfigError, UntraceableStepError, WorkloadError
-from autotune.knobs import BASELINE, Knobs, KnobUnsupported
+from autotune.knobs import BASELINE, KNOB, Knobs, KnobUnsupported
 from autotune.step import (
+    apply_parallel,
     apply_to_batch,
     apply_to_model,
     apply_to_optimizer,
@@ -65,6 +81,9 @@ class StepEstimate:
     parameters_bytes: int
     """Parameters and buffers."""
     gradients_bytes: int
+    """Gradients, and DDP's all-reduce buckets: one more copy of them. With bucket view the
+    synchronized micro-batch's gradients are views of the buckets, the first (``no_sync``)
+    micro-batch's are not (``zero_grad`` set them to None): it saves at the optimizer step."""
     optimizer_bytes: int
     """Optimizer state (and, while the optimizer steps, its temporaries)."""
     inputs_bytes: int
@@ -76,7 +95,13 @@ class StepEstimate:
     peak_phase: str
     """``forward``, ``backward`` or ``optimizer step``: where the peak happened."""
     num_parameters: int
+    """Of the whole model (not one rank's shard)."""
     trace_s: float
+    world_size: int = 1
+    """The job's ranks. With a ``knobs.strategy`` the step was traced as its rank 0 in a fake
+    process group of that many, and the figures are one rank's: FSDP's parameters, gradients
+    and optimizer state are its shards, the blocks' gathered parameters count as activations
+    in forward and temporaries in backward. Without one, each rank runs the step alone."""
 
     @property
     def precision(self) -> str:
@@ -215,6 +240,8 @@ class EstimateRequest:
     """Allowed micro-batches (divisors of the per-device batch), or None for any."""
     target_batch: int | None = None
     world_size: int = 1
+    """Data-parallel ranks of the job: the target batch is divided over them, and with a
+    ``knobs.strategy`` the step is traced as one rank of that many (fake process group)."""
     kernels: Kernels = "cuda"
     calibration: Calibration | None = None
     find_max: bool = True
@@ -226,6 +253,15 @@ ESTIMATE_NOTE = (
     "counts live tensor bytes at the step's peak (fake-tensor trace of the eager step); not "
     "counted: CUDA context and library workspaces, allocator caching and fragmentation, "
     "kernels' internal scratch, CPU process overhead. The headroom is there for those")
+
+
+STRATEGY_NOTE = {
+    "ddp": "gradients include DDP's all-reduce buckets, a second copy of them (bucket view "
+           "makes the synchronized micro-batch's gradients views of the buckets, not the "
+           "first no_sync micro-batch's: it saves only where the optimizer step peaks)",
+    "fsdp": "parameters, gradients and optimizer state are this rank's shards; the blocks' "
+            "gathered parameters count as activations (forward) and temporaries (backward); "
+            "not counted: the whole model a rank builds before it shards it"}
 
 
 class _Storages:
@@ -240,6 +276,14 @@ class _Storages:
         self.peaks: dict[str, tuple[int, dict[str, int], str]] = {}
 
     def track(self, tensor: torch.Tensor, kind: str, *, relabel: bool = False) -> None:
+        from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+        if is_traceable_wrapper_subclass(tensor):  # a DTensor: its local shard holds the bytes
+            for name in tensor.__tensor_flatten__()[0]:
+                inner = getattr(tensor, name)
+                if isinstance(inner, torch.Tensor):
+                    self.track(inner, kind, relabel=relabel)
+            return
         storage = tensor.untyped_storage()
         record = self.records.get(id(storage))
         if record is not None:
@@ -254,6 +298,16 @@ class _Storages:
         self.records[key] = record
         # The storage's Python object lives as long as any tensor on it: its end is the free.
         weakref.finalize(storage, self._free, key)
+        self._grow(kind, size)
+
+    def resized(self, storage: torch.UntypedStorage) -> None:
+        """A storage resized in place: FSDP frees its gathered parameters so, and regrows them."""
+        record = self.records.get(id(storage))
+        if record is not None:
+            size, record[0] = record[0], storage.nbytes()
+            self._grow(record[1], record[0] - size)
+
+    def _grow(self, kind: str, size: int) -> None:
         self.by_kind[kind] += size
         self.current += size
         group = "step" if self.phase == "optimizer step" else "fwdbwd"
@@ -280,8 +334,8 @@ def _dispatch_mode(storages: _Storages) -> Any:
             in_backward = torch._C._current_graph_task_id() != -1
             if storages.phase == "optimizer step":
                 kind = "optimizer"
-            elif storages.phase == "inputs":
-                kind = "inputs"
+            elif storages.phase in ("inputs", "parameters", "gradients"):
+                kind = storages.phase
             else:
                 storages.phase = "backward" if in_backward else "forward"
                 kind = "temporaries" if in_backward else "activations"
@@ -352,8 +406,97 @@ def _quiet_transformers() -> Iterator[None]:
         logging.set_verbosity(before)
 
 
+def _check_world(strategy: str, world_size: int) -> None:
+    """Raises ConfigError: a strategy or world size the fake world cannot take."""
+    values = KNOB["strategy"].values
+    if strategy not in values:
+        raise ConfigError(f"strategy {strategy!r} is not one of {', '.join(values)}")
+    if world_size < 1:
+        raise ConfigError(f"world size must be at least 1, got {world_size}")
+    if strategy == "none":
+        return
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise ConfigError(f"strategy {strategy} needs torch.distributed, which this torch "
+                          "build lacks: estimate with strategy none, or install a torch with it")
+    if dist.is_initialized():
+        raise ConfigError(f"estimating strategy {strategy} simulates its ranks in a fake "
+                          "process group, and this process already has a process group: "
+                          "estimate outside the job (autotune estimate runs in a child)")
+
+
+@contextlib.contextmanager
+def _traced_world(strategy: str, world_size: int, storages: _Storages) -> Iterator[None]:
+    """A fake process group of ``world_size`` ranks, this process its rank 0 (none without a
+    strategy), destroyed afterwards; storages resized in place are tracked meanwhile."""
+    resize = torch.UntypedStorage.resize_
+
+    def tracked_resize(storage: torch.UntypedStorage, size: int) -> Any:
+        out = resize(storage, size)  # a storage method: no op the dispatch mode sees
+        storages.resized(storage)
+        return out
+
+    torch.UntypedStorage.resize_ = tracked_resize  # type: ignore[method-assign]
+    try:
+        if strategy == "none":
+            yield
+            return
+        import torch.distributed as dist
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
+    finally:
+        torch.UntypedStorage.resize_ = resize  # type: ignore[method-assign]
+
+
+def _parallel(model: nn.Module, knobs: Knobs, workload: Workload,
+              storages: _Storages) -> nn.Module:
+    """The model as a rank of the job wraps it (``apply_parallel``) in the fake world: what the
+    strategy allocates counts as parameters (FSDP's shards) or gradients (DDP's buckets)."""
+    if knobs.strategy == "none":
+        return model
+    import torch.nn.parallel.distributed as ddp_module
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    fsdp = knobs.strategy.startswith("fsdp")
+    verify = ddp_module._verify_param_shape_across_processes
+
+    def verify_outside_fake(*args: Any, **kwargs: Any) -> Any:
+        with unset_fake_temporarily():  # it writes the shapes into a tensor and reads them
+            return verify(*args, **kwargs)
+
+    ddp_module._verify_param_shape_across_processes = verify_outside_fake
+    storages.phase = "parameters" if fsdp else "gradients"
+    try:
+        # FSDP's device mesh reads its ranks from a tensor: built outside the fake mode.
+        with (unset_fake_temporarily() if fsdp else contextlib.nullcontext()), \
+                _dispatch_mode(storages):
+            model = apply_parallel(model, knobs, workload.blocks)
+    finally:
+        ddp_module._verify_param_shape_across_processes = verify
+        storages.phase = "forward"
+    storages.peaks.clear()  # wrapping (the model before sharding, DDP's broadcast) is no step
+    if not fsdp:
+        model.register_comm_hook(None, _bucket_back)
+    return model
+
+
+def _bucket_back(state, bucket):  # type: ignore[no-untyped-def]  # DDP reads annotations
+    """The all-reduce of a DDP bucket as the real one leaves it (in place), since the fake
+    group's returns no tensor for DDP's reducer."""
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
+
+
 def estimate_step(workload: Workload, micro_batch: int, *, knobs: Knobs = BASELINE,
-                  kernels: Kernels = "cuda", seed: int = 0) -> StepEstimate:
+                  kernels: Kernels = "cuda", world_size: int = 1,
+                  seed: int = 0) -> StepEstimate:
     """Trace the real training step under fake tensors and return its peak breakdown.
 
     One ``train_step`` runs (two accumulated micro-batches, one optimizer step); the optimizer
@@ -368,31 +511,36 @@ def estimate_step(workload: Workload, micro_batch: int, *, knobs: Knobs = BASELI
             blocks (their recompute in backward is traced), the optimizer rebuilt, channels-last
             model and batches. A compile mode is traced eager; the allocator changes no tensor.
         kernels: whose kernel choices to model (see ``StepEstimate.kernels``).
+        world_size: ranks of the job: with ``knobs.strategy`` ddp or fsdp, the step is traced
+            as its rank 0 in a fake process group of that many ranks (see the module's notes).
         seed: as ``torch.manual_seed`` in a trial.
 
     Raises:
         WorkloadError: the workload or one of its ops cannot run under fake tensors; the
             message names the op (``UntraceableStepError``).
         ConfigError: a knob value the workload cannot take (e.g. checkpointing without
-            repeated blocks).
+            repeated blocks), an unknown strategy or a world size below 1.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    _check_world(knobs.strategy, world_size)
     start = time.perf_counter()
     storages = _Storages()
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     set_matmul_precision(knobs.precision)
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True), _kernels(kernels), \
+        with _traced_world(knobs.strategy, world_size, storages), \
+                FakeTensorMode(allow_non_fake_inputs=True), _kernels(kernels), \
                 _quiet_transformers():
             torch.manual_seed(seed)
             model = workload.build_model()  # on the (fake) CPU, as the contract says
             check_model(model, workload.name)
             apply_to_model(model, knobs, workload.blocks)
-            optimizer = apply_to_optimizer(workload.make_optimizer(model.parameters()), knobs,
-                                           as_on_cuda=kernels == "cuda")
             for tensor in (*model.parameters(), *model.buffers()):
                 storages.track(tensor, "parameters")
+            model = _parallel(model, knobs, workload, storages)
+            optimizer = apply_to_optimizer(workload.make_optimizer(model.parameters()), knobs,
+                                           as_on_cuda=kernels == "cuda")
             hooks = _install_hooks(model, optimizer, storages)
             try:
                 with _dispatch_mode(storages):
@@ -406,9 +554,10 @@ def estimate_step(workload: Workload, micro_batch: int, *, knobs: Knobs = BASELI
                 for hook in hooks:
                     hook.remove()
             num_parameters = count_parameters(model)
-            state = {id(v.untyped_storage()): v.untyped_storage().nbytes()
+            local = [getattr(v, "_local_tensor", v).untyped_storage()  # a DTensor's shard
                      for st in optimizer.state.values() for v in st.values()
-                     if isinstance(v, torch.Tensor)}
+                     if isinstance(v, torch.Tensor)]
+            state = {id(storage): storage.nbytes() for storage in local}
             state_bytes = sum(state.values())
     except WorkloadError:
         raise
@@ -429,7 +578,7 @@ def estimate_step(workload: Workload, micro_batch: int, *, knobs: Knobs = BASELI
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
     return _combine(storages, state_bytes, micro_batch=micro_batch, knobs=knobs,
-                    kernels=kernels, num_parameters=num_parameters,
+                    kernels=kernels, num_parameters=num_parameters, world_size=world_size,
                     trace_s=time.perf_counter() - start)
 
 
@@ -544,7 +693,8 @@ def estimate_report(workload: Workload, request: EstimateRequest) -> EstimateRep
         ConfigError: a knob value the workload cannot take.
     """
     def trace(m: int) -> StepEstimate:
-        return estimate_step(workload, m, knobs=request.knobs, kernels=request.kernels)
+        return estimate_step(workload, m, knobs=request.knobs, kernels=request.kernels,
+                             world_size=request.world_size)
 
     usable = int(request.device_memory_bytes * (1 - request.headroom))
     asked = trace(request.micro_batch)
@@ -563,6 +713,10 @@ def estimate_report(workload: Workload, request: EstimateRequest) -> EstimateRep
         pairs = tuple((m, per_device // m) for m in request.candidates if m <= best)
     peak = search.peak_at(best)
     notes = [ESTIMATE_NOTE]
+    if request.knobs.strategy != "none":
+        notes.append(f"one rank of {request.world_size} ({request.knobs.strategy}), traced in "
+                     "one process with a fake process group (collectives do nothing): "
+                     + STRATEGY_NOTE[request.knobs.strategy.split("-")[0]])
     if request.calibration is not None:
         notes.append(f"peaks corrected by the search's measurement: "
                      f"{request.calibration.describe()}")

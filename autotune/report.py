@@ -217,12 +217,16 @@ def estimate_lines(report: EstimateReport) -> list[str]:
     step = report.estimate
     kernels = ("CUDA fused attention modelled" if step.kernels == "cuda"
                else "CPU kernels as traced")
+    strategy = step.knobs.strategy
+    rank = (f", per rank of {step.world_size} ({strategy})" if strategy != "none" else "")
     lines = [
         f"{report.workload_name}: micro-batch {step.micro_batch}, {step.knobs.label()} traced "
-        f"eager ({step.num_parameters / 1e6:.1f}M parameters; fake-tensor trace of the training "
-        f"step, 2 accumulated micro-batches + optimizer step, {kernels}, {step.trace_s:.1f} s)",
+        f"eager{rank} ({step.num_parameters / 1e6:.1f}M parameters; fake-tensor trace of the "
+        f"training step, 2 accumulated micro-batches + optimizer step, {kernels}, "
+        f"{step.trace_s:.1f} s)",
     ]
-    rows = [("parameters", step.parameters_bytes), ("gradients", step.gradients_bytes),
+    grads = "grads + buckets" if strategy.startswith("ddp") else "gradients"
+    rows = [("parameters", step.parameters_bytes), (grads, step.gradients_bytes),
             ("optimizer state", step.optimizer_bytes), ("activations", step.activations_bytes),
             ("temporaries", step.temporaries_bytes), ("inputs", step.inputs_bytes)]
     if report.calibration is not None:

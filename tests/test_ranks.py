@@ -269,3 +269,31 @@ def test_fsdp_without_repeated_blocks_shards_the_root_and_says_so(tmp_path: Path
     assert config["knobs"]["strategy"].startswith("fsdp")
     assert any(s.startswith("fsdp: no repeated blocks to shard one by one")
                for s in config["skipped"])
+
+
+def _ranks_config(tmp_path: Path, ranks: int, world: int, strategy: str = "fsdp") -> Path:
+    from tests.test_estimate import tuned_json
+
+    path = tuned_json(tmp_path, micro_batch=4, knobs=Knobs(strategy=strategy), world_size=2)
+    data = json.loads(path.read_text())
+    data.update(nproc_per_node=ranks, world_size=world, accumulate_steps=1,
+                target_batch=4 * world)
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.subprocess
+def test_check_measures_one_job_of_the_configs_ranks(tmp_path: Path) -> None:
+    result = api.check(_ranks_config(tmp_path, 2, 2), measure=True)
+    assert result.method == "measure", result.message
+    assert result.peak_bytes is not None and result.peak_bytes > 0
+
+
+def test_check_refuses_to_measure_more_ranks_than_the_machine_runs(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="measuring this config needs a job of 4096 ranks"):
+        api.check(_ranks_config(tmp_path, 4096, 4096), measure=True)
+
+
+def test_a_config_of_ranks_without_a_strategy_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"ranks need knobs\.strategy ddp or fsdp"):
+        api.check(_ranks_config(tmp_path, 2, 2, strategy="none"), measure=False)

@@ -11,6 +11,7 @@ from autotune.config import (
     from_json_dict,
     to_json_dict,
 )
+from autotune.device import backend_for
 from autotune.errors import (
     MEMORY_STATUS,
     ConfigError,
@@ -67,7 +68,8 @@ def estimate(
             with ``knobs``).
         headroom: share of the device memory kept free.
         target_batch: when given, list the (micro_batch, accumulate_steps) pairs that fit.
-        world_size: data-parallel devices (micro-batches divide target / world).
+        world_size: data-parallel devices (micro-batches divide target / world); with a
+            ``knobs.strategy`` (ddp, fsdp), the step is traced as one rank of that many.
         kernels: ``cuda`` (model CUDA's kernel choices: fused attention, a foreach optimizer
             step) or ``cpu`` (what a CPU runs).
         calibration: the search's measurement of these knobs, from ``autotune.json``.
@@ -94,6 +96,8 @@ def estimate(
         problems.append(f"kernels {kernels!r} must be cuda or cpu")
     if micro_batch < 1:
         problems.append(f"micro-batch must be at least 1, got {micro_batch}")
+    if world_size < 1:
+        problems.append(f"world size must be at least 1, got {world_size}")
     if not 0 <= headroom < 1:
         problems.append(f"headroom must be a fraction in [0, 1) such as 0.1, got {headroom}")
     if timeout_s <= 0:
@@ -156,6 +160,8 @@ class CheckTarget:
     """The search's measurement of this config's knobs, when it recorded one."""
     device: str = "cuda"
     """Where the config was tuned (``cpu`` or ``cuda:N``): whose kernels the estimate models."""
+    nproc_per_node: int = 1
+    """Ranks a measured step runs as one job (the search's)."""
 
 
 def _read_tuned(path: str | Path, workload: WorkloadSpec | None = None) -> CheckTarget:
@@ -173,7 +179,8 @@ def _read_tuned(path: str | Path, workload: WorkloadSpec | None = None) -> Check
         accumulate_steps=config.accumulate_steps, target_batch=config.target_batch,
         world_size=config.world_size, knobs=config.knobs,
         device_memory_bytes=config.memory.budget_bytes,
-        headroom=config.memory.headroom, calibration=calibration, device=config.device.device)
+        headroom=config.memory.headroom, calibration=calibration, device=config.device.device,
+        nproc_per_node=config.nproc_per_node)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -260,6 +267,9 @@ def check(path: str | Path | None = None, *, target: CheckTarget | None = None,
                        "fake tensors)" if target.knobs.compile_mode != "off" else ""))
             notes = target.calibration.notes if target.calibration is not None else ()
             how += "".join(f"; {note}" for note in notes)
+            if target.knobs.strategy != "none":
+                how += (f"; one rank of {target.world_size} ({target.knobs.strategy}, traced "
+                        "with a fake process group)")
     head = (f"micro-batch {target.micro_batch} x {target.accumulate_steps} ({label}): peak "
             f"{format_bytes(peak)} ({how}), usable {format_bytes(usable)} (device "
             f"{format_bytes(target.device_memory_bytes)} minus {target.headroom:.0%} headroom)")
@@ -288,8 +298,15 @@ def _measure(target: CheckTarget, timeout_s: float) -> int:
         ConfigError: a knob value the workload cannot take.
     """
     device = "cpu" if target.device == "cpu" else "cuda:0"
+    ranks = target.nproc_per_node if target.knobs.strategy != "none" else 1
+    here = backend_for(device).max_ranks()
+    if ranks > here:
+        raise ConfigError(
+            f"measuring this config needs a job of {ranks} ranks ({target.knobs.strategy}), and "
+            f"this machine runs {here}: check it without --measure (the estimator traces one "
+            "rank of the job) or on a machine with as many devices")
     result = run_isolated(probe_spec(target.workload, device, target.knobs,
-                                     target.micro_batch, None, timeout_s))
+                                     target.micro_batch, None, timeout_s, ranks=ranks))
     if not result.ok or result.peak_bytes is None:
         if result.status == MEMORY_STATUS:
             return target.device_memory_bytes + 1
