@@ -3,9 +3,10 @@
 ``$name`` placeholders are filled by ``string.Template`` (the Python code itself has no ``$``).
 ``TINY_GPT`` is ``autotune.workload.TinyGPT`` as plain source; a test keeps the two identical.
 ``SCRIPT`` carries ``autotune.knobs``' changes to the model, the optimizer and the batches as
-plain functions (``find_blocks``, ``checkpoint_blocks``, ``rebuild_optimizer``, ``to_device``);
-tests keep them equal to the library's (the same blocks, the same gradients, the same optimizer
-groups). The script's code is the same for every value of a knob: values enter as literals.
+plain functions (``find_blocks``, ``checkpoint_blocks``, ``rebuild_optimizer``, ``parallelize``,
+``to_device``); tests keep them equal to the library's (the same blocks, the same gradients,
+also over DDP and FSDP ranks, the same optimizer groups). The script's code is the same for
+every value of a knob: values enter as literals.
 """
 
 from __future__ import annotations
@@ -173,6 +174,7 @@ checkpointing = $checkpointing  # off, blocks (every repeated block) or alternat
 optimizer_impl = $optimizer_impl  # default (as built), for-loop, foreach or fused
 memory_format = $memory_format  # contiguous, or channels_last (2-D convolutions, 4-D images)
 allocator = $allocator  # default, or expandable_segments (CUDA)
+strategy = $strategy  # none, ddp, ddp-bucket-view, fsdp or fsdp-no-reshard (under torchrun)
 tuned_world_size = $world_size  # devices the search assumed
 
 if allocator == "expandable_segments":
@@ -256,6 +258,28 @@ def rebuild_optimizer(optimizer, impl):
     return rebuilt
 
 
+def parallelize(model, parallel, precision, device):
+    """The model as the tuned strategy runs it over the ranks: DistributedDataParallel ("ddp";
+    "ddp-bucket-view": its gradients are views into the all-reduce buckets, one copy less) or
+    FSDP2 ("fsdp": fully_shard on each repeated block, then the root, parameters freed after
+    each block's forward; "fsdp-no-reshard": kept gathered from forward to backward). Build the
+    optimizer over the parameters of the model it returns: fully_shard swaps them for shards."""
+    if parallel == "none":
+        return model
+    if parallel.startswith("ddp"):
+        ids = [torch.device(device)] if str(device).startswith("cuda") else None
+        return DDP(model, device_ids=ids, gradient_as_bucket_view=parallel == "ddp-bucket-view")
+    # bf16/fp16: parameters gathered in the autocast dtype for compute, gradients reduced in fp32.
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    policy = MixedPrecisionPolicy(param_dtype=dtype,
+                                  reduce_dtype=torch.float32 if dtype is not None else None)
+    blocks = list(model_blocks(model)) if model_blocks is not None else find_blocks(model)
+    for block in blocks:
+        fully_shard(block, reshard_after_forward=parallel == "fsdp", mp_policy=policy)
+    fully_shard(model, reshard_after_forward=parallel == "fsdp", mp_policy=policy)
+    return model
+
+
 def to_device(batch, device):
     """The batch on the device; with channels_last, its 4-D float tensors (images) too."""
 
@@ -280,22 +304,24 @@ def train_step(model, optimizer, scaler, micro_batches, autocast):
     # Normalize the loss once over the whole effective batch: each micro-batch's mean loss
     # weighs its share of all loss items (e.g. label tokens) in the step, so the gradient is
     # the one a single big batch gives, however the padding falls across micro-batches.
+    inner = getattr(model, "_orig_mod", model)  # under torch.compile's wrapper
     if count_loss_items is None:
         weights = [1.0 / len(micro_batches)] * len(micro_batches)
     else:
         counts = [count_loss_items(batch) for batch in micro_batches]
         total = sum(counts)
-        if isinstance(model, DDP):
-            # DDP averages gradients over ranks: normalize by the mean count of all ranks.
+        if isinstance(inner, (DDP, FSDPModule)):
+            # DDP and FSDP average gradients over ranks: normalize by the mean count of all ranks.
             total = torch.as_tensor(total, device=next(model.parameters()).device).float()
             dist.all_reduce(total)
             total /= dist.get_world_size()
         weights = [count / total for count in counts]
     step_loss = 0.0
     for i, (weight, batch) in enumerate(zip(weights, micro_batches, strict=True)):
-        # Under DDP, gradients are all-reduced once, in the last micro-batch's backward.
+        # Under DDP, gradients are all-reduced once, in the last micro-batch's backward (FSDP
+        # reduce-scatters them at every one: its gradients are sharded, never kept whole).
         last = i == len(micro_batches) - 1
-        with nullcontext() if last or not isinstance(model, DDP) else model.no_sync():
+        with nullcontext() if last or not isinstance(inner, DDP) else inner.no_sync():
             with autocast:
                 loss = compute_loss(model, batch) * weight
             scaler.scale(loss).backward()
@@ -315,8 +341,8 @@ def main():
     parser.add_argument("--seed", type=int, default=1337)
     args = parser.parse_args()
 
-    ddp = int(os.environ.get("WORLD_SIZE", 1)) > 1  # launched by torchrun
-    if ddp:
+    distributed = int(os.environ.get("WORLD_SIZE", 1)) > 1  # launched by torchrun
+    if distributed:
         dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
         rank, world_size = dist.get_rank(), dist.get_world_size()
         local_rank = int(os.environ["LOCAL_RANK"])
@@ -335,6 +361,12 @@ def main():
     if master and world_size != tuned_world_size:
         print(f"note: tuned for {tuned_world_size} device(s), running on {world_size}: "
               f"accumulating {accumulate_steps} micro-batches per step instead")
+    # torchrun without a tuned strategy runs plain DDP; one process runs none.
+    parallel = ("ddp" if strategy == "none" else strategy) if distributed else "none"
+    if master and strategy != "none" and not distributed:
+        print(f"note: tuned for strategy {strategy} over {tuned_world_size} processes; without "
+              f"torchrun this runs one process without a process group. Run it as: torchrun "
+              f"--nproc_per_node={tuned_world_size} {os.path.basename(__file__)}")
 
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     torch.backends.cudnn.allow_tf32 = precision == "tf32"
@@ -343,25 +375,25 @@ def main():
     # fp16's small range underflows gradients without loss scaling; disabled it is a no-op.
     scaler = torch.amp.GradScaler(device_type, enabled=precision == "fp16")
 
-    torch.manual_seed(args.seed)
+    torch.manual_seed(args.seed)  # the same initial weights on every rank (FSDP broadcasts none)
     model = build_model().to(device)
     checkpoint_blocks(model, checkpointing, model_blocks)
     if memory_format == "channels_last":
         model = model.to(memory_format=torch.channels_last)
+    model = parallelize(model, parallel, precision, device)
     optimizer = rebuild_optimizer(make_optimizer(model.parameters()), optimizer_impl)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.steps)
-    if compile_mode != "off":
+    if compile_mode != "off":  # after the DDP/FSDP wrap, as autotune measured it
         mode = None if compile_mode == "default" else compile_mode
         model = torch.compile(model, mode=mode, dynamic=False)
-    if ddp:
-        model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
     torch.manual_seed(args.seed + 1 + rank)  # a different data stream on each rank
 
     if master:
         print(f"training {args.steps} steps of {target_batch} samples: micro-batch "
               f"{micro_batch} x {accumulate_steps} accumulation x {world_size} device(s), "
               f"{precision}, compile {compile_mode}, checkpointing {checkpointing}, optimizer "
-              f"{optimizer_impl}, memory format {memory_format}, on {device}")
+              f"{optimizer_impl}, memory format {memory_format}, strategy {parallel}, on "
+              f"{device}")
     start = time.perf_counter()
     for step in range(1, args.steps + 1):
         micro_batches = [to_device(get_batch(micro_batch), device)
@@ -374,14 +406,25 @@ def main():
             print(f"step {step}/{args.steps} | loss {loss:.4f} | "
                   f"{step * target_batch / elapsed:,.1f} samples/s | {elapsed:.1f} s")
 
+    # The module under the wrappers: the compiled one's keys would carry "_orig_mod.".
+    raw_model = getattr(model, "_orig_mod", model)
+    raw_model = raw_model.module if isinstance(raw_model, DDP) else raw_model
+    if isinstance(raw_model, FSDPModule):
+        # Gathering the full state dicts is a collective: every rank takes part, rank 0 saves.
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        model_state = get_model_state_dict(raw_model, options=options)
+        optimizer_state = get_optimizer_state_dict(raw_model, optimizer, options=options)
+    elif master:
+        model_state, optimizer_state = raw_model.state_dict(), optimizer.state_dict()
     if master:
-        raw_model = model.module if ddp else model
-        if compile_mode != "off":
-            raw_model = raw_model._orig_mod  # the compiled wrapper's keys carry "_orig_mod."
-        torch.save({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "step": args.steps}, args.checkpoint)
+        torch.save({"model": model_state, "optimizer": optimizer_state, "step": args.steps},
+                   args.checkpoint)
         print(f"saved {args.checkpoint}")
-    if ddp:
+    if distributed:
+        # FSDP's modules hold the process group: freed first, it closes with the group (left to
+        # the interpreter's exit, its threads can outlive it and abort the process).
+        del model, raw_model, optimizer, scheduler
+        gc.collect()
         dist.barrier()  # no rank tears the group down while another still talks to it
         dist.destroy_process_group()
 

@@ -324,7 +324,13 @@ def skip_reason(knobs: Knobs, traits: WorkloadTraits | None) -> str | None:
 
 
 def training_arguments(knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
-    """``TrainingArguments`` keywords for the knobs, and what has no mapping there."""
+    """``TrainingArguments`` keywords for the knobs, and what has no mapping there.
+
+    ``ddp`` needs no keyword (Trainer runs DistributedDataParallel under torchrun); ``fsdp``
+    and ``fsdp-no-reshard`` are ``fsdp=True`` with ``fsdp_config`` version 2 and
+    ``reshard_after_forward`` (Trainer shards each layer of the model's ``_no_split_modules``,
+    a transformers model's blocks, then the root); ``ddp-bucket-view`` has no switch.
+    """
     compiled = knobs.compile_mode != "off"
     kwargs: dict[str, Any] = {
         "bf16": knobs.precision == "bf16", "fp16": knobs.precision == "fp16",
@@ -362,7 +368,31 @@ def training_arguments(knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
     if knobs.allocator != "default":
         notes.append(f"allocator={knobs.allocator}: set PYTORCH_CUDA_ALLOC_CONF="
                      "expandable_segments:True in the environment before CUDA starts")
+    if knobs.strategy.startswith("fsdp"):
+        kwargs["fsdp"] = True
+        kwargs["fsdp_config"] = {"version": 2,
+                                 "reshard_after_forward": knobs.strategy == "fsdp"}
+    elif knobs.strategy == "ddp-bucket-view":
+        notes.append("strategy=ddp-bucket-view: TrainingArguments has no gradient_as_bucket_view "
+                     "switch (Trainer builds its own DistributedDataParallelKwargs), so Trainer "
+                     "runs plain DDP under torchrun, with one copy of the gradients more than "
+                     "measured")
+    notes += _fsdp_reduce_note(knobs, "Trainer")
     return kwargs, notes
+
+
+def _fsdp_reduce_note(knobs: Knobs, target: str) -> list[str]:
+    """What differs under FSDP with autocast: Accelerate's FSDP2 policy (Trainer's too) takes
+    every dtype from ``mixed_precision``; the search reduced gradients in fp32."""
+    if not knobs.strategy.startswith("fsdp") or knobs.precision not in ("bf16", "fp16"):
+        return []
+    dtype = {"bf16": "bfloat16", "fp16": "float16"}[knobs.precision]
+    fix = ("Trainer has no switch for it" if target == "Trainer" else
+           "before Accelerator(...), set kwargs['fsdp_plugin'].mixed_precision_policy = "
+           f"MixedPrecisionPolicy(param_dtype=torch.{dtype}, reduce_dtype=torch.float32)")
+    return [f"strategy={knobs.strategy} with {knobs.precision}: {target}'s FSDP2 reduces "
+            f"gradients in {knobs.precision} (its policy comes from mixed_precision) where the "
+            f"search reduced them in fp32; {fix}"]
 
 
 def _trainer_has_activation_checkpointing() -> bool:
@@ -377,12 +407,45 @@ def _trainer_has_activation_checkpointing() -> bool:
 
 
 def accelerator_kwargs(knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
-    """``Accelerator`` keywords (beyond the compile plugin) and what needs doing by hand."""
-    kwargs = {"mixed_precision": {"bf16": "bf16", "fp16": "fp16"}.get(knobs.precision, "no")}
+    """``Accelerator`` keywords (beyond the compile plugin) and what needs doing by hand.
+
+    ``ddp`` needs no keyword (Accelerate runs DistributedDataParallel under torchrun or
+    ``accelerate launch``); ``ddp-bucket-view`` is a ``DistributedDataParallelKwargs``
+    handler; ``fsdp`` and ``fsdp-no-reshard`` an FSDP2 ``FullyShardedDataParallelPlugin``
+    (built here: accelerate is imported only for them).
+    """
+    kwargs: dict[str, Any] = {
+        "mixed_precision": {"bf16": "bf16", "fp16": "fp16"}.get(knobs.precision, "no")}
     notes = [f"{name}={getattr(knobs, name)}: apply it with cfg.apply(model) / "
              "cfg.build_optimizer(...) (Accelerate has no switch for it)"
-             for name in knobs.changed()]
+             for name in knobs.changed() if name != "strategy"]
+    if knobs.strategy not in ("none", "ddp"):
+        found, why = _accelerate_strategy(knobs)
+        kwargs.update(found)
+        notes += why
     return kwargs, notes
+
+
+def _accelerate_strategy(knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
+    """The DDP kwargs handler (``ddp-bucket-view``) or the FSDP2 plugin (``fsdp*``), and what
+    the plugin does not carry."""
+    try:
+        from accelerate.utils import DistributedDataParallelKwargs, FullyShardedDataParallelPlugin
+    except ImportError:
+        return {}, [f"strategy={knobs.strategy}: accelerate is not installed here (pip install "
+                    "accelerate); no plugin built"]
+    if knobs.strategy == "ddp-bucket-view":
+        return {"kwargs_handlers": [DistributedDataParallelKwargs(gradient_as_bucket_view=True)]
+                }, []
+    plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=2, reshard_after_forward=knobs.strategy == "fsdp",
+        auto_wrap_policy="transformer_based_wrap")
+    notes = [f"strategy={knobs.strategy}: the plugin shards each layer the model's "
+             "_no_split_modules names (a transformers model's blocks), then the root; for "
+             "another model set kwargs['fsdp_plugin'].transformer_cls_names_to_wrap = [its "
+             "block class name] (else Accelerate shards the root alone: one all-gather of "
+             "every parameter)"]
+    return {"fsdp_plugin": plugin}, notes + _fsdp_reduce_note(knobs, "Accelerate")
 
 
 def describe(knobs: Knobs, names: Sequence[str] | None = None) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import gc
 import hashlib
 import math
 import os
@@ -222,6 +223,10 @@ def _leave_job(result: TrialResult) -> None:
     import torch.distributed as dist
 
     if result.ok and dist.is_available() and dist.is_initialized():
+        # The trial's DDP/FSDP modules are garbage by now, but may sit in reference cycles:
+        # freed now, before the group goes (freed at interpreter exit, gloo's threads can wait
+        # for the lock the exiting main thread holds: a rank that never ends).
+        gc.collect()
         dist.destroy_process_group()
 
 

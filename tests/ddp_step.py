@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import sys
 from pathlib import Path
@@ -28,6 +29,10 @@ def main() -> None:
                          torch.autocast("cpu", enabled=False))
     grads = {name.removeprefix("module."): g for name, g in recorder.grads.items()}
     torch.save(grads, out / f"rank{rank}.pt")
+    # The DDP model freed before the group goes: torn down at interpreter exit, gloo's worker
+    # threads wait for the lock the exiting main thread holds (a hang, 2 runs in 8).
+    del model, recorder
+    gc.collect()
     # Every rank done before any tears gloo down: a rank that destroys its group while a peer
     # still talks to it aborts ("terminate called without an active exception"), 1 run in ~12.
     dist.barrier()

@@ -32,6 +32,7 @@ from autotune.workload import (
     load_workload,
 )
 from tests import one_truth
+from tests.fsdp_step import STRATEGIES, ShardedLM
 from tests.one_truth import GradRecorder, TinyLM, assert_same_grads, full_batch_grads, token_batches
 from tests.tuned_configs import REPO, make_tuned, my_workload_spec, small, subprocess_env, write
 
@@ -87,14 +88,14 @@ def test_header_gives_command_and_measured_reasons() -> None:
         assert expected in " ".join(header.replace("#", " ").split()), expected
     assert 'precision = "bf16"' in text and 'compile_mode = "default"' in text
     assert "torch.compile(model, mode=mode, dynamic=False)" in text
-    assert "raw_model._orig_mod" in text and "model.no_sync()" in text
+    assert 'getattr(model, "_orig_mod", model)' in text and "inner.no_sync()" in text
 
 
 def test_every_knob_is_a_literal_the_script_uses() -> None:
     """Each knob of ``autotune.knobs.KNOBS`` is assigned once, as a literal, and read."""
     tuned = Knobs(precision="fp16", compile_mode="max-autotune", checkpointing="alternate",
                   optimizer_impl="fused", memory_format="channels_last",
-                  allocator="expandable_segments")
+                  allocator="expandable_segments", strategy="fsdp")
     tree = ast.parse(render_train_script(make_tuned(knobs=tuned)))
     assigned = {node.targets[0].id: node.value for node in tree.body
                 if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)}
@@ -120,10 +121,11 @@ def test_header_lists_every_knob_with_value_and_measurement() -> None:
                      "the largest micro-batch that fit: 64 with it, 16 without",
                      "optimizer_impl = fused: optimizer rebuilt fused",
                      "memory_format = contiguous: contiguous tensors",
-                     "allocator = default: the default CUDA allocator"):
+                     "allocator = default: the default CUDA allocator",
+                     "strategy = none: one process, no process group"):
         assert expected in header, expected
     for line in ('checkpointing = "blocks"', 'optimizer_impl = "fused"',
-                 'memory_format = "contiguous"', 'allocator = "default"'):
+                 'memory_format = "contiguous"', 'allocator = "default"', 'strategy = "none"'):
         assert f"\n{line}  # " in text, line
 
 
@@ -144,6 +146,8 @@ def _variants() -> dict[str, object]:
         "every_knob_set": make_tuned(checkpointing="alternate", optimizer_impl="fused",
                                      memory_format="channels_last",
                                      allocator="expandable_segments"),
+        "fsdp_two_ranks": make_tuned(strategy="fsdp-no-reshard", world_size=2,
+                                     target_batch=128),
     }
 
 
@@ -274,6 +278,41 @@ def test_generated_step_under_ddp_normalizes_over_all_ranks(default_script: Modu
     # Normalizing per rank (each rank's own tokens) would be wrong here: the test has teeth.
     workload = Workload(name="t", build_model=TinyLM, make_batch=lambda m: None,
                         loss=lambda m, b: m(**b), count_loss_items=causal_lm_label_count)
+    per_rank = []
+    for rank in range(2):
+        recorder = GradRecorder(model)
+        step.train_step(model, recorder, batches[2 * rank:2 * rank + 2], workload,
+                         precision="fp32", device_type="cpu")
+        per_rank.append(recorder.grads["head.weight"])
+    assert not torch.allclose((per_rank[0] + per_rank[1]) / 2, full["head.weight"], rtol=1e-2)
+
+
+@pytest.mark.subprocess
+def test_generated_step_under_fsdp_gives_the_single_process_gradients(
+        default_script: ModuleType, tmp_path: Path) -> None:
+    """Two gloo ranks, the script's FSDP2 wrap (each block, then the root; resharded after
+    forward or not) and its step, two padded micro-batches each, float64: the gradients
+    gathered from the shards are the single-process step's over all four micro-batches."""
+    script = Path(default_script.__file__)
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(Path(__file__).parent / "fsdp_step.py"), str(script), str(tmp_path)],
+        capture_output=True, text=True, env=subprocess_env(), timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    torch.manual_seed(0)
+    model = ShardedLM().double()
+    batches = token_batches(True, num_micro_batches=4)
+    workload = Workload(name="t", build_model=ShardedLM, make_batch=lambda m: None,
+                        loss=lambda m, b: m(**b), count_loss_items=causal_lm_label_count)
+    single = GradRecorder(model)
+    step.train_step(model, single, batches, workload, precision="fp32", device_type="cpu")
+    full = full_batch_grads(model, batches, lambda m, b: m(**b))
+    for strategy in STRATEGIES:
+        for rank in range(2):
+            grads = torch.load(tmp_path / f"{strategy}-rank{rank}.pt")
+            assert_same_grads(grads, single.grads, float32_weights=True)
+            assert_same_grads(grads, full, float32_weights=True)
+    # Normalizing per rank (each rank's own tokens) would be wrong here: the test has teeth.
     per_rank = []
     for rank in range(2):
         recorder = GradRecorder(model)
@@ -489,6 +528,57 @@ def test_generated_script_runs(tmp_path: Path, name: str) -> None:
     saved = torch.load(tmp_path / "ck.pt")
     assert saved["step"] == 2 and saved["model"]
     assert not any(k.startswith("_orig_mod") for k in saved["model"])
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp-bucket-view"])
+def test_generated_script_runs_its_strategy_under_torchrun(tmp_path: Path,
+                                                          strategy: str) -> None:
+    """Two CPU ranks of the tuned strategy train 2 steps and save a full checkpoint that a
+    plain model loads (FSDP: gathered from the shards on every rank, saved by rank 0)."""
+    config = small(strategy=strategy, world_size=2, target_batch=8)
+    script = api.write_train_script(config, tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(script), "--steps", "2", "--checkpoint", "ck.pt"],
+        cwd=tmp_path, capture_output=True, text=True, env=subprocess_env(), timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "x 2 device(s), fp32" in result.stdout and f"strategy {strategy}, on cpu" in (
+        result.stdout)
+    assert "step 2/2" in result.stdout and "saved ck.pt" in result.stdout
+    assert "note:" not in result.stdout  # run as tuned: 2 ranks under torchrun
+    saved = torch.load(tmp_path / "ck.pt")
+    assert saved["step"] == 2
+    sizes = dict(vocab_size=1024, seq_len=128, dim=128, num_layers=2, num_heads=4)
+    torch.manual_seed(1337)  # the script's seed: its initial weights
+    initial = TinyGPT(**sizes).state_dict()
+    model = TinyGPT(**sizes)
+    model.load_state_dict(saved["model"])  # strict: every key, full shapes, plain tensors
+    assert all(type(t) is torch.Tensor for t in saved["model"].values())
+    trained = model.state_dict()
+    assert all(torch.isfinite(t).all() for t in trained.values())
+    assert not torch.equal(trained["blocks.0.fc.weight"], initial["blocks.0.fc.weight"])
+    assert len(saved["optimizer"]["state"]) == len(list(model.parameters()))
+    if strategy == "fsdp":  # full optimizer state, keyed by parameter name
+        exp_avg = saved["optimizer"]["state"]["blocks.0.fc.weight"]["exp_avg"]
+        assert exp_avg.shape == trained["blocks.0.fc.weight"].shape
+
+
+@pytest.mark.subprocess
+def test_generated_fsdp_script_without_torchrun_says_so_and_runs_one_process(
+        tmp_path: Path) -> None:
+    script = api.write_train_script(small(strategy="fsdp", world_size=2, target_batch=8),
+                                    tmp_path)
+    result = subprocess.run([sys.executable, str(script), "--steps", "1", "--checkpoint",
+                             "ck.pt"], cwd=tmp_path, capture_output=True, text=True,
+                            env=subprocess_env(), timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert ("note: tuned for strategy fsdp over 2 processes; without torchrun this runs one "
+            "process without a process group. Run it as: torchrun --nproc_per_node=2 "
+            f"{SCRIPT_NAME}") in result.stdout
+    assert "strategy none, on cpu" in result.stdout and "saved ck.pt" in result.stdout
+    assert not any(k.startswith(("_orig_mod", "module.")) for k in torch.load(
+        tmp_path / "ck.pt")["model"])
 
 
 @pytest.mark.subprocess

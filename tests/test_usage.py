@@ -263,6 +263,103 @@ def test_accelerator_kwargs_with_a_dynamo_plugin(monkeypatch: pytest.MonkeyPatch
     assert "dynamo_backend" not in kwargs
 
 
+STRATEGIES = ("ddp", "ddp-bucket-view", "fsdp", "fsdp-no-reshard")
+
+
+def _notes(caught: list[warnings.WarningMessage], target: str) -> str:
+    return " ".join(str(w.message) for w in caught if f"{target} keywords" in str(w.message))
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_training_arguments_carry_the_strategy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               strategy: str) -> None:
+    """A real TrainingArguments takes the keywords on one CPU process, no process group needed
+    (Trainer turns them into Accelerate's FSDP plugin only when it builds its Accelerator)."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate", reason="TrainingArguments needs accelerate (pip install "
+                        "-e .[dev])")
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    # TrainingArguments(fsdp=True) sets FSDP_CPU_RAM_EFFICIENT_LOADING for the process: set
+    # here so that monkeypatch restores it.
+    monkeypatch.setenv("FSDP_CPU_RAM_EFFICIENT_LOADING", "false")
+    cfg = Tuned(make_tuned(knobs=Knobs(precision="bf16", strategy=strategy)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kwargs = cfg.training_arguments()
+        args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True,
+                                              report_to=[], **kwargs)
+    notes = _notes(caught, "TrainingArguments")
+    assert args.bf16 and args.per_device_train_batch_size == 16
+    if strategy.startswith("fsdp"):
+        assert args.fsdp is True and args.fsdp_config["version"] == 2
+        plugin_args = args.fsdp_plugin_args
+        assert plugin_args["fsdp_version"] == 2
+        assert plugin_args["reshard_after_forward"] is (strategy == "fsdp")
+        assert plugin_args["auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"  # per block
+        plugin = FullyShardedDataParallelPlugin(**plugin_args)  # as Trainer builds it
+        assert plugin.fsdp_version == 2
+        assert plugin.reshard_after_forward is (strategy == "fsdp")
+        assert f"strategy={strategy} with bf16: Trainer's FSDP2 reduces gradients in bf16" in (
+            notes)
+    else:
+        assert not args.fsdp and "fsdp" not in kwargs
+    if strategy == "ddp-bucket-view":
+        assert "strategy=ddp-bucket-view: TrainingArguments has no gradient_as_bucket_view" in (
+            notes)
+    if strategy == "ddp":
+        assert notes == ""  # Trainer runs DDP under torchrun by itself
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_accelerator_kwargs_carry_the_strategy(monkeypatch: pytest.MonkeyPatch,
+                                               strategy: str) -> None:
+    """A real Accelerator takes the keywords on one CPU process without a process group: it
+    keeps the DDP handler and accepts the FSDP2 plugin (it shards only with several GPU
+    ranks, so the plugin's own fields are checked)."""
+    accelerate = pytest.importorskip("accelerate")
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    # Accelerator(fsdp_plugin=...) sets ACCELERATE_USE_FSDP=true for the process: set here so
+    # that monkeypatch restores it.
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "false")
+    cfg = Tuned(make_tuned(knobs=Knobs(precision="bf16", strategy=strategy)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kwargs = cfg.accelerator_kwargs()
+    notes = _notes(caught, "Accelerator")
+    assert "apply it with cfg.apply" not in notes  # the strategy is no model change
+    try:
+        accelerator = accelerate.Accelerator(**kwargs)
+        assert accelerator.gradient_accumulation_steps == 4
+        assert accelerator.mixed_precision == "bf16"
+        bucket_view = accelerator.ddp_handler is not None and (
+            accelerator.ddp_handler.gradient_as_bucket_view)
+        assert bucket_view is (strategy == "ddp-bucket-view")
+    finally:
+        accelerate.state.AcceleratorState._reset_state(reset_partial_state=True)
+    if strategy.startswith("fsdp"):
+        plugin = kwargs["fsdp_plugin"]
+        assert plugin.fsdp_version == 2
+        assert plugin.reshard_after_forward is (strategy == "fsdp")
+        assert plugin.auto_wrap_policy is transformer_auto_wrap_policy  # each block, then root
+        assert "_no_split_modules" in notes and "transformer_cls_names_to_wrap" in notes
+        assert "reduces gradients in bf16" in notes and "reduce_dtype=torch.float32" in notes
+    else:
+        assert "fsdp_plugin" not in kwargs
+        assert notes == ""  # DDP under torchrun, with its handler where one is needed
+
+
+def test_accelerator_kwargs_for_a_strategy_without_accelerate(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "accelerate", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "accelerate.utils", None)
+    with pytest.warns(UserWarning, match="strategy=fsdp: accelerate is not installed"):
+        kwargs = Tuned(make_tuned(precision="fp32", compile_mode="off", strategy="fsdp")
+                       ).accelerator_kwargs()
+    assert "fsdp_plugin" not in kwargs
+
+
 # ----------------------------------------------------------------------------------------------
 # The knobs that change the model, the optimizer and the batches
 
