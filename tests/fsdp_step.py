@@ -10,40 +10,18 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from tests.one_truth import GradRecorder, token_batches
+from tests.one_truth import BlockLM, GradRecorder, token_batches
 
 STRATEGIES = ("fsdp", "fsdp-no-reshard")
 
 
-class _Residual(nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.up = nn.Linear(dim, 2 * dim)
-        self.down = nn.Linear(2 * dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(torch.tanh(self.up(x)))
-
-
-class ShardedLM(nn.Module):
+class ShardedLM(BlockLM):
     """A float64-clean causal LM with two repeated blocks: FSDP shards each, then the root."""
 
     def __init__(self, vocab_size: int = 64, dim: int = 16) -> None:
-        super().__init__()
-        self.tok = nn.Embedding(vocab_size, dim)
-        self.blocks = nn.ModuleList(_Residual(dim) for _ in range(2))
-        self.head = nn.Linear(dim, vocab_size)
-
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        x = self.tok(input_ids)
-        for block in self.blocks:
-            x = block(x)
-        logits = self.head(x)
-        return nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                           labels[:, 1:].reshape(-1), ignore_index=-100)
+        super().__init__(vocab_size, dim, num_blocks=2)
 
 
 class FullGradRecorder(GradRecorder):

@@ -94,3 +94,32 @@ def saved_bytes(forward) -> int:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         forward()
     return total
+
+
+class _Residual(torch.nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(dim, 2 * dim)
+        self.down = torch.nn.Linear(2 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.tanh(self.up(x)))
+
+
+class BlockLM(torch.nn.Module):
+    """A float64-clean causal LM with repeated residual blocks (to checkpoint, to shard)."""
+
+    def __init__(self, vocab_size: int = 64, dim: int = 16, num_blocks: int = 3) -> None:
+        super().__init__()
+        self.tok = torch.nn.Embedding(vocab_size, dim)
+        self.blocks = torch.nn.ModuleList(_Residual(dim) for _ in range(num_blocks))
+        self.head = torch.nn.Linear(dim, vocab_size)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        x = self.tok(input_ids)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(x)
+        return torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
+            ignore_index=-100)

@@ -33,7 +33,14 @@ from autotune.workload import (
 )
 from tests import one_truth
 from tests.fsdp_step import STRATEGIES, ShardedLM
-from tests.one_truth import GradRecorder, TinyLM, assert_same_grads, full_batch_grads, token_batches
+from tests.one_truth import (
+    BlockLM,
+    GradRecorder,
+    TinyLM,
+    assert_same_grads,
+    full_batch_grads,
+    token_batches,
+)
 from tests.tuned_configs import REPO, make_tuned, my_workload_spec, small, subprocess_env, write
 
 GOLDEN = Path(__file__).parent / "golden" / "train_autotuned_default.py"
@@ -325,34 +332,6 @@ def test_generated_step_under_fsdp_gives_the_single_process_gradients(
 # ----------------------------------------------------------------------------------------------
 # The knobs: the script applies them as autotune.knobs does (the same blocks, gradients,
 # optimizer groups, batch layout, allocator setting).
-
-
-class _Residual(nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.up = nn.Linear(dim, 2 * dim)
-        self.down = nn.Linear(2 * dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(torch.tanh(self.up(x)))
-
-
-class BlockLM(nn.Module):
-    """A float64-clean causal LM with three repeated blocks to checkpoint."""
-
-    def __init__(self, vocab_size: int = 64, dim: int = 16) -> None:
-        super().__init__()
-        self.tok = nn.Embedding(vocab_size, dim)
-        self.blocks = nn.ModuleList(_Residual(dim) for _ in range(3))
-        self.head = nn.Linear(dim, vocab_size)
-
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        x = self.tok(input_ids)
-        for block in self.blocks:
-            x = block(x)
-        logits = self.head(x)
-        return nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                           labels[:, 1:].reshape(-1), ignore_index=-100)
 
 
 class SmallCNN(nn.Module):
