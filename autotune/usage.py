@@ -96,6 +96,26 @@ class Tuned:
         """
         return step.apply_to_model(model, self.knobs, blocks)
 
+    def parallelize(self, model: nn.Module,
+                    blocks: Callable[[nn.Module], Sequence[nn.Module]] | None = None,
+                    device: torch.device | None = None) -> nn.Module:
+        """The model as the tuned strategy runs it, in a job under ``torchrun`` (its process
+        group initialized): DistributedDataParallel (``ddp``, ``ddp-bucket-view``) or FSDP2
+        (``fully_shard`` on each repeated block, then the root; ``fsdp``,
+        ``fsdp-no-reshard``), as the search measured it; the model itself for ``none``. Call
+        it after ``apply`` and before building the optimizer (FSDP swaps the parameters for
+        their shards: build it over the returned model's ``parameters()``) and ``compile``.
+
+        Args:
+            model: the model, after ``apply``.
+            blocks: its repeated blocks (as for ``apply``).
+            device: the rank's CUDA device, for DDP's ``device_ids`` (None on CPU).
+
+        Raises:
+            KnobUnsupported: a strategy without a process group to run in.
+        """
+        return step.apply_parallel(model, self.knobs, blocks, device)
+
     def build_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """The optimizer rebuilt as the tuned implementation (``foreach``, ``fused``, ...) with
         the same class, parameter groups and hyper-parameters; as built when ``default``.
@@ -150,9 +170,11 @@ class Tuned:
 
     def training_arguments(self) -> dict[str, Any]:
         """Keyword arguments for ``transformers.TrainingArguments``: micro-batch,
-        accumulation, precision, compile mode, gradient checkpointing and the optimizer
-        (``adamw_torch_fused`` for ``fused``). What Trainer has no switch for (every second
-        block, channels_last, the allocator) is said in one warning, with what to do instead.
+        accumulation, precision, compile mode, gradient checkpointing, the optimizer
+        (``adamw_torch_fused`` for ``fused``) and FSDP2 (``fsdp``/``fsdp_config``) for an fsdp
+        strategy. What Trainer has no switch for (every second block, channels_last, the
+        allocator, DDP's bucket view, FSDP's fp32 reduction under autocast) is said in one
+        warning, with what to do instead.
 
         Example:
             >>> TrainingArguments(output_dir="out", **cfg.training_arguments())
@@ -170,7 +192,8 @@ class Tuned:
         is given and the mode is dropped, with a warning. TF32 has no Accelerator switch: call
         ``cfg.set_matmul_precision()``; nor have checkpointing, the optimizer implementation
         and the memory format: ``cfg.apply(model)`` and ``cfg.build_optimizer(...)`` (one
-        warning says which are tuned).
+        warning says which are tuned). The strategy travels as Accelerate's FSDP2 plugin
+        (``fsdp_plugin``) or DDP's kwargs handler (bucket view).
         """
         found, notes = knobs.accelerator_kwargs(self.knobs)
         _warn(notes, "Accelerator")

@@ -299,3 +299,34 @@ def test_check_refuses_to_measure_more_ranks_than_the_machine_runs(tmp_path: Pat
 def test_a_config_of_ranks_without_a_strategy_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"ranks need knobs\.strategy ddp or fsdp"):
         api.check(_ranks_config(tmp_path, 2, 2, strategy="none"), measure=False)
+
+
+@pytest.mark.subprocess
+def test_a_loaded_fsdp_config_shards_the_users_model_under_torchrun(tmp_path: Path) -> None:
+    """``autotune.load`` + ``cfg.parallelize`` in the user's own script under torchrun: the
+    blocks and the root are FSDP2 modules, each rank holds half of a weight, a step trains."""
+    import subprocess
+    import sys
+
+    from tests.tuned_configs import subprocess_env
+
+    config = _ranks_config(tmp_path, 2, 2)
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(Path(__file__).parent / "load_ranks.py"), str(config), str(tmp_path)],
+        capture_output=True, text=True, env=subprocess_env(), timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for rank in range(2):
+        seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert seen == {"sharded": [True, True, True, True], "local_rows": 32,
+                        "full_rows": 64, "moved": True}
+
+
+def test_parallelize_without_a_process_group_says_what_to_do(tmp_path: Path) -> None:
+    from torch import nn
+
+    from autotune.knobs import KnobUnsupported
+
+    cfg = api.load(_ranks_config(tmp_path, 2, 2), world_size=2)
+    with pytest.raises(KnobUnsupported, match="needs a process group: run under torchrun"):
+        cfg.parallelize(nn.Linear(2, 2))
