@@ -106,13 +106,17 @@ def plan(full: bool, setup: Setup = GPU) -> list[Step]:
         Step(name="search-bert", budget_s=140, what="api.search --model bert-base-uncased "
              f"--target-batch {TARGET}", settings={"workload": setup.bert.label(),
                                                    **restrict}),
-        Step(name="oracle-bert", budget_s=180, what="exhaustive oracle on bert-base-uncased "
+        Step(name="oracle-bert", budget_s=160, what="exhaustive oracle on bert-base-uncased "
              "(2 interleaved passes, best median) vs search-bert; naive baseline",
              settings={"classes": oracle_classes, "min_micro_batch": min_micro_batch,
                        "repeats": 2}),
         Step(name="estimate", budget_s=60, what="estimator (kernels=cuda) vs measured eager "
              "peak: GPT-2 small and BERT-base, micro-batches 4 and 8, fp32 and bf16",
              settings=estimate),
+        Step(name="ranks", budget_s=40, what="one job of 1 rank per strategy (none, ddp, fsdp: "
+             "nccl on the GPU) on the default workload: peak, samples/s and the per-rank "
+             "estimate", settings={"strategies": ["none", "ddp", "fsdp"], "micro_batch": 4,
+                                   "precision": "fp32" if setup.rehearsal else "bf16"}),
     ]
 
 
@@ -215,6 +219,34 @@ def run_estimate(step: Step, setup: Setup) -> dict:
             "non-PyTorch use (autotune's CUDA peak); the estimate counts live tensors only"}
 
 
+def run_ranks(step: Step, setup: Setup) -> dict:
+    """Each strategy as one real job of one rank (the launcher, the process group: nccl on
+    CUDA, gloo on CPU; FSDP2's bf16 policy), against the estimator's per-rank figure."""
+    from autotune import api
+    from autotune.config import TrialSpec
+    from autotune.device import describe_device
+    from autotune.knobs import Knobs
+    from autotune.runner import run_isolated
+
+    total = describe_device(setup.device).total_memory_bytes
+    kernels = "cpu" if setup.device == "cpu" else "cuda"
+    m, rows = step.settings["micro_batch"], []
+    for strategy in step.settings["strategies"]:
+        knobs = Knobs.checked(precision=step.settings["precision"], strategy=strategy)
+        real = run_isolated(TrialSpec(workload=setup.gpt2, device=setup.device, micro_batch=m,
+                                      accumulate_steps=2, knobs=knobs, num_timed_steps=3,
+                                      ranks=1, timeout_s=300))
+        est = api.estimate(setup.gpt2, micro_batch=m, device_memory=total, knobs=knobs,
+                           kernels=kernels, find_max=False, world_size=1)
+        measured = real.peak_bytes if real.ok else None
+        rows.append({"strategy": strategy, "status": real.status, "message": real.message[:300],
+                     "measured_bytes": measured, "samples_per_s": real.samples_per_s(),
+                     "estimate_bytes": est.estimate.peak_bytes,
+                     "error": est.estimate.peak_bytes / measured - 1 if measured else None})
+        log(f"  ranks {rows[-1]}")
+    return {"rows": rows, "micro_batch": m}
+
+
 def render(results: dict) -> str:
     m = results["machine"]
     if results.get("rehearsal"):
@@ -246,6 +278,17 @@ def render(results: dict) -> str:
                          f"{'-' if q is None else f'{q:.2f}'}, cost ratio "
                          f"{'-' if c is None else f'{c:.2f}'}, tuned vs naive "
                          f"{'-' if s is None else f'{s:.2f}x'}; oracle {res['wall_s']:.0f} s")
+        elif name == "ranks":
+            lines += [f"micro-batch {res['micro_batch']} x 2, one rank per job", "",
+                      "| strategy | status | measured GiB | samples/s | estimate GiB | error |",
+                      "|---|---|---:|---:|---:|---:|"]
+            for r in res["rows"]:
+                meas, err, sps = r["measured_bytes"], r["error"], r["samples_per_s"]
+                lines.append(f"| {r['strategy']} | {r['status']} | "
+                             f"{'-' if meas is None else f'{meas / 2**30:.2f}'} | "
+                             f"{'-' if sps is None else f'{sps:.1f}'} | "
+                             f"{r['estimate_bytes'] / 2**30:.2f} | "
+                             f"{'-' if err is None else f'{err:+.1%}'} |")
         else:
             lines += ["| workload | precision | micro-batch | estimate GiB | measured GiB "
                       "| error |", "|---|---|---:|---:|---:|---:|"]
@@ -304,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         "oracle-bert": lambda s: run_oracle_step(s, results["steps"].get("search-bert"),
                                                  setup),
         "estimate": lambda s: run_estimate(s, setup),
+        "ranks": lambda s: run_ranks(s, setup),
     }
     for step in steps:
         log(f"== {step.name}: {step.what}")

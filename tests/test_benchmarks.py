@@ -160,7 +160,7 @@ def test_gpu_suite_dry_run_lists_every_step_within_ten_minutes(tmp_path):
     lines = proc.stdout.splitlines()
     assert lines[0] == f"would write to {tmp_path / 'gpu'}"
     names = [line.split()[0] for line in lines[1:-1]]
-    assert names == ["search-gpt2", "search-bert", "oracle-bert", "estimate"]
+    assert names == ["search-gpt2", "search-bert", "oracle-bert", "estimate", "ranks"]
     assert float(lines[-1].split("~")[1].split()[0]) <= 600
 
 
@@ -176,10 +176,11 @@ def test_gpu_suite_rehearses_every_step_on_the_cpu(tmp_path):
     data = json.loads((tmp_path / "gpu-rehearsal" / "gpu_suite.json").read_text())
     assert data["rehearsal"] is True
     steps = data["steps"]
-    assert list(steps) == ["search-gpt2", "search-bert", "oracle-bert", "estimate"]
+    assert list(steps) == ["search-gpt2", "search-bert", "oracle-bert", "estimate", "ranks"]
     assert all("error" not in res for res in steps.values()), steps
     assert steps["search-bert"]["tuned"].startswith("fp32/off")  # fp32 eager, any knobs
     assert steps["oracle-bert"]["pick_quality"] is not None
     assert all(row["status"] == "ok" for row in steps["estimate"]["rows"])
+    assert [row["status"] for row in steps["ranks"]["rows"]] == ["ok", "ok", "ok"]
     markdown = (tmp_path / "gpu-rehearsal" / "gpu_suite.md").read_text()
     assert markdown.startswith("# GPU benchmarks: CPU rehearsal (no GPU figures)")
