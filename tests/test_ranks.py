@@ -185,12 +185,10 @@ def test_fsdp_shards_the_training_state_that_ddp_replicates() -> None:
 ])
 def test_a_fault_on_one_rank_ends_the_job_and_no_rank_is_left(workload: str, status: str,
                                                              cause: str, job_token: str) -> None:
-    start = time.monotonic()
     result = run_isolated(_spec(workload, "ddp", timeout_s=60.0, num_timed_steps=2,
                                 memory_budget_bytes=512 * MIB))
     assert result.status == status, result.message
-    assert cause in result.message.splitlines()[0]
-    assert time.monotonic() - start < 60.0  # ended by the fault, not the timeout
+    assert cause in result.message.splitlines()[0]  # ended by the fault, not the timeout
     time.sleep(0.5)  # SIGKILL of the ranks (parent-death signal) is delivered asynchronously
     assert _left_running(job_token) == []
 
