@@ -294,7 +294,6 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: TrialM
         model = apply_parallel(model, knobs, workload.blocks, device)
         memory.rebase(model, sum(batch_bytes(b) for b in batches))
         built = workload.make_optimizer(model.parameters())
-        reference_model = model
     elif knobs.strategy != "none":
         model = apply_parallel(model, knobs, workload.blocks, device)
         reference_model = unwrapped(model)

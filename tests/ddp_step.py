@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import gc
-import importlib.util
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from one_truth import GradRecorder, TinyLM, token_batches
+from one_truth import GradRecorder, TinyLM, load_script, token_batches
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 def main() -> None:
     script, out = Path(sys.argv[1]), Path(sys.argv[2])
-    spec = importlib.util.spec_from_file_location("generated", script)
-    assert spec is not None and spec.loader is not None
-    generated = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generated)
+    generated = load_script(script)
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import gc
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
-from tests.one_truth import BlockLM, GradRecorder, token_batches
+from tests.one_truth import BlockLM, GradRecorder, load_script, token_batches
 
 STRATEGIES = ("fsdp", "fsdp-no-reshard")
 
@@ -34,10 +33,7 @@ class FullGradRecorder(GradRecorder):
 
 def main() -> None:
     script, out = Path(sys.argv[1]), Path(sys.argv[2])
-    spec = importlib.util.spec_from_file_location("generated", script)
-    assert spec is not None and spec.loader is not None
-    generated = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generated)
+    generated = load_script(script)
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     batches = token_batches(True, num_micro_batches=2 * world_size)[2 * rank:2 * rank + 2]

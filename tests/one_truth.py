@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
 import torch
 
 
@@ -123,3 +127,12 @@ class BlockLM(torch.nn.Module):
         return torch.nn.functional.cross_entropy(
             logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
             ignore_index=-100)
+
+
+def load_script(path: Path) -> ModuleType:
+    """The generated ``train_autotuned.py`` imported as a module (its ``main`` not run)."""
+    spec = importlib.util.spec_from_file_location("generated", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

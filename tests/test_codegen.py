@@ -41,7 +41,15 @@ from tests.one_truth import (
     full_batch_grads,
     token_batches,
 )
-from tests.tuned_configs import REPO, make_tuned, my_workload_spec, small, subprocess_env, write
+from tests.tuned_configs import (
+    REPO,
+    make_tuned,
+    my_workload_spec,
+    small,
+    subprocess_env,
+    torchrun,
+    write,
+)
 
 GOLDEN = Path(__file__).parent / "golden" / "train_autotuned_default.py"
 REGEN = "AUTOTUNE_REGEN_GOLDEN"
@@ -271,10 +279,7 @@ def test_generated_step_under_ddp_normalizes_over_all_ranks(default_script: Modu
     """Two gloo ranks, two padded micro-batches each, different token counts per rank: the
     gradient is the one of all four micro-batches as one batch."""
     script = Path(default_script.__file__)
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         str(Path(__file__).parent / "ddp_step.py"), str(script), str(tmp_path)],
-        capture_output=True, text=True, env=subprocess_env(), timeout=300)
+    result = torchrun(str(Path(__file__).parent / "ddp_step.py"), str(script), str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     torch.manual_seed(0)
     model = TinyLM().double()
@@ -301,10 +306,7 @@ def test_generated_step_under_fsdp_gives_the_single_process_gradients(
     forward or not) and its step, two padded micro-batches each, float64: the gradients
     gathered from the shards are the single-process step's over all four micro-batches."""
     script = Path(default_script.__file__)
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         str(Path(__file__).parent / "fsdp_step.py"), str(script), str(tmp_path)],
-        capture_output=True, text=True, env=subprocess_env(), timeout=300)
+    result = torchrun(str(Path(__file__).parent / "fsdp_step.py"), str(script), str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     torch.manual_seed(0)
     model = ShardedLM().double()
@@ -517,10 +519,7 @@ def test_generated_script_runs_its_strategy_under_torchrun(tmp_path: Path,
     plain model loads (FSDP: gathered from the shards on every rank, saved by rank 0)."""
     config = small(strategy=strategy, world_size=2, target_batch=8)
     script = api.write_train_script(config, tmp_path)
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         str(script), "--steps", "2", "--checkpoint", "ck.pt"],
-        cwd=tmp_path, capture_output=True, text=True, env=subprocess_env(), timeout=300)
+    result = torchrun(str(script), "--steps", "2", "--checkpoint", "ck.pt", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "x 2 device(s), fp32" in result.stdout and f"strategy {strategy}, on cpu" in (
         result.stdout)

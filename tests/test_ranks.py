@@ -303,16 +303,11 @@ def test_a_config_of_ranks_without_a_strategy_is_refused(tmp_path: Path) -> None
 def test_a_loaded_fsdp_config_shards_the_users_model_under_torchrun(tmp_path: Path) -> None:
     """``autotune.load`` + ``cfg.parallelize`` in the user's own script under torchrun: the
     blocks and the root are FSDP2 modules, each rank holds half of a weight, a step trains."""
-    import subprocess
-    import sys
-
-    from tests.tuned_configs import subprocess_env
+    from tests.tuned_configs import torchrun
 
     config = _ranks_config(tmp_path, 2, 2)
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         str(Path(__file__).parent / "load_ranks.py"), str(config), str(tmp_path)],
-        capture_output=True, text=True, env=subprocess_env(), timeout=120)
+    result = torchrun(str(Path(__file__).parent / "load_ranks.py"), str(config),
+                      str(tmp_path), timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     for rank in range(2):
         seen = json.loads((tmp_path / f"rank{rank}.json").read_text())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
@@ -91,3 +93,12 @@ def subprocess_env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     env.pop("WORLD_SIZE", None)
     return env
+
+
+def torchrun(*args: str, cwd: Path | None = None, timeout: float = 300
+             ) -> subprocess.CompletedProcess[str]:
+    """``torchrun --standalone --nproc_per_node=2 ARGS`` (2 CPU gloo ranks) as a test runs it:
+    this checkout importable, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         *args], cwd=cwd, capture_output=True, text=True, env=subprocess_env(), timeout=timeout)
