@@ -115,6 +115,24 @@ class OracleCandidate(HasKnobs):
         }
 
 
+def stored_runs(summary: dict) -> list[TrialResult]:
+    """A stored oracle candidate's runs (``OracleCandidate.summary`` in an earlier results
+    file), as far as the summary keeps them: each run's status, peak, wall time and median
+    step (its timed steps all at the median: the spread is not kept), the candidate's compile
+    time. What the oracle compares (best median, fit, first-pass wall time) reads the same."""
+    runs = []
+    for i, status in enumerate(summary["statuses"]):
+        median = summary["medians_s"][i]
+        steps = summary["num_timed_steps"][i] if median else 0
+        runs.append(TrialResult(
+            status=status, peak_bytes=summary["run_peak_bytes"][i],
+            wall_s=summary["wall_s"][i], step_times_s=(median,) * steps,
+            compile_s=summary["compile_s"] if status == "ok" else None,
+            samples_per_step=summary["micro_batch"] * summary["accumulate_steps"],
+            message="stored"))
+    return runs
+
+
 def timing_spec(workload: WorkloadSpec, device: str, knobs: Knobs, micro_batch: int,
                 per_device: int, budget_bytes: int | None, num_timed_steps: int, timeout_s: float,
                 max_timed_s: float | None = None, min_timed_s: float = WINDOW_S) -> TrialSpec:
@@ -150,6 +168,7 @@ def run_oracle(workload: WorkloadSpec, device: str, per_device: int,
                deadline_s: float | None = None, min_timed_s: float = WINDOW_S,
                exclude: Exclude | None = None,
                log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+               stored: Mapping[str, Sequence[TrialResult]] | None = None,
                ) -> tuple[list[OracleCandidate], float]:
     """Time every candidate of ``space`` (knob setting, or (precision, compile mode), ->
     micro-batches), each with the spec the search times it with (``timing_spec``).
@@ -161,10 +180,13 @@ def run_oracle(workload: WorkloadSpec, device: str, per_device: int,
     pass 1 ran, the first failure included (near the boundary a fit can flip). A candidate
     already ``slower_factor`` times slower than the best median so far stops timing early.
     Past ``deadline_s`` seconds no new run starts (the GPU suite's time box): what did not
-    run has no runs.
+    run has no runs. ``stored``: runs of an earlier oracle on the same machine, by candidate
+    key (``stored_runs``): a pass that has one for a candidate takes it instead of running
+    (an oracle extended over several sessions, e.g. to smaller micro-batches).
 
     Returns:
-        The candidates with their runs, and the oracle's wall time in seconds.
+        The candidates with their runs, and the oracle's wall time in seconds (stored runs'
+        wall time included).
     """
     start = time.perf_counter()
     settings = sorted(((as_knobs(s), mbs) for s, mbs in space.items()),
@@ -174,7 +196,19 @@ def run_oracle(workload: WorkloadSpec, device: str, per_device: int,
     best: list[float] = []
     traits: list[WorkloadTraits] = []
 
+    reused = [0.0]
+
     def one(cand: OracleCandidate, tag: str) -> TrialResult | None:
+        earlier = (stored or {}).get(cand.key(), ())
+        if len(earlier) > len(cand.runs):
+            result = earlier[len(cand.runs)]
+            cand.runs.append(result)
+            reused[0] += result.wall_s or 0.0
+            median = result.median_step_s()
+            if result.ok and median:
+                best.append(median)
+            log(f"  oracle {tag} {cand.key():44s} {result.status:8s} (stored run)")
+            return result
         if deadline_s is not None and time.perf_counter() - start > deadline_s:
             log(f"  oracle {tag} {cand.key()}: not run (deadline {deadline_s:.0f} s)")
             return None
@@ -211,7 +245,7 @@ def run_oracle(workload: WorkloadSpec, device: str, per_device: int,
     for rep in range(1, repeats):
         for cand in (reversed(ran) if rep % 2 else ran):
             one(cand, f"pass {rep + 1}")
-    return candidates, time.perf_counter() - start
+    return candidates, time.perf_counter() - start + reused[0]
 
 
 def machine() -> dict:

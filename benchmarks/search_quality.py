@@ -67,6 +67,7 @@ from oracle import (
     machine,
     naive_micro_batch,
     run_oracle,
+    stored_runs,
     write_results,
 )
 from workloads import (
@@ -261,9 +262,30 @@ def search_runs(result: SearchResult) -> dict:
             "num_calibration_runs": calibration}
 
 
+def stored_oracle(name: str, bench: Bench, target: int) -> tuple[dict, dict, str]:
+    """An earlier results file's oracle for this workload (``--oracle-from``): its runs by
+    candidate key, what it left out by setting label, and where it came from."""
+    path = HERE / "results" / f"{name}.json"
+    try:
+        out = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"--oracle-from {name}: cannot read {path}: {exc}") from exc
+    row = next((r for r in out.get("rows", []) if r.get("short") == bench.short), None)
+    if row is None or row.get("target_batch") != target \
+            or row.get("budget_bytes") != bench.budget_bytes:
+        raise SystemExit(f"--oracle-from {name}: no oracle of {bench.short} at target {target} "
+                         f"under {format_bytes(bench.budget_bytes)} in {path}")
+    candidates = row["oracle"]["candidates"]
+    runs = {c["key"]: stored_runs(c) for c in candidates if c["statuses"]}
+    left_out = {c["label"]: c["excluded"] for c in candidates if c["excluded"]}
+    return runs, left_out, f"{name}.json ({out['machine']['date']})"
+
+
 def bench_workload(bench: Bench, info: DeviceInfo, *, target: int, passes: int, lean: bool,
-                   min_micro_batch: int) -> dict:
+                   min_micro_batch: int, oracle_from: str | None = None) -> dict:
     spec = bench.spec()
+    stored, left_out, source = stored_oracle(oracle_from, bench, target) if oracle_from \
+        else ({}, {}, "")
     budget = bench.budget_bytes
     usable = int(budget * (1 - HEADROOM))
     log(f"== {bench.title}: search (target {target}, cap {format_bytes(budget)})")
@@ -285,9 +307,12 @@ def bench_workload(bench: Bench, info: DeviceInfo, *, target: int, passes: int, 
         f"{sorted({m for mbs in space.values() for m in mbs})}, {passes} pass(es)"
         f"{' (lean)' if lean else ''}")
     fresh_inductor_cache()
-    candidates, oracle_s = run_oracle(spec, "cpu", target, space, budget_bytes=budget,
-                                      repeats=passes, exclude=exclusion(lean, tuned.knobs),
-                                      log=log)
+    exclude = exclusion(lean, tuned.knobs)
+    candidates, oracle_s = run_oracle(
+        spec, "cpu", target, space, budget_bytes=budget, repeats=passes, log=log,
+        exclude=lambda k, traits: exclude(k, traits) or (
+            left_out.get(k.label()) if k != tuned.knobs else None),
+        stored=stored)
     by_key = {c.key(): c for c in candidates}
     fitting = [c for c in candidates if c.fits_usable(usable) and c.samples_per_s(target)]
     best = max(fitting, key=lambda c: c.samples_per_s(target) or 0.0, default=None)
@@ -352,7 +377,9 @@ def bench_workload(bench: Bench, info: DeviceInfo, *, target: int, passes: int, 
                    "candidates": [c.summary(target, usable) for c in candidates],
                    "best": best.key() if best else None,
                    "best_without_new_knobs": plain.key() if plain else None,
-                   "note": ORACLE_NOTE},
+                   "note": ORACLE_NOTE, "stored_from": source,
+                   "num_stored_runs": sum(r.message == "stored" for c in candidates
+                                          for r in c.runs)},
         "pick_quality": ratio(sps(tuned_c), sps(best)),
         "cost_ratio": search_s / sum(first_pass) if sum(first_pass) else None,
         "cost_ratio_all_passes": search_s / oracle_s if oracle_s else None,
@@ -500,7 +527,11 @@ def render_knobs(out: dict) -> str:
         lines.append(f"- {r['workload']}: {sp['num_settings']} settings x micro-batches "
                      f"{', '.join(map(str, sp['micro_batches']))}; settings left out: "
                      f"{reasons}; {r['oracle']['num_first_pass_runs']} candidates ran in pass 1 "
-                     f"(a setting stops at its first failure).{lean}.")
+                     f"(a setting stops at its first failure).{lean}."
+                     + (f" Of its runs, {r['oracle']['num_stored_runs']} were reused from "
+                        f"{r['oracle']['stored_from']} (--oracle-from; each stored run's "
+                        "median, peak and wall time as measured then), the rest measured now."
+                        if r["oracle"].get("stored_from") else ""))
     lines += ["", "Tuned configs re-run in a fresh process under the cap: " + ", ".join(
         f"{r['search']['tuned']}: {r['tuned_rerun']['status']}" for r in out["rows"]) + ".", "",
         "## What the search did", ""]
@@ -634,6 +665,10 @@ def main() -> None:
     parser.add_argument("--min-micro-batch", type=int, default=1, help=(
         "oracle micro-batches from this one only, plus the tuned one (default 1: all; said "
         "in the output: the oracle is then not exhaustive below it)"))
+    parser.add_argument("--oracle-from", metavar="NAME", help=(
+        "reuse the oracle runs of results/NAME.json (same workload, target and cap, this "
+        "machine) and run only the candidates it lacks, e.g. with a lower --min-micro-batch; "
+        "the search still runs afresh"))
     parser.add_argument("--concurrency", default="",
                         help="note for the results, e.g. what else this run shared the CPU with")
     parser.add_argument("--name", default=NAME, help=f"results file name (default {NAME})")
@@ -671,7 +706,8 @@ def main() -> None:
     for short in wanted:  # results written after each workload: a cut-short run keeps them
         out["rows"].append(bench_workload(
             BY_SHORT[short], info, target=args.target, passes=args.passes,
-            lean=args.space == "lean", min_micro_batch=args.min_micro_batch))
+            lean=args.space == "lean", min_micro_batch=args.min_micro_batch,
+            oracle_from=args.oracle_from))
         out["wall_s"] = time.perf_counter() - start
         write_results(args.name, out, "rendering failed: python benchmarks/search_quality.py "
                       f"--render {args.name}\n")

@@ -55,6 +55,8 @@ class ScriptedDevice:
     """Samples/s at micro-batch 32, per class label."""
     shape: Callable[[int], float] = lambda m: 1 - 0.1 * math.log2(32 / m)
     """Throughput at micro-batch m relative to 32 (default: 10% slower per halving)."""
+    shapes: dict[str, Callable[[int], float]] = field(default_factory=dict)
+    """A class's own ``shape``, by label (others follow ``shape``)."""
     peak_mib: Callable[[int], float] = lambda m: 100 + 20 * m
     """Peak at micro-batch m, any class (default: linear; 32 fits the budget, 64 does not)."""
     retries_at: int | None = None
@@ -75,7 +77,8 @@ class ScriptedDevice:
         info = {"samples_per_step": spec.micro_batch * spec.accumulate_steps, "wall_s": 1.0}
         if peak > BUDGET:
             return TrialResult(status="oom", message="CUDA out of memory", **info)
-        sps = self.speed[spec.knobs.label()] * self.shape(spec.micro_batch)
+        shape = self.shapes.get(spec.knobs.label(), self.shape)
+        sps = self.speed[spec.knobs.label()] * shape(spec.micro_batch)
         step_s = info["samples_per_step"] / sps
         times: list[float] = []
         why = None
@@ -433,16 +436,44 @@ def test_the_pick_says_by_how_much_it_leads_and_how_sure_that_is() -> None:
 
 def test_a_setting_near_the_leader_times_its_smallest_micro_batch_only_if_it_could_win(
         ) -> None:
-    # bf16/default (not the leader's setting, within 0.9 of it) walks 32 -> 16, slower by the
-    # per-micro-batch overhead; the line through them predicts 1 slower still: not timed, said.
-    device = ScriptedDevice(by_class(100, 150, 160, 200, 300, 320),
-                            shape=lambda m: m / (m + 2) / (32 / 34))
-    outcome, records = search(device, replace(SLOW, micro_batches_per_class=3))
+    # The leader's setting (bf16/max-autotune) is fastest at 16, so bf16/default (within 0.9 of
+    # it) walks 32 -> 16 too, where its own per-micro-batch overhead makes it slower; the line
+    # through them predicts 1 slower still: not timed, said.
+    peak_at_16 = {1: 0.5, 2: 0.6, 4: 0.7, 8: 0.95, 16: 1.08, 32: 1.0, 64: 1.0}
+    device = ScriptedDevice(by_class(100, 150, 160, 200, 315, 320),
+                            shape=lambda m: m / (m + 2) / (32 / 34),
+                            shapes={"bf16/max-autotune": peak_at_16.get})
+    outcome, records = search(device, replace(SLOW, micro_batches_per_class=4))
     assert "bf16/default/16" in records and "bf16/default/1" not in records
     reason = next(s for s in outcome.skipped if s.startswith("bf16/default: micro-batch 1 not"))
     assert "predicted" in reason and "line through micro-batches 16, 32" in reason
     # The leader's own setting is timed at its smallest anyway: the pick is decided there.
     assert "bf16/max-autotune/1" in records
+
+
+def test_a_setting_near_the_leader_is_not_walked_down_where_its_sibling_got_slower() -> None:
+    # Every class is 10% slower per halving. The leader's setting (bf16/max-autotune) walks
+    # 32 -> 16 (slower: its walk stops). bf16/default is within 0.9 of it: its 16 would cost a
+    # compile, and the sibling's measured ratio (0.90x) predicts it slower: not timed, said.
+    device = ScriptedDevice(by_class(100, 150, 160, 200, 300, 320))
+    outcome, records = search(device, replace(SLOW, micro_batches_per_class=3))
+    assert "bf16/max-autotune/16" in records
+    assert "bf16/default/32" in records and "bf16/default/16" not in records
+    assert ("bf16/default: micro-batches 16, 8, 4, 2, 1 not timed: predicted 270.0 samples/s "
+            "at 16 from bf16/max-autotune's own ratio of micro-batch 16 to 32 (0.90x, both "
+            "timed): not faster than 32 by more than the noise (5%)") in outcome.skipped
+    best = max(records.values(), key=lambda r: r.samples_per_s or 0)
+    assert (best.precision, best.compile_mode, best.micro_batch) == ("bf16", "max-autotune", 32)
+
+    # Where the sibling got faster at 16, the setting is walked down too (its own figures
+    # decide): the prediction only ever saves a run that could not win.
+    peak_at_16 = {1: 0.5, 2: 0.6, 4: 0.7, 8: 0.95, 16: 1.08, 32: 1.0, 64: 1.0}
+    device = ScriptedDevice(by_class(100, 150, 160, 200, 315, 320), shape=peak_at_16.get)
+    outcome, records = search(device, replace(SLOW, micro_batches_per_class=3, fresh=True))
+    assert "bf16/default/16" in records and "bf16/max-autotune/8" in records
+    assert "bf16/default/8" not in records  # where the sibling got slower again
+    assert any(s.startswith("bf16/default: micro-batches 8, 4, 2, 1 not timed: predicted ")
+               and "own ratio of micro-batch 8 to 16 (0.88x" in s for s in outcome.skipped)
 
 
 # ----------------------------------------------------------------------------------------------

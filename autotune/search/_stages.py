@@ -374,6 +374,10 @@ class _Search:
                     self.skipped.append(f"{label}: micro-batches {rest} not timed: "
                                         f"{self._behind(share)}")
                     return
+                why_not = self._sibling_says_no(knobs, walked, m) if per_class else None
+                if why_not:
+                    self.skipped.append(f"{label}: micro-batches {rest} not timed: {why_not}")
+                    return
                 self.measure(self.spec(key))
             if walked and per_class:
                 best = max((Candidate(knobs=knobs, micro_batch=x) for x in walked),
@@ -392,6 +396,51 @@ class _Search:
                             f"({noise:.0%})")
                     return
             walked.append(m)
+
+    def _sibling_says_no(self, knobs: Knobs, walked: Sequence[int],
+                         micro_batch: int) -> str | None:
+        """Why stepping a setting near the leader down to ``micro_batch`` cannot pay, if a
+        sibling measured it: another setting timed at both ``micro_batch`` and this one's best
+        so far went no faster at ``micro_batch`` (its own walk down), so this one, scaled by
+        the sibling's ratio, is predicted not faster than its best by more than the noise.
+        What grows with the micro-batch is the same work in both (the knobs between them
+        change how much, not the trend). The leader's own setting is always walked (the
+        pick is decided there); a setting under memory pressure (allocator retries at its
+        best) or the objective with compile time is not predicted; None: time it."""
+        if not walked or self.settings.train_steps or knobs == self._leaders_setting():
+            return None
+        best_m = max(walked, key=lambda x: self._score(Candidate(knobs=knobs,
+                                                                 micro_batch=x)) or 0.0)
+        best = Candidate(knobs=knobs, micro_batch=best_m)
+        best_result = self.results.get(best)
+        if best_result is None or best_result.num_alloc_retries or not self._score(best):
+            return None
+
+        def pair(other: Knobs) -> tuple[Candidate, Candidate] | None:
+            at, at_best = (Candidate(knobs=other, micro_batch=x) for x in (micro_batch, best_m))
+            runs = [self.results.get(c) for c in (at, at_best)]
+            if other == knobs or any(r is None or r.num_alloc_retries for r in runs):
+                return None
+            if any(self._score(c, full=True) is None for c in (at, at_best)):
+                return None
+            return at, at_best
+
+        siblings = [(k, p) for k in {c.knobs for c in self.results} if (p := pair(k))]
+        if not siblings:
+            return None
+        sibling, (at, at_best) = max(siblings, key=lambda t: (
+            (t[0].precision, t[0].compile_mode) == (knobs.precision, knobs.compile_mode),
+            sum(getattr(t[0], f.name) == getattr(knobs, f.name)
+                for f in dataclasses.fields(knobs))))
+        ratio = (self._score(at, full=True) or 0.0) / (self._score(at_best, full=True) or 1.0)
+        noise = self._noise(best, at, at_best)
+        if ratio > 1 + noise:
+            return None
+        predicted = (best_result.samples_per_s() or 0.0) * ratio
+        return (f"predicted {predicted:,.1f} samples/s at {micro_batch} from "
+                f"{sibling.label()}'s own ratio of micro-batch {micro_batch} to {best_m} "
+                f"({ratio:.2f}x, both timed): not faster than {best_m} by more than the noise "
+                f"({noise:.0%})")
 
     def _time_the_other_end(self, knobs: Knobs, smallest: int, num_timed: int) -> bool:
         """A walk down stopped at a micro-batch that was not faster: time the smallest that fits
