@@ -163,3 +163,29 @@ def predict_step_s(points: Sequence[tuple[int, float, float]], micro_batch: int,
         return None
     update = statistics.median(u for _, _, u in points)
     return per_device_batch / micro_batch * per_micro_batch + update
+
+
+def gain_ceiling(ratio: float, small: int, large: int, micro_batch: int,
+                 largest: int) -> float | None:
+    """The most a larger micro-batch can gain, from a measured pair of another setting.
+
+    Per sample, a step costs ``A / m + C``: a fixed share per micro-batch (launches, the
+    per-micro-batch overhead) spread over its ``m`` samples, and what each sample costs
+    (``C``, the optimizer update spread over the per-device batch included). A pair of timed
+    micro-batches (``small`` < ``large``, throughput ``ratio`` = large's / small's) gives
+    ``A / C``; the gain from ``micro_batch`` up to ``largest`` is then
+    ``(A / C / micro_batch + 1) / (A / C / largest + 1)``, and no larger micro-batch gains
+    more (what slows large micro-batches, cache misses and memory pressure, only lowers it).
+
+    Returns:
+        The ceiling (1.0: a larger micro-batch gains nothing, the pair did not get faster),
+        or None when the pair gained as much as its size ratio or more (the model does not
+        explain it: no ceiling can be drawn).
+    """
+    if not (0 < small < large and 0 < micro_batch <= largest and ratio > 0):
+        raise ValueError(f"need 0 < small < large and 0 < micro_batch <= largest, not "
+                         f"{small}, {large}, {micro_batch}, {largest} (ratio {ratio})")
+    if ratio >= large / small:
+        return None
+    overhead = max(0.0, (ratio - 1) / (1 / small - ratio / large))  # A / C
+    return (overhead / micro_batch + 1) / (overhead / largest + 1)

@@ -59,6 +59,8 @@ class ScriptedDevice:
     """A class's own ``shape``, by label (others follow ``shape``)."""
     peak_mib: Callable[[int], float] = lambda m: 100 + 20 * m
     """Peak at micro-batch m, any class (default: linear; 32 fits the budget, 64 does not)."""
+    peaks: dict[str, Callable[[int], float]] = field(default_factory=dict)
+    """A class's own ``peak_mib``, by label (others follow ``peak_mib``)."""
     retries_at: int | None = None
     """Micro-batch whose runs report CUDA allocator retries (memory pressure)."""
     jitter: tuple[float, ...] = (0.0,)
@@ -73,7 +75,7 @@ class ScriptedDevice:
         # 2 micro-batches: gradients alive during a forward (more would only cost time)
         assert spec.warmup_micro_batches() == 2
         assert spec.num_timed_steps in (0, SETTINGS.num_timed_steps, SLOW.num_timed_steps)
-        peak = int(self.peak_mib(spec.micro_batch) * MIB)
+        peak = int(self.peaks.get(spec.knobs.label(), self.peak_mib)(spec.micro_batch) * MIB)
         info = {"samples_per_step": spec.micro_batch * spec.accumulate_steps, "wall_s": 1.0}
         if peak > BUDGET:
             return TrialResult(status="oom", message="CUDA out of memory", **info)
@@ -507,7 +509,8 @@ class KnobDevice(ScriptedDevice):
             speed={base.label(): self.speed[base.label()]
                    * self.ckpt_speed[spec.knobs.checkpointing]
                    * self.impl_speed[spec.knobs.optimizer_impl]},
-            shape=self.shape, peak_mib=lambda m: 100 + (self.peak_mib(m) - 100) * keep)(scaled)
+            shape=self.shape, peak_mib=lambda m: 100 + (self.peaks.get(
+                base.label(), self.peak_mib)(m) - 100) * keep)(scaled)
         self.specs.append(spec)
         return replace(result, traits=TRAITS)
 
@@ -545,6 +548,32 @@ def test_checkpointing_is_probed_where_memory_binds_and_wins_by_its_larger_micro
     # Additive: the 5 settings of stages 1-2 (fp32/max-autotune was not tried), then 2
     # checkpointing and 2 optimizer settings: the sum of the knobs' values, not their product.
     assert len({r.knobs for r in outcome.records}) == 5 + 4
+
+
+def test_checkpointing_is_not_probed_above_the_leader_where_no_larger_micro_batch_can_win(
+        ) -> None:
+    # fp32 eager fits 16 (40 MiB a sample): bf16/off starts there and times 16 and 32, a
+    # 1.11x gain for twice the micro-batch. On the leader (bf16/max-autotune at 32, where
+    # memory binds: 64 does not fit), checkpointing every block runs 0.8x; a larger
+    # micro-batch gains at most 1.06x by that pair's overhead (64 would run 0.88x): its
+    # boundary is not probed, and the reason says so. Alternate (0.95x) could still win.
+    device = KnobDevice(by_class(100, 150, 160, 200, 300, 330),
+                        peaks={"fp32/off": lambda m: 100 + 40 * m},
+                        ckpt_speed={"off": 1.0, "alternate": 0.95, "blocks": 0.8})
+    outcome, records = knob_search(device)
+    assert "bf16/off/16" in records and "bf16/off/32" in records
+    assert records["bf16/max-autotune+ckpt=blocks/32"].verdict in ("ok", "slower")
+    assert not any(k.startswith("bf16/max-autotune+ckpt=blocks/") and not k.endswith("/32")
+                   for k in device.runs() + list(records))
+    assert "bf16/max-autotune+ckpt=blocks" not in {p.knobs.label() for p in outcome.probes}
+    assert ("bf16/max-autotune+ckpt=blocks: micro-batches above 32 not probed: at 32 it runs "
+            "264.0 samples/s, 0.80x the leader's (bf16/max-autotune/32); a larger one gains at "
+            "most 1.06x (up to 64: the per-micro-batch overhead bf16/off showed from 16 to 32, "
+            "1.11x, spread over more samples), 279.5 samples/s: behind by more than the noise "
+            "(5%)") in outcome.skipped
+    probes = {p.knobs.label(): p.max_micro_batch for p in outcome.probes}
+    assert probes["bf16/max-autotune+ckpt=alternate"] == 64
+    assert "bf16/max-autotune+ckpt=alternate/64" in records
 
 
 def test_checkpointing_is_skipped_with_its_measured_reason_where_memory_does_not_bind() -> None:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from autotune.timing import (
     MIN_STEPS_TO_STOP,
     Lead,
+    gain_ceiling,
     lead,
     predict_step_s,
     relative_halfwidth,
@@ -147,3 +148,43 @@ def test_what_cannot_be_predicted_is_not() -> None:
     points = [(8, 0.2, 0.05), (16, 0.3, 0.07), (32, 0.5, 0.06)]
     assert predict_step_s(points, 4, 64) == pytest.approx(
         16 * 0.15 + statistics.median([0.05, 0.07, 0.06]), rel=1e-2)
+
+
+powers = st.integers(0, 8).map(lambda e: 2 ** e)
+
+
+@given(st.floats(0.0, 10.0), st.floats(1e-3, 10.0), powers, powers, powers, powers)
+def test_a_pair_of_micro_batches_bounds_what_a_larger_one_gains(
+        overhead: float, per_sample: float, a: int, b: int, m: int, top: int) -> None:
+    # Per sample, a step costs overhead / m + per_sample (the model the ceiling assumes):
+    # from any pair, the ceiling is exactly the gain up to ``largest``, and bounds the gain
+    # at every micro-batch in between.
+    small, large = sorted((a, b))
+    m, top = sorted((m, top))
+    if small == large:
+        return
+
+    def speed(x: int) -> float:
+        return 1 / (overhead / x + per_sample)
+
+    ceiling = gain_ceiling(speed(large) / speed(small), small, large, m, top)
+    assert ceiling is not None
+    assert ceiling == pytest.approx(speed(top) / speed(m), rel=1e-6)
+    for x in (2 ** e for e in range(9)):
+        if m <= x <= top:
+            assert speed(x) / speed(m) <= ceiling * (1 + 1e-9)
+
+
+def test_a_pair_that_did_not_get_faster_or_gained_beyond_the_model() -> None:
+    assert gain_ceiling(0.97, 8, 16, 8, 64) == 1.0  # slower at 16: no gain to expect above
+    assert gain_ceiling(1.0, 8, 16, 16, 64) == 1.0
+    # Twice the micro-batch, twice the speed or more: the overhead model cannot explain it.
+    assert gain_ceiling(2.0, 8, 16, 8, 64) is None
+    assert gain_ceiling(2.5, 8, 16, 8, 64) is None
+    # The measured figures of the CNN benchmark: bf16 eager 8 -> 16 gained 1.058x; from 8,
+    # the most any larger micro-batch up to 64 gains is 1.106x.
+    assert gain_ceiling(45.6 / 43.1, 8, 16, 8, 64) == pytest.approx(1.106, abs=0.001)
+    for bad in ((1.1, 16, 8, 8, 64), (1.1, 8, 16, 0, 64), (1.1, 8, 16, 32, 16),
+                (0.0, 8, 16, 8, 64)):
+        with pytest.raises(ValueError, match="need 0 < small < large"):
+            gain_ceiling(*bad)

@@ -64,7 +64,7 @@ from autotune.search._study import (
     tell,
 )
 from autotune.space import divisors
-from autotune.timing import predict_step_s
+from autotune.timing import gain_ceiling, predict_step_s
 
 Runner = Callable[[TrialSpec], TrialResult]
 OnTrial = Callable[[int, str, Candidate, TrialRecord | None], None]
@@ -329,12 +329,63 @@ class _Search:
                 if why:
                     self.skipped.append(f"{knobs.label()} not tried: {why}")
                 elif value in knob.frees_memory:
-                    self.probe(knobs)
+                    # Timed where the leader runs first: its boundary is probed only where a
+                    # larger micro-batch could still make it win.
+                    at_leader = self.measure(self.spec(timed_here))
+                    why_not = self._why_not_larger(timed_here) if at_leader.ok else None
+                    if why_not:
+                        self.skipped.append(f"{knobs.label()}: {why_not}")
+                    else:
+                        self.probe(knobs)
                 else:
                     result = self.measure(self.spec(Candidate(knobs=knobs,
                                                               micro_batch=leader.micro_batch)))
                     if result.status == "oom":  # it needs more memory than the leader's
                         self.probe(knobs)
+
+    def _why_not_larger(self, timed: Candidate) -> str | None:
+        """Why a larger micro-batch of a setting timed at the leader's cannot win, if it
+        cannot: the most a larger one gains (``timing.gain_ceiling``, from a sibling's two
+        timed micro-batches: the per-micro-batch overhead spread over more samples) leaves
+        it behind the leader by more than the noise. None: probe it (or nothing predicts)."""
+        leader = self._leader()
+        result = self.results.get(timed)
+        if leader is None or result is None or self.settings.train_steps \
+                or timed.micro_batch >= self.per_device:
+            return None
+        sps, top = result.samples_per_s(), self._score(leader, full=True)
+        if not sps or not top:
+            return None
+
+        def usable(c: Candidate) -> bool:
+            r = self.results.get(c)
+            return r is not None and not r.num_alloc_retries and \
+                self._score(c, full=True) is not None
+
+        pairs = [(c.knobs, c.micro_batch, d.micro_batch) for c in self.results
+                 for d in self.results if c.knobs == d.knobs != timed.knobs
+                 and c.micro_batch < d.micro_batch and usable(c) and usable(d)]
+        if not pairs:
+            return None
+        sibling, small, large = max(pairs, key=lambda t: (
+            (t[0].precision, t[0].compile_mode) == (timed.knobs.precision,
+                                                     timed.knobs.compile_mode),
+            sum(getattr(t[0], f.name) == getattr(timed.knobs, f.name)
+                for f in dataclasses.fields(timed.knobs)),
+            -abs(math.log(t[1] / timed.micro_batch)), -t[2]))
+        at_small, at_large = (Candidate(knobs=sibling, micro_batch=m) for m in (small, large))
+        ratio = (self._score(at_large, full=True) or 0.0) / (self._score(at_small, full=True)
+                                                            or 1.0)
+        ceiling = gain_ceiling(ratio, small, large, timed.micro_batch, self.per_device)
+        noise = self._noise(timed, leader, at_small, at_large)
+        if ceiling is None or sps * ceiling >= top * (1 - noise):
+            return None
+        return (f"micro-batches above {timed.micro_batch} not probed: at {timed.micro_batch} "
+                f"it runs {sps:,.1f} samples/s, {sps / top:.2f}x the leader's ({leader.key()}); "
+                f"a larger one gains at most {ceiling:.2f}x (up to {self.per_device}: the "
+                f"per-micro-batch overhead {sibling.label()} showed from {small} to {large}, "
+                f"{ratio:.2f}x, spread over more samples), {sps * ceiling:,.1f} samples/s: "
+                f"behind by more than the noise ({noise:.0%})")
 
     def _why_not_free(self, leader: Candidate) -> str | None:
         """Why freeing memory cannot help the leader, if it cannot: it already runs the whole
