@@ -79,6 +79,7 @@ def probe_memory(
     on_step: OnStep | None = None,
     make_spec: Callable[[int, bool], TrialSpec] | None = None,
     ranks: int = 1,
+    stop_above: Callable[[int, int], str | None] | None = None,
 ) -> MemoryProbe:
     """The largest candidate micro-batch whose real training step fits.
 
@@ -103,6 +104,10 @@ def probe_memory(
             the run that finds the boundary also times it, while bisection points do not pay
             for timed steps).
         ranks: processes of the job on this machine (``probe_spec``).
+        stop_above: asked (the largest fit so far, the larger micro-batch next), before a
+            larger micro-batch than the largest fit so far is tried, whether that is worth a
+            run: a reason ends the probe there (its largest fit is then a lower bound, said
+            in the probe's notes); None goes on.
 
     Raises:
         WorkloadError: the workload itself fails (factory, batch or model errors).
@@ -112,6 +117,7 @@ def probe_memory(
     points: list[Point] = []
     micro_batch: int | None = first_candidate(cands, hint)
     may_be_largest = True  # the first guess is the expected boundary
+    stopped = ""
     while micro_batch is not None:
         spec = (make_spec(micro_batch, may_be_largest) if make_spec is not None else
                 probe_spec(workload, device, knobs, micro_batch, budget_bytes, timeout_s,
@@ -138,12 +144,18 @@ def probe_memory(
         if result.status == "unsupported":  # no micro-batch changes that
             break
         micro_batch = next_candidate(cands, points, usable_bytes, hint)
+        fit, _ = bracket(points)
+        if micro_batch is not None and stop_above is not None and 0 < fit < micro_batch:
+            why = stop_above(fit, micro_batch)
+            if why:
+                stopped = f"micro-batches above {fit} not probed: {why}"
+                break
         if micro_batch is not None:
             may_be_largest = is_largest_candidate(micro_batch, cands, points, usable_bytes)
 
     lo, _ = bracket(points)
     best = next((s for s in steps if s.micro_batch == lo and s.fits), None)
-    notes = _notes(steps)
+    notes = (*_notes(steps), *((stopped,) if stopped else ()))
     return MemoryProbe(
         knobs=knobs, max_micro_batch=lo,
         peak_bytes=best.peak_bytes if best else None, budget_bytes=budget_bytes,

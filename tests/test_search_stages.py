@@ -122,11 +122,12 @@ def test_baseline_first_then_each_class_from_the_boundary_found() -> None:
     outcome, records = search(device)
     # fp32 eager first, from the target down: 64 does not fit; 1 and 8 only measure memory
     # (bisection points), and the line through them predicts 32, timed in the run that
-    # finds it fits. Every other class starts there, and 64 confirms the boundary.
+    # finds it fits. Every other class starts there, and 64 confirms the boundary. The
+    # compiled classes go by their precision's eager speed: bf16 (200) before fp32 (100).
     assert device.runs()[:12] == [
         "fp32/off/64", "fp32/off/1 (probe)", "fp32/off/8 (probe)", "fp32/off/32",
-        "bf16/off/32", "bf16/off/64", "fp32/default/32", "fp32/default/64",
-        "bf16/default/32", "bf16/default/64", "bf16/max-autotune/32", "bf16/max-autotune/64"]
+        "bf16/off/32", "bf16/off/64", "bf16/default/32", "bf16/default/64",
+        "fp32/default/32", "fp32/default/64", "bf16/max-autotune/32", "bf16/max-autotune/64"]
     assert outcome.baseline is not None and outcome.baseline.key() == "fp32/off/32"
     assert records["fp32/off/32"].is_baseline and records["fp32/off/64"].verdict == "oom"
     assert {p.knobs.label(): p.max_micro_batch for p in outcome.probes} == {
@@ -146,6 +147,31 @@ def test_a_boundary_found_by_a_bisection_point_is_timed_afterwards() -> None:
                                  "fp32/off/32", "fp32/off/16", "fp32/off/8"]
     assert outcome.baseline is not None and outcome.baseline.key() == "fp32/off/8"
     assert records["fp32/off/8"].samples_per_s == pytest.approx(100 * 0.8)
+
+
+def test_a_class_far_behind_is_not_probed_above_its_first_fit() -> None:
+    # fp32 fits 16 (40 MiB a sample), bf16 32. bf16/off times 16 and 32: 1.11x for twice the
+    # micro-batch. fp32/default, probed after bf16/default (bf16 led in eager), runs 135
+    # samples/s at 16 against the leader's 300: a larger micro-batch gains at most 1.18x by
+    # that pair's overhead, so its probe stops at 16 instead of compiling 32 to see it fail.
+    fp32 = lambda m: 100 + 40 * m  # noqa: E731
+    device = ScriptedDevice(by_class(100, 150, 160, 200, 300, 330),
+                            peaks={"fp32/off": fp32, "fp32/default": fp32})
+    outcome, _ = search(device)
+    assert device.runs().index("bf16/default/32") < device.runs().index("fp32/default/16")
+    assert "bf16/off/16" in device.runs() and "bf16/off/32" in device.runs()
+    assert not any(r.startswith("fp32/default/32") for r in device.runs())
+    probe = next(p for p in outcome.probes if p.knobs.label() == "fp32/default")
+    assert probe.max_micro_batch == 16 and [s.micro_batch for s in probe.steps] == [16]
+    assert probe.notes == (
+        "micro-batches above 16 not probed: at 16 it runs 135.0 samples/s, 0.45x the leader's "
+        "(bf16/default/32); a larger one gains at most 1.18x (up to 64: the per-micro-batch "
+        "overhead bf16/off showed from 16 to 32, 1.11x, spread over more samples), 158.8 "
+        "samples/s: behind by more than the noise (5%)",)
+    assert f"fp32/default: {probe.notes[0]}" in outcome.skipped
+    # The baseline's own probe always finds its boundary: it is what an untuned user runs.
+    baseline = next(p for p in outcome.probes if p.knobs.label() == "fp32/off")
+    assert 32 in [s.micro_batch for s in baseline.steps]
 
 
 def test_other_compile_modes_only_for_a_precision_near_the_leader() -> None:
@@ -264,7 +290,7 @@ def test_a_resumed_search_reuses_every_run_re_measurements_included(tmp_path) ->
 def test_ctrl_c_during_a_run_fails_its_trial_and_keeps_the_rest(tmp_path) -> None:
     class Interrupted(ScriptedDevice):
         def __call__(self, spec: TrialSpec) -> TrialResult:
-            if len(self.specs) == 6:  # the 7th run: fp32/default/32
+            if len(self.specs) == 6:  # the 7th run: bf16/default/32 (bf16 led in eager)
                 raise KeyboardInterrupt
             return super().__call__(spec)
 
@@ -272,14 +298,14 @@ def test_ctrl_c_during_a_run_fails_its_trial_and_keeps_the_rest(tmp_path) -> Non
     device = Interrupted(by_class(100, 150, 160, 200, 300, 330))
     outcome, records = search(device, replace(SETTINGS, storage=storage, study_name="s"))
     assert outcome.interrupted and outcome.stop_reason == "interrupted (Ctrl-C): best so far"
-    assert "fp32/off/32" in records and "fp32/default/32" not in records
+    assert "fp32/off/32" in records and "bf16/default/32" not in records
     # The study shows every run as it ended: none left running, the interrupted one failed.
     study = optuna.load_study(study_name="s", storage=storage)
     states = [(t.user_attrs["candidate"], t.state.name) for t in study.trials]
     assert states == [
         ("fp32/off/64", "COMPLETE"), ("fp32/off/1", "PRUNED"), ("fp32/off/8", "PRUNED"),
         ("fp32/off/32", "COMPLETE"), ("bf16/off/32", "COMPLETE"), ("bf16/off/64", "COMPLETE"),
-        ("fp32/default/32", "FAIL")]
+        ("bf16/default/32", "FAIL")]
 
 
 def test_ctrl_c_right_after_the_baselines_trial_keeps_it() -> None:
@@ -565,7 +591,9 @@ def test_checkpointing_is_not_probed_above_the_leader_where_no_larger_micro_batc
     assert records["bf16/max-autotune+ckpt=blocks/32"].verdict in ("ok", "slower")
     assert not any(k.startswith("bf16/max-autotune+ckpt=blocks/") and not k.endswith("/32")
                    for k in device.runs() + list(records))
-    assert "bf16/max-autotune+ckpt=blocks" not in {p.knobs.label() for p in outcome.probes}
+    blocks = next(p for p in outcome.probes if p.knobs.label() == "bf16/max-autotune+ckpt=blocks")
+    assert blocks.max_micro_batch == 32 and [s.micro_batch for s in blocks.steps] == [32]
+    assert blocks.notes[0].startswith("micro-batches above 32 not probed: at 32 it runs")
     assert ("bf16/max-autotune+ckpt=blocks: micro-batches above 32 not probed: at 32 it runs "
             "264.0 samples/s, 0.80x the leader's (bf16/max-autotune/32); a larger one gains at "
             "most 1.06x (up to 64: the per-micro-batch overhead bf16/off showed from 16 to 32, "

@@ -232,7 +232,11 @@ class _Search:
         self.stage = "probe"
         first = sorted((c for c in classes if c.compile_mode in FIRST_MODES),
                        key=lambda c: (c != self.base, c.compile_mode != "off"))
-        for knobs in first:
+        for i, knobs in enumerate(first):
+            if knobs.compile_mode != "off":  # the most promising precision first (its eager
+                # run's speed): a strong leader early lets the probes after it stop sooner
+                first[i:] = sorted(first[i:], key=lambda c: -self._precision_best(c.precision))
+                knobs = first[i]
             self.probe(knobs)
             if knobs == self.base:
                 base = self.probes[self.base]
@@ -269,13 +273,23 @@ class _Search:
         def candidate(micro_batch: int) -> Candidate:
             return Candidate(knobs=knobs, micro_batch=micro_batch)
 
+        def stop_above(fit: int, above: int) -> str | None:
+            # A run already measured (a resumed study) costs nothing: the probe goes on as the
+            # first search's did.
+            if knobs == self.base or candidate(above) in self.results \
+                    or candidate(above) in self.probe_runs:
+                return None
+            return self._why_not_larger(candidate(fit))
+
         probe = probe_memory(
             self.report.workload, self.report.device.device, knobs, self.micro_batches,
             budget_bytes=self.report.budget_bytes, usable_bytes=self.report.usable_bytes(),
             timeout_s=self.settings.timeout_s, hint=hint_for(knobs, self.probes.values()),
-            run=self.measure, on_step=self._on_step,
+            run=self.measure, on_step=self._on_step, stop_above=stop_above,
             make_spec=lambda m, may_be_largest: self.spec(candidate(m), timed=may_be_largest))
         self.probes[knobs] = probe
+        self.skipped += [f"{knobs.label()}: {n}" for n in probe.notes
+                         if n.startswith("micro-batches above")]
         if probe.max_micro_batch:
             self.measure(self.spec(candidate(probe.max_micro_batch)))  # reused when timed
         return probe
@@ -329,14 +343,7 @@ class _Search:
                 if why:
                     self.skipped.append(f"{knobs.label()} not tried: {why}")
                 elif value in knob.frees_memory:
-                    # Timed where the leader runs first: its boundary is probed only where a
-                    # larger micro-batch could still make it win.
-                    at_leader = self.measure(self.spec(timed_here))
-                    why_not = self._why_not_larger(timed_here) if at_leader.ok else None
-                    if why_not:
-                        self.skipped.append(f"{knobs.label()}: {why_not}")
-                    else:
-                        self.probe(knobs)
+                    self.probe(knobs)
                 else:
                     result = self.measure(self.spec(Candidate(knobs=knobs,
                                                               micro_batch=leader.micro_batch)))
@@ -344,10 +351,12 @@ class _Search:
                         self.probe(knobs)
 
     def _why_not_larger(self, timed: Candidate) -> str | None:
-        """Why a larger micro-batch of a setting timed at the leader's cannot win, if it
-        cannot: the most a larger one gains (``timing.gain_ceiling``, from a sibling's two
-        timed micro-batches: the per-micro-batch overhead spread over more samples) leaves
-        it behind the leader by more than the noise. None: probe it (or nothing predicts)."""
+        """Why no micro-batch larger than a setting's largest fit so far can win, if none
+        can: the most a larger one gains (``timing.gain_ceiling``, from a sibling's two timed
+        micro-batches: the per-micro-batch overhead spread over more samples) leaves it
+        behind the leader by more than the noise. Its memory probe then stops there (a
+        compiled setting's probe above its fit costs a compile, and often ends in an OOM).
+        None: probe on (the setting leads, was not timed there, or nothing predicts)."""
         leader = self._leader()
         result = self.results.get(timed)
         if leader is None or result is None or self.settings.train_steps \
@@ -380,8 +389,8 @@ class _Search:
         noise = self._noise(timed, leader, at_small, at_large)
         if ceiling is None or sps * ceiling >= top * (1 - noise):
             return None
-        return (f"micro-batches above {timed.micro_batch} not probed: at {timed.micro_batch} "
-                f"it runs {sps:,.1f} samples/s, {sps / top:.2f}x the leader's ({leader.key()}); "
+        return (f"at {timed.micro_batch} it runs {sps:,.1f} samples/s, {sps / top:.2f}x the "
+                f"leader's ({leader.key()}); "
                 f"a larger one gains at most {ceiling:.2f}x (up to {self.per_device}: the "
                 f"per-micro-batch overhead {sibling.label()} showed from {small} to {large}, "
                 f"{ratio:.2f}x, spread over more samples), {sps * ceiling:,.1f} samples/s: "
@@ -838,6 +847,11 @@ class _Search:
         if rec.verdict not in (("ok",) if full else ("ok", "slower")):
             return None
         return score(value, self.settings)
+
+    def _precision_best(self, precision: str) -> float:
+        """The best score of the settings of one precision probed so far (0: none)."""
+        return max((self._class_best(k) or 0.0 for k in self.probes
+                    if k.precision == precision), default=0.0)
 
     def _class_best(self, knobs: Knobs) -> float | None:
         scores = [self._score(Candidate(knobs=knobs, micro_batch=m)) for m in self.micro_batches]
