@@ -275,6 +275,11 @@ def stored_oracle(name: str, bench: Bench, target: int) -> tuple[dict, dict, str
             or row.get("budget_bytes") != bench.budget_bytes:
         raise SystemExit(f"--oracle-from {name}: no oracle of {bench.short} at target {target} "
                          f"under {format_bytes(bench.budget_bytes)} in {path}")
+    here, then = machine(), out.get("machine", {})
+    if (then.get("cpu_model"), then.get("cpus")) != (here.get("cpu_model"), here.get("cpus")):
+        raise SystemExit(f"--oracle-from {name}: measured on {then.get('cpu_model')} with "
+                         f"{then.get('cpus')} CPUs, this is {here.get('cpu_model')} with "
+                         f"{here.get('cpus')}: its times do not compare with a search here")
     candidates = row["oracle"]["candidates"]
     runs = {c["key"]: stored_runs(c) for c in candidates if c["statuses"]}
     left_out = {c["label"]: c["excluded"] for c in candidates if c["excluded"]}
