@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -119,10 +121,10 @@ def pick_cnn() -> autotune.Workload:
 
 # The checkpointing workload of the knob benchmark: deep and narrow with a long sequence, so
 # the blocks' activations (about 16 x seq x width floats per block and sample) dominate memory
-# and checkpointing them frees most of it. ``DEEP_GPT_CAP`` (search_quality.py's cap for it)
-# sits between fp32 eager's peaks at micro-batches 4 and 8: without checkpointing 4 is its
-# largest fit under the cap, with ``checkpointing=blocks`` 16 fits (measured figures:
-# search_quality.py's module docstring).
+# and checkpointing them frees most of it. ``deep_gpt_cap_bytes`` (search_quality.py's cap for
+# it, measured on the machine) sits between fp32 eager's peaks at micro-batches 4 and 8:
+# without checkpointing 4 is its largest fit under the cap, with ``checkpointing=blocks`` 16
+# fits.
 _DEEP_SEQ, _DEEP_VOCAB, _DEEP_WIDTH, _DEEP_LAYERS = 256, 128, 64, 6
 
 
@@ -143,10 +145,44 @@ def pick_deep_gpt() -> autotune.Workload:
         count_loss_items=causal_lm_label_count, tokens_per_sample=_DEEP_SEQ)
 
 
-DEEP_GPT_CAP_BYTES = 50 * 2**20
-"""The memory cap of ``pick_deep_gpt`` in the search benchmark (usable 45 MiB with 10%
-headroom): between fp32 eager's peaks at micro-batches 4 (35 MiB) and 8 (61 MiB), above
-``checkpointing=blocks`` at 16 (35 MiB)."""
+DEEP_GPT_HEADROOM = 0.1
+
+
+@functools.cache
+def deep_gpt_cap_bytes() -> int:
+    """The memory cap of ``pick_deep_gpt`` in the search benchmark, measured on this machine:
+    its usable budget (the cap less 10% headroom) sits midway between fp32 eager's peak at
+    micro-batch 8 and the larger of fp32 eager's at 4 and ``checkpointing=blocks``' at 16
+    (three uncapped probe runs at per-device batch 16). So micro-batch 8 needs checkpointing
+    to fit, on any CPU: the peaks are not the same everywhere (AMD EPYC: 35.2, 61.2 and 34.7
+    MiB, a cap of 53.6 MiB; the first knob benchmarks there ran under 50 MiB; Intel Xeon with
+    AMX: 57.9, 92.9 and 66.9 MiB, a cap of 88.8 MiB).
+
+    Raises:
+        RuntimeError: a run failed, or checkpointing does not free enough memory for the
+            workload to need it (no cap separates the peaks by 10% on each side).
+    """
+    from autotune.knobs import BASELINE, Knobs
+    from autotune.memory import probe_spec
+    from autotune.runner import run_isolated
+
+    spec = autotune.WorkloadSpec(kind="file", target=f"{__file__}:pick_deep_gpt")
+
+    def peak(knobs: Knobs, micro_batch: int) -> int:
+        result = run_isolated(probe_spec(spec, "cpu", knobs, micro_batch, None, 300,
+                                         per_device_batch=16))
+        if not result.ok or not result.peak_bytes:
+            raise RuntimeError(f"pick_deep_gpt {knobs.label()} at {micro_batch}: "
+                               f"{result.status} {result.message[:300]}")
+        return result.peak_bytes
+
+    fits = max(peak(BASELINE, 4), peak(Knobs(checkpointing="blocks"), 16))
+    too_big = peak(BASELINE, 8)
+    if fits * 1.1 > too_big / 1.1:
+        raise RuntimeError(f"pick_deep_gpt: fp32 eager at 8 peaks at {too_big / 2**20:.1f} MiB, "
+                           f"too close to {fits / 2**20:.1f} MiB (fp32 eager at 4, "
+                           "checkpointing at 16) for a cap between them")
+    return int((fits + too_big) / 2 / (1 - DEEP_GPT_HEADROOM))
 
 
 # Slow-step workloads for the search benchmark (target 64): memory binds (under its cap fp32

@@ -135,16 +135,19 @@ def test_search_quality_results_render_as_committed(results):
 @pytest.mark.subprocess
 @pytest.mark.slow
 def test_the_deep_gpt_workload_needs_checkpointing_for_micro_batch_8_under_its_cap():
-    from workloads import DEEP_GPT_CAP_BYTES
+    # The cap is measured on the machine (peaks differ between CPUs); under it the workload
+    # is what the benchmark needs, each fit checked by a capped run of its own.
+    from workloads import DEEP_GPT_HEADROOM, deep_gpt_cap_bytes
 
     from autotune.memory import probe_spec
     from autotune.runner import run_isolated
 
+    cap = deep_gpt_cap_bytes()
     spec = WorkloadSpec(kind="file", target=f"{BENCH}/workloads.py:pick_deep_gpt")
-    usable = int(DEEP_GPT_CAP_BYTES * 0.9)
+    usable = int(cap * (1 - DEEP_GPT_HEADROOM))
 
     def fits(knobs: Knobs, micro_batch: int) -> bool:
-        return run_isolated(probe_spec(spec, "cpu", knobs, micro_batch, DEEP_GPT_CAP_BYTES,
+        return run_isolated(probe_spec(spec, "cpu", knobs, micro_batch, cap,
                                        300, per_device_batch=16)).fits(usable)
 
     assert fits(BASELINE, 4) and not fits(BASELINE, 8)
