@@ -349,6 +349,39 @@ class _Search:
                                                               micro_batch=leader.micro_batch)))
                     if result.status == "oom":  # it needs more memory than the leader's
                         self.probe(knobs)
+                    elif result.ok and self._may_fit_larger(leader, timed_here):
+                        self.probe(knobs)  # it needs less: its boundary may be above
+
+    def _may_fit_larger(self, leader: Candidate, timed: Candidate) -> bool:
+        """Whether a knob value timed at the leader's micro-batch may fit a larger one where
+        the leader does not: memory binds the leader (a larger candidate exists), the value's
+        peak there is below the leader's (a multi-tensor optimizer's or another memory
+        format's footprint), and the next larger candidate fits the usable budget by a
+        sibling's measured growth per sample (``_growth``; unknown growth: any saving may).
+        Its probe then goes above, where the gain ceiling still decides each step."""
+        above = [m for m in self.micro_batches if m > leader.micro_batch]
+        ran, led = self.results.get(timed), self.results.get(leader)
+        if not above or leader.micro_batch >= self.per_device or ran is None or led is None \
+                or not ran.peak_bytes or not led.peak_bytes or ran.peak_bytes >= led.peak_bytes:
+            return False
+        growth = self._growth(timed.knobs)
+        return growth is None or ran.peak_bytes + growth * (above[0] - leader.micro_batch) \
+            <= self.report.usable_bytes()
+
+    def _growth(self, knobs: Knobs) -> float | None:
+        """Peak bytes per sample of the most alike setting probed at two fitting
+        micro-batches (the slope between its two largest), or None."""
+        slopes = []
+        for k, probe in self.probes.items():
+            points = sorted({s.micro_batch: s.peak_bytes for s in probe.steps
+                             if s.fits and s.peak_bytes}.items())
+            if len(points) >= 2:
+                (m1, p1), (m2, p2) = points[-2:]
+                alike = sum(getattr(k, f.name) == getattr(knobs, f.name)
+                            for f in dataclasses.fields(knobs))
+                slopes.append(((k.precision, k.compile_mode) == (
+                    knobs.precision, knobs.compile_mode), alike, max(0.0, (p2 - p1) / (m2 - m1))))
+        return max(slopes)[2] if slopes else None
 
     def _why_not_larger(self, timed: Candidate) -> str | None:
         """Why no micro-batch larger than a setting's largest fit so far can win, if none
