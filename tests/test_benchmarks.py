@@ -13,7 +13,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
-from oracle import naive_micro_batch, run_oracle, timing_spec  # noqa: E402
+from oracle import naive_micro_batch, run_oracle, stored_runs, timing_spec  # noqa: E402
 from search_quality import (  # noqa: E402
     default_settings,
     exclusion,
@@ -124,6 +124,33 @@ def test_the_oracle_runs_fp32_eager_first_and_stops_a_setting_at_its_first_failu
     row = {"target_batch": 8, "search": {"tuned": "fp32/off+opt=fused/2"},
            "oracle": {"candidates": [c.summary(8, 1000) for c in candidates]}}
     assert per_pass(row, 2) == {"pick_quality": [1.0, 1.0], "self_agreement": [1.0, 1.0]}
+
+
+def test_an_oracle_extended_from_stored_runs_runs_only_what_they_lack():
+    """--oracle-from: a candidate the stored oracle ran is not run again, in any pass it
+    has a run for; the stored figures read as they were measured (best median, peak, fit,
+    first-pass wall time); the others run."""
+    def run(spec):
+        ran.append((spec.knobs.label(), spec.micro_batch))
+        return TrialResult(status="ok", step_times_s=(0.5, 0.4, 0.6), peak_bytes=300,
+                           wall_s=3.0, samples_per_step=8)
+
+    space = {("fp32", "off"): [1, 2, 4, 8]}
+    ran: list = []
+    first, _ = run_oracle(WorkloadSpec(), "cpu", 8, space, budget_bytes=2**20, run=run,
+                          log=lambda s: None)
+    summaries = {c.key(): c.summary(8, 1000) for c in first}
+    stored = {k: stored_runs(v) for k, v in summaries.items() if not k.endswith("/1")}
+    ran = []
+    again, wall = run_oracle(WorkloadSpec(), "cpu", 8, space, budget_bytes=2**20, run=run,
+                             log=lambda s: None, stored=stored)
+    assert ran == [("fp32/off", 1), ("fp32/off", 1)]  # both passes of the one not stored
+    assert wall >= 3 * 2 * 3.0  # the stored runs' wall time counts
+    for c in again:
+        want = summaries[c.key()]
+        assert (c.best_median_s(), c.fits_usable(1000)) == (want["best_median_s"],
+                                                            want["fits_usable"])
+        assert [r.wall_s for r in c.runs] == want["wall_s"]
 
 
 @pytest.mark.parametrize("results", sorted((BENCH / "results").glob("search_quality*.json")),
