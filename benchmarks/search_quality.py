@@ -25,7 +25,7 @@ For each workload, under its memory cap and one target batch (default 16):
    re-run of the tuned config (no OOM expected).
 
 ``pick_deep_gpt`` is the checkpointing workload: under ``workloads.deep_gpt_cap_bytes()`` (a
-cap measured on the machine: 53.6 MiB on AMD EPYC, 88.8 MiB on Intel Xeon with AMX; the first
+cap measured on the machine: about 53.6 MiB on AMD EPYC, 88.6 MiB on Intel Xeon with AMX; the first
 knob benchmarks ran under 50 MiB on AMD EPYC) fp32 eager fits micro-batch 4 of 16 and not 8,
 checkpointing every block fits 16. Measured with ``probe_spec`` children (2 warm-up steps of 2
 accumulated micro-batches, 3 timed steps at per-device batch 16; peak = address-space growth

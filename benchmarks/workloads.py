@@ -155,8 +155,8 @@ def deep_gpt_cap_bytes() -> int:
     micro-batch 8 and the larger of fp32 eager's at 4 and ``checkpointing=blocks``' at 16
     (three uncapped probe runs at per-device batch 16). So micro-batch 8 needs checkpointing
     to fit, on any CPU: the peaks are not the same everywhere (AMD EPYC: 35.2, 61.2 and 34.7
-    MiB, a cap of 53.6 MiB; the first knob benchmarks there ran under 50 MiB; Intel Xeon with
-    AMX: 57.9, 92.9 and 66.9 MiB, a cap of 88.8 MiB).
+    MiB, a cap of about 53.6 MiB; the first knob benchmarks there ran under 50 MiB; Intel Xeon with
+    AMX: 57.9, 92.9 and 66.9 MiB, a cap of 88.6 MiB).
 
     Raises:
         RuntimeError: a run failed, or checkpointing does not free enough memory for the

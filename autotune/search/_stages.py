@@ -138,6 +138,14 @@ def _split(result: TrialResult, accumulate: int) -> tuple[float, float]:
     return (step_s - update_s) / accumulate, update_s
 
 
+def _alike(other: Knobs, knobs: Knobs) -> tuple[bool, int]:
+    """How alike two settings are, for picking a sibling to predict from: the same precision
+    and compile mode first, then the number of knobs they share."""
+    return ((other.precision, other.compile_mode) == (knobs.precision, knobs.compile_mode),
+            sum(getattr(other, f.name) == getattr(knobs, f.name)
+                for f in dataclasses.fields(knobs)))
+
+
 def interrupt_name(exc: BaseException) -> str:
     """``Ctrl-C``, or the signal that ended the search (e.g. ``SIGTERM``)."""
     name = getattr(exc, "signal_name", None)
@@ -377,10 +385,7 @@ class _Search:
                              if s.fits and s.peak_bytes}.items())
             if len(points) >= 2:
                 (m1, p1), (m2, p2) = points[-2:]
-                alike = sum(getattr(k, f.name) == getattr(knobs, f.name)
-                            for f in dataclasses.fields(knobs))
-                slopes.append(((k.precision, k.compile_mode) == (
-                    knobs.precision, knobs.compile_mode), alike, max(0.0, (p2 - p1) / (m2 - m1))))
+                slopes.append((*_alike(k, knobs), max(0.0, (p2 - p1) / (m2 - m1))))
         return max(slopes)[2] if slopes else None
 
     def _why_not_larger(self, timed: Candidate) -> str | None:
@@ -410,11 +415,7 @@ class _Search:
         if not pairs:
             return None
         sibling, small, large = max(pairs, key=lambda t: (
-            (t[0].precision, t[0].compile_mode) == (timed.knobs.precision,
-                                                     timed.knobs.compile_mode),
-            sum(getattr(t[0], f.name) == getattr(timed.knobs, f.name)
-                for f in dataclasses.fields(timed.knobs)),
-            -abs(math.log(t[1] / timed.micro_batch)), -t[2]))
+            *_alike(t[0], timed.knobs), -abs(math.log(t[1] / timed.micro_batch)), -t[2]))
         at_small, at_large = (Candidate(knobs=sibling, micro_batch=m) for m in (small, large))
         ratio = (self._score(at_large, full=True) or 0.0) / (self._score(at_small, full=True)
                                                             or 1.0)
@@ -521,10 +522,7 @@ class _Search:
         siblings = [(k, p) for k in {c.knobs for c in self.results} if (p := pair(k))]
         if not siblings:
             return None
-        sibling, (at, at_best) = max(siblings, key=lambda t: (
-            (t[0].precision, t[0].compile_mode) == (knobs.precision, knobs.compile_mode),
-            sum(getattr(t[0], f.name) == getattr(knobs, f.name)
-                for f in dataclasses.fields(knobs))))
+        sibling, (at, at_best) = max(siblings, key=lambda t: _alike(t[0], knobs))
         ratio = (self._score(at, full=True) or 0.0) / (self._score(at_best, full=True) or 1.0)
         noise = self._noise(best, at, at_best)
         if ratio > 1 + noise:
