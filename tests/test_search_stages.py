@@ -528,20 +528,28 @@ class KnobDevice(ScriptedDevice):
         "default": 1.0, "for-loop": 1.0, "foreach": 1.04, "fused": 1.1})
     impl_saves_mib: dict[str, float] = field(default_factory=dict)
     """Memory an optimizer implementation saves at any micro-batch (its temporaries)."""
+    format_speed: float = 1.0
+    format_saves_mib: float = 0.0
+    """channels_last's speed factor and the memory it saves at any micro-batch."""
+    traits: WorkloadTraits = TRAITS
 
     def __call__(self, spec: TrialSpec) -> TrialResult:
-        base = spec.knobs.with_(checkpointing="off", optimizer_impl="default")
+        base = spec.knobs.with_(checkpointing="off", optimizer_impl="default",
+                                memory_format="contiguous")
         keep = self.ckpt_memory[spec.knobs.checkpointing]
+        channels_last = spec.knobs.memory_format == "channels_last"
         scaled = replace(spec, knobs=base)
         result = ScriptedDevice(
             speed={base.label(): self.speed[base.label()]
                    * self.ckpt_speed[spec.knobs.checkpointing]
-                   * self.impl_speed[spec.knobs.optimizer_impl]},
+                   * self.impl_speed[spec.knobs.optimizer_impl]
+                   * (self.format_speed if channels_last else 1.0)},
             shape=self.shape, peak_mib=lambda m: 100 + (self.peaks.get(
                 base.label(), self.peak_mib)(m) - 100) * keep
-            - self.impl_saves_mib.get(spec.knobs.optimizer_impl, 0.0))(scaled)
+            - self.impl_saves_mib.get(spec.knobs.optimizer_impl, 0.0)
+            - (self.format_saves_mib if channels_last else 0.0))(scaled)
         self.specs.append(spec)
-        return replace(result, traits=TRAITS)
+        return replace(result, traits=self.traits)
 
 
 def knob_search(device: KnobDevice):
@@ -609,9 +617,10 @@ def test_checkpointing_is_not_probed_above_the_leader_where_no_larger_micro_batc
 
 def test_an_optimizer_that_needs_less_memory_is_probed_above_the_leader() -> None:
     # 600 MiB fixed + 9 a sample: 32 fits (888 of 900 usable), 64 does not (1176). Fused
-    # saves 300 MiB: at 32 its peak (588) plus fp32 eager's measured 9 MiB a sample predicts
-    # 876 at 64, which fits; and 64 runs 10% faster per sample. Foreach saves nothing: timed
-    # at the leader's micro-batch only.
+    # saves 300 MiB: at 32 its peak (588) may fit 64 (its class's growth is not measured, and
+    # at least 3.5 MiB a sample by the leader's out-of-memory at 64: 700), so it is probed
+    # there; and 64 runs 10% faster per sample. Foreach saves nothing: timed at the leader's
+    # micro-batch only.
     device = KnobDevice(by_class(100, 150, 160, 200, 300, 330), peak_mib=lambda m: 600 + 9 * m,
                         impl_saves_mib={"fused": 300},
                         shape=lambda m: 1 + 0.1 * math.log2(m / 32))
@@ -624,10 +633,12 @@ def test_an_optimizer_that_needs_less_memory_is_probed_above_the_leader() -> Non
     probes = {p.knobs.label(): p.max_micro_batch for p in outcome.probes}
     assert probes["bf16/max-autotune+opt=fused"] == 64 and probes["bf16/max-autotune"] == 32
 
-    # Saving 100 MiB: 788 + 9 x 32 = 1076 at 64, over the budget by the measured growth: not
-    # worth a probe (it would only end in an out-of-memory).
+    # Saving 50 MiB: 838 at 32. No setting of the leader's memory class completed two
+    # micro-batches, but its out-of-memory at 64 says it grows at least (1000 - 888) / 32 =
+    # 3.5 MiB a sample: 950 at 64, over the 900 usable: not worth a probe (it would only end in
+    # an out-of-memory).
     device = KnobDevice(by_class(100, 150, 160, 200, 300, 330), peak_mib=lambda m: 600 + 9 * m,
-                        impl_saves_mib={"fused": 100},
+                        impl_saves_mib={"fused": 50},
                         shape=lambda m: 1 + 0.1 * math.log2(m / 32))
     outcome = run_search(plan(), CLASSES, replace(SETTINGS, fresh=True), values=VALUES,
                          run=device)
@@ -635,6 +646,65 @@ def test_an_optimizer_that_needs_less_memory_is_probed_above_the_leader() -> Non
                                                 for r in outcome.records}
     assert not any(s.knobs.optimizer_impl == "fused" and s.micro_batch == 64
                    for s in device.specs)
+    assert ("bf16/max-autotune+opt=fused: micro-batches above 32 not probed: its peak at 32 "
+            "(838.00 MiB) grows to about 950.00 MiB at 64 (3.50 MiB a sample), over the "
+            "900.00 MiB usable") in outcome.skipped
+
+
+CONV = replace(TRAITS, has_conv2d=True, image_input=True)
+
+
+def test_two_values_that_each_lower_the_peak_are_probed_above_the_leader_together() -> None:
+    # 600 MiB fixed + 9 a sample: the leader (bf16/max-autotune) fits 32 (888 of 900 usable),
+    # not 64. Fused saves 120 MiB and channels_last 200: alone neither fits 64 (1056, 976),
+    # together they do (856). Each runs 2% slower at 32 than the leader (neither leads), but
+    # 64 runs 10% faster per sample: the two together at 64 win. They are timed together at
+    # the leader's 32 first and probed above; alone they are not, with the growth the pair's
+    # probe measured (9 MiB a sample) as the reason.
+    device = KnobDevice(by_class(100, 150, 160, 200, 300, 330), peak_mib=lambda m: 600 + 9 * m,
+                        impl_saves_mib={"fused": 120}, format_saves_mib=200,
+                        impl_speed={"default": 1.0, "for-loop": 1.0, "foreach": 0.97,
+                                    "fused": 0.98},
+                        format_speed=0.98, traits=CONV,
+                        shape=lambda m: 1 + 0.1 * math.log2(m / 32))
+    outcome, records = knob_search(device)
+    pair = "bf16/max-autotune+opt=fused+format=channels_last"
+    probes = {p.knobs.label(): p.max_micro_batch for p in outcome.probes}
+    assert probes[pair] == 64 and probes["bf16/max-autotune"] == 32
+    assert f"{pair}/32" in records and f"{pair}/64" in records
+    tuned = tuned_config(plan(), outcome, SETTINGS)
+    assert (tuned.knobs.label(), tuned.micro_batch) == (pair, 64)
+    for alone in ("bf16/max-autotune+opt=fused", "bf16/max-autotune+format=channels_last"):
+        assert f"{alone}/32" in records
+        assert not any(s.knobs.label() == alone and s.micro_batch > 32 for s in device.specs)
+    assert ("bf16/max-autotune+format=channels_last: micro-batches above 32 not probed: its "
+            "peak at 32 (688.00 MiB) grows to about 976.00 MiB at 64 (9.00 MiB a sample), over "
+            "the 900.00 MiB usable") in outcome.skipped
+
+
+def test_values_whose_pair_fits_no_larger_micro_batch_are_not_probed_above_alone() -> None:
+    # Fused saves 60 MiB and channels_last 100: together 728 MiB at 32, 1016 at 64 (over the
+    # budget). The pair's probe is the one out-of-memory paid: each alone peaks higher at 32,
+    # so neither is probed above it, and the reason names the pair.
+    device = KnobDevice(by_class(100, 150, 160, 200, 300, 330), peak_mib=lambda m: 600 + 9 * m,
+                        impl_saves_mib={"fused": 60}, format_saves_mib=100,
+                        impl_speed={"default": 1.0, "for-loop": 1.0, "foreach": 0.97,
+                                    "fused": 0.98},
+                        format_speed=0.98, traits=CONV,
+                        shape=lambda m: 1 + 0.1 * math.log2(m / 32))
+    outcome, _ = knob_search(device)
+    pair = "bf16/max-autotune+opt=fused+format=channels_last"
+    probes = {p.knobs.label(): p for p in outcome.probes}
+    assert probes[pair].max_micro_batch == 32
+    assert [(s.micro_batch, s.status) for s in probes[pair].steps] == [(32, "ok"), (64, "oom")]
+    for alone, peak in (("bf16/max-autotune+format=channels_last", "788.00 MiB"),
+                        ("bf16/max-autotune+opt=fused", "828.00 MiB")):
+        assert not any(s.knobs.label() == alone and s.micro_batch > 32 for s in device.specs)
+        assert (f"{alone}: micro-batches above 32 not probed: its peak at 32 ({peak}) is not "
+                f"below {pair}'s (728.00 MiB), which fits no larger micro-batch"
+                ) in outcome.skipped
+    tuned = tuned_config(plan(), outcome, SETTINGS)
+    assert (tuned.knobs.label(), tuned.micro_batch) == ("bf16/max-autotune", 32)
 
 
 def test_checkpointing_is_skipped_with_its_measured_reason_where_memory_does_not_bind() -> None:

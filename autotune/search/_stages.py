@@ -11,8 +11,11 @@
    memory gets a boundary probe of its own only where memory binds the leader (its largest fit
    is under the per-device batch, or the allocator retried); any other value is timed at the
    leader's micro-batch. The best becomes the leader for the next knob. The space grows by
-   the sum of the knobs' values, not their product. When fp32 eager fits nothing, the values
-   that free memory are tried on it first (the baseline becomes the first that fits).
+   the sum of the knobs' values, not their product. Where memory binds, the values that
+   peaked below the leader are timed together too (their savings add up) and probed above
+   its micro-batch, lowest peak first, where the growth per sample says the next may fit.
+   When fp32 eager fits nothing, the values that free memory are tried on it first (the
+   baseline becomes the first that fits).
 4. Time smaller micro-batches of the settings near the leader, largest first, while each is
    faster than the last.
 5. Re-measure the leader and the candidates whose gap to it is within the noise (a close
@@ -144,6 +147,14 @@ def _alike(other: Knobs, knobs: Knobs) -> tuple[bool, int]:
     return ((other.precision, other.compile_mode) == (knobs.precision, knobs.compile_mode),
             sum(getattr(other, f.name) == getattr(knobs, f.name)
                 for f in dataclasses.fields(knobs)))
+
+
+def _memory_class(knobs: Knobs) -> tuple[str, ...]:
+    """The knobs that set how a setting's peak grows with the micro-batch: precision, compile
+    mode and the values that free memory (checkpointing, allocator, strategy). An optimizer
+    implementation or memory format moves the peak by a fixed amount."""
+    return tuple(getattr(knobs, k.name) for k in KNOBS
+                 if k.frees_memory or k.name in ("precision", "compile_mode"))
 
 
 def interrupt_name(exc: BaseException) -> str:
@@ -332,6 +343,7 @@ class _Search:
         ``timing_only``: only the knobs whose values free no memory, at the leader's
         micro-batch (after refinement moved the leader to another micro-batch, where their
         effect can differ: an optimizer step weighs more beside smaller micro-batches)."""
+        lowered: list[Candidate] = []
         for knob in KNOBS[2:]:
             if timing_only and knob.frees_memory:
                 continue
@@ -357,36 +369,97 @@ class _Search:
                                                               micro_batch=leader.micro_batch)))
                     if result.status == "oom":  # it needs more memory than the leader's
                         self.probe(knobs)
-                    elif result.ok and self._may_fit_larger(leader, timed_here):
-                        self.probe(knobs)  # it needs less: its boundary may be above
+                    elif self._lower_peak(leader, timed_here):
+                        lowered.append(timed_here)  # its boundary may be above the leader's
+        self._probe_lowered(lowered)
 
-    def _may_fit_larger(self, leader: Candidate, timed: Candidate) -> bool:
-        """Whether a knob value timed at the leader's micro-batch may fit a larger one where
-        the leader does not: memory binds the leader (a larger candidate exists), the value's
-        peak there is below the leader's (a multi-tensor optimizer's or another memory
-        format's footprint), and the next larger candidate fits the usable budget by a
-        sibling's measured growth per sample (``_growth``; unknown growth: any saving may).
-        Its probe then goes above, where the gain ceiling still decides each step."""
-        above = [m for m in self.micro_batches if m > leader.micro_batch]
+    def _lower_peak(self, leader: Candidate, timed: Candidate) -> bool:
+        """Whether memory binds the leader (a larger micro-batch exists that it does not run)
+        and ``timed``, run at the leader's micro-batch, peaked below it there (a multi-tensor
+        optimizer's or another memory format's footprint)."""
         ran, led = self.results.get(timed), self.results.get(leader)
-        if not above or leader.micro_batch >= self.per_device or ran is None or led is None \
-                or not ran.peak_bytes or not led.peak_bytes or ran.peak_bytes >= led.peak_bytes:
-            return False
-        growth = self._growth(timed.knobs)
-        return growth is None or ran.peak_bytes + growth * (above[0] - leader.micro_batch) \
-            <= self.report.usable_bytes()
+        return (timed.micro_batch == leader.micro_batch < self.per_device and ran is not None
+                and ran.ok and led is not None and bool(ran.peak_bytes) and bool(
+                    led.peak_bytes) and (ran.peak_bytes or 0) < (led.peak_bytes or 0))
 
-    def _growth(self, knobs: Knobs) -> float | None:
-        """Peak bytes per sample of the most alike setting probed at two fitting
-        micro-batches (the slope between its two largest), or None."""
-        slopes = []
+    def _probe_lowered(self, lowered: list[Candidate]) -> None:
+        """Probe above the leader's micro-batch the knob values that peaked below it there.
+
+        Their savings add up: two values that alone fit no larger micro-batch may fit one
+        together (on a CNN a multi-tensor optimizer's and channels_last's), so the lowest-peak
+        value of each knob is first timed together at the leader's micro-batch. Then, lowest
+        peak first, each is probed above where the next micro-batch may fit by the growth per
+        sample (``_growth``); one whose peak is not below a setting whose probe fit nothing
+        larger is not (it would end in an out-of-memory too). The gain ceiling still decides
+        each step of a probe (``_why_not_larger``)."""
+        leader = self._leader()
+        if leader is None:
+            return
+        pool = [c for c in dict.fromkeys(lowered) if c.micro_batch == leader.micro_batch
+                and c.knobs not in self.probes]
+        peak = {c: self.results[c].peak_bytes or 0 for c in pool}
+        changes: dict[str, str] = {}
+        for c in sorted(pool, key=peak.__getitem__):
+            for knob in KNOBS[2:]:
+                value = getattr(c.knobs, knob.name)
+                if value != getattr(leader.knobs, knob.name) and not knob.frees_memory:
+                    changes.setdefault(knob.name, value)
+        together = Candidate(knobs=leader.knobs.with_(**changes), micro_batch=leader.micro_batch)
+        if len(changes) >= 2 and together not in self.results \
+                and together.knobs not in self.probes \
+                and skip_reason(together.knobs, self.traits) is None:
+            self.measure(self.spec(together))
+            if self._lower_peak(leader, together):
+                pool.append(together)
+                peak[together] = self.results[together].peak_bytes or 0
+        none_above: Candidate | None = None  # the lowest peak whose probe fit nothing larger
+        for c in sorted(pool, key=peak.__getitem__):
+            m = c.micro_batch
+            above = next(x for x in self.micro_batches if x > m)
+            growth = self._growth(c.knobs, m)
+            need = None if growth is None else peak[c] + growth * (above - m)
+            if none_above is not None:
+                self.skipped.append(
+                    f"{c.knobs.label()}: micro-batches above {m} not probed: its peak at {m} "
+                    f"({format_bytes(peak[c])}) is not below {none_above.knobs.label()}'s "
+                    f"({format_bytes(peak[none_above])}), which fits no larger micro-batch")
+            elif need is not None and need > self.report.usable_bytes():
+                self.skipped.append(
+                    f"{c.knobs.label()}: micro-batches above {m} not probed: its peak at {m} "
+                    f"({format_bytes(peak[c])}) grows to about {format_bytes(int(need))} at "
+                    f"{above} ({format_bytes(int(growth or 0))} a sample), over the "
+                    f"{format_bytes(self.report.usable_bytes())} usable")
+            else:
+                steps = self.probe(c.knobs).steps
+                if not any(s.fits for s in steps if s.micro_batch > m) and any(
+                        s.micro_batch > m for s in steps):  # tried above: nothing larger fit
+                    none_above = c
+
+    def _growth(self, knobs: Knobs, micro_batch: int) -> float | None:
+        """Peak bytes per sample above ``micro_batch`` for ``knobs``, or None (not known).
+
+        Measured on a setting of the same memory class (``_memory_class``: the other knobs
+        move a fixed amount, not the growth) at two micro-batches that completed, the slope
+        between its two largest; else a lower bound from the class's probe that stopped at
+        ``micro_batch``: its run above failed, so its peak there exceeded the budget (or is
+        the measured one)."""
+        cls = _memory_class(knobs)
+        bound = None
         for k, probe in self.probes.items():
+            if _memory_class(k) != cls:
+                continue
             points = sorted({s.micro_batch: s.peak_bytes for s in probe.steps
-                             if s.fits and s.peak_bytes}.items())
+                             if s.status == "ok" and s.peak_bytes}.items())
             if len(points) >= 2:
                 (m1, p1), (m2, p2) = points[-2:]
-                slopes.append((*_alike(k, knobs), max(0.0, (p2 - p1) / (m2 - m1))))
-        return max(slopes)[2] if slopes else None
+                return max(0.0, (p2 - p1) / (m2 - m1))
+            over = min((s for s in probe.steps if s.micro_batch > micro_batch and not s.fits),
+                       key=lambda s: s.micro_batch, default=None)
+            if points and points[-1][0] == micro_batch and over is not None:
+                end = over.peak_bytes if over.status == "ok" and over.peak_bytes else \
+                    self.report.budget_bytes
+                bound = max(0.0, (end - points[-1][1]) / (over.micro_batch - micro_batch))
+        return bound
 
     def _why_not_larger(self, timed: Candidate) -> str | None:
         """Why no micro-batch larger than a setting's largest fit so far can win, if none
