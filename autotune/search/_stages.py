@@ -343,7 +343,7 @@ class _Search:
         ``timing_only``: only the knobs whose values free no memory, at the leader's
         micro-batch (after refinement moved the leader to another micro-batch, where their
         effect can differ: an optimizer step weighs more beside smaller micro-batches)."""
-        lowered: list[Candidate] = []
+        lowered: list[tuple[str, str, Candidate]] = []  # (knob, value, where it was timed)
         for knob in KNOBS[2:]:
             if timing_only and knob.frees_memory:
                 continue
@@ -370,7 +370,8 @@ class _Search:
                     if result.status == "oom":  # it needs more memory than the leader's
                         self.probe(knobs)
                     elif self._lower_peak(leader, timed_here):
-                        lowered.append(timed_here)  # its boundary may be above the leader's
+                        # its boundary may be above the leader's
+                        lowered.append((knob.name, value, timed_here))
         self._probe_lowered(lowered)
 
     def _lower_peak(self, leader: Candidate, timed: Candidate) -> bool:
@@ -382,36 +383,35 @@ class _Search:
                 and ran.ok and led is not None and bool(ran.peak_bytes) and bool(
                     led.peak_bytes) and (ran.peak_bytes or 0) < (led.peak_bytes or 0))
 
-    def _probe_lowered(self, lowered: list[Candidate]) -> None:
-        """Probe above the leader's micro-batch the knob values that peaked below it there.
+    def _probe_lowered(self, lowered: Sequence[tuple[str, str, Candidate]]) -> None:
+        """Probe above the leader's micro-batch the knob values that peaked below it there
+        (``lowered``: each value with the candidate it was timed as, on the leader then).
 
         Their savings add up: two values that alone fit no larger micro-batch may fit one
         together (on a CNN a multi-tensor optimizer's and channels_last's), so the lowest-peak
-        value of each knob is first timed together at the leader's micro-batch. Then, lowest
-        peak first, each is probed above where the next micro-batch may fit by the growth per
-        sample (``_growth``); one whose peak is not below a setting whose probe fit nothing
-        larger is not (it would end in an out-of-memory too). The gain ceiling still decides
-        each step of a probe (``_why_not_larger``)."""
+        value of each knob is first timed together on the leader at its micro-batch (unless
+        that setting ran already: one of them became the leader, and the next was timed on
+        it). Then, lowest peak first, each is probed above where the next micro-batch may fit
+        by the growth per sample (``_growth``); one whose peak is not below a setting whose
+        probe fit nothing larger is not (it would end in an out-of-memory too). The gain
+        ceiling still decides each step of a probe (``_why_not_larger``)."""
         leader = self._leader()
         if leader is None:
             return
-        pool = [c for c in dict.fromkeys(lowered) if c.micro_batch == leader.micro_batch
-                and c.knobs not in self.probes]
-        peak = {c: self.results[c].peak_bytes or 0 for c in pool}
+        here = [(name, value, c) for name, value, c in lowered
+                if c.micro_batch == leader.micro_batch and self.results.get(c) is not None]
+        peak = {c: self.results[c].peak_bytes or 0 for _, _, c in here}
         changes: dict[str, str] = {}
-        for c in sorted(pool, key=peak.__getitem__):
-            for knob in KNOBS[2:]:
-                value = getattr(c.knobs, knob.name)
-                if value != getattr(leader.knobs, knob.name) and not knob.frees_memory:
-                    changes.setdefault(knob.name, value)
+        for name, value, _c in sorted(here, key=lambda t: peak[t[2]]):
+            changes.setdefault(name, value)
         together = Candidate(knobs=leader.knobs.with_(**changes), micro_batch=leader.micro_batch)
-        if len(changes) >= 2 and together not in self.results \
+        if together.knobs != leader.knobs and together not in self.results \
                 and together.knobs not in self.probes \
                 and skip_reason(together.knobs, self.traits) is None:
             self.measure(self.spec(together))
             if self._lower_peak(leader, together):
-                pool.append(together)
                 peak[together] = self.results[together].peak_bytes or 0
+        pool = [c for c in peak if c.knobs not in self.probes]
         none_above: Candidate | None = None  # the lowest peak whose probe fit nothing larger
         for c in sorted(pool, key=peak.__getitem__):
             m = c.micro_batch
