@@ -388,13 +388,13 @@ class _Search:
         (``lowered``: each value with the candidate it was timed as, on the leader then).
 
         Their savings add up: two values that alone fit no larger micro-batch may fit one
-        together (on a CNN a multi-tensor optimizer's and channels_last's), so the lowest-peak
-        value of each knob is first timed together on the leader at its micro-batch (unless
-        that setting ran already: one of them became the leader, and the next was timed on
-        it). Then, lowest peak first, each is probed above where the next micro-batch may fit
-        by the growth per sample (``_growth``); one whose peak is not below a setting whose
-        probe fit nothing larger is not (it would end in an out-of-memory too). The gain
-        ceiling still decides each step of a probe (``_why_not_larger``)."""
+        together (on a CNN a multi-tensor optimizer's and another memory format's), so the
+        lowest-peak value of each knob is first timed together on the leader at its
+        micro-batch (unless that setting ran already: one of them became the leader, and the
+        next was timed on it). Then, lowest peak first, each is probed above where the next
+        micro-batch may fit by the growth per sample (``_growth``); one whose peak is not below
+        a setting whose probe fit nothing larger is not (it would end in an out-of-memory
+        too). The gain ceiling still decides each step of a probe (``_why_not_larger``)."""
         leader = self._leader()
         if leader is None:
             return
