@@ -316,6 +316,7 @@ def test_checkpointing_raises_the_largest_micro_batch_under_a_real_cap(tmp_path:
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow  # three real searches, about a minute: the scripted resume test covers the logic
 def test_a_repeated_cli_search_reuses_the_store_and_re_checks_the_leaders(
         tmp_path: Path) -> None:
     args = ["search", "--workload", TINY.target, "--target-batch", "8", "--device", "cpu",
