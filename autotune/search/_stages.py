@@ -388,7 +388,7 @@ class _Search:
         (``lowered``: each value with the candidate it was timed as, on the leader then).
 
         Their savings add up: two values that alone fit no larger micro-batch may fit one
-        together (on a CNN a multi-tensor optimizer's and another memory format's), so the
+        together (e.g. a multi-tensor optimizer's and another memory format's), so the
         lowest-peak value of each knob is first timed together on the leader at its
         micro-batch (unless that setting ran already: one of them became the leader, and the
         next was timed on it). Then, lowest peak first, each is probed above where the next
