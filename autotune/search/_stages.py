@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from autotune.boundary import Point, fit_line
 from autotune.config import (
     Knobs,
     MemoryProbe,
@@ -439,10 +440,10 @@ class _Search:
         """Peak bytes per sample above ``micro_batch`` for ``knobs``, or None (not known).
 
         Measured on a setting of the same memory class (``_memory_class``: the other knobs
-        move a fixed amount, not the growth) at two micro-batches that completed, the slope
-        between its two largest; else a lower bound from the class's probe that stopped at
-        ``micro_batch``: its run above failed, so its peak there exceeded the budget (or is
-        the measured one)."""
+        move a fixed amount, not the growth) at two or more micro-batches that completed, the
+        slope of the boundary search's line through them (``boundary.fit_line``); else a
+        lower bound from the class's probe that stopped at ``micro_batch``: its run above
+        failed, so its peak there exceeded the budget (or is the measured one)."""
         cls = _memory_class(knobs)
         bound = None
         for k, probe in self.probes.items():
@@ -450,9 +451,9 @@ class _Search:
                 continue
             points = sorted({s.micro_batch: s.peak_bytes for s in probe.steps
                              if s.status == "ok" and s.peak_bytes}.items())
-            if len(points) >= 2:
-                (m1, p1), (m2, p2) = points[-2:]
-                return max(0.0, (p2 - p1) / (m2 - m1))
+            line = fit_line([Point(micro_batch=m, peak_bytes=b, fits=True) for m, b in points])
+            if line is not None:
+                return max(0.0, line[0])
             over = min((s for s in probe.steps if s.micro_batch > micro_batch and not s.fits),
                        key=lambda s: s.micro_batch, default=None)
             if points and points[-1][0] == micro_batch and over is not None:
