@@ -214,3 +214,21 @@ def test_gpu_suite_rehearses_every_step_on_the_cpu(tmp_path):
     assert [row["status"] for row in steps["ranks"]["rows"]] == ["ok", "ok", "ok"]
     markdown = (tmp_path / "gpu-rehearsal" / "gpu_suite.md").read_text()
     assert markdown.startswith("# GPU benchmarks: CPU rehearsal (no GPU figures)")
+
+
+def test_a_compiled_fit_counts_for_a_first_launch_only_if_its_graph_never_ran_out_of_memory():
+    from compile_memory import cold_fits
+
+    def cand(compile_mode, optimizer, micro_batch, statuses, sps):
+        knobs = {"precision": "bf16", "compile_mode": compile_mode, "optimizer_impl": optimizer}
+        return {"key": f"{compile_mode}/{optimizer}/{micro_batch}", "knobs": knobs,
+                "compile_mode": compile_mode, "micro_batch": micro_batch,
+                "statuses": statuses, "fits_usable": "ok" in statuses, "samples_per_s": sps}
+
+    candidates = [
+        cand("default", "default", 16, ["oom", "ok"], 0.0),  # compiled its graph: out of memory
+        cand("default", "foreach", 16, ["ok", "ok"], 79.0),  # the same graph, loaded cached
+        cand("default", "foreach", 8, ["ok", "ok"], 74.0),
+        cand("off", "default", 16, ["ok", "oom"], 40.0),  # eager: as the oracle judged it
+    ]
+    assert [c["key"] for c in cold_fits(candidates)] == ["default/foreach/8", "off/default/16"]
