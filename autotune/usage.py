@@ -105,6 +105,9 @@ class Tuned:
         ``fsdp-no-reshard``), as the search measured it; the model itself for ``none``. Call
         it after ``apply`` and before building the optimizer (FSDP swaps the parameters for
         their shards: build it over the returned model's ``parameters()``) and ``compile``.
+        At the job's end free the model and optimizer (``del``, then ``gc.collect()``) before
+        ``dist.destroy_process_group()``: FSDP's modules hold the group, and left to the
+        interpreter's exit gloo's threads can abort the process.
 
         Args:
             model: the model, after ``apply``.
