@@ -233,6 +233,9 @@ class TrialSpec(HasKnobs):
     """Processes of the job on this machine (``--nproc-per-node``): with a strategy other than
     ``none`` the run is one job of this many ranks under torch's elastic launcher, each capped
     like a single child; its result is the job's (``runner.merge_ranks``)."""
+    cold_compile: bool = False
+    """Compile with an empty inductor cache of the child's own, as a first launch on a fresh
+    machine does (``runner.run_isolated``): nothing another child compiled is loaded."""
 
     def warmup_micro_batches(self) -> int:
         """Micro-batches each warm-up step accumulates."""

@@ -54,6 +54,10 @@ class DeviceBackend(abc.ABC):
     """Whose kernel choices the estimator models for this kind (``estimate.StepEstimate``)."""
     precision_names: ClassVar[tuple[str, ...]]
     """Precisions this kind can run at all; ``precisions`` narrows them to one device."""
+    compile_in_peak: ClassVar[bool] = False
+    """Whether ``torch.compile``'s own memory counts in a child's peak on this kind: then a
+    compile loaded from inductor's cache peaks lower than the first launch that compiles it,
+    and a compiled setting fits only if a run that compiled its graphs fit."""
 
     def child_environment(self, base_env: Mapping[str, str]) -> dict[str, str]:
         """Variables a child on this kind sets over ``base_env`` before it starts torch."""
@@ -154,6 +158,7 @@ class CPUBackend(DeviceBackend):
     kind = "cpu"
     kernels = "cpu"
     precision_names = ("fp32", "bf16")
+    compile_in_peak = True  # the compile runs in the process whose address space is the cap
 
     def child_environment(self, base_env: Mapping[str, str]) -> dict[str, str]:
         """``CPU_ALLOCATOR``, unless the user set any ``MALLOC_*`` variable (theirs win)."""

@@ -131,6 +131,13 @@ class Knobs:
         """Names of the knobs beyond precision and compile mode set away from their default."""
         return tuple(k.name for k in KNOBS[2:] if getattr(self, k.name) != k.default)
 
+    def graph(self) -> Knobs:
+        """The knobs with those that leave the compiled model alone (``Knob.in_graph``) at
+        their defaults: two settings with the same ``graph()`` compile the same graphs at one
+        micro-batch, so the second loads them from inductor's cache."""
+        return dataclasses.replace(self, **{  # type: ignore[arg-type]
+            k.name: k.default for k in KNOBS if not k.in_graph})
+
 
 class HasKnobs:
     """The two knobs every reader asks for, on a value that holds ``knobs`` (a trial spec, a
@@ -208,6 +215,9 @@ class Knob:
     families: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     """Names its option also takes for several values (``--strategy ddp``: plain DDP and its
     memory option)."""
+    in_graph: bool = True
+    """Whether its value changes what ``torch.compile`` compiles (False: the optimizer, which
+    runs eager, and the allocator)."""
 
 
 def _ckpt_needs(value: str, traits: WorkloadTraits) -> str | None:
@@ -247,7 +257,7 @@ KNOBS: tuple[Knob, ...] = (
          "frees their activations for a larger micro-batch, costs about one more forward of "
          "them"),
     Knob(name="optimizer_impl", tag="opt", option="--optimizer-impls",
-         values=get_args(OptimizerImpl), default="default", needs=_opt_needs,
+         values=get_args(OptimizerImpl), default="default", needs=_opt_needs, in_graph=False,
          help="the workload's optimizer as built, or rebuilt for-loop, foreach (fewer "
          "launches, temporaries as large as the parameters) or fused (one kernel)"),
     Knob(name="memory_format", tag="format", option="--memory-formats",
@@ -256,7 +266,7 @@ KNOBS: tuple[Knob, ...] = (
          "memory"),
     Knob(name="allocator", tag="alloc", option="--allocators", values=get_args(Allocator),
          default="default", cuda_only=("expandable_segments",),
-         frees_memory=("expandable_segments",),
+         frees_memory=("expandable_segments",), in_graph=False,
          help="CUDA allocator setting expandable_segments: less fragmentation, so more fits"),
     Knob(name="strategy", tag="dp", option="--strategy", values=get_args(Strategy),
          default="none", frees_memory=("fsdp", "ddp-bucket-view"), by_default=("none",),

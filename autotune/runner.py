@@ -63,9 +63,13 @@ def run_isolated(spec: TrialSpec) -> TrialResult:
     reason (and the end of its output).
     """
     ranks = spec.ranks if spec.knobs.strategy != "none" else 0
-    run = run_in_child("autotune.runner", to_json_dict(spec), timeout_s=spec.timeout_s,
-                       device=spec.device,
-                       extra_env=knob_environment(spec.knobs, dict(os.environ)), ranks=ranks)
+    extra_env = knob_environment(spec.knobs, dict(os.environ))
+    with contextlib.ExitStack() as stack:
+        if spec.cold_compile:  # inductor's on-disk caches (FX graphs, AOT autograd) live there
+            extra_env["TORCHINDUCTOR_CACHE_DIR"] = stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="autotune-cold-inductor-"))
+        run = run_in_child("autotune.runner", to_json_dict(spec), timeout_s=spec.timeout_s,
+                           device=spec.device, extra_env=extra_env, ranks=ranks)
     if ranks and run.data is not None:
         return replace(merge_ranks(run.data["ranks"], run.message), wall_s=run.wall_s)
     if run.status == "ok" and run.data is not None:

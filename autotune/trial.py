@@ -191,6 +191,8 @@ def run_trial(spec: TrialSpec) -> TrialResult:
         status = classify_exception(exc)
         if memory is not None:
             info.update(memory.peak())
+        if spec.compile_mode != "off":  # whether it was compiling afresh when it failed
+            info["compile_cache_hits"], info["compile_cache_misses"] = _compile_cache_counts()
         return _failed(status, exc, info)
 
 

@@ -50,10 +50,12 @@ def peak_moves(candidates: list[dict]) -> dict[str, list[float]]:
 
 
 def cold_fits(candidates: list[dict]) -> list[dict]:
-    """The candidates that fit a first launch (module docstring's rule)."""
+    """The candidates that fit a first launch: the oracle's own verdict where the results
+    carry it (``fits_first_launch``, by the search's rule), else the module docstring's."""
     out_of_memory = {graph(c) for c in candidates if "oom" in (c.get("statuses") or [])}
     return [c for c in candidates if c.get("fits_usable") and c.get("samples_per_s")
-            and (c["compile_mode"] == "off" or graph(c) not in out_of_memory)]
+            and c.get("fits_first_launch", c["compile_mode"] == "off"
+                      or graph(c) not in out_of_memory)]
 
 
 def report(row: dict, show: list[str]) -> list[str]:

@@ -112,7 +112,39 @@ class OracleCandidate(HasKnobs):
             "ran_ok_every_time": self.ran_ok_every_time(),
             "fits_usable": self.fits_usable(usable_bytes),
             "wall_s": [r.wall_s for r in self.runs],
+            "cache_hits": [r.compile_cache_hits for r in self.runs],
+            "cache_misses": [r.compile_cache_misses for r in self.runs],
         }
+
+
+def first_launch_fits(candidates: Sequence[OracleCandidate], usable_bytes: int
+                      ) -> dict[tuple[Knobs, int], bool]:
+    """Per compiled graph (``Knobs.graph()``) and micro-batch, whether it fits as a first
+    launch compiles it, by the search's rule (``_Search.fit_cold``; on CPU a compile's memory
+    is in the peak, and a run that loads the graphs from inductor's cache peaks lower): no run
+    that compiled them afresh (no cache hit) failed to fit. Runs without cache counts (older
+    results) count as afresh when they ran out of memory: a graph that ran out of memory in
+    any run does not fit."""
+    fits: dict[tuple[Knobs, int], bool] = {}
+    for c in candidates:
+        if c.compile_mode == "off":
+            continue
+        graph = (c.knobs.graph(), c.micro_batch)
+        fits.setdefault(graph, True)
+        for r in c.runs:
+            afresh = r.compile_cache_hits == 0 or (
+                r.compile_cache_hits is None and r.status == "oom")
+            if afresh and not r.fits(usable_bytes):
+                fits[graph] = False
+    return fits
+
+
+def fits_first_launch(c: OracleCandidate, usable_bytes: int,
+                      graphs: Mapping[tuple[Knobs, int], bool]) -> bool:
+    """``fits_usable``, and a compiled candidate's graphs fit as a first launch compiles them
+    (``first_launch_fits``)."""
+    return c.fits_usable(usable_bytes) and (
+        c.compile_mode == "off" or graphs.get((c.knobs.graph(), c.micro_batch), True))
 
 
 def stored_runs(summary: dict) -> list[TrialResult]:
@@ -121,6 +153,8 @@ def stored_runs(summary: dict) -> list[TrialResult]:
     step (its timed steps all at the median: the spread is not kept), the candidate's compile
     time. What the oracle compares (best median, fit, first-pass wall time) reads the same."""
     runs = []
+    n = len(summary["statuses"])
+    hits, misses = summary.get("cache_hits", [None] * n), summary.get("cache_misses", [None] * n)
     for i, status in enumerate(summary["statuses"]):
         median = summary["medians_s"][i]
         steps = summary["num_timed_steps"][i] if median else 0
@@ -129,7 +163,7 @@ def stored_runs(summary: dict) -> list[TrialResult]:
             wall_s=summary["wall_s"][i], step_times_s=(median,) * steps,
             compile_s=summary["compile_s"] if status == "ok" else None,
             samples_per_step=summary["micro_batch"] * summary["accumulate_steps"],
-            message="stored"))
+            compile_cache_hits=hits[i], compile_cache_misses=misses[i], message="stored"))
     return runs
 
 

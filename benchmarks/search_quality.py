@@ -15,8 +15,9 @@ For each workload, under its memory cap and one target batch (default 16):
    x every divisor of the target, each timed with the spec the search times it with
    (``oracle.timing_spec``), in ``--passes`` interleaved passes, best median kept;
 3. pick quality = oracle throughput of the tuned config / best oracle throughput among the
-   candidates that fit (ran under the cap, peak within the budget minus headroom), overall and in
-   each pass alone; search cost = search wall time / the oracle's first pass (an exhaustive
+   candidates that fit (ran under the cap, peak within the budget minus headroom; compiled,
+   also as a first launch compiles: ``oracle.first_launch_fits``, the search's rule), overall
+   and in each pass alone; search cost = search wall time / the oracle's first pass (an exhaustive
    search: each candidate run once);
 4. the winner's speedup over the best oracle config without the new knobs (every knob beyond
    precision and compile mode at its default) and over the naive run (fp32 eager, micro-batch =
@@ -66,6 +67,8 @@ from oracle import (
     HERE,
     Exclude,
     OracleCandidate,
+    first_launch_fits,
+    fits_first_launch,
     machine,
     naive_micro_batch,
     run_oracle,
@@ -218,9 +221,10 @@ def largest_fits(candidates: Sequence[OracleCandidate], usable: int) -> dict:
     """The largest fitting micro-batch (0: none) per checkpointing value, over all settings and
     for fp32 eager (the other knobs at their defaults), from the oracle's runs."""
     out: dict[str, dict[str, int]] = {"any": {}, "fp32/off": {}}
+    graphs = first_launch_fits(candidates, usable)
     for c in candidates:
         value = c.knobs.checkpointing
-        fits = c.fits_usable(usable)
+        fits = fits_first_launch(c, usable, graphs)
         for scope, inside in (("any", True), ("fp32/off", c.knobs.with_(checkpointing="off")
                                                 == BASELINE)):
             if inside:
@@ -235,7 +239,8 @@ def per_pass(row: dict, passes: int) -> dict:
     candidate can promise on this machine). From the stored summaries, so older results
     render it too."""
     target = row.get("target_batch", V1_TARGET)
-    fitting = [c for c in row["oracle"]["candidates"] if c["fits_usable"]]
+    fitting = [c for c in row["oracle"]["candidates"]
+               if c.get("fits_first_launch", c["fits_usable"])]
 
     def sps(c: dict, i: int) -> float | None:
         ok = len(c["statuses"]) > i and c["statuses"][i] == "ok" and c["medians_s"][i]
@@ -326,7 +331,9 @@ def bench_workload(bench: Bench, info: DeviceInfo, *, target: int, passes: int, 
             left_out.get(k.label()) if k != tuned.knobs else None),
         stored=stored)
     by_key = {c.key(): c for c in candidates}
-    fitting = [c for c in candidates if c.fits_usable(usable) and c.samples_per_s(target)]
+    graphs = first_launch_fits(candidates, usable)
+    fitting = [c for c in candidates
+               if fits_first_launch(c, usable, graphs) and c.samples_per_s(target)]
     best = max(fitting, key=lambda c: c.samples_per_s(target) or 0.0, default=None)
     plain = max((c for c in fitting if not c.knobs.changed()),
                 key=lambda c: c.samples_per_s(target) or 0.0, default=None)
@@ -386,7 +393,8 @@ def bench_workload(bench: Bench, info: DeviceInfo, *, target: int, passes: int, 
         "oracle": {"wall_s": oracle_s, "first_pass_s": sum(first_pass),
                    "num_runs": sum(len(c.runs) for c in candidates),
                    "num_first_pass_runs": len(first_pass),
-                   "candidates": [c.summary(target, usable) for c in candidates],
+                   "candidates": [{**c.summary(target, usable), "fits_first_launch":
+                                   fits_first_launch(c, usable, graphs)} for c in candidates],
                    "best": best.key() if best else None,
                    "best_without_new_knobs": plain.key() if plain else None,
                    "note": ORACLE_NOTE, "stored_from": source,
@@ -406,6 +414,14 @@ def bench_workload(bench: Bench, info: DeviceInfo, *, target: int, passes: int, 
         "tuned_rerun": {"status": rerun.status, "peak_bytes": rerun.peak_bytes,
                         "message": rerun.message[:300]},
     }
+
+
+def fits_column(c: dict) -> str:
+    """A candidate's fit in the oracle's table: ``yes``, ``no``, or ``cached only`` (compiled,
+    its graphs fit only when loaded from inductor's cache)."""
+    if not c["fits_usable"]:
+        return "no"
+    return "yes" if c.get("fits_first_launch", True) else "cached only"
 
 
 def timed_below(trials: Sequence[TrialRecord], winner_sps: float | None,
@@ -450,6 +466,11 @@ def cost_table(out: dict) -> list[str]:
     return [*lines, ""]
 
 
+def _first_launch(out: dict) -> bool:
+    """Whether the results judge compiled fits as a first launch (newer results files)."""
+    return any("fits_first_launch" in c for r in out["rows"] for c in r["oracle"]["candidates"])
+
+
 def render_knobs(out: dict) -> str:
     m = out["machine"]
     passes = out["passes"]
@@ -471,7 +492,11 @@ def render_knobs(out: dict) -> str:
         + (" Space `lean`: also without exact duplicates of another setting's run on this "
            "device (counted below)." if out["space"] == "lean" else "")
         + (f" Oracle micro-batches from {out['min_micro_batch']} only (plus the tuned one): "
-           "not exhaustive below." if out.get("min_micro_batch", 1) > 1 else ""), "",
+           "not exhaustive below." if out.get("min_micro_batch", 1) > 1 else "")
+        + (" A compiled candidate fits only if no run that compiled its graphs afresh (no "
+           "inductor cache hit) failed to fit: on CPU the compile's memory is in the peak, and "
+           "a run that loads a sibling's graphs peaks lower than a first launch (the search's "
+           "rule; `cached only` below)." if _first_launch(out) else ""), "",
         "Search cost is the search's wall time (its estimator calibration included) against the "
         "oracle's first pass (each candidate run once: an exhaustive search over the same "
         "space), and in brackets against all passes. Child runs: the search's timed trials "
@@ -513,9 +538,11 @@ def render_knobs(out: dict) -> str:
         lines.append(f"| {r['workload']} | {fmt(pp.get('pick_quality', []))} | "
                      f"{fmt(pp.get('self_agreement', []))} |")
     lines += ["", "Largest micro-batch that fits (ran every pass under the cap, peak within the "
-              "usable budget) per checkpointing value, from the oracle's runs: over every "
-              "setting, and for fp32 eager with the other knobs at their defaults (0: none "
-              "fits; - not run).", "",
+              "usable budget" + ("; compiled, also as a first launch compiles its graphs: "
+                                 "`oracle.first_launch_fits`" if _first_launch(out) else "")
+              + ") per checkpointing value, from the oracle's runs: over every setting, and "
+              "for fp32 eager with the other knobs at their defaults (0: none fits; - not "
+              "run).", "",
               "| workload | usable | any setting: off / blocks / alternate | fp32 eager: off / "
               "blocks / alternate |", "|---|---:|---:|---:|"]
     for r in out["rows"]:
@@ -654,7 +681,7 @@ def oracle_tables(out: dict, *, per_pass: bool = False) -> list[str]:
             lines.append(
                 f"| {c['key']} | {', '.join(c['statuses'])} | "
                 f"{c['best_median_s'] or 0:.3f} | {c['samples_per_s'] or 0:.0f} | "
-                f"{format_bytes(c['peak_bytes'])} | {'yes' if c['fits_usable'] else 'no'} |"
+                f"{format_bytes(c['peak_bytes'])} | {fits_column(c)} |"
                 + (f" {passes} |" if per_pass else ""))
         lines.append("")
     return lines

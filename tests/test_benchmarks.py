@@ -13,7 +13,15 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
-from oracle import naive_micro_batch, run_oracle, stored_runs, timing_spec  # noqa: E402
+from oracle import (  # noqa: E402
+    OracleCandidate,
+    first_launch_fits,
+    fits_first_launch,
+    naive_micro_batch,
+    run_oracle,
+    stored_runs,
+    timing_spec,
+)
 from search_quality import (  # noqa: E402
     default_settings,
     exclusion,
@@ -232,3 +240,41 @@ def test_a_compiled_fit_counts_for_a_first_launch_only_if_its_graph_never_ran_ou
         cand("off", "default", 16, ["ok", "oom"], 40.0),  # eager: as the oracle judged it
     ]
     assert [c["key"] for c in cold_fits(candidates)] == ["default/foreach/8", "off/default/16"]
+
+
+def test_the_oracle_judges_a_compiled_fit_by_the_runs_that_compiled_its_graphs_afresh():
+    """The search's rule (stage 6): a compiled candidate fits only if no run that compiled its
+    graphs (no inductor cache hit) failed to fit; a sibling that loaded them does not count.
+    Cache counts survive the results file (``stored_runs``); older files without them fall
+    back to: no run of the graph ran out of memory."""
+    mib, usable = 2**20, 100 * 2**20
+
+    def run(status, peak, hits):
+        return TrialResult(status=status, peak_bytes=peak * mib, compile_cache_hits=hits,
+                           compile_cache_misses=None if hits is None else 2 - hits,
+                           step_times_s=(1.0,) if status == "ok" else (), samples_per_step=8)
+
+    def cand(opt, micro_batch, *runs, mode="default"):
+        knobs = Knobs(precision="bf16", compile_mode=mode, optimizer_impl=opt)
+        return OracleCandidate(knobs=knobs, micro_batch=micro_batch, runs=list(runs))
+
+    candidates = [
+        cand("default", 16, run("oom", 120, 0), run("ok", 90, 2)),  # compiled: out of memory
+        cand("foreach", 16, run("ok", 92, 2), run("ok", 93, 2)),  # loaded its graphs: fits
+        cand("default", 8, run("ok", 95, 0), run("ok", 60, 2)),  # compiled, fit
+        cand("foreach", 8, run("ok", 62, 2)),
+        cand("default", 4, run("ok", 110, 0), run("ok", 50, 2)),  # compiled: over usable
+        cand("default", 2, run("oom", 120, None)),  # an older file: no counts
+        cand("foreach", 2, run("ok", 30, None)),
+        cand("default", 16, run("ok", 80, None), mode="off"),  # eager: its own runs
+    ]
+    graphs = first_launch_fits(candidates, usable)
+    verdicts = [fits_first_launch(c, usable, graphs) for c in candidates]
+    assert verdicts == [False, False, True, True, False, False, False, True]
+    assert [c.fits_usable(usable) for c in candidates] == [
+        False, True, True, True, False, False, True, True]
+    summaries = [c.summary(8, usable) for c in candidates]
+    stored = [OracleCandidate(knobs=c.knobs, micro_batch=c.micro_batch, runs=stored_runs(s))
+              for c, s in zip(candidates, summaries, strict=True)]
+    again = first_launch_fits(stored, usable)
+    assert [fits_first_launch(c, usable, again) for c in stored] == verdicts

@@ -743,3 +743,148 @@ def test_the_smallest_micro_batch_is_timed_and_the_knobs_screened_again_where_it
     assert "bf16/max-autotune+opt=foreach/1" in records
     speed = {k: r.samples_per_s or 0 for k, r in records.items()}
     assert max(speed, key=speed.get) == "bf16/max-autotune+opt=fused/1"
+
+
+# -- stage 6: a compiled winner fits as a first launch compiles it -------------------------
+
+CPU = replace(GPU, device="cpu", name="scripted CPU")
+
+
+@dataclass
+class CompileCacheDevice:
+    """A scripted device behind inductor's on-disk cache, as a CPU sees it: a compiled run
+    whose graphs (``Knobs.graph()`` at its micro-batch) are not in the cache compiles them and
+    peaks ``compile_mib`` higher, then caches them (unless it ran out of memory, or ran with
+    ``cold_compile``: a cache of its own, thrown away); a later run of those graphs loads
+    them."""
+
+    inner: Callable[[TrialSpec], TrialResult]
+    compile_mib: float
+    cached: set[tuple[Knobs, int]] = field(default_factory=set)
+    specs: list[TrialSpec] = field(default_factory=list)
+
+    def __call__(self, spec: TrialSpec) -> TrialResult:
+        self.specs.append(spec)
+        result = self.inner(spec)
+        if spec.compile_mode == "off":
+            return result
+        graph = (spec.knobs.graph(), spec.micro_batch)
+        if graph in self.cached and not spec.cold_compile:
+            return replace(result, compile_cache_hits=2, compile_cache_misses=0)
+        if result.ok and result.peak_bytes is not None:
+            peak = result.peak_bytes + int(self.compile_mib * MIB)
+            result = replace(result, peak_bytes=peak) if peak <= BUDGET else TrialResult(
+                status="oom", message="out of memory while compiling", wall_s=1.0,
+                samples_per_step=result.samples_per_step)
+        if result.ok and not spec.cold_compile:
+            self.cached.add(graph)
+        return replace(result, compile_cache_hits=0, compile_cache_misses=2)
+
+    def cold_runs(self) -> list[str]:
+        return [f"{s.knobs.label()}/{s.micro_batch}" + ("" if s.num_timed_steps else " (probe)")
+                for s in self.specs if s.cold_compile]
+
+
+def cpu_search(device: Callable[[TrialSpec], TrialResult], *, values=None,
+               report: ProbeReport | None = None):
+    report = report or replace(plan(), device=CPU)
+    outcome = run_search(report, CLASSES, SETTINGS, values=values, run=device)
+    return outcome, {f"{r.knobs.label()}/{r.micro_batch}": r for r in outcome.records}
+
+
+def test_a_compiled_winner_that_fits_only_from_the_cache_is_probed_cold_and_ruled_out() -> None:
+    # Every graph is in the cache already (an earlier search on this machine): each compiled
+    # run loads it and peaks 740 MiB at 32. Compiling afresh, as a user's first launch does,
+    # adds 200 MiB: 940 of 900 usable. The two compiled settings that lead at 32
+    # (bf16/max-autotune 330/s, bf16/default 300/s) are each probed once with an empty cache,
+    # and are out with the reason; then bf16/max-autotune at 16 (297/s, ahead of bf16 eager's
+    # 200/s at 32) leads, is probed cold too (420 + 200 MiB: fits) and wins.
+    device = CompileCacheDevice(ScriptedDevice(by_class(100, 150, 160, 200, 300, 330)),
+                                compile_mib=200)
+    device.cached = {(k.graph(), m) for k in CLASSES for m in (1, 2, 4, 8, 16, 32, 64)}
+    outcome, records = cpu_search(device)
+    assert device.cold_runs() == ["bf16/max-autotune/32 (probe)", "bf16/default/32 (probe)",
+                                  "bf16/max-autotune/16 (probe)"]
+    for key in ("bf16/max-autotune/32", "bf16/default/32"):
+        assert records[key].verdict == "oom"
+        assert records[key].reason == (
+            "fits only when its compiled graphs load from inductor's cache: compiled afresh, "
+            "as a first launch does, it peaked at 940.00 MiB, over the 900.00 MiB usable")
+        assert any(s.startswith(f"{key}: fits only when") for s in outcome.skipped)
+    winner = pick_winner_record(outcome)
+    assert (winner.knobs.label(), winner.micro_batch) == ("bf16/max-autotune", 16)
+    assert winner.peak_bytes == 420 * MIB  # its timed run's, from the cache
+    # The cold probes are the run log's last runs, memory probes of their candidates.
+    assert [(r.kind, r.micro_batch, r.peak_bytes, r.fits) for r in outcome.runs[-3:]] == [
+        ("probe", 32, 940 * MIB, False), ("probe", 32, 940 * MIB, False),
+        ("probe", 16, 620 * MIB, True)]
+
+
+def pick_winner_record(outcome):
+    from autotune.search._records import pick_winner
+
+    return pick_winner(outcome.records, SETTINGS)
+
+
+def test_a_first_launch_that_runs_out_of_memory_rules_out_every_setting_of_its_graphs(
+        ) -> None:
+    # Warm, the fused optimizer (1.1x) on bf16/max-autotune at 32 wins; its graphs are the
+    # setting's own (the optimizer runs eager). Compiled afresh they run out of memory: the
+    # setting and each optimizer implementation on it are out after one cold probe.
+    device = CompileCacheDevice(KnobDevice(by_class(100, 150, 160, 200, 300, 330)),
+                                compile_mib=400)
+    device.cached = {(k.graph().with_(checkpointing=c), m) for k in CLASSES
+                     for c in ("off", "blocks", "alternate") for m in (1, 2, 4, 8, 16, 32, 64)}
+    outcome, records = cpu_search(device, values=VALUES)
+    leader = "bf16/max-autotune"
+    out = [k for k, r in records.items() if r.verdict == "oom" and "first launch" in r.reason]
+    assert {f"{leader}/32", f"{leader}+opt=fused/32", f"{leader}+opt=foreach/32"} <= set(out)
+    assert all("it ran out of memory (peak" in records[k].reason
+               and records[k].reason.endswith("out of memory while compiling") for k in out)
+    assert device.cold_runs()[0] == f"{leader}+opt=fused/32 (probe)"
+    # Each graph is probed cold once, however many of its settings were timed.
+    assert len(device.cold_runs()) == len(set(device.cold_runs()))
+    winner = pick_winner_record(outcome)
+    cold_fit = winner.knobs.compile_mode == "off" or winner.peak_bytes + 400 * MIB <= 900 * MIB
+    assert cold_fit, winner
+
+
+def test_no_cold_probe_where_the_run_that_compiled_the_winners_graphs_fit() -> None:
+    # A fresh cache: each setting's first run at a micro-batch compiles (+50 MiB: 790 of 900
+    # MiB at 32) and fits; the optimizer implementations load the setting's graphs. The
+    # winner (fused on the leader) fits as a first launch by its setting's own cold run.
+    device = CompileCacheDevice(KnobDevice(by_class(100, 150, 160, 200, 300, 330)),
+                                compile_mib=50)
+    outcome, records = cpu_search(device, values=VALUES)
+    winner = pick_winner_record(outcome)
+    assert (winner.knobs.label(), winner.micro_batch) == ("bf16/max-autotune+opt=fused", 32)
+    assert winner.peak_bytes == 740 * MIB  # loaded its setting's graphs
+    assert records["bf16/max-autotune/32"].peak_bytes == 790 * MIB  # compiled them: fits
+    assert device.cold_runs() == []
+    assert not any("first launch" in s for s in outcome.skipped)
+
+
+def test_where_the_compile_is_not_in_the_peak_a_cached_compile_is_not_probed_again() -> None:
+    # On a GPU the compile's memory is the host's: the device peak is the same either way.
+    device = CompileCacheDevice(ScriptedDevice(by_class(100, 150, 160, 200, 300, 330)),
+                                compile_mib=200)
+    device.cached = {(k.graph(), m) for k in CLASSES for m in (1, 2, 4, 8, 16, 32, 64)}
+    outcome, _ = cpu_search(device, report=plan())
+    assert device.cold_runs() == []
+    winner = pick_winner_record(outcome)
+    assert (winner.knobs.label(), winner.micro_batch) == ("bf16/max-autotune", 32)
+
+
+def test_a_limit_that_stops_the_first_launch_check_says_the_winner_was_not_checked() -> None:
+    warm = {(k.graph(), m) for k in CLASSES for m in (1, 2, 4, 8, 16, 32, 64)}
+    device = CompileCacheDevice(ScriptedDevice(by_class(100, 150, 160, 200, 300, 330)),
+                                compile_mib=200, cached=set(warm))
+    before = len(cpu_search(device)[0].runs) - 3  # the runs before its 3 cold probes
+    device = CompileCacheDevice(ScriptedDevice(by_class(100, 150, 160, 200, 300, 330)),
+                                compile_mib=200, cached=set(warm))
+    outcome = run_search(replace(plan(), device=CPU), CLASSES,
+                         replace(SETTINGS, max_trials=before, fresh=True), run=device)
+    assert outcome.interrupted and device.cold_runs() == []
+    assert "bf16/max-autotune/32: not checked as a first launch compiles it (every run loaded " \
+        "its graphs from inductor's cache, which lowers the peak): --max-trials reached" \
+        f" ({before} child runs): best so far" in outcome.skipped

@@ -55,6 +55,10 @@ class Candidate:
         """The candidate a spec runs."""
         return cls(knobs=spec.knobs, micro_batch=spec.micro_batch)
 
+    def graph(self) -> Candidate:
+        """The candidate whose compiled graphs it runs (``Knobs.graph``)."""
+        return Candidate(knobs=self.knobs.graph(), micro_batch=self.micro_batch)
+
 
 @dataclass(frozen=True, kw_only=True)
 class SearchSettings:

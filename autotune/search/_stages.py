@@ -20,6 +20,11 @@
    faster than the last.
 5. Re-measure the leader and the candidates whose gap to it is within the noise (a close
    race), interleaved; each keeps its better run. A clear lead stands without a second run.
+6. Where a compile's own memory counts in the peak (CPU), a compiled winner fits only if a run
+   that compiled its graphs afresh fit: a later run loads them from inductor's cache and peaks
+   lower than a user's first launch. Without such a run the winner is probed once with an
+   empty cache of its own; if that does not fit, every candidate of its graphs at that
+   micro-batch is out, with the reason, and the next winner is checked the same way.
 
 What is not tried is said, with the measured reason, in the outcome's ``skipped``.
 """
@@ -39,11 +44,13 @@ from autotune.config import (
     Knobs,
     MemoryProbe,
     ProbeReport,
+    ProbeStep,
     TrialResult,
     TrialSpec,
     WorkloadTraits,
     format_bytes,
 )
+from autotune.device import backend_for
 from autotune.knobs import KNOBS, job_baseline, skip_reason
 from autotune.memory import OnStep, hint_for, probe_memory, probe_spec
 from autotune.runner import run_isolated
@@ -54,6 +61,7 @@ from autotune.search._records import (
     SearchSettings,
     classify,
     keep_better,
+    pick_winner,
     run_record,
     score,
 )
@@ -208,6 +216,12 @@ class _Search:
         """Seconds of timed steps per candidate, over its runs in this search."""
         self.run_log: list[RunRecord] = list(stored_runs(self.study, report.usable_bytes()))
         """Every child run: the study's stored ones first, then this search's, in order."""
+        self.cold: dict[Candidate, TrialResult] = {}
+        """Per compiled graph (``Candidate`` of ``Knobs.graph()``) and micro-batch, a run that
+        compiled every graph afresh (no cache hit): what a first launch peaks at. A failing
+        one is kept over one that fit."""
+        for key, result in [*self.probe_runs.items(), *self.results.items()]:
+            self._note_cold(key, result)
         self.stage = "probe"
         self.start = time.perf_counter()
         if before is not None:
@@ -282,6 +296,8 @@ class _Search:
             self.screen(timing_only=True)
         self.stage = "confirm"
         self.confirm()
+        self.stage = "first launch"
+        self.fit_cold()
 
     def probe(self, knobs: Knobs) -> MemoryProbe:
         """Find the setting's largest fitting micro-batch, and time it.
@@ -721,6 +737,82 @@ class _Search:
                 self.stored.discard(key)
                 self.skipped.append(self._rechecked(key, stored, again))
 
+    def fit_cold(self) -> None:
+        """Stage 6 (module docstring): check that the compiled winner fits as a first launch
+        compiles it, on a device whose peak counts the compile."""
+        if not backend_for(self.report.device.device).compile_in_peak:
+            return
+        usable = self.report.usable_bytes()
+        while (winner := self._winner()) is not None and winner.knobs.compile_mode != "off":
+            graph = winner.graph()
+            try:
+                cold = self.cold.get(graph) or self._cold_probe(winner, graph)
+            except _Stop as stop:
+                self.skipped.append(
+                    f"{winner.key()}: not checked as a first launch compiles it (every run "
+                    f"loaded its graphs from inductor's cache, which lowers the peak): {stop}")
+                raise
+            if cold.fits(usable):
+                return
+            self._out_cold(graph, cold)
+
+    def _winner(self) -> Candidate | None:
+        """The candidate the outcome would pick now (``pick_winner`` over the verdicts)."""
+        records = {k: classify(k, r, self.results, self.baseline, self.report,
+                               self.settings)[0] for k, r in self.results.items()}
+        best = pick_winner(tuple(records.values()), self.settings)
+        return next((k for k, rec in records.items() if rec is best), None)
+
+    def _cold_probe(self, winner: Candidate, graph: Candidate) -> TrialResult:
+        """A memory probe of the winner that compiles with an empty inductor cache."""
+        spec = self._limited(replace(self.spec(winner, timed=False), cold_compile=True))
+        self._progress(winner, None)
+        with running(self.study, winner, self.micro_batches) as trial:
+            result = self._run_child(spec, "probe")
+            tell(self.study, trial, result, None, kind="probe")
+        self.probe_runs.setdefault(winner, result)
+        self.cold[graph] = result  # compiled afresh, whatever its counters say
+        if self._on_step is not None:
+            fits = result.fits(self.report.usable_bytes())
+            self._on_step(winner.knobs, ProbeStep(
+                micro_batch=winner.micro_batch, status=result.status,
+                peak_bytes=result.peak_bytes, fits=fits, wall_s=result.wall_s,
+                message="compiled afresh, as a first launch" + (
+                    "" if fits or not result.message
+                    else f": {result.message.splitlines()[0]}")))
+        return result
+
+    def _out_cold(self, graph: Candidate, cold: TrialResult) -> None:
+        """Every timed candidate of ``graph``'s compiled graphs at its micro-batch is out: the
+        run that compiled them did not fit."""
+        usable = self.report.usable_bytes()
+        if cold.ok:
+            what = (f"peaked at {format_bytes(cold.peak_bytes or 0)}, over the "
+                    f"{format_bytes(usable)} usable")
+        else:
+            first = cold.message.splitlines()[0] if cold.message else ""
+            what = (f"ran out of memory (peak {format_bytes(cold.peak_bytes or 0)})"
+                    if cold.status == "oom" else f"ended {cold.status}") + (
+                f": {first}" if first else "")
+        why = ("fits only when its compiled graphs load from inductor's cache: compiled "
+               f"afresh, as a first launch does, it {what}")
+        for key, result in list(self.results.items()):
+            if result.ok and key.graph() == graph:
+                self.results[key] = replace(result, status="oom", message=why)
+                self.skipped.append(f"{key.key()}: {why}")
+
+    def _note_cold(self, key: Candidate, result: TrialResult) -> None:
+        """Keep a compiled run that loaded nothing from inductor's cache (``self.cold``)."""
+        if key.knobs.compile_mode == "off" or result.compile_cache_hits != 0 or not (
+                result.compile_cache_misses or result.num_graphs):  # caches off: no counts
+            return
+        graph = key.graph()
+        usable = self.report.usable_bytes()
+        known = self.cold.get(graph)
+        if known is None or (known.fits(usable) and (
+                not result.fits(usable) or (result.peak_bytes or 0) > (known.peak_bytes or 0))):
+            self.cold[graph] = result
+
     def _rechecked(self, key: Candidate, stored: TrialResult, again: TrialResult) -> str:
         """Keep the fresh run alone when the stored one is faster beyond the noise (stale:
         measured on a quieter machine, or another version of something the key cannot see);
@@ -872,6 +964,7 @@ class _Search:
             self.compiles[1] += bool(result.compile_cache_hits
                                      and not result.compile_cache_misses)
         key = Candidate.of(spec)
+        self._note_cold(key, result)
         self.timed_s[key] = self.timed_s.get(key, 0.0) + timed_s
         if result.status == "timeout" and spec.timeout_s < self.settings.timeout_s:
             raise _Stop(f"--time-budget reached during a run of {Candidate.of(spec).key()} "
