@@ -67,7 +67,8 @@ def run_isolated(spec: TrialSpec) -> TrialResult:
     with contextlib.ExitStack() as stack:
         if spec.cold_compile:  # inductor's on-disk caches (FX graphs, AOT autograd) live there
             extra_env["TORCHINDUCTOR_CACHE_DIR"] = stack.enter_context(
-                tempfile.TemporaryDirectory(prefix="autotune-cold-inductor-"))
+                tempfile.TemporaryDirectory(prefix="autotune-cold-inductor-",
+                                            ignore_cleanup_errors=True))
         run = run_in_child("autotune.runner", to_json_dict(spec), timeout_s=spec.timeout_s,
                            device=spec.device, extra_env=extra_env, ranks=ranks)
     if ranks and run.data is not None:

@@ -10,6 +10,7 @@ import hashlib
 import math
 import os
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -191,8 +192,10 @@ def run_trial(spec: TrialSpec) -> TrialResult:
         status = classify_exception(exc)
         if memory is not None:
             info.update(memory.peak())
-        if spec.compile_mode != "off":  # whether it was compiling afresh when it failed
-            info["compile_cache_hits"], info["compile_cache_misses"] = _compile_cache_counts()
+        if spec.compile_mode != "off" and "torch._dynamo" in sys.modules:
+            with contextlib.suppress(Exception):  # whether it was compiling afresh
+                info["compile_cache_hits"], info["compile_cache_misses"] = \
+                    _compile_cache_counts()
         return _failed(status, exc, info)
 
 

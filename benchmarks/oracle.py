@@ -117,34 +117,55 @@ class OracleCandidate(HasKnobs):
         }
 
 
+def _afresh(r: TrialResult) -> bool | None:
+    """Whether a compiled run compiled its graphs afresh (no inductor cache hit); None when
+    the run does not say (older results)."""
+    return None if r.compile_cache_hits is None else r.compile_cache_hits == 0
+
+
 def first_launch_fits(candidates: Sequence[OracleCandidate], usable_bytes: int
                       ) -> dict[tuple[Knobs, int], bool]:
-    """Per compiled graph (``Knobs.graph()``) and micro-batch, whether it fits as a first
-    launch compiles it, by the search's rule (``_Search.fit_cold``; on CPU a compile's memory
-    is in the peak, and a run that loads the graphs from inductor's cache peaks lower): no run
-    that compiled them afresh (no cache hit) failed to fit. Runs without cache counts (older
-    results) count as afresh when they ran out of memory: a graph that ran out of memory in
-    any run does not fit."""
+    """Per compiled candidate (knobs, micro-batch), whether it fits as a first launch compiles
+    it (on CPU a compile's memory is in the peak, and a run that loads its graphs from
+    inductor's cache peaks lower), by the search's rule (``_Search.fit_cold``): every run of
+    it fit, and one of them compiled afresh. The search runs a candidate without such a run
+    afresh; the oracle cannot, so it adds to its largest peak what compiling afresh added
+    where a candidate of the same graphs (``Knobs.graph``) ran both ways (else the median of
+    that over the workload's candidates). Results without cache counts: a candidate fits
+    unless a run of its graphs ran out of memory."""
+    def key(c: OracleCandidate) -> tuple[Knobs, int]:
+        return (c.knobs.graph(), c.micro_batch)
+
+    compiled = [c for c in candidates if c.compile_mode != "off" and c.runs]
+    added: dict[tuple[Knobs, int], list[int]] = {}
+    for c in compiled:
+        cold = [r.peak_bytes for r in c.runs if _afresh(r) and r.ok and r.peak_bytes]
+        warm = [r.peak_bytes for r in c.runs if _afresh(r) is False and r.ok and r.peak_bytes]
+        if cold and warm:
+            added.setdefault(key(c), []).append(max(cold) - min(warm))
+    everywhere = [v for vs in added.values() for v in vs]
+    ran_out = {key(c) for c in compiled if any(r.status == "oom" for r in c.runs)}
     fits: dict[tuple[Knobs, int], bool] = {}
-    for c in candidates:
-        if c.compile_mode == "off":
-            continue
-        graph = (c.knobs.graph(), c.micro_batch)
-        fits.setdefault(graph, True)
-        for r in c.runs:
-            afresh = r.compile_cache_hits == 0 or (
-                r.compile_cache_hits is None and r.status == "oom")
-            if afresh and not r.fits(usable_bytes):
-                fits[graph] = False
+    for c in compiled:
+        if not c.fits_usable(usable_bytes):
+            fits[(c.knobs, c.micro_batch)] = False
+        elif any(_afresh(r) for r in c.runs):
+            fits[(c.knobs, c.micro_batch)] = True
+        elif everywhere:
+            more = statistics.median(added.get(key(c)) or everywhere)
+            peak = max(r.peak_bytes or 0 for r in c.runs)
+            fits[(c.knobs, c.micro_batch)] = peak + more <= usable_bytes
+        else:
+            fits[(c.knobs, c.micro_batch)] = key(c) not in ran_out
     return fits
 
 
 def fits_first_launch(c: OracleCandidate, usable_bytes: int,
-                      graphs: Mapping[tuple[Knobs, int], bool]) -> bool:
-    """``fits_usable``, and a compiled candidate's graphs fit as a first launch compiles them
+                      fits: Mapping[tuple[Knobs, int], bool]) -> bool:
+    """``fits_usable``, and a compiled candidate fits as a first launch compiles it
     (``first_launch_fits``)."""
     return c.fits_usable(usable_bytes) and (
-        c.compile_mode == "off" or graphs.get((c.knobs.graph(), c.micro_batch), True))
+        c.compile_mode == "off" or fits.get((c.knobs, c.micro_batch), True))
 
 
 def stored_runs(summary: dict) -> list[TrialResult]:

@@ -243,10 +243,11 @@ def test_a_compiled_fit_counts_for_a_first_launch_only_if_its_graph_never_ran_ou
 
 
 def test_the_oracle_judges_a_compiled_fit_by_the_runs_that_compiled_its_graphs_afresh():
-    """The search's rule (stage 6): a compiled candidate fits only if no run that compiled its
-    graphs (no inductor cache hit) failed to fit; a sibling that loaded them does not count.
-    Cache counts survive the results file (``stored_runs``); older files without them fall
-    back to: no run of the graph ran out of memory."""
+    """The search's rule (stage 6): a compiled candidate fits only if a run of it that
+    compiled its graphs (no inductor cache hit) fit. A candidate whose runs all loaded them
+    gets what compiling afresh added to a candidate of the same graphs that ran both ways
+    (else the workload's median of that). Cache counts survive the results file
+    (``stored_runs``); older files without them: no run of the graphs ran out of memory."""
     mib, usable = 2**20, 100 * 2**20
 
     def run(status, peak, hits):
@@ -259,22 +260,25 @@ def test_the_oracle_judges_a_compiled_fit_by_the_runs_that_compiled_its_graphs_a
         return OracleCandidate(knobs=knobs, micro_batch=micro_batch, runs=list(runs))
 
     candidates = [
-        cand("default", 16, run("oom", 120, 0), run("ok", 90, 2)),  # compiled: out of memory
-        cand("foreach", 16, run("ok", 92, 2), run("ok", 93, 2)),  # loaded its graphs: fits
-        cand("default", 8, run("ok", 95, 0), run("ok", 60, 2)),  # compiled, fit
-        cand("foreach", 8, run("ok", 62, 2)),
-        cand("default", 4, run("ok", 110, 0), run("ok", 50, 2)),  # compiled: over usable
-        cand("default", 2, run("oom", 120, None)),  # an older file: no counts
-        cand("foreach", 2, run("ok", 30, None)),
+        cand("default", 16, run("oom", 120, 0), run("ok", 90, 2)),  # afresh: out of memory
+        cand("foreach", 16, run("ok", 92, 2), run("ok", 93, 2)),  # 93 + 47.5 (median): over
+        cand("default", 8, run("ok", 95, 0), run("ok", 60, 2)),  # afresh, fit: adds 35
+        cand("foreach", 8, run("ok", 62, 2)),  # 62 + 35 (its graphs'): fits
+        cand("default", 4, run("ok", 110, 0), run("ok", 50, 2)),  # afresh: over; adds 60
+        cand("foreach", 4, run("ok", 60, None)),  # no counts: 60 + 47.5 over
         cand("default", 16, run("ok", 80, None), mode="off"),  # eager: its own runs
     ]
-    graphs = first_launch_fits(candidates, usable)
-    verdicts = [fits_first_launch(c, usable, graphs) for c in candidates]
-    assert verdicts == [False, False, True, True, False, False, False, True]
+    fits = first_launch_fits(candidates, usable)
+    verdicts = [fits_first_launch(c, usable, fits) for c in candidates]
+    assert verdicts == [False, False, True, True, False, False, True]
     assert [c.fits_usable(usable) for c in candidates] == [
-        False, True, True, True, False, False, True, True]
+        False, True, True, True, False, True, True]
     summaries = [c.summary(8, usable) for c in candidates]
     stored = [OracleCandidate(knobs=c.knobs, micro_batch=c.micro_batch, runs=stored_runs(s))
               for c, s in zip(candidates, summaries, strict=True)]
     again = first_launch_fits(stored, usable)
     assert [fits_first_launch(c, usable, again) for c in stored] == verdicts
+    older = [cand("default", 2, run("oom", 120, None)), cand("foreach", 2, run("ok", 30, None)),
+             cand("default", 1, run("ok", 99, None))]
+    fits = first_launch_fits(older, usable)
+    assert [fits_first_launch(c, usable, fits) for c in older] == [False, False, True]

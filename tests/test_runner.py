@@ -11,8 +11,10 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -346,6 +348,28 @@ def test_compiled_trial_counts_its_graphs() -> None:
     assert result.num_graphs is not None and result.num_graphs > 0
     assert result.compile_s is not None and result.compile_s > 0
     assert len(result.step_times_s) == 3
+
+
+@pytest.mark.slow
+def test_a_cold_compile_loads_nothing_from_a_warm_inductor_cache(tmp_path, monkeypatch) -> None:
+    """``cold_compile``: the child compiles with an empty cache of its own (a first launch),
+    though the shared cache holds its graphs; the shared cache is left as it was and the
+    child's own is removed."""
+    shared = tmp_path / "inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(shared))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    spec = _spec("tiny", 1, knobs=Knobs(compile_mode="default"), num_timed_steps=1)
+    first, warm = run_isolated(spec), run_isolated(spec)
+    assert (first.status, warm.status) == ("ok", "ok"), (first.message, warm.message)
+    assert first.compile_cache_hits == 0 and first.compile_cache_misses
+    assert warm.compile_cache_hits and not warm.compile_cache_misses  # loaded from shared
+    before = sorted(p.relative_to(shared) for p in shared.rglob("*"))
+    cold = run_isolated(replace(spec, cold_compile=True))
+    assert cold.status == "ok", cold.message
+    assert cold.compile_cache_hits == 0 and cold.compile_cache_misses
+    assert sorted(p.relative_to(shared) for p in shared.rglob("*")) == before
+    assert not list((tmp_path / "tmp").glob("autotune-cold-inductor-*"))
 
 
 @pytest.mark.slow

@@ -792,32 +792,35 @@ def cpu_search(device: Callable[[TrialSpec], TrialResult], *, values=None,
     return outcome, {f"{r.knobs.label()}/{r.micro_batch}": r for r in outcome.records}
 
 
-def test_a_compiled_winner_that_fits_only_from_the_cache_is_probed_cold_and_ruled_out() -> None:
+def test_a_compiled_winner_that_fits_only_from_the_cache_runs_afresh_and_is_ruled_out() -> None:
     # Every graph is in the cache already (an earlier search on this machine): each compiled
     # run loads it and peaks 740 MiB at 32. Compiling afresh, as a user's first launch does,
     # adds 200 MiB: 940 of 900 usable. The two compiled settings that lead at 32
-    # (bf16/max-autotune 330/s, bf16/default 300/s) are each probed once with an empty cache,
+    # (bf16/max-autotune 330/s, bf16/default 300/s) each run once more with an empty cache,
     # and are out with the reason; then bf16/max-autotune at 16 (297/s, ahead of bf16 eager's
-    # 200/s at 32) leads, is probed cold too (420 + 200 MiB: fits) and wins.
+    # 200/s at 32) leads, runs afresh too (420 + 200 MiB: fits) and wins.
     device = CompileCacheDevice(ScriptedDevice(by_class(100, 150, 160, 200, 300, 330)),
                                 compile_mib=200)
     device.cached = {(k.graph(), m) for k in CLASSES for m in (1, 2, 4, 8, 16, 32, 64)}
     outcome, records = cpu_search(device)
-    assert device.cold_runs() == ["bf16/max-autotune/32 (probe)", "bf16/default/32 (probe)",
-                                  "bf16/max-autotune/16 (probe)"]
+    assert device.cold_runs() == ["bf16/max-autotune/32", "bf16/default/32",
+                                  "bf16/max-autotune/16"]
     for key in ("bf16/max-autotune/32", "bf16/default/32"):
         assert records[key].verdict == "oom"
         assert records[key].reason == (
             "fits only when its compiled graphs load from inductor's cache: compiled afresh, "
             "as a first launch does, it peaked at 940.00 MiB, over the 900.00 MiB usable")
-        assert any(s.startswith(f"{key}: fits only when") for s in outcome.skipped)
+        assert f"{key}: {records[key].reason}" in outcome.skipped
     winner = pick_winner_record(outcome)
     assert (winner.knobs.label(), winner.micro_batch) == ("bf16/max-autotune", 16)
-    assert winner.peak_bytes == 420 * MIB  # its timed run's, from the cache
-    # The cold probes are the run log's last runs, memory probes of their candidates.
+    assert winner.peak_bytes == 620 * MIB  # its first launch's: the larger of its two runs
+    assert winner.num_runs == 2
+    # The runs afresh are the run log's last, timed in full like a re-measurement.
     assert [(r.kind, r.micro_batch, r.peak_bytes, r.fits) for r in outcome.runs[-3:]] == [
-        ("probe", 32, 940 * MIB, False), ("probe", 32, 940 * MIB, False),
-        ("probe", 16, 620 * MIB, True)]
+        ("re-measure", 32, 940 * MIB, False), ("re-measure", 32, 940 * MIB, False),
+        ("re-measure", 16, 620 * MIB, True)]
+    assert all(s.num_timed_steps == SETTINGS.num_timed_steps and s.timing_precision is None
+               for s in device.specs if s.cold_compile)
 
 
 def pick_winner_record(outcome):
@@ -826,45 +829,60 @@ def pick_winner_record(outcome):
     return pick_winner(outcome.records, SETTINGS)
 
 
-def test_a_first_launch_that_runs_out_of_memory_rules_out_every_setting_of_its_graphs(
-        ) -> None:
-    # Warm, the fused optimizer (1.1x) on bf16/max-autotune at 32 wins; its graphs are the
-    # setting's own (the optimizer runs eager). Compiled afresh they run out of memory: the
-    # setting and each optimizer implementation on it are out after one cold probe.
+def test_a_first_launch_out_of_memory_rules_out_each_leader_until_one_fits() -> None:
+    # Warm, the fused optimizer (1.1x) on bf16/max-autotune at 32 leads; the optimizer runs
+    # eager, so its graphs are the setting's own, all in the cache. Compiled afresh they run
+    # out of memory (+400 MiB): each leader in turn runs afresh once and is out, with the
+    # reason, until one fits as a first launch.
     device = CompileCacheDevice(KnobDevice(by_class(100, 150, 160, 200, 300, 330)),
                                 compile_mib=400)
     device.cached = {(k.graph().with_(checkpointing=c), m) for k in CLASSES
                      for c in ("off", "blocks", "alternate") for m in (1, 2, 4, 8, 16, 32, 64)}
     outcome, records = cpu_search(device, values=VALUES)
     leader = "bf16/max-autotune"
-    out = [k for k, r in records.items() if r.verdict == "oom" and "first launch" in r.reason]
-    assert {f"{leader}/32", f"{leader}+opt=fused/32", f"{leader}+opt=foreach/32"} <= set(out)
-    assert all("it ran out of memory (peak" in records[k].reason
-               and records[k].reason.endswith("out of memory while compiling") for k in out)
-    assert device.cold_runs()[0] == f"{leader}+opt=fused/32 (probe)"
-    # Each graph is probed cold once, however many of its settings were timed.
-    assert len(device.cold_runs()) == len(set(device.cold_runs()))
+    # Each leader once, in the order they lead: the optimizers on the setting, the setting,
+    # checkpointing every second block at 64 (its larger micro-batch), bf16/default, then
+    # alternate at 32: 100 + 640 x 0.6 + 400 = 884 MiB, the first that fits afresh.
+    assert device.cold_runs() == [
+        f"{leader}+opt=fused/32", f"{leader}+opt=foreach/32", f"{leader}/32",
+        f"{leader}+ckpt=alternate/64", "bf16/default/32", f"{leader}+ckpt=alternate/32"]
+    out = {k for k, r in records.items() if r.reason.startswith("fits only when")}
+    assert out == set(device.cold_runs()[:-1])
+    assert all(records[k].verdict == "oom" and records[k].reason.endswith(
+        "it ended oom (out of memory while compiling)") for k in out)
     winner = pick_winner_record(outcome)
-    cold_fit = winner.knobs.compile_mode == "off" or winner.peak_bytes + 400 * MIB <= 900 * MIB
-    assert cold_fit, winner
+    assert (winner.knobs.label(), winner.micro_batch) == (f"{leader}+ckpt=alternate", 32)
+    assert winner.peak_bytes == 884 * MIB
 
 
-def test_no_cold_probe_where_the_run_that_compiled_the_winners_graphs_fit() -> None:
-    # A fresh cache: each setting's first run at a micro-batch compiles (+50 MiB: 790 of 900
-    # MiB at 32) and fits; the optimizer implementations load the setting's graphs. The
-    # winner (fused on the leader) fits as a first launch by its setting's own cold run.
+def test_no_run_afresh_where_the_winners_own_first_run_compiled_its_graphs() -> None:
+    # A fresh cache: each setting's first run at a micro-batch compiles its graphs (+50 MiB:
+    # 790 of 900 MiB at 32) and fits.
+    device = CompileCacheDevice(ScriptedDevice(by_class(100, 150, 160, 200, 300, 330)),
+                                compile_mib=50)
+    outcome, records = cpu_search(device)
+    winner = pick_winner_record(outcome)
+    assert (winner.knobs.label(), winner.micro_batch) == ("bf16/max-autotune", 32)
+    assert records["bf16/max-autotune/32"].peak_bytes == 790 * MIB
+    assert device.cold_runs() == []
+    assert not any("first launch" in s for s in outcome.skipped)
+
+
+def test_a_sibling_that_loaded_the_leaders_graphs_runs_afresh_once_before_it_wins() -> None:
+    # The optimizer implementations load the setting's graphs (peak 740 MiB at 32, no compile
+    # in it): the fused winner runs once afresh (790 MiB: fits) and keeps its place; its
+    # setting, whose first run compiled them, is not run again.
     device = CompileCacheDevice(KnobDevice(by_class(100, 150, 160, 200, 300, 330)),
                                 compile_mib=50)
     outcome, records = cpu_search(device, values=VALUES)
     winner = pick_winner_record(outcome)
     assert (winner.knobs.label(), winner.micro_batch) == ("bf16/max-autotune+opt=fused", 32)
-    assert winner.peak_bytes == 740 * MIB  # loaded its setting's graphs
-    assert records["bf16/max-autotune/32"].peak_bytes == 790 * MIB  # compiled them: fits
-    assert device.cold_runs() == []
-    assert not any("first launch" in s for s in outcome.skipped)
+    assert records["bf16/max-autotune/32"].peak_bytes == 790 * MIB
+    assert device.cold_runs() == ["bf16/max-autotune+opt=fused/32"]
+    assert winner.peak_bytes == 790 * MIB and winner.num_runs >= 2
 
 
-def test_where_the_compile_is_not_in_the_peak_a_cached_compile_is_not_probed_again() -> None:
+def test_where_the_compile_is_not_in_the_peak_a_cached_compile_is_not_run_again() -> None:
     # On a GPU the compile's memory is the host's: the device peak is the same either way.
     device = CompileCacheDevice(ScriptedDevice(by_class(100, 150, 160, 200, 300, 330)),
                                 compile_mib=200)
@@ -879,12 +897,12 @@ def test_a_limit_that_stops_the_first_launch_check_says_the_winner_was_not_check
     warm = {(k.graph(), m) for k in CLASSES for m in (1, 2, 4, 8, 16, 32, 64)}
     device = CompileCacheDevice(ScriptedDevice(by_class(100, 150, 160, 200, 300, 330)),
                                 compile_mib=200, cached=set(warm))
-    before = len(cpu_search(device)[0].runs) - 3  # the runs before its 3 cold probes
+    before = len(cpu_search(device)[0].runs) - 3  # the runs before its 3 runs afresh
     device = CompileCacheDevice(ScriptedDevice(by_class(100, 150, 160, 200, 300, 330)),
                                 compile_mib=200, cached=set(warm))
     outcome = run_search(replace(plan(), device=CPU), CLASSES,
                          replace(SETTINGS, max_trials=before, fresh=True), run=device)
     assert outcome.interrupted and device.cold_runs() == []
-    assert "bf16/max-autotune/32: not checked as a first launch compiles it (every run loaded " \
+    assert "bf16/max-autotune/32: not checked as a first launch compiles it (its runs loaded " \
         "its graphs from inductor's cache, which lowers the peak): --max-trials reached" \
         f" ({before} child runs): best so far" in outcome.skipped

@@ -21,10 +21,11 @@
 5. Re-measure the leader and the candidates whose gap to it is within the noise (a close
    race), interleaved; each keeps its better run. A clear lead stands without a second run.
 6. Where a compile's own memory counts in the peak (CPU), a compiled winner fits only if a run
-   that compiled its graphs afresh fit: a later run loads them from inductor's cache and peaks
-   lower than a user's first launch. Without such a run the winner is probed once with an
-   empty cache of its own; if that does not fit, every candidate of its graphs at that
-   micro-batch is out, with the reason, and the next winner is checked the same way.
+   of it that compiled its graphs afresh fit: a run that loads them from inductor's cache
+   (another setting with the same graphs compiled them, e.g. another optimizer implementation,
+   or an earlier search did) peaks lower than a user's first launch. Without such a run the
+   winner runs once more, every step, with an empty cache of its own; if that does not fit,
+   it is out, with the reason, and the next winner is checked the same way.
 
 What is not tried is said, with the measured reason, in the outcome's ``skipped``.
 """
@@ -44,7 +45,6 @@ from autotune.config import (
     Knobs,
     MemoryProbe,
     ProbeReport,
-    ProbeStep,
     TrialResult,
     TrialSpec,
     WorkloadTraits,
@@ -82,6 +82,9 @@ Runner = Callable[[TrialSpec], TrialResult]
 OnTrial = Callable[[int, str, Candidate, TrialRecord | None], None]
 """Progress: (runs so far, stage, candidate, its record when done or None when starting)."""
 FIRST_MODES = ("off", "default")
+_OUT_OF_MEMORY = ("oom", "crash")
+"""Endings of a run compiled afresh that rule its candidate out (under a hard cap an
+allocation failure can also kill the child)."""
 _SPACE_SETTINGS = frozenset((
     "num_timed_steps", "rank_precision", "min_timed_s", "micro_batches_per_class",
     "refine_within", "slower_factor", "stop_margin", "num_confirm", "confirm_within",
@@ -217,9 +220,8 @@ class _Search:
         self.run_log: list[RunRecord] = list(stored_runs(self.study, report.usable_bytes()))
         """Every child run: the study's stored ones first, then this search's, in order."""
         self.cold: dict[Candidate, TrialResult] = {}
-        """Per compiled graph (``Candidate`` of ``Knobs.graph()``) and micro-batch, a run that
-        compiled every graph afresh (no cache hit): what a first launch peaks at. A failing
-        one is kept over one that fit."""
+        """Per compiled candidate, a run of it that compiled every graph afresh (no cache
+        hit): what a first launch peaks at. One out of memory is kept over one that fit."""
         for key, result in [*self.probe_runs.items(), *self.results.items()]:
             self._note_cold(key, result)
         self.stage = "probe"
@@ -744,17 +746,14 @@ class _Search:
             return
         usable = self.report.usable_bytes()
         while (winner := self._winner()) is not None and winner.knobs.compile_mode != "off":
-            graph = winner.graph()
-            try:
-                cold = self.cold.get(graph) or self._cold_probe(winner, graph)
-            except _Stop as stop:
-                self.skipped.append(
-                    f"{winner.key()}: not checked as a first launch compiles it (every run "
-                    f"loaded its graphs from inductor's cache, which lowers the peak): {stop}")
-                raise
+            cold = self.cold.get(winner) or self._cold_run(winner)
             if cold.fits(usable):
                 return
-            self._out_cold(graph, cold)
+            if not (cold.ok or cold.status in _OUT_OF_MEMORY):  # says nothing of memory
+                self.skipped.append(self._unchecked(
+                    winner, f"its run compiled afresh ended {cold.status}"))
+                return
+            self._out_cold(winner, cold)
 
     def _winner(self) -> Candidate | None:
         """The candidate the outcome would pick now (``pick_winner`` over the verdicts)."""
@@ -763,55 +762,60 @@ class _Search:
         best = pick_winner(tuple(records.values()), self.settings)
         return next((k for k, rec in records.items() if rec is best), None)
 
-    def _cold_probe(self, winner: Candidate, graph: Candidate) -> TrialResult:
-        """A memory probe of the winner that compiles with an empty inductor cache."""
-        spec = self._limited(replace(self.spec(winner, timed=False), cold_compile=True))
+    def _unchecked(self, winner: Candidate, why: str) -> str:
+        return (f"{winner.key()}: not checked as a first launch compiles it (its runs loaded "
+                f"its graphs from inductor's cache, which lowers the peak): {why}")
+
+    def _cold_run(self, winner: Candidate) -> TrialResult:
+        """The winner run as its timed runs were, every step, with an empty inductor cache of
+        its own: its peak is a first launch's, its timing one more run of it (each candidate
+        keeps its better run). Over the budget, it is out (``_out_cold``)."""
+        spec = replace(self.spec(winner, early_stop=False), cold_compile=True)
+        try:
+            spec = self._limited(spec)
+        except _Stop as stop:
+            self.skipped.append(self._unchecked(winner, str(stop)))
+            raise
         self._progress(winner, None)
         with running(self.study, winner, self.micro_batches) as trial:
-            result = self._run_child(spec, "probe")
-            tell(self.study, trial, result, None, kind="probe")
-        self.probe_runs.setdefault(winner, result)
-        self.cold[graph] = result  # compiled afresh, whatever its counters say
-        if self._on_step is not None:
-            fits = result.fits(self.report.usable_bytes())
-            self._on_step(winner.knobs, ProbeStep(
-                micro_batch=winner.micro_batch, status=result.status,
-                peak_bytes=result.peak_bytes, fits=fits, wall_s=result.wall_s,
-                message="compiled afresh, as a first launch" + (
-                    "" if fits or not result.message
-                    else f": {result.message.splitlines()[0]}")))
-        return result
+            cold = self._run_child(spec, "re-measure")
+            rec, value = classify(winner, cold, self.results, self.baseline, self.report,
+                                  self.settings)
+            tell(self.study, trial, cold, value, kind="re-measure")
+        self.runs[winner] = self.runs.get(winner, 1) + 1
+        self._progress(winner, rec)
+        self.cold[winner] = cold  # compiled afresh, whatever its counters say
+        if cold.ok:
+            self.results[winner] = keep_better(self.results[winner], cold)
+        return cold
 
-    def _out_cold(self, graph: Candidate, cold: TrialResult) -> None:
-        """Every timed candidate of ``graph``'s compiled graphs at its micro-batch is out: the
-        run that compiled them did not fit."""
+    def _out_cold(self, winner: Candidate, cold: TrialResult) -> None:
+        """The winner is out: the run that compiled its graphs afresh did not fit."""
         usable = self.report.usable_bytes()
         if cold.ok:
             what = (f"peaked at {format_bytes(cold.peak_bytes or 0)}, over the "
                     f"{format_bytes(usable)} usable")
         else:
             first = cold.message.splitlines()[0] if cold.message else ""
-            what = (f"ran out of memory (peak {format_bytes(cold.peak_bytes or 0)})"
-                    if cold.status == "oom" else f"ended {cold.status}") + (
-                f": {first}" if first else "")
+            what = f"ended {cold.status}" + (f" ({first})" if first else "")
         why = ("fits only when its compiled graphs load from inductor's cache: compiled "
                f"afresh, as a first launch does, it {what}")
-        for key, result in list(self.results.items()):
-            if result.ok and key.graph() == graph:
-                self.results[key] = replace(result, status="oom", message=why)
-                self.skipped.append(f"{key.key()}: {why}")
+        self.results[winner] = replace(self.results[winner], status="oom", message=why)
+        self.skipped.append(f"{winner.key()}: {why}")
 
     def _note_cold(self, key: Candidate, result: TrialResult) -> None:
-        """Keep a compiled run that loaded nothing from inductor's cache (``self.cold``)."""
+        """Keep a compiled run that loaded nothing from inductor's cache (``self.cold``): one
+        that ran, or ran out of memory (other endings say nothing of memory)."""
         if key.knobs.compile_mode == "off" or result.compile_cache_hits != 0 or not (
                 result.compile_cache_misses or result.num_graphs):  # caches off: no counts
             return
-        graph = key.graph()
+        if not (result.ok or result.status in _OUT_OF_MEMORY):
+            return
         usable = self.report.usable_bytes()
-        known = self.cold.get(graph)
+        known = self.cold.get(key)
         if known is None or (known.fits(usable) and (
                 not result.fits(usable) or (result.peak_bytes or 0) > (known.peak_bytes or 0))):
-            self.cold[graph] = result
+            self.cold[key] = result
 
     def _rechecked(self, key: Candidate, stored: TrialResult, again: TrialResult) -> str:
         """Keep the fresh run alone when the stored one is faster beyond the noise (stale:
@@ -974,6 +978,11 @@ class _Search:
     def outcome(self, interrupted: bool, stop_reason: str) -> SearchOutcome:
         if self.baseline is None:  # stopped while probing it: its largest fit timed so far
             self.baseline = self._known_baseline()
+        if interrupted and backend_for(self.report.device.device).compile_in_peak:
+            winner = self._winner()
+            if winner is not None and winner.knobs.compile_mode != "off" and not (
+                    winner in self.cold and self.cold[winner].ok):
+                self.skipped.append(self._unchecked(winner, stop_reason))
         traits = self.traits
         if (traits is not None and traits.num_blocks < 2 and any(
                 k.knobs.strategy.startswith("fsdp") for k in self.results)):
