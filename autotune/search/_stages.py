@@ -804,12 +804,13 @@ class _Search:
         self.skipped.append(f"{winner.key()}: {why}")
 
     def _note_cold(self, key: Candidate, result: TrialResult) -> None:
-        """Keep a compiled run that loaded nothing from inductor's cache (``self.cold``): one
-        that ran, or ran out of memory (other endings say nothing of memory)."""
+        """Keep a compiled run that loaded nothing from inductor's cache (``self.cold``): a
+        timed one that ran (a memory probe runs fewer micro-batches and steps: its peak is no
+        timed run's), or one that ran out of memory (other endings say nothing of memory)."""
         if key.knobs.compile_mode == "off" or result.compile_cache_hits != 0 or not (
                 result.compile_cache_misses or result.num_graphs):  # caches off: no counts
             return
-        if not (result.ok or result.status in _OUT_OF_MEMORY):
+        if not ((result.ok and result.step_times_s) or result.status in _OUT_OF_MEMORY):
             return
         usable = self.report.usable_bytes()
         known = self.cold.get(key)
