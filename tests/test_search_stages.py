@@ -27,6 +27,7 @@ from autotune.config import (
     WorkloadSpec,
     WorkloadTraits,
 )
+from autotune.errors import WorkloadError
 from autotune.search import SearchSettings, run_search, tuned_config
 from autotune.timing import MIN_STEPS_TO_STOP, stop_reason
 
@@ -408,6 +409,94 @@ def test_a_candidate_clearly_behind_stops_early_and_a_close_race_is_still_confir
     leader_step_s = 64 / 200  # 64 samples a step at bf16/off's 200 samples/s
     assert stopped and stopped[0].stop_above_step_s is not None
     assert stopped[0].stop_above_step_s < 2 * leader_step_s
+
+
+@dataclass
+class RerunDevice(ScriptedDevice):
+    """A scripted device whose ``label/micro_batch`` in ``endings`` fits its first timed run
+    and ends as given there (a status, or ``leak``) in every later one."""
+
+    endings: dict[str, str] = field(default_factory=dict)
+    timed_runs: dict[str, int] = field(default_factory=dict)
+    from_run: int = 2
+    """The first timed run of a candidate that ends as ``endings`` says."""
+
+    def __call__(self, spec: TrialSpec) -> TrialResult:
+        result = super().__call__(spec)
+        key = f"{spec.knobs.label()}/{spec.micro_batch}"
+        if not spec.num_timed_steps or not result.ok:
+            return result
+        self.timed_runs[key] = self.timed_runs.get(key, 0) + 1
+        ending = self.endings.get(key) if self.timed_runs[key] >= self.from_run else None
+        if ending == "leak":  # every step keeps 8 MiB more alive, as a kept loss would
+            steps = 2 + len(result.step_times_s)
+            return replace(result, step_memory_bytes=tuple(
+                (400 + 8 * i) * MIB for i in range(steps)))
+        if ending is not None:
+            message = "CUDA out of memory" if ending == "oom" else "killed by SIGKILL"
+            return TrialResult(status=ending, message=message, wall_s=1.0,  # type: ignore[arg-type]
+                               samples_per_step=result.samples_per_step)
+        return result
+
+
+@pytest.mark.parametrize("ending", ["oom", "crash", "leak"])
+def test_a_re_measurement_that_runs_out_of_memory_rules_the_leader_out(ending: str) -> None:
+    # bf16/max-autotune/32 and bf16/default/32 are within 2%: both are re-measured. The
+    # leader fit its first run, and its re-run ran out of memory (or leaked at every step):
+    # at the boundary it does not fit every run, so it is out, with both runs said, and the
+    # runner-up is picked (keeping the better run would hand out a config that ran out).
+    device = RerunDevice(by_class(100, 60, 160, 200, 300, 306),
+                         endings={"bf16/max-autotune/32": ending})
+    outcome, records = search(device)
+    out = records["bf16/max-autotune/32"]
+    assert device.timed_runs["bf16/max-autotune/32"] == 2 and out.num_runs == 2
+    assert out.verdict == ("oom" if ending == "leak" else ending)
+    if ending == "leak":
+        assert out.reason.startswith("memory grew by 8.0 MiB every optimizer step")
+        assert out.reason.endswith("a run of more steps runs out of memory")
+    else:
+        cause = "CUDA out of memory" if ending == "oom" else "killed by SIGKILL"
+        assert out.reason == (f"{cause}; another run of it fit (peak 740.00 MiB): at the "
+                              "memory boundary, it does not fit every run")
+    winner = pick_winner_record(outcome)
+    assert winner is not None
+    assert (winner.knobs.label(), winner.micro_batch) == ("bf16/default", 32)
+
+
+def test_a_workload_whose_memory_grows_at_every_step_is_named_although_its_runs_fit() -> None:
+    # Short timed runs stop before a leak runs out of memory: a run that fit while memory grew
+    # at every step is out, and with every candidate out the workload is named, not a budget.
+    classes = [Knobs(precision="fp32"), Knobs(precision="bf16")]
+    device = RerunDevice(by_class(100, 60, 160, 200, 300, 306), from_run=1,
+                         endings={f"{k.label()}/{m}": "leak" for k in classes
+                                  for m in (1, 2, 4, 8, 16, 32, 64)})
+    outcome = run_search(plan(), classes, SETTINGS, run=device)
+    assert outcome.records and {r.verdict for r in outcome.records} == {"oom"}
+    with pytest.raises(WorkloadError, match=re.escape(
+            "then ran out of memory or grew at every step; fp32/off/32: memory grew by 8.0 MiB "
+            "every optimizer step (steps 2-5: 408.0 -> 432.0 MiB)")) as error:
+        tuned_config(plan(), outcome, SETTINGS)
+    assert str(error.value).endswith("A larger budget only delays it: fix the workload")
+
+
+def test_keep_better_keeps_the_faster_run_with_the_larger_peak_and_any_out_of_memory() -> None:
+    from autotune.search._records import keep_better
+
+    fast = TrialResult(status="ok", peak_bytes=500 * MIB, step_times_s=(1.0, 1.0, 1.0))
+    slow = TrialResult(status="ok", peak_bytes=600 * MIB, step_times_s=(2.0, 2.0, 2.0))
+    kept = keep_better(slow, fast)
+    assert kept.step_times_s == fast.step_times_s and kept.peak_bytes == 600 * MIB
+    assert keep_better(fast, slow) == kept
+    timeout = TrialResult(status="timeout", message="no result within 60 s")
+    assert keep_better(fast, timeout) == fast and keep_better(timeout, fast) == fast
+    leaking = replace(slow, step_memory_bytes=tuple(m * MIB for m in (300, 310, 320, 330, 340)))
+    assert keep_better(fast, leaking) == leaking and keep_better(leaking, fast) == leaking
+    oom = TrialResult(status="oom", peak_bytes=990 * MIB, message="out of memory\nframes")
+    for first, again in ((fast, oom), (oom, fast)):
+        out = keep_better(first, again)
+        assert out.status == "oom" and out.peak_bytes == 990 * MIB
+        assert out.message == ("out of memory; another run of it fit (peak 500.00 MiB): at the "
+                               "memory boundary, it does not fit every run\nframes")
 
 
 SLOW = SearchSettings(num_timed_steps=10, min_timed_s=0.0)

@@ -14,6 +14,7 @@ from autotune.config import (
     ProbeReport,
     TrialResult,
     TrialSpec,
+    format_bytes,
 )
 from autotune.device import backend_for
 from autotune.errors import NoFeasibleConfigError, WorkloadError
@@ -187,6 +188,8 @@ def classify(candidate: Candidate, result: TrialResult, results: dict[Candidate,
                 verdict = "numerics"
                 reason = (f"first loss {result.first_loss:.4g} is {distance:.1%} from fp32 "
                           f"eager's {ref:.4g} on the same batches (allowed {tol:.0%})")
+        if verdict == "ok" and (leak := result.leak_note()):
+            verdict, reason = "oom", f"{leak}; a run of more steps runs out of memory"
         if verdict == "ok" and _stopped_behind(result, settings):
             verdict = "slower"
             reason = (f"stopped after {len(result.step_times_s)} timed steps: clearly behind "
@@ -227,10 +230,26 @@ def _stopped_behind(result: TrialResult, settings: SearchSettings) -> bool:
     return len(result.step_times_s) < settings.num_timed_steps
 
 
+OUT_OF_MEMORY = ("oom", "crash")
+"""Endings of a run that say its candidate does not fit (under a hard cap an allocation
+failure can also kill the child)."""
+
+
 def keep_better(first: TrialResult, again: TrialResult) -> TrialResult:
     """Of two runs of one candidate, the one that ran with the lower median step time (a slow
     period of the machine only ever inflates times), carrying the larger peak of the two: a
-    config near the memory boundary may not fit twice."""
+    config near the memory boundary may not fit twice. A run that ran out of memory wins
+    over one that fit: the candidate is out (a user's run may end as that one did); so does
+    one whose memory grew at every step (``TrialResult.leak_note``)."""
+    for leaked, other in ((again, first), (first, again)):
+        if leaked.ok and other.ok and leaked.leak_note() and not other.leak_note():
+            return leaked
+    for ran_out, fit in ((again, first), (first, again)):
+        if ran_out.status in OUT_OF_MEMORY and fit.ok:
+            first, *rest = (ran_out.message or ran_out.status).splitlines()
+            note = (f"{first}; another run of it fit (peak {format_bytes(fit.peak_bytes)}): "
+                    "at the memory boundary, it does not fit every run")
+            return replace(ran_out, message="\n".join((note, *rest)))
     kept = again if again.ok and (not first.ok or (again.median_step_s() or 1e18) <
                                   (first.median_step_s() or 1e18)) else first
     peaks = [r.peak_bytes for r in (first, again) if r.ok and r.peak_bytes is not None]
@@ -280,13 +299,13 @@ def tuned_config(report: ProbeReport, outcome: SearchOutcome,
     if winner is None:
         seen = ", ".join(f"{r.label()}: {r.verdict}" for r in outcome.records) or "none ran"
         leaks = [(key.key(), note) for key, r in outcome.results.items()
-                 if r.status == "oom" and (note := r.leak_note())]
+                 if (r.ok or r.status == "oom") and (note := r.leak_note())]
         if leaks:
             key, note = leaks[0]
             raise WorkloadError(
                 f"no candidate completed its timed steps ({seen}): they fit their warm-up steps, "
-                f"then ran out of memory; {key}: {note}. A larger budget only delays it: fix "
-                "the workload")
+                f"then ran out of memory or grew at every step; {key}: {note}. A larger budget "
+                "only delays it: fix the workload")
         raise NoFeasibleConfigError(f"no candidate completed its timed steps ({seen})")
     baseline = next(r for r in outcome.records if r.is_baseline)
     records = tuple(replace(r, verdict="winner", reason="fastest") if r is winner else

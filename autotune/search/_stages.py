@@ -56,6 +56,7 @@ from autotune.memory import OnStep, hint_for, probe_memory, probe_spec
 from autotune.runner import run_isolated
 from autotune.schema import RunKind, RunRecord, SearchCost, StudyRecord, TrialRecord
 from autotune.search._records import (
+    OUT_OF_MEMORY,
     Candidate,
     SearchOutcome,
     SearchSettings,
@@ -82,9 +83,6 @@ Runner = Callable[[TrialSpec], TrialResult]
 OnTrial = Callable[[int, str, Candidate, TrialRecord | None], None]
 """Progress: (runs so far, stage, candidate, its record when done or None when starting)."""
 FIRST_MODES = ("off", "default")
-_OUT_OF_MEMORY = ("oom", "crash")
-"""Endings of a run compiled afresh that rule its candidate out (under a hard cap an
-allocation failure can also kill the child)."""
 _SPACE_SETTINGS = frozenset((
     "num_timed_steps", "rank_precision", "min_timed_s", "micro_batches_per_class",
     "refine_within", "slower_factor", "stop_margin", "num_confirm", "confirm_within",
@@ -749,7 +747,7 @@ class _Search:
             cold = self.cold.get(winner) or self._cold_run(winner)
             if cold.fits(usable):
                 return
-            if not (cold.ok or cold.status in _OUT_OF_MEMORY):  # says nothing of memory
+            if not (cold.ok or cold.status in OUT_OF_MEMORY):  # says nothing of memory
                 self.skipped.append(self._unchecked(
                     winner, f"its run compiled afresh ended {cold.status}"))
                 return
@@ -810,7 +808,7 @@ class _Search:
         if key.knobs.compile_mode == "off" or result.compile_cache_hits != 0 or not (
                 result.compile_cache_misses or result.num_graphs):  # caches off: no counts
             return
-        if not ((result.ok and result.step_times_s) or result.status in _OUT_OF_MEMORY):
+        if not ((result.ok and result.step_times_s) or result.status in OUT_OF_MEMORY):
             return
         usable = self.report.usable_bytes()
         known = self.cold.get(key)
