@@ -135,6 +135,10 @@ class TrialMemory(abc.ABC):
         return None
 
     @abc.abstractmethod
+    def release(self) -> None:
+        """Lift the cap: what runs after the peak was read is not the trial's training."""
+
+    @abc.abstractmethod
     def sync(self) -> None:
         """Wait for the device's queued work (before reading a clock)."""
 
@@ -281,6 +285,7 @@ class _CPUMemory(TrialMemory):
         # and the peak must start from the same high-water mark (else a tiny trial reports a
         # 64 MiB peak, over its own cap).
         self.baseline = _proc_status()["VmPeak"]
+        self.uncapped = resource.getrlimit(resource.RLIMIT_AS)
         if self.budget is not None:
             _, hard = resource.getrlimit(resource.RLIMIT_AS)
             allowed = max(self.budget - self.model_bytes, 0)
@@ -297,6 +302,10 @@ class _CPUMemory(TrialMemory):
             _, hard = resource.getrlimit(resource.RLIMIT_AS)
             allowed = max(self.budget - self.model_bytes, 0)
             resource.setrlimit(resource.RLIMIT_AS, (self.baseline + allowed, hard))
+
+    def release(self) -> None:
+        """The address-space limit the child had before the cap."""
+        resource.setrlimit(resource.RLIMIT_AS, self.uncapped)
 
     def peak(self) -> dict[str, int | None]:
         """Peak bytes (address space over the baseline plus the model) and peak RSS."""
@@ -387,6 +396,12 @@ class _CUDAMemory(TrialMemory):
             allowed = min(self.budget, free_before + self.context) - self.context
             torch.cuda.set_per_process_memory_fraction(max(allowed, 0) / total, self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
+
+    def release(self) -> None:
+        """The whole device for the allocator again."""
+        import torch
+
+        torch.cuda.set_per_process_memory_fraction(1.0, self.device)
 
     def _outside_allocator(self) -> int | None:
         """Device memory this process holds outside PyTorch's allocator now (NVML), or None."""

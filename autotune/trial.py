@@ -37,7 +37,6 @@ from autotune.step import (  # train_step and loss_weights re-exported for calle
     loss_weights,
     set_matmul_precision,
     train_step,
-    unwrapped,
     workload_traits,
 )
 from autotune.timing import stop_reason
@@ -116,10 +115,23 @@ def classify_exception(exc: BaseException) -> TrialStatus:
 # One trial, inside the child process.
 
 
-def _reference_loss(model: nn.Module, micro_batches: Sequence[Batch], workload: Workload,
-                    spec: TrialSpec) -> float:
-    """The effective batch's loss in fp32 eager (no autocast, no TF32, no compile, no update)
-    on these micro-batches: the numerics guard's reference, on the trial's own data."""
+def _reference_loss(spec: TrialSpec, workload: Workload, micro_batches: Sequence[Batch],
+                    device: torch.device, signature: list[float]) -> float | None:
+    """The first step's loss in fp32 eager (no autocast, no TF32, no compile, no update, no
+    knob) on its own micro-batches: the numerics guard's reference.
+
+    It runs after the trial's peak was read, with the cap lifted, on the model built again
+    from the trial's seed: run before the steps, its memory was the step's (on CPU the
+    allocator then held 32 MiB more through every step: ``slow_gpt2`` bf16/default 16x4
+    peaked at 430.9 MiB with it, 399.4 without, as a probe did). None when the model built
+    again is not the one the trial started from (``_signature``: a build that ignores the
+    seed); the guard then compares with the baseline's first loss."""
+    torch.manual_seed(spec.seed)
+    model = workload.build_model().to(device)
+    if _signature(model) != signature:
+        return None
+    model.train()
+    torch.manual_seed(spec.seed + 2)  # the first step's dropout draws
     set_matmul_precision("fp32")
     try:
         with torch.no_grad():
@@ -129,6 +141,14 @@ def _reference_loss(model: nn.Module, micro_batches: Sequence[Batch], workload: 
                                          micro_batches, strict=True)))
     finally:
         set_matmul_precision(spec.precision)
+
+
+def _signature(model: nn.Module) -> list[float]:
+    """The first and last value of each parameter: whether a model built again from the same
+    seed is the one a trial started from, read without copying a parameter."""
+    values = [v for p in model.parameters() if p.numel() for v in (
+        p.detach()[(0,) * p.dim()], p.detach()[tuple(n - 1 for n in p.shape)])]
+    return torch.stack([v.float() for v in values]).tolist() if values else []
 
 
 def _flop_counter() -> Any:
@@ -176,6 +196,7 @@ def run_trial(spec: TrialSpec) -> TrialResult:
         torch.manual_seed(spec.seed)
         model = workload.build_model()
         check_model(model, workload.name)
+        signature = _signature(model) if spec.num_timed_steps > 0 else []
         memory = backend_for(spec.device).open_memory(spec, model)
         info["baseline_bytes"] = memory.baseline
         if memory.budget is not None and memory.model_bytes > memory.budget:
@@ -183,14 +204,20 @@ def run_trial(spec: TrialSpec) -> TrialResult:
                 f"the model's parameters and buffers alone take "
                 f"{format_bytes(memory.model_bytes)}, over the budget of "
                 f"{format_bytes(memory.budget)}"), **info)
-        result = _train(spec, workload, model.to(memory.device), memory, info)
+        result, first_batches = _train(spec, workload, model.to(memory.device), memory, info)
+        if result.ok and first_batches:  # the trained model goes: the reference builds anew
+            del model
+            gc.collect()
+            memory.release()
+            result = dataclasses.replace(result, reference_loss=_reference_loss(
+                spec, workload, first_batches, memory.device, signature))
         _leave_job(result)
         return result
     except BaseException as exc:  # every outcome is a value; KeyboardInterrupt ends the child
         if isinstance(exc, KeyboardInterrupt):
             raise
         status = classify_exception(exc)
-        if memory is not None:
+        if memory is not None and "peak_bytes" not in info:  # not after the reference's rebuild
             info.update(memory.peak())
         if spec.compile_mode != "off" and "torch._dynamo" in sys.modules:
             with contextlib.suppress(Exception):  # whether it was compiling afresh
@@ -270,7 +297,9 @@ def _failed(status: TrialStatus, exc: BaseException, info: dict[str, Any]) -> Tr
 
 
 def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: TrialMemory,
-           info: dict[str, Any]) -> TrialResult:
+           info: dict[str, Any]) -> tuple[TrialResult, list[Batch]]:
+    """The trial's training, and the first step's micro-batches when it timed steps (the
+    numerics guard's reference runs on them, ``_reference_loss``)."""
     device = memory.device
     knobs = spec.knobs
     model.train()  # from_pretrained builds in eval mode: no dropout, and HF never checkpoints
@@ -291,7 +320,6 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: TrialM
     warmup_batches = batches[:spec.warmup_micro_batches()]
     timed_batches = batches[:spec.accumulate_steps]
     info["workload_fingerprint"] = fingerprint(model, warmup_batches[0])
-    reference_model = model
     if knobs.strategy.startswith("fsdp"):
         # fully_shard swaps the parameters for shards: the optimizer is built over those,
         # and the full ones (freed) no longer count in this rank's memory.
@@ -301,7 +329,6 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: TrialM
         built = workload.make_optimizer(model.parameters())
     elif knobs.strategy != "none":
         model = apply_parallel(model, knobs, workload.blocks, device)
-        reference_model = unwrapped(model)
     optimizer = apply_to_optimizer(built, knobs)
     scaler = grad_scaler(spec.precision, device.type)
     stepped = compile_model(model, spec.compile_mode)
@@ -339,11 +366,7 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: TrialM
         info["num_optimizer_steps"] = len(losses)
         return elapsed
 
-    if spec.num_timed_steps > 0:  # the first (warm-up) step's loss is compared with it
-        torch.manual_seed(spec.seed + 2)
-        info["reference_loss"] = _reference_loss(reference_model, warmup_batches, workload,
-                                                 spec)
-        torch.manual_seed(spec.seed + 2)  # the first step sees the reference's dropout draws
+    torch.manual_seed(spec.seed + 2)  # the reference sees the first step's dropout draws
     warmup = [one_step(warmup_batches) for _ in range(max(1, spec.num_warmup_steps))]
     info["warmup_s"] = sum(warmup)
     timed: list[float] = []
@@ -372,12 +395,13 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: TrialM
         if info["num_graphs"] == 0:
             return TrialResult(status="compile_error", message=(
                 "torch.compile produced no graph: the step silently ran eager (recompile limit "
-                "or graph breaks everywhere); not counted as a compiled trial"), **info)
+                "or graph breaks everywhere); not counted as a compiled trial"), **info), []
     if not all(math.isfinite(v) for v in values):
         bad = next(i for i, v in enumerate(values) if not math.isfinite(v))
         return TrialResult(status="non_finite", message=(
-            f"loss became {values[bad]} at optimizer step {bad + 1} of {len(values)}"), **info)
-    return TrialResult(status="ok", **info)
+            f"loss became {values[bad]} at optimizer step {bad + 1} of {len(values)}"),
+            **info), []
+    return TrialResult(status="ok", **info), warmup_batches if spec.num_timed_steps else []
 
 
 def _warm_step_s(timed: Sequence[float], update_s: Sequence[float], spec: TrialSpec,

@@ -68,6 +68,11 @@ SPECS = {
     "vector_loss": _spec("vector_loss"),
     "no_params": _spec("no_params"),
     # 4 MiB more per optimizer step: the probe's 2 steps fit the cap, 2 + 15 do not.
+    # Its reference forward holds 64 MiB more, over the 48 MiB cap: measured after the run
+    # with the cap lifted, the run fits and its guard still has the reference.
+    "reference_heavy": _spec("reference_heavy", 2, num_timed_steps=3,
+                             memory_budget_bytes=48 * MIB),
+    "unseeded": _spec("unseeded", 2, num_timed_steps=3),
     "leak_probe": _spec("leak", memory_budget_bytes=LEAK_CAP),
     "leak": _spec("leak", num_timed_steps=15, memory_budget_bytes=LEAK_CAP),
 }
@@ -389,6 +394,25 @@ def test_the_baseline_counts_model_flops_of_its_step(results: dict[str, TrialRes
     assert result.flops_per_step == 5 * 2 * rows * 8 * 4096
     plain = results["accumulate_2"]
     assert plain.status == "ok" and plain.flops_per_step is None
+
+
+def test_the_numerics_reference_is_not_in_the_peak_and_the_cap(
+        results: dict[str, TrialResult]) -> None:
+    result, plain = results["reference_heavy"], results["probe_and_trial"]
+    assert result.status == "ok", result.message
+    assert result.peak_bytes is not None and result.peak_bytes <= 48 * MIB
+    # The same model and batches as the tiny workload's: the same peak give or take the
+    # allocator (the 64 MiB reference forward is not in it).
+    assert plain.peak_bytes is not None and abs(result.peak_bytes - plain.peak_bytes) < 8 * MIB
+    assert result.reference_loss is not None
+    assert result.first_loss == pytest.approx(result.reference_loss, rel=1e-5)
+
+
+def test_no_reference_when_the_model_built_again_is_another(
+        results: dict[str, TrialResult]) -> None:
+    result = results["unseeded"]
+    assert result.status == "ok", result.message
+    assert result.first_loss is not None and result.reference_loss is None
 
 
 def test_one_run_is_the_probe_and_the_trial(results: dict[str, TrialResult]) -> None:

@@ -369,3 +369,36 @@ def state_heavy() -> Workload:
                     make_batch=lambda m: torch.randn(m, 64, STATE_WIDTH),
                     loss=lambda model, x: model(x),
                     build_optimizer=lambda params: torch.optim.AdamW(params, lr=1e-4))
+
+
+REFERENCE_SCRATCH_FLOATS = 16 * 2**20
+"""64 MiB that the ``reference_heavy`` loss holds only without gradients (the numerics guard's
+fp32 reference forward), never in a training step."""
+
+
+def reference_heavy() -> Workload:
+    """The tiny MLP whose loss, run without gradients, holds 64 MiB more during its forward:
+    the guard's reference must not count in the trial's peak or cap."""
+
+    def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        if torch.is_grad_enabled():
+            return model(*batch)
+        scratch = torch.ones(REFERENCE_SCRATCH_FLOATS)
+        return model(*batch) + (scratch[-1] - 1.0)
+
+    return Workload(name="reference-heavy", build_model=WideMLP, make_batch=_batch, loss=loss)
+
+
+def unseeded() -> Workload:
+    """The tiny MLP initialised from the OS's entropy, not torch's seed: built twice, two
+    different models (the guard cannot rebuild the model a trial started from)."""
+
+    def build() -> nn.Module:
+        model = WideMLP()
+        generator = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.05)
+        return model
+
+    return Workload(name="unseeded", build_model=build, make_batch=_batch, loss=_loss)
