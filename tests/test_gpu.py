@@ -13,17 +13,20 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune.cli import app
-from autotune.config import GIB, MIB, TrialSpec, WorkloadSpec
+from autotune.config import GIB, MIB, Knobs, TrialSpec, WorkloadSpec
 from autotune.runner import run_isolated
 from tests.conftest import workload_target
 
 pytestmark = [pytest.mark.gpu, pytest.mark.subprocess]
 
 
-def _spec(name: str, micro_batch: int, **kwargs: object) -> TrialSpec:
+def _spec(name: str, micro_batch: int, precision: str = "fp32", compile_mode: str = "off",
+          **kwargs: object) -> TrialSpec:
     kwargs.setdefault("timeout_s", 600.0)
+    knobs = Knobs(precision=precision, compile_mode=compile_mode)  # type: ignore[arg-type]
     return TrialSpec(workload=WorkloadSpec(kind="file", target=workload_target(name)),
-                     device="cuda:0", micro_batch=micro_batch, **kwargs)  # type: ignore[arg-type]
+                     device="cuda:0", micro_batch=micro_batch, knobs=knobs,
+                     **kwargs)  # type: ignore[arg-type]
 
 
 def test_the_cuda_context_counts_in_the_peak() -> None:
