@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 from oracle import machine
@@ -47,6 +48,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--name", default="guard_peak", help="results file name (no suffix)")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be 1 or more (got {args.repeats})")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", args.name) or ".." in args.name:
+        parser.error(f"--name must be a file name of letters, digits, '_', '-' and '.' (got "
+                     f"{args.name!r})")
     run_isolated(spec(timed=False))  # warms inductor's cache: every run below loads from it
     rows = []
     for _ in range(args.repeats):

@@ -246,8 +246,8 @@ def keep_better(first: TrialResult, again: TrialResult) -> TrialResult:
             return leaked
     for ran_out, fit in ((again, first), (first, again)):
         if ran_out.status in OUT_OF_MEMORY and fit.ok:
-            first, *rest = (ran_out.message or ran_out.status).splitlines()
-            note = (f"{first}; another run of it fit (peak {format_bytes(fit.peak_bytes)}): "
+            cause, *rest = (ran_out.message or ran_out.status).splitlines()
+            note = (f"{cause}; another run of it fit (peak {format_bytes(fit.peak_bytes)}): "
                     "at the memory boundary, it does not fit every run")
             return replace(ran_out, message="\n".join((note, *rest)))
     kept = again if again.ok and (not first.ok or (again.median_step_s() or 1e18) <
