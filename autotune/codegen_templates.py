@@ -326,6 +326,13 @@ def train_step(model, optimizer, scaler, micro_batches, autocast):
                 loss = compute_loss(model, batch) * weight
             scaler.scale(loss).backward()
         step_loss += loss.detach().float()
+        if compile_mode in ("reduce-overhead", "max-autotune") and i == 0 and not last:
+            # CUDA graphs: this backward left each .grad in the graph's own output buffer,
+            # which the next micro-batch's replay overwrites (pytorch/pytorch#169545): copy.
+            with torch.no_grad():
+                for param in model.parameters():
+                    if param.grad is not None:
+                        param.grad = param.grad.clone()
     scaler.step(optimizer)  # optimizer.step(), unscaled first when fp16 enabled the scaler
     scaler.update()
     optimizer.zero_grad(set_to_none=True)

@@ -549,7 +549,7 @@ def estimate_step(workload: Workload, micro_batch: int, *, knobs: Knobs = BASELI
                     batches = _make_batches(workload, micro_batch, knobs)
                     storages.phase = "forward"
                     train_step(model, optimizer, batches, workload, precision=knobs.precision,
-                               device_type="cpu")
+                               device_type="cpu", cuda_graphs=knobs.cuda_graphs)
             finally:
                 for hook in hooks:
                     hook.remove()

@@ -131,6 +131,13 @@ class Knobs:
         """Names of the knobs beyond precision and compile mode set away from their default."""
         return tuple(k.name for k in KNOBS[2:] if getattr(self, k.name) != k.default)
 
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether the compile mode replays CUDA graphs: a replay's outputs are static buffers
+        that the next replay of the same graph overwrites (``step.train_step`` copies the
+        gradients of a step's first micro-batch for that reason)."""
+        return self.compile_mode in CUDA_GRAPH_MODES
+
     def graph(self) -> Knobs:
         """The knobs with those that leave the compiled model alone (``Knob.in_graph``) at
         their defaults: two settings with the same ``graph()`` compile the same graphs at one
@@ -414,6 +421,19 @@ def _trainer_has_activation_checkpointing() -> bool:
         return False
     fields = getattr(transformers.TrainingArguments, "__dataclass_fields__", {})
     return "activation_checkpointing" in fields
+
+
+def accumulation_note(knobs: Knobs, accumulate_steps: int, target: str) -> list[str]:
+    """What ``target`` (Trainer, Accelerate) gets wrong with the knobs at this accumulation:
+    under CUDA graphs, a step of several micro-batches (``step.train_step``'s ``cuda_graphs``)."""
+    if not knobs.cuda_graphs or accumulate_steps <= 1:
+        return []
+    return [f"compile_mode={knobs.compile_mode} with {accumulate_steps} micro-batches a step: "
+            f"{target}'s gradient accumulation under CUDA graphs keeps the first micro-batch's "
+            "gradients in the graph's output buffer, which the next replay overwrites "
+            "(torch raises, or an older one adds wrong gradients: pytorch/pytorch#169545); "
+            "step with cfg.train_step(...) or the generated loop (they copy those gradients "
+            "out), or pick the best config without CUDA graphs (max-autotune-no-cudagraphs)"]
 
 
 def accelerator_kwargs(knobs: Knobs) -> tuple[dict[str, Any], list[str]]:

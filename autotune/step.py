@@ -357,10 +357,19 @@ def loss_weights(micro_batches: Sequence[Batch],
     return [c / total for c in counts]
 
 
+def _own_grads(model: nn.Module) -> None:
+    """Each parameter's gradient replaced by a copy (``train_step``'s ``cuda_graphs``)."""
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.grad is not None:
+                param.grad = param.grad.clone()
+
+
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
                micro_batches: Sequence[Batch], workload: Workload, *, precision: str,
                device_type: str, scaler: torch.amp.GradScaler | None = None,
-               on_backward: Callable[[], object] | None = None) -> torch.Tensor:
+               on_backward: Callable[[], object] | None = None,
+               cuda_graphs: bool = False) -> torch.Tensor:
     """One optimizer step over the micro-batches of one effective batch.
 
     Forward and backward run per micro-batch under autocast; gradients accumulate in
@@ -369,6 +378,13 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     (``set_to_none``).
     ``on_backward`` is called after each micro-batch's backward (a trial's clock marks the
     micro-batches' and the update's shares of the step there; it must not wait for the device).
+    ``cuda_graphs`` (``Knobs.cuda_graphs``): the model replays CUDA graphs. The first
+    micro-batch's backward then leaves in each ``.grad`` the backward graph's own output
+    buffer (autograd adopts a fresh gradient instead of copying it), which the next
+    micro-batch's replay overwrites: torch raises ("accessing tensor output of CUDAGraphs that
+    has been overwritten"), or an older one adds the wrong gradients silently
+    (pytorch/pytorch#169545). With more micro-batches to come, those gradients are copied out
+    of the graph's memory first.
 
     Returns:
         The effective batch's loss (detached), computed before the update.
@@ -388,6 +404,8 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
                 loss = loss * weight
             (scaler.scale(loss) if scaler is not None else loss).backward()
         total += loss.detach().float()
+        if cuda_graphs and i == 0 and len(weights) > 1:
+            _own_grads(model)
         if on_backward is not None:
             on_backward()
     if scaler is not None:

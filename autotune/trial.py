@@ -347,8 +347,8 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: TrialM
         with counter:
             losses.append(train_step(stepped, optimizer, micro_batches, workload,
                                      precision=spec.precision, device_type=device.type,
-                                     scaler=scaler, on_backward=lambda: marks.append(
-                                         memory.mark())))
+                                     scaler=scaler, cuda_graphs=spec.knobs.cuda_graphs,
+                                     on_backward=lambda: marks.append(memory.mark())))
         marks.append(memory.mark())
         memory.sync()
         # The update's share of the step: from the last backward to the end, on the device's

@@ -169,7 +169,7 @@ class Tuned:
         """
         return step.train_step(model, optimizer, micro_batches, workload,
                                 precision=self.precision, device_type=self.device_type,
-                                scaler=self.grad_scaler())
+                                scaler=self.grad_scaler(), cuda_graphs=self.knobs.cuda_graphs)
 
     def training_arguments(self) -> dict[str, Any]:
         """Keyword arguments for ``transformers.TrainingArguments``: micro-batch,
@@ -183,7 +183,8 @@ class Tuned:
             >>> TrainingArguments(output_dir="out", **cfg.training_arguments())
         """
         kwargs, notes = knobs.training_arguments(self.knobs)
-        _warn(notes, "TrainingArguments")
+        _warn(notes + knobs.accumulation_note(self.knobs, self.accumulate_steps, "Trainer"),
+              "TrainingArguments")
         return {"per_device_train_batch_size": self.micro_batch,
                 "gradient_accumulation_steps": self.accumulate_steps, **kwargs}
 
@@ -199,7 +200,8 @@ class Tuned:
         (``fsdp_plugin``) or DDP's kwargs handler (bucket view).
         """
         found, notes = knobs.accelerator_kwargs(self.knobs)
-        _warn(notes, "Accelerator")
+        _warn(notes + knobs.accumulation_note(self.knobs, self.accumulate_steps, "Accelerate"),
+              "Accelerator")
         kwargs: dict[str, Any] = {"gradient_accumulation_steps": self.accumulate_steps, **found}
         if self.compile_mode == "off":
             return kwargs

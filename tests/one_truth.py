@@ -136,3 +136,44 @@ def load_script(path: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+class _GraphOutputGrad(torch.autograd.Function):
+    """``x @ weight`` whose backward hands back its weight gradient in one buffer that every
+    backward reuses, as a CUDA graph's replay writes its outputs into the same memory."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, out)
+        return x @ weight
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        x, out = ctx.saved_tensors
+        out.copy_(x.transpose(0, 1) @ grad)
+        return out.detach(), None, None  # a fresh tensor on that memory: autograd adopts it
+
+
+class StaticGradModel(torch.nn.Module):
+    """A regression whose weight gradient lives in one reused buffer (``_GraphOutputGrad``):
+    on a CPU, the hazard of gradient accumulation under CUDA graphs (pytorch/pytorch#169545).
+    Its workload loss is ``StaticGradModel.loss`` on ``(x, y)`` batches."""
+
+    def __init__(self, dim: int = 3) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(dim, 2, dtype=torch.float64))
+        self.register_buffer("replayed", torch.zeros(dim, 2, dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _GraphOutputGrad.apply(self.weight, x, self.replayed)
+
+    @staticmethod
+    def loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(model(x), y)
+
+
+def static_grad_batches(num_micro_batches: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    torch.manual_seed(2)
+    return [(torch.randn(4, 3, dtype=torch.float64), torch.randn(4, 2, dtype=torch.float64))
+            for _ in range(num_micro_batches)]

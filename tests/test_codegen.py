@@ -24,6 +24,7 @@ from autotune.codegen import SCRIPT_NAME, render_train_script
 from autotune.config import WorkloadSpec
 from autotune.errors import ConfigError
 from autotune.knobs import Knobs
+from autotune.usage import Tuned
 from autotune.workload import (
     TinyGPT,
     Workload,
@@ -36,9 +37,11 @@ from tests.fsdp_step import STRATEGIES, ShardedLM
 from tests.one_truth import (
     BlockLM,
     GradRecorder,
+    StaticGradModel,
     TinyLM,
     assert_same_grads,
     full_batch_grads,
+    static_grad_batches,
     token_batches,
 )
 from tests.tuned_configs import (
@@ -749,3 +752,55 @@ def test_directory_as_workload_file_is_said(tmp_path: Path) -> None:
         api.workload_spec(workload=f"{tmp_path}:workload")
     assert str(info.value).startswith(
         f"workload file '{tmp_path}' is a directory, not a Python file (from --workload")
+
+
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+def test_under_cuda_graphs_every_step_copies_the_first_micro_batchs_gradients(
+        tmp_path: Path, mode: str) -> None:
+    """A backward that writes its gradient into one reused buffer (what a CUDA graph replay
+    does) corrupts accumulation unless the first micro-batch's gradients are copied out: the
+    library's step, ``Tuned.train_step`` and the generated loop all copy under a CUDA-graph
+    mode, and their gradients equal one big batch's; without the copy they do not."""
+    batches = static_grad_batches()
+    workload = Workload(name="static", build_model=StaticGradModel,
+                        make_batch=lambda m: None, loss=StaticGradModel.loss)
+    script = script_for(make_tuned(compile_mode=mode, micro_batch=4, accumulate_steps=3,
+                                   target_batch=12, precision="fp32"), tmp_path)
+    script.compute_loss, script.count_loss_items = StaticGradModel.loss, None
+    torch.manual_seed(0)
+    model = StaticGradModel()
+    full = full_batch_grads(model, batches, StaticGradModel.loss)
+    model.zero_grad(set_to_none=True)  # each step below ends so too
+
+    library, corrupt, generated, tuned = (GradRecorder(model) for _ in range(4))
+    step.train_step(model, library, batches, workload, precision="fp32", device_type="cpu",
+                    cuda_graphs=True)
+    step.train_step(model, corrupt, batches, workload, precision="fp32", device_type="cpu")
+    script.train_step(model, generated, torch.amp.GradScaler("cpu", enabled=False), batches,
+                      torch.autocast("cpu", enabled=False))
+    Tuned(make_tuned(compile_mode=mode, precision="fp32")).train_step(
+        model, tuned, batches, workload)
+
+    assert_same_grads(library.grads, full, float32_weights=True)
+    assert_same_grads(generated.grads, library.grads)
+    assert_same_grads(tuned.grads, library.grads)
+    # The hazard is real: without the copy the first micro-batch's gradient is lost.
+    assert not torch.allclose(corrupt.grads["weight"], full["weight"], rtol=1e-3)
+
+
+def test_without_cuda_graphs_the_generated_step_copies_nothing(tmp_path: Path) -> None:
+    """The copy is for CUDA graphs only: under another mode the generated loop adopts the
+    first gradient as autograd does (so this buffer-reusing model accumulates wrongly)."""
+    batches = static_grad_batches()
+    script = script_for(make_tuned(compile_mode="max-autotune-no-cudagraphs", micro_batch=4,
+                                   accumulate_steps=3, target_batch=12, precision="fp32"),
+                        tmp_path)
+    script.compute_loss, script.count_loss_items = StaticGradModel.loss, None
+    torch.manual_seed(0)
+    model = StaticGradModel()
+    full = full_batch_grads(model, batches, StaticGradModel.loss)
+    model.zero_grad(set_to_none=True)
+    generated = GradRecorder(model)
+    script.train_step(model, generated, torch.amp.GradScaler("cpu", enabled=False), batches,
+                      torch.autocast("cpu", enabled=False))
+    assert not torch.allclose(generated.grads["weight"], full["weight"], rtol=1e-3)

@@ -146,9 +146,35 @@ def test_train_step_is_the_library_step() -> None:
 def test_training_arguments(precision: str, mode: str, expected: dict) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing to say when every knob has a keyword
-        kwargs = Tuned(make_tuned(precision=precision, compile_mode=mode)).training_arguments()
-    assert kwargs == {"per_device_train_batch_size": 16, "gradient_accumulation_steps": 4,
+        kwargs = Tuned(make_tuned(precision=precision, compile_mode=mode, micro_batch=64,
+                                  accumulate_steps=1)).training_arguments()
+    assert kwargs == {"per_device_train_batch_size": 64, "gradient_accumulation_steps": 1,
                       CKPT: False, **expected}
+
+
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+@pytest.mark.parametrize("target", ["Trainer", "Accelerate"])
+def test_cuda_graphs_with_accumulation_warn_that_trainer_and_accelerate_get_it_wrong(
+        mode: str, target: str) -> None:
+    cfg = Tuned(make_tuned(compile_mode=mode))  # 16 x 4
+    with pytest.warns(UserWarning) as caught:
+        if target == "Trainer":
+            cfg.training_arguments()
+        else:
+            cfg.accelerator_kwargs()
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert f"compile_mode={mode} with 4 micro-batches a step: {target}'s gradient " \
+        "accumulation under CUDA graphs" in message, message
+    assert "pytorch/pytorch#169545" in message and "cfg.train_step(...)" in message
+
+
+def test_cuda_graphs_without_accumulation_and_accumulation_without_them_say_nothing() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Tuned(make_tuned(compile_mode="reduce-overhead", micro_batch=64, accumulate_steps=1)
+              ).training_arguments()
+        Tuned(make_tuned(compile_mode="max-autotune-no-cudagraphs")).training_arguments()
 
 
 def test_training_arguments_carry_checkpointing_and_the_fused_optimizer() -> None:
@@ -235,8 +261,8 @@ def test_accelerator_kwargs_without_a_dynamo_plugin(monkeypatch: pytest.MonkeyPa
             "gradient_accumulation_steps": 4, "mixed_precision": "bf16",
             "dynamo_backend": "inductor"}
     with pytest.warns(UserWarning, match="mode 'max-autotune'"):
-        kwargs = Tuned(make_tuned(precision="fp16", compile_mode="max-autotune")
-                       ).accelerator_kwargs()
+        kwargs = Tuned(make_tuned(precision="fp16", compile_mode="max-autotune", micro_batch=64,
+                                  accumulate_steps=1)).accelerator_kwargs()
     assert kwargs["mixed_precision"] == "fp16" and kwargs["dynamo_backend"] == "inductor"
 
 
