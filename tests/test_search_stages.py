@@ -29,6 +29,7 @@ from autotune.config import (
 )
 from autotune.errors import WorkloadError
 from autotune.search import SearchSettings, run_search, tuned_config
+from autotune.search._records import Candidate
 from autotune.timing import MIN_STEPS_TO_STOP, stop_reason
 
 GPU = DeviceInfo(device="cuda:0", name="scripted GPU", total_memory_bytes=2000 * MIB,
@@ -969,6 +970,43 @@ def test_a_sibling_that_loaded_the_leaders_graphs_runs_afresh_once_before_it_win
     assert records["bf16/max-autotune/32"].peak_bytes == 790 * MIB
     assert device.cold_runs() == ["bf16/max-autotune+opt=fused/32"]
     assert winner.peak_bytes == 790 * MIB and winner.num_runs >= 2
+
+
+def test_a_runner_up_that_fit_only_from_the_cache_is_named_with_its_first_launch_unchecked(
+        ) -> None:
+    # As above: the fused winner ran afresh and fits; the runner-up, foreach on the same
+    # setting, only ever loaded the setting's graphs: "why" must not send a user to it as if
+    # it fit a first launch.
+    device = CompileCacheDevice(KnobDevice(by_class(100, 150, 160, 200, 300, 330)),
+                                compile_mib=50)
+    outcome, _ = cpu_search(device, values=VALUES)
+    reason = tuned_config(replace(plan(), device=CPU), outcome, SETTINGS).reason
+    assert reason.startswith("bf16/max-autotune+opt=fused 32x2 won at ")
+    assert "ahead of the runner-up bf16/max-autotune+opt=foreach 32x2 by " in reason
+    assert reason.endswith(
+        "; the runner-up's fit as a first launch: unchecked (its runs loaded their compiled "
+        "graphs from inductor's cache, which lowers the peak)")
+    foreach = Candidate(knobs=Knobs.from_label("bf16/max-autotune+opt=foreach"), micro_batch=32)
+    assert foreach in outcome.first_launch
+    # The winner's and its own setting's runs compiled afresh and fit: nothing said of them.
+    for label in ("bf16/max-autotune+opt=fused", "bf16/max-autotune"):
+        assert Candidate(knobs=Knobs.from_label(label), micro_batch=32) not in \
+            outcome.first_launch
+
+
+def test_a_runner_up_out_as_a_first_launch_is_said_so_and_eager_ones_need_nothing() -> None:
+    # Every graph cached: bf16/max-autotune and bf16/default at 32 ran afresh and are out;
+    # the runner-up of the winner (bf16/max-autotune at 16, afresh: fits) is eager: no note.
+    device = CompileCacheDevice(ScriptedDevice(by_class(100, 150, 160, 200, 300, 330)),
+                                compile_mib=200)
+    device.cached = {(k.graph(), m) for k in CLASSES for m in (1, 2, 4, 8, 16, 32, 64)}
+    outcome, _ = cpu_search(device)
+    reason = tuned_config(replace(plan(), device=CPU), outcome, SETTINGS).reason
+    assert "ahead of the runner-up bf16/off 32x2 by " in reason
+    assert "first launch" not in reason
+    out = Candidate(knobs=Knobs.from_label("bf16/default"), micro_batch=32)
+    assert outcome.first_launch[out] == ("it does not fit (compiled afresh it peaked at "
+                                         "940.00 MiB, over the 900.00 MiB usable)")
 
 
 def test_where_the_compile_is_not_in_the_peak_a_cached_compile_is_not_run_again() -> None:

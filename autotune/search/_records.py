@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
 from autotune import __version__
@@ -130,6 +131,10 @@ class SearchOutcome:
     runs: tuple[RunRecord, ...] = ()
     """Every child run, stored ones first (``schema.RunRecord``)."""
     study: StudyRecord | None = None
+    first_launch: Mapping[Candidate, str] = field(default_factory=dict)
+    """Compiled candidates on a device whose peak counts the compile (CPU) that no run showed
+    fitting as a first launch compiles them, each with what is known: all their runs loaded
+    their graphs from inductor's cache, or the run that compiled them did not fit."""
 
 
 def run_record(number: int, kind: RunKind, candidate: Candidate, result: TrialResult,
@@ -336,7 +341,7 @@ def tuned_config(report: ProbeReport, outcome: SearchOutcome,
         mfu=winner.mfu,
         baseline_samples_per_s=baseline.samples_per_s, speedup=winner.speedup,
         break_even_steps=break_even_steps(winner, baseline),
-        reason=_why(winner, baseline, records), trials=records,
+        reason=_why(winner, baseline, records, outcome.first_launch), trials=records,
         skipped=report.skipped + outcome.skipped, interrupted=outcome.interrupted,
         cost=outcome.cost, runs=outcome.runs, study=outcome.study,
     )
@@ -349,7 +354,10 @@ def _lost(record: TrialRecord, winner: TrialRecord) -> TrialRecord:
     return replace(record, reason=f"{ratio:.2f}x the winner's samples/s")
 
 
-def _why(winner: TrialRecord, baseline: TrialRecord, records: tuple[TrialRecord, ...]) -> str:
+def _why(winner: TrialRecord, baseline: TrialRecord, records: tuple[TrialRecord, ...],
+         first_launch: Mapping[Candidate, str]) -> str:
+    """The winner against the baseline and the runner-up (with what is unknown of its fit as
+    a first launch: "either would do" must not send a user to a config that may not fit)."""
     text = f"{winner.label()} won at {winner.samples_per_s:,.1f} samples/s"
     if winner.is_baseline:
         text += " (it is the baseline: nothing tried beat fp32 eager)"
@@ -371,4 +379,7 @@ def _why(winner: TrialRecord, baseline: TrialRecord, records: tuple[TrialRecord,
                 if ahead.halfwidth is not None else "")
         text += (f"; ahead of the runner-up {runner_up.label()} by {ahead.describe()}"
                  f"{f' ({sure})' if sure else ''}")
+    unknown = first_launch.get(Candidate(knobs=runner_up.knobs, micro_batch=runner_up.micro_batch))
+    if unknown:
+        text += f"; the runner-up's fit as a first launch: {unknown}"
     return text

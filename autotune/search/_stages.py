@@ -995,6 +995,7 @@ class _Search:
                     timed_s=self.timed_s.get(k) or None)
             for i, (k, r) in enumerate(self.results.items()))
         return SearchOutcome(records=records, results=self.results, baseline=self.baseline,
+                             first_launch=self._first_launch(),
                              probes=tuple(self.probes.values()),
                              skipped=tuple(dict.fromkeys(self.skipped)),
                              interrupted=interrupted, stop_reason=stop_reason,
@@ -1003,6 +1004,24 @@ class _Search:
                              cost=SearchCost(num_runs=self.num_runs, **self.cost,
                                              num_compiled_runs=self.compiles[0],
                                              num_cached_compiles=self.compiles[1]))
+
+    def _first_launch(self) -> dict[Candidate, str]:
+        """``SearchOutcome.first_launch``: what is unknown or against each compiled candidate's
+        fit as a first launch (on a device whose peak counts the compile)."""
+        if not backend_for(self.report.device.device).compile_in_peak:
+            return {}
+        usable, notes = self.report.usable_bytes(), {}
+        for key in self.results:
+            cold = self.cold.get(key)
+            if key.knobs.compile_mode == "off" or (cold is not None and cold.fits(usable)):
+                continue
+            notes[key] = ("unchecked (its runs loaded their compiled graphs from inductor's "
+                          "cache, which lowers the peak)" if cold is None else
+                          "it does not fit (compiled afresh it "
+                          + (f"peaked at {format_bytes(cold.peak_bytes or 0)}"
+                             if cold.ok else f"ended {cold.status}")
+                          + f", over the {format_bytes(usable)} usable)")
+        return notes
 
     def _known_baseline(self) -> Candidate | None:
         """fp32 eager at the largest micro-batch timed so far that fits: the baseline of a
