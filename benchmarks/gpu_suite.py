@@ -129,6 +129,22 @@ def log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def _probe_line(knobs, step) -> None:
+    """Each memory probe point as it ends (a call cut off by its time limit keeps them)."""
+    peak = f"{step.peak_bytes / 2**30:.2f} GiB" if step.peak_bytes else "-"
+    log(f"  probe {knobs.label()} {step.micro_batch}: {step.status}, peak {peak}, "
+        f"{step.wall_s or 0:.0f} s")
+
+
+def _trial_line(runs: int, stage: str, candidate, record) -> None:
+    """Each timed trial as it ends."""
+    if record is not None:
+        peak = f"{record.peak_bytes / 2**30:.2f} GiB" if record.peak_bytes else "-"
+        log(f"  [{runs}] {stage} {candidate.key()}: {record.verdict}, "
+            f"{record.samples_per_s or 0:,.1f} samples/s, peak {peak}, "
+            f"compile {record.compile_s or 0:.0f} s, {record.wall_s or 0:.0f} s")
+
+
 def run_search(step: Step, spec: WorkloadSpec, setup: Setup) -> dict:
     from autotune import api
     from autotune.search import SearchSettings
@@ -141,7 +157,7 @@ def run_search(step: Step, spec: WorkloadSpec, setup: Setup) -> dict:
                         precisions=step.settings.get("precisions"),
                         compile_modes=step.settings.get("compile_modes"),
                         out=tempfile.mkdtemp(prefix=f"{step.name}-"), force=True,
-                        settings=settings)
+                        settings=settings, on_step=_probe_line, on_trial=_trial_line)
     cfg = result.config
     tuned = Candidate(knobs=cfg.knobs, micro_batch=cfg.micro_batch).key()  # every knob
     return {"wall_s": time.perf_counter() - start, "tuned": tuned,
