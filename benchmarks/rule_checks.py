@@ -1,0 +1,103 @@
+"""Pruning rules the search could take, checked against every committed oracle.
+
+Prints, from ``benchmarks/results/search_quality*.json``: (1) where a setting's smallest
+micro-batch beat its walked best although the line through the walked ones predicted a loss;
+(2) checkpointing at the same micro-batch against the same setting without it; (3) how far a
+peak at the next micro-batch fell below the line through the two before it (slow workloads).
+Run: ``python benchmarks/rule_checks.py``.
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import json
+import statistics
+from pathlib import Path
+
+from autotune.timing import predict_step_s
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def rows(pattern: str):
+    for path in sorted(glob.glob(str(RESULTS / pattern))):
+        for row in json.loads(Path(path).read_text())["rows"]:
+            yield Path(path).name, row
+
+
+def other_end() -> None:
+    found = []
+    for name, row in rows("search_quality*.json"):
+        target = row["target_batch"]
+        speed: dict[str, dict[int, float]] = collections.defaultdict(dict)
+        for c in row["oracle"]["candidates"]:
+            if c.get("samples_per_s") and c.get("fits_usable", True) \
+                    and c.get("ran_ok_every_time", True):
+                speed[c["key"].rsplit("/", 1)[0]][c["micro_batch"]] = c["samples_per_s"]
+        for label, by_mb in speed.items():
+            sizes = sorted(by_mb, reverse=True)
+            if len(sizes) < 3:
+                continue
+            walked = [sizes[0]]
+            for m in sizes[1:-1]:
+                walked.append(m)
+                if by_mb[m] <= max(by_mb[x] for x in walked[:-1]):
+                    break
+            small = sizes[-1]
+            if small in walked:
+                continue
+            points = [(m, target / by_mb[m] / (target // m), 0.0) for m in walked]
+            step_s = predict_step_s(points, small, target)
+            best = max(by_mb[m] for m in walked)
+            if step_s:
+                found.append((target / step_s / best, by_mb[small] / best, name, label))
+    lost = [f for f in found if f[0] < 0.6]
+    worst = max(lost, key=lambda f: f[1])
+    print(f"(1) {len(found)} walks; where the line predicted under 0.6x the walked best "
+          f"({len(lost)}), the smallest micro-batch ran up to {worst[1]:.2f}x it "
+          f"({worst[3]} in {worst[2]}, predicted {worst[0]:.2f}x)")
+
+
+def same_micro_batch_checkpointing() -> None:
+    for name, row in rows("search_quality*.json"):
+        by_key = {c["key"]: c for c in row["oracle"]["candidates"]}
+        ratios = []
+        for key, c in by_key.items():
+            if c.get("knobs", {}).get("checkpointing", "off") == "off" or not c.get(
+                    "samples_per_s"):
+                continue
+            base = by_key.get(key.replace("+ckpt=blocks", "").replace("+ckpt=alternate", ""))
+            if base and base.get("samples_per_s") and base.get("fits_usable", True):
+                ratios.append((c["samples_per_s"] / base["samples_per_s"], key))
+        if ratios:
+            top = max(ratios)
+            faster = sum(r > 1 for r, _ in ratios)
+            print(f"(2) {name} {row.get('short', '')}: checkpointed / not at the same "
+                  f"micro-batch, max {top[0]:.2f}x ({top[1]}), faster in {faster} of "
+                  f"{len(ratios)}")
+
+
+def peak_line() -> None:
+    ratios = []
+    for name, row in rows("search_quality_slow*.json"):
+        peaks: dict[str, dict[int, int]] = collections.defaultdict(dict)
+        for c in row["oracle"]["candidates"]:
+            runs = [p for p in (c.get("run_peak_bytes") or []) if p]
+            if runs and all(s == "ok" for s in c.get("statuses", ["ok"])):
+                peaks[c["key"].rsplit("/", 1)[0]][c["micro_batch"]] = max(runs)
+        for label, by_mb in peaks.items():
+            sizes = sorted(by_mb)
+            for a, b, c in zip(sizes, sizes[1:], sizes[2:], strict=False):
+                line = by_mb[b] + (by_mb[b] - by_mb[a]) / (b - a) * (c - b)
+                ratios.append((by_mb[c] / line, name, label, c))
+    low = min(ratios)
+    print(f"(3) {len(ratios)} triples on the slow workloads: peak over the line's, median "
+          f"{statistics.median(r for r, *_ in ratios):.3f}, lowest {low[0]:.2f} ({low[2]} at "
+          f"{low[3]} in {low[1]})")
+
+
+if __name__ == "__main__":
+    other_end()
+    same_micro_batch_checkpointing()
+    peak_line()
