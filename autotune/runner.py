@@ -10,10 +10,9 @@ or a hang in user code stays a value).
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import functools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,7 +23,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
-from autotune.config import ChildRun, TrialResult, TrialSpec, from_json_dict, to_json_dict
+from autotune import child
+from autotune.child import PARENT_PID, die_with_parent
+from autotune.config import (
+    ChildRun,
+    TrialResult,
+    TrialSpec,
+    WorkloadSpec,
+    from_json_dict,
+    to_json_dict,
+)
 from autotune.device import CPU_ALLOCATOR as CPU_ALLOCATOR  # re-exported
 from autotune.device import backend_for
 from autotune.errors import WorkloadError
@@ -70,7 +78,8 @@ def run_isolated(spec: TrialSpec) -> TrialResult:
                 tempfile.TemporaryDirectory(prefix="autotune-cold-inductor-",
                                             ignore_cleanup_errors=True))
         run = run_in_child("autotune.runner", to_json_dict(spec), timeout_s=spec.timeout_s,
-                           device=spec.device, extra_env=extra_env, ranks=ranks)
+                           device=spec.device, extra_env=extra_env, ranks=ranks,
+                           preload=preloads(spec.workload))
     if ranks and run.data is not None:
         return replace(merge_ranks(run.data["ranks"], run.message), wall_s=run.wall_s)
     if run.status == "ok" and run.data is not None:
@@ -134,17 +143,38 @@ def merge_ranks(ranks: Sequence[dict[str, Any] | None], launcher: str = "") -> T
                                                      strict=False)))
 
 
+def preloads(workload: WorkloadSpec) -> tuple[str, ...]:
+    """What a fork server may import for this workload's children (``child.start``): the
+    Hugging Face models' common code, for a model named by id and for a workload file that
+    imports transformers (each child imports it before its memory baseline anyway)."""
+    if workload.kind == "hf":
+        return _TRANSFORMERS
+    if workload.kind != "file":
+        return ()
+    path = workload.target.rpartition(":")[0]
+    try:
+        text = Path(path).read_text(errors="replace")
+    except (OSError, ValueError):
+        return ()
+    return _TRANSFORMERS if _IMPORTS_TRANSFORMERS.search(text) else ()
+
+
+_TRANSFORMERS = ("transformers.modeling_utils",)
+_IMPORTS_TRANSFORMERS = re.compile(r"^\s*(import|from)\s+transformers\b", re.MULTILINE)
+
+
 def run_in_child(module: str, request: dict[str, Any], *, timeout_s: float,
                  device: str = "cpu", extra_env: dict[str, str] | None = None,
-                 ranks: int = 0) -> ChildRun:
+                 ranks: int = 0, preload: Sequence[str] = ()) -> ChildRun:
     """Run ``python -m module request.json result.json`` in a child process and wait for it.
 
     The module's main calls ``child_main(handler)``. The child starts in its own session and
-    process group with ``child_environment(device)``; its stdout and stderr go to a file whose
-    end names a crash. After ``timeout_s`` seconds, or when this process gets any exception
-    (Ctrl-C included), the child's whole process group is killed. On Linux the child also gets
-    SIGKILL when this process dies (``PR_SET_PDEATHSIG``, armed by ``child_main``): no child
-    outlives its parent.
+    process group with ``child_environment(device)`` (forked from a warm fork server that
+    imported torch once, or a new interpreter: ``autotune.child``); its stdout and stderr go to
+    a file whose end names a crash. After ``timeout_s`` seconds, or when this process gets any
+    exception (Ctrl-C included), the child's whole process group is killed. On Linux the child
+    also gets SIGKILL when this process dies (``PR_SET_PDEATHSIG``, armed by ``child_main``):
+    no child outlives its parent.
 
     Args:
         module: the child's module, run with ``python -m``.
@@ -157,6 +187,8 @@ def run_in_child(module: str, request: dict[str, Any], *, timeout_s: float,
             (the engine of ``torchrun``; 0: one plain child). Each rank writes its own result;
             they come back as ``data["ranks"]`` (None for a rank that left none) whenever
             any rank wrote one, and the launcher's output end as ``message``.
+        preload: modules the child imports before it measures anything, which a fork server
+            may import once for every such child (``child.start``).
 
     Returns:
         ``ok`` with the handler's result in ``data``; ``timeout``; or ``crash`` (the child did
@@ -166,35 +198,34 @@ def run_in_child(module: str, request: dict[str, Any], *, timeout_s: float,
         request_path, result_path = Path(tmp, "request.json"), Path(tmp, "result.json")
         output_path = Path(tmp, "output.txt")
         request_path.write_text(json.dumps(request))
-        cmd = [sys.executable, "-m", module, str(request_path), str(result_path)]
+        output_path.write_bytes(b"")
+        args = [str(request_path), str(result_path)]
         if ranks:
-            cmd = [sys.executable, "-m", "autotune.runner", _LAUNCH, str(ranks), *cmd[2:]]
+            module, args = "autotune.runner", [_LAUNCH, str(ranks), module, *args]
         start = time.perf_counter()
-        with open(output_path, "wb") as output:
-            try:
-                env = {**child_environment(device), **(extra_env or {}),
-                       _PARENT_PID: str(os.getpid())}
-                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=output,
-                                        stderr=output, env=env, start_new_session=True)
-            except OSError as exc:  # EACCES, ENOMEM, EAGAIN, a missing interpreter
-                return ChildRun(status="crash", wall_s=time.perf_counter() - start, message=(
-                    f"could not start the child process: {type(exc).__name__}: {exc}"))
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc)
-                timed_out = ChildRun(status="timeout", wall_s=time.perf_counter() - start,
-                                     message=f"no result after {timeout_s:.0f} s; killed")
-                return _ranks_run(result_path, ranks, timed_out) if ranks else timed_out
-            except BaseException:  # Ctrl-C in the parent: take the child down with it
-                _kill_group(proc)
-                raise
+        try:
+            env = {**child_environment(device), **(extra_env or {}), PARENT_PID: str(os.getpid())}
+            proc = child.start(module, args, env=env, output=str(output_path),
+                               preload=preload)
+        except OSError as exc:  # EACCES, ENOMEM, EAGAIN, a missing interpreter
+            return ChildRun(status="crash", wall_s=time.perf_counter() - start, message=(
+                f"could not start the child process: {type(exc).__name__}: {exc}"))
+        try:
+            returncode = proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            timed_out = ChildRun(status="timeout", wall_s=time.perf_counter() - start,
+                                 message=f"no result after {timeout_s:.0f} s; killed")
+            return _ranks_run(result_path, ranks, timed_out) if ranks else timed_out
+        except BaseException:  # Ctrl-C in the parent: take the child down with it
+            proc.kill()
+            raise
         wall_s = time.perf_counter() - start
         if ranks:
             output = output_path.read_text(errors="replace")
             summary = [line.removeprefix(_SUMMARY) for line in output.splitlines()
                        if line.startswith(_SUMMARY)]
-            how = ("" if proc.returncode == 0 else "\n".join(
+            how = ("" if returncode == 0 else "\n".join(
                 [*summary[-1:], output[-_OUTPUT_TAIL_CHARS:]]).strip())
             return _ranks_run(result_path, ranks, ChildRun(status="crash", wall_s=wall_s,
                                                            message=how))
@@ -205,13 +236,13 @@ def run_in_child(module: str, request: dict[str, Any], *, timeout_s: float,
                                 message=f"the child failed: {data['child_error']}")
             return ChildRun(status="ok", data=data, wall_s=wall_s)
         tail = output_path.read_text(errors="replace")[-_OUTPUT_TAIL_CHARS:]
-        if proc.returncode < 0:
-            name = signal.Signals(-proc.returncode).name
+        if returncode < 0:
+            name = signal.Signals(-returncode).name
             how = f"killed by {name}"
             if name == "SIGKILL":
                 how += " (the kernel's OOM killer, or killed from outside)"
         else:
-            how = f"exited with code {proc.returncode} without a result"
+            how = f"exited with code {returncode} without a result"
         return ChildRun(status="crash", wall_s=wall_s, message=f"child {how}\n{tail}".strip())
 
 
@@ -247,8 +278,8 @@ def _launch(ranks: int, module: str, request_path: str, result_path: str) -> int
     Returns:
         The exit status: 0 when every rank ended well.
     """
-    _die_with_parent()
-    os.environ[_PARENT_PID] = str(os.getpid())
+    die_with_parent()
+    os.environ[PARENT_PID] = str(os.getpid())
     os.environ[_RANKS] = str(ranks)
     # torchrun's own default would be 1 thread per rank, with a warning: share the cores out.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks)))
@@ -282,46 +313,6 @@ def _how(exitcode: int) -> str:
     return f"exited with code {exitcode}" + (" (its result says why)" if exitcode == 3 else "")
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
-_PR_SET_PDEATHSIG = 1
-_PARENT_PID = "AUTOTUNE_PARENT_PID"
-
-
-def _die_with_parent() -> None:
-    """In the child, first thing: get SIGKILL when the parent dies, and exit if it already did.
-
-    Not a ``preexec_fn``: with one, CPython runs its at-fork hooks in the parent, which print
-    and drop any exception raised meanwhile, so a Ctrl-C arriving as a child starts was lost.
-    Set here instead, the signal is armed once the interpreter starts; a parent that died
-    before that is caught by comparing ``getppid()`` with the pid it passed down. The signal
-    follows the parent *thread* that started the child; that thread waits for the child, so
-    it outlives it. Elsewhere than Linux (or without libc's prctl), nothing.
-    """
-    prctl = _prctl()
-    if prctl is None:
-        return
-    prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    parent = os.environ.get(_PARENT_PID, "")
-    if parent.isdigit() and os.getppid() != int(parent):
-        os._exit(1)
-
-
-@functools.cache
-def _prctl() -> Any:
-    """libc's ``prctl`` on Linux, else None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
 def child_main(handler: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     """The child's side of ``run_in_child``: read the request, run ``handler``, write its result.
 
@@ -330,9 +321,9 @@ def child_main(handler: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     one raises anyway, the result is ``{"child_error": "Type: message"}``, and a ``sys.exit``
     from code it ran is ``{"child_error": "the workload called sys.exit(n)"}``: never a child
     that exits 0 without a result. KeyboardInterrupt ends the child. Before anything else it
-    arms the parent-death signal (see ``_die_with_parent``).
+    arms the parent-death signal (``child.die_with_parent``).
     """
-    _die_with_parent()
+    die_with_parent()
     request_path, result_path = sys.argv[1], sys.argv[2]
     rank = os.environ.get("RANK") if os.environ.get(_RANKS) else None
     if rank is not None:  # one rank of a job: its own result, beside its peers'

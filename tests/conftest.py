@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from autotune import child
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = Path(__file__).resolve().parent / "workloads.py"
 
@@ -55,7 +57,11 @@ def _children_only_where_marked(request: pytest.FixtureRequest,
         raise AssertionError(f"{request.node.nodeid} starts a child process ({args!r}): mark "
                              "it @pytest.mark.subprocess")
 
+    def refuse_fork(module: str, args: object, **kw: object) -> None:
+        refuse(None, [module, args])  # type: ignore[arg-type]
+
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    monkeypatch.setattr(child, "start", refuse_fork)  # a fork server another test started
 
 
 @pytest.fixture(autouse=True)

@@ -106,6 +106,16 @@ def test_a_rank_precision_outside_0_to_1_exits_2_naming_it(value: str, says: str
     assert value == "fast" or f"got {value}" in out  # the value seen (typer's own: not said)
 
 
+def test_a_child_start_method_that_is_none_exits_2_before_any_child(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTOTUNE_CHILD_START", "vfork")
+    result = _invoke("search", "--device", "cpu", "--target-batch", "8", "--precisions", "fp8")
+    assert result.exit_code == 2, result.output
+    out = _words(result.stderr)  # said with the other problems of the request, at once
+    assert "AUTOTUNE_CHILD_START='vfork': expected one of fork, spawn" in out
+    assert "fp8" in out
+
+
 @pytest.mark.subprocess
 def test_factory_that_raises_exits_2_with_the_traceback() -> None:
     result = _invoke("probe", "--target-batch", "1", *FAST,

@@ -43,17 +43,25 @@ def job_token(monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def _left_running(token: str) -> list[int]:
-    """Processes still running with ``token`` in their environment (this one aside)."""
+    """Processes still running with ``token`` in their environment (this one aside, and the
+    fork server started with it: it lives on to fork this process's next child)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            if token.encode() in (entry / "environ").read_bytes():
+            if token.encode() in (entry / "environ").read_bytes() and not _is_fork_server(
+                    entry):
                 found.append(int(entry.name))
         except OSError:  # gone meanwhile, or not ours to read
             continue
     return found
+
+
+def _is_fork_server(entry: Path) -> bool:
+    cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+    return cmdline[1:4] == [b"-m", b"autotune.child", b"--serve"] and int(
+        (entry / "stat").read_text().rpartition(")")[2].split()[1]) == os.getpid()
 
 
 # -- the job's result from its ranks' (no processes) -------------------------------------------

@@ -6,6 +6,7 @@ the misbehaving workloads of tests/workloads.py each show that the outcome names
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -317,33 +318,49 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _running_trial(parent: int) -> list[int]:
+    """The parent's descendants once one of them runs the trial (a new interpreter running
+    the runner, or a child its fork server forked), else []."""
+    found = _children(parent)
+    for pid in list(found):
+        found += _children(pid)
+    trial = [pid for pid in found if pid not in _children(parent)  # forked: a grandchild
+             or b"autotune.runner" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    return found if trial else []
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("how", ["fork", "spawn"])
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
-def test_no_child_outlives_its_parent(sig: signal.Signals) -> None:
+def test_no_child_outlives_its_parent(sig: signal.Signals, how: str) -> None:
     parent = subprocess.Popen([sys.executable, "-c", _PARENT, workload_target("hang")],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    child = None
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "AUTOTUNE_CHILD_START": how})
+    descendants: list[int] = []
     try:
         deadline = time.monotonic() + 60
-        while child is None and time.monotonic() < deadline:
-            for pid in _children(parent.pid):  # once it runs the runner: past its preexec
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-                if b"autotune.runner" in cmdline:
-                    child = pid
+        while not descendants and time.monotonic() < deadline:
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                descendants = _running_trial(parent.pid)
             time.sleep(0.05)
-        assert child is not None, "the parent never started its child"
+        assert descendants, "the parent never started its child"
+        # fork: the fork server and the trial it forked; spawn: the trial alone
+        assert len(descendants) == (2 if how == "fork" else 1), descendants
         parent.send_signal(sig)
         parent.wait(timeout=10)
         assert parent.returncode == -sig
         deadline = time.monotonic() + 5
-        while _state(child) not in (None, "Z") and time.monotonic() < deadline:
+        while any(_state(pid) not in (None, "Z") for pid in descendants) \
+                and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _state(child) in (None, "Z"), f"child {child} outlived its parent"
+        alive = [pid for pid in descendants if _state(pid) not in (None, "Z")]
+        assert not alive, f"{alive} outlived their parent"
     finally:
         parent.kill()
         parent.wait()
-        if child is not None and _state(child) not in (None, "Z"):
-            os.kill(child, signal.SIGKILL)
+        for pid in descendants:
+            if _state(pid) not in (None, "Z"):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.slow

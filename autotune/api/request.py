@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune.child import start_method
 from autotune.config import (
     DeviceInfo,
     Knobs,
@@ -173,6 +174,10 @@ class TuneRequest:
                 problems.append(str(exc))
                 results.append(None)
         target, budget, extra = results
+        try:  # read at each child's start: a bad value must not wait for the first one
+            start_method()
+        except ConfigError as exc:
+            problems.append(str(exc))
         classes: tuple[Knobs, ...] = ()
         skipped: tuple[str, ...] = ()
         try:  # checked also when the other knobs failed: every problem is said at once
