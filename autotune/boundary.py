@@ -77,14 +77,14 @@ def predicted_largest(between: Sequence[int], line: tuple[float, float],
 
 
 def next_candidate(candidates: Sequence[int], points: Sequence[Point], usable_bytes: int,
-                   hint: int | None = None) -> int | None:
+                   hint: int | None = None, *, over_bytes: float | None = None) -> int | None:
     """The micro-batch to measure next, or None when the boundary is decided.
 
     After a first run at the hint, its neighbour settles the boundary if the hint was right;
     with two measured peaks, the largest candidate the line predicts to fit (when it predicts
-    none, the one just above the largest fit, to confirm the failure); with nothing fitting yet,
-    the smallest candidate (is anything feasible?); else the candidate nearest the geometric
-    middle of the bracket.
+    none, the one just above the largest fit, to confirm the failure, unless the line puts it
+    above ``over_bytes``: ``confirm_over``); with nothing fitting yet, the smallest candidate
+    (is anything feasible?); else the candidate nearest the geometric middle of the bracket.
     """
     between = open_candidates(candidates, points)
     if not between:
@@ -95,7 +95,9 @@ def next_candidate(candidates: Sequence[int], points: Sequence[Point], usable_by
     line = fit_line(points)
     if line is not None:
         predicted = predicted_largest(between, line, usable_bytes)
-        return predicted if predicted is not None else between[0]
+        if predicted is not None:
+            return predicted
+        return None if confirm_over(between, points, over_bytes) else between[0]
     lo, hi = bracket(points)
     if lo == 0:
         return between[0]
@@ -104,6 +106,20 @@ def next_candidate(candidates: Sequence[int], points: Sequence[Point], usable_by
     index = min(max(bisect.bisect_left(between, middle), 0), len(between) - 1)
     nearby = [between[i] for i in (index - 1, index) if 0 <= i < len(between)]
     return min(nearby, key=lambda c: abs(math.log(c) - math.log(middle)))
+
+
+def confirm_over(between: Sequence[int], points: Sequence[Point],
+                 over_bytes: float | None) -> float | None:
+    """The peak the line through the measured peaks predicts for the smallest open candidate
+    when it is above ``over_bytes`` (e.g. a child's hard cap: the run could only end out of
+    memory), else None (run it to confirm the failure). Only a line through two fitting runs
+    predicts here, and only above the largest of them (no extrapolation below a failure)."""
+    line = fit_line([p for p in points if p.fits])
+    if over_bytes is None or line is None or not between:
+        return None
+    slope, intercept = line
+    predicted = slope * between[0] + intercept
+    return predicted if slope > 0 and predicted > over_bytes else None
 
 
 def may_be_largest(micro_batch: int, candidates: Sequence[int], points: Sequence[Point],

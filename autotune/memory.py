@@ -11,7 +11,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 
-from autotune.boundary import Point, bracket, first_candidate, next_candidate
+from autotune.boundary import (
+    Point,
+    bracket,
+    confirm_over,
+    first_candidate,
+    next_candidate,
+    open_candidates,
+)
 from autotune.boundary import may_be_largest as is_largest_candidate
 from autotune.config import (
     Knobs,
@@ -20,6 +27,7 @@ from autotune.config import (
     TrialResult,
     TrialSpec,
     WorkloadSpec,
+    format_bytes,
 )
 from autotune.errors import WorkloadError
 from autotune.runner import run_isolated
@@ -143,8 +151,15 @@ def probe_memory(
             on_step(knobs, step)
         if result.status == "unsupported":  # no micro-batch changes that
             break
-        micro_batch = next_candidate(cands, points, usable_bytes, hint)
+        micro_batch = next_candidate(cands, points, usable_bytes, hint, over_bytes=budget_bytes)
         fit, _ = bracket(points)
+        over = confirm_over(open_candidates(cands, points), points, budget_bytes)
+        if micro_batch is None and over is not None:
+            above = open_candidates(cands, points)[0]
+            fitted = ", ".join(str(p.micro_batch) for p in points if p.fits)
+            stopped = (f"micro-batches above {fit} not probed: the line through the peaks at "
+                       f"{fitted} puts {above} at {format_bytes(int(over))}, over the "
+                       f"{format_bytes(budget_bytes)} cap")
         if micro_batch is not None and stop_above is not None and 0 < fit < micro_batch:
             why = stop_above(fit, micro_batch)
             if why:

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from autotune.boundary import (
     Point,
     bracket,
+    confirm_over,
     first_candidate,
     fit_line,
     may_be_largest,
@@ -47,6 +48,20 @@ def test_line_predicting_nothing_confirms_just_above_lo() -> None:
     assert next_candidate(DIVISORS_48, [oom(48), fits(1, 110), fits(6, 160)], 170) == 8
 
 
+def test_a_failure_the_line_puts_over_the_cap_is_not_run_to_confirm() -> None:
+    # ckpt=blocks on slow_gpt2 (bf16/default): 16 and 32 fit at 312 and 389 MiB of 432
+    # usable; the line puts 64 at 544, over the 480 cap: it could only run out of memory.
+    points = [fits(16, 312), fits(32, 389)]
+    assert next_candidate([1, 2, 4, 8, 16, 32, 64], points, 432, over_bytes=480) is None
+    assert confirm_over([64], points, 480) == 543
+    # Under the cap (but over the usable budget) it may still fit: run it.
+    assert next_candidate([1, 2, 4, 8, 16, 32, 64], points, 432, over_bytes=560) == 64
+    assert next_candidate([1, 2, 4, 8, 16, 32, 64], points, 432) == 64
+    # A line through a run that did not fit predicts nothing here.
+    assert confirm_over([64], [fits(16, 312), Point(micro_batch=32, peak_bytes=470,
+                                                      fits=False)], 480) is None
+
+
 def test_non_increasing_line_tries_the_largest() -> None:
     assert next_candidate([1, 4, 6, 8, 12], [fits(1, 200), fits(4, 150)], 1000) == 12
 
@@ -72,31 +87,35 @@ def test_a_decided_boundary_has_nothing_next() -> None:
     assert next_candidate([1, 2, 3, 4, 6, 12], points, 150) is None
 
 
-def search(candidates, peak, usable, hint=None) -> tuple[int, int]:
-    """Run the search against a peak function: (largest fit found, measurements)."""
+def search(candidates, peak, usable, hint=None, over=None) -> tuple[int, int]:
+    """Run the search against a peak function: (largest fit found, measurements); ``over``:
+    the cap above which a failure is not run to confirm it."""
     points: list[Point] = []
     micro_batch = first_candidate(candidates, hint)
     while micro_batch is not None:
         value = peak(micro_batch)
         points.append(Point(micro_batch=micro_batch, fits=value <= usable,
                             peak_bytes=value if value <= 2 * usable else None))  # big: an OOM
-        micro_batch = next_candidate(candidates, points, usable, hint)
+        micro_batch = next_candidate(candidates, points, usable, hint, over_bytes=over)
     return bracket(points)[0], len(points)
 
 
 @settings(max_examples=300, deadline=None)
 @given(base=st.integers(0, 10_000), slope=st.integers(1, 5_000), curve=st.integers(0, 50),
        usable=st.integers(1, 3_000_000), target=st.sampled_from([12, 48, 64, 96, 360]),
-       hint=st.none() | st.integers(1, 64))
-def test_the_boundary_found_is_the_true_one(base, slope, curve, usable, target, hint) -> None:
+       hint=st.none() | st.integers(1, 64), headroom=st.sampled_from([None, 0.0, 0.1, 0.5]))
+def test_the_boundary_found_is_the_true_one(base, slope, curve, usable, target, hint,
+                                            headroom) -> None:
     """For any peak that grows with the micro-batch (linear, or convex as attention's seq x seq
     terms are not, but a kernel's padding can be), the search ends at the largest candidate
-    that fits: it never stops inside an undecided bracket."""
+    that fits: it never stops inside an undecided bracket, also when a failure the line puts
+    over the cap (usable / (1 - headroom)) is not run to confirm it."""
     def peak(m: int) -> int:
         return base + slope * m + curve * m * m
 
     candidates = list(divisors(target))
-    found, _ = search(candidates, peak, usable, hint)
+    over = None if headroom is None else usable / (1 - headroom)
+    found, _ = search(candidates, peak, usable, hint, over)
     assert found == max((c for c in candidates if peak(c) <= usable), default=0)
 
 

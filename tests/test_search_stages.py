@@ -151,6 +151,28 @@ def test_a_boundary_found_by_a_bisection_point_is_timed_afterwards() -> None:
     assert records["fp32/off/8"].samples_per_s == pytest.approx(100 * 0.8)
 
 
+def test_a_compiled_probe_above_its_fit_is_timed_in_the_probe_not_run_again() -> None:
+    # Eager fits 8 (80 MiB a sample); compiled code 16 (40 MiB a sample). bf16/default starts
+    # at the hint 8 and fits; 16 above it is no bisection point to skip timing: were it not
+    # timed, its largest fit would run once more (another child, its graphs loaded again).
+    # The line through 8 and 16 puts 32 at 1380 MiB, over the 1000 MiB cap: not run.
+    eager, compiled = (lambda m: 100 + 80 * m), (lambda m: 100 + 40 * m)
+    device = ScriptedDevice(by_class(100, 150, 160, 200, 300, 330), peaks={
+        "fp32/off": eager, "bf16/off": eager, "fp32/default": compiled,
+        "bf16/default": compiled, "bf16/max-autotune": compiled})
+    outcome, records = search(device)
+    runs = [r for r in device.runs() if r.startswith("bf16/default/")]
+    assert runs[:2] == ["bf16/default/8", "bf16/default/16"]  # both timed, neither a "(probe)"
+    assert runs.count("bf16/default/16") == 1 + (records["bf16/default/16"].num_runs > 1)
+    assert "bf16/default/32" not in runs
+    probe = next(p for p in outcome.probes if p.knobs.label() == "bf16/default")
+    assert probe.max_micro_batch == 16 and [s.timed for s in probe.steps] == [True, True]
+    assert probe.notes == ("micro-batches above 16 not probed: the line through the peaks at "
+                           "8, 16 puts 32 at 1.35 GiB, over the 1000.00 MiB cap",)
+    # Eager probe points stay bisection points: a run of their own costs little.
+    assert "fp32/off/1 (probe)" in device.runs()
+
+
 def test_a_class_far_behind_is_not_probed_above_its_first_fit() -> None:
     # fp32 fits 16 (40 MiB a sample), bf16 32. bf16/off times 16 and 32: 1.11x for twice the
     # micro-batch. fp32/default, probed after bf16/default (bf16 led in eager), runs 135
@@ -171,9 +193,14 @@ def test_a_class_far_behind_is_not_probed_above_its_first_fit() -> None:
         "overhead bf16/off showed from 16 to 32, 1.11x, spread over more samples), 158.8 "
         "samples/s: behind by more than the noise (5%)",)
     assert f"fp32/default: {probe.notes[0]}" in outcome.skipped
-    # The baseline's own probe always finds its boundary: it is what an untuned user runs.
+    # The baseline's own probe always finds its boundary (it is what an untuned user runs):
+    # no gain ceiling stops it, only the line through its peaks at 1, 8 and 16, which puts 32
+    # at 1380 MiB, over the 1000 MiB cap (it could only run out of memory there).
     baseline = next(p for p in outcome.probes if p.knobs.label() == "fp32/off")
-    assert 32 in [s.micro_batch for s in baseline.steps]
+    assert baseline.max_micro_batch == 16 and 32 not in [s.micro_batch for s in baseline.steps]
+    assert baseline.notes == (
+        "micro-batches above 16 not probed: the line through the peaks at 1, 8, 16 puts 32 at "
+        "1.35 GiB, over the 1000.00 MiB cap",)
 
 
 def test_other_compile_modes_only_for_a_precision_near_the_leader() -> None:
@@ -911,6 +938,26 @@ def test_a_compiled_winner_that_fits_only_from_the_cache_runs_afresh_and_is_rule
         ("re-measure", 16, 620 * MIB, True)]
     assert all(s.num_timed_steps == SETTINGS.num_timed_steps and s.timing_precision is None
                for s in device.specs if s.cold_compile)
+
+
+def test_the_compiled_leaders_re_measure_compiles_afresh_and_is_its_first_launch_check(
+        ) -> None:
+    # Every graph is in the cache; bf16/default (320/s) is within the noise of the leader
+    # bf16/max-autotune (330/s) at 32. The leader's re-measure runs with an empty cache of its
+    # own (+50 MiB: 790 of 900 MiB, fits): stage 6 needs no run of its own, where it would
+    # have been the leader's third.
+    device = CompileCacheDevice(ScriptedDevice(by_class(100, 150, 160, 200, 320, 330)),
+                                compile_mib=50)
+    device.cached = {(k.graph(), m) for k in CLASSES for m in (1, 2, 4, 8, 16, 32, 64)}
+    outcome, records = cpu_search(device)
+    assert device.cold_runs() == ["bf16/max-autotune/32"]
+    assert [(r.kind, f"{r.knobs.label()}/{r.micro_batch}") for r in outcome.runs[-2:]] == [
+        ("re-measure", "bf16/max-autotune/32"), ("re-measure", "bf16/default/32")]
+    winner = pick_winner_record(outcome)
+    assert (winner.knobs.label(), winner.micro_batch) == ("bf16/max-autotune", 32)
+    assert winner.num_runs == 2 and winner.peak_bytes == 790 * MIB  # its first launch's
+    assert records["bf16/default/32"].num_runs == 2
+    assert not any("first launch" in s for s in outcome.skipped)
 
 
 def pick_winner_record(outcome):

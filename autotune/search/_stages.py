@@ -3,7 +3,9 @@
 1. Probe each memory class with eager and default-compiled code, fp32 eager (the baseline)
    first: a probe that may be the largest fit also times its config, so a class's largest
    fitting micro-batch is usually timed by the run that found it (bisection points only
-   measure memory).
+   measure memory, but for a compiled setting's above its largest fit so far: timed apart,
+   it would load its graphs again). A failure the line through the fitting peaks puts over
+   the cap is not run to confirm it.
 2. For each precision whose best is near the leader's, probe the other compile modes (kernel
    autotuning, CUDA graphs): a refinement of ``default`` that rarely gains more than the gap.
 3. Screen each further knob (checkpointing, optimizer implementation, memory format,
@@ -20,6 +22,8 @@
    faster than the last.
 5. Re-measure the leader and the candidates whose gap to it is within the noise (a close
    race), interleaved; each keeps its better run. A clear lead stands without a second run.
+   A compiled leader not yet run with its graphs compiled afresh is re-measured so (an empty
+   inductor cache of its own): that run is also stage 6's check.
 6. Where a compile's own memory counts in the peak (CPU), a compiled winner fits only if a run
    of it that compiled its graphs afresh fit: a run that loads them from inductor's cache
    (another setting with the same graphs compiled them, e.g. another optimizer implementation,
@@ -317,12 +321,23 @@ class _Search:
                 return None
             return self._why_not_larger(candidate(fit))
 
+        def timed(micro_batch: int, may_be_largest: bool) -> bool:
+            # A compiled setting's probe above its largest fit so far times its config too:
+            # should it fit, timing it in a run of its own costs another child and another
+            # load of its graphs, where the timed steps alone cost seconds.
+            if may_be_largest or knobs.compile_mode == "off":
+                return may_be_largest
+            usable = self.report.usable_bytes()
+            fits = [c.micro_batch for c, r in [*self.probe_runs.items(), *self.results.items()]
+                    if c.knobs == knobs and r.fits(usable)]
+            return bool(fits) and micro_batch > max(fits)
+
         probe = probe_memory(
             self.report.workload, self.report.device.device, knobs, self.micro_batches,
             budget_bytes=self.report.budget_bytes, usable_bytes=self.report.usable_bytes(),
             timeout_s=self.settings.timeout_s, hint=hint_for(knobs, self.probes.values()),
             run=self.measure, on_step=self._on_step, stop_above=stop_above,
-            make_spec=lambda m, may_be_largest: self.spec(candidate(m), timed=may_be_largest))
+            make_spec=lambda m, largest: self.spec(candidate(m), timed=timed(m, largest)))
         self.probes[knobs] = probe
         self.skipped += [f"{knobs.label()}: {n}" for n in probe.notes
                          if n.startswith("micro-batches above")]
@@ -711,6 +726,11 @@ class _Search:
             recheck = key in self.stored
             if self.runs.get(key, 1) >= 2 and not recheck:  # re-measured before a resume
                 continue
+            if key == keys[0] and not recheck and self._unchecked_launch(key):
+                # The leader's re-measure compiles afresh: it is also stage 6's check that it
+                # fits a first launch, where the leader is most often the winner.
+                self._cold_run(key)
+                continue
             candidate = key
             spec = self.spec(candidate, early_stop=False)
             if recheck:
@@ -752,6 +772,12 @@ class _Search:
                     winner, f"its run compiled afresh ended {cold.status}"))
                 return
             self._out_cold(winner, cold)
+
+    def _unchecked_launch(self, key: Candidate) -> bool:
+        """Whether a compiled candidate's fit as a first launch is still to check (stage 6):
+        on a device whose peak counts the compile, no run of it compiled its graphs afresh."""
+        return (key.knobs.compile_mode != "off" and key not in self.cold
+                and backend_for(self.report.device.device).compile_in_peak)
 
     def _winner(self) -> Candidate | None:
         """The candidate the outcome would pick now (``pick_winner`` over the verdicts)."""
