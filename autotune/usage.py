@@ -92,7 +92,7 @@ class Tuned:
 
         Raises:
             KnobUnsupported: the model cannot take a tuned knob (no repeated blocks to
-                checkpoint, no 2-D convolution for channels_last): not the tuned model.
+                checkpoint, no 2-D convolution for the memory format): not the tuned model.
         """
         return step.apply_to_model(model, self.knobs, blocks)
 
@@ -175,7 +175,7 @@ class Tuned:
         """Keyword arguments for ``transformers.TrainingArguments``: micro-batch,
         accumulation, precision, compile mode, gradient checkpointing, the optimizer
         (``adamw_torch_fused`` for ``fused``) and FSDP2 (``fsdp``/``fsdp_config``) for an fsdp
-        strategy. What Trainer has no switch for (every second block, channels_last, the
+        strategy. What Trainer has no switch for (sparser checkpointing, the memory format, the
         allocator, DDP's bucket view, FSDP's fp32 reduction under autocast) is said in one
         warning, with what to do instead.
 
