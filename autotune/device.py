@@ -43,6 +43,8 @@ Kernels = Literal["cpu", "cuda"]
 # (per-thread arenas reserve 64 MiB heaps; freed blocks stay in the heap): one arena and an
 # immediate trim make the measured peak repeat to about 1 MiB. A user's own MALLOC_* wins.
 CPU_ALLOCATOR = {"MALLOC_ARENA_MAX": "1", "MALLOC_TRIM_THRESHOLD_": "0"}
+AT_CAP_SHARE = 0.02
+"""A CPU run that failed with its peak within this share of its cap ran out of memory."""
 
 
 class DeviceBackend(abc.ABC):
@@ -137,6 +139,13 @@ class TrialMemory(abc.ABC):
     @abc.abstractmethod
     def release(self) -> None:
         """Lift the cap: what runs after the peak was read is not the trial's training."""
+
+    def at_cap(self, peak_bytes: int | None) -> bool:
+        """Whether a run that failed had reached its cap: its failure then is an out of memory,
+        whatever it raised (on CPU a C extension that cannot allocate under the address-space
+        cap may raise a bare ``SystemError``). False where the device's allocator raises its
+        own out-of-memory error (CUDA)."""
+        return False
 
     @abc.abstractmethod
     def sync(self) -> None:
@@ -306,6 +315,13 @@ class _CPUMemory(TrialMemory):
     def release(self) -> None:
         """The address-space limit the child had before the cap."""
         resource.setrlimit(resource.RLIMIT_AS, self.uncapped)
+
+    def at_cap(self, peak_bytes: int | None) -> bool:
+        """Within ``AT_CAP_SHARE`` of the cap: an allocation that would cross it fails, so a
+        run that ran out of address space stops a little under it (deep GPT's compile under
+        a 54.2 MiB cap: ``SystemError: error return without exception set`` at 54.1 MiB)."""
+        return (self.budget is not None and peak_bytes is not None
+                and peak_bytes >= self.budget * (1 - AT_CAP_SHARE))
 
     def peak(self) -> dict[str, int | None]:
         """Peak bytes (address space over the baseline plus the model) and peak RSS."""

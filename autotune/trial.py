@@ -219,11 +219,17 @@ def run_trial(spec: TrialSpec) -> TrialResult:
         status = classify_exception(exc)
         if memory is not None and "peak_bytes" not in info:  # not after the reference's rebuild
             info.update(memory.peak())
+        at_cap = ""
+        if status in ("compile_error", "error") and memory is not None and memory.at_cap(
+                info.get("peak_bytes")):
+            status, at_cap = "oom", (
+                f"out of memory: the run had reached its cap ({format_bytes(info['peak_bytes'])}"
+                f" of {format_bytes(memory.budget or 0)}) when it failed with ")
         if spec.compile_mode != "off" and "torch._dynamo" in sys.modules:
             with contextlib.suppress(Exception):  # whether it was compiling afresh
                 info["compile_cache_hits"], info["compile_cache_misses"] = \
                     _compile_cache_counts()
-        return _failed(status, exc, info)
+        return _failed(status, exc, info, at_cap)
 
 
 def _join_job(spec: TrialSpec) -> tuple[TrialSpec, int]:
@@ -276,16 +282,19 @@ def _agreed(values: Sequence[float], device: torch.device) -> list[float]:
     return tensor.tolist()
 
 
-def _failed(status: TrialStatus, exc: BaseException, info: dict[str, Any]) -> TrialResult:
+def _failed(status: TrialStatus, exc: BaseException, info: dict[str, Any],
+            at_cap: str = "") -> TrialResult:
     """The result of a trial that raised: the cause named, then the workload's own frames.
 
-    An OOM after memory grew at every step leads with the leak that caused it."""
+    ``at_cap``: why a failure that raised no out-of-memory error is one (its run had reached
+    its cap), said first. An OOM after memory grew at every step leads with the leak that
+    caused it."""
     if isinstance(exc, SystemExit):
         message = str(WorkloadError.from_exit(exc))
     elif isinstance(exc, (WorkloadError, KnobUnsupported)):
         message = str(exc)  # says what the workload did, with its traceback when it raised
     else:
-        message = f"{type(exc).__name__}: {exc}"
+        message = f"{at_cap}{type(exc).__name__}: {exc}"
     if status in ("error", "compile_error") or isinstance(exc, SystemExit):
         frames = user_traceback(exc)
         message += f"\n{frames}" if frames else ""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -74,6 +75,8 @@ SPECS = {
     "reference_heavy": _spec("reference_heavy", 2, num_timed_steps=3,
                              memory_budget_bytes=48 * MIB),
     "unseeded": _spec("unseeded", 2, num_timed_steps=3),
+    "bare_error_at_cap": _spec("bare_error_at_cap", memory_budget_bytes=64 * MIB),
+    "bare_error": _spec("bare_error", memory_budget_bytes=64 * MIB),
     "leak_probe": _spec("leak", memory_budget_bytes=LEAK_CAP),
     "leak": _spec("leak", num_timed_steps=15, memory_budget_bytes=LEAK_CAP),
 }
@@ -209,6 +212,18 @@ def test_the_workloads_traceback_once_and_only_its_frames(results: dict[str, Tri
     assert frame in message
     assert "/autotune/" not in message and "/torch/" not in message, message
     assert len(message.splitlines()) <= 16, message
+
+
+def test_a_failure_at_the_cap_that_raises_no_memory_error_is_an_oom(
+        results: dict[str, TrialResult]) -> None:
+    at_cap, far = results["bare_error_at_cap"], results["bare_error"]
+    assert at_cap.status == "oom", at_cap.message
+    assert at_cap.peak_bytes is not None and at_cap.peak_bytes > 62 * MIB  # within 2% of 64
+    assert re.match(r"out of memory: the run had reached its cap \(6\d\.\d\d MiB of "
+                    r"64\.00 MiB\) when it failed with SystemError: error return without "
+                    r"exception set", at_cap.message), at_cap.message
+    assert far.status == "error" and far.message.startswith(  # far under it: not an OOM
+        "SystemError: error return without exception set"), far.message
 
 
 def test_a_leak_is_named_when_it_runs_out_of_memory(results: dict[str, TrialResult]) -> None:

@@ -231,6 +231,32 @@ LEAK_FLOATS = 512 * 1024
 default accumulation of 2."""
 
 
+def bare_error_at_cap() -> Workload:
+    """Fills its address space to the cap, then fails with a bare ``SystemError``, as a C
+    extension that cannot allocate may (inductor's compile under a tight CPU cap: "error
+    return without exception set"): the run ran out of memory."""
+
+    def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        held = []
+        try:
+            while True:
+                held.append(bytearray(1 << 20))
+        except MemoryError:
+            held.clear()
+        raise SystemError("error return without exception set")
+
+    return Workload(name="bare-error-at-cap", build_model=WideMLP, make_batch=_batch, loss=loss)
+
+
+def bare_error() -> Workload:
+    """Fails with the same bare ``SystemError`` far under its cap: an error, not an OOM."""
+
+    def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        raise SystemError("error return without exception set")
+
+    return Workload(name="bare-error", build_model=WideMLP, make_batch=_batch, loss=loss)
+
+
 def leak() -> Workload:
     """Every loss call keeps 2 MiB per sample alive in a module-level list: a probe of 2 warm-up
     steps fits, a longer run of the same micro-batch runs out of memory."""
