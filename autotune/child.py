@@ -272,7 +272,18 @@ class _Server:
         except (OSError, ValueError):
             return None
         with self._cond:
-            self._cond.wait_for(lambda: request_id in self._replies or self._state != "ready")
+            try:
+                self._cond.wait_for(
+                    lambda: request_id in self._replies or self._state != "ready")
+            except BaseException:  # Ctrl-C before the pid came back: the child must not live on
+                self._cond.wait_for(
+                    lambda: request_id in self._replies or self._state != "ready", 10.0)
+                if "pid" in self._replies.get(request_id, {}):
+                    pid = int(self._replies[request_id]["pid"])
+                    for kill in (os.killpg, os.kill):  # before its setsid it has no group
+                        with contextlib.suppress(ProcessLookupError, PermissionError):
+                            kill(pid, signal.SIGKILL)
+                raise
             reply = self._replies.pop(request_id, None)
             if reply is None:
                 return None

@@ -156,3 +156,41 @@ def test_transformers_is_preloaded_only_for_workloads_that_import_it(tmp_path: P
     assert preloads(WorkloadSpec(kind="file", target=f"{plain}:factory")) == ()
     assert preloads(WorkloadSpec(kind="file", target=f"{tmp_path}/missing.py:f")) == ()
     assert preloads(WorkloadSpec()) == ()  # the built-in model is plain torch
+
+
+class _InterruptedOnce:
+    """The server's condition, but the first wait in this thread is cut by a Ctrl-C (as a
+    KeyboardInterrupt arrives while ``fork`` waits for the child's pid)."""
+
+    def __init__(self, cond: object) -> None:
+        self._cond, self._interrupted = cond, False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._cond, name)
+
+    def __enter__(self) -> object:
+        return self._cond.__enter__()  # type: ignore[attr-defined]
+
+    def __exit__(self, *exc: object) -> object:
+        return self._cond.__exit__(*exc)  # type: ignore[attr-defined]
+
+    def wait_for(self, predicate, timeout=None):  # type: ignore[no-untyped-def]
+        if not self._interrupted:
+            self._interrupted = True
+            raise KeyboardInterrupt
+        return self._cond.wait_for(predicate, timeout)  # type: ignore[attr-defined]
+
+
+def test_a_ctrl_c_while_the_fork_is_answered_kills_the_child(tmp_path: Path) -> None:
+    env = _env()
+    server = child._server_for(env, ())
+    assert server is not None and server.ready()
+    server._cond = _InterruptedOnce(server._cond)  # type: ignore[assignment]
+    out = tmp_path / "sleep.json"
+    with pytest.raises(KeyboardInterrupt):
+        server.fork("tests.child_state", [str(out), "sleep"], env=env,
+                    output=str(tmp_path / "sleep.txt"))
+    server._cond = server._cond._cond  # type: ignore[attr-defined]
+    with server._cond:  # the server reports the child's exit once it is reaped
+        assert server._cond.wait_for(lambda: bool(server._exits), 30), "the child lives on"
+        assert list(server._exits.values()) == [-signal.SIGKILL]
