@@ -15,6 +15,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import importlib
+import mmap
 import os
 import platform
 import resource
@@ -242,6 +243,17 @@ def _proc_status() -> dict[str, int]:
     return values
 
 
+def _pad_to_high_water() -> mmap.mmap | None:
+    """An inaccessible private mapping (PROT_NONE: no memory behind it, nothing committed) as
+    large as VmPeak over VmSize, so that VmSize reaches VmPeak; kept mapped while it is held."""
+    status = _proc_status()
+    gap = status["VmPeak"] - status["VmSize"]
+    if gap < mmap.PAGESIZE:
+        return None
+    gap -= gap % mmap.PAGESIZE
+    return mmap.mmap(-1, gap, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=0)  # PROT_NONE
+
+
 def _start_compile_threads() -> None:
     """Start inductor's compile threads now, so their stacks count in the baseline.
 
@@ -289,10 +301,15 @@ class _CPUMemory(TrialMemory):
         importlib.import_module("torch._dynamo")
         if spec.compile_mode != "off":
             _start_compile_threads()
-        # VmPeak, not VmSize: glibc maps twice a new thread arena's size and trims it, so VmPeak
-        # already sits up to 64 MiB above VmSize here. Peaks are read from VmPeak, so the cap
-        # and the peak must start from the same high-water mark (else a tiny trial reports a
-        # 64 MiB peak, over its own cap).
+        # Peaks are read from the kernel's high-water mark VmPeak, which may sit above the
+        # address space VmSize here: glibc maps twice a new thread arena's size and trims it,
+        # large blocks freed before now were unmapped (MALLOC_MMAP_THRESHOLD_), and a child
+        # forked from the fork server inherits the server's mark (53 MiB above its VmSize under
+        # a small mmap threshold). Training would fill that gap unseen by the peak, and the cap
+        # over the mark would allow the gap on top. Reserve it (inaccessible, never in RSS nor
+        # committed), so the address space starts at its high-water mark and both count from
+        # the same bytes.
+        self._padding = _pad_to_high_water()
         self.baseline = _proc_status()["VmPeak"]
         self.uncapped = resource.getrlimit(resource.RLIMIT_AS)
         if self.budget is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import mmap
+
 import pytest
 import torch
 from torch import nn
@@ -74,4 +76,25 @@ def test_cpu_memory_measures_a_large_tensor_in_process() -> None:
     peak = memory.peak()
     assert peak["peak_bytes"] is not None and peak["peak_bytes"] >= 64 * MIB
     assert peak["num_alloc_retries"] == 0
+    del big
+
+
+def test_cpu_memory_counts_training_that_stays_under_an_earlier_high_water_mark() -> None:
+    # A child forked from the fork server inherits the server's high-water mark VmPeak, and
+    # blocks freed before the baseline (unmapped under a small MALLOC_MMAP_THRESHOLD_) leave it
+    # above VmSize: training that fills that gap must still show in the peak (it read 0 here,
+    # and the estimator's real-step checks failed by 35-850%, before the gap was reserved).
+    hole = mmap.mmap(-1, 128 * MIB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=0)
+    hole.close()
+    status = _proc_status()
+    assert status["VmPeak"] - status["VmSize"] >= 128 * MIB
+    model = nn.Linear(8, 8)
+    spec = TrialSpec(workload=WorkloadSpec(), device="cpu", micro_batch=1,
+                     memory_budget_bytes=None)
+    memory = backend_for("cpu").open_memory(spec, model)
+    # 48 MiB: above glibc's largest mmap threshold (32 MiB), so a mapping of its own
+    big = torch.ones(48 * MIB, dtype=torch.uint8)
+    peak = memory.peak()["peak_bytes"]
+    assert peak is not None
+    assert 48 * MIB <= peak - memory.model_bytes < 56 * MIB, peak / MIB
     del big

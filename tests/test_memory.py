@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -78,7 +79,14 @@ def test_probe_finds_the_brute_force_answer(brute_force_peaks: dict[int, int],
     assert probe.fitting() == (1, 2, 3, 4)
     for step in probe.steps:
         assert step.fits == (step.micro_batch <= truth), step
-    assert any(s.micro_batch == 6 and not s.fits for s in probe.steps)  # the boundary confirmed
+    # The boundary confirmed: 6 ran and failed, or the line through the fitting peaks put it
+    # over the hard cap, so no run could have fitted (boundary.confirm_over)
+    ran_over = any(s.micro_batch == 6 and not s.fits for s in probe.steps)
+    line_over = [n for n in probe.notes if re.match(
+        r"micro-batches above 4 not probed: the line through the peaks at [1-4](, [1-4])+ puts "
+        r"6 at [\d.]+ MiB, over the [\d.]+ MiB cap$", n)]
+    assert ran_over != bool(line_over), (probe.steps, probe.notes)
+    assert brute_force_peaks[6] > usable_bytes
 
 
 @pytest.mark.subprocess
