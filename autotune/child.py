@@ -47,9 +47,14 @@ PARENT_PID = "AUTOTUNE_PARENT_PID"
 """The pid a child expects as its parent: it leaves at once when that one is already gone."""
 def _read_late(name: str) -> bool:
     """Whether a variable is read only after a child starts, so a child may set it differently
-    from its server: autotune's own (never read at an import) and inductor's cache folder
-    (asked for at each compile)."""
-    return name.startswith("AUTOTUNE_") or name == "TORCHINDUCTOR_CACHE_DIR"
+    from its server: autotune's own (never read at an import) and ``_READ_LATE``."""
+    return name.startswith("AUTOTUNE_") or name in _READ_LATE
+
+
+_READ_LATE = frozenset({"TORCHINDUCTOR_CACHE_DIR", "PYTEST_CURRENT_TEST"})
+"""Besides autotune's own: inductor's cache folder, and the variable pytest sets anew for each
+phase of each test (nothing a child imports reads it): an ``assert_fits`` in a test suite would
+otherwise start a server of its own for every test, paying the imports each time."""
 PRELOAD = ("autotune.trial", "torch._dynamo")
 """What every server imports once: what every trial child imports before its memory baseline
 (``trial``, and ``torch._dynamo``, which the optimizers import lazily). A server may preload more

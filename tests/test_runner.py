@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune import child
 from autotune.config import MIB, ChildRun, Knobs, TrialResult, TrialSpec, WorkloadSpec
 from autotune.runner import run_in_child, run_isolated
 from tests.conftest import ROOT, workload_target
@@ -243,11 +244,14 @@ def test_a_leak_is_named_when_it_runs_out_of_memory(results: dict[str, TrialResu
 # The child process itself: start failures, the generic child, and no child outliving its parent.
 
 
-def test_a_child_that_cannot_start_is_a_crash(tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("how", ["fork", "spawn"])
+def test_a_child_that_cannot_start_is_a_crash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              how: str) -> None:
     interpreter = tmp_path / "python"
     interpreter.write_text("#!/bin/sh\n")  # not executable: the OS refuses to run it
     monkeypatch.setattr(sys, "executable", str(interpreter))
+    monkeypatch.setenv(child.START_VARIABLE, how)
+    child.close_servers()  # fork: no server starts either, and the spawned fallback fails
     result = run_isolated(_spec("tiny"))
     assert result.status == "crash"
     assert result.message.startswith(
