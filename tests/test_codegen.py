@@ -303,6 +303,7 @@ def test_generated_step_under_ddp_normalizes_over_all_ranks(default_script: Modu
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow
 def test_generated_step_under_fsdp_gives_the_single_process_gradients(
         default_script: ModuleType, tmp_path: Path) -> None:
     """Two gloo ranks, the script's FSDP2 wrap (each block, then the root; resharded after
@@ -516,6 +517,7 @@ def test_generated_script_runs(tmp_path: Path, name: str) -> None:
 
 @pytest.mark.subprocess
 @pytest.mark.parametrize("strategy", ["fsdp", "ddp-bucket-view"])
+@pytest.mark.slow
 def test_generated_script_runs_its_strategy_under_torchrun(tmp_path: Path,
                                                           strategy: str) -> None:
     """Two CPU ranks of the tuned strategy train 2 steps and save a full checkpoint that a

@@ -253,6 +253,7 @@ def test_bad_settings_are_config_errors():
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow
 def test_a_20b_parameter_model_is_estimated_without_allocating_it():
     code = (
         "import resource, transformers\n"
@@ -642,6 +643,7 @@ def test_check_estimates_one_rank_of_the_configs_strategy(tmp_path):
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow
 def test_estimate_cli_prints_one_rank_of_a_large_world():
     target = f"{ROOT / 'tests' / 'workloads.py'}:state_heavy"
     args = ["estimate", "--workload", target, "--kernels", "cpu", "--device-memory", "1GiB",

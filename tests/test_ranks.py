@@ -176,6 +176,7 @@ def test_a_job_of_two_ranks_trains_and_reports_each_rank(strategy: str) -> None:
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow
 def test_fsdp_shards_the_training_state_that_ddp_replicates() -> None:
     """state_heavy: 16 MiB of parameters, 64 MiB with gradients and AdamW's moments; FSDP2 on
     2 ranks holds half of that per rank, DDP all of it plus its gradient buckets."""
@@ -202,6 +203,7 @@ def test_a_fault_on_one_rank_ends_the_job_and_no_rank_is_left(workload: str, sta
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow
 def test_a_hanging_rank_times_the_job_out_and_no_rank_is_left(job_token: str) -> None:
     result = run_isolated(_spec("rank_hang", "ddp", timeout_s=10.0, num_timed_steps=2))
     assert result.status == "timeout"
@@ -210,6 +212,7 @@ def test_a_hanging_rank_times_the_job_out_and_no_rank_is_left(job_token: str) ->
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow
 def test_probe_shows_ddp_and_fsdp_side_by_side(tmp_path: object) -> None:
     """Under a cap where DDP's replicated AdamW state leaves room for few samples, FSDP2's
     shards leave room for more: the probe JSON shows both."""
@@ -291,6 +294,7 @@ def _ranks_config(tmp_path: Path, ranks: int, world: int, strategy: str = "fsdp"
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow
 def test_check_measures_one_job_of_the_configs_ranks(tmp_path: Path) -> None:
     result = api.check(_ranks_config(tmp_path, 2, 2), measure=True)
     assert result.method == "measure", result.message
@@ -308,6 +312,7 @@ def test_a_config_of_ranks_without_a_strategy_is_refused(tmp_path: Path) -> None
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow
 def test_a_loaded_fsdp_config_shards_the_users_model_under_torchrun(tmp_path: Path) -> None:
     """``autotune.load`` + ``cfg.parallelize`` in the user's own script under torchrun: the
     blocks and the root are FSDP2 modules, each rank holds half of a weight, a step trains."""

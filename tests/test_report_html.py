@@ -286,6 +286,7 @@ def test_a_page_written_meanwhile_is_kept_and_this_searchs_goes_beside_it(
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow
 def test_a_real_search_writes_the_page_of_its_own_runs(tmp_path: Path) -> None:
     result = runner.invoke(app, [
         "search", "--workload", workload_target("tiny"), "--target-batch", "2", "--device",

@@ -42,6 +42,7 @@ class Recorder:
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow
 def test_search_eager_and_compiled_writes_a_consistent_config(tmp_path: Path) -> None:
     result = api.search(TINY, target_batch=8, device="cpu", memory_budget="4GiB",
                         precisions=["fp32"], compile_modes=["off", "default"], out=tmp_path,
@@ -288,6 +289,7 @@ def test_numerics_guard_compares_on_the_trials_own_batches(tmp_path: Path) -> No
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow
 def test_checkpointing_raises_the_largest_micro_batch_under_a_real_cap(tmp_path: Path) -> None:
     # deep-mlp: 6 residual blocks, about 6.5 MiB a sample without checkpointing and 1.4 MiB
     # with it (measured). Under an 80 MiB cap (72 MiB usable) fp32 eager fits 8 of the 32;
