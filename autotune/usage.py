@@ -120,8 +120,8 @@ class Tuned:
         return step.apply_parallel(model, self.knobs, blocks, device)
 
     def build_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        """The optimizer rebuilt as the tuned implementation (``foreach``, ``fused``, ...) with
-        the same class, parameter groups and hyper-parameters; as built when ``default``.
+        """The optimizer rebuilt as the tuned implementation (``knobs.optimizer_impl``) with
+        the same class, parameter groups and hyper-parameters; as built when that is the default.
         Build your LR scheduler on the optimizer it returns.
 
         Raises:
