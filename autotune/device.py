@@ -245,13 +245,17 @@ def _proc_status() -> dict[str, int]:
 
 def _pad_to_high_water() -> mmap.mmap | None:
     """An inaccessible private mapping (PROT_NONE: no memory behind it, nothing committed) as
-    large as VmPeak over VmSize, so that VmSize reaches VmPeak; kept mapped while it is held."""
+    large as VmPeak over VmSize, so that VmSize reaches VmPeak; kept mapped while it is held.
+    None when there is no gap, or no room for it under an address-space limit set before."""
     status = _proc_status()
     gap = status["VmPeak"] - status["VmSize"]
     if gap < mmap.PAGESIZE:
         return None
     gap -= gap % mmap.PAGESIZE
-    return mmap.mmap(-1, gap, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=0)  # PROT_NONE
+    try:
+        return mmap.mmap(-1, gap, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=0)  # PROT_NONE
+    except OSError:  # an address-space limit already this tight: count from the mark as before
+        return None
 
 
 def _start_compile_threads() -> None:

@@ -98,3 +98,17 @@ def test_cpu_memory_counts_training_that_stays_under_an_earlier_high_water_mark(
     assert peak is not None
     assert 48 * MIB <= peak - memory.model_bytes < 56 * MIB, peak / MIB
     del big
+
+
+def test_no_room_for_the_reservation_counts_from_the_mark_as_before(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune import device
+
+    hole = mmap.mmap(-1, 16 * MIB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=0)
+    hole.close()  # a gap to reserve
+
+    def no_room(*args: object, **kwargs: object) -> mmap.mmap:
+        raise OSError(12, "Cannot allocate memory")  # as under an address-space limit
+
+    monkeypatch.setattr(device.mmap, "mmap", no_room)
+    assert device._pad_to_high_water() is None
