@@ -1080,3 +1080,38 @@ def test_a_limit_that_stops_the_first_launch_check_says_the_winner_was_not_check
     assert "bf16/max-autotune/32: not checked as a first launch compiles it (its runs loaded " \
         "its graphs from inductor's cache, which lowers the peak): --max-trials reached" \
         f" ({before} child runs): best so far" in outcome.skipped
+
+
+def test_a_sibling_that_compiled_the_winners_graphs_with_room_to_spare_spares_its_run_afresh(
+        ) -> None:
+    # As above, with memory ample (100 + 5 MiB per sample; +50 MiB compiling): the setting
+    # compiled the graphs afresh and fit; the fused winner only loaded them. Compiling adds at
+    # most that whole run's peak to the winner's own: within 900 MiB usable, nothing to run.
+    device = CompileCacheDevice(KnobDevice(by_class(100, 150, 160, 200, 300, 330),
+                                           peak_mib=lambda m: 100 + 5 * m), compile_mib=50)
+    outcome, records = cpu_search(device, values=VALUES)
+    winner = pick_winner_record(outcome)
+    assert (winner.knobs.label(), winner.micro_batch) == ("bf16/max-autotune+opt=fused", 64)
+    assert device.cold_runs() == []
+    setting = records["bf16/max-autotune/64"]
+    assert setting.peak_bytes == 470 * MIB  # 420 + 50: compiled afresh
+    assert winner.peak_bytes == 420 * MIB  # loaded from the cache
+    assert ("bf16/max-autotune+opt=fused/64: not run again compiled afresh: bf16/max-autotune/64 "
+            "compiled the same graphs afresh at a peak of 470.00 MiB; compiling adds at most that "
+            "to its own 420.00 MiB: 890.00 MiB, within the 900.00 MiB usable") in outcome.skipped
+    # it fits as a first launch: nothing unknown of it in "why"
+    assert Candidate(knobs=winner.knobs, micro_batch=64) not in outcome.first_launch
+
+
+def test_a_close_race_re_measures_a_leader_vouched_for_by_its_sibling_from_the_cache() -> None:
+    # As above, but foreach within 1% of fused: the two are re-measured, and the leader's
+    # re-measure need not compile afresh (it would pay a compile to learn nothing).
+    device = CompileCacheDevice(KnobDevice(
+        by_class(100, 150, 160, 200, 300, 330), peak_mib=lambda m: 100 + 5 * m,
+        impl_speed={"default": 1.0, "for-loop": 1.0, "foreach": 1.09, "fused": 1.1}),
+        compile_mib=50)
+    outcome, _ = cpu_search(device, values=VALUES)
+    assert [(r.kind, f"{r.knobs.label()}/{r.micro_batch}") for r in outcome.runs
+            if r.kind == "re-measure"] == [("re-measure", "bf16/max-autotune+opt=fused/64"),
+                                           ("re-measure", "bf16/max-autotune+opt=foreach/64")]
+    assert device.cold_runs() == []

@@ -29,7 +29,10 @@
    (another setting with the same graphs compiled them, e.g. another optimizer implementation,
    or an earlier search did) peaks lower than a user's first launch. Without such a run the
    winner runs once more, every step, with an empty cache of its own; if that does not fit,
-   it is out, with the reason, and the next winner is checked the same way.
+   it is out, with the reason, and the next winner is checked the same way. That run is not
+   needed where a run of the same graphs (``Knobs.graph``) at its micro-batch compiled them
+   afresh and fit with room to spare: compiling adds to the winner's own peak at most what
+   that whole run peaked at, so the two peaks' sum within the usable budget settles it.
 
 What is not tried is said, with the measured reason, in the outcome's ``skipped``.
 """
@@ -764,6 +767,8 @@ class _Search:
             return
         usable = self.report.usable_bytes()
         while (winner := self._winner()) is not None and winner.knobs.compile_mode != "off":
+            if winner not in self.cold and self._fits_by_sibling(winner, usable):
+                return
             cold = self.cold.get(winner) or self._cold_run(winner)
             if cold.fits(usable):
                 return
@@ -773,11 +778,43 @@ class _Search:
                 return
             self._out_cold(winner, cold)
 
+    def _sibling_bound(self, key: Candidate) -> tuple[int, Candidate] | None:
+        """An upper bound on a compiled candidate's peak as a first launch, from a run of the
+        same graphs (another optimizer implementation on its setting) that compiled them
+        afresh and ran: that run's peak holds its compile's memory, so the candidate's own
+        peak plus it bounds it. With the sibling; None without one."""
+        own = self.results[key].peak_bytes if key in self.results else None
+        siblings = [(cold.peak_bytes, other) for other, cold in self.cold.items()
+                    if other.graph() == key.graph() and cold.ok and cold.peak_bytes is not None]
+        if own is None or not siblings:
+            return None
+        peak, sibling = min(siblings, key=lambda s: s[0])
+        return own + peak, sibling
+
+    def _fits_by_sibling(self, winner: Candidate, usable: int) -> bool:
+        """Whether ``_sibling_bound`` puts the winner's first launch within ``usable`` (said in
+        ``skipped`` when it does)."""
+        bound = self._sibling_bound(winner)
+        if bound is None or bound[0] > usable:
+            return False
+        total, sibling = bound
+        peak = self.cold[sibling].peak_bytes or 0
+        self.skipped.append(
+            f"{winner.key()}: not run again compiled afresh: {sibling.key()} compiled the same "
+            f"graphs afresh at a peak of {format_bytes(peak)}; compiling adds at most that to "
+            f"its own {format_bytes(total - peak)}: {format_bytes(total)}, within the "
+            f"{format_bytes(usable)} usable")
+        return True
+
     def _unchecked_launch(self, key: Candidate) -> bool:
         """Whether a compiled candidate's fit as a first launch is still to check (stage 6):
-        on a device whose peak counts the compile, no run of it compiled its graphs afresh."""
-        return (key.knobs.compile_mode != "off" and key not in self.cold
-                and backend_for(self.report.device.device).compile_in_peak)
+        on a device whose peak counts the compile, no run of it compiled its graphs afresh,
+        and no sibling's run afresh bounds it within the usable budget (``_sibling_bound``)."""
+        if not (key.knobs.compile_mode != "off" and key not in self.cold
+                and backend_for(self.report.device.device).compile_in_peak):
+            return False
+        bound = self._sibling_bound(key)
+        return bound is None or bound[0] > self.report.usable_bytes()
 
     def _winner(self) -> Candidate | None:
         """The candidate the outcome would pick now (``pick_winner`` over the verdicts)."""
@@ -1041,6 +1078,8 @@ class _Search:
             cold = self.cold.get(key)
             if key.knobs.compile_mode == "off" or (cold is not None and cold.fits(usable)):
                 continue
+            if cold is None and (bound := self._sibling_bound(key)) and bound[0] <= usable:
+                continue  # a sibling's run afresh vouches for it
             notes[key] = ("unchecked (its runs loaded their compiled graphs from inductor's "
                           "cache, which lowers the peak)" if cold is None else
                           "it does not fit (compiled afresh it "
