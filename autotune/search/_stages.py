@@ -767,7 +767,7 @@ class _Search:
             return
         usable = self.report.usable_bytes()
         while (winner := self._winner()) is not None and winner.knobs.compile_mode != "off":
-            if winner not in self.cold and self._fits_by_sibling(winner, usable):
+            if winner not in self.cold and self._fits_by_sibling(winner):
                 return
             cold = self.cold.get(winner) or self._cold_run(winner)
             if cold.fits(usable):
@@ -778,32 +778,36 @@ class _Search:
                 return
             self._out_cold(winner, cold)
 
-    def _sibling_bound(self, key: Candidate) -> tuple[int, Candidate] | None:
-        """An upper bound on a compiled candidate's peak as a first launch, from a run of the
-        same graphs (another optimizer implementation on its setting) that compiled them
-        afresh and ran: that run's peak holds its compile's memory, so the candidate's own
-        peak plus it bounds it. With the sibling; None without one."""
+    def _sibling_bound(self, key: Candidate) -> tuple[int, int, Candidate] | None:
+        """Where a run of the same graphs (another optimizer implementation on its setting)
+        compiled them afresh and ran: the candidate's own peak, that run's peak and the sibling.
+        That run's peak holds its compile's memory, so the two peaks' sum bounds the
+        candidate's peak as a first launch. None without such a run."""
         own = self.results[key].peak_bytes if key in self.results else None
         siblings = [(cold.peak_bytes, other) for other, cold in self.cold.items()
                     if other.graph() == key.graph() and cold.ok and cold.peak_bytes is not None]
         if own is None or not siblings:
             return None
         peak, sibling = min(siblings, key=lambda s: s[0])
-        return own + peak, sibling
+        return own, peak, sibling
 
-    def _fits_by_sibling(self, winner: Candidate, usable: int) -> bool:
-        """Whether ``_sibling_bound`` puts the winner's first launch within ``usable`` (said in
-        ``skipped`` when it does)."""
+    def _vouched_by_sibling(self, key: Candidate) -> bool:
+        """Whether ``_sibling_bound`` puts the candidate's first launch within the usable
+        budget."""
+        bound = self._sibling_bound(key)
+        return bound is not None and bound[0] + bound[1] <= self.report.usable_bytes()
+
+    def _fits_by_sibling(self, winner: Candidate) -> bool:
+        """``_vouched_by_sibling``, said in ``skipped`` when it holds."""
         bound = self._sibling_bound(winner)
-        if bound is None or bound[0] > usable:
+        if bound is None or not self._vouched_by_sibling(winner):
             return False
-        total, sibling = bound
-        peak = self.cold[sibling].peak_bytes or 0
+        own, peak, sibling = bound
         self.skipped.append(
             f"{winner.key()}: not run again compiled afresh: {sibling.key()} compiled the same "
             f"graphs afresh at a peak of {format_bytes(peak)}; compiling adds at most that to "
-            f"its own {format_bytes(total - peak)}: {format_bytes(total)}, within the "
-            f"{format_bytes(usable)} usable")
+            f"its own {format_bytes(own)}: {format_bytes(own + peak)}, within the "
+            f"{format_bytes(self.report.usable_bytes())} usable")
         return True
 
     def _unchecked_launch(self, key: Candidate) -> bool:
@@ -813,8 +817,7 @@ class _Search:
         if not (key.knobs.compile_mode != "off" and key not in self.cold
                 and backend_for(self.report.device.device).compile_in_peak):
             return False
-        bound = self._sibling_bound(key)
-        return bound is None or bound[0] > self.report.usable_bytes()
+        return not self._vouched_by_sibling(key)
 
     def _winner(self) -> Candidate | None:
         """The candidate the outcome would pick now (``pick_winner`` over the verdicts)."""
@@ -1078,8 +1081,8 @@ class _Search:
             cold = self.cold.get(key)
             if key.knobs.compile_mode == "off" or (cold is not None and cold.fits(usable)):
                 continue
-            if cold is None and (bound := self._sibling_bound(key)) and bound[0] <= usable:
-                continue  # a sibling's run afresh vouches for it
+            if cold is None and self._vouched_by_sibling(key):
+                continue
             notes[key] = ("unchecked (its runs loaded their compiled graphs from inductor's "
                           "cache, which lowers the peak)" if cold is None else
                           "it does not fit (compiled afresh it "
