@@ -9,7 +9,7 @@ boundary and one or two more probes confirm it; before that the search bisects i
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from autotune.boundary import (
     Point,
@@ -88,6 +88,7 @@ def probe_memory(
     make_spec: Callable[[int, bool], TrialSpec] | None = None,
     ranks: int = 1,
     stop_above: Callable[[int, int], str | None] | None = None,
+    known: Mapping[int, TrialResult] | None = None,
 ) -> MemoryProbe:
     """The largest candidate micro-batch whose real training step fits.
 
@@ -116,6 +117,13 @@ def probe_memory(
             larger micro-batch than the largest fit so far is tried, whether that is worth a
             run: a reason ends the probe there (its largest fit is then a lower bound, said
             in the probe's notes); None goes on.
+        known: runs of this very setting measured before the probe (e.g. timed at the
+            leader's micro-batch when a knob was screened), by micro-batch: their peaks are on
+            the line from the start, so a boundary they already imply costs no run (a probe
+            that starts at the hint above such a run, then would try the next, stops where the
+            line through both puts it over the cap). Only a run that ended ``ok`` or ``oom``
+            counts (a crash or a timeout says nothing of memory); they are the probe's first
+            steps, without ``on_step`` (they were reported when they ran).
 
     Raises:
         WorkloadError: the workload itself fails (factory, batch or model errors).
@@ -123,35 +131,26 @@ def probe_memory(
     cands = sorted(set(candidates))
     steps: list[ProbeStep] = []
     points: list[Point] = []
-    micro_batch: int | None = first_candidate(cands, hint)
-    may_be_largest = True  # the first guess is the expected boundary
     stopped = ""
-    while micro_batch is not None:
-        spec = (make_spec(micro_batch, may_be_largest) if make_spec is not None else
-                probe_spec(workload, device, knobs, micro_batch, budget_bytes, timeout_s,
-                           ranks=ranks))
-        result = run(spec)
-        if result.status in ("workload_error", "error"):
-            raise WorkloadError(
-                f"the workload failed at micro-batch {micro_batch} ({knobs.label()}):\n"
-                f"{result.message}"
-            )
+
+    def record(micro_batch: int, result: TrialResult, timed: bool) -> ProbeStep:
         fits = result.fits(usable_bytes)
         message = result.message.splitlines()[0] if result.message else ""
         if result.ok and not fits:
             message = "ran, but its peak is over the usable budget (budget minus headroom)"
         step = ProbeStep(micro_batch=micro_batch, status=result.status,
                          peak_bytes=result.peak_bytes, fits=fits, message=message,
-                         wall_s=result.wall_s, timed=spec.num_timed_steps > 0)
+                         wall_s=result.wall_s, timed=timed)
         steps.append(step)
         # Only a complete run's peak is on the line: a failed run's is where it stopped.
         points.append(Point(micro_batch=micro_batch, fits=fits,
                             peak_bytes=result.peak_bytes if result.ok else None))
-        if on_step is not None:
-            on_step(knobs, step)
-        if result.status == "unsupported":  # no micro-batch changes that
-            break
-        micro_batch = next_candidate(cands, points, usable_bytes, hint, over_bytes=budget_bytes)
+        return step
+
+    def advance(micro_batch: int | None) -> int | None:
+        """The next micro-batch after ``micro_batch`` (the proposal from the points), or None
+        where the boundary is decided or not worth a run (said in ``stopped``)."""
+        nonlocal stopped
         fit, _ = bracket(points)
         over = confirm_over(open_candidates(cands, points), points, budget_bytes)
         if micro_batch is None and over is not None:
@@ -164,7 +163,40 @@ def probe_memory(
             why = stop_above(fit, micro_batch)
             if why:
                 stopped = f"micro-batches above {fit} not probed: {why}"
-                break
+                return None
+        return micro_batch
+
+    for m, result in sorted((known or {}).items()):
+        if m in cands and result.status in ("ok", "oom"):
+            record(m, result, timed=bool(result.step_times_s))
+    micro_batch: int | None
+    if not points:
+        micro_batch = first_candidate(cands, hint)
+    elif hint is not None and hint in open_candidates(cands, points):
+        micro_batch = advance(hint)  # the first guess still, if the known runs leave it open
+    else:
+        micro_batch = advance(next_candidate(cands, points, usable_bytes, hint,
+                                             over_bytes=budget_bytes))
+    # The first guess is the expected boundary; after known runs, as the points say.
+    may_be_largest = micro_batch is not None and (
+        not points or is_largest_candidate(micro_batch, cands, points, usable_bytes))
+    while micro_batch is not None:
+        spec = (make_spec(micro_batch, may_be_largest) if make_spec is not None else
+                probe_spec(workload, device, knobs, micro_batch, budget_bytes, timeout_s,
+                           ranks=ranks))
+        result = run(spec)
+        if result.status in ("workload_error", "error"):
+            raise WorkloadError(
+                f"the workload failed at micro-batch {micro_batch} ({knobs.label()}):\n"
+                f"{result.message}"
+            )
+        step = record(micro_batch, result, timed=spec.num_timed_steps > 0)
+        if on_step is not None:
+            on_step(knobs, step)
+        if result.status == "unsupported":  # no micro-batch changes that
+            break
+        micro_batch = advance(next_candidate(cands, points, usable_bytes, hint,
+                                             over_bytes=budget_bytes))
         if micro_batch is not None:
             may_be_largest = is_largest_candidate(micro_batch, cands, points, usable_bytes)
 

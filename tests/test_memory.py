@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -111,3 +112,66 @@ def test_nothing_fits_gives_zero() -> None:
     assert not any(s.fits for s in probe.steps)
     assert all(s.status == "oom" for s in probe.steps), probe.steps
     assert probe.fitting() == ()
+
+
+def _scripted(peak_mib: Callable[[int], float], cap_mib: float,
+              ran: list[int]) -> Callable[[TrialSpec], TrialResult]:
+    """A run whose peak is ``peak_mib(micro_batch)``: out of memory over ``cap_mib``."""
+
+    def run(spec: TrialSpec) -> TrialResult:
+        ran.append(spec.micro_batch)
+        peak = int(peak_mib(spec.micro_batch) * MIB)
+        if peak > cap_mib * MIB:
+            return TrialResult(status="oom", message="out of memory", wall_s=1.0)
+        return TrialResult(status="ok", peak_bytes=peak, step_times_s=(), wall_s=1.0)
+
+    return run
+
+
+@pytest.mark.parametrize("known_at_8", ["ok", "timeout", "none", "not a candidate"])
+def test_known_runs_put_their_peaks_on_the_line_from_the_start(known_at_8: str) -> None:
+    # 100 MiB + 40 a sample, cap 1000 (usable 900): 16 fits (740), 32 does not (1380). A run
+    # at 8 measured before the probe (340 MiB) and the probe's own at the hint 16 put 32 over
+    # the cap by their line: the probe ends without running it. A run that says nothing of
+    # memory (a timeout) or of another micro-batch is not on the line: 32 is run (an OOM).
+    def peak(m: int) -> float:
+        return 100 + 40 * m
+
+    ran: list[int] = []
+    known = {"ok": {8: TrialResult(status="ok", peak_bytes=int(peak(8) * MIB), wall_s=1.0)},
+             "timeout": {8: TrialResult(status="timeout", wall_s=1.0)},
+             "none": {},
+             "not a candidate": {7: TrialResult(status="ok", peak_bytes=int(peak(7) * MIB),
+                                                wall_s=1.0)}}[known_at_8]
+    probe = probe_memory(TINY, "cpu", FP32, divisors(32), budget_bytes=1000 * MIB,
+                         usable_bytes=900 * MIB, hint=16, run=_scripted(peak, 1000, ran),
+                         known=known)
+    assert probe.max_micro_batch == 16
+    if known_at_8 == "ok":
+        assert ran == [16]
+        assert [(s.micro_batch, s.status) for s in probe.steps] == [(8, "ok"), (16, "ok")]
+        assert probe.notes == ("micro-batches above 16 not probed: the line through the peaks "
+                               "at 8, 16 puts 32 at 1.35 GiB, over the 1000.00 MiB cap",)
+    else:
+        assert ran == [16, 32]
+        assert [(s.micro_batch, s.status) for s in probe.steps] == [(16, "ok"), (32, "oom")]
+
+
+def test_a_known_failure_at_the_hint_goes_on_as_its_run_would_have() -> None:
+    # The hint 16 is known not to fit: the next run is the largest candidate below it, as
+    # after a run there; a known fit above the hint's failure ends the bracket.
+    def peak(m: int) -> float:
+        return 100 + 60 * m  # 8 fits (580), 16 does not (1060 > 1000)
+
+    ran: list[int] = []
+    oom = TrialResult(status="oom", message="out of memory", wall_s=1.0)
+    probe = probe_memory(TINY, "cpu", FP32, divisors(32), budget_bytes=1000 * MIB,
+                         usable_bytes=900 * MIB, hint=16, run=_scripted(peak, 1000, ran),
+                         known={16: oom})
+    assert ran == [8] and probe.max_micro_batch == 8
+    ran.clear()
+    probe = probe_memory(TINY, "cpu", FP32, divisors(32), budget_bytes=1000 * MIB,
+                         usable_bytes=900 * MIB, hint=16, run=_scripted(peak, 1000, ran),
+                         known={16: oom, 8: TrialResult(status="ok", peak_bytes=580 * MIB,
+                                                        wall_s=1.0)})
+    assert ran == [] and probe.max_micro_batch == 8 and probe.peak_bytes == 580 * MIB

@@ -1115,3 +1115,31 @@ def test_a_close_race_re_measures_a_leader_vouched_for_by_its_sibling_from_the_c
             if r.kind == "re-measure"] == [("re-measure", "bf16/max-autotune+opt=fused/64"),
                                            ("re-measure", "bf16/max-autotune+opt=foreach/64")]
     assert device.cold_runs() == []
+
+
+def test_a_lowered_value_is_probed_from_its_run_at_the_leaders_micro_batch() -> None:
+    # Memory binds at 8 without checkpointing (100 + 90 MiB a sample: 16 needs 1540 of 900
+    # usable); every block checkpointed keeps 40% (100 + 36 a sample: 16 fits at 676, the line
+    # puts 32 at 1252, over the 1000 MiB cap) and leads at 8 (as on the AMD EPYC, within its
+    # noise). foreach saves 50 MiB: timed on the leader at 8 (338 MiB), it peaks lower, so it is
+    # probed above, from the hint 16 (its setting's neighbour's boundary): 626 fits. The line
+    # through its own 8 and 16 puts 32 at 1202 MiB, over the cap: no run ends there in an
+    # out-of-memory (before, the probe knew only its 16 and ran 32).
+    shape = {16: 0.99, 32: 0.99, 64: 0.99}
+    device = KnobDevice(by_class(100, 150, 160, 200, 300, 330), peak_mib=lambda m: 100 + 90 * m,
+                        ckpt_memory={"off": 1.0, "alternate": 0.9, "blocks": 0.4},
+                        ckpt_speed={"off": 1.0, "alternate": 0.9, "blocks": 1.05},
+                        impl_saves_mib={"foreach": 50},
+                        impl_speed={"default": 1.0, "for-loop": 1.0, "foreach": 0.99,
+                                    "fused": 0.97},
+                        shape=lambda m: shape.get(m, 1 - 0.1 * math.log2(8 / m)))
+    outcome, records = knob_search(device)
+    foreach = "bf16/max-autotune+ckpt=blocks+opt=foreach"
+    assert f"{foreach}/8" in records and f"{foreach}/16" in records
+    probe = next(p for p in outcome.probes if p.knobs.label() == foreach)
+    assert [(s.micro_batch, s.status, s.fits) for s in probe.steps] == [
+        (8, "ok", True), (16, "ok", True)]
+    assert probe.max_micro_batch == 16
+    assert not any(s.knobs.label() == foreach and s.micro_batch == 32 for s in device.specs)
+    assert (f"{foreach}: micro-batches above 16 not probed: the line through the peaks at 8, "
+            "16 puts 32 at 1.17 GiB, over the 1000.00 MiB cap") in outcome.skipped

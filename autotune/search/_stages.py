@@ -15,7 +15,9 @@
    leader's micro-batch. The best becomes the leader for the next knob. The space grows by
    the sum of the knobs' values, not their product. Where memory binds, the values that
    peaked below the leader are timed together too (their savings add up) and probed above
-   its micro-batch, lowest peak first, where the growth per sample says the next may fit.
+   its micro-batch, lowest peak first, where the growth per sample says the next may fit;
+   such a probe starts from the setting's runs so far (its timed run at the leader's
+   micro-batch is on its line: a larger micro-batch that line puts over the cap is not run).
    When fp32 eager fits nothing, the values that free memory are tried on it first (the
    baseline becomes the first that fits).
 4. Time smaller micro-batches of the settings near the leader, largest first, while each is
@@ -216,6 +218,10 @@ class _Search:
             else set()
         """Candidates whose timing came from the local study store: a contender among them is
         re-measured once in this search (``confirm``), so a stale timing never picks alone."""
+        self.reached: set[Candidate] = set()
+        """Candidates this search asked for (run, or answered from the study): a probe starts
+        from those of its setting (``probe_memory``'s ``known``), the same in a resumed search
+        as in the first."""
         self.num_runs = 0
         self.cost: dict[str, float] = {"child_s": 0.0, "compile_s": 0.0, "timed_s": 0.0}
         self.compiles = [0, 0]
@@ -340,7 +346,9 @@ class _Search:
             budget_bytes=self.report.budget_bytes, usable_bytes=self.report.usable_bytes(),
             timeout_s=self.settings.timeout_s, hint=hint_for(knobs, self.probes.values()),
             run=self.measure, on_step=self._on_step, stop_above=stop_above,
-            make_spec=lambda m, largest: self.spec(candidate(m), timed=timed(m, largest)))
+            make_spec=lambda m, largest: self.spec(candidate(m), timed=timed(m, largest)),
+            known={c.micro_batch: r for c, r in [*self.probe_runs.items(), *self.results.items()]
+                   if c.knobs == knobs and c in self.reached})
         self.probes[knobs] = probe
         self.skipped += [f"{knobs.label()}: {n}" for n in probe.notes
                          if n.startswith("micro-batches above")]
@@ -981,6 +989,7 @@ class _Search:
         """Run a spec in a child (or reuse the study's result for it) and record it."""
         candidate = key = Candidate.of(spec)
         timed = spec.num_timed_steps > 0
+        self.reached.add(key)
         if key in self.results:  # a trial answers a memory probe too
             return self.results[key]
         if not timed and key in self.probe_runs:
