@@ -1143,3 +1143,26 @@ def test_a_lowered_value_is_probed_from_its_run_at_the_leaders_micro_batch() -> 
     assert not any(s.knobs.label() == foreach and s.micro_batch == 32 for s in device.specs)
     assert (f"{foreach}: micro-batches above 16 not probed: the line through the peaks at 8, "
             "16 puts 32 at 1.17 GiB, over the 1000.00 MiB cap") in outcome.skipped
+
+
+def test_a_pair_whose_larger_run_stopped_behind_still_bounds_what_a_larger_one_gains() -> None:
+    # As on the AMD EPYC's causal LM: memory binds at 8 without checkpointing; every block
+    # checkpointed fits 16 and leads at 8, its 16 runs 0.8x per sample (stopped early: behind
+    # the leader, three steps). Alternate runs 0.75x the leader at 8: the blocks pair says a
+    # larger micro-batch gains nothing (0.80x from 8 to 16), so alternate's probe stops at 8
+    # instead of compiling 16 to find it behind.
+    shape = {16: 0.8, 32: 0.7, 64: 0.7}
+    device = KnobDevice(by_class(100, 150, 160, 200, 300, 330), peak_mib=lambda m: 100 + 90 * m,
+                        ckpt_memory={"off": 1.0, "alternate": 0.4, "blocks": 0.4},
+                        ckpt_speed={"off": 1.0, "alternate": 0.75, "blocks": 1.05},
+                        shape=lambda m: shape.get(m, 1 - 0.1 * math.log2(8 / m)))
+    outcome, records = knob_search(device)
+    blocks, alternate = ("bf16/max-autotune+ckpt=blocks", "bf16/max-autotune+ckpt=alternate")
+    assert records[f"{blocks}/16"].verdict == "slower"
+    assert records[f"{blocks}/16"].num_timed_steps == MIN_STEPS_TO_STOP
+    assert f"{alternate}/8" in records
+    assert not any(s.knobs.label() == alternate and s.micro_batch > 8 for s in device.specs)
+    assert (f"{alternate}: micro-batches above 8 not probed: at 8 it runs 247.5 samples/s, 0.71x "
+            f"the leader's ({blocks}/8); a larger one gains at most 1.00x (up to 64: the "
+            f"per-micro-batch overhead {blocks} showed from 8 to 16, 0.80x, spread over more "
+            "samples), 247.5 samples/s: behind by more than the noise (5%)") in outcome.skipped

@@ -86,7 +86,7 @@ from autotune.search._study import (
     tell,
 )
 from autotune.space import divisors
-from autotune.timing import gain_ceiling, predict_step_s
+from autotune.timing import MIN_STEPS_TO_STOP, gain_ceiling, predict_step_s
 
 Runner = Callable[[TrialSpec], TrialResult]
 OnTrial = Callable[[int, str, Candidate, TrialRecord | None], None]
@@ -510,7 +510,10 @@ class _Search:
         micro-batches: the per-micro-batch overhead spread over more samples) leaves it
         behind the leader by more than the noise. Its memory probe then stops there (a
         compiled setting's probe above its fit costs a compile, and often ends in an OOM).
-        None: probe on (the setting leads, was not timed there, or nothing predicts)."""
+        A run of the pair stopped early behind the leader counts with its interval measured
+        (three steps or more: its width is in the noise); one cut by the time limit before
+        that does not. None: probe on (the setting leads, was not timed there, or nothing
+        predicts)."""
         leader = self._leader()
         result = self.results.get(timed)
         if leader is None or result is None or self.settings.train_steps \
@@ -522,8 +525,9 @@ class _Search:
 
         def usable(c: Candidate) -> bool:
             r = self.results.get(c)
-            return r is not None and not r.num_alloc_retries and \
-                self._score(c, full=True) is not None
+            return r is not None and not r.num_alloc_retries and self._score(c) is not None \
+                and (self._score(c, full=True) is not None
+                     or len(r.step_times_s) >= MIN_STEPS_TO_STOP)
 
         pairs = [(c.knobs, c.micro_batch, d.micro_batch) for c in self.results
                  for d in self.results if c.knobs == d.knobs != timed.knobs
@@ -533,8 +537,7 @@ class _Search:
         sibling, small, large = max(pairs, key=lambda t: (
             *_alike(t[0], timed.knobs), -abs(math.log(t[1] / timed.micro_batch)), -t[2]))
         at_small, at_large = (Candidate(knobs=sibling, micro_batch=m) for m in (small, large))
-        ratio = (self._score(at_large, full=True) or 0.0) / (self._score(at_small, full=True)
-                                                            or 1.0)
+        ratio = (self._score(at_large) or 0.0) / (self._score(at_small) or 1.0)
         ceiling = gain_ceiling(ratio, small, large, timed.micro_batch, self.per_device)
         noise = self._noise(timed, leader, at_small, at_large)
         if ceiling is None or sps * ceiling >= top * (1 - noise):
