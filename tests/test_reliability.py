@@ -268,6 +268,7 @@ def _nothing_half_written(folder: Path) -> None:
         assert (folder / "train_autotuned.py").is_file()  # never one without the other
 
 
+@pytest.mark.slow  # 16 s; Ctrl-C's path (test_search) stays in the everyday run
 def test_sigterm_keeps_the_best_so_far_and_leaves_no_child(tmp_path: Path) -> None:
     tag = uuid.uuid4().hex
     proc = _start_search(tmp_path, tag)
@@ -285,6 +286,7 @@ def test_sigterm_keeps_the_best_so_far_and_leaves_no_child(tmp_path: Path) -> No
     assert [p.name for p in (tmp_path / "tmp").iterdir() if p.name.startswith("autotune-")] == []
 
 
+@pytest.mark.slow  # 14 s
 def test_ctrl_c_twice_never_loses_or_half_writes_the_best_so_far(tmp_path: Path) -> None:
     tag = uuid.uuid4().hex
     proc = _start_search(tmp_path, tag)
