@@ -1166,3 +1166,20 @@ def test_a_pair_whose_larger_run_stopped_behind_still_bounds_what_a_larger_one_g
             f"the leader's ({blocks}/8); a larger one gains at most 1.00x (up to 64: the "
             f"per-micro-batch overhead {blocks} showed from 8 to 16, 0.80x, spread over more "
             "samples), 247.5 samples/s: behind by more than the noise (5%)") in outcome.skipped
+
+
+def test_a_pair_whose_larger_run_the_time_limit_cut_to_one_step_bounds_nothing() -> None:
+    # The same, but blocks at 16 runs 0.05x per sample: cut by the time limit after one step,
+    # its median has no interval, so the pair is not used and alternate is probed at 16.
+    shape = {16: 0.05, 32: 0.05, 64: 0.05}
+    device = KnobDevice(by_class(100, 150, 160, 200, 300, 330), peak_mib=lambda m: 100 + 90 * m,
+                        ckpt_memory={"off": 1.0, "alternate": 0.4, "blocks": 0.4},
+                        ckpt_speed={"off": 1.0, "alternate": 0.75, "blocks": 1.05},
+                        shape=lambda m: shape.get(m, 1 - 0.1 * math.log2(8 / m)))
+    outcome, records = knob_search(device)
+    blocks, alternate = ("bf16/max-autotune+ckpt=blocks", "bf16/max-autotune+ckpt=alternate")
+    assert records[f"{blocks}/16"].verdict == "slower"
+    assert records[f"{blocks}/16"].num_timed_steps < MIN_STEPS_TO_STOP
+    assert any(s.knobs.label() == alternate and s.micro_batch == 16 for s in device.specs)
+    assert not any(s.startswith(f"{alternate}: micro-batches above 8 not probed: at 8")
+                   for s in outcome.skipped)
