@@ -1145,17 +1145,22 @@ def test_a_lowered_value_is_probed_from_its_run_at_the_leaders_micro_batch() -> 
             "16 puts 32 at 1.17 GiB, over the 1000.00 MiB cap") in outcome.skipped
 
 
+def _blocks_pair_device(above_8: float) -> KnobDevice:
+    """Memory binds at 8 without checkpointing (100 + 90 MiB a sample); checkpointing keeps
+    40%, every block leads at 8 (1.05x), alternate runs 0.75x; above 8 each sample runs
+    ``above_8`` times as fast as at 8."""
+    return KnobDevice(by_class(100, 150, 160, 200, 300, 330), peak_mib=lambda m: 100 + 90 * m,
+                      ckpt_memory={"off": 1.0, "alternate": 0.4, "blocks": 0.4},
+                      ckpt_speed={"off": 1.0, "alternate": 0.75, "blocks": 1.05},
+                      shape=lambda m: above_8 if m > 8 else 1 - 0.1 * math.log2(8 / m))
+
 def test_a_pair_whose_larger_run_stopped_behind_still_bounds_what_a_larger_one_gains() -> None:
     # As on the AMD EPYC's causal LM: memory binds at 8 without checkpointing; every block
     # checkpointed fits 16 and leads at 8, its 16 runs 0.8x per sample (stopped early: behind
     # the leader, three steps). Alternate runs 0.75x the leader at 8: the blocks pair says a
     # larger micro-batch gains nothing (0.80x from 8 to 16), so alternate's probe stops at 8
     # instead of compiling 16 to find it behind.
-    shape = {16: 0.8, 32: 0.7, 64: 0.7}
-    device = KnobDevice(by_class(100, 150, 160, 200, 300, 330), peak_mib=lambda m: 100 + 90 * m,
-                        ckpt_memory={"off": 1.0, "alternate": 0.4, "blocks": 0.4},
-                        ckpt_speed={"off": 1.0, "alternate": 0.75, "blocks": 1.05},
-                        shape=lambda m: shape.get(m, 1 - 0.1 * math.log2(8 / m)))
+    device = _blocks_pair_device(above_8=0.8)
     outcome, records = knob_search(device)
     blocks, alternate = ("bf16/max-autotune+ckpt=blocks", "bf16/max-autotune+ckpt=alternate")
     assert records[f"{blocks}/16"].verdict == "slower"
@@ -1171,11 +1176,7 @@ def test_a_pair_whose_larger_run_stopped_behind_still_bounds_what_a_larger_one_g
 def test_a_pair_whose_larger_run_the_time_limit_cut_to_one_step_bounds_nothing() -> None:
     # The same, but blocks at 16 runs 0.05x per sample: cut by the time limit after one step,
     # its median has no interval, so the pair is not used and alternate is probed at 16.
-    shape = {16: 0.05, 32: 0.05, 64: 0.05}
-    device = KnobDevice(by_class(100, 150, 160, 200, 300, 330), peak_mib=lambda m: 100 + 90 * m,
-                        ckpt_memory={"off": 1.0, "alternate": 0.4, "blocks": 0.4},
-                        ckpt_speed={"off": 1.0, "alternate": 0.75, "blocks": 1.05},
-                        shape=lambda m: shape.get(m, 1 - 0.1 * math.log2(8 / m)))
+    device = _blocks_pair_device(above_8=0.05)
     outcome, records = knob_search(device)
     blocks, alternate = ("bf16/max-autotune+ckpt=blocks", "bf16/max-autotune+ckpt=alternate")
     assert records[f"{blocks}/16"].verdict == "slower"
