@@ -64,6 +64,35 @@ def test_cuda_graphs_with_accumulation() -> None:
     assert result.num_graphs is not None and result.num_graphs > 0
 
 
+def test_cuda_graphs_accumulate_the_gradients_one_big_batch_gives() -> None:
+    """In process, the library's step on a ``reduce-overhead`` model (CUDA graph replays) over
+    three micro-batches hands the optimizer one big eager batch's gradients, at every step
+    (warm-up, recording and replays). Without the copy out of the graph's buffer torch raises
+    ("accessing tensor output of CUDAGraphs that has been overwritten") or, older, loses the
+    first micro-batch's gradients (pytorch/pytorch#169545)."""
+    import torch
+
+    from autotune import step
+    from tests.one_truth import GradRecorder, full_batch_grads
+    from tests.workloads import tiny
+
+    torch.set_float32_matmul_precision("highest")  # no TF32: eager and inductor agree closely
+    workload = tiny()
+    torch.manual_seed(0)
+    model = workload.build_model().to("cuda")
+    batches = [tuple(t.to("cuda") for t in workload.make_batch(2)) for _ in range(3)]
+    full = full_batch_grads(model, batches, workload.compute_loss)
+    model.zero_grad(set_to_none=True)
+    compiled = step.compile_model(model, "reduce-overhead")
+    for i in range(5):
+        recorder = GradRecorder(model)
+        step.train_step(compiled, recorder, batches, workload, precision="fp32",
+                        device_type="cuda", cuda_graphs=True)
+        for name, grad in full.items():
+            torch.testing.assert_close(recorder.grads[name], grad, rtol=1e-4, atol=1e-6,
+                                       msg=lambda m, name=name, i=i: f"step {i}, {name}: {m}")
+
+
 def test_search_then_check_on_the_gpu(tmp_path) -> None:
     runner = CliRunner()
     searched = runner.invoke(app, [

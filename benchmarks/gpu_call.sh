@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One device call that spends a lent GPU's time on every GPU check at once (the device tool
+# gives a session 15 minutes, a machine's start included, and 10 minutes a call):
+#   1. the device and versions -> gpu/device.txt;
+#   2. the CUDA tests (`gpu.sh --tests`, at most 270 s) -> gpu/gpu_tests.txt;
+#   3. the suite's search on the default workload (GPT-2 small) and the one-rank jobs of each
+#      strategy, in the seconds left of TOTAL (default 570) -> gpu/gpu_suite-*.{md,json} and
+#      gpu/suite_log.txt (each probe and trial as it ends: a cut-off call keeps them).
+# Here first: `bash benchmarks/gpu_wheels.sh` (optuna and what the device lacks, into .whl/).
+# Then the device tool's run: command `bash benchmarks/gpu_call.sh`, carry [".whl"],
+# timeout_s 600. Results under $OUT/gpu (else benchmarks/results/gpu).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+total=${1:-570}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || { echo "wheels did not install: run gpu_wheels.sh here"; exit 3; }
+export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
+out="${OUT:-benchmarks/results}/gpu"
+mkdir -p "$out"
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python3 -c "import torch, transformers, optuna; print('torch', torch.__version__, 'cuda', \
+torch.version.cuda, 'transformers', transformers.__version__, 'optuna', optuna.__version__)"
+  nproc; } 2>&1 | tee "$out/device.txt"
+timeout -k 5 270 bash benchmarks/gpu.sh --tests
+echo "tests: exit $? after ${SECONDS} s"
+left=$((total - SECONDS - 25))
+if [ "$left" -lt 60 ]; then echo "no time left for the suite (${left} s)"; exit 0; fi
+timeout -k 5 $((left + 20)) python3 benchmarks/gpu_suite.py --only search-gpt2 --only ranks \
+  --seconds "$left" 2>&1 | tee "$out/suite_log.txt"
+echo "suite: exit ${PIPESTATUS[0]} after ${SECONDS} s"
