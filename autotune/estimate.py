@@ -476,7 +476,9 @@ def _parallel(model: nn.Module, knobs: Knobs, workload: Workload,
         # FSDP's device mesh reads its ranks from a tensor: built outside the fake mode.
         with (unset_fake_temporarily() if fsdp else contextlib.nullcontext()), \
                 _dispatch_mode(storages):
-            model = apply_parallel(model, knobs, workload.blocks)
+            # On the CPU, whatever the machine's accelerator: the parameters are fake CPU
+            # tensors (a CUDA mesh refuses them: "Expects the parameter to already be moved").
+            model = apply_parallel(model, knobs, workload.blocks, torch.device("cpu"))
     finally:
         ddp_module._verify_param_shape_across_processes = verify
         storages.phase = "forward"

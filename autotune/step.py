@@ -225,7 +225,10 @@ def apply_parallel(model: nn.Module, knobs: Knobs,
     ``gradient_as_bucket_view`` for ``ddp-bucket-view``) or FSDP2 (``fully_shard`` on each
     repeated block, then the root; resharded after forward unless ``fsdp-no-reshard``; with
     bf16/fp16, parameters in that dtype for compute and gradients reduced in fp32). Without
-    repeated blocks FSDP shards the root alone (one all-gather of every parameter).
+    repeated blocks FSDP shards the root alone (one all-gather of every parameter). FSDP's
+    device mesh is on ``device``'s type when given (else torch's default accelerator): a job
+    on the CPU of a machine with a GPU, and the estimator's trace on fake CPU tensors, shard
+    on the CPU.
 
     ``fully_shard`` replaces the parameters with sharded ones: build the optimizer over the
     returned model's parameters.
@@ -253,9 +256,14 @@ def apply_parallel(model: nn.Module, knobs: Knobs,
     policy = MixedPrecisionPolicy(param_dtype=dtype,
                                   reduce_dtype=torch.float32 if dtype is not None else None)
     reshard = knobs.strategy == "fsdp"
+    mesh = None
+    if device is not None:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     for block in _blocks_of(model, blocks):
-        fully_shard(block, reshard_after_forward=reshard, mp_policy=policy)
-    fully_shard(model, reshard_after_forward=reshard, mp_policy=policy)
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
     return model
 
 

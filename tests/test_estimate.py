@@ -557,6 +557,19 @@ def test_fsdp_shards_the_training_state_over_the_world(precision):
     assert not dist.is_initialized()
 
 
+def test_fsdp_is_traced_on_the_cpu_where_the_default_accelerator_is_a_gpu(monkeypatch):
+    """FSDP2's default mesh is on torch's default accelerator: on a GPU machine (the H200 run,
+    2026-11-26) it was CUDA, which refused the fake CPU parameters ("Expects the parameter to
+    already be moved to device cuda:0 but got cpu"). The trace builds its mesh on the CPU."""
+    import torch
+
+    monkeypatch.setattr(torch._C, "_get_accelerator", lambda: torch.device("cuda"))
+    workload, p = wide_linear(), WIDE_PARAMETER_BYTES
+    estimate = estimate_step(workload, 1, knobs=Knobs(strategy="fsdp"), kernels="cuda",
+                             world_size=4)
+    assert estimate.parameters_bytes == pytest.approx(p / 4, rel=0.01)
+
+
 def test_ddp_adds_its_buckets_unless_gradients_are_views_of_them():
     """DDP's all-reduce buckets are a second copy of the gradients, whatever the world size.
     With bucket view the gradients of the synchronized micro-batch become views of the
