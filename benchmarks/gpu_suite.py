@@ -82,6 +82,8 @@ class Step:
     budget_s: float
     """Seconds the step is planned to take (searches get it as their time budget)."""
     settings: dict = field(default_factory=dict)
+    opt_in: bool = False
+    """Runs only when ``--only`` names it (outside the 10-minute suite)."""
 
 
 def plan(full: bool, setup: Setup = GPU) -> list[Step]:
@@ -90,8 +92,10 @@ def plan(full: bool, setup: Setup = GPU) -> list[Step]:
     restrict = {} if full else {"precisions": ["bf16", "fp32"],
                                 "compile_modes": ["off", "default"],
                                 "micro_batches_per_class": 2}
-    oracle_classes = ([["fp32", "off"], ["bf16", "off"], ["fp32", "default"],
-                       ["bf16", "default"]])
+    # fp32 eager (the baseline) runs first; then the likely winners, so that a deadline
+    # leaves out the slow classes.
+    oracle_classes = [["fp32", "off"], ["bf16", "default"], ["bf16", "off"],
+                      ["fp32", "default"]]
     estimate = {"micro_batches": [4, 8], "precisions": ["fp32", "bf16"]}
     min_micro_batch = 1 if full else 8
     if setup.rehearsal:
@@ -117,6 +121,10 @@ def plan(full: bool, setup: Setup = GPU) -> list[Step]:
              "nccl on the GPU) on the default workload: peak, samples/s and the per-rank "
              "estimate", settings={"strategies": ["none", "ddp", "fsdp"], "micro_batch": 4,
                                    "precision": "fp32" if setup.rehearsal else "bf16"}),
+        Step(name="oracle-gpt2", budget_s=380, opt_in=True, what="exhaustive oracle (one "
+             "pass) on the default workload vs search-gpt2 (this run's, or --search-from's)",
+             settings={"classes": oracle_classes, "min_micro_batch": min_micro_batch,
+                       "repeats": 1}),
     ]
 
 
@@ -172,19 +180,23 @@ def run_search(step: Step, spec: WorkloadSpec, setup: Setup) -> dict:
                         "wall_s": t.wall_s} for t in cfg.trials]}
 
 
-def run_oracle_step(step: Step, search: dict | None, setup: Setup) -> dict:
+def run_oracle_step(step: Step, search: dict | None, setup: Setup,
+                    spec: WorkloadSpec) -> dict:
+    from oracle import as_knobs
+
+    from autotune.knobs import Knobs
     from autotune.space import divisors
 
     mbs = [m for m in divisors(TARGET) if m >= step.settings["min_micro_batch"]]
-    space: dict[tuple[str, str], list[int]] = {tuple(c): list(mbs)  # type: ignore[misc]
-                                               for c in step.settings["classes"]}
-    if search:  # the tuned config is always in the oracle's space
-        p, c, m = search["tuned"].split("/")
-        space.setdefault((p, c), [])
-        if int(m) not in space[(p, c)]:
-            space[(p, c)].append(int(m))
+    classes = [as_knobs(tuple(c)) for c in step.settings["classes"]]  # type: ignore[arg-type]
+    space: dict[Knobs, list[int]] = {classes[0]: list(mbs)}
+    if search:  # the tuned config (every knob) is always in the oracle's space, run second
+        tuned = Candidate.from_key(search["tuned"])
+        space[tuned.knobs] = sorted({*space.get(tuned.knobs, ()), tuned.micro_batch})
+    for knobs in classes[1:]:
+        space[knobs] = sorted({*space.get(knobs, ()), *mbs})
     timing = setup.search_settings()
-    candidates, wall = run_oracle(setup.bert, setup.device, TARGET, space, budget_bytes=None,
+    candidates, wall = run_oracle(spec, setup.device, TARGET, space, budget_bytes=None,
                                   repeats=step.settings["repeats"], deadline_s=step.budget_s,
                                   log=log, **timing)
     by_key = {c.key(): c for c in candidates}
@@ -202,6 +214,8 @@ def run_oracle_step(step: Step, search: dict | None, setup: Setup) -> dict:
             "samples_per_s": sps,
             "pick_quality": sps["tuned"] / sps["best"] if sps["tuned"] and sps["best"] else None,
             "cost_ratio": search["wall_s"] / wall if search else None,
+            "search": ({"tuned": search["tuned"], "wall_s": search["wall_s"],
+                        "from": search["from"]} if search else None),
             "speedup_vs_naive": (sps["tuned"] / sps["naive"]
                                  if sps["tuned"] and sps["naive"] else None),
             "note": "no memory cap: the GPU's own memory is the limit (OOM -> infeasible)"}
@@ -295,6 +309,18 @@ def render(results: dict) -> str:
                          f"{'-' if q is None else f'{q:.2f}'}, cost ratio "
                          f"{'-' if c is None else f'{c:.2f}'}, tuned vs naive "
                          f"{'-' if s is None else f'{s:.2f}x'}; oracle {res['wall_s']:.0f} s")
+            if res.get("search"):
+                lines.append(f"search: {res['search']['tuned']} in "
+                             f"{res['search']['wall_s']:.0f} s ({res['search']['from']})")
+            lines += ["", "| candidate | statuses | timed steps | samples/s | peak GiB | "
+                      "wall s |", "|---|---|---|---:|---:|---:|"]
+            for c in res["candidates"]:
+                sps, peak = c["samples_per_s"], c["peak_bytes"]
+                lines.append(f"| {c['key']} | {','.join(c['statuses']) or 'not run'} | "
+                             f"{','.join(map(str, c['num_timed_steps']))} | "
+                             f"{'-' if sps is None else f'{sps:.1f}'} | "
+                             f"{'-' if peak is None else f'{peak / 2**30:.2f}'} | "
+                             f"{sum(w or 0 for w in c['wall_s']):.0f} |")
         elif name == "ranks":
             lines += [f"micro-batch {res['micro_batch']} x 2, one rank per job", "",
                       "| strategy | status | measured GiB | samples/s | estimate GiB | error |",
@@ -328,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=None,
                         help="the steps run share this many seconds (default: the suite's 600 "
                              "s, a step's share as planned): a device call's time left")
+    parser.add_argument("--search-from", type=Path, default=None,
+                        help="a suite JSON whose searches the oracle steps compare against when "
+                             "this run has none (an oracle in a later device call)")
     parser.add_argument("--rehearse", action="store_true",
                         help="run every step's code on this CPU with tiny models (no GPU figures)")
     args = parser.parse_args(argv)
@@ -337,12 +366,18 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.only or ()) - set(names))
     if unknown:
         parser.error(f"--only {', '.join(unknown)}: not a step; the steps are {', '.join(names)}")
-    steps = [s for s in every if not args.only or s.name in args.only]
+    steps = [s for s in every if (s.name in args.only if args.only else not s.opt_in)]
     # The steps chosen share the whole suite's 10 minutes (a call of the device tool each).
-    total_s = args.seconds if args.seconds else sum(s.budget_s for s in every)
+    total_s = args.seconds if args.seconds else sum(s.budget_s for s in every if not s.opt_in)
     if total_s < 60:
         parser.error(f"--seconds {args.seconds:g}: under a minute runs no step; give 60 or more")
     scale = total_s / sum(s.budget_s for s in steps)
+    earlier: dict = {}
+    if args.search_from:
+        try:
+            earlier = json.loads(args.search_from.read_text())["steps"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            parser.error(f"--search-from {args.search_from}: not a suite result ({exc})")
     if not args.seconds:
         scale = max(1.0, scale)
     steps = [replace(s, budget_s=s.budget_s * scale) for s in steps]
@@ -366,11 +401,21 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     results: dict = {"machine": machine(), "full": args.full, "rehearsal": setup.rehearsal,
                      "steps": {}}
+    def search_of(name: str) -> dict | None:
+        """This run's search, else --search-from's (one that failed: none)."""
+        found = results["steps"].get(name) or earlier.get(name)
+        if found and "error" not in found:
+            where = "this run" if name in results["steps"] else str(args.search_from)
+            return {**found, "from": where}
+        return None
+
     actions: dict[str, Callable[[Step], dict]] = {
         "search-gpt2": lambda s: run_search(s, setup.gpt2, setup),
         "search-bert": lambda s: run_search(s, setup.bert, setup),
-        "oracle-bert": lambda s: run_oracle_step(s, results["steps"].get("search-bert"),
-                                                 setup),
+        "oracle-bert": lambda s: run_oracle_step(s, search_of("search-bert"), setup,
+                                                 setup.bert),
+        "oracle-gpt2": lambda s: run_oracle_step(s, search_of("search-gpt2"), setup,
+                                                 setup.gpt2),
         "estimate": lambda s: run_estimate(s, setup),
         "ranks": lambda s: run_ranks(s, setup),
     }
