@@ -7,6 +7,7 @@
 # `--tests` runs the CUDA tests instead (tests/test_gpu.py, marker gpu) -> gpu/gpu_tests.txt.
 # PYTHON picks the interpreter (default: python3 on PATH).
 #
+# A lease of 15 minutes: `benchmarks/gpu_call.sh` (the tests, search-gpt2 and ranks in one call).
 # On a lent GPU (device tool): run `bash benchmarks/gpu_wheels.sh` here, then calls with carry
 # [".whl"], each under 10 minutes and each starting with the install line in gpu_wheels.sh:
 #   1. bash benchmarks/gpu.sh --tests; bash benchmarks/gpu.sh --only estimate
