@@ -3,7 +3,9 @@
 Prints, from ``benchmarks/results/search_quality*.json``: (1) where a setting's smallest
 micro-batch beat its walked best although the line through the walked ones predicted a loss;
 (2) checkpointing at the same micro-batch against the same setting without it; (3) how far a
-peak at the next micro-batch fell below the line through the two before it (slow workloads).
+peak at the next micro-batch fell below the line through the two before it (slow workloads);
+(4) what compiling gained over the same setting eager at the same micro-batch (the GPU oracles
+under ``results/gpu/`` too): whether a compiled class could be skipped on its eager twin's speed.
 Run: ``python benchmarks/rule_checks.py``.
 """
 
@@ -97,7 +99,44 @@ def peak_line() -> None:
           f"{low[3]} in {low[1]})")
 
 
+def oracle_candidates():
+    """(file name, one oracle's candidates) of every committed oracle, CPU and GPU."""
+    for name, row in rows("search_quality*.json"):
+        yield name, row["oracle"]["candidates"]
+    for path in sorted(glob.glob(str(RESULTS / "gpu" / "*oracle*.json"))):
+        for step in json.loads(Path(path).read_text())["steps"].values():
+            if "candidates" in step:
+                yield Path(path).name, step["candidates"]
+
+
+def compile_gain() -> None:
+    """A rule proposed for the GPU search (a compiled class probed for 34 s of 162, its eager
+    twin at 0.11x the leader): skip a compiled class whose eager twin is under 1/C of the
+    leader. Sound only if compiling never gains more than C."""
+    gains = []
+    for name, candidates in oracle_candidates():
+        speed = {c["key"]: c["samples_per_s"] for c in candidates
+                 if c.get("samples_per_s") and c.get("ran_ok_every_time", True)}
+        for key, sps in speed.items():
+            label, micro_batch = key.rsplit("/", 1)
+            precision, rest = label.split("/", 1)
+            mode, *extras = rest.split("+")
+            eager = f"{precision}/{'+'.join(['off', *extras])}/{micro_batch}"
+            if mode != "off" and eager in speed:
+                gains.append((sps / speed[eager], name, key))
+    gains.sort()
+    top = gains[-1]
+    over = sum(1 for g, *_ in gains if g > 3)
+    gpu = [g for g, name, _ in gains if name.startswith("gpu_suite")]
+    print(f"(4) {len(gains)} compiled candidates against their eager twin: median "
+          f"{statistics.median(g for g, *_ in gains):.2f}x, over 3x in {over}, up to "
+          f"{top[0]:.0f}x ({top[2]} in {top[1]}); on the GPU "
+          f"{min(gpu, default=0):.2f}-{max(gpu, default=0):.2f}x: no cap holds, so the "
+          "eager twin's speed cannot rule a compiled class out")
+
+
 if __name__ == "__main__":
     other_end()
     same_micro_batch_checkpointing()
     peak_line()
+    compile_gain()
