@@ -278,6 +278,11 @@ def run_ranks(step: Step, setup: Setup) -> dict:
     return {"rows": rows, "micro_batch": m}
 
 
+def _cell(value: float | None, spec: str, scale: float = 1.0) -> str:
+    """A table cell: ``value / scale`` formatted, or '-' where there is none."""
+    return "-" if value is None else format(value / scale, spec)
+
+
 def render(results: dict) -> str:
     m = results["machine"]
     if results.get("rehearsal"):
@@ -315,32 +320,28 @@ def render(results: dict) -> str:
             lines += ["", "| candidate | statuses | timed steps | samples/s | peak GiB | "
                       "wall s |", "|---|---|---|---:|---:|---:|"]
             for c in res["candidates"]:
-                sps, peak = c["samples_per_s"], c["peak_bytes"]
                 lines.append(f"| {c['key']} | {','.join(c['statuses']) or 'not run'} | "
                              f"{','.join(map(str, c['num_timed_steps']))} | "
-                             f"{'-' if sps is None else f'{sps:.1f}'} | "
-                             f"{'-' if peak is None else f'{peak / 2**30:.2f}'} | "
+                             f"{_cell(c['samples_per_s'], '.1f')} | "
+                             f"{_cell(c['peak_bytes'], '.2f', 2**30)} | "
                              f"{sum(w or 0 for w in c['wall_s']):.0f} |")
         elif name == "ranks":
             lines += [f"micro-batch {res['micro_batch']} x 2, one rank per job", "",
                       "| strategy | status | measured GiB | samples/s | estimate GiB | error |",
                       "|---|---|---:|---:|---:|---:|"]
             for r in res["rows"]:
-                meas, err, sps = r["measured_bytes"], r["error"], r["samples_per_s"]
                 lines.append(f"| {r['strategy']} | {r['status']} | "
-                             f"{'-' if meas is None else f'{meas / 2**30:.2f}'} | "
-                             f"{'-' if sps is None else f'{sps:.1f}'} | "
-                             f"{r['estimate_bytes'] / 2**30:.2f} | "
-                             f"{'-' if err is None else f'{err:+.1%}'} |")
+                             f"{_cell(r['measured_bytes'], '.2f', 2**30)} | "
+                             f"{_cell(r['samples_per_s'], '.1f')} | "
+                             f"{r['estimate_bytes'] / 2**30:.2f} | {_cell(r['error'], '+.1%')} |")
         else:
             lines += ["| workload | precision | micro-batch | estimate GiB | measured GiB "
                       "| error |", "|---|---|---:|---:|---:|---:|"]
             for r in res["rows"]:
-                meas, err = r["measured_bytes"], r["error"]
                 lines.append(f"| {r['workload']} | {r['precision']} | {r['micro_batch']} | "
                              f"{r['estimate_bytes'] / 2**30:.2f} | "
-                             f"{'-' if meas is None else f'{meas / 2**30:.2f}'} | "
-                             f"{'-' if err is None else f'{err:+.1%}'} |")
+                             f"{_cell(r['measured_bytes'], '.2f', 2**30)} | "
+                             f"{_cell(r['error'], '+.1%')} |")
         lines.append("")
     return "\n".join(lines) + "\n"
 
