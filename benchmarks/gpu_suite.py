@@ -369,9 +369,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--only {', '.join(unknown)}: not a step; the steps are {', '.join(names)}")
     steps = [s for s in every if (s.name in args.only if args.only else not s.opt_in)]
     # The steps chosen share the whole suite's 10 minutes (a call of the device tool each).
-    total_s = args.seconds if args.seconds else sum(s.budget_s for s in every if not s.opt_in)
-    if total_s < 60:
-        parser.error(f"--seconds {args.seconds:g}: under a minute runs no step; give 60 or more")
+    total_s = (args.seconds if args.seconds is not None
+               else sum(s.budget_s for s in every if not s.opt_in))
+    if not 60 <= total_s < float("inf"):  # nan too
+        parser.error(f"--seconds {args.seconds:g}: must be a number of seconds from 60 up "
+                     "(a device call's seconds left)")
     scale = total_s / sum(s.budget_s for s in steps)
     earlier: dict = {}
     if args.search_from:
@@ -379,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
             earlier = json.loads(args.search_from.read_text())["steps"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             parser.error(f"--search-from {args.search_from}: not a suite result ({exc})")
-    if not args.seconds:
+    if args.seconds is None:
         scale = max(1.0, scale)
     steps = [replace(s, budget_s=s.budget_s * scale) for s in steps]
     folder = out_dir(setup)
