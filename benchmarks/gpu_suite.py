@@ -379,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.search_from:
         try:
             earlier = json.loads(args.search_from.read_text())["steps"]
+            if not isinstance(earlier, dict):
+                raise TypeError(f"its steps are a {type(earlier).__name__}, not an object")
         except (OSError, ValueError, KeyError, TypeError) as exc:
             parser.error(f"--search-from {args.search_from}: not a suite result ({exc})")
     if args.seconds is None:

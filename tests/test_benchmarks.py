@@ -202,6 +202,44 @@ def test_gpu_suite_dry_run_lists_every_step_within_ten_minutes(tmp_path):
     assert float(lines[-1].split("~")[1].split()[0]) <= 600
 
 
+def test_gpu_suite_steps_share_the_seconds_given_and_the_oracle_runs_only_when_named(capsys):
+    from gpu_suite import main
+
+    assert main(["--dry-run"]) == 0
+    assert "oracle-gpt2" not in capsys.readouterr().out  # opt-in: outside the 10-minute suite
+    assert main(["--dry-run", "--only", "ranks", "--only", "oracle-gpt2", "--seconds", "300"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines[1:-1]] == ["ranks", "oracle-gpt2"]
+    budgets = [float(line.split("(~")[1].split()[0]) for line in lines[1:-1]]
+    assert sum(budgets) == pytest.approx(300, abs=1) and lines[-1] == "planned total ~300 s"
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "59", "nan", "inf"])
+def test_gpu_suite_refuses_seconds_that_run_no_step(value, capsys):
+    from gpu_suite import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--dry-run", "--seconds", value])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].split(": error: ")[1] == (
+        f"--seconds {value}: must be a number of seconds from 60 up (a device call's seconds "
+        "left)")
+
+
+@pytest.mark.parametrize("content", [None, "not json", '{"rows": []}', "[1, 2]", '{"steps": 5}'])
+def test_gpu_suite_refuses_a_search_from_file_that_is_no_suite_result(tmp_path, content, capsys):
+    from gpu_suite import main
+
+    path = tmp_path / "earlier.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(SystemExit) as exit_:
+        main(["--dry-run", "--only", "oracle-gpt2", "--search-from", str(path)])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].split(": error: ")[1].startswith(
+        f"--search-from {path}: not a suite result (")
+
+
 @pytest.mark.subprocess
 @pytest.mark.slow
 def test_gpu_suite_rehearses_every_step_on_the_cpu(tmp_path):
