@@ -3,15 +3,25 @@
 # gives a session 15 minutes, a machine's start included, and 10 minutes a call):
 #   1. the device and versions -> gpu/device.txt;
 #   2. the CUDA tests (`gpu.sh --tests`, at most 270 s) -> gpu/gpu_tests.txt;
-#   3. the suite's search on the default workload (GPT-2 small) and the one-rank jobs of each
-#      strategy, in the seconds left of TOTAL (default 570) -> gpu/gpu_suite-*.{md,json} and
-#      gpu/suite_log.txt (each probe and trial as it ends: a cut-off call keeps them).
+#   3. the suite's STEPs (default: search-gpt2 and ranks, the search on the default workload
+#      and the one-rank jobs of each strategy) in the seconds left of TOTAL (default 570) ->
+#      gpu/gpu_suite-*.{md,json} and gpu/suite_log.txt (each probe and trial as it ends: a
+#      cut-off call keeps them).
+# Usage: bash benchmarks/gpu_call.sh [TOTAL [STEP...]]. Next lease (done on the H200,
+# 2026-11-26: tests, search-gpt2, ranks, oracle-gpt2): issue 18's case on a GPU, a cap that
+# binds: `gpu_call.sh 570 search-gpt2-capped`, then in a second call
+# `python3 benchmarks/gpu_suite.py --only oracle-gpt2-capped --seconds 450 --search-from
+# <the first call's gpu_suite-search-gpt2-capped.json, committed under results/gpu/>`.
 # Here first: `bash benchmarks/gpu_wheels.sh` (optuna and what the device lacks, into .whl/).
 # Then the device tool's run: command `bash benchmarks/gpu_call.sh`, carry [".whl"],
 # timeout_s 600. Results under $OUT/gpu (else benchmarks/results/gpu).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 total=${1:-570}
+steps=("${@:2}")
+[ ${#steps[@]} -gt 0 ] || steps=(search-gpt2 ranks)
+only=()
+for step in "${steps[@]}"; do only+=(--only "$step"); done
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || { echo "wheels did not install: run gpu_wheels.sh here"; exit 3; }
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
@@ -25,6 +35,6 @@ timeout -k 5 270 bash benchmarks/gpu.sh --tests
 echo "tests: exit $? after ${SECONDS} s"
 left=$((total - SECONDS - 25))
 if [ "$left" -lt 60 ]; then echo "no time left for the suite (${left} s)"; exit 0; fi
-timeout -k 5 $((left + 20)) python3 benchmarks/gpu_suite.py --only search-gpt2 --only ranks \
-  --seconds "$left" 2>&1 | tee "$out/suite_log.txt"
+timeout -k 5 $((left + 20)) python3 benchmarks/gpu_suite.py "${only[@]}" --seconds "$left" 2>&1 \
+  | tee "$out/suite_log.txt"
 echo "suite: exit ${PIPESTATUS[0]} after ${SECONDS} s"

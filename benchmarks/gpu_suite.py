@@ -47,6 +47,8 @@ from autotune.config import WorkloadSpec
 from autotune.search import Candidate
 
 TARGET = 64
+HEADROOM = 0.1
+"""The search's default share of the budget kept free: the oracle judges fits as it does."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,12 +98,17 @@ def plan(full: bool, setup: Setup = GPU) -> list[Step]:
     # leaves out the slow classes.
     oracle_classes = [["fp32", "off"], ["bf16", "default"], ["bf16", "off"],
                       ["fp32", "default"]]
+    capped_classes = [["fp32", "off"], ["bf16", "default"], ["bf16", "default+ckpt=blocks"],
+                      ["bf16", "off"], ["bf16", "off+ckpt=blocks"],
+                      ["bf16", "default+ckpt=alternate"], ["fp32", "default"]]
+    cap = "24GiB"  # fp32 eager fits 8 of GPT-2 small at seq 1024 (13.5 GiB on the H200)
     estimate = {"micro_batches": [4, 8], "precisions": ["fp32", "bf16"]}
     min_micro_batch = 1 if full else 8
     if setup.rehearsal:
         restrict = {"precisions": ["fp32"], "compile_modes": ["off"],
                     "micro_batches_per_class": 2}
         oracle_classes, min_micro_batch = [["fp32", "off"]], 32
+        capped_classes, cap = [["fp32", "off"], ["fp32", "off+ckpt=blocks"]], "120MiB"
         estimate = {"micro_batches": [4], "precisions": ["fp32"]}
     return [
         Step(name="search-gpt2", budget_s=200, what="api.search default workload (GPT-2 small, "
@@ -125,6 +132,15 @@ def plan(full: bool, setup: Setup = GPU) -> list[Step]:
              "pass) on the default workload vs search-gpt2 (this run's, or --search-from's)",
              settings={"classes": oracle_classes, "min_micro_batch": min_micro_batch,
                        "repeats": 1}),
+        # Issue 18's case on a GPU: under a consumer card's memory the classes' micro-batches
+        # bind and checkpointing can win (on the H200 uncapped, every class fit 64).
+        Step(name="search-gpt2-capped", budget_s=300, opt_in=True, what="api.search default "
+             f"workload --target-batch {TARGET} --memory-budget {cap}",
+             settings={"workload": setup.gpt2.label(), "memory_budget": cap, **restrict}),
+        Step(name="oracle-gpt2-capped", budget_s=420, opt_in=True, what="exhaustive oracle "
+             f"(one pass) under {cap}, checkpointing included, vs search-gpt2-capped",
+             settings={"classes": capped_classes, "min_micro_batch": min_micro_batch,
+                       "repeats": 1, "memory_budget": cap}),
     ]
 
 
@@ -165,6 +181,7 @@ def run_search(step: Step, spec: WorkloadSpec, setup: Setup) -> dict:
     result = api.search(spec, target_batch=TARGET, device=setup.device,
                         precisions=step.settings.get("precisions"),
                         compile_modes=step.settings.get("compile_modes"),
+                        memory_budget=step.settings.get("memory_budget"),
                         out=tempfile.mkdtemp(prefix=f"{step.name}-"), force=True,
                         settings=settings, on_step=_probe_line, on_trial=_trial_line)
     cfg = result.config
@@ -184,9 +201,13 @@ def run_oracle_step(step: Step, search: dict | None, setup: Setup,
                     spec: WorkloadSpec) -> dict:
     from oracle import as_knobs
 
-    from autotune.knobs import Knobs
+    from autotune.config import parse_bytes
+    from autotune.knobs import BASELINE, Knobs
     from autotune.space import divisors
 
+    cap = step.settings.get("memory_budget")
+    budget = parse_bytes(cap) if cap else None
+    usable = int(budget * (1 - HEADROOM)) if budget else 2**62  # as the search judges a fit
     mbs = [m for m in divisors(TARGET) if m >= step.settings["min_micro_batch"]]
     classes = [as_knobs(tuple(c)) for c in step.settings["classes"]]  # type: ignore[arg-type]
     space: dict[Knobs, list[int]] = {classes[0]: list(mbs)}
@@ -196,20 +217,20 @@ def run_oracle_step(step: Step, search: dict | None, setup: Setup,
     for knobs in classes[1:]:
         space[knobs] = sorted({*space.get(knobs, ()), *mbs})
     timing = setup.search_settings()
-    candidates, wall = run_oracle(spec, setup.device, TARGET, space, budget_bytes=None,
+    candidates, wall = run_oracle(spec, setup.device, TARGET, space, budget_bytes=budget,
                                   repeats=step.settings["repeats"], deadline_s=step.budget_s,
                                   log=log, **timing)
     by_key = {c.key(): c for c in candidates}
-    measured = [c for c in candidates if c.ran_ok_every_time() and c.samples_per_s(TARGET)]
+    measured = [c for c in candidates if c.ran_ok_every_time() and c.samples_per_s(TARGET)
+                and c.fits_usable(usable)]
     best = max(measured, key=lambda c: c.samples_per_s(TARGET) or 0.0, default=None)
-    eager = {c.micro_batch: c for c in candidates
-             if (c.precision, c.compile_mode) == ("fp32", "off")}
-    naive_mb = naive_micro_batch(TARGET, lambda m: m in eager and eager[m].ran_ok_every_time())
+    eager = {c.micro_batch: c for c in candidates if c.knobs == BASELINE}
+    naive_mb = naive_micro_batch(TARGET, lambda m: m in eager and eager[m] in measured)
     naive = eager.get(naive_mb)
     tuned = by_key.get(search["tuned"]) if search else None
     sps = {name: (c.samples_per_s(TARGET) if c else None)
            for name, c in (("tuned", tuned), ("best", best), ("naive", naive))}
-    return {"wall_s": wall, "candidates": [c.summary(TARGET, 2**62) for c in candidates],
+    return {"wall_s": wall, "candidates": [c.summary(TARGET, usable) for c in candidates],
             "best": best.key() if best else None, "naive": naive.key() if naive else None,
             "samples_per_s": sps,
             "pick_quality": sps["tuned"] / sps["best"] if sps["tuned"] and sps["best"] else None,
@@ -218,7 +239,9 @@ def run_oracle_step(step: Step, search: dict | None, setup: Setup,
                         "from": search["from"]} if search else None),
             "speedup_vs_naive": (sps["tuned"] / sps["naive"]
                                  if sps["tuned"] and sps["naive"] else None),
-            "note": "no memory cap: the GPU's own memory is the limit (OOM -> infeasible)"}
+            "note": (f"memory cap {cap} ({usable / 2**30:.2f} GiB usable, headroom "
+                     f"{HEADROOM:.0%}: a peak over it does not fit)" if cap else
+                     "no memory cap: the GPU's own memory is the limit (OOM -> infeasible)")}
 
 
 def run_estimate(step: Step, setup: Setup) -> dict:
@@ -307,13 +330,16 @@ def render(results: dict) -> str:
             lines.append(f"tuned {res['tuned']} x{res['accumulate_steps']}: "
                          f"{res['samples_per_s']:.1f} samples/s, {res['speedup'] or 0:.2f}x the "
                          f"baseline; {res['num_probes']} probes; {res['wall_s']:.0f} s; "
-                         f"max micro-batch {res['max_micro_batch']}")
+                         f"max micro-batch {res['max_micro_batch']}"
+                         + (f"; under {cap}" if (cap := res["settings"].get("memory_budget"))
+                            else ""))
         elif name.startswith("oracle"):
             q, c, s = res["pick_quality"], res["cost_ratio"], res["speedup_vs_naive"]
             lines.append(f"best {res['best']}, naive {res['naive']}; pick quality "
                          f"{'-' if q is None else f'{q:.2f}'}, cost ratio "
                          f"{'-' if c is None else f'{c:.2f}'}, tuned vs naive "
                          f"{'-' if s is None else f'{s:.2f}x'}; oracle {res['wall_s']:.0f} s")
+            lines.append(res["note"])
             if res.get("search"):
                 lines.append(f"search: {res['search']['tuned']} in "
                              f"{res['search']['wall_s']:.0f} s ({res['search']['from']})")
@@ -421,6 +447,9 @@ def main(argv: list[str] | None = None) -> int:
                                                  setup.bert),
         "oracle-gpt2": lambda s: run_oracle_step(s, search_of("search-gpt2"), setup,
                                                  setup.gpt2),
+        "search-gpt2-capped": lambda s: run_search(s, setup.gpt2, setup),
+        "oracle-gpt2-capped": lambda s: run_oracle_step(s, search_of("search-gpt2-capped"),
+                                                        setup, setup.gpt2),
         "estimate": lambda s: run_estimate(s, setup),
         "ranks": lambda s: run_ranks(s, setup),
     }

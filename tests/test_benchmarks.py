@@ -206,7 +206,8 @@ def test_gpu_suite_steps_share_the_seconds_given_and_the_oracle_runs_only_when_n
     from gpu_suite import main
 
     assert main(["--dry-run"]) == 0
-    assert "oracle-gpt2" not in capsys.readouterr().out  # opt-in: outside the 10-minute suite
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:-1]]
+    assert not {"oracle-gpt2", "search-gpt2-capped", "oracle-gpt2-capped"} & set(listed)
     assert main(["--dry-run", "--only", "ranks", "--only", "oracle-gpt2", "--seconds", "300"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines[1:-1]] == ["ranks", "oracle-gpt2"]
@@ -260,6 +261,26 @@ def test_gpu_suite_rehearses_every_step_on_the_cpu(tmp_path):
     assert [row["status"] for row in steps["ranks"]["rows"]] == ["ok", "ok", "ok"]
     markdown = (tmp_path / "gpu-rehearsal" / "gpu_suite.md").read_text()
     assert markdown.startswith("# GPU benchmarks: CPU rehearsal (no GPU figures)")
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+def test_gpu_suite_rehearses_the_capped_search_and_its_oracle(tmp_path):
+    """The steps for issue 18's case on a GPU (a cap that binds) run their real code on the CPU
+    first: under the rehearsal's cap fp32 eager fits 32 of 64, checkpointing fits 64."""
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
+    proc = subprocess.run([str(BENCH / "gpu.sh"), "--rehearse", "--only", "search-gpt2-capped",
+                           "--only", "oracle-gpt2-capped", "--seconds", "300"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    name = "gpu_suite-search-gpt2-capped-oracle-gpt2-capped"
+    steps = json.loads((tmp_path / "gpu-rehearsal" / f"{name}.json").read_text())["steps"]
+    search, oracle = steps["search-gpt2-capped"], steps["oracle-gpt2-capped"]
+    assert search["max_micro_batch"]["fp32/off"] < 64  # the cap binds
+    assert oracle["search"]["from"] == "this run" and oracle["pick_quality"] is not None
+    assert oracle["note"].startswith("memory cap 120MiB")
+    statuses = {c["key"]: c["statuses"] for c in oracle["candidates"]}
+    assert statuses["fp32/off/64"] == ["oom"] and statuses["fp32/off+ckpt=blocks/64"] == ["ok"]
 
 
 def test_a_compiled_fit_counts_for_a_first_launch_only_if_its_graph_never_ran_out_of_memory():
