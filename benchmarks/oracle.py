@@ -24,6 +24,7 @@ from autotune.config import TrialResult, TrialSpec, WorkloadSpec, WorkloadTraits
 from autotune.knobs import BASELINE, HasKnobs, Knobs
 from autotune.memory import probe_spec
 from autotune.runner import run_isolated
+from autotune.schema import write_json_atomic
 from autotune.search import Candidate, SearchSettings
 
 HERE = Path(__file__).resolve().parent
@@ -337,9 +338,11 @@ def machine() -> dict:
 def write_results(name: str, data: dict, markdown: str, folder: Path | None = None) -> Path:
     """Write ``<name>.json`` and ``<name>.md`` into ``folder`` (default benchmarks/results)."""
     folder = folder or HERE / "results"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{name}.json").write_text(json.dumps(to_json_dict(data), indent=2) + "\n")
-    (folder / f"{name}.md").write_text(markdown)
+    # Atomically: a run cut off while writing (a device call's limit, Ctrl-C) leaves the
+    # files it had, never half of one.
+    write_json_atomic(folder / f"{name}.json", json.dumps(to_json_dict(data), indent=2) + "\n",
+                      force=True)
+    write_json_atomic(folder / f"{name}.md", markdown, force=True)
     return folder / f"{name}.md"
 
 
