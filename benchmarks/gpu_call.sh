@@ -18,6 +18,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 total=${1:-570}
+if ! [[ $total =~ ^[0-9]+$ ]] || [ "$total" -lt 120 ] || [ "$total" -gt 600 ]; then
+  echo "TOTAL '$total': a whole number of seconds from 120 to 600 (a device call's limit)" >&2
+  exit 2
+fi
 steps=("${@:2}")
 [ ${#steps[@]} -gt 0 ] || steps=(search-gpt2 ranks)
 only=()
@@ -25,6 +29,8 @@ for step in "${steps[@]}"; do only+=(--only "$step"); done
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || { echo "wheels did not install: run gpu_wheels.sh here"; exit 3; }
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
+# A step name the suite does not know stops here, before the tests spend the call's time.
+python3 benchmarks/gpu_suite.py --dry-run "${only[@]}" >/dev/null || exit 2
 out="${OUT:-benchmarks/results}/gpu"
 mkdir -p "$out"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv

@@ -33,21 +33,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from oracle import HERE, machine, naive_micro_batch, run_oracle, write_results
 
+from autotune.api.request import TuneRequest
 from autotune.config import WorkloadSpec
+from autotune.errors import Interrupted
 from autotune.search import Candidate
 
 TARGET = 64
-HEADROOM = 0.1
+HEADROOM: float = {f.name: f.default for f in fields(TuneRequest)}["headroom"]
 """The search's default share of the budget kept free: the oracle judges fits as it does."""
 
 
@@ -422,6 +425,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
+    def terminate(signum: int, _frame: object) -> None:  # as the autotune CLI does
+        raise Interrupted(signal.Signals(signum).name, signum)
+
+    signal.signal(signal.SIGTERM, terminate)
     if not setup.rehearsal and not torch.cuda.is_available():
         print("no CUDA device here: the GPU suite needs one (try --dry-run, or --rehearse "
               "to run its code on this CPU)", file=sys.stderr)
@@ -458,6 +465,10 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         try:
             res = actions[step.name](step)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as autotune's Interrupted
+            log(f"interrupted in step {step.name}: the finished steps' results "
+                f"({', '.join(results['steps']) or 'none'}) are in {folder}")
+            return getattr(exc, "exit_code", 130)
         except Exception as exc:  # one failed step must not lose the others' results
             res = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
         res["step_s"] = time.perf_counter() - t0
@@ -469,6 +480,10 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:  # the JSON still holds every figure
             markdown = f"rendering failed; see {result_name}.json\n\n{traceback.format_exc()}"
         write_results(result_name, results, markdown, folder)
+        reason = res.get("stop_reason", "")
+        if reason.startswith("interrupted"):  # a search keeps its best so far, then ends
+            log(f"{reason}: stopped after step {step.name}; results in {folder}")
+            return 143 if "SIGTERM" in reason else 130
     print((folder / f"{result_name}.md").read_text())
     failed = [name for name, res in results["steps"].items() if "error" in res]
     if failed:
