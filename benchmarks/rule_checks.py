@@ -5,7 +5,8 @@ micro-batch beat its walked best although the line through the walked ones predi
 (2) checkpointing at the same micro-batch against the same setting without it; (3) how far a
 peak at the next micro-batch fell below the line through the two before it (slow workloads);
 (4) what compiling gained over the same setting eager at the same micro-batch (the GPU oracles
-under ``results/gpu/`` too): whether a compiled class could be skipped on its eager twin's speed.
+under ``results/gpu/`` too): whether a compiled class could be skipped on its eager twin's speed;
+(5) the smallest micro-batch against the walked best, compiled settings apart from eager ones.
 Run: ``python benchmarks/rule_checks.py``.
 """
 
@@ -28,7 +29,10 @@ def rows(pattern: str):
             yield Path(path).name, row
 
 
-def other_end() -> None:
+def walks() -> list[tuple[float, float, str, str]]:
+    """Each oracle setting walked down as the search walks it (largest first, while faster),
+    with its smallest micro-batch not walked: (the line's predicted share of the walked best
+    at the smallest, the smallest's measured share, file name, setting)."""
     found = []
     for name, row in rows("search_quality*.json"):
         target = row["target_batch"]
@@ -54,11 +58,28 @@ def other_end() -> None:
             best = max(by_mb[m] for m in walked)
             if step_s:
                 found.append((target / step_s / best, by_mb[small] / best, name, label))
+    return found
+
+
+def other_end() -> None:
+    found = walks()
     lost = [f for f in found if f[0] < 0.6]
     worst = max(lost, key=lambda f: f[1])
     print(f"(1) {len(found)} walks; where the line predicted under 0.6x the walked best "
           f"({len(lost)}), the smallest micro-batch ran up to {worst[1]:.2f}x it "
           f"({worst[3]} in {worst[2]}, predicted {worst[0]:.2f}x)")
+
+
+def other_end_compiled() -> None:
+    """Whether the leader's compiled setting needs its smallest micro-batch timed regardless
+    of the line (each micro-batch of a compiled setting is a compile of its own)."""
+    found = walks()
+    for kind, keep in (("compiled", True), ("eager", False)):
+        some = [f for f in found if (f[3].split("+")[0].split("/")[1] != "off") == keep]
+        top = max(some, key=lambda f: f[1])
+        print(f"(5) {kind} settings: {len(some)} walks, the smallest micro-batch at most "
+              f"{top[1]:.2f}x the walked best ({top[3]} in {top[2]}, predicted "
+              f"{top[0]:.2f}x); faster than it in {sum(f[1] > 1 for f in some)}")
 
 
 def same_micro_batch_checkpointing() -> None:
@@ -140,3 +161,4 @@ if __name__ == "__main__":
     same_micro_batch_checkpointing()
     peak_line()
     compile_gain()
+    other_end_compiled()

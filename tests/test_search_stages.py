@@ -240,7 +240,8 @@ def test_a_gain_within_the_noise_is_not_followed() -> None:
     assert not any(k.startswith("bf16/max-autotune/8") for k in device.runs())
     assert ("bf16/max-autotune: micro-batches 8, 4, 2 not timed: 16 was not faster than 32 "
             "by more than the noise (5%)") in outcome.skipped
-    # The range's other end is timed once: speed need not fall monotonically.
+    # The range's other end is timed once: speed need not fall monotonically. This compiled
+    # setting's line (16 cheaper per sample than 32) predicts that 1 could win.
     assert device.runs().count("bf16/max-autotune/1") == 1
 
 
@@ -592,8 +593,34 @@ def test_a_setting_near_the_leader_times_its_smallest_micro_batch_only_if_it_cou
     assert "bf16/default/16" in records and "bf16/default/1" not in records
     reason = next(s for s in outcome.skipped if s.startswith("bf16/default: micro-batch 1 not"))
     assert "predicted" in reason and "line through micro-batches 16, 32" in reason
-    # The leader's own setting is timed at its smallest anyway: the pick is decided there.
+    # The leader's own setting is timed at its smallest: its line (16 cheaper per sample than
+    # 32) predicts that 1 could win.
     assert "bf16/max-autotune/1" in records
+
+
+def _slower_below_32(m: int) -> float:
+    """3% slower at 16 than at 32, slower still below."""
+    return {64: 1.0, 32: 1.0, 16: 0.97}.get(m, 0.9 * m / (m + 4))
+
+
+def test_a_compiled_leader_s_smallest_micro_batch_is_predicted_before_its_compile() -> None:
+    # The walk down stops at 16. The compiled leader's setting would pay a compile for
+    # micro-batch 1: the line through 16 and 32 predicts it far behind, so it is not timed,
+    # and the report says so.
+    device = ScriptedDevice(by_class(100, 150, 160, 200, 300, 330), shape=_slower_below_32)
+    outcome, records = search(device)
+    assert "bf16/max-autotune/16" in records and "bf16/max-autotune/1" not in records
+    reason = next(s for s in outcome.skipped
+                  if s.startswith("bf16/max-autotune: micro-batch 1 not timed: predicted"))
+    assert "line through micro-batches 16, 32" in reason
+
+
+def test_an_eager_leader_s_smallest_micro_batch_is_timed_though_predicted_behind() -> None:
+    # The same walk on an eager leader times 1 anyway (a small micro-batch can stay in cache).
+    device = ScriptedDevice(by_class(100, 150, 160, 400, 300, 330), shape=_slower_below_32)
+    outcome, records = search(device)
+    assert "bf16/off/16" in records and "bf16/off/1" in records
+    assert not any(s.startswith("bf16/off: micro-batch 1 not timed") for s in outcome.skipped)
 
 
 def test_a_setting_near_the_leader_is_not_walked_down_where_its_sibling_got_slower() -> None:
@@ -849,17 +876,17 @@ def test_when_fp32_eager_fits_nothing_checkpointing_is_the_baseline_offered() ->
 
 def test_the_smallest_micro_batch_is_timed_and_the_knobs_screened_again_where_it_leads() -> None:
     # On a CPU a small micro-batch can stay in cache: here 1 runs 30% faster per sample than
-    # 32, while 16 and 2 are slower (a noisy middle). The walk down stops at 16; the range's
-    # other end (1) is timed anyway and leads; the optimizer implementations, screened at 32
-    # before, are screened again at 1, where fused wins.
-    device = KnobDevice(by_class(100, 150, 160, 200, 300, 330),
+    # 32, while 16 and 2 are slower (a noisy middle). The walk down of the eager leader stops
+    # at 16; the range's other end (1) is timed anyway and leads; the optimizer
+    # implementations, screened at 32 before, are screened again at 1, where fused wins.
+    device = KnobDevice(by_class(100, 150, 160, 400, 300, 330),
                         shape=lambda m: {32: 1.0, 16: 0.9, 1: 1.3}.get(m, 0.8))
     _, records = knob_search(device)
-    assert records["bf16/max-autotune/1"].verdict == "ok"
-    assert "bf16/max-autotune+opt=fused/1" in records  # screened again at the new leader
-    assert "bf16/max-autotune+opt=foreach/1" in records
+    assert records["bf16/off/1"].verdict == "ok"
+    assert "bf16/off+opt=fused/1" in records  # screened again at the new leader
+    assert "bf16/off+opt=foreach/1" in records
     speed = {k: r.samples_per_s or 0 for k, r in records.items()}
-    assert max(speed, key=speed.get) == "bf16/max-autotune+opt=fused/1"
+    assert max(speed, key=speed.get) == "bf16/off+opt=fused/1"
 
 
 # -- stage 6: a compiled winner fits as a first launch compiles it -------------------------

@@ -21,7 +21,8 @@
    When fp32 eager fits nothing, the values that free memory are tried on it first (the
    baseline becomes the first that fits).
 4. Time smaller micro-batches of the settings near the leader, largest first, while each is
-   faster than the last.
+   faster than the last; then the smallest that fits, once, where it could still win (always
+   for the leader's eager setting: a small micro-batch can stay in cache).
 5. Re-measure the leader and the candidates whose gap to it is within the noise (a close
    race), interleaved; each keeps its better run. A clear lead stands without a second run.
    A compiled leader not yet run with its graphs compiled afresh is re-measured so (an empty
@@ -654,20 +655,23 @@ class _Search:
 
     def _time_the_other_end(self, knobs: Knobs, smallest: int, num_timed: int) -> bool:
         """A walk down stopped at a micro-batch that was not faster: time the smallest that fits
-        too, once, for the leader's setting, and for a setting near the leader where the line
-        through its timed micro-batches predicts the smallest could win (speed is not always
-        monotone in the micro-batch: on a CPU a small one can stay in cache, and one noisy
-        middle point must not hide the range's other end). False when it is not worth a run
-        (the setting is behind the leader by more than ``--refine-within``, predicted to lose,
-        or ``--micro-batches`` allows no more)."""
+        too, once, for the leader's setting when it runs eager, and for any other setting near
+        the leader where the line through its timed micro-batches predicts the smallest could
+        win (speed is not always monotone in the micro-batch: on a CPU a small one can stay in
+        cache, and one noisy middle point must not hide the range's other end). A compiled
+        leader's setting is predicted too: the run costs a compile of its own, and in every
+        committed oracle no compiled setting's smallest micro-batch beat its walked best
+        (``benchmarks/rule_checks.py`` (5)), while eager ones did, by up to 2.4x. False when it
+        is not worth a run (the setting is behind the leader by more than ``--refine-within``,
+        predicted to lose, or ``--micro-batches`` allows no more)."""
         per_class = self.settings.micro_batches_per_class
         share = self._share(self._class_best(knobs))
         if (share is None or share < self.settings.refine_within
                 or (per_class and num_timed >= per_class)):
             return False
-        why_not = (None if knobs == self._leaders_setting()
-                   else self._predicted_to_lose(knobs, smallest))
-        if why_not:  # the leader's own setting is timed anyway: the pick is decided there
+        always = knobs == self._leaders_setting() and knobs.compile_mode == "off"
+        why_not = None if always else self._predicted_to_lose(knobs, smallest)
+        if why_not:  # the leader's own eager setting is timed anyway: the pick is decided there
             self.skipped.append(why_not)
             return False
         self.measure(self.spec(Candidate(knobs=knobs, micro_batch=smallest)))
