@@ -36,7 +36,8 @@ GPU = DeviceInfo(device="cuda:0", name="scripted GPU", total_memory_bytes=2000 *
                  available_memory_bytes=2000 * MIB, supports_bf16=True, supports_fp16=False,
                  supports_tf32=False, native_bf16=True)
 BUDGET = 1000 * MIB  # usable 900 MiB: micro-batch 32 fits (740 MiB), 64 does not (1380 MiB)
-SETTINGS = SearchSettings(num_timed_steps=5)
+SETTINGS = SearchSettings(num_timed_steps=5, cache=False)
+"""Studies in memory (the local store's SQLite costs seconds a search; test_store.py tests it)."""
 MODES = ("off", "default", "max-autotune")
 CLASSES = [Knobs(precision=p, compile_mode=m)  # type: ignore[arg-type]
            for p in ("fp32", "bf16") for m in MODES]
@@ -528,7 +529,7 @@ def test_keep_better_keeps_the_faster_run_with_the_larger_peak_and_any_out_of_me
                                "memory boundary, it does not fit every run\nframes")
 
 
-SLOW = SearchSettings(num_timed_steps=10, min_timed_s=0.0)
+SLOW = SearchSettings(num_timed_steps=10, min_timed_s=0.0, cache=False)
 """Slow steps (no minimum window to fill): the spread alone decides how long a run times."""
 
 
