@@ -21,7 +21,11 @@ from autotune.cli import app
 from autotune.config import MIB
 from autotune.errors import ConfigError
 from autotune.search import SearchSettings, list_studies, run_search, store_path, tuned_config
-from tests.test_search_stages import CLASSES, SETTINGS, ScriptedDevice, by_class, plan
+from tests.test_search_stages import CLASSES, ScriptedDevice, by_class, plan
+from tests.test_search_stages import SETTINGS as IN_MEMORY
+
+SETTINGS = replace(IN_MEMORY, cache=True)
+"""The scripted tests' settings, with the local study store these tests are about."""
 
 SPEEDS = by_class(100, 150, 160, 200, 300, 290)
 """bf16/default leads bf16/max-autotune by 3%: a close race, re-measured."""
