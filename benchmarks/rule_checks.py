@@ -61,8 +61,7 @@ def walks() -> list[tuple[float, float, str, str]]:
     return found
 
 
-def other_end() -> None:
-    found = walks()
+def other_end(found: list[tuple[float, float, str, str]]) -> None:
     lost = [f for f in found if f[0] < 0.6]
     worst = max(lost, key=lambda f: f[1])
     print(f"(1) {len(found)} walks; where the line predicted under 0.6x the walked best "
@@ -70,10 +69,9 @@ def other_end() -> None:
           f"({worst[3]} in {worst[2]}, predicted {worst[0]:.2f}x)")
 
 
-def other_end_compiled() -> None:
+def other_end_compiled(found: list[tuple[float, float, str, str]]) -> None:
     """Whether the leader's compiled setting needs its smallest micro-batch timed regardless
     of the line (each micro-batch of a compiled setting is a compile of its own)."""
-    found = walks()
     for kind, keep in (("compiled", True), ("eager", False)):
         some = [f for f in found if (f[3].split("+")[0].split("/")[1] != "off") == keep]
         top = max(some, key=lambda f: f[1])
@@ -157,8 +155,9 @@ def compile_gain() -> None:
 
 
 if __name__ == "__main__":
-    other_end()
+    found = walks()
+    other_end(found)
     same_micro_batch_checkpointing()
     peak_line()
     compile_gain()
-    other_end_compiled()
+    other_end_compiled(found)
