@@ -78,6 +78,13 @@ def other_end_compiled(found: list[tuple[float, float, str, str]]) -> None:
         print(f"(5) {kind} settings: {len(some)} walks, the smallest micro-batch at most "
               f"{top[1]:.2f}x the walked best ({top[3]} in {top[2]}, predicted "
               f"{top[0]:.2f}x); faster than it in {sum(f[1] > 1 for f in some)}")
+        # A predicted tie (within a 10% noise either way), and a predicted gain over it.
+        tie = [f for f in some if 0.9 <= f[0] <= 1.1]
+        gain = [f for f in some if f[0] > 1.1]
+        print(f"    line predicted a tie (0.90-1.10x): {len(tie)}, the smallest faster by "
+              f"more than 10% in {sum(f[1] > 1.1 for f in tie)} (at most "
+              f"{max((f[1] for f in tie), default=0):.2f}x); predicted a gain (over 1.10x): "
+              f"{len(gain)}, faster in {sum(f[1] > 1 for f in gain)}")
 
 
 def same_micro_batch_checkpointing() -> None:

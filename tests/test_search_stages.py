@@ -616,6 +616,28 @@ def test_a_compiled_leader_s_smallest_micro_batch_is_predicted_before_its_compil
     assert "line through micro-batches 16, 32" in reason
 
 
+def _even_from_16(m: int) -> float:
+    """As fast per sample at 16 as at 32 (a tie), half as fast below 16."""
+    return {64: 1.0, 32: 1.0, 16: 1.0}.get(m, 0.5)
+
+
+def test_a_compiled_setting_s_smallest_micro_batch_is_not_compiled_for_a_predicted_tie(
+        ) -> None:
+    # The compiled leader's walk stops at 16 (no faster than 32). The line through them
+    # predicts micro-batch 1 even with 32, within the noise: not ahead of it, so not worth
+    # the compile micro-batch 1 would cost. It is not timed, and the report says why.
+    device = ScriptedDevice(by_class(100, 150, 160, 200, 300, 330), shape=_even_from_16)
+    outcome, records = search(device)
+    assert "bf16/max-autotune/16" in records and "bf16/max-autotune/1" not in records
+    reason = next(s for s in outcome.skipped
+                  if s.startswith("bf16/max-autotune: micro-batch 1 not timed: predicted"))
+    assert reason.endswith("not ahead by more than the noise (5%), and a compiled micro-batch "
+                           "costs a compile of its own"), reason
+    assert reason.startswith("bf16/max-autotune: micro-batch 1 not timed: predicted 330.0 "
+                             "samples/s from the line through micro-batches 16, 32 ")
+    assert "1.00x micro-batch 16's" in reason
+
+
 def test_an_eager_leader_s_smallest_micro_batch_is_timed_though_predicted_behind() -> None:
     # The same walk on an eager leader times 1 anyway (a small micro-batch can stay in cache).
     device = ScriptedDevice(by_class(100, 150, 160, 400, 300, 330), shape=_slower_below_32)
