@@ -304,6 +304,63 @@ def run_oracle(workload: WorkloadSpec, device: str, per_device: int,
     return candidates, time.perf_counter() - start + reused[0]
 
 
+def run_side_by_side(workload: WorkloadSpec, device: str, per_device: int,
+                     contenders: Sequence[tuple[Knobs, int]], *, rounds: int,
+                     budget_bytes: int | None, num_timed_steps: int = 10,
+                     timeout_s: float = 900.0, run: Runner = run_isolated,
+                     min_timed_s: float = WINDOW_S,
+                     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+                     ) -> dict[str, list[TrialResult]]:
+    """Time a few configs against each other under the same conditions: ``rounds`` rounds,
+    each running every contender once in a fresh child (the spec the search times with,
+    never stopped early), the order reversed every other round, so a busy period of a
+    shared machine falls on all of them alike. What one exhaustive pass cannot say: its best
+    is the highest of many single noisy runs, so a pick judged against it scores low even
+    when it runs as fast.
+
+    Returns each contender's runs by key (``Candidate.key``), in round order."""
+    keys = [Candidate(knobs=k, micro_batch=m).key() for k, m in contenders]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"side by side: each contender once, got {keys}")
+    runs: dict[str, list[TrialResult]] = {k: [] for k in keys}
+    order = list(zip(keys, contenders, strict=True))
+    for i in range(rounds):
+        for key, (knobs, micro_batch) in (order if i % 2 == 0 else order[::-1]):
+            spec = timing_spec(workload, device, knobs, micro_batch, per_device, budget_bytes,
+                               num_timed_steps, timeout_s, None, min_timed_s)
+            result = run(spec)
+            runs[key].append(result)
+            median = result.median_step_s()
+            log(f"  side by side round {i + 1} {key:44s} {result.status:8s} "
+                f"{per_device / median if median else 0:.1f} samples/s "
+                f"wall {result.wall_s or 0:.0f}s")
+    return runs
+
+
+def side_by_side_summary(runs: Mapping[str, Sequence[TrialResult]], per_device: int,
+                         first: str) -> dict:
+    """Each contender's samples/s per round and their median, and ``first`` (the tuned
+    config) against each other one: the ratio of the medians, and the lowest and highest
+    ratio within a round (the two ran back to back there)."""
+    def sps(r: TrialResult) -> float | None:
+        median = r.median_step_s() if r.ok else None
+        return per_device / median if median else None
+
+    per_round = {k: [sps(r) for r in rs] for k, rs in runs.items()}
+    medians = {k: median_or_none([v for v in vs if v]) for k, vs in per_round.items()}
+    against = {}
+    for key, values in per_round.items():
+        if key == first:
+            continue
+        pairs = [a / b for a, b in zip(per_round[first], values, strict=True) if a and b]
+        against[key] = {
+            "ratio": medians[first] / medians[key] if medians[first] and medians[key] else None,
+            "lowest": min(pairs, default=None), "highest": max(pairs, default=None)}
+    return {"first": first, "samples_per_s": per_round, "median_samples_per_s": medians,
+            "statuses": {k: [r.status for r in rs] for k, rs in runs.items()},
+            "against": against}
+
+
 def machine() -> dict:
     """Machine, device and versions for the results files."""
     import optuna

@@ -23,7 +23,10 @@ For each workload, under its memory cap and one target batch (default 16):
    precision and compile mode at its default) and over the naive run (fp32 eager, micro-batch =
    target if it fits, else the largest power of two that fits); for each workload the largest
    fitting micro-batch with and without checkpointing, from the oracle's runs; a fresh capped
-   re-run of the tuned config (no OOM expected).
+   re-run of the tuned config (no OOM expected);
+5. with ``--side-by-side ROUNDS``: the tuned config and the oracle's two best that fit, run in
+   interleaved rounds (``oracle.run_side_by_side``): the pick against the oracle's best
+   measured under the same conditions, not against the highest of many single noisy runs.
 
 ``pick_deep_gpt`` is the checkpointing workload: under ``workloads.deep_gpt_cap_bytes()`` (a
 cap measured on the machine: about 53.6 MiB on AMD EPYC, 88.6 MiB on Intel Xeon with AMX; the first
@@ -43,7 +46,7 @@ eager fits micro-batch 8 (bf16 eager 8, 8 and 16; checkpointing every block 16) 
 64 samples took 2.6-3.4 s on the quiet machine (figures beside the caps in workloads.py).
 
 Run: ``python benchmarks/search_quality.py [--workloads deep_gpt,gpt2,cnn] [--target 16]
-[--passes 2] [--space full|lean] [--min-micro-batch 1]``; writes
+[--passes 2] [--space full|lean] [--min-micro-batch 1] [--side-by-side 3]``; writes
 ``benchmarks/results/search_quality_knobs.{json,md}``. ``--render NAME`` re-renders a results
 file, the older precision x compile-mode ones (``search_quality.json``, target 64) included.
 """
@@ -72,6 +75,8 @@ from oracle import (
     machine,
     naive_micro_batch,
     run_oracle,
+    run_side_by_side,
+    side_by_side_summary,
     stored_runs,
     write_results,
 )
@@ -103,6 +108,7 @@ HEADROOM = 0.1
 TRAIN_STEPS = 1000  # for the end-to-end time, compile included
 NAME = "search_quality_knobs"
 BELOW = 0.8  # timed seconds on candidates that ended below this share of the winner
+SIDE_BY_SIDE_TOP = 2  # the oracle's best configs run side by side with the tuned one
 
 
 @dataclass(frozen=True)
@@ -299,7 +305,8 @@ def stored_oracle(name: str, bench: Bench, target: int) -> tuple[dict, dict, str
 
 
 def bench_workload(bench: Bench, info: DeviceInfo, *, target: int, passes: int, lean: bool,
-                   min_micro_batch: int, oracle_from: str | None = None) -> dict:
+                   min_micro_batch: int, oracle_from: str | None = None,
+                   side_by_side: int = 0) -> dict:
     spec = bench.spec()
     stored, left_out, source = stored_oracle(oracle_from, bench, target) if oracle_from \
         else ({}, {}, "")
@@ -355,6 +362,18 @@ def bench_workload(bench: Bench, info: DeviceInfo, *, target: int, passes: int, 
         s = c.summary(target, usable)
         return (s["compile_s"] or 0.0) + TRAIN_STEPS * s["best_median_s"]
 
+    duel = None
+    if side_by_side:
+        # the oracle's two best that fit, beside the tuned config (when it is one of them,
+        # the next one instead)
+        top = sorted((c for c in fitting if c.key() != tuned.key()),
+                     key=lambda c: -(c.samples_per_s(target) or 0.0))[:SIDE_BY_SIDE_TOP]
+        log(f"== {bench.title}: side by side, {side_by_side} rounds: {tuned.key()} and "
+            + ", ".join(c.key() for c in top))
+        duel = side_by_side_summary(run_side_by_side(
+            spec, "cpu", target, [(tuned.knobs, tuned.micro_batch),
+                                  *((c.knobs, c.micro_batch) for c in top)],
+            rounds=side_by_side, budget_bytes=budget, log=log), target, tuned.key())
     log(f"== {bench.title}: re-run the tuned config under the cap")
     rerun = run_isolated(TrialSpec(
         workload=spec, device="cpu", micro_batch=cfg.micro_batch,
@@ -410,6 +429,7 @@ def bench_workload(bench: Bench, info: DeviceInfo, *, target: int, passes: int, 
         "largest_fit": largest_fits(candidates, usable),
         "naive": {"key": naive.key() if naive else None, "samples_per_s": sps(naive)},
         "speedup_vs_naive": ratio(sps(tuned_c), sps(naive)),
+        "side_by_side": duel,
         "train_steps": TRAIN_STEPS, "tuned_e2e_s": e2e_s(tuned_c), "naive_e2e_s": e2e_s(naive),
         "tuned_rerun": {"status": rerun.status, "peak_bytes": rerun.peak_bytes,
                         "message": rerun.message[:300]},
@@ -464,6 +484,32 @@ def cost_table(out: dict) -> list[str]:
                 f"{c['compile_s']:.0f} ({c['num_cached_compiles']} / {c['num_compiled_runs']}) "
                 f"| {c['timed_s']:.0f} | {r['search']['timed_below_s']:.0f} |")
     return [*lines, ""]
+
+
+def side_by_side_table(out: dict) -> list[str]:
+    """The tuned config run beside the oracle's best (``--side-by-side``), when it was."""
+    rows = [r for r in out["rows"] if r.get("side_by_side")]
+    if not rows:
+        return []
+    rounds = max(len(v) for r in rows for v in r["side_by_side"]["samples_per_s"].values())
+    lines = ["", f"Side by side (`--side-by-side {rounds}`): the tuned config and the oracle's "
+             f"{SIDE_BY_SIDE_TOP} best that fit, each run once a round in a fresh child (the "
+             "search's timing spec, never stopped early), the order reversed every other "
+             "round. Tuned over each: the ratio of the medians, and in brackets the lowest "
+             "and highest within a round (run back to back).", "",
+             "| workload | config | samples/s per round | median samples/s | tuned over it |",
+             "|---|---|---:|---:|---:|"]
+    for r in rows:
+        d = r["side_by_side"]
+        for key, values in d["samples_per_s"].items():
+            vs = d["against"].get(key)
+            runs = ", ".join(_f(v, ".1f") if v else status
+                             for v, status in zip(values, d["statuses"][key], strict=True))
+            cell = "(tuned)" if key == d["first"] else (
+                f"{_f(vs['ratio'])} ({_f(vs['lowest'])}-{_f(vs['highest'])})")
+            lines.append(f"| {r['workload']} | {key} | {runs} | "
+                         f"{_f(d['median_samples_per_s'][key], '.1f')} | {cell} |")
+    return lines
 
 
 def _first_launch(out: dict) -> bool:
@@ -537,6 +583,7 @@ def render_knobs(out: dict) -> str:
 
         lines.append(f"| {r['workload']} | {fmt(pp.get('pick_quality', []))} | "
                      f"{fmt(pp.get('self_agreement', []))} |")
+    lines += side_by_side_table(out)
     lines += ["", "Largest micro-batch that fits (ran every pass under the cap, peak within the "
               "usable budget" + ("; compiled, also as a first launch compiles its graphs: "
                                  "`oracle.first_launch_fits`" if _first_launch(out) else "")
@@ -708,6 +755,10 @@ def main() -> None:
         "reuse the oracle runs of results/NAME.json (same workload, target and cap, this "
         "machine) and run only the candidates it lacks, e.g. with a lower --min-micro-batch; "
         "the search still runs afresh"))
+    parser.add_argument("--side-by-side", type=int, default=0, metavar="ROUNDS", help=(
+        "after the oracle, run the tuned config and the oracle's two best that fit in "
+        "ROUNDS interleaved rounds (a fresh child each, same spec): pick quality without "
+        "the oracle's single-run luck (default 0: not run)"))
     parser.add_argument("--concurrency", default="",
                         help="note for the results, e.g. what else this run shared the CPU with")
     parser.add_argument("--name", default=NAME, help=f"results file name (default {NAME})")
@@ -728,6 +779,8 @@ def main() -> None:
         parser.error(f"unknown workloads {unknown}; choose from {', '.join(BY_SHORT)}")
     if args.target < 1 or args.min_micro_batch < 1:
         parser.error("--target and --min-micro-batch must be at least 1")
+    if not 0 <= args.side_by_side <= 10:
+        parser.error(f"--side-by-side takes 0 to 10 rounds, got {args.side_by_side}")
     from autotune.device import describe_device
 
     start = time.perf_counter()
@@ -746,7 +799,7 @@ def main() -> None:
         out["rows"].append(bench_workload(
             BY_SHORT[short], info, target=args.target, passes=args.passes,
             lean=args.space == "lean", min_micro_batch=args.min_micro_batch,
-            oracle_from=args.oracle_from))
+            oracle_from=args.oracle_from, side_by_side=args.side_by_side))
         out["wall_s"] = time.perf_counter() - start
         write_results(args.name, out, "rendering failed: python benchmarks/search_quality.py "
                       f"--render {args.name}\n")

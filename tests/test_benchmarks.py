@@ -19,6 +19,8 @@ from oracle import (  # noqa: E402
     fits_first_launch,
     naive_micro_batch,
     run_oracle,
+    run_side_by_side,
+    side_by_side_summary,
     stored_runs,
     timing_spec,
 )
@@ -28,6 +30,7 @@ from search_quality import (  # noqa: E402
     largest_fits,
     per_pass,
     render,
+    side_by_side_table,
 )
 
 from autotune.config import DeviceInfo, Knobs, ProbeReport, TrialResult, WorkloadSpec  # noqa: E402
@@ -159,6 +162,53 @@ def test_an_oracle_extended_from_stored_runs_runs_only_what_they_lack():
         assert (c.best_median_s(), c.fits_usable(1000)) == (want["best_median_s"],
                                                             want["fits_usable"])
         assert [r.wall_s for r in c.runs] == want["wall_s"]
+
+
+def test_side_by_side_interleaves_the_contenders_and_a_busy_round_weighs_on_all_alike():
+    """Three rounds, the order reversed in the second; each run is the search's timing spec
+    never stopped early. Round 2 is busy (every step twice as slow): the ratio of the medians
+    and each round's ratio still say the tuned config runs 0.8x the oracle's best."""
+    tuned, best = (Knobs(), 8), (Knobs(compile_mode="default"), 4)
+    speed = {Knobs(): 0.8, Knobs(compile_mode="default"): 1.0}  # samples/s per unit
+    ran = []
+
+    def run(spec):
+        ran.append((spec.knobs.label(), spec.micro_batch, spec.max_timed_s))
+        busy = 2.0 if len(ran) in (3, 4) else 1.0
+        step = busy * 8 / speed[spec.knobs]
+        return TrialResult(status="ok", step_times_s=(step,) * 10, wall_s=1.0)
+
+    runs = run_side_by_side(WorkloadSpec(), "cpu", 8, [tuned, best], rounds=3,
+                            budget_bytes=2**20, run=run, log=lambda s: None)
+    assert ran == [("fp32/off", 8, None), ("fp32/default", 4, None),
+                   ("fp32/default", 4, None), ("fp32/off", 8, None),
+                   ("fp32/off", 8, None), ("fp32/default", 4, None)]
+    summary = side_by_side_summary(runs, 8, "fp32/off/8")
+    against = summary["against"]["fp32/default/4"]
+    assert against["ratio"] == pytest.approx(0.8)
+    assert against["lowest"] == pytest.approx(0.8) and against["highest"] == pytest.approx(0.8)
+    assert summary["samples_per_s"]["fp32/off/8"] == pytest.approx([0.8, 0.4, 0.8])
+    lines = side_by_side_table({"rows": [{"workload": "w", "side_by_side": summary}]})
+    assert "| w | fp32/default/4 | 1.0, 0.5, 1.0 | 1.0 | 0.80 (0.80-0.80) |" in lines
+    assert "| w | fp32/off/8 | 0.8, 0.4, 0.8 | 0.8 | (tuned) |" in lines
+
+
+def test_side_by_side_says_a_failed_run_and_refuses_a_contender_twice():
+    def run(spec):
+        if spec.micro_batch == 4:
+            return TrialResult(status="oom", wall_s=1.0)
+        return TrialResult(status="ok", step_times_s=(1.0,) * 10, wall_s=1.0)
+
+    with pytest.raises(ValueError, match="each contender once"):
+        run_side_by_side(WorkloadSpec(), "cpu", 8, [(Knobs(), 8), (Knobs(), 8)], rounds=1,
+                         budget_bytes=None, run=run, log=lambda s: None)
+    runs = run_side_by_side(WorkloadSpec(), "cpu", 8, [(Knobs(), 8), (Knobs(), 4)], rounds=2,
+                            budget_bytes=None, run=run, log=lambda s: None)
+    summary = side_by_side_summary(runs, 8, "fp32/off/8")
+    assert summary["against"]["fp32/off/4"] == {"ratio": None, "lowest": None,
+                                                "highest": None}
+    lines = side_by_side_table({"rows": [{"workload": "w", "side_by_side": summary}]})
+    assert "| w | fp32/off/4 | oom, oom | - | - (---) |" in lines
 
 
 @pytest.mark.parametrize("results", sorted((BENCH / "results").glob("search_quality*.json")),
