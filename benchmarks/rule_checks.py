@@ -6,7 +6,10 @@ micro-batch beat its walked best although the line through the walked ones predi
 peak at the next micro-batch fell below the line through the two before it (slow workloads);
 (4) what compiling gained over the same setting eager at the same micro-batch (the GPU oracles
 under ``results/gpu/`` too): whether a compiled class could be skipped on its eager twin's speed;
-(5) the smallest micro-batch against the walked best, compiled settings apart from eager ones.
+(5) the smallest micro-batch against the walked best, compiled settings apart from eager ones;
+(6) whether a compiled setting ever fits a micro-batch larger than its eager twin's largest (its
+memory probe above that boundary, a compile that often ends in an out-of-memory, could then be
+skipped).
 Run: ``python benchmarks/rule_checks.py``.
 """
 
@@ -161,6 +164,39 @@ def compile_gain() -> None:
           "eager twin's speed cannot rule a compiled class out")
 
 
+def compiled_above_eager() -> None:
+    """A compiled setting's probe above its eager twin's largest fit costs a compile and, on
+    the slow causal LM here, ends in an out-of-memory in every search (50-61 s). Skipping it
+    is sound only if compiling never fits more than eager."""
+    tried, above = 0, []
+    for name, candidates in oracle_candidates():
+        fit: dict[str, set[int]] = collections.defaultdict(set)
+        ran: dict[str, set[int]] = collections.defaultdict(set)
+        for c in candidates:
+            label = c["key"].rsplit("/", 1)[0]
+            if c.get("statuses"):
+                ran[label].add(c["micro_batch"])
+            if c.get("fits_first_launch", c.get("fits_usable")) \
+                    and c.get("ran_ok_every_time", True):
+                fit[label].add(c["micro_batch"])
+        for label, sizes in ran.items():
+            precision, rest = label.split("/", 1)
+            mode, *extras = rest.split("+")
+            eager = f"{precision}/{'+'.join(['off', *extras])}"
+            if mode == "off" or eager not in ran:
+                continue
+            boundary = max(fit[eager], default=0)
+            if any(m > boundary for m in sizes):
+                tried += 1
+                if max(fit[label], default=0) > boundary:
+                    above.append((name, label, boundary, max(fit[label])))
+    first = above[0] if above else None
+    print(f"(6) {tried} compiled settings (per results file) run above their eager twin's "
+          f"largest fit: a larger micro-batch fit in {len(above)}"
+          + (f" (e.g. {first[1]}: {first[3]} against {first[2]} eager, in {first[0]})"
+             if first else "") + ": the probe above the eager boundary stays")
+
+
 if __name__ == "__main__":
     found = walks()
     other_end(found)
@@ -168,3 +204,4 @@ if __name__ == "__main__":
     peak_line()
     compile_gain()
     other_end_compiled(found)
+    compiled_above_eager()
