@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -209,6 +210,44 @@ def test_side_by_side_says_a_failed_run_and_refuses_a_contender_twice():
                                                 "highest": None}
     lines = side_by_side_table({"rows": [{"workload": "w", "side_by_side": summary}]})
     assert "| w | fp32/off/4 | oom, oom | - | - (---) |" in lines
+
+
+@pytest.mark.parametrize(("key", "says"), [
+    ("fp32/default+ckpt=blocks/5", "'5' is not a divisor of the target 32"),
+    ("fp32/default+ckpt=blocks/x", "'x' is not a divisor of the target 32"),
+    ("fp32/turbo/8", "compile_mode 'turbo' is not one of"),
+    ("fp32/default+warp=on/8", "unknown knob 'warp'"),
+    ("16", "not a knob label"),
+])
+def test_side_by_side_refuses_a_key_that_names_no_candidate(key, says):
+    from side_by_side import parse_key
+
+    with pytest.raises(SystemExit, match=re.escape(says)):
+        parse_key(key, 32)
+    assert parse_key("fp32/default+ckpt=blocks/16", 32) == (
+        Knobs(compile_mode="default", checkpointing="blocks"), 16)
+
+
+def test_side_by_side_renders_each_config_against_the_reference():
+    from side_by_side import render
+
+    def run(spec):
+        if spec.knobs.checkpointing == "blocks":
+            return TrialResult(status="oom", wall_s=1.0)
+        step = 4.0 if spec.micro_batch == 8 else 5.0
+        return TrialResult(status="ok", step_times_s=(step,) * 10, wall_s=1.0)
+
+    keys = [(Knobs(), 8), (Knobs(), 4), (Knobs(checkpointing="blocks"), 16)]
+    runs = run_side_by_side(WorkloadSpec(), "cpu", 32, keys, rounds=2, budget_bytes=None,
+                            run=run, log=lambda s: None)
+    out = {"machine": {"date": "d", "cpu_model": "c", "cpus": 2, "torch": "t",
+                       "transformers": "x"}, "workload": "w", "wall_s": 1.0, "command": "c",
+           "concurrency": "", "target_batch": 32, "budget_bytes": 2**20, "rounds": 2,
+           "summary": side_by_side_summary(runs, 32, "fp32/off/8")}
+    text = render(out)
+    assert "| fp32/off/8 | 8.0, 8.0 | 8.0 | (reference) |" in text
+    assert "| fp32/off/4 | 6.4, 6.4 | 6.4 | 0.80 (0.80-0.80) |" in text
+    assert "| fp32/off+ckpt=blocks/16 | oom, oom | - | - |" in text
 
 
 @pytest.mark.parametrize("results", sorted((BENCH / "results").glob("search_quality*.json")),
