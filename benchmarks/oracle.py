@@ -358,6 +358,10 @@ def side_by_side_summary(runs: Mapping[str, Sequence[TrialResult]], per_device: 
             "lowest": min(pairs, default=None), "highest": max(pairs, default=None)}
     return {"first": first, "samples_per_s": per_round, "median_samples_per_s": medians,
             "statuses": {k: [r.status for r in rs] for k, rs in runs.items()},
+            # near the boundary a peak moves run to run, and a run that loads its graphs from
+            # inductor's cache (hits) peaks apart from one that compiles them
+            "peak_bytes": {k: [r.peak_bytes for r in rs] for k, rs in runs.items()},
+            "cache_hits": {k: [r.compile_cache_hits for r in rs] for k, rs in runs.items()},
             "against": against}
 
 

@@ -177,7 +177,8 @@ def test_side_by_side_interleaves_the_contenders_and_a_busy_round_weighs_on_all_
         ran.append((spec.knobs.label(), spec.micro_batch, spec.max_timed_s))
         busy = 2.0 if len(ran) in (3, 4) else 1.0
         step = busy * 8 / speed[spec.knobs]
-        return TrialResult(status="ok", step_times_s=(step,) * 10, wall_s=1.0)
+        return TrialResult(status="ok", step_times_s=(step,) * 10, wall_s=1.0,
+                           peak_bytes=len(ran) if spec.micro_batch == 4 else None)
 
     runs = run_side_by_side(WorkloadSpec(), "cpu", 8, [tuned, best], rounds=3,
                             budget_bytes=2**20, run=run, log=lambda s: None)
@@ -189,6 +190,8 @@ def test_side_by_side_interleaves_the_contenders_and_a_busy_round_weighs_on_all_
     assert against["ratio"] == pytest.approx(0.8)
     assert against["lowest"] == pytest.approx(0.8) and against["highest"] == pytest.approx(0.8)
     assert summary["samples_per_s"]["fp32/off/8"] == pytest.approx([0.8, 0.4, 0.8])
+    assert summary["peak_bytes"] == {"fp32/off/8": [None, None, None],
+                                     "fp32/default/4": [2, 3, 6]}
     lines = side_by_side_table({"rows": [{"workload": "w", "side_by_side": summary}]})
     assert "| w | fp32/default/4 | 1.0, 0.5, 1.0 | 1.0 | 0.80 (0.80-0.80) |" in lines
     assert "| w | fp32/off/8 | 0.8, 0.4, 0.8 | 0.8 | (tuned) |" in lines
