@@ -63,6 +63,28 @@ def test_a_repeated_search_reuses_every_run_and_re_checks_only_the_two_leaders()
     assert two.study is not None and two.study.storage == f"sqlite:///{store_path()}"
 
 
+def test_a_repeat_re_checks_a_stored_leader_that_no_other_run_timed_in_full() -> None:
+    """One micro-batch per class and every other class stopped early behind fp32 eager: the
+    first search has no race to re-measure, but its repeat does not let the stored leader
+    pick alone (the slow CLI repeat test met this on a loaded machine): it re-checks it
+    beside the best of those stopped early, both in full."""
+    speeds = by_class(300, 20, 10, 30, 10, 10)
+    settings = replace(SETTINGS, micro_batches_per_class=1)
+    first = ScriptedDevice(speeds)
+    one = search(first, settings)
+    config = tuned_config(plan(), one, settings)
+    assert [t.verdict for t in config.trials if t.verdict not in ("oom", "winner")] == [
+        "slower"] * 4
+    assert not any(s.startswith("no re-measurement") for s in one.skipped)
+    again = ScriptedDevice(speeds)
+    two = search(again, settings)
+    assert again.runs() == ["fp32/off/32", "bf16/off/32"]
+    assert all(s.timing_precision == SETTINGS.rank_precision and s.stop_above_step_s is None
+               for s in again.specs)
+    assert sum(s.startswith("re-check of") for s in two.skipped) == 2
+    assert winner(two) == winner(one) == "fp32/off/32"
+
+
 def test_a_stale_stored_leader_is_replaced_by_its_fresh_run_and_loses() -> None:
     search(ScriptedDevice(SPEEDS))
     # The machine changed: bf16/default now runs 40% slower than its stored timing.

@@ -747,7 +747,7 @@ class _Search:
         here, the leader and the runner-up at least: if its stored timing is no longer within
         the noise of what it runs at now, the fresh run replaces it."""
         keys = self._contenders()
-        if len(keys) < 2:
+        if len(keys) < 2 and not (keys and keys[0] in self.stored):
             return
         if all(k in self.stored for k in keys):
             # A repeated search: its first confirmed the race; the re-check only asks whether
@@ -939,10 +939,17 @@ class _Search:
     def _contenders(self) -> list[Candidate]:
         """The leader and up to ``num_confirm`` candidates whose gap to it is within the noise
         (``confirm_within``, or the interval of the two runs' ratio); says why when there are
-        none."""
+        none. A leader whose timing came from the study store comes with the next best (run
+        in full or stopped early behind it) whatever the gap: a stored run is re-checked."""
         if self.settings.num_confirm <= 0:
             return []
         ranked = self._ranked()
+        if len(ranked) == 1 and ranked[0] in self.stored:
+            # A stored timing never picks alone, even where every other run stopped early
+            # behind it: re-check it beside the best of those.
+            behind = sorted((k for k in self.results if k != ranked[0] and self._score(k)),
+                            key=lambda k: -(self._score(k) or 0.0))
+            return [ranked[0], *behind[:1]]
         if len(ranked) < 2:
             return []
         leader, top = ranked[0], self._score(ranked[0], full=True) or 0.0
