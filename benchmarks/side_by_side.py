@@ -29,15 +29,15 @@ NAME = "side_by_side"
 
 def parse_key(key: str, target: int) -> tuple[Knobs, int]:
     """A candidate key (``label/micro_batch``) as knobs and a micro-batch that divides the
-    target; SystemExit with what was wrong otherwise."""
+    target; ValueError with what was wrong otherwise."""
     label, _, micro_batch = key.rpartition("/")
     try:
         knobs = Knobs.from_label(label)
     except ConfigError as exc:
-        raise SystemExit(f"{key!r}: {exc} (a key reads like fp32/default+ckpt=blocks/16)") \
+        raise ValueError(f"{key!r}: {exc} (a key reads like fp32/default+ckpt=blocks/16)") \
             from exc
     if not micro_batch.isdigit() or int(micro_batch) not in divisors(target):
-        raise SystemExit(f"{key!r}: the micro-batch {micro_batch!r} is not a divisor of the "
+        raise ValueError(f"{key!r}: the micro-batch {micro_batch!r} is not a divisor of the "
                          f"target {target} (one of {', '.join(map(str, divisors(target)))})")
     return knobs, int(micro_batch)
 
@@ -90,7 +90,10 @@ def main() -> None:
         parser.error(f"--rounds takes 1 to 10, got {args.rounds}")
     if len(args.keys) < 2 or len(set(args.keys)) != len(args.keys):
         parser.error(f"name two or more different configs, got {args.keys}")
-    contenders = [parse_key(k, args.target) for k in args.keys]
+    try:
+        contenders = [parse_key(k, args.target) for k in args.keys]
+    except ValueError as exc:
+        parser.error(str(exc))
     bench = BY_SHORT[args.workload]
     fresh_inductor_cache()  # every config's first round compiles afresh, as on a new machine
     start = time.perf_counter()

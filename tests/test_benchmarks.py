@@ -225,7 +225,7 @@ def test_side_by_side_says_a_failed_run_and_refuses_a_contender_twice():
 def test_side_by_side_refuses_a_key_that_names_no_candidate(key, says):
     from side_by_side import parse_key
 
-    with pytest.raises(SystemExit, match=re.escape(says)):
+    with pytest.raises(ValueError, match=re.escape(says)):
         parse_key(key, 32)
     assert parse_key("fp32/default+ckpt=blocks/16", 32) == (
         Knobs(compile_mode="default", checkpointing="blocks"), 16)
