@@ -365,6 +365,13 @@ def side_by_side_summary(runs: Mapping[str, Sequence[TrialResult]], per_device: 
             "against": against}
 
 
+def per_round_cell(summary: dict, key: str) -> str:
+    """One contender's samples/s per round of a side-by-side summary, a failed run by its
+    status (``oom``), for the results tables."""
+    return ", ".join(f"{v:.1f}" if v else status for v, status in zip(
+        summary["samples_per_s"][key], summary["statuses"][key], strict=True))
+
+
 def machine() -> dict:
     """Machine, device and versions for the results files."""
     import optuna

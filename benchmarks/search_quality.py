@@ -74,6 +74,7 @@ from oracle import (
     fits_first_launch,
     machine,
     naive_micro_batch,
+    per_round_cell,
     run_oracle,
     run_side_by_side,
     side_by_side_summary,
@@ -501,10 +502,9 @@ def side_by_side_table(out: dict) -> list[str]:
              "|---|---|---:|---:|---:|"]
     for r in rows:
         d = r["side_by_side"]
-        for key, values in d["samples_per_s"].items():
+        for key in d["samples_per_s"]:
             vs = d["against"].get(key)
-            runs = ", ".join(_f(v, ".1f") if v else status
-                             for v, status in zip(values, d["statuses"][key], strict=True))
+            runs = per_round_cell(d, key)
             cell = "(tuned)" if key == d["first"] else (
                 f"{_f(vs['ratio'])} ({_f(vs['lowest'])}-{_f(vs['highest'])})")
             lines.append(f"| {r['workload']} | {key} | {runs} | "

@@ -18,7 +18,13 @@ import argparse
 import sys
 import time
 
-from oracle import machine, run_side_by_side, side_by_side_summary, write_results
+from oracle import (
+    machine,
+    per_round_cell,
+    run_side_by_side,
+    side_by_side_summary,
+    write_results,
+)
 from search_quality import BY_SHORT, HEADROOM, fresh_inductor_cache, log
 
 from autotune.config import ConfigError, Knobs, format_bytes
@@ -58,9 +64,8 @@ def render(out: dict) -> str:
         "within a round (run back to back).", "",
         "| config | samples/s per round | median samples/s | over the reference |",
         "|---|---:|---:|---:|"]
-    for key, values in d["samples_per_s"].items():
-        runs = ", ".join(f"{v:.1f}" if v else status
-                         for v, status in zip(values, d["statuses"][key], strict=True))
+    for key in d["samples_per_s"]:
+        runs = per_round_cell(d, key)
         median = d["median_samples_per_s"][key]
         if key == ref:
             cell = "(reference)"
