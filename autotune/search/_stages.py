@@ -663,8 +663,8 @@ class _Search:
 
         A compiled setting (the leader's too) pays a compile of its own for that run, and in
         the committed oracles a compiled setting's smallest micro-batch beat its walked best
-        once in 67 walks (by 1.10x, where its line said 0.82x), never where its line predicted
-        a tie, while eager ones did 29 times in 132, by up to 2.4x
+        once in 94 walks (by 1.10x, where its line said 0.82x), never where its line predicted
+        a tie, while eager ones did 29 times in 159, by up to 2.4x
         (``benchmarks/rule_checks.py`` (5)): it is timed only where the line predicts it ahead
         by more than the noise, not for a predicted tie.
         False when it is not worth a run (the setting is behind the leader by more than
