@@ -221,7 +221,10 @@ def run_oracle_step(step: Step, search: dict | None, setup: Setup,
         space[knobs] = sorted({*space.get(knobs, ()), *mbs})
     timing = setup.search_settings()
     candidates, wall = run_oracle(spec, setup.device, TARGET, space, budget_bytes=budget,
-                                  repeats=step.settings["repeats"], deadline_s=step.budget_s,
+                                  repeats=step.settings["repeats"],
+                                  # no new run past this: the last one (a compile, ~40 s on a GPU)
+                                  # still ends inside the step's share of the call
+                                  deadline_s=max(step.budget_s * 0.7, step.budget_s - 40),
                                   log=log, **timing)
     by_key = {c.key(): c for c in candidates}
     measured = [c for c in candidates if c.ran_ok_every_time() and c.samples_per_s(TARGET)
