@@ -8,11 +8,13 @@
 #      gpu/gpu_suite-*.{md,json} and gpu/suite_log.txt (each probe and trial as it ends: a
 #      cut-off call keeps them).
 # Usage: [TESTS_S=N] bash benchmarks/gpu_call.sh [TOTAL [STEP...]] (TESTS_S: the tests' limit,
-# default 270 s; 0 leaves them out, e.g. where the code they cover has not changed since they passed). Next lease (done on the H200,
-# 2026-11-26: tests, search-gpt2, ranks, oracle-gpt2): issue 18's case on a GPU, a cap that
-# binds: `gpu_call.sh 570 search-gpt2-capped`, then in a second call
-# `python3 benchmarks/gpu_suite.py --only oracle-gpt2-capped --seconds 450 --search-from
-# <the first call's gpu_suite-search-gpt2-capped.json, committed under results/gpu/>`.
+# default 270 s; 0 leaves them out, e.g. where the code they cover has not changed since they
+# passed). Done: the H200 on 2026-11-26 (tests, search-gpt2, ranks, oracle-gpt2), then issue 18's
+# capped case (`TESTS_S=0 gpu_call.sh 580 search-gpt2-capped oracle-gpt2-capped`, then
+# `gpu_suite.py --only oracle-gpt2-capped-rest --seconds 165 --search-from <the first call's
+# JSON>`: results/gpu/h200-2026-11-26b.md). Next lease: the capped pass whole, in one call
+# (`TESTS_S=0 gpu_call.sh 580 oracle-gpt2-capped`, no search: ~560 s), for the cost ratio against
+# a complete pass.
 # Here first: `bash benchmarks/gpu_wheels.sh` (optuna and what the device lacks, into .whl/).
 # Then the device tool's run: command `bash benchmarks/gpu_call.sh`, carry [".whl"],
 # timeout_s 600. Results under $OUT/gpu (else benchmarks/results/gpu).
