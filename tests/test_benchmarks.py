@@ -385,6 +385,17 @@ def test_gpu_call_refuses_a_total_outside_a_device_call(total):
                            "device call's limit)\n")
 
 
+@pytest.mark.subprocess
+@pytest.mark.parametrize("tests_s", ["x", "-1", "1.5", "2 0"])
+def test_gpu_call_refuses_a_tests_limit_that_is_not_whole_seconds(tests_s):
+    env = {**os.environ, "TESTS_S": tests_s}
+    proc = subprocess.run(["bash", str(BENCH / "gpu_call.sh"), "300"], capture_output=True,
+                          text=True, timeout=30, env=env)
+    assert proc.returncode == 2
+    assert proc.stderr == (f"TESTS_S '{tests_s}': a whole number of seconds (0 leaves the tests "
+                           "out)\n")
+
+
 def test_a_compiled_fit_counts_for_a_first_launch_only_if_its_graph_never_ran_out_of_memory():
     from compile_memory import cold_fits
 
