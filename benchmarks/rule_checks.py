@@ -9,7 +9,8 @@ under ``results/gpu/`` too): whether a compiled class could be skipped on its ea
 (5) the smallest micro-batch against the walked best, compiled settings apart from eager ones;
 (6) whether a compiled setting ever fits a micro-batch larger than its eager twin's largest (its
 memory probe above that boundary, a compile that often ends in an out-of-memory, could then be
-skipped).
+skipped); (7) how far apart two runs of one candidate in an oracle's two passes are: the drift
+between runs that a single run's interval (its own steps' spread) does not show.
 Run: ``python benchmarks/rule_checks.py``.
 """
 
@@ -197,6 +198,34 @@ def compiled_above_eager() -> None:
              if first else "") + ": the probe above the eager boundary stays")
 
 
+def run_to_run() -> None:
+    """The search takes a lead wider than ``--confirm-within`` (5%) or than the runs' own
+    intervals as settled on one run each. Two runs of one candidate in an oracle's passes show
+    how far apart runs of the same config land on the same machine (each oracle once: one
+    reused by a later results file is not counted twice)."""
+    seen: set[tuple] = set()
+    lines = []
+    for name, row in rows("search_quality*.json"):
+        gaps = []
+        for c in row["oracle"]["candidates"]:
+            medians = [m for m, st, n in zip(c["medians_s"], c["statuses"],
+                                             c["num_timed_steps"], strict=False)
+                       if st == "ok" and m and n >= 5]
+            if len(medians) >= 2:
+                gaps.append(max(medians[:2]) / min(medians[:2]) - 1)
+        key = tuple(sorted(round(g, 9) for g in gaps))
+        if len(gaps) < 10 or key in seen:
+            continue
+        seen.add(key)
+        gaps.sort()
+        lines.append(f"    {name} ({row['workload']}): {len(gaps)} pairs, median "
+                     f"{statistics.median(gaps):.1%}, 90th percentile "
+                     f"{gaps[int(0.9 * len(gaps))]:.1%}, over 5% in {sum(g > 0.05 for g in gaps)}")
+    print("(7) two runs of one candidate in an oracle's two passes (at least 5 timed steps "
+          "each), how far apart their medians are: a lead the search settles on one run each "
+          "can be this drift")
+    print("\n".join(lines))
+
 if __name__ == "__main__":
     found = walks()
     other_end(found)
@@ -205,3 +234,4 @@ if __name__ == "__main__":
     compile_gain()
     other_end_compiled(found)
     compiled_above_eager()
+    run_to_run()

@@ -581,6 +581,30 @@ def test_the_pick_says_by_how_much_it_leads_and_how_sure_that_is() -> None:
                             else "within the noise: either would do")
 
 
+def test_a_lead_settled_on_one_run_each_says_the_drift_between_runs_is_not_in_it() -> None:
+    # bf16/default 32x2 leads on a steady device: beyond each run's own spread, so by
+    # default not re-measured, and the report must not call that "beyond the noise" (two runs
+    # of one config drift further apart on a shared machine: rule_checks.py (7)).
+    steady = by_class(100, 150, 150, 200, 300, 200)
+    outcome, _ = search(ScriptedDevice(steady, jitter=(0.0, 0.02, -0.02)),
+                        replace(SLOW, refine_within=0.0))
+    reason = tuned_config(plan(), outcome, SLOW).reason
+    gap = re.search(r"ahead of the runner-up \S+ \S+ by ([\d.]+)% \+- ([\d.]+)% \((.*?)\)", reason)
+    assert gap is not None, reason
+    assert float(gap.group(1)) > float(gap.group(2))  # 11.1% +- 4.6%: 16x4 is runner-up
+    assert gap.group(3) == ("beyond the spread within each run, but not re-measured: the drift "
+                            "between runs of a shared machine is not in it; --confirm-within "
+                            "re-measures leads up to that share")
+    # Asked to re-measure leads up to 60%, the two are timed again and the lead stands.
+    settings = replace(SLOW, refine_within=0.0, confirm_within=0.6, fresh=True)
+    outcome, _ = search(ScriptedDevice(steady, jitter=(0.0, 0.02, -0.02)), settings)
+    reason = tuned_config(plan(), outcome, settings).reason
+    again = {r.label() for r in outcome.records if r.num_runs == 2}
+    assert {"bf16/default 32x2", "bf16/default 16x4"} <= again, reason
+    assert re.search(r"runner-up bf16/default 16x4 by 11\.1% \+- [\d.]+% \(beyond the noise\)$",
+                     reason), reason
+
+
 def test_a_setting_near_the_leader_times_its_smallest_micro_batch_only_if_it_could_win(
         ) -> None:
     # The leader's setting (bf16/max-autotune) is fastest at 16, so bf16/default (within 0.9 of

@@ -377,6 +377,13 @@ def _why(winner: TrialRecord, baseline: TrialRecord, records: tuple[TrialRecord,
                      runner_up.halfwidth)
         sure = ("beyond the noise" if ahead.is_clear else "within the noise: either would do"
                 if ahead.halfwidth is not None else "")
+        if ahead.is_clear and min(winner.num_runs, runner_up.num_runs) < 2:
+            # The interval is each run's own spread. Between two runs of one config a shared
+            # machine drifts further (the committed oracles' passes: a median 1.6-23% apart,
+            # `benchmarks/rule_checks.py` (7)), and a lead this wide was not re-measured.
+            sure = ("beyond the spread within each run, but not re-measured: the drift "
+                    "between runs of a shared machine is not in it; --confirm-within "
+                    "re-measures leads up to that share")
         text += (f"; ahead of the runner-up {runner_up.label()} by {ahead.describe()}"
                  f"{f' ({sure})' if sure else ''}")
     unknown = first_launch.get(Candidate(knobs=runner_up.knobs, micro_batch=runner_up.micro_batch))
