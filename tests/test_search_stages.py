@@ -588,13 +588,22 @@ def test_a_lead_settled_on_one_run_each_says_the_drift_between_runs_is_not_in_it
     steady = by_class(100, 150, 150, 200, 300, 200)
     outcome, _ = search(ScriptedDevice(steady, jitter=(0.0, 0.02, -0.02)),
                         replace(SLOW, refine_within=0.0))
-    reason = tuned_config(plan(), outcome, SLOW).reason
+    config = tuned_config(plan(), outcome, SLOW)
+    reason = config.reason
     gap = re.search(r"ahead of the runner-up \S+ \S+ by ([\d.]+)% \+- ([\d.]+)% \((.*?)\)", reason)
     assert gap is not None, reason
     assert float(gap.group(1)) > float(gap.group(2))  # 11.1% +- 4.6%: 16x4 is runner-up
-    assert gap.group(3) == ("beyond the spread within each run, but not re-measured: the drift "
-                            "between runs of a shared machine is not in it; --confirm-within "
-                            "re-measures leads up to that share")
+    assert gap.group(3) == ("beyond the spread within each run, but the winner ran once: the "
+                            "drift between runs of a shared machine is not in that; "
+                            "--confirm-within re-measures leads up to that share")
+    # A winner timed twice (e.g. its first-launch run) beside a runner-up timed once: the
+    # runner-up's single run is what the interval leaves out.
+    from autotune.search._records import _why
+    records = tuple(replace(r, num_runs=2) if r.verdict == "winner" else r
+                    for r in config.trials)
+    winner = next(r for r in records if r.verdict == "winner")
+    base = next(r for r in records if r.is_baseline)
+    assert "but the runner-up ran once: the drift between runs" in _why(winner, base, records, {})
     # Asked to re-measure leads up to 60%, the two are timed again and the lead stands.
     settings = replace(SLOW, refine_within=0.0, confirm_within=0.6, fresh=True)
     outcome, _ = search(ScriptedDevice(steady, jitter=(0.0, 0.02, -0.02)), settings)

@@ -381,8 +381,9 @@ def _why(winner: TrialRecord, baseline: TrialRecord, records: tuple[TrialRecord,
             # The interval is each run's own spread. Between two runs of one config a shared
             # machine drifts further (the committed oracles' passes: a median 1.6-23% apart,
             # `benchmarks/rule_checks.py` (7)), and a lead this wide was not re-measured.
-            sure = ("beyond the spread within each run, but not re-measured: the drift "
-                    "between runs of a shared machine is not in it; --confirm-within "
+            once = "the winner" if winner.num_runs < 2 else "the runner-up"
+            sure = (f"beyond the spread within each run, but {once} ran once: the drift "
+                    "between runs of a shared machine is not in that; --confirm-within "
                     "re-measures leads up to that share")
         text += (f"; ahead of the runner-up {runner_up.label()} by {ahead.describe()}"
                  f"{f' ({sure})' if sure else ''}")
