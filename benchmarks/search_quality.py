@@ -101,7 +101,7 @@ from autotune.config import (
 from autotune.knobs import BASELINE, skip_reason
 from autotune.runner import run_isolated
 from autotune.schema import SearchResult, TrialRecord
-from autotune.search import Candidate
+from autotune.search import Candidate, SearchSettings
 from autotune.space import divisors, knob_values, memory_classes, timed_precisions
 
 TARGET = 16
@@ -307,7 +307,7 @@ def stored_oracle(name: str, bench: Bench, target: int) -> tuple[dict, dict, str
 
 def bench_workload(bench: Bench, info: DeviceInfo, *, target: int, passes: int, lean: bool,
                    min_micro_batch: int, oracle_from: str | None = None,
-                   side_by_side: int = 0) -> dict:
+                   side_by_side: int = 0, confirm_within: float | None = None) -> dict:
     spec = bench.spec()
     stored, left_out, source = stored_oracle(oracle_from, bench, target) if oracle_from \
         else ({}, {}, "")
@@ -318,7 +318,8 @@ def bench_workload(bench: Bench, info: DeviceInfo, *, target: int, passes: int, 
     start = time.perf_counter()
     result = api.search(spec, target_batch=target, device="cpu", memory_budget=budget,
                         headroom=HEADROOM, out=tempfile.mkdtemp(prefix="bench-search-"),
-                        force=True)
+                        force=True, settings=None if confirm_within is None else
+                        SearchSettings(confirm_within=confirm_within))
     search_s = time.perf_counter() - start
     cfg = result.config
     tuned = Candidate(knobs=cfg.knobs, micro_batch=cfg.micro_batch)
@@ -526,7 +527,9 @@ def render_knobs(out: dict) -> str:
         f"{m['platform']}; torch {m['torch']}, transformers {m['transformers']}, optuna "
         f"{m['optuna']}. Run {out['wall_s']:.0f} s: `{out.get('command', '')}`.", "",
         f"Target batch {out['target_batch']}, headroom {HEADROOM:.0%}, each workload under its "
-        "own cap per child (RLIMIT_AS over its baseline). `api.search` with its defaults "
+        "own cap per child (RLIMIT_AS over its baseline). `api.search` with its defaults"
+        + (f" (but --confirm-within {out['confirm_within']:g})"
+           if out.get("confirm_within") is not None else "") + " "
         f"considers the classes {', '.join(out.get('classes', []))} (native bf16 on this CPU: "
         f"{out.get('native_bf16')}) and screens on its leader the further knobs "
         + "; ".join(f"{k} {', '.join(v)}" for k, v in out.get("knob_values", {}).items())
@@ -759,6 +762,9 @@ def main() -> None:
         "after the oracle, run the tuned config and the oracle's two best that fit in "
         "ROUNDS interleaved rounds (a fresh child each, same spec): pick quality without "
         "the oracle's single-run luck (default 0: not run)"))
+    parser.add_argument("--confirm-within", type=float, default=None, metavar="SHARE", help=(
+        "the search re-measures leads up to this share (its --confirm-within; default: the "
+        "search's own default)"))
     parser.add_argument("--concurrency", default="",
                         help="note for the results, e.g. what else this run shared the CPU with")
     parser.add_argument("--name", default=NAME, help=f"results file name (default {NAME})")
@@ -781,6 +787,9 @@ def main() -> None:
         parser.error("--target and --min-micro-batch must be at least 1")
     if not 0 <= args.side_by_side <= 10:
         parser.error(f"--side-by-side takes 0 to 10 rounds, got {args.side_by_side}")
+    if args.confirm_within is not None and not 0 <= args.confirm_within <= 1:  # nan too
+        parser.error(f"--confirm-within {args.confirm_within}: a share from 0 to 1 (as the "
+                     "search's own option)")
     from autotune.device import describe_device
 
     start = time.perf_counter()
@@ -794,12 +803,13 @@ def main() -> None:
            "space": args.space, "min_micro_batch": args.min_micro_batch,
            "classes": [c.label() for c in classes], "knob_values": values,
            "num_settings": len(settings), "device_notes": device_notes,
-           "native_bf16": info.native_bf16}
+           "native_bf16": info.native_bf16, "confirm_within": args.confirm_within}
     for short in wanted:  # results written after each workload: a cut-short run keeps them
         out["rows"].append(bench_workload(
             BY_SHORT[short], info, target=args.target, passes=args.passes,
             lean=args.space == "lean", min_micro_batch=args.min_micro_batch,
-            oracle_from=args.oracle_from, side_by_side=args.side_by_side))
+            oracle_from=args.oracle_from, side_by_side=args.side_by_side,
+            confirm_within=args.confirm_within))
         out["wall_s"] = time.perf_counter() - start
         write_results(args.name, out, "rendering failed: python benchmarks/search_quality.py "
                       f"--render {args.name}\n")

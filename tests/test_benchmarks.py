@@ -386,6 +386,18 @@ def test_gpu_call_refuses_a_total_outside_a_device_call(total):
 
 
 @pytest.mark.subprocess
+@pytest.mark.parametrize("share", ["nan", "1.5", "-0.1"])
+def test_search_quality_refuses_a_confirm_share_outside_0_to_1(share):
+    proc = subprocess.run([sys.executable, str(BENCH / "search_quality.py"), "--workloads",
+                           "slow_gpt2", "--confirm-within", share], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1] == (
+        f"search_quality.py: error: --confirm-within {float(share)}: a share from 0 to 1 (as "
+        "the search's own option)")
+
+
+@pytest.mark.subprocess
 @pytest.mark.parametrize("tests_s", ["x", "-1", "1.5", "2 0"])
 def test_gpu_call_refuses_a_tests_limit_that_is_not_whole_seconds(tests_s):
     env = {**os.environ, "TESTS_S": tests_s}
