@@ -226,6 +226,7 @@ def run_to_run() -> None:
           "can be this drift")
     print("\n".join(lines))
 
+
 if __name__ == "__main__":
     found = walks()
     other_end(found)
