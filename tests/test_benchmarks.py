@@ -386,6 +386,16 @@ def test_gpu_call_refuses_a_total_outside_a_device_call(total):
 
 
 @pytest.mark.subprocess
+@pytest.mark.parametrize("pairs", ["0", "21", "-3"])
+def test_cold_vs_cached_refuses_a_pair_count_outside_1_to_20(pairs):
+    proc = subprocess.run([sys.executable, str(BENCH / "cold_vs_cached.py"), "--pairs", pairs],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1] == (
+        f"cold_vs_cached.py: error: --pairs {pairs}: from 1 to 20")
+
+
+@pytest.mark.subprocess
 @pytest.mark.parametrize("share", ["nan", "1.5", "-0.1"])
 def test_search_quality_refuses_a_confirm_share_outside_0_to_1(share):
     proc = subprocess.run([sys.executable, str(BENCH / "search_quality.py"), "--workloads",
