@@ -28,7 +28,7 @@ from autotune.schema import (
     TrialRecord,
     TunedConfig,
 )
-from autotune.timing import lead
+from autotune.timing import Lead, lead
 
 # Numerics guard: allowed relative distance of the first loss from fp32 eager's, per precision.
 LOSS_TOLERANCE = {"fp32": 0.01, "tf32": 0.01, "bf16": 0.05, "fp16": 0.05}
@@ -132,6 +132,9 @@ class SearchOutcome:
     """Every child run, stored ones first (``schema.RunRecord``)."""
     study: StudyRecord | None = None
     first_launch: Mapping[Candidate, str] = field(default_factory=dict)
+    drift: Mapping[Candidate, float] = field(default_factory=dict)
+    """Candidates this search timed twice (a close race's re-measure, a first-launch check),
+    each with how far apart its two runs' medians were (0.3: the slower 30% slower)."""
     """Compiled candidates on a device whose peak counts the compile (CPU) that no run showed
     fitting as a first launch compiles them, each with what is known: all their runs loaded
     their graphs from inductor's cache, or the run that compiled them did not fit."""
@@ -341,7 +344,8 @@ def tuned_config(report: ProbeReport, outcome: SearchOutcome,
         mfu=winner.mfu,
         baseline_samples_per_s=baseline.samples_per_s, speedup=winner.speedup,
         break_even_steps=break_even_steps(winner, baseline),
-        reason=_why(winner, baseline, records, outcome.first_launch), trials=records,
+        reason=_why(winner, baseline, records, outcome.first_launch, outcome.drift),
+        trials=records,
         skipped=report.skipped + outcome.skipped, interrupted=outcome.interrupted,
         cost=outcome.cost, runs=outcome.runs, study=outcome.study,
     )
@@ -355,9 +359,15 @@ def _lost(record: TrialRecord, winner: TrialRecord) -> TrialRecord:
 
 
 def _why(winner: TrialRecord, baseline: TrialRecord, records: tuple[TrialRecord, ...],
-         first_launch: Mapping[Candidate, str]) -> str:
+         first_launch: Mapping[Candidate, str],
+         drift: Mapping[Candidate, float] | None = None) -> str:
     """The winner against the baseline and the runner-up (with what is unknown of its fit as
-    a first launch: "either would do" must not send a user to a config that may not fit)."""
+    a first launch: "either would do" must not send a user to a config that may not fit).
+
+    The lead's interval is the two runs' own spread, widened to the widest ``drift`` this
+    search saw between two runs of one candidate: runs of one config drift further apart than
+    their steps do on a shared machine. Without such a pair, a lead that stands on a single
+    run says so."""
     text = f"{winner.label()} won at {winner.samples_per_s:,.1f} samples/s"
     if winner.is_baseline:
         text += " (it is the baseline: nothing tried beat fp32 eager)"
@@ -375,9 +385,15 @@ def _why(winner: TrialRecord, baseline: TrialRecord, records: tuple[TrialRecord,
     else:
         ahead = lead(winner.samples_per_s, winner.halfwidth, runner_up.samples_per_s or 0.0,
                      runner_up.halfwidth)
+        apart = ""
+        if drift and ahead.halfwidth is not None:
+            key, widest = max(drift.items(), key=lambda kv: kv[1])
+            if widest > ahead.halfwidth:
+                ahead = Lead(gap=ahead.gap, halfwidth=widest)
+                apart = f": two runs of {key.key()} here were {widest:.0%} apart"
         sure = ("beyond the noise" if ahead.is_clear else "within the noise: either would do"
-                if ahead.halfwidth is not None else "")
-        if ahead.is_clear and min(winner.num_runs, runner_up.num_runs) < 2:
+                if ahead.halfwidth is not None else "") + apart
+        if not drift and ahead.is_clear and min(winner.num_runs, runner_up.num_runs) < 2:
             # The interval is each run's own spread. Between two runs of one config a shared
             # machine drifts further (the committed oracles' passes: a median 1.6-23% apart,
             # `benchmarks/rule_checks.py` (7)), and a lead this wide was not re-measured.

@@ -233,6 +233,8 @@ class _Search:
         self.run_log: list[RunRecord] = list(stored_runs(self.study, report.usable_bytes()))
         """Every child run: the study's stored ones first, then this search's, in order."""
         self.cold: dict[Candidate, TrialResult] = {}
+        self.drift: dict[Candidate, float] = {}
+        """``SearchOutcome.drift``: candidates timed twice in this search, and how far apart."""
         """Per compiled candidate, a run of it that compiled every graph afresh (no cache
         hit): what a first launch peaks at. One out of memory is kept over one that fit."""
         for key, result in [*self.probe_runs.items(), *self.results.items()]:
@@ -783,6 +785,8 @@ class _Search:
                     f"(re-check of {key.key()}: fingerprint {again.workload_fingerprint}, "
                     f"stored {stored.workload_fingerprint}: its parameter or batch shapes "
                     "differ); every candidate was measured again")
+            if not recheck:  # a stored run is another session's: its gap is not this one's drift
+                self._note_drift(key, stored, again)
             self.results[key] = keep_better(stored, again)
             if recheck:
                 self.stored.discard(key)
@@ -878,8 +882,18 @@ class _Search:
         self._progress(winner, rec)
         self.cold[winner] = cold  # compiled afresh, whatever its counters say
         if cold.ok:
+            # compiling afresh does not slow the steps after it (benchmarks/cold_vs_cached.py)
+            self._note_drift(winner, self.results[winner], cold)
             self.results[winner] = keep_better(self.results[winner], cold)
         return cold
+
+    def _note_drift(self, key: Candidate, one: TrialResult, two: TrialResult) -> None:
+        """How far apart two full timings of one candidate landed (``self.drift``)."""
+        medians = [m for r in (one, two) if r.ok and len(r.step_times_s) >= MIN_STEPS_TO_STOP
+                   and (m := r.median_step_s())]
+        if len(medians) == 2:
+            gap = max(medians) / min(medians) - 1
+            self.drift[key] = max(gap, self.drift.get(key, 0.0))
 
     def _out_cold(self, winner: Candidate, cold: TrialResult) -> None:
         """The winner is out: the run that compiled its graphs afresh did not fit."""
@@ -1097,7 +1111,7 @@ class _Search:
                     timed_s=self.timed_s.get(k) or None)
             for i, (k, r) in enumerate(self.results.items()))
         return SearchOutcome(records=records, results=self.results, baseline=self.baseline,
-                             first_launch=self._first_launch(),
+                             first_launch=self._first_launch(), drift=dict(self.drift),
                              probes=tuple(self.probes.values()),
                              skipped=tuple(dict.fromkeys(self.skipped)),
                              interrupted=interrupted, stop_reason=stop_reason,
