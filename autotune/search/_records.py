@@ -132,12 +132,12 @@ class SearchOutcome:
     """Every child run, stored ones first (``schema.RunRecord``)."""
     study: StudyRecord | None = None
     first_launch: Mapping[Candidate, str] = field(default_factory=dict)
-    drift: Mapping[Candidate, float] = field(default_factory=dict)
-    """Candidates this search timed twice (a close race's re-measure, a first-launch check),
-    each with how far apart its two runs' medians were (0.3: the slower 30% slower)."""
     """Compiled candidates on a device whose peak counts the compile (CPU) that no run showed
     fitting as a first launch compiles them, each with what is known: all their runs loaded
     their graphs from inductor's cache, or the run that compiled them did not fit."""
+    drift: Mapping[Candidate, float] = field(default_factory=dict)
+    """Candidates this search timed twice (a close race's re-measure, a first-launch check),
+    each with how far apart its two runs' medians were (0.3: the slower 30% slower)."""
 
 
 def run_record(number: int, kind: RunKind, candidate: Candidate, result: TrialResult,

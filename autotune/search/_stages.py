@@ -233,10 +233,10 @@ class _Search:
         self.run_log: list[RunRecord] = list(stored_runs(self.study, report.usable_bytes()))
         """Every child run: the study's stored ones first, then this search's, in order."""
         self.cold: dict[Candidate, TrialResult] = {}
-        self.drift: dict[Candidate, float] = {}
-        """``SearchOutcome.drift``: candidates timed twice in this search, and how far apart."""
         """Per compiled candidate, a run of it that compiled every graph afresh (no cache
         hit): what a first launch peaks at. One out of memory is kept over one that fit."""
+        self.drift: dict[Candidate, float] = {}
+        """``SearchOutcome.drift``: candidates timed twice in this search, and how far apart."""
         for key, result in [*self.probe_runs.items(), *self.results.items()]:
             self._note_cold(key, result)
         self.stage = "probe"
