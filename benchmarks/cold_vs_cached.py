@@ -49,12 +49,10 @@ def main() -> None:
             print(f"pair {pair + 1} {'afresh' if cold else 'cached'}: {r.status} "
                   f"{r.samples_per_s() or 0:.1f} samples/s, compile {r.compile_s or 0:.1f} s, "
                   f"cache hits {r.compile_cache_hits}", flush=True)
-    by = {c: [r["samples_per_s"] for r in rows if r["cold"] == c and r["samples_per_s"]]
-          for c in (True, False)}
-    ratios = [a["samples_per_s"] / b["samples_per_s"] for a, b in
-              ((next(r for r in rows if r["pair"] == p and r["cold"]),
-                next(r for r in rows if r["pair"] == p and not r["cold"]))
-               for p in range(1, args.pairs + 1))
+    pairs = [(next(r for r in rows if r["pair"] == p and r["cold"]),
+              next(r for r in rows if r["pair"] == p and not r["cold"]))
+             for p in range(1, args.pairs + 1)]
+    ratios = [a["samples_per_s"] / b["samples_per_s"] for a, b in pairs
               if a["samples_per_s"] and b["samples_per_s"]]
     m = machine()
     lines = ["# A compiled config after compiling afresh vs after loading inductor's cache", "",
@@ -63,18 +61,18 @@ def main() -> None:
              "default workload, fp32/default 64x1, 10 timed steps, each run a fresh child.", "",
              "| pair | compiled afresh: samples/s | loaded from the cache: samples/s | "
              "afresh / cached |", "|---:|---:|---:|---:|"]
-    for p in range(1, args.pairs + 1):
-        a = next(r for r in rows if r["pair"] == p and r["cold"])
-        b = next(r for r in rows if r["pair"] == p and not r["cold"])
+    for p, (a, b) in enumerate(pairs, start=1):
         ratio = (a["samples_per_s"] / b["samples_per_s"]
                  if a["samples_per_s"] and b["samples_per_s"] else None)
         lines.append(f"| {p} | {a['samples_per_s'] or 0:.1f} | {b['samples_per_s'] or 0:.1f} | "
                      f"{'-' if ratio is None else f'{ratio:.2f}'} |")
     if ratios:
+        afresh = [a["samples_per_s"] for a, _ in pairs if a["samples_per_s"]]
+        cached = [b["samples_per_s"] for _, b in pairs if b["samples_per_s"]]
         lines += ["", f"Median afresh / cached within a pair: {statistics.median(ratios):.2f} "
                   f"({min(ratios):.2f}-{max(ratios):.2f}); medians "
-                  f"{statistics.median(by[True]):.1f} afresh and "
-                  f"{statistics.median(by[False]):.1f} cached, samples/s."]
+                  f"{statistics.median(afresh):.1f} afresh and "
+                  f"{statistics.median(cached):.1f} cached, samples/s."]
     path = write_results("cold_vs_cached", {"machine": m, "rows": rows, "ratios": ratios},
                          "\n".join(lines) + "\n")
     print(path.read_text())
