@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 from dataclasses import replace
 
@@ -79,4 +80,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # results are written only at the end: nothing half-written
+        print("interrupted: no results written", file=sys.stderr)
+        sys.exit(130)
