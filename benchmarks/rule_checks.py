@@ -10,7 +10,10 @@ under ``results/gpu/`` too): whether a compiled class could be skipped on its ea
 (6) whether a compiled setting ever fits a micro-batch larger than its eager twin's largest (its
 memory probe above that boundary, a compile that often ends in an out-of-memory, could then be
 skipped); (7) how far apart two runs of one candidate in an oracle's two passes are: the drift
-between runs that a single run's interval (its own steps' spread) does not show.
+between runs that a single run's interval (its own steps' spread) does not show; (8) a
+compiled setting bound by memory (a larger micro-batch did not fit) at the next smaller
+micro-batch against its largest fit: whether its walk down is worth a compile without a
+sibling's timed evidence.
 Run: ``python benchmarks/rule_checks.py``.
 """
 
@@ -227,6 +230,50 @@ def run_to_run() -> None:
     print("\n".join(lines))
 
 
+def compiled_walk_down() -> None:
+    """A compiled setting's walk down from its largest fit costs a compile per micro-batch.
+    Where memory binds (a larger micro-batch ran and did not fit), how the next smaller
+    micro-batch ran against the largest fit, CPU and GPU oracles, each distinct setting once
+    (results files that reuse an oracle's runs repeat its numbers): over all, and for the
+    settings within 0.90 of their oracle's best (``--refine-within``: the ones a search walks
+    down)."""
+    seen: set[tuple] = set()
+    ratios: list[tuple[float, float, str, str]] = []  # (smaller / largest, share, file, setting)
+    for name, candidates in oracle_candidates():
+        speed: dict[str, dict[int, float]] = collections.defaultdict(dict)
+        over: dict[str, set[int]] = collections.defaultdict(set)
+        for c in candidates:
+            label = c["key"].rsplit("/", 1)[0]
+            fits = c.get("fits_usable", True) and c.get("ran_ok_every_time", True) \
+                and c.get("fits_first_launch", True) is not False
+            if fits and c.get("samples_per_s"):
+                speed[label][c["micro_batch"]] = c["samples_per_s"]
+            elif c.get("statuses"):
+                over[label].add(c["micro_batch"])
+        best = max((s for by_mb in speed.values() for s in by_mb.values()), default=0.0)
+        for label, by_mb in speed.items():
+            if label.split("+")[0].endswith("/off") or len(by_mb) < 2:
+                continue
+            largest, smaller = sorted(by_mb, reverse=True)[:2]
+            if not any(m > largest for m in over[label]):
+                continue  # the whole batch fits: the search does not walk it down
+            key = (label, tuple(sorted((m, round(s, 6)) for m, s in by_mb.items())))
+            if key in seen:
+                continue
+            seen.add(key)
+            ratios.append((by_mb[smaller] / by_mb[largest], by_mb[largest] / best, name, label))
+    near = [r for r in ratios if r[1] >= 0.90]
+    top, top_near = max(ratios), max(near)
+    median = statistics.median(r[0] for r in ratios)
+    print(f"(8) compiled settings bound by memory, the next smaller micro-batch against the "
+          f"largest fit: {len(ratios)} settings, median {median:.2f}x, "
+          f"faster by more than 5% in {sum(r[0] > 1.05 for r in ratios)}, by more than 10% in "
+          f"{sum(r[0] > 1.10 for r in ratios)} (up to {top[0]:.2f}x: {top[3]} in {top[2]}, "
+          f"{top[1]:.2f}x its oracle's best); within 0.90 of their oracle's best: {len(near)} "
+          f"settings, faster in {sum(r[0] > 1.0 for r in near)}, at most {top_near[0]:.2f}x "
+          f"({top_near[3]} in {top_near[2]})")
+
+
 if __name__ == "__main__":
     found = walks()
     other_end(found)
@@ -236,3 +283,4 @@ if __name__ == "__main__":
     other_end_compiled(found)
     compiled_above_eager()
     run_to_run()
+    compiled_walk_down()

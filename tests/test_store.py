@@ -49,7 +49,7 @@ def test_a_repeated_search_reuses_every_run_and_re_checks_only_the_two_leaders()
     again = ScriptedDevice(CLEAR)
     two = search(again)
     # Nothing probed or timed again: only the leader and the runner-up, once each, in full.
-    assert again.runs() == ["bf16/default/32", "bf16/default/16"]
+    assert again.runs() == ["bf16/default/32", "bf16/off/32"]
     # Timed until their medians are known (no stop for being behind: a re-check, not a race).
     assert all(s.timing_precision == SETTINGS.rank_precision and s.stop_above_step_s is None
                for s in again.specs)

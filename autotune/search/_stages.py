@@ -23,7 +23,10 @@
 4. Time smaller micro-batches of the settings near the leader, largest first, while each is
    faster than the last; then the smallest that fits, once, where it could still win (always
    for the leader's eager setting: a small micro-batch can stay in cache; a compiled setting
-   only where it is predicted ahead: that run is a compile of its own).
+   only where it is predicted ahead: that run is a compile of its own). A compiled setting is
+   walked down only on evidence that a smaller micro-batch can gain (allocator retries at its
+   best, its own walk getting faster, or a sibling timed faster there): otherwise a smaller
+   one only adds accumulation steps, at the cost of a compile.
 5. Re-measure the leader and the candidates whose gap to it is within the noise (a close
    race), interleaved; each keeps its better run. A clear lead stands without a second run.
    A compiled leader not yet run with its graphs compiled afresh is re-measured so (an empty
@@ -33,7 +36,9 @@
    (another setting with the same graphs compiled them, e.g. another optimizer implementation,
    or an earlier search did) peaks lower than a user's first launch. Without such a run the
    winner runs once more, every step, with an empty cache of its own; if that does not fit,
-   it is out, with the reason, and the next winner is checked the same way. That run is not
+   it is out, with the reason, and the next winner is checked the same way. Where the out
+   winner was ahead of that next one, its setting's next smaller micro-batch (its boundary as
+   a first launch, and not walked in stage 4) is timed first, compiled afresh. That run is not
    needed where a run of the same graphs (``Knobs.graph``) at its micro-batch compiled them
    afresh and fit with room to spare: compiling adds to the winner's own peak at most what
    that whole run peaked at, so the two peaks' sum within the usable budget settles it.
@@ -305,8 +310,10 @@ class _Search:
         self.screen()
         self.stage = "refine"
         screened = self._leader()
-        for probe in sorted(self.probes.values(), key=lambda p: -(self._class_best(
-                p.knobs) or 0.0)):
+        # Eager settings first, best first: their steps cost no compile, and their walks are
+        # the evidence a compiled setting is walked down on (``_sibling_says_no``).
+        for probe in sorted(self.probes.values(), key=lambda p: (
+                p.knobs.compile_mode != "off", -(self._class_best(p.knobs) or 0.0))):
             self.refine(probe)
         if self._leader() != screened:  # the knobs were screened at another micro-batch
             self.stage = "knobs"
@@ -616,21 +623,35 @@ class _Search:
 
     def _sibling_says_no(self, knobs: Knobs, walked: Sequence[int],
                          micro_batch: int) -> str | None:
-        """Why stepping a setting near the leader down to ``micro_batch`` cannot pay, if a
-        sibling measured it: another setting timed at both ``micro_batch`` and this one's best
-        so far went no faster at ``micro_batch`` (its own walk down), so this one, scaled by
-        the sibling's ratio, is predicted not faster than its best by more than the noise.
-        What grows with the micro-batch is the same work in both (the knobs between them
-        change how much, not the trend). The leader's own setting is always walked (the
-        pick is decided there); a setting under memory pressure (allocator retries at its
-        best) or the objective with compile time is not predicted; None: time it."""
-        if not walked or self.settings.train_steps or knobs == self._leaders_setting():
+        """Why stepping a setting near the leader down to ``micro_batch`` cannot pay, if it
+        cannot: another setting timed at both ``micro_batch`` and this one's best so far went no
+        faster at ``micro_batch`` (its own walk down), so this one, scaled by the sibling's
+        ratio, is predicted not faster than its best by more than the noise. What grows with
+        the micro-batch is the same work in both (the knobs between them change how much, not
+        the trend).
+
+        A compiled setting, the leader's too, needs that evidence the other way to be walked
+        (each micro-batch it steps down costs a compile of its own): time per micro-batch
+        linear in its size, plus one update per step, makes a smaller micro-batch only add
+        accumulation steps; what breaks that line (memory pressure, a working set that fits a
+        cache) shows as allocator retries at its best, as its own walk getting faster, or as a
+        sibling timed faster at ``micro_batch``. Without any it is not walked: in the committed
+        oracles a compiled setting bound by memory beat its largest fit with the next smaller
+        micro-batch by more than 10% in 3 of 56 settings, none of them within 0.90 of the best
+        (``benchmarks/rule_checks.py`` (8)). The leader's eager setting is always walked (the
+        pick is decided there, and an eager step costs no compile). A setting under memory
+        pressure (allocator retries at its best) or the objective with compile time is not
+        predicted; None: time it."""
+        compiled = knobs.compile_mode != "off"
+        if not walked or self.settings.train_steps or (
+                knobs == self._leaders_setting() and not compiled):
             return None
         best_m = max(walked, key=lambda x: self._score(Candidate(knobs=knobs,
                                                                  micro_batch=x)) or 0.0)
         best = Candidate(knobs=knobs, micro_batch=best_m)
         best_result = self.results.get(best)
-        if best_result is None or best_result.num_alloc_retries or not self._score(best):
+        if best_result is None or best_result.num_alloc_retries or not self._score(best) or (
+                compiled and best_m != max(walked)):  # its own walk got faster: time on
             return None
 
         def pair(other: Knobs) -> tuple[Candidate, Candidate] | None:
@@ -644,7 +665,13 @@ class _Search:
 
         siblings = [(k, p) for k in {c.knobs for c in self.results} if (p := pair(k))]
         if not siblings:
-            return None
+            if not compiled:
+                return None
+            return (f"a smaller micro-batch only adds accumulation steps (time per "
+                    f"micro-batch linear in its size, plus one update per step) and costs a "
+                    f"compile of its own: {best_m} ran without allocator retries, and no "
+                    f"setting timed at both {micro_batch} and {best_m} ran faster at "
+                    f"{micro_batch} (--micro-batches all times them)")
         sibling, (at, at_best) = max(siblings, key=lambda t: _alike(t[0], knobs))
         ratio = (self._score(at, full=True) or 0.0) / (self._score(at_best, full=True) or 1.0)
         noise = self._noise(best, at, at_best)
@@ -808,7 +835,25 @@ class _Search:
                 self.skipped.append(self._unchecked(
                     winner, f"its run compiled afresh ended {cold.status}"))
                 return
+            speed = self.results[winner].samples_per_s()
             self._out_cold(winner, cold)
+            self._time_below_out(winner, speed)
+
+    def _time_below_out(self, out: Candidate, speed: float | None) -> None:
+        """A compiled winner is out as a first launch: time its setting at the next smaller
+        micro-batch, compiled afresh (the one run times it and checks its first launch), unless
+        that ran already. Its boundary as a first launch may be there, and stage 4 walks a
+        compiled setting down only on evidence that a smaller micro-batch can gain. Only where
+        it could still win: a smaller micro-batch adds accumulation steps, so the out winner's
+        speed bounds it, and the next pick must be behind that."""
+        smaller = [m for m in self.micro_batches if m < out.micro_batch]
+        if not smaller or not speed:
+            return
+        key = Candidate(knobs=out.knobs, micro_batch=max(smaller))
+        after = self._winner()
+        if key in self.results or (after is not None and (self._score(after) or 0.0) >= speed):
+            return
+        self.measure(replace(self.spec(key, early_stop=False), cold_compile=True))
 
     def _sibling_bound(self, key: Candidate) -> tuple[int, int, Candidate] | None:
         """Where a run of the same graphs (another optimizer implementation on its setting)
