@@ -1248,6 +1248,26 @@ def test_a_limit_that_stops_the_first_launch_check_says_the_winner_was_not_check
         f" ({before} child runs): best so far" in outcome.skipped
 
 
+def test_a_limit_that_stops_the_run_below_an_out_winner_says_the_next_was_not_checked(
+        ) -> None:
+    # The limit allows the winner's run afresh (out) but not its setting's 16 after it: the
+    # search ends with the best so far, the next winner said to be unchecked as a first launch.
+    warm = {(k.graph(), m) for k in CLASSES for m in (1, 2, 4, 8, 16, 32, 64)}
+    device = CompileCacheDevice(ScriptedDevice(by_class(100, 150, 160, 200, 300, 330)),
+                                compile_mib=200, cached=set(warm))
+    before = len(cpu_search(device)[0].runs) - 4  # the runs before its 4 runs afresh
+    device = CompileCacheDevice(ScriptedDevice(by_class(100, 150, 160, 200, 300, 330)),
+                                compile_mib=200, cached=set(warm))
+    outcome = run_search(replace(plan(), device=CPU), CLASSES,
+                         replace(SETTINGS, max_trials=before + 1, fresh=True), run=device)
+    assert outcome.interrupted and device.cold_runs() == ["bf16/max-autotune/32"]
+    winner = pick_winner_record(outcome)
+    assert (winner.knobs.label(), winner.micro_batch) == ("bf16/default", 32)
+    assert "bf16/default/32: not checked as a first launch compiles it (its runs loaded its " \
+        "graphs from inductor's cache, which lowers the peak): --max-trials reached" \
+        f" ({before + 1} child runs): best so far" in outcome.skipped
+
+
 def test_a_sibling_that_compiled_the_winners_graphs_with_room_to_spare_spares_its_run_afresh(
         ) -> None:
     # As above, with memory ample (100 + 5 MiB per sample; +50 MiB compiling): the setting
