@@ -1233,39 +1233,27 @@ def test_where_the_compile_is_not_in_the_peak_a_cached_compile_is_not_run_again(
     assert (winner.knobs.label(), winner.micro_batch) == ("bf16/max-autotune", 32)
 
 
-def test_a_limit_that_stops_the_first_launch_check_says_the_winner_was_not_checked() -> None:
-    warm = {(k.graph(), m) for k in CLASSES for m in (1, 2, 4, 8, 16, 32, 64)}
-    device = CompileCacheDevice(ScriptedDevice(by_class(100, 150, 160, 200, 300, 330)),
-                                compile_mib=200, cached=set(warm))
-    before = len(cpu_search(device)[0].runs) - 4  # the runs before its 4 runs afresh
-    device = CompileCacheDevice(ScriptedDevice(by_class(100, 150, 160, 200, 300, 330)),
-                                compile_mib=200, cached=set(warm))
-    outcome = run_search(replace(plan(), device=CPU), CLASSES,
-                         replace(SETTINGS, max_trials=before, fresh=True), run=device)
-    assert outcome.interrupted and device.cold_runs() == []
-    assert "bf16/max-autotune/32: not checked as a first launch compiles it (its runs loaded " \
-        "its graphs from inductor's cache, which lowers the peak): --max-trials reached" \
-        f" ({before} child runs): best so far" in outcome.skipped
-
-
-def test_a_limit_that_stops_the_run_below_an_out_winner_says_the_next_was_not_checked(
-        ) -> None:
+@pytest.mark.parametrize(("runs_after", "cold", "unchecked"), [
+    (0, [], "bf16/max-autotune/32"),
     # The limit allows the winner's run afresh (out) but not its setting's 16 after it: the
-    # search ends with the best so far, the next winner said to be unchecked as a first launch.
+    # search ends with the best so far, the next winner said to be unchecked.
+    (1, ["bf16/max-autotune/32"], "bf16/default/32")])
+def test_a_limit_that_stops_the_first_launch_check_says_the_winner_was_not_checked(
+        runs_after: int, cold: list[str], unchecked: str) -> None:
     warm = {(k.graph(), m) for k in CLASSES for m in (1, 2, 4, 8, 16, 32, 64)}
     device = CompileCacheDevice(ScriptedDevice(by_class(100, 150, 160, 200, 300, 330)),
                                 compile_mib=200, cached=set(warm))
-    before = len(cpu_search(device)[0].runs) - 4  # the runs before its 4 runs afresh
+    limit = len(cpu_search(device)[0].runs) - 4 + runs_after  # 4 runs afresh end it
     device = CompileCacheDevice(ScriptedDevice(by_class(100, 150, 160, 200, 300, 330)),
                                 compile_mib=200, cached=set(warm))
     outcome = run_search(replace(plan(), device=CPU), CLASSES,
-                         replace(SETTINGS, max_trials=before + 1, fresh=True), run=device)
-    assert outcome.interrupted and device.cold_runs() == ["bf16/max-autotune/32"]
+                         replace(SETTINGS, max_trials=limit, fresh=True), run=device)
+    assert outcome.interrupted and device.cold_runs() == cold
     winner = pick_winner_record(outcome)
-    assert (winner.knobs.label(), winner.micro_batch) == ("bf16/default", 32)
-    assert "bf16/default/32: not checked as a first launch compiles it (its runs loaded its " \
+    assert f"{winner.knobs.label()}/{winner.micro_batch}" == unchecked
+    assert f"{unchecked}: not checked as a first launch compiles it (its runs loaded its " \
         "graphs from inductor's cache, which lowers the peak): --max-trials reached" \
-        f" ({before + 1} child runs): best so far" in outcome.skipped
+        f" ({limit} child runs): best so far" in outcome.skipped
 
 
 def test_a_sibling_that_compiled_the_winners_graphs_with_room_to_spare_spares_its_run_afresh(
