@@ -476,3 +476,34 @@ def test_the_oracle_judges_a_compiled_fit_by_the_runs_that_compiled_its_graphs_a
              cand("default", 1, run("ok", 99, None))]
     fits = first_launch_fits(older, usable)
     assert [fits_first_launch(c, usable, fits) for c in older] == [False, False, True]
+
+
+def _candidate(key: str, samples_per_s: float | None) -> dict:
+    """An oracle candidate as the results files store it: fits when it has a speed."""
+    return {"key": key, "micro_batch": int(key.rsplit("/", 1)[1]), "statuses": ["ok"],
+            "samples_per_s": samples_per_s, "fits_usable": samples_per_s is not None,
+            "ran_ok_every_time": True}
+
+
+def test_rule_check_8_counts_compiled_walks_bound_by_memory(monkeypatch, capsys) -> None:
+    # bf16/default (the best, 100/s at 32, 64 did not fit) ran 99/s at 16: not faster. A
+    # compiled setting far behind gained 20% at 16; one whose whole batch fit is not counted
+    # (the search does not walk it down), nor is an eager one.
+    import rule_checks
+
+    oracle = [_candidate(k, s) for k, s in [
+        ("bf16/default/16", 99.0), ("bf16/default/32", 100.0), ("bf16/default/64", None),
+        ("fp32/default/16", 60.0), ("fp32/default/32", 50.0), ("fp32/default/64", None),
+        ("bf16/max-autotune/32", 80.0), ("bf16/max-autotune/64", 90.0),
+        ("bf16/off/16", 70.0), ("bf16/off/32", 60.0), ("bf16/off/64", None)]]
+    # The same oracle reused by a second results file counts once.
+    monkeypatch.setattr(rule_checks, "oracle_candidates",
+                        lambda: iter([("a.json", oracle), ("b.json", oracle)]))
+    rule_checks.compiled_walk_down()
+    out = capsys.readouterr().out
+    assert out.startswith("(8) compiled settings bound by memory, the next smaller micro-batch "
+                          "against the largest fit: 2 settings, median 1.09x, faster by more "
+                          "than 5% in 1, by more than 10% in 1 (up to 1.20x: fp32/default in "
+                          "a.json, 0.50x its oracle's best); within 0.90 of their oracle's "
+                          "best: 1 settings, faster in 0, at most 0.99x (bf16/default in "
+                          "a.json)"), out
