@@ -1256,6 +1256,27 @@ def test_a_limit_that_stops_the_first_launch_check_says_the_winner_was_not_check
         f" ({limit} child runs): best so far" in outcome.skipped
 
 
+def test_ctrl_c_during_the_run_below_an_out_winner_keeps_the_best_so_far_said_unchecked(
+        ) -> None:
+    warm = {(k.graph(), m) for k in CLASSES for m in (1, 2, 4, 8, 16, 32, 64)}
+    device = CompileCacheDevice(ScriptedDevice(by_class(100, 150, 160, 200, 300, 330)),
+                                compile_mib=200, cached=set(warm))
+
+    def interrupted(spec: TrialSpec) -> TrialResult:
+        if spec.cold_compile and spec.micro_batch == 16:  # bf16/max-autotune/16, afresh
+            raise KeyboardInterrupt
+        return device(spec)
+
+    outcome = run_search(replace(plan(), device=CPU), CLASSES, SETTINGS, run=interrupted)
+    assert outcome.interrupted and outcome.stop_reason == "interrupted (Ctrl-C): best so far"
+    assert device.cold_runs() == ["bf16/max-autotune/32"]
+    winner = pick_winner_record(outcome)
+    assert (winner.knobs.label(), winner.micro_batch) == ("bf16/default", 32)
+    assert "bf16/default/32: not checked as a first launch compiles it (its runs loaded its " \
+        "graphs from inductor's cache, which lowers the peak): interrupted (Ctrl-C): best so " \
+        "far" in outcome.skipped
+
+
 def test_a_sibling_that_compiled_the_winners_graphs_with_room_to_spare_spares_its_run_afresh(
         ) -> None:
     # As above, with memory ample (100 + 5 MiB per sample; +50 MiB compiling): the setting
