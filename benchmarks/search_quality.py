@@ -305,9 +305,18 @@ def stored_oracle(name: str, bench: Bench, target: int) -> tuple[dict, dict, str
     return runs, left_out, f"{name}.json ({out['machine']['date']})"
 
 
+def search_settings(confirm_within: float | None,
+                    rank_precision: float | None) -> SearchSettings | None:
+    """The search's settings: its defaults, but for the options this benchmark passes on."""
+    changed = {k: v for k, v in (("confirm_within", confirm_within),
+                                 ("rank_precision", rank_precision)) if v is not None}
+    return SearchSettings(**changed) if changed else None
+
+
 def bench_workload(bench: Bench, info: DeviceInfo, *, target: int, passes: int, lean: bool,
                    min_micro_batch: int, oracle_from: str | None = None,
-                   side_by_side: int = 0, confirm_within: float | None = None) -> dict:
+                   side_by_side: int = 0, confirm_within: float | None = None,
+                   rank_precision: float | None = None) -> dict:
     spec = bench.spec()
     stored, left_out, source = stored_oracle(oracle_from, bench, target) if oracle_from \
         else ({}, {}, "")
@@ -318,8 +327,7 @@ def bench_workload(bench: Bench, info: DeviceInfo, *, target: int, passes: int, 
     start = time.perf_counter()
     result = api.search(spec, target_batch=target, device="cpu", memory_budget=budget,
                         headroom=HEADROOM, out=tempfile.mkdtemp(prefix="bench-search-"),
-                        force=True, settings=None if confirm_within is None else
-                        SearchSettings(confirm_within=confirm_within))
+                        force=True, settings=search_settings(confirm_within, rank_precision))
     search_s = time.perf_counter() - start
     cfg = result.config
     tuned = Candidate(knobs=cfg.knobs, micro_batch=cfg.micro_batch)
@@ -528,8 +536,9 @@ def render_knobs(out: dict) -> str:
         f"{m['optuna']}. Run {out['wall_s']:.0f} s: `{out.get('command', '')}`.", "",
         f"Target batch {out['target_batch']}, headroom {HEADROOM:.0%}, each workload under its "
         "own cap per child (RLIMIT_AS over its baseline). `api.search` with its defaults"
-        + (f" (but --confirm-within {out['confirm_within']:g})"
-           if out.get("confirm_within") is not None else "") + " "
+        + "".join(f" (but --{flag} {out[key]:g})" for key, flag in (
+            ("confirm_within", "confirm-within"), ("rank_precision", "rank-precision"))
+            if out.get(key) is not None) + " "
         f"considers the classes {', '.join(out.get('classes', []))} (native bf16 on this CPU: "
         f"{out.get('native_bf16')}) and screens on its leader the further knobs "
         + "; ".join(f"{k} {', '.join(v)}" for k, v in out.get("knob_values", {}).items())
@@ -765,6 +774,9 @@ def main() -> None:
     parser.add_argument("--confirm-within", type=float, default=None, metavar="SHARE", help=(
         "the search re-measures leads up to this share (its --confirm-within; default: the "
         "search's own default)"))
+    parser.add_argument("--rank-precision", type=float, default=None, metavar="SHARE", help=(
+        "the search's first timings stop once their median is known within this share (its "
+        "--rank-precision; default: the search's own default)"))
     parser.add_argument("--concurrency", default="",
                         help="note for the results, e.g. what else this run shared the CPU with")
     parser.add_argument("--name", default=NAME, help=f"results file name (default {NAME})")
@@ -790,6 +802,9 @@ def main() -> None:
     if args.confirm_within is not None and not 0 <= args.confirm_within <= 1:  # nan too
         parser.error(f"--confirm-within {args.confirm_within}: a share from 0 to 1 (as the "
                      "search's own option)")
+    if args.rank_precision is not None and not 0 < args.rank_precision <= 1:  # nan too
+        parser.error(f"--rank-precision {args.rank_precision}: a share above 0, at most 1 "
+                     "(to time every run in full, run the search itself with 0)")
     from autotune.device import describe_device
 
     start = time.perf_counter()
@@ -803,13 +818,14 @@ def main() -> None:
            "space": args.space, "min_micro_batch": args.min_micro_batch,
            "classes": [c.label() for c in classes], "knob_values": values,
            "num_settings": len(settings), "device_notes": device_notes,
-           "native_bf16": info.native_bf16, "confirm_within": args.confirm_within}
+           "native_bf16": info.native_bf16, "confirm_within": args.confirm_within,
+           "rank_precision": args.rank_precision}
     for short in wanted:  # results written after each workload: a cut-short run keeps them
         out["rows"].append(bench_workload(
             BY_SHORT[short], info, target=args.target, passes=args.passes,
             lean=args.space == "lean", min_micro_batch=args.min_micro_batch,
             oracle_from=args.oracle_from, side_by_side=args.side_by_side,
-            confirm_within=args.confirm_within))
+            confirm_within=args.confirm_within, rank_precision=args.rank_precision))
         out["wall_s"] = time.perf_counter() - start
         write_results(args.name, out, "rendering failed: python benchmarks/search_quality.py "
                       f"--render {args.name}\n")

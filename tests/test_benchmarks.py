@@ -31,6 +31,7 @@ from search_quality import (  # noqa: E402
     largest_fits,
     per_pass,
     render,
+    search_settings,
     side_by_side_table,
 )
 
@@ -405,6 +406,29 @@ def test_search_quality_refuses_a_confirm_share_outside_0_to_1(share):
     assert proc.stderr.splitlines()[-1] == (
         f"search_quality.py: error: --confirm-within {float(share)}: a share from 0 to 1 (as "
         "the search's own option)")
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("share", ["nan", "0", "1.5", "-0.1"])
+def test_search_quality_refuses_a_rank_precision_outside_0_to_1(share):
+    proc = subprocess.run([sys.executable, str(BENCH / "search_quality.py"), "--workloads",
+                           "slow_gpt2", "--rank-precision", share], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1] == (
+        f"search_quality.py: error: --rank-precision {float(share)}: a share above 0, at most "
+        "1 (to time every run in full, run the search itself with 0)")
+
+
+def test_search_quality_passes_on_only_the_settings_it_was_given():
+    from autotune.search import SearchSettings
+
+    assert search_settings(None, None) is None  # the search's own defaults
+    assert search_settings(0.25, None) == SearchSettings(confirm_within=0.25)
+    assert search_settings(None, 0.1) == SearchSettings(rank_precision=0.1)
+    both = search_settings(0.25, 0.1)
+    assert (both.confirm_within, both.rank_precision) == (0.25, 0.1)
+    assert both.num_confirm == SearchSettings().num_confirm
 
 
 @pytest.mark.subprocess
