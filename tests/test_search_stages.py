@@ -1379,3 +1379,38 @@ def test_a_pair_whose_larger_run_the_time_limit_cut_to_one_step_bounds_nothing()
     assert any(s.knobs.label() == alternate and s.micro_batch == 16 for s in device.specs)
     assert not any(s.startswith(f"{alternate}: micro-batches above 8 not probed: at 8")
                    for s in outcome.skipped)
+
+
+@pytest.mark.parametrize("larger_slower", [True, False])
+def test_checkpointing_is_not_screened_where_the_leaders_own_larger_micro_batch_ran_slower(
+        larger_slower: bool) -> None:
+    # Eager fits 8 (80 MiB a sample), compiled code 16 (40 MiB a sample): each compiled probe
+    # times 8 and 16. Where 16 runs 0.85x of 8, the leader (bf16/max-autotune at 8) got
+    # slower with the larger micro-batch: a larger one gains at most 1.00x over 16 by that
+    # pair, and checkpointing, which recomputes, is no faster than the setting at any
+    # micro-batch the setting fits: neither value can win, and neither is run. Where 16 runs
+    # faster (10% a doubling), the leader is at 16 and checkpointing is screened above it.
+    eager, compiled = (lambda m: 100 + 80 * m), (lambda m: 100 + 40 * m)
+    device = KnobDevice(by_class(100, 150, 160, 200, 300, 330), peaks={
+        "fp32/off": eager, "bf16/off": eager, "fp32/default": compiled,
+        "bf16/default": compiled, "bf16/max-autotune": compiled},
+        shape=(lambda m: 1.0 if m <= 8 else 0.85) if larger_slower
+        else (lambda m: 1 - 0.1 * math.log2(32 / m)))
+    outcome, records = knob_search(device)
+    ckpt = [s for s in device.specs if s.knobs.checkpointing != "off"]
+    leader = "bf16/max-autotune"
+    assert f"{leader}/8" in records and f"{leader}/16" in records
+    if not larger_slower:
+        assert {s.knobs.checkpointing for s in ckpt} == {"blocks", "alternate"}
+        assert {s.micro_batch for s in ckpt} == {16, 32}  # from the leader's, and above
+        assert not any("checkpointing recomputes" in s for s in outcome.skipped)
+        return
+    assert ckpt == []
+    for value in ("blocks", "alternate"):
+        assert (f"{leader}+ckpt={value} not tried: checkpointing recomputes, so it runs no "
+                f"faster at a micro-batch {leader} fits without it, and is worth a run only "
+                f"above its largest timed fit 16: at 16 it runs 280.5 samples/s, 0.85x the "
+                f"leader's ({leader}/8); a larger one gains at most 1.00x (up to 64: the "
+                f"per-micro-batch overhead {leader} showed from 8 to 16, 0.85x, spread over "
+                "more samples), 280.5 samples/s: behind by more than the noise (5%)"
+                ) in outcome.skipped

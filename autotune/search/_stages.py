@@ -19,7 +19,9 @@
    such a probe starts from the setting's runs so far (its timed run at the leader's
    micro-batch is on its line: a larger micro-batch that line puts over the cap is not run).
    When fp32 eager fits nothing, the values that free memory are tried on it first (the
-   baseline becomes the first that fits).
+   baseline becomes the first that fits). Checkpointing, which recomputes, is not screened
+   where the leader's setting already ran slower at its largest timed fit than the leader
+   does at a smaller micro-batch, by more than a larger micro-batch can gain.
 4. Time smaller micro-batches of the settings near the leader, largest first, while each is
    faster than the last; then the smallest that fits, once, where it could still win (always
    for the leader's eager setting: a small micro-batch can stay in cache; a compiled setting
@@ -414,6 +416,8 @@ class _Search:
                 why = skip_reason(knobs, self.traits)
                 if why is None and value in knob.frees_memory:
                     why = self._why_not_free(leader)
+                if why is None and knob.name == "checkpointing" and value in knob.frees_memory:
+                    why = self._why_not_recompute(leader)
                 if why:
                     self.skipped.append(f"{knobs.label()} not tried: {why}")
                 elif value in knob.frees_memory:
@@ -515,7 +519,35 @@ class _Search:
                 bound = max(0.0, (end - points[-1][1]) / (over.micro_batch - micro_batch))
         return bound
 
-    def _why_not_larger(self, timed: Candidate) -> str | None:
+    def _why_not_recompute(self, leader: Candidate) -> str | None:
+        """Why checkpointing cannot win on the leader's setting, if it cannot: it recomputes
+        each checkpointed block's forward, so at a micro-batch the setting fits without it, it
+        runs no faster (in the committed oracles, checkpointed against not at the same
+        micro-batch: at most 1.01x on the quiet Xeon, and within the run-to-run noise
+        elsewhere: ``benchmarks/rule_checks.py`` (2)); it is worth a run only for a micro-batch
+        larger than the setting's largest fit. Where the setting's largest timed fit ``M`` is
+        behind the leader (which runs a smaller micro-batch of it) by more than what a larger
+        micro-batch can gain (``_why_not_larger``, the setting's own pair of timed
+        micro-batches counting), no larger micro-batch can win, checkpointed or not. None:
+        screen it (the leader runs the setting's largest timed fit, nothing bounds the gain,
+        or that fit ran under memory pressure)."""
+        usable = self.report.usable_bytes()
+        timed = [c for c, r in self.results.items() if c.knobs == leader.knobs
+                 and r.fits(usable) and self._score(c) is not None]
+        if not timed:
+            return None
+        largest = max(timed, key=lambda c: c.micro_batch)
+        result = self.results[largest]
+        if largest == leader or result.num_alloc_retries:
+            return None
+        why = self._why_not_larger(largest, own_pair=True)
+        if why is None:
+            return None
+        return (f"checkpointing recomputes, so it runs no faster at a micro-batch "
+                f"{leader.knobs.label()} fits without it, and is worth a run only above its "
+                f"largest timed fit {largest.micro_batch}: {why}")
+
+    def _why_not_larger(self, timed: Candidate, *, own_pair: bool = False) -> str | None:
         """Why no micro-batch larger than a setting's largest fit so far can win, if none
         can: the most a larger one gains (``timing.gain_ceiling``, from a sibling's two timed
         micro-batches: the per-micro-batch overhead spread over more samples) leaves it
@@ -523,8 +555,9 @@ class _Search:
         compiled setting's probe above its fit costs a compile, and often ends in an OOM).
         A run of the pair stopped early behind the leader counts with its interval measured
         (three steps or more: its width is in the noise); one cut by the time limit before
-        that does not. None: probe on (the setting leads, was not timed there, or nothing
-        predicts)."""
+        that does not. ``own_pair``: the setting's own two timed micro-batches count too (a
+        bound for what it gains above its largest fit without a probe of its own). None: probe
+        on (the setting leads, was not timed there, or nothing predicts)."""
         leader = self._leader()
         result = self.results.get(timed)
         if leader is None or result is None or self.settings.train_steps \
@@ -541,7 +574,8 @@ class _Search:
                      or len(r.step_times_s) >= MIN_STEPS_TO_STOP)
 
         pairs = [(c.knobs, c.micro_batch, d.micro_batch) for c in self.results
-                 for d in self.results if c.knobs == d.knobs != timed.knobs
+                 for d in self.results if c.knobs == d.knobs
+                 and (own_pair or c.knobs != timed.knobs)
                  and c.micro_batch < d.micro_batch and usable(c) and usable(d)]
         if not pairs:
             return None
