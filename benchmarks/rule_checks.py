@@ -13,7 +13,9 @@ skipped); (7) how far apart two runs of one candidate in an oracle's two passes 
 between runs that a single run's interval (its own steps' spread) does not show; (8) a
 compiled setting bound by memory (a larger micro-batch did not fit) at the next smaller
 micro-batch against its largest fit: whether its walk down is worth a compile without a
-sibling's timed evidence.
+sibling's timed evidence; (9) checkpointing at a micro-batch above its setting's largest fit,
+against what that fit's own pair of micro-batches bounds a larger one to (``gain_ceiling``):
+whether a setting that got slower with its larger micro-batch can skip its checkpointing.
 Run: ``python benchmarks/rule_checks.py``.
 """
 
@@ -25,7 +27,7 @@ import json
 import statistics
 from pathlib import Path
 
-from autotune.timing import predict_step_s
+from autotune.timing import gain_ceiling, predict_step_s
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -274,6 +276,54 @@ def compiled_walk_down() -> None:
           f"({top_near[3]} in {top_near[2]})")
 
 
+def checkpointing_above_the_bound() -> None:
+    """The search skips checkpointing where the leader's setting ran slower at its largest
+    fit ``M`` than at the next smaller one, and ``M``'s speed times the gain ceiling from that
+    pair is behind the leader: checkpointing recomputes, so above ``M`` it is bounded by what
+    the setting itself could gain there. Each checkpointed setting that fit above its
+    un-checkpointed setting's largest fit, against that bound (each distinct setting once)."""
+    seen: set[tuple] = set()
+    ratios: list[tuple[float, float, str, str]] = []  # (actual / bound, pair ratio, file, key)
+    for name, candidates in oracle_candidates():
+        speed: dict[str, dict[int, float]] = collections.defaultdict(dict)
+        per_device = {}
+        for c in candidates:
+            fits = c.get("fits_usable", True) and c.get("ran_ok_every_time", True) \
+                and c.get("fits_first_launch", True) is not False
+            if fits and c.get("samples_per_s") and c.get("accumulate_steps"):
+                label = c["key"].rsplit("/", 1)[0]
+                speed[label][c["micro_batch"]] = c["samples_per_s"]
+                per_device[label] = c["micro_batch"] * c["accumulate_steps"]
+        for label, by_mb in speed.items():
+            if "+ckpt=" in label or len(by_mb) < 2:
+                continue
+            small, top = sorted(by_mb)[-2:]
+            ratio = by_mb[top] / by_mb[small]
+            ceiling = gain_ceiling(ratio, small, top, top, per_device[label]) \
+                if top < per_device[label] else None
+            if ceiling is None:
+                continue
+            bound = by_mb[top] * ceiling
+            for value in ("blocks", "alternate"):
+                parts = label.split("+")
+                ckpt = "+".join([parts[0], f"ckpt={value}", *parts[1:]])
+                for m, sps in speed.get(ckpt, {}).items():
+                    key = (ckpt, m, round(sps, 6), round(bound, 6))
+                    if m > top and key not in seen:
+                        seen.add(key)
+                        ratios.append((sps / bound, ratio, name, f"{ckpt}/{m}"))
+    slower = [r for r in ratios if r[1] < 1.0]
+    top_all = max(ratios)
+    print(f"(9) checkpointed above its setting's largest fit, against that fit times the gain "
+          f"ceiling of the setting's own pair: {len(ratios)} candidates, over the bound by more "
+          f"than 5% in {sum(r[0] > 1.05 for r in ratios)} (at most {top_all[0]:.2f}x: "
+          f"{top_all[3]} in {top_all[2]}); where the setting got slower with its larger "
+          f"micro-batch (the search's case): {len(slower)}, over it by more than 5% in "
+          f"{sum(r[0] > 1.05 for r in slower)}"
+          + (f", at most {max(slower)[0]:.2f}x ({max(slower)[3]} in {max(slower)[2]})"
+             if slower else ""))
+
+
 if __name__ == "__main__":
     found = walks()
     other_end(found)
@@ -284,3 +334,4 @@ if __name__ == "__main__":
     compiled_above_eager()
     run_to_run()
     compiled_walk_down()
+    checkpointing_above_the_bound()

@@ -531,3 +531,33 @@ def test_rule_check_8_counts_compiled_walks_bound_by_memory(monkeypatch, capsys)
                           "a.json, 0.50x its oracle's best); within 0.90 of their oracle's "
                           "best: 1 settings, faster in 0, at most 0.99x (bf16/default in "
                           "a.json)"), out
+
+
+def test_rule_check_9_bounds_checkpointing_above_its_settings_largest_fit(
+        monkeypatch, capsys) -> None:
+    # Target 64. bf16/default ran 100/s at 16 and 90 at 32 (slower: a larger one gains at
+    # most 1.00x, bound 90): checkpointing at 64 ran 85 (under it) and 99 (1.10x over it).
+    # fp32/default gained 1.2x from 16 to 32 (a bound of 1.11x over 60/s at 32, 66.7):
+    # checkpointing at 64 ran 72 (1.08x over it); at 32, not above the largest fit, it is not
+    # counted. The same oracle in a second results file counts once.
+    import rule_checks
+
+    def c(key: str, sps: float | None) -> dict:
+        m = int(key.rsplit("/", 1)[1])
+        return {**_candidate(key, sps), "accumulate_steps": 64 // m}
+
+    oracle = [c(k, s) for k, s in [
+        ("bf16/default/16", 100.0), ("bf16/default/32", 90.0), ("bf16/default/64", None),
+        ("bf16/default+ckpt=blocks/64", 85.0), ("bf16/default+ckpt=alternate/64", 99.0),
+        ("fp32/default/16", 50.0), ("fp32/default/32", 60.0), ("fp32/default/64", None),
+        ("fp32/default+ckpt=blocks/32", 55.0), ("fp32/default+ckpt=blocks/64", 72.0)]]
+    monkeypatch.setattr(rule_checks, "oracle_candidates",
+                        lambda: iter([("a.json", oracle), ("b.json", oracle)]))
+    rule_checks.checkpointing_above_the_bound()
+    out = capsys.readouterr().out
+    assert out == (
+        "(9) checkpointed above its setting's largest fit, against that fit times the gain "
+        "ceiling of the setting's own pair: 3 candidates, over the bound by more than 5% in 2 "
+        "(at most 1.10x: bf16/default+ckpt=alternate/64 in a.json); where the setting got "
+        "slower with its larger micro-batch (the search's case): 2, over it by more than 5% "
+        "in 1, at most 1.10x (bf16/default+ckpt=alternate/64 in a.json)\n"), out
