@@ -21,7 +21,9 @@
    When fp32 eager fits nothing, the values that free memory are tried on it first (the
    baseline becomes the first that fits). Checkpointing, which recomputes, is not screened
    where the leader's setting already ran slower at its largest timed fit than the leader
-   does at a smaller micro-batch, by more than a larger micro-batch can gain.
+   does at a smaller micro-batch, by more than a larger micro-batch can gain; and a
+   checkpointed run ahead at a micro-batch its setting runs without checkpointing does not
+   lead the next knobs' screen (its lead there is noise).
 4. Time smaller micro-batches of the settings near the leader, largest first, while each is
    faster than the last; then the smallest that fits, once, where it could still win (always
    for the leader's eager setting: a small micro-batch can stay in cache; a compiled setting
@@ -403,7 +405,7 @@ class _Search:
         for knob in KNOBS[2:]:
             if timing_only and knob.frees_memory:
                 continue
-            leader = self._leader()
+            leader = self._screen_leader()
             if leader is None:
                 return
             for value in self.values.get(knob.name, ()):
@@ -432,6 +434,23 @@ class _Search:
                         lowered.append((knob.name, value, timed_here))
         self._probe_lowered(lowered)
 
+    def _screen_leader(self) -> Candidate | None:
+        """The leader the next knob is screened on: the best complete run, passing over a
+        checkpointed one at a micro-batch its setting without checkpointing ran at and fit.
+        Checkpointing recomputes, so it runs no faster there (``_why_not_recompute``): a lead
+        it shows is the run-to-run noise, and screening the next knobs on it would only add
+        its recompute to every setting they try."""
+        usable = self.report.usable_bytes()
+        for key in self._ranked():
+            twin = Candidate(knobs=key.knobs.with_(checkpointing="off"),
+                             micro_batch=key.micro_batch)
+            ran = self.results.get(twin)
+            if key.knobs.checkpointing != "off" and ran is not None and ran.fits(usable) \
+                    and self._score(twin, full=True) is not None:
+                continue
+            return key
+        return None
+
     def _lower_peak(self, leader: Candidate, timed: Candidate) -> bool:
         """Whether memory binds the leader (a larger micro-batch exists that it does not run)
         and ``timed``, run at the leader's micro-batch, peaked below it there (a multi-tensor
@@ -453,7 +472,7 @@ class _Search:
         micro-batch may fit by the growth per sample (``_growth``); one whose peak is not below
         a setting whose probe fit nothing larger is not (it would end in an out-of-memory
         too). The gain ceiling still decides each step of a probe (``_why_not_larger``)."""
-        leader = self._leader()
+        leader = self._screen_leader()
         if leader is None:
             return
         here = [(name, value, c) for name, value, c in lowered
