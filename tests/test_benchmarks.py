@@ -397,27 +397,17 @@ def test_cold_vs_cached_refuses_a_pair_count_outside_1_to_20(pairs):
 
 
 @pytest.mark.subprocess
-@pytest.mark.parametrize("share", ["nan", "1.5", "-0.1"])
-def test_search_quality_refuses_a_confirm_share_outside_0_to_1(share):
+@pytest.mark.parametrize(("flag", "share", "allowed"), [
+    *[("--confirm-within", v, "a share from 0 to 1 (as the search's own option)")
+      for v in ("nan", "1.5", "-0.1")],
+    *[("--rank-precision", v, "a share above 0, at most 1 (to time every run in full, run the "
+       "search itself with 0)") for v in ("nan", "0", "1.5", "-0.1")]])
+def test_search_quality_refuses_a_share_outside_its_range(flag, share, allowed):
     proc = subprocess.run([sys.executable, str(BENCH / "search_quality.py"), "--workloads",
-                           "slow_gpt2", "--confirm-within", share], capture_output=True,
-                          text=True, timeout=120)
+                           "slow_gpt2", flag, share], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.splitlines()[-1] == (
-        f"search_quality.py: error: --confirm-within {float(share)}: a share from 0 to 1 (as "
-        "the search's own option)")
-
-
-@pytest.mark.subprocess
-@pytest.mark.parametrize("share", ["nan", "0", "1.5", "-0.1"])
-def test_search_quality_refuses_a_rank_precision_outside_0_to_1(share):
-    proc = subprocess.run([sys.executable, str(BENCH / "search_quality.py"), "--workloads",
-                           "slow_gpt2", "--rank-precision", share], capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 2
-    assert proc.stderr.splitlines()[-1] == (
-        f"search_quality.py: error: --rank-precision {float(share)}: a share above 0, at most "
-        "1 (to time every run in full, run the search itself with 0)")
+        f"search_quality.py: error: {flag} {float(share)}: {allowed}")
 
 
 def test_search_quality_passes_on_only_the_settings_it_was_given():
