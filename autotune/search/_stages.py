@@ -551,9 +551,8 @@ class _Search:
         committed oracles, of 24 checkpointed candidates above a setting that got slower with
         its larger micro-batch, 4 ran over that bound by more than 5%, at most 1.09x
         (``rule_checks.py`` (9)), so a skip behind by more than the noise (5% at least) misses
-        at most a few percent. None:
-        screen it (the leader runs the setting's largest timed fit, nothing bounds the gain,
-        or that fit ran under memory pressure)."""
+        at most a few percent. None: screen it (the leader runs the setting's largest timed
+        fit, nothing bounds the gain, or that fit ran under memory pressure)."""
         usable = self.report.usable_bytes()
         timed = [c for c, r in self.results.items() if c.knobs == leader.knobs
                  and r.fits(usable) and self._score(c) is not None]
