@@ -864,30 +864,37 @@ def test_checkpointing_is_probed_where_memory_binds_and_wins_by_its_larger_micro
 
 def test_checkpointing_is_not_probed_above_the_leader_where_no_larger_micro_batch_can_win(
         ) -> None:
-    # fp32 eager fits 16 (40 MiB a sample): bf16/off starts there and times 16 and 32, a
-    # 1.11x gain for twice the micro-batch. On the leader (bf16/max-autotune at 32, where
-    # memory binds: 64 does not fit), checkpointing every block runs 0.8x; a larger
-    # micro-batch gains at most 1.06x by that pair's overhead (64 would run 0.88x): its
-    # boundary is not probed, and the reason says so. Alternate (0.95x) could still win.
-    device = KnobDevice(by_class(100, 150, 160, 200, 300, 330),
-                        peaks={"fp32/off": lambda m: 100 + 40 * m},
+    # fp32 eager fits 8 (80 MiB a sample), the others 16 (40 MiB a sample): bf16/off starts at
+    # 8 and times 8 and 16, a 1.12x gain for twice the micro-batch. On the leader
+    # (bf16/max-autotune at 16: 32 does not fit), checkpointing is first run at 32, above the
+    # leader's fit: every block checkpointed runs 0.8x there, and a larger micro-batch gains
+    # at most 1.03x by that pair's overhead (64 would run 0.8x): its boundary is not probed
+    # further, and the reason says so. Neither value runs at 16 or below (it recomputes).
+    # Alternate (0.95x) leads at 32, so 64 is probed for it (and does not fit).
+    device = KnobDevice(by_class(100, 150, 160, 200, 300, 330), peak_mib=lambda m: 100 + 40 * m,
+                        peaks={"fp32/off": lambda m: 100 + 80 * m},
                         ckpt_speed={"off": 1.0, "alternate": 0.95, "blocks": 0.8})
     outcome, records = knob_search(device)
-    assert "bf16/off/16" in records and "bf16/off/32" in records
-    assert records["bf16/max-autotune+ckpt=blocks/32"].verdict in ("ok", "slower")
-    assert not any(k.startswith("bf16/max-autotune+ckpt=blocks/") and not k.endswith("/32")
-                   for k in device.runs() + list(records))
-    blocks = next(p for p in outcome.probes if p.knobs.label() == "bf16/max-autotune+ckpt=blocks")
-    assert blocks.max_micro_batch == 32 and [s.micro_batch for s in blocks.steps] == [32]
-    assert blocks.notes[0].startswith("micro-batches above 32 not probed: at 32 it runs")
-    assert ("bf16/max-autotune+ckpt=blocks: micro-batches above 32 not probed: at 32 it runs "
-            "264.0 samples/s, 0.80x the leader's (bf16/max-autotune/32); a larger one gains at "
-            "most 1.06x (up to 64: the per-micro-batch overhead bf16/off showed from 16 to 32, "
-            "1.11x, spread over more samples), 279.5 samples/s: behind by more than the noise "
-            "(5%)") in outcome.skipped
+    assert "bf16/off/8" in records and "bf16/off/16" in records
+    leader, blocks = "bf16/max-autotune", "bf16/max-autotune+ckpt=blocks"
+    assert f"{leader}/16" in records and records[f"{leader}/32"].verdict == "oom"
+    assert {(s.knobs.checkpointing, s.micro_batch) for s in device.specs
+            if s.knobs.checkpointing != "off"} == {("blocks", 32), ("alternate", 32),
+                                                   ("alternate", 64)}
+    probe = next(p for p in outcome.probes if p.knobs.label() == blocks)
+    assert probe.max_micro_batch == 32 and [s.micro_batch for s in probe.steps] == [32]
+    assert probe.notes[0].startswith("micro-batches above 32 not probed: at 32 it runs")
+    assert (f"{blocks}: micro-batches above 32 not probed: at 32 it runs 264.0 samples/s, 0.89x "
+            f"the leader's ({leader}/16); a larger one gains at most 1.03x (up to 64: the "
+            "per-micro-batch overhead bf16/off showed from 8 to 16, 1.12x, spread over more "
+            "samples), 273.1 samples/s: behind by more than the noise (5%)") in outcome.skipped
+    for value in ("blocks", "alternate"):
+        assert (f"{leader}+ckpt={value}: micro-batches 16 and below not tried: checkpointing "
+                f"recomputes, so it runs no faster where {leader} fits without it"
+                ) in outcome.skipped
     probes = {p.knobs.label(): p.max_micro_batch for p in outcome.probes}
-    assert probes["bf16/max-autotune+ckpt=alternate"] == 64
-    assert "bf16/max-autotune+ckpt=alternate/64" in records
+    assert probes[f"{leader}+ckpt=alternate"] == 32
+    assert records[f"{leader}+ckpt=alternate/64"].verdict == "oom"
 
 
 def test_an_optimizer_that_needs_less_memory_is_probed_above_the_leader() -> None:
@@ -1337,44 +1344,44 @@ def test_a_lowered_value_is_probed_from_its_run_at_the_leaders_micro_batch() -> 
             "16 puts 32 at 1.42 GiB, over the 1000.00 MiB cap") in outcome.skipped
 
 
-def _blocks_pair_device(above_8: float) -> KnobDevice:
-    """Memory binds at 8 without checkpointing (100 + 90 MiB a sample); checkpointing keeps
-    40%, every block leads at 8 (1.05x), alternate runs 0.75x; above 8 each sample runs
-    ``above_8`` times as fast as at 8."""
+def _pair_device(above_8: float) -> KnobDevice:
+    """Memory binds at 8 (100 + 90 MiB a sample) but for bf16 eager (40 MiB a sample: it fits
+    16, and its probe times 8 and 16); above 8 each sample runs ``above_8`` times as fast as
+    at 8."""
     return KnobDevice(by_class(100, 150, 160, 200, 300, 330), peak_mib=lambda m: 100 + 90 * m,
-                      ckpt_memory={"off": 1.0, "alternate": 0.4, "blocks": 0.4},
-                      ckpt_speed={"off": 1.0, "alternate": 0.75, "blocks": 1.05},
+                      peaks={"bf16/off": lambda m: 100 + 40 * m},
                       shape=lambda m: above_8 if m > 8 else 1 - 0.1 * math.log2(8 / m))
 
+
 def test_a_pair_whose_larger_run_stopped_behind_still_bounds_what_a_larger_one_gains() -> None:
-    # As on the AMD EPYC's causal LM: memory binds at 8 without checkpointing; every block
-    # checkpointed fits 16 and leads at 8, its 16 runs 0.8x per sample (stopped early: behind
-    # the leader, three steps). Alternate runs 0.75x the leader at 8: the blocks pair says a
-    # larger micro-batch gains nothing (0.80x from 8 to 16), so alternate's probe stops at 8
-    # instead of compiling 16 to find it behind.
-    device = _blocks_pair_device(above_8=0.8)
+    # As on the AMD EPYC's causal LM: bf16/off's 16 runs 0.8x per sample (stopped early:
+    # behind the leader, its own 8, three steps). fp32/default runs 0.50x the leader at 8:
+    # that pair says a larger micro-batch gains nothing (0.80x from 8 to 16), so its probe
+    # stops at 8 instead of compiling 16 to find it behind (or out of memory).
+    device = _pair_device(above_8=0.8)
     outcome, records = knob_search(device)
-    blocks, alternate = ("bf16/max-autotune+ckpt=blocks", "bf16/max-autotune+ckpt=alternate")
-    assert records[f"{blocks}/16"].verdict == "slower"
-    assert records[f"{blocks}/16"].num_timed_steps == MIN_STEPS_TO_STOP
-    assert f"{alternate}/8" in records
-    assert not any(s.knobs.label() == alternate and s.micro_batch > 8 for s in device.specs)
-    assert (f"{alternate}: micro-batches above 8 not probed: at 8 it runs 247.5 samples/s, 0.71x "
-            f"the leader's ({blocks}/8); a larger one gains at most 1.00x (up to 64: the "
-            f"per-micro-batch overhead {blocks} showed from 8 to 16, 0.80x, spread over more "
-            "samples), 247.5 samples/s: behind by more than the noise (5%)") in outcome.skipped
+    assert records["bf16/off/16"].verdict == "slower"
+    assert records["bf16/off/16"].num_timed_steps == MIN_STEPS_TO_STOP
+    assert "fp32/default/8" in records
+    assert not any(s.knobs.label() == "fp32/default" and s.micro_batch > 8
+                   for s in device.specs)
+    assert ("fp32/default: micro-batches above 8 not probed: at 8 it runs 150.0 samples/s, "
+            "0.50x the leader's (bf16/default/8); a larger one gains at most 1.00x (up to 64: "
+            "the per-micro-batch overhead bf16/off showed from 8 to 16, 0.80x, spread over "
+            "more samples), 150.0 samples/s: behind by more than the noise (5%)"
+            ) in outcome.skipped
 
 
 def test_a_pair_whose_larger_run_the_time_limit_cut_to_one_step_bounds_nothing() -> None:
-    # The same, but blocks at 16 runs 0.05x per sample: cut by the time limit after one step,
-    # its median has no interval, so the pair is not used and alternate is probed at 16.
-    device = _blocks_pair_device(above_8=0.05)
+    # The same, but bf16/off at 16 runs 0.05x per sample: cut by the time limit after one
+    # step, its median has no interval, so the pair is not used and fp32/default is probed at
+    # 16.
+    device = _pair_device(above_8=0.05)
     outcome, records = knob_search(device)
-    blocks, alternate = ("bf16/max-autotune+ckpt=blocks", "bf16/max-autotune+ckpt=alternate")
-    assert records[f"{blocks}/16"].verdict == "slower"
-    assert records[f"{blocks}/16"].num_timed_steps < MIN_STEPS_TO_STOP
-    assert any(s.knobs.label() == alternate and s.micro_batch == 16 for s in device.specs)
-    assert not any(s.startswith(f"{alternate}: micro-batches above 8 not probed: at 8")
+    assert records["bf16/off/16"].verdict == "slower"
+    assert records["bf16/off/16"].num_timed_steps < MIN_STEPS_TO_STOP
+    assert any(s.knobs.label() == "fp32/default" and s.micro_batch == 16 for s in device.specs)
+    assert not any(s.startswith("fp32/default: micro-batches above 8 not probed: at 8")
                    for s in outcome.skipped)
 
 
@@ -1399,8 +1406,10 @@ def test_checkpointing_is_not_screened_where_the_leaders_own_larger_micro_batch_
     assert f"{leader}/8" in records and f"{leader}/16" in records
     if not larger_slower:
         assert {s.knobs.checkpointing for s in ckpt} == {"blocks", "alternate"}
-        assert {s.micro_batch for s in ckpt} == {16, 32}  # from the leader's, and above
-        assert not any("checkpointing recomputes" in s for s in outcome.skipped)
+        assert {s.micro_batch for s in ckpt} == {32, 64}  # above the leader's fit only
+        assert not any(s.startswith((f"{leader}+ckpt=blocks not tried: ",
+                                     f"{leader}+ckpt=alternate not tried: "))
+                       for s in outcome.skipped)
         return
     assert ckpt == []
     for value in ("blocks", "alternate"):
@@ -1413,22 +1422,29 @@ def test_checkpointing_is_not_screened_where_the_leaders_own_larger_micro_batch_
                 ) in outcome.skipped
 
 
-def test_a_checkpointed_run_ahead_at_its_settings_own_micro_batch_does_not_lead_the_screen(
+def test_checkpointing_is_not_run_where_its_setting_fits_without_it_so_its_noise_leads_nothing(
         ) -> None:
     # Memory binds the leader (bf16/max-autotune fits 32, not 64), and checkpointing frees too
-    # little for 64 (each value keeps 80-90% of the per-sample memory: over the cap there). At
-    # 32 checkpointing every second block ran 5% faster than without (the run-to-run noise: it
-    # recomputes). The optimizer implementations are screened on bf16/max-autotune at 32, not
-    # on the checkpointed run, and the pick is the fused optimizer without checkpointing.
+    # little for 64 (each value keeps 80-90% of the per-sample memory: over the cap there).
+    # At 32, where the setting fits without it, checkpointing every second block would run 5%
+    # faster than without (the run-to-run noise: it recomputes). Neither value runs there: each
+    # is tried at 64 only, where it runs out of memory; the optimizer implementations are
+    # screened on bf16/max-autotune at 32, and the pick is the fused optimizer without
+    # checkpointing. Neither value is left among the probes as fitting nothing (its 32 and
+    # below were never tried); the reason says what was seen.
     device = KnobDevice(by_class(100, 150, 160, 200, 300, 330),
                         ckpt_memory={"off": 1.0, "alternate": 0.9, "blocks": 0.8},
                         ckpt_speed={"off": 1.0, "alternate": 1.05, "blocks": 0.8})
     outcome, records = knob_search(device)
     leader = "bf16/max-autotune"
-    assert records[f"{leader}+ckpt=alternate/32"].samples_per_s > records[
-        f"{leader}/32"].samples_per_s
-    probes = {p.knobs.label(): p.max_micro_batch for p in outcome.probes}
-    assert probes[f"{leader}+ckpt=alternate"] == probes[f"{leader}+ckpt=blocks"] == 32
+    assert [(s.knobs.checkpointing, s.micro_batch) for s in device.specs
+            if s.knobs.checkpointing != "off"] == [("blocks", 64), ("alternate", 64)]
+    assert records[f"{leader}+ckpt=alternate/64"].verdict == "oom"
+    assert not any(p.knobs.checkpointing != "off" for p in outcome.probes)
+    for value in ("blocks", "alternate"):
+        assert (f"{leader}+ckpt={value}: fits no micro-batch above 32 (at 64: oom), and is not "
+                f"tried at 32 or below: checkpointing recomputes, so it runs no faster where "
+                f"{leader} fits without it") in outcome.skipped
     assert f"{leader}+opt=fused/32" in records and f"{leader}+opt=foreach/32" in records
     assert not any("+ckpt=" in k and "+opt=" in k for k in records)
     tuned = tuned_config(plan(), outcome, SETTINGS)

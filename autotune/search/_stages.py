@@ -19,11 +19,11 @@
    such a probe starts from the setting's runs so far (its timed run at the leader's
    micro-batch is on its line: a larger micro-batch that line puts over the cap is not run).
    When fp32 eager fits nothing, the values that free memory are tried on it first (the
-   baseline becomes the first that fits). Checkpointing, which recomputes, is not screened
-   where the leader's setting already ran slower at its largest timed fit than the leader
-   does at a smaller micro-batch, by more than a larger micro-batch can gain; and a
-   checkpointed run ahead at a micro-batch its setting runs without checkpointing does not
-   lead the next knobs' screen (its lead there is noise).
+   baseline becomes the first that fits). Checkpointing, which recomputes, is never run at a
+   micro-batch its setting fits without it (it runs no faster there, and a lead it shows is
+   noise): its probe starts one micro-batch above that fit. It is not screened at all where
+   the leader's setting already ran slower at its largest timed fit than the leader does at
+   a smaller micro-batch, by more than a larger micro-batch can gain.
 4. Time smaller micro-batches of the settings near the leader, largest first, while each is
    faster than the last; then the smallest that fits, once, where it could still win (always
    for the leader's eager setting: a small micro-batch can stay in cache; a compiled setting
@@ -327,12 +327,13 @@ class _Search:
         self.stage = "first launch"
         self.fit_cold()
 
-    def probe(self, knobs: Knobs) -> MemoryProbe:
+    def probe(self, knobs: Knobs, *, above: int = 0) -> MemoryProbe:
         """Find the setting's largest fitting micro-batch, and time it.
 
         A probe that may be the largest fit times its config in the same run; bisection
         points only measure memory. When the boundary turns out to be such a point, it is
-        timed afterwards."""
+        timed afterwards. ``above``: only larger micro-batches are considered (the probe
+        starts at the next one up: the smaller ones cannot win, ``_probe_recompute``)."""
 
         def candidate(micro_batch: int) -> Candidate:
             return Candidate(knobs=knobs, micro_batch=micro_batch)
@@ -356,10 +357,12 @@ class _Search:
                     if c.knobs == knobs and r.fits(usable)]
             return bool(fits) and micro_batch > max(fits)
 
+        considered = [m for m in self.micro_batches if m > above]
         probe = probe_memory(
-            self.report.workload, self.report.device.device, knobs, self.micro_batches,
+            self.report.workload, self.report.device.device, knobs, considered,
             budget_bytes=self.report.budget_bytes, usable_bytes=self.report.usable_bytes(),
-            timeout_s=self.settings.timeout_s, hint=hint_for(knobs, self.probes.values()),
+            timeout_s=self.settings.timeout_s,
+            hint=considered[0] if above else hint_for(knobs, self.probes.values()),
             run=self.measure, on_step=self._on_step, stop_above=stop_above,
             make_spec=lambda m, largest: self.spec(candidate(m), timed=timed(m, largest)),
             known={c.micro_batch: r for c, r in [*self.probe_runs.items(), *self.results.items()]
@@ -405,7 +408,7 @@ class _Search:
         for knob in KNOBS[2:]:
             if timing_only and knob.frees_memory:
                 continue
-            leader = self._screen_leader()
+            leader = self._leader()
             if leader is None:
                 return
             for value in self.values.get(knob.name, ()):
@@ -413,15 +416,18 @@ class _Search:
                     continue
                 knobs = leader.knobs.with_(**{knob.name: value})
                 timed_here = Candidate(knobs=knobs, micro_batch=leader.micro_batch)
-                if knobs in self.probes or timed_here in self.results:
-                    continue
+                recompute = knob.name == "checkpointing" and value in knob.frees_memory
+                if knobs in self.probes or (timed_here in self.results and not recompute):
+                    continue  # (a recompute's run there, stored, says nothing of its probe)
                 why = skip_reason(knobs, self.traits)
                 if why is None and value in knob.frees_memory:
                     why = self._why_not_free(leader)
-                if why is None and knob.name == "checkpointing" and value in knob.frees_memory:
+                if why is None and recompute:
                     why = self._why_not_recompute(leader)
                 if why:
                     self.skipped.append(f"{knobs.label()} not tried: {why}")
+                elif recompute:
+                    self._probe_recompute(knobs)
                 elif value in knob.frees_memory:
                     self.probe(knobs)
                 else:
@@ -434,22 +440,39 @@ class _Search:
                         lowered.append((knob.name, value, timed_here))
         self._probe_lowered(lowered)
 
-    def _screen_leader(self) -> Candidate | None:
-        """The leader the next knob is screened on: the best complete run, passing over a
-        checkpointed one at a micro-batch its setting without checkpointing ran at and fit.
-        Checkpointing recomputes, so it runs no faster there (``_why_not_recompute``): a lead
-        it shows is the run-to-run noise, and screening the next knobs on it would only add
-        its recompute to every setting they try."""
+    def _probe_recompute(self, knobs: Knobs) -> None:
+        """Probe a checkpointing value above the largest micro-batch its setting fits without
+        it: checkpointing recomputes each checkpointed block's forward, so at a micro-batch
+        the setting fits without it, it runs no faster (``_why_not_recompute``) and is not
+        run there. The probe starts at the next micro-batch up, timed; where that does not
+        fit either, the value fits nothing that could win, and is left out of the probes (its
+        smaller micro-batches were never tried: "fits none" would be wrong), with the reason."""
+        twin = knobs.with_(checkpointing="off")
         usable = self.report.usable_bytes()
-        for key in self._ranked():
-            twin = Candidate(knobs=key.knobs.with_(checkpointing="off"),
-                             micro_batch=key.micro_batch)
-            ran = self.results.get(twin)
-            if key.knobs.checkpointing != "off" and ran is not None and ran.fits(usable) \
-                    and self._score(twin, full=True) is not None:
-                continue
-            return key
-        return None
+        fit = max((c.micro_batch for c, r in [*self.probe_runs.items(), *self.results.items()]
+                   if c.knobs == twin and r.fits(usable)), default=0)
+        if not fit:  # nothing known to fit without it: the whole range is open
+            self.probe(knobs)
+            return
+        if fit >= self.per_device:
+            self.skipped.append(f"{knobs.label()} not tried: {twin.label()} fits the whole "
+                                f"per-device batch {self.per_device} without it, and "
+                                "checkpointing recomputes, so it runs no faster there")
+            return
+        probe = self.probe(knobs, above=fit)
+        why = (f"checkpointing recomputes, so it runs no faster where {twin.label()} fits "
+               "without it")
+        if probe.max_micro_batch:
+            self.skipped.append(f"{knobs.label()}: micro-batches {fit} and below not tried: "
+                                f"{why}")
+            return
+        del self.probes[knobs]
+        first = probe.steps[0] if probe.steps else None
+        seen = "" if first is None else f" (at {first.micro_batch}: " + (
+            f"peak {format_bytes(first.peak_bytes)} of {format_bytes(usable)} usable)"
+            if first.status == "ok" else f"{first.status})")
+        self.skipped.append(f"{knobs.label()}: fits no micro-batch above {fit}{seen}, and is "
+                            f"not tried at {fit} or below: {why}")
 
     def _lower_peak(self, leader: Candidate, timed: Candidate) -> bool:
         """Whether memory binds the leader (a larger micro-batch exists that it does not run)
@@ -472,7 +495,7 @@ class _Search:
         micro-batch may fit by the growth per sample (``_growth``); one whose peak is not below
         a setting whose probe fit nothing larger is not (it would end in an out-of-memory
         too). The gain ceiling still decides each step of a probe (``_why_not_larger``)."""
-        leader = self._screen_leader()
+        leader = self._leader()
         if leader is None:
             return
         here = [(name, value, c) for name, value, c in lowered
