@@ -38,10 +38,11 @@ def rows(pattern: str):
             yield Path(path).name, row
 
 
-def walks() -> list[tuple[float, float, str, str]]:
+def walks() -> list[tuple[float | None, float, str, str]]:
     """Each oracle setting walked down as the search walks it (largest first, while faster),
     with its smallest micro-batch not walked: (the line's predicted share of the walked best
-    at the smallest, the smallest's measured share, file name, setting)."""
+    at the smallest, None where the line cannot be extended that far (a non-positive time per
+    micro-batch there), the smallest's measured share, file name, setting)."""
     found = []
     for name, row in rows("search_quality*.json"):
         target = row["target_batch"]
@@ -65,12 +66,13 @@ def walks() -> list[tuple[float, float, str, str]]:
             points = [(m, target / by_mb[m] / (target // m), 0.0) for m in walked]
             step_s = predict_step_s(points, small, target)
             best = max(by_mb[m] for m in walked)
-            if step_s:
-                found.append((target / step_s / best, by_mb[small] / best, name, label))
+            found.append((target / step_s / best if step_s else None, by_mb[small] / best,
+                          name, label))
     return found
 
 
-def other_end(found: list[tuple[float, float, str, str]]) -> None:
+def other_end(found: list[tuple[float | None, float, str, str]]) -> None:
+    found = [f for f in found if f[0] is not None]
     lost = [f for f in found if f[0] < 0.6]
     worst = max(lost, key=lambda f: f[1])
     print(f"(1) {len(found)} walks; where the line predicted under 0.6x the walked best "
@@ -78,11 +80,14 @@ def other_end(found: list[tuple[float, float, str, str]]) -> None:
           f"({worst[3]} in {worst[2]}, predicted {worst[0]:.2f}x)")
 
 
-def other_end_compiled(found: list[tuple[float, float, str, str]]) -> None:
+def other_end_compiled(found: list[tuple[float | None, float, str, str]]) -> None:
     """Whether the leader's compiled setting needs its smallest micro-batch timed regardless
-    of the line (each micro-batch of a compiled setting is a compile of its own)."""
+    of the line (each micro-batch of a compiled setting is a compile of its own), and where
+    the line cannot be extended to it."""
     for kind, keep in (("compiled", True), ("eager", False)):
-        some = [f for f in found if (f[3].split("+")[0].split("/")[1] != "off") == keep]
+        walked = [f for f in found if (f[3].split("+")[0].split("/")[1] != "off") == keep]
+        none = [f[1] for f in walked if f[0] is None]
+        some = [f for f in walked if f[0] is not None]
         top = max(some, key=lambda f: f[1])
         print(f"(5) {kind} settings: {len(some)} walks, the smallest micro-batch at most "
               f"{top[1]:.2f}x the walked best ({top[3]} in {top[2]}, predicted "
@@ -94,6 +99,10 @@ def other_end_compiled(found: list[tuple[float, float, str, str]]) -> None:
               f"more than 10% in {sum(f[1] > 1.1 for f in tie)} (at most "
               f"{max((f[1] for f in tie), default=0):.2f}x); predicted a gain (over 1.10x): "
               f"{len(gain)}, faster in {sum(f[1] > 1 for f in gain)}")
+        print(f"    the line cannot be extended to the smallest (time per micro-batch at or "
+              f"below zero there): {len(none)} walks, the smallest at most "
+              f"{max(none, default=0):.2f}x the walked best, faster in "
+              f"{sum(x > 1 for x in none)}")
 
 
 def same_micro_batch_checkpointing() -> None:

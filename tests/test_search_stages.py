@@ -241,11 +241,16 @@ def test_a_gain_within_the_noise_is_not_followed() -> None:
                             retries_at=32)  # memory pressure: a compiled class is walked down
     outcome, _ = search(device)
     assert not any(k.startswith("bf16/max-autotune/8") for k in device.runs())
-    assert ("bf16/max-autotune: micro-batches 8, 4, 2 not timed: 16 was not faster than 32 "
+    assert ("bf16/max-autotune: micro-batches 8, 4, 2, 1 not timed: 16 was not faster than 32 "
             "by more than the noise (5%)") in outcome.skipped
-    # The range's other end is timed once: speed need not fall monotonically. This compiled
-    # setting's line (16 cheaper per sample than 32) predicts that 1 could win.
-    assert device.runs().count("bf16/max-autotune/1") == 1
+    # The range's other end is not timed either: this compiled setting's line (16 cheaper
+    # per sample than 32, by more than half a micro-batch's time) falls to zero before 1: it
+    # predicts no gain there, and micro-batch 1 would cost a compile. The report says so.
+    assert "bf16/max-autotune/1" not in device.runs()
+    assert ("bf16/max-autotune: micro-batch 1 not timed: the line through micro-batches 16, 32 "
+            "(time per micro-batch linear in its size, plus one update per step) puts its time "
+            "per micro-batch at or below zero at 1: it predicts no gain there, and a compiled "
+            "micro-batch costs a compile of its own") in outcome.skipped
 
 
 def test_a_compiled_class_at_the_whole_batch_is_not_refined_without_memory_pressure() -> None:
@@ -664,9 +669,13 @@ def test_a_setting_near_the_leader_times_its_smallest_micro_batch_only_if_it_cou
     assert "bf16/default/16" in records and "bf16/default/1" not in records
     reason = next(s for s in outcome.skipped if s.startswith("bf16/default: micro-batch 1 not"))
     assert "predicted" in reason and "line through micro-batches 16, 32" in reason
-    # The leader's own setting is timed at its smallest: its line (16 cheaper per sample than
-    # 32) predicts that 1 could win.
-    assert "bf16/max-autotune/1" in records
+    # The leader's own setting (compiled) is not timed at its smallest either: its line (16
+    # cheaper per sample than 32) predicts 1 ahead, but not by more than that prediction's
+    # own interval (it runs 0.5x there).
+    assert "bf16/max-autotune/1" not in records
+    reason = next(s for s in outcome.skipped
+                  if s.startswith("bf16/max-autotune: micro-batch 1 not timed: predicted"))
+    assert "not ahead by more than the prediction's own interval" in reason, reason
 
 
 def _slower_below_32(m: int) -> float:
@@ -822,7 +831,8 @@ class KnobDevice(ScriptedDevice):
             shape=self.shape, peak_mib=lambda m: 100 + (self.peaks.get(
                 base.label(), self.peak_mib)(m) - 100) * keep
             - self.impl_saves_mib.get(spec.knobs.optimizer_impl, 0.0)
-            - (self.format_saves_mib if channels_last else 0.0))(scaled)
+            - (self.format_saves_mib if channels_last else 0.0),
+            retries_at=self.retries_at)(scaled)
         self.specs.append(spec)
         return replace(result, traits=self.traits)
 
@@ -1420,6 +1430,21 @@ def test_checkpointing_is_not_screened_where_the_leaders_own_larger_micro_batch_
                 f"per-micro-batch overhead {leader} showed from 8 to 16, 0.85x, spread over "
                 "more samples), 280.5 samples/s: behind by more than the noise (5%)"
                 ) in outcome.skipped
+
+
+def test_checkpointing_is_run_where_its_setting_fits_only_under_memory_pressure() -> None:
+    # As in the last test, but the leader's setting reports allocator retries at 32, its
+    # largest fit: there, freeing memory can make a step faster, so 32 is no floor, and each
+    # checkpointing value's probe starts there (the boundary the setting's probe found).
+    device = KnobDevice(by_class(100, 150, 160, 200, 300, 330), retries_at=32,
+                        ckpt_memory={"off": 1.0, "alternate": 0.9, "blocks": 0.8},
+                        ckpt_speed={"off": 1.0, "alternate": 1.05, "blocks": 0.8})
+    outcome, _ = knob_search(device)
+    assert {(s.knobs.checkpointing, s.micro_batch) for s in device.specs
+            if s.knobs.checkpointing != "off" and s.knobs.optimizer_impl == "default"
+            } >= {("blocks", 32), ("alternate", 32)}
+    assert not any(" and below not tried: checkpointing recomputes" in s
+                   for s in outcome.skipped)
 
 
 def test_checkpointing_is_not_run_where_its_setting_fits_without_it_so_its_noise_leads_nothing(

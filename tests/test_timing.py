@@ -16,6 +16,7 @@ from autotune.timing import (
     gain_ceiling,
     lead,
     predict_step_s,
+    prediction_halfwidth,
     relative_halfwidth,
     stop_reason,
     t_975,
@@ -148,6 +149,43 @@ def test_what_cannot_be_predicted_is_not() -> None:
     points = [(8, 0.2, 0.05), (16, 0.3, 0.07), (32, 0.5, 0.06)]
     assert predict_step_s(points, 4, 64) == pytest.approx(
         16 * 0.15 + statistics.median([0.05, 0.07, 0.06]), rel=1e-2)
+
+
+@given(st.floats(0.0, 1.0), st.floats(1e-4, 1.0), st.floats(0.0, 5.0),
+       st.lists(st.sampled_from([1, 2, 4, 8, 16, 32, 64]), min_size=2, max_size=2, unique=True),
+       st.lists(st.floats(0.0, 0.5), min_size=2, max_size=2))
+def test_a_prediction_at_a_timed_micro_batch_is_as_sure_as_its_run(
+        fixed: float, per_sample: float, update: float, sizes: list[int],
+        widths: list[float]) -> None:
+    # Two points: the line passes through both, so at either one the prediction carries that
+    # run's half-width alone (less, by the update's share of the step, which it does not
+    # scale).
+    per_device = 64
+    points = [(m, fixed + per_sample * m, update) for m in sizes]
+    for (m, t, _), h in zip(points, widths, strict=True):
+        k = per_device // m
+        got = prediction_halfwidth(points, widths, m, per_device)
+        assert got == pytest.approx(h * k * t / (k * t + update), rel=1e-6, abs=1e-12)
+        assert got <= h * (1 + 1e-9)
+
+
+def test_a_prediction_far_outside_the_timed_micro_batches_is_wide() -> None:
+    # As on the Xeon's causal LM: bf16/default at 8 and 16 (1.69 and 1.71 s a step of 64,
+    # updates of 0.03 s), each known to 5%. The line puts micro-batch 1 at 1.51 s a step
+    # (42 samples/s, 1.12x micro-batch 8's), but from 8 and 16 to 1 the points' errors add up
+    # to more than the prediction itself (the run then measured 3.48 s); at 4 it is narrower,
+    # and at 12 (between the points) narrower than either point.
+    points = [(8, (1.692 - 0.029) / 8, 0.029), (16, (1.706 - 0.0295) / 4, 0.0295)]
+    assert predict_step_s(points, 1, 64) == pytest.approx(1.51, abs=0.01)
+    assert 1.692 / predict_step_s(points, 1, 64) == pytest.approx(1.12, abs=0.01)  # type: ignore[operator]
+    at = {m: prediction_halfwidth(points, [0.05, 0.05], m, 64) for m in (1, 2, 4, 8, 16)}
+    assert at[1] is not None and at[1] > 1.0
+    assert at[1] > at[2] > at[4] > at[8]
+    assert prediction_halfwidth(points, [0.05, 0.05], 12, 64) < 0.05  # type: ignore[operator]
+    assert prediction_halfwidth(points, [0.0, 0.0], 1, 64) == 0.0
+    # Nothing predicted, nothing to be sure of; a width missing for a point is refused.
+    assert prediction_halfwidth([(8, 0.1, 0.0), (16, 0.5, 0.0)], [0.05, 0.05], 1, 64) is None
+    assert prediction_halfwidth(points, [0.05], 1, 64) is None
 
 
 powers = st.integers(0, 8).map(lambda e: 2 ** e)

@@ -27,7 +27,8 @@
 4. Time smaller micro-batches of the settings near the leader, largest first, while each is
    faster than the last; then the smallest that fits, once, where it could still win (always
    for the leader's eager setting: a small micro-batch can stay in cache; a compiled setting
-   only where it is predicted ahead: that run is a compile of its own). A compiled setting is
+   only where it is predicted ahead, beyond the noise and the prediction's own interval:
+   that run is a compile of its own). A compiled setting is
    walked down only on evidence that a smaller micro-batch can gain (allocator retries at its
    best, its own walk getting faster, or a sibling timed faster there): otherwise a smaller
    one only adds accumulation steps, at the cost of a compile.
@@ -97,7 +98,12 @@ from autotune.search._study import (
     tell,
 )
 from autotune.space import divisors
-from autotune.timing import MIN_STEPS_TO_STOP, gain_ceiling, predict_step_s
+from autotune.timing import (
+    MIN_STEPS_TO_STOP,
+    gain_ceiling,
+    predict_step_s,
+    prediction_halfwidth,
+)
 
 Runner = Callable[[TrialSpec], TrialResult]
 OnTrial = Callable[[int, str, Candidate, TrialRecord | None], None]
@@ -443,14 +449,18 @@ class _Search:
     def _probe_recompute(self, knobs: Knobs) -> None:
         """Probe a checkpointing value above the largest micro-batch its setting fits without
         it: checkpointing recomputes each checkpointed block's forward, so at a micro-batch
-        the setting fits without it, it runs no faster (``_why_not_recompute``) and is not
+        the setting fits without it (without allocator retries: memory pressure is what
+        freeing memory can relieve), it runs no faster (``_why_not_recompute``) and is not
         run there. The probe starts at the next micro-batch up, timed; where that does not
         fit either, the value fits nothing that could win, and is left out of the probes (its
         smaller micro-batches were never tried: "fits none" would be wrong), with the reason."""
         twin = knobs.with_(checkpointing="off")
         usable = self.report.usable_bytes()
+        # A fit under memory pressure (allocator retries) is no floor: there, freeing memory
+        # can make a step faster.
         fit = max((c.micro_batch for c, r in [*self.probe_runs.items(), *self.results.items()]
-                   if c.knobs == twin and r.fits(usable)), default=0)
+                   if c.knobs == twin and r.fits(usable) and not r.num_alloc_retries),
+                  default=0)
         if not fit:  # nothing known to fit without it: the whole range is open
             self.probe(knobs)
             return
@@ -771,10 +781,12 @@ class _Search:
 
         A compiled setting (the leader's too) pays a compile of its own for that run, and in
         the committed oracles a compiled setting's smallest micro-batch beat its walked best
-        once in 94 walks (by 1.10x, where its line said 0.82x), never where its line predicted
-        a tie, while eager ones did 29 times in 159, by up to 2.4x
-        (``benchmarks/rule_checks.py`` (5)): it is timed only where the line predicts it ahead
-        by more than the noise, not for a predicted tie.
+        once in 135 walks (by 1.10x, where its line said 0.82x), never where its line
+        predicted a tie (3 walks) or a gain (2), while eager ones did 32 times in 201, by up to
+        2.4x (``benchmarks/rule_checks.py`` (5)): it is timed only where the line predicts it
+        ahead by more than the noise and by more than that prediction's own interval (each
+        timed point's error carried along the line: ``timing.prediction_halfwidth``), not for
+        a predicted tie.
         False when it is not worth a run (the setting is behind the leader by more than
         ``--refine-within``, not predicted to gain, or ``--micro-batches`` allows no more)."""
         per_class = self.settings.micro_batches_per_class
@@ -807,25 +819,49 @@ class _Search:
         timed micro-batches (``timing.predict_step_s``: per micro-batch time linear in its
         size, plus one update per step), if it cannot: its predicted throughput is below the
         best's by more than the noise, or (``must_gain``: a run that costs a compile) not above
-        it by more than the noise. None when it could win, or nothing predicts it."""
+        it by more than the noise. A line that cannot be extended to ``micro_batch`` (its time
+        per micro-batch at or below zero there: the larger micro-batches grew faster than their
+        size) predicts nothing; with ``must_gain`` that is no predicted gain either, so such a
+        run is not made (``benchmarks/rule_checks.py`` (5)). None when it could win, or
+        nothing predicts it (without ``must_gain``)."""
         timed = {m: r for m in self.micro_batches if (r := self.results.get(
             Candidate(knobs=knobs, micro_batch=m))) is not None and r.ok and r.step_times_s}
         points = [(m, *_split(r, self.per_device // m)) for m, r in timed.items()]
         step_s = predict_step_s(points, micro_batch, self.per_device)
         best = max(timed, key=lambda m: self._score(Candidate(knobs=knobs, micro_batch=m)) or 0)
         best_sps = self.results[Candidate(knobs=knobs, micro_batch=best)].samples_per_s()
-        if step_s is None or not best_sps or self.settings.train_steps:
+        sizes = ", ".join(str(m) for m in sorted(timed))
+        if not best_sps or self.settings.train_steps:
             return None
+        if step_s is None:
+            if not must_gain or len(timed) < 2:
+                return None
+            return (f"{knobs.label()}: micro-batch {micro_batch} not timed: the line through "
+                    f"micro-batches {sizes} (time per micro-batch linear in its size, plus one "
+                    f"update per step) puts its time per micro-batch at or below zero at "
+                    f"{micro_batch}: it predicts no gain there, and a compiled micro-batch "
+                    "costs a compile of its own")
         predicted = self.per_device / step_s
         noise = self._noise(*(Candidate(knobs=knobs, micro_batch=m) for m in timed))
-        if predicted > best_sps * (1 + noise) or (
+        # A gain worth a compile must clear the prediction's own interval too: each timed
+        # point at least the machine's run-to-run noise, carried along the line.
+        widths = [max(self.settings.confirm_within, r.halfwidth() or 0.0)
+                  for r in timed.values()]
+        spread = (prediction_halfwidth(points, widths, micro_batch, self.per_device) or 0.0
+                  if must_gain else 0.0)
+        if predicted > best_sps * (1 + max(noise, spread)) or (
                 not must_gain and predicted >= best_sps * (1 - noise)):
             return None
-        sizes = ", ".join(str(m) for m in sorted(timed))
-        verdict = (f"behind by more than the noise ({noise:.0%})"
-                   if predicted < best_sps * (1 - noise) else
-                   f"not ahead by more than the noise ({noise:.0%}), and a compiled "
-                   "micro-batch costs a compile of its own")
+        if predicted < best_sps * (1 - noise):
+            verdict = f"behind by more than the noise ({noise:.0%})"
+        elif predicted > best_sps * (1 + noise):
+            verdict = (f"not ahead by more than the prediction's own interval (+-{spread:.0%}: "
+                       f"each timed point known to {min(widths):.0%} or worse, carried from "
+                       f"{sizes} to {micro_batch}), and a compiled micro-batch costs a "
+                       "compile of its own")
+        else:
+            verdict = (f"not ahead by more than the noise ({noise:.0%}), and a compiled "
+                       "micro-batch costs a compile of its own")
         return (f"{knobs.label()}: micro-batch {micro_batch} not timed: predicted "
                 f"{predicted:,.1f} samples/s from the line through micro-batches {sizes} "
                 f"(time per micro-batch linear in its size, plus one update per step), "
