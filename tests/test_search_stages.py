@@ -325,6 +325,28 @@ def test_a_resumed_search_reuses_every_run_re_measurements_included(tmp_path) ->
     assert again.probes == first.probes
 
 
+def test_a_resumed_knob_search_takes_the_first_ones_path(tmp_path) -> None:
+    # Memory binds (32 fits, 64 does not) and the knobs are screened: the fused optimizer
+    # wins. The study it resumes holds that winner from the start, but each stored run answers
+    # only when asked, as the first search asked: checkpointing is screened on the leader the
+    # first search had then (not on the fused winner: that would be two new runs at 64), and
+    # the resumed search runs nothing, its records and probes the first one's.
+    settings = replace(SETTINGS, storage=f"sqlite:///{tmp_path / 'study.db'}", study_name="s")
+
+    def device() -> KnobDevice:
+        return KnobDevice(by_class(100, 150, 160, 200, 300, 330),
+                          ckpt_memory={"off": 1.0, "alternate": 0.9, "blocks": 0.8})
+
+    first = run_search(plan(), CLASSES, settings, values=VALUES, run=device())
+    assert any(r.knobs.optimizer_impl == "fused" for r in first.records)
+    again_device = device()
+    again = run_search(plan(), CLASSES, settings, values=VALUES, run=again_device)
+    assert again_device.runs() == [] and again.num_runs == 0
+    assert [replace(r, timed_s=None) for r in again.records] == [
+        replace(r, timed_s=None) for r in first.records]
+    assert again.probes == first.probes and again.skipped == first.skipped
+
+
 def test_ctrl_c_during_a_run_fails_its_trial_and_keeps_the_rest(tmp_path) -> None:
     class Interrupted(ScriptedDevice):
         def __call__(self, spec: TrialSpec) -> TrialResult:

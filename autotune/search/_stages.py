@@ -219,19 +219,25 @@ class _Search:
         # A resumed study may hold settings this search is restricted from: leave them out.
         self.allowed_base = {(c.precision, c.compile_mode) for c in classes}
         done, runs = completed(self.study)
-        self.results: dict[Candidate, TrialResult] = {
+        self.held: dict[Candidate, TrialResult] = {
             c: r for c, r in done.items() if self._allowed(c.knobs)}
+        """Timed runs the study holds that this search has not asked for yet: each answers when
+        asked (``measure``), so a resumed search decides on what the first one had seen at
+        that point and takes the same path; those it never asks for (another search's, in a
+        shared study) join the race at ``confirm``."""
+        self.results: dict[Candidate, TrialResult] = {}
+        """Timed runs this search asked for (run now, or answered from ``held``)."""
         self.probe_runs: dict[Candidate, TrialResult] = probed(self.study)
         """Memory probes that timed nothing (bisection points)."""
         self.baseline: Candidate | None = None
         self.probes: dict[Knobs, MemoryProbe] = {}
         self.skipped: list[str] = []
         self.traits: WorkloadTraits | None = next(
-            (r.traits for r in self.results.values() if r.traits is not None), None)
+            (r.traits for r in self.held.values() if r.traits is not None), None)
         """What the workload allows (blocks, convolutions, optimizer), from any run."""
-        self.runs: dict[Candidate, int] = {k: n for k, n in runs.items() if k in self.results}
+        self.runs: dict[Candidate, int] = {k: n for k, n in runs.items() if k in self.held}
         """Runs of each candidate (2 once re-measured), stored ones included."""
-        self.stored = set(self.results) if self.study_record.name.startswith("autotune-") \
+        self.stored = set(self.held) if self.study_record.name.startswith("autotune-") \
             else set()
         """Candidates whose timing came from the local study store: a contender among them is
         re-measured once in this search (``confirm``), so a stale timing never picks alone."""
@@ -252,7 +258,7 @@ class _Search:
         hit): what a first launch peaks at. One out of memory is kept over one that fit."""
         self.drift: dict[Candidate, float] = {}
         """``SearchOutcome.drift``: candidates timed twice in this search, and how far apart."""
-        for key, result in [*self.probe_runs.items(), *self.results.items()]:
+        for key, result in [*self.probe_runs.items(), *self.held.items()]:
             self._note_cold(key, result)
         self.stage = "probe"
         self.start = time.perf_counter()
@@ -292,8 +298,8 @@ class _Search:
 
     def stages(self, classes: Sequence[Knobs]) -> None:
         self.stage = "stored"  # what the study holds, said before it answers the stages
-        for key, result in list(self.results.items()):
-            self._progress(key, classify(key, result, self.results, None, self.report,
+        for key, result in list(self.held.items()):
+            self._progress(key, classify(key, result, self.held, None, self.report,
                                          self.settings)[0])
         self.stage = "probe"
         first = sorted((c for c in classes if c.compile_mode in FIRST_MODES),
@@ -328,6 +334,7 @@ class _Search:
         if self._leader() != screened:  # the knobs were screened at another micro-batch
             self.stage = "knobs"
             self.screen(timing_only=True)
+        self._release_held()
         self.stage = "confirm"
         self.confirm()
         self.stage = "first launch"
@@ -348,7 +355,7 @@ class _Search:
             # A run already measured (a resumed study) costs nothing: the probe goes on as the
             # first search's did.
             if knobs == self.base or candidate(above) in self.results \
-                    or candidate(above) in self.probe_runs:
+                    or candidate(above) in self.held or candidate(above) in self.probe_runs:
                 return None
             return self._why_not_larger(candidate(fit))
 
@@ -1191,6 +1198,8 @@ class _Search:
         candidate = key = Candidate.of(spec)
         timed = spec.num_timed_steps > 0
         self.reached.add(key)
+        if key in self.held:  # asked for, as the search that ran it had
+            self.results[key] = self.held.pop(key)
         if key in self.results:  # a trial answers a memory probe too
             return self.results[key]
         if not timed and key in self.probe_runs:
@@ -1250,7 +1259,15 @@ class _Search:
                         "(stopped): best so far")
         return result
 
+    def _release_held(self) -> None:
+        """The stored runs this search did not ask for (another search's, in a shared study)
+        join the race: the confirm stage and the pick see every run the study holds."""
+        for key, result in self.held.items():
+            self.results.setdefault(key, result)
+        self.held.clear()
+
     def outcome(self, interrupted: bool, stop_reason: str) -> SearchOutcome:
+        self._release_held()  # a search stopped early picks from all it knows too
         if self.baseline is None:  # stopped while probing it: its largest fit timed so far
             self.baseline = self._known_baseline()
         if interrupted and backend_for(self.report.device.device).compile_in_peak:
