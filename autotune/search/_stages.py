@@ -582,8 +582,9 @@ class _Search:
         """Why checkpointing cannot win on the leader's setting, if it cannot: it recomputes
         each checkpointed block's forward, so at a micro-batch the setting fits without it, it
         runs no faster (in the committed oracles, checkpointed against not at the same
-        micro-batch: at most 1.01x on the quiet Xeon, and within the run-to-run noise
-        elsewhere: ``benchmarks/rule_checks.py`` (2)); it is worth a run only for a micro-batch
+        micro-batch: at most 1.01x in the Xeon causal LM's at 8-64, up to 1.10x at its
+        micro-batches 2 and 4 measured on a noisier day, at most 0.98x in the CNN's and the
+        masked LM's: ``benchmarks/rule_checks.py`` (2)); it is worth a run only for a micro-batch
         larger than the setting's largest fit. Where the setting's largest timed fit ``M`` is
         behind the leader (which runs a smaller micro-batch of it) by more than what a larger
         micro-batch can gain (``_why_not_larger``, the setting's own pair of timed
