@@ -365,10 +365,7 @@ class _Search:
             # load of its graphs, where the timed steps alone cost seconds.
             if may_be_largest or knobs.compile_mode == "off":
                 return may_be_largest
-            usable = self.report.usable_bytes()
-            fits = [c.micro_batch for c, r in [*self.probe_runs.items(), *self.results.items()]
-                    if c.knobs == knobs and r.fits(usable)]
-            return bool(fits) and micro_batch > max(fits)
+            return 0 < self._largest_fit(knobs) < micro_batch
 
         considered = [m for m in self.micro_batches if m > above]
         probe = probe_memory(
@@ -465,9 +462,7 @@ class _Search:
         usable = self.report.usable_bytes()
         # A fit under memory pressure (allocator retries) is no floor: there, freeing memory
         # can make a step faster.
-        fit = max((c.micro_batch for c, r in [*self.probe_runs.items(), *self.results.items()]
-                   if c.knobs == twin and r.fits(usable) and not r.num_alloc_retries),
-                  default=0)
+        fit = self._largest_fit(twin, calm=True)
         if not fit:  # nothing known to fit without it: the whole range is open
             self.probe(knobs)
             return
@@ -490,6 +485,14 @@ class _Search:
             if first.status == "ok" else f"{first.status})")
         self.skipped.append(f"{knobs.label()}: fits no micro-batch above {fit}{seen}, and is "
                             f"not tried at {fit} or below: {why}")
+
+    def _largest_fit(self, knobs: Knobs, *, calm: bool = False) -> int:
+        """The largest micro-batch of ``knobs`` known to fit (its probes' and timed runs'), 0
+        when none; ``calm``: only runs without allocator retries count."""
+        usable = self.report.usable_bytes()
+        return max((c.micro_batch for c, r in [*self.probe_runs.items(), *self.results.items()]
+                    if c.knobs == knobs and r.fits(usable)
+                    and not (calm and r.num_alloc_retries)), default=0)
 
     def _lower_peak(self, leader: Candidate, timed: Candidate) -> bool:
         """Whether memory binds the leader (a larger micro-batch exists that it does not run)
