@@ -347,6 +347,31 @@ def test_a_resumed_knob_search_takes_the_first_ones_path(tmp_path) -> None:
     assert again.probes == first.probes and again.skipped == first.skipped
 
 
+def test_a_resumed_search_interrupted_before_it_asked_for_every_stored_run_picks_from_all(
+        tmp_path) -> None:
+    # The second search on the study takes another path (--refine-within 0 walks every
+    # micro-batch) and is interrupted at its first new run, before it has asked for every
+    # stored run: the best so far is still picked from all the study holds.
+    settings = replace(SETTINGS, storage=f"sqlite:///{tmp_path / 'study.db'}", study_name="s")
+    speeds = by_class(100, 150, 160, 200, 300, 330)
+    memory = {"off": 1.0, "alternate": 0.9, "blocks": 0.8}
+    first = run_search(plan(), CLASSES, settings, values=VALUES,
+                       run=KnobDevice(speeds, ckpt_memory=memory))
+
+    class Interrupted(KnobDevice):
+        def __call__(self, spec: TrialSpec) -> TrialResult:
+            raise KeyboardInterrupt
+
+    again = run_search(plan(), CLASSES, replace(settings, refine_within=0.0), values=VALUES,
+                       run=Interrupted(speeds, ckpt_memory=memory))
+    assert again.interrupted and again.num_runs == 0
+    assert again.stop_reason == "interrupted (Ctrl-C): best so far"
+    keys = sorted(f"{r.knobs.label()}/{r.micro_batch}" for r in again.records)
+    assert keys == sorted(f"{r.knobs.label()}/{r.micro_batch}" for r in first.records)
+    assert tuned_config(plan(), again, settings).knobs == tuned_config(
+        plan(), first, settings).knobs
+
+
 def test_ctrl_c_during_a_run_fails_its_trial_and_keeps_the_rest(tmp_path) -> None:
     class Interrupted(ScriptedDevice):
         def __call__(self, spec: TrialSpec) -> TrialResult:
