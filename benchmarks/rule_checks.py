@@ -15,7 +15,10 @@ compiled setting bound by memory (a larger micro-batch did not fit) at the next 
 micro-batch against its largest fit: whether its walk down is worth a compile without a
 sibling's timed evidence; (9) checkpointing at a micro-batch above its setting's largest fit,
 against what that fit's own pair of micro-batches bounds a larger one to (``gain_ceiling``):
-whether a setting that got slower with its larger micro-batch can skip its checkpointing.
+whether a setting that got slower with its larger micro-batch can skip its checkpointing;
+(10) a compiled setting whose run at a micro-batch peaked over the usable budget (it ran, every
+time) against its largest fit below that: whether its probe can stop there, without compiling a
+smaller one, where that run is behind the best by more than ``--refine-within``.
 Run: ``python benchmarks/rule_checks.py``.
 """
 
@@ -333,6 +336,58 @@ def checkpointing_above_the_bound() -> None:
              if slower else ""))
 
 
+def compiled_below_over() -> None:
+    """The search does not probe a compiled setting below a run that peaked over the usable
+    budget (it ran) where that run is under ``--refine-within`` (0.90) of the leader: a
+    smaller compiled micro-batch only adds accumulation steps. Each compiled setting that ran
+    over the usable budget at a micro-batch and fit a smaller one, its largest such fit against
+    that run, CPU and GPU oracles, each distinct setting once; and where the run over the
+    budget was under 0.90 of its oracle's best, how near the best its fit below came."""
+    seen: set[tuple] = set()
+    found: list[tuple[float, float, float, str, str]] = []  # (fit / over, over share, fit share,
+    # file, setting)
+    for name, candidates in oracle_candidates():
+        fit: dict[str, dict[int, float]] = collections.defaultdict(dict)
+        over: dict[str, dict[int, float]] = collections.defaultdict(dict)
+        for c in candidates:
+            label = c["key"].rsplit("/", 1)[0]
+            fits = c.get("fits_usable", True) and c.get("ran_ok_every_time", True) \
+                and c.get("fits_first_launch", True) is not False
+            if fits and c.get("samples_per_s"):
+                fit[label][c["micro_batch"]] = c["samples_per_s"]
+            elif c.get("samples_per_s") and c.get("ran_ok_every_time", True) \
+                    and c.get("statuses") and all(st == "ok" for st in c["statuses"]):
+                over[label][c["micro_batch"]] = c["samples_per_s"]
+        best = max((s for by_mb in fit.values() for s in by_mb.values()), default=0.0)
+        for label, by_mb in over.items():
+            if label.split("+")[0].endswith("/off") or not best:
+                continue
+            m = min(by_mb)
+            below = [x for x in fit.get(label, {}) if x < m]
+            if not below:
+                continue
+            f = max(below)
+            key = (label, m, round(by_mb[m], 6), f, round(fit[label][f], 6))
+            if key in seen:
+                continue
+            seen.add(key)
+            found.append((fit[label][f] / by_mb[m], by_mb[m] / best, fit[label][f] / best,
+                          name, f"{label} {m}->{f}"))
+    if not found:
+        print("(10) no compiled setting ran over the usable budget above a fit")
+        return
+    skipped = [r for r in found if r[1] < 0.90]
+    top = max(found)
+    print(f"(10) compiled settings that ran over the usable budget at a micro-batch, their "
+          f"largest fit below it against that run: {len(found)} settings, faster by more than "
+          f"5% in {sum(r[0] > 1.05 for r in found)} (up to {top[0]:.2f}x: {top[4]} in "
+          f"{top[3]}); where the run over the budget was under 0.90 of the best (not probed "
+          f"below): {len(skipped)}, its fit below at most "
+          + (f"{max(r[2] for r in skipped):.2f}x the best "
+             f"({max(skipped, key=lambda r: r[2])[4]} in "
+             f"{max(skipped, key=lambda r: r[2])[3]})" if skipped else "-"))
+
+
 if __name__ == "__main__":
     found = walks()
     other_end(found)
@@ -344,3 +399,4 @@ if __name__ == "__main__":
     run_to_run()
     compiled_walk_down()
     checkpointing_above_the_bound()
+    compiled_below_over()
