@@ -88,6 +88,7 @@ def probe_memory(
     make_spec: Callable[[int, bool], TrialSpec] | None = None,
     ranks: int = 1,
     stop_above: Callable[[int, int], str | None] | None = None,
+    stop_below: Callable[[int, int], str | None] | None = None,
     known: Mapping[int, TrialResult] | None = None,
 ) -> MemoryProbe:
     """The largest candidate micro-batch whose real training step fits.
@@ -117,6 +118,11 @@ def probe_memory(
             larger micro-batch than the largest fit so far is tried, whether that is worth a
             run: a reason ends the probe there (its largest fit is then a lower bound, said
             in the probe's notes); None goes on.
+        stop_below: asked (the smallest micro-batch that ran but peaked over the usable
+            budget, the smaller micro-batch next), while nothing has fit, before a micro-batch
+            below such a run is tried, whether that is worth a run: a reason ends the probe
+            with nothing found to fit (said in its notes, "micro-batches below ..."); None
+            goes on.
         known: runs of this very setting measured before the probe (e.g. timed at the
             leader's micro-batch when a knob was screened), by micro-batch: their peaks are on
             the line from the start, so a boundary they already imply costs no run (a probe
@@ -163,6 +169,13 @@ def probe_memory(
             why = stop_above(fit, micro_batch)
             if why:
                 stopped = f"micro-batches above {fit} not probed: {why}"
+                return None
+        ran_over = [p.micro_batch for p in points if not p.fits and p.peak_bytes is not None]
+        if micro_batch is not None and stop_below is not None and not fit and ran_over \
+                and micro_batch < min(ran_over):
+            why = stop_below(min(ran_over), micro_batch)
+            if why:
+                stopped = f"micro-batches below {min(ran_over)} not probed: {why}"
                 return None
         return micro_batch
 

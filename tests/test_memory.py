@@ -175,3 +175,41 @@ def test_a_known_failure_at_the_hint_goes_on_as_its_run_would_have() -> None:
                          known={16: oom, 8: TrialResult(status="ok", peak_bytes=580 * MIB,
                                                         wall_s=1.0)})
     assert ran == [] and probe.max_micro_batch == 8 and probe.peak_bytes == 580 * MIB
+
+
+@pytest.mark.parametrize("answer", [None, "it cannot win"])
+def test_stop_below_is_asked_only_below_a_run_over_the_usable_budget_with_nothing_fit(
+        answer: str | None) -> None:
+    # 100 MiB + 28 a sample, cap 1000 (usable 900): 32 runs but peaks at 996, over the usable;
+    # 16 fits (548). Asked before 16 (nothing fit yet, below a run over the usable), a reason
+    # ends the probe with nothing found to fit, said in its notes; None probes on.
+    asked: list[tuple[int, int]] = []
+
+    def stop_below(over: int, below: int) -> str | None:
+        asked.append((over, below))
+        return answer
+
+    ran: list[int] = []
+    probe = probe_memory(TINY, "cpu", FP32, divisors(64), budget_bytes=1000 * MIB,
+                         usable_bytes=900 * MIB, hint=32,
+                         run=_scripted(lambda m: 100 + 28 * m, 1000, ran),
+                         stop_below=stop_below)
+    assert asked == [(32, 16)]
+    if answer is None:
+        assert ran == [32, 16] and probe.max_micro_batch == 16
+        assert probe.notes == ()
+    else:
+        assert ran == [32] and probe.max_micro_batch == 0 and probe.peak_bytes is None
+        assert probe.notes == ("micro-batches below 32 not probed: it cannot win",)
+
+
+def test_stop_below_is_not_asked_below_an_out_of_memory_or_once_a_micro_batch_fits() -> None:
+    # 64 ends out of memory (a failure says nothing of speed): the smaller ones are probed
+    # unasked, and nothing below a fit is asked about either.
+    asked: list[tuple[int, int]] = []
+    ran: list[int] = []
+    probe = probe_memory(TINY, "cpu", FP32, divisors(64), budget_bytes=1000 * MIB,
+                         usable_bytes=900 * MIB, hint=64,
+                         run=_scripted(lambda m: 100 + 20 * m, 1000, ran),
+                         stop_below=lambda over, below: asked.append((over, below)) or "no")
+    assert ran[0] == 64 and probe.max_micro_batch == 32 and asked == []

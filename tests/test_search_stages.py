@@ -204,6 +204,43 @@ def test_a_class_far_behind_is_not_probed_above_its_first_fit() -> None:
         "1.35 GiB, over the 1000.00 MiB cap",)
 
 
+def test_a_compiled_class_far_behind_over_the_budget_is_not_probed_below_it() -> None:
+    # fp32/default peaks 28 MiB a sample: at the hint 32 (the eager boundary) it runs, but its
+    # 996 MiB are over the 900 usable. It ran 150 samples/s there, half the leader's 300: a
+    # smaller micro-batch of compiled code only adds accumulation steps, so 16 is not compiled
+    # to find its fit. Its probe is not listed as fitting nothing: the reason is said instead.
+    over = lambda m: 100 + 28 * m  # noqa: E731
+    device = ScriptedDevice(by_class(100, 150, 160, 200, 300, 330), peaks={"fp32/default": over})
+    outcome, records = search(device)
+    assert [r for r in device.runs() if r.startswith("fp32/default/")] == ["fp32/default/32"]
+    assert records["fp32/default/32"].verdict == "over_budget"
+    assert "fp32/default" not in {p.knobs.label() for p in outcome.probes}
+    assert ("fp32/default: micro-batches below 32 not probed: at 32 it ran 150.0 samples/s "
+            "(over the usable budget), 0.50x the leader's (bf16/default/32), under the 0.90 "
+            "that refinement needs (--refine-within) by more than the noise (5%); a smaller "
+            "micro-batch of a compiled setting only adds accumulation steps (time per "
+            "micro-batch linear in its size, plus one update per step), at the cost of a "
+            "compile of its own") in outcome.skipped
+    winner = pick_winner_record(outcome)
+    assert winner is not None and winner.knobs.label() == "bf16/max-autotune"
+
+
+@pytest.mark.parametrize("speeds, label", [
+    ((100, 285, 160, 200, 300, 330), "fp32/default"),  # 0.95x the leader: it could win
+    ((100, 150, 160, 200, 300, 330), "bf16/off"),  # eager: no compile, and cache effects
+    ((300, 150, 160, 100, 300, 330), "bf16/off"),  # eager, though far behind the leader
+])
+def test_a_class_over_the_budget_near_the_leader_or_eager_is_probed_below_it(
+        speeds: tuple[float, ...], label: str) -> None:
+    device = ScriptedDevice(by_class(*speeds), peaks={label: lambda m: 100 + 28 * m})
+    outcome, records = search(device)
+    assert records[f"{label}/32"].verdict == "over_budget"
+    assert f"{label}/16" in device.runs()
+    probe = next(p for p in outcome.probes if p.knobs.label() == label)
+    assert probe.max_micro_batch == 16
+    assert not any("micro-batches below" in s for s in outcome.skipped)
+
+
 def test_other_compile_modes_only_for_a_precision_near_the_leader() -> None:
     device = ScriptedDevice(by_class(100, 150, 160, 200, 300, 330))
     outcome, records = search(device)

@@ -5,7 +5,9 @@
    fitting micro-batch is usually timed by the run that found it (bisection points only
    measure memory, but for a compiled setting's above its largest fit so far: timed apart,
    it would load its graphs again). A failure the line through the fitting peaks puts over
-   the cap is not run to confirm it.
+   the cap is not run to confirm it. A compiled setting whose first run peaked over the usable
+   budget, behind the leader by more than refinement allows, is not probed below it: a
+   smaller micro-batch only adds accumulation steps, at a compile each (``_why_not_below``).
 2. For each precision whose best is near the leader's, probe the other compile modes (kernel
    autotuning, CUDA graphs): a refinement of ``default`` that rarely gains more than the gap.
 3. Screen each further knob (checkpointing, optimizer implementation, memory format,
@@ -359,6 +361,12 @@ class _Search:
                 return None
             return self._why_not_larger(candidate(fit))
 
+        def stop_below(over: int, below: int) -> str | None:
+            if knobs == self.base or candidate(below) in self.results \
+                    or candidate(below) in self.held or candidate(below) in self.probe_runs:
+                return None
+            return self._why_not_below(candidate(over))
+
         def timed(micro_batch: int, may_be_largest: bool) -> bool:
             # A compiled setting's probe above its largest fit so far times its config too:
             # should it fit, timing it in a run of its own costs another child and another
@@ -374,12 +382,16 @@ class _Search:
             timeout_s=self.settings.timeout_s,
             hint=considered[0] if above else hint_for(knobs, self.probes.values()),
             run=self.measure, on_step=self._on_step, stop_above=stop_above,
+            stop_below=stop_below,
             make_spec=lambda m, largest: self.spec(candidate(m), timed=timed(m, largest)),
             known={c.micro_batch: r for c, r in [*self.probe_runs.items(), *self.results.items()]
                    if c.knobs == knobs and c in self.reached})
         self.probes[knobs] = probe
         self.skipped += [f"{knobs.label()}: {n}" for n in probe.notes
-                         if n.startswith("micro-batches above")]
+                         if n.startswith(("micro-batches above", "micro-batches below"))]
+        if not probe.max_micro_batch and any(n.startswith("micro-batches below")
+                                             for n in probe.notes):
+            del self.probes[knobs]  # its smaller micro-batches were never tried: not "none"
         if probe.max_micro_batch:
             self.measure(self.spec(candidate(probe.max_micro_batch)))  # reused when timed
         return probe
@@ -660,6 +672,38 @@ class _Search:
                 f"{ratio:.2f}x, spread over more samples), {sps * ceiling:,.1f} samples/s: "
                 f"behind by more than the noise ({noise:.0%})")
 
+    def _why_not_below(self, over: Candidate) -> str | None:
+        """Why a compiled setting's micro-batches below ``over`` (a run that peaked over the
+        usable budget, while nothing smaller has fit yet) cannot win, if they cannot: ``over``
+        ran behind the leader by more than refinement allows (``--refine-within``), even at
+        the top of its interval, and a smaller micro-batch of a compiled setting only adds
+        accumulation steps (time per micro-batch linear in its size, plus one update per
+        step), each at a compile of its own. In the committed oracles, of 35 compiled
+        settings that ran over the usable budget above a fit, the fit below beat that run by
+        more than 5% in 2 (up to 1.16x); of the 15 whose run over the budget was under 0.90 of
+        the best, the fit below came to at most 0.95x of it (``benchmarks/rule_checks.py``
+        (10)): the pick is not among them. None: probe on (an eager setting, whose smaller
+        micro-batch can stay in cache and costs no compile; ``over`` not timed, under memory
+        pressure, or near the leader; every micro-batch timed: ``--micro-batches all``)."""
+        leader, result = self._leader(), self.results.get(over)
+        if over.knobs.compile_mode == "off" or leader is None or result is None \
+                or not result.ok or result.num_alloc_retries or self.settings.train_steps \
+                or not self.settings.micro_batches_per_class \
+                or len(result.step_times_s) < MIN_STEPS_TO_STOP:
+            return None
+        sps, top = result.samples_per_s(), self._score(leader, full=True)
+        if not sps or not top:
+            return None
+        noise = self._noise(over, leader)
+        if sps * (1 + noise) >= top * self.settings.refine_within:
+            return None
+        return (f"at {over.micro_batch} it ran {sps:,.1f} samples/s (over the usable budget), "
+                f"{sps / top:.2f}x the leader's ({leader.key()}), under the "
+                f"{self.settings.refine_within:.2f} that refinement needs (--refine-within) by "
+                f"more than the noise ({noise:.0%}); a smaller micro-batch of a compiled setting "
+                "only adds accumulation steps (time per micro-batch linear in its size, plus "
+                "one update per step), at the cost of a compile of its own")
+
     def _why_not_free(self, leader: Candidate) -> str | None:
         """Why freeing memory cannot help the leader, if it cannot: it already runs the whole
         per-device batch without allocator retries (a measured fact, said with its peak)."""
@@ -737,7 +781,7 @@ class _Search:
         cache) shows as allocator retries at its best, as its own walk getting faster, or as a
         sibling timed faster at ``micro_batch``. Without any it is not walked: in the committed
         oracles a compiled setting bound by memory beat its largest fit with the next smaller
-        micro-batch by more than 10% in 3 of 56 settings, none of them within 0.90 of the best
+        micro-batch by more than 10% in 3 of 92 settings, none of them within 0.90 of the best
         (``benchmarks/rule_checks.py`` (8)). The leader's eager setting is always walked (the
         pick is decided there, and an eager step costs no compile). A setting under memory
         pressure (allocator retries at its best) or the objective with compile time is not
@@ -792,8 +836,8 @@ class _Search:
 
         A compiled setting (the leader's too) pays a compile of its own for that run, and in
         the committed oracles a compiled setting's smallest micro-batch beat its walked best
-        once in 135 walks (by 1.10x, where its line said 0.82x), never where its line
-        predicted a tie (3 walks) or a gain (2), while eager ones did 32 times in 201, by up to
+        once in 165 walks (by 1.10x, where its line said 0.82x), never where its line
+        predicted a tie (3 walks) or a gain (2), while eager ones did 32 times in 225, by up to
         2.4x (``benchmarks/rule_checks.py`` (5)): it is timed only where the line predicts it
         ahead by more than the noise and by more than that prediction's own interval (each
         timed point's error carried along the line: ``timing.prediction_halfwidth``), not for
