@@ -1227,6 +1227,37 @@ def pick_winner_record(outcome):
     return pick_winner(outcome.records, SETTINGS)
 
 
+def test_checkpointing_out_as_a_first_launch_is_not_timed_where_its_setting_fits_without_it(
+        ) -> None:
+    # Memory binds at 32 (740 MiB; 64 needs 1380), and 64 runs twice as fast per sample:
+    # checkpointing (blocks keeps 55% of the per-sample memory, alternate 60%) fits 64 with
+    # its graphs loaded from the cache (804, 868 MiB) and leads there. Compiling afresh adds
+    # 150 MiB: as a first launch neither fits 64 (954, 1018). Each is out in turn; below it,
+    # at 32, its setting fits without it as a first launch (its own first run compiled
+    # afresh: 890 MiB), so the checkpointed 32 is not compiled and timed (it recomputes: no
+    # faster there, a lead only noise), and the reason says so.
+    device = CompileCacheDevice(KnobDevice(
+        by_class(100, 150, 160, 200, 300, 330),
+        shape=lambda m: {64: 2.0}.get(m, 1 - 0.1 * math.log2(32 / m)),
+        ckpt_memory={"off": 1.0, "alternate": 0.6, "blocks": 0.55}), compile_mib=150)
+    device.cached = {(k.graph().with_(checkpointing=c), m) for k in CLASSES
+                     for c in ("blocks", "alternate") for m in (1, 2, 4, 8, 16, 32, 64)}
+    outcome, records = cpu_search(device, values={"checkpointing": ("off", "blocks",
+                                                                    "alternate")})
+    leader = "bf16/max-autotune"
+    assert device.cold_runs() == [f"{leader}+ckpt=alternate/64", f"{leader}+ckpt=blocks/64"]
+    assert not any(s.knobs.checkpointing != "off" and s.micro_batch <= 32
+                   for s in device.specs)
+    for value in ("alternate", "blocks"):
+        assert records[f"{leader}+ckpt={value}/64"].reason.startswith("fits only when")
+        assert (f"{leader}+ckpt={value}/32 not timed (below {leader}+ckpt={value}/64, out as "
+                f"a first launch): checkpointing recomputes, so it runs no faster where "
+                f"{leader} fits without it ({leader}/32 fits, compiled afresh as a first "
+                "launch compiles it, without allocator retries)") in outcome.skipped
+    winner = pick_winner_record(outcome)
+    assert (winner.knobs.label(), winner.micro_batch) == (leader, 32)
+
+
 def test_a_first_launch_out_of_memory_rules_out_each_leader_until_one_fits() -> None:
     # Warm, the fused optimizer (1.1x) on bf16/max-autotune at 32 leads; the optimizer runs
     # eager, so its graphs are the setting's own, all in the cache. Compiled afresh they run

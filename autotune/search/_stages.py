@@ -45,10 +45,12 @@
    winner runs once more, every step, with an empty cache of its own; if that does not fit,
    it is out, with the reason, and the next winner is checked the same way. Where the out
    winner was ahead of that next one, its setting's next smaller micro-batch (its boundary as
-   a first launch, and not walked in stage 4) is timed first, compiled afresh. That run is not
-   needed where a run of the same graphs (``Knobs.graph``) at its micro-batch compiled them
-   afresh and fit with room to spare: compiling adds to the winner's own peak at most what
-   that whole run peaked at, so the two peaks' sum within the usable budget settles it.
+   a first launch, and not walked in stage 4) is timed first, compiled afresh (not for a
+   checkpointed one where its setting fits that micro-batch without it as a first launch).
+   That run is not needed where a run of the same graphs (``Knobs.graph``) at its micro-batch
+   compiled them afresh and fit with room to spare: compiling adds to the winner's own peak at
+   most what that whole run peaked at, so the two peaks' sum within the usable budget settles
+   it.
 
 What is not tried is said, with the measured reason, in the outcome's ``skipped``.
 """
@@ -1015,7 +1017,10 @@ class _Search:
         that ran already. Its boundary as a first launch may be there, and stage 4 walks a
         compiled setting down only on evidence that a smaller micro-batch can gain. Only where
         it could still win: a smaller micro-batch adds accumulation steps, so the out winner's
-        speed bounds it, and the next pick must be behind that."""
+        speed bounds it, and the next pick must be behind that. A checkpointed setting is not
+        timed where its setting without checkpointing fits as a first launch
+        (``_recompute_floor``): it recomputes, so there it runs no faster, and a lead it shows
+        there is noise."""
         smaller = [m for m in self.micro_batches if m < out.micro_batch]
         if not smaller or not speed:
             return
@@ -1023,7 +1028,34 @@ class _Search:
         after = self._winner()
         if key in self.results or (after is not None and (self._score(after) or 0.0) >= speed):
             return
+        floor = self._recompute_floor(out.knobs)
+        if floor >= key.micro_batch:
+            twin = out.knobs.with_(checkpointing="off")
+            self.skipped.append(
+                f"{key.key()} not timed (below {out.key()}, out as a first launch): "
+                f"checkpointing recomputes, so it runs no faster where {twin.label()} fits "
+                f"without it ({twin.label()}/{floor} fits, compiled afresh as a first launch "
+                "compiles it, without allocator retries)")
+            return
         self.measure(replace(self.spec(key, early_stop=False), cold_compile=True))
+
+    def _recompute_floor(self, knobs: Knobs) -> int:
+        """For a checkpointed setting, the largest micro-batch its setting without checkpointing
+        is known to fit as a user's first launch runs it: a timed run without allocator
+        retries within the usable budget that, compiled, also fit with its graphs compiled
+        afresh (``self.cold``; eager code compiles nothing). 0: none known, or ``knobs`` does
+        not checkpoint."""
+        if knobs.checkpointing == "off":
+            return 0
+        twin, usable = knobs.with_(checkpointing="off"), self.report.usable_bytes()
+
+        def first_launch_fits(key: Candidate) -> bool:
+            cold = self.cold.get(key)
+            return key.knobs.compile_mode == "off" or (cold is not None and cold.fits(usable))
+
+        return max((c.micro_batch for c, r in self.results.items()
+                    if c.knobs == twin and r.fits(usable) and r.step_times_s
+                    and not r.num_alloc_retries and first_launch_fits(c)), default=0)
 
     def _sibling_bound(self, key: Candidate) -> tuple[int, int, Candidate] | None:
         """Where a run of the same graphs (another optimizer implementation on its setting)
