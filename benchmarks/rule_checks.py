@@ -156,6 +156,13 @@ def oracle_candidates():
                 yield Path(path).name, step["candidates"]
 
 
+def fits_everywhere(c: dict) -> bool:
+    """An oracle candidate that fit: within the usable budget, every run ok, and (compiled
+    on CPU) also as a first launch compiles it."""
+    return bool(c.get("fits_usable", True) and c.get("ran_ok_every_time", True)
+                and c.get("fits_first_launch", True) is not False)
+
+
 def compile_gain() -> None:
     """A rule proposed for the GPU search (a compiled class probed for 34 s of 162, its eager
     twin at 0.11x the leader): skip a compiled class whose eager twin is under 1/C of the
@@ -258,8 +265,7 @@ def compiled_walk_down() -> None:
         over: dict[str, set[int]] = collections.defaultdict(set)
         for c in candidates:
             label = c["key"].rsplit("/", 1)[0]
-            fits = c.get("fits_usable", True) and c.get("ran_ok_every_time", True) \
-                and c.get("fits_first_launch", True) is not False
+            fits = fits_everywhere(c)
             if fits and c.get("samples_per_s"):
                 speed[label][c["micro_batch"]] = c["samples_per_s"]
             elif c.get("statuses"):
@@ -300,8 +306,7 @@ def checkpointing_above_the_bound() -> None:
         speed: dict[str, dict[int, float]] = collections.defaultdict(dict)
         per_device = {}
         for c in candidates:
-            fits = c.get("fits_usable", True) and c.get("ran_ok_every_time", True) \
-                and c.get("fits_first_launch", True) is not False
+            fits = fits_everywhere(c)
             if fits and c.get("samples_per_s") and c.get("accumulate_steps"):
                 label = c["key"].rsplit("/", 1)[0]
                 speed[label][c["micro_batch"]] = c["samples_per_s"]
@@ -351,8 +356,7 @@ def compiled_below_over() -> None:
         over: dict[str, dict[int, float]] = collections.defaultdict(dict)
         for c in candidates:
             label = c["key"].rsplit("/", 1)[0]
-            fits = c.get("fits_usable", True) and c.get("ran_ok_every_time", True) \
-                and c.get("fits_first_launch", True) is not False
+            fits = fits_everywhere(c)
             if fits and c.get("samples_per_s"):
                 fit[label][c["micro_batch"]] = c["samples_per_s"]
             elif c.get("samples_per_s") and c.get("ran_ok_every_time", True) \
