@@ -336,6 +336,7 @@ def test_gpu_suite_refuses_a_search_from_file_that_is_no_suite_result(tmp_path, 
 
 @pytest.mark.subprocess
 @pytest.mark.slow
+@pytest.mark.timeout(660)  # the suite's own limit is 600 s; alone it takes 2-4 minutes here
 def test_gpu_suite_rehearses_every_step_on_the_cpu(tmp_path):
     """Every step of the GPU suite runs its real code (tiny models, CPU): a GPU call is scarce,
     so the suite must not first meet a Python error there."""
