@@ -355,19 +355,18 @@ class _Search:
         def candidate(micro_batch: int) -> Candidate:
             return Candidate(knobs=knobs, micro_batch=micro_batch)
 
+        def free(micro_batch: int) -> bool:
+            # The baseline always finds its boundary; a run already measured (a resumed study)
+            # costs nothing: the probe goes on as the first search's did.
+            key = candidate(micro_batch)
+            return knobs == self.base or key in self.results or key in self.held \
+                or key in self.probe_runs
+
         def stop_above(fit: int, above: int) -> str | None:
-            # A run already measured (a resumed study) costs nothing: the probe goes on as the
-            # first search's did.
-            if knobs == self.base or candidate(above) in self.results \
-                    or candidate(above) in self.held or candidate(above) in self.probe_runs:
-                return None
-            return self._why_not_larger(candidate(fit))
+            return None if free(above) else self._why_not_larger(candidate(fit))
 
         def stop_below(over: int, below: int) -> str | None:
-            if knobs == self.base or candidate(below) in self.results \
-                    or candidate(below) in self.held or candidate(below) in self.probe_runs:
-                return None
-            return self._why_not_below(candidate(over))
+            return None if free(below) else self._why_not_below(candidate(over))
 
         def timed(micro_batch: int, may_be_largest: bool) -> bool:
             # A compiled setting's probe above its largest fit so far times its config too:
