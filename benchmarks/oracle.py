@@ -238,7 +238,8 @@ def run_oracle(workload: WorkloadSpec, device: str, per_device: int,
     Past ``deadline_s`` seconds no new run starts (the GPU suite's time box): what did not
     run has no runs. ``stored``: runs of an earlier oracle on the same machine, by candidate
     key (``stored_runs``): a pass that has one for a candidate takes it instead of running
-    (an oracle extended over several sessions, e.g. to smaller micro-batches).
+    (an oracle extended over several sessions, e.g. to smaller micro-batches); stored runs
+    of passes beyond ``repeats`` are kept too (no run starts for them).
 
     Returns:
         The candidates with their runs, and the oracle's wall time in seconds (stored runs'
@@ -301,6 +302,9 @@ def run_oracle(workload: WorkloadSpec, device: str, per_device: int,
     for rep in range(1, repeats):
         for cand in (reversed(ran) if rep % 2 else ran):
             one(cand, f"pass {rep + 1}")
+    for cand in ran:  # a stored pass beyond ``repeats`` is kept: its runs are measurements
+        while len((stored or {}).get(cand.key(), ())) > len(cand.runs):
+            one(cand, f"pass {len(cand.runs) + 1}")
     return candidates, time.perf_counter() - start + reused[0]
 
 

@@ -281,9 +281,25 @@ def search_runs(result: SearchResult) -> dict:
             "num_calibration_runs": calibration}
 
 
-def stored_oracle(name: str, bench: Bench, target: int) -> tuple[dict, dict, str]:
-    """An earlier results file's oracle for this workload (``--oracle-from``): its runs by
-    candidate key, what it left out by setting label, and where it came from."""
+def stored_oracle(names: str, bench: Bench, target: int) -> tuple[dict, dict, str]:
+    """Earlier results files' oracles for this workload (``--oracle-from``, names separated
+    by commas): their runs by candidate key (where several hold one, the one with more runs:
+    e.g. a two-pass oracle, and its extension to smaller micro-batches run once), what they
+    left out by setting label, and where they came from."""
+    runs: dict = {}
+    left_out: dict = {}
+    sources = []
+    for name in names.split(","):
+        some, out, source = _stored_oracle(name.strip(), bench, target)
+        for key, these in some.items():
+            if len(these) > len(runs.get(key, ())):
+                runs[key] = these
+        left_out.update(out)
+        sources.append(source)
+    return runs, left_out, ", ".join(sources)
+
+
+def _stored_oracle(name: str, bench: Bench, target: int) -> tuple[dict, dict, str]:
     path = HERE / "results" / f"{name}.json"
     try:
         out = json.loads(path.read_text())
@@ -420,6 +436,7 @@ def bench_workload(bench: Bench, info: DeviceInfo, *, target: int, passes: int, 
                   "num_lean_duplicates": sum(n for why, n in excluded.items()
                                              if why.startswith("lean:"))},
         "oracle": {"wall_s": oracle_s, "first_pass_s": sum(first_pass),
+                   "passes": max((len(c.runs) for c in candidates), default=0),
                    "num_runs": sum(len(c.runs) for c in candidates),
                    "num_first_pass_runs": len(first_pass),
                    "candidates": [{**c.summary(target, usable), "fits_first_launch":
@@ -546,7 +563,11 @@ def render_knobs(out: dict) -> str:
         f"Shared 2-core VM: {out.get('concurrency') or 'other jobs may have run at the same time'}"
         f". Every oracle candidate ran in {passes} pass(es)"
         + (" (interleaved: the second in reverse order), its best median kept" if passes > 1
-           else "") + f". {ORACLE_NOTE}."
+           else "")
+        + ("; the stored runs (--oracle-from) keep their later passes, best median kept: "
+           "pass 2 below is theirs alone" if any(r["oracle"].get("passes", passes) > passes
+                                                for r in out["rows"]) else "")
+        + f". {ORACLE_NOTE}."
         + (" Space `lean`: also without exact duplicates of another setting's run on this "
            "device (counted below)." if out["space"] == "lean" else "")
         + (f" Oracle micro-batches from {out['min_micro_batch']} only (plus the tuned one): "
@@ -580,15 +601,16 @@ def render_knobs(out: dict) -> str:
               "search cost <= 0.10 of one exhaustive pass.", ""]
     if any(r["search"].get("cost") for r in out["rows"]):  # results before issue 18 lack it
         lines += cost_table(out)
+    judged = max([passes, *(r["oracle"].get("passes", passes) for r in out["rows"])])
     lines += ["Pick quality of the tuned config in each oracle pass alone"
               + (", and the oracle's own pick judged by its other pass (its pass-1 winner's "
                  "throughput in pass 2 over pass 2's best, and the reverse): an exhaustive "
-                 "search that times each candidate once is only as good as that" if passes > 1
+                 "search that times each candidate once is only as good as that" if judged > 1
                  else "") + ".", "",
               "| workload | pick quality per pass | oracle's own pick judged by its other pass |",
               "|---|---:|---:|"]
     for r in out["rows"]:
-        pp = per_pass(r, passes)
+        pp = per_pass(r, judged)
 
         def fmt(values: list) -> str:
             return ", ".join(f"{v:.2f}" if v is not None else "-" for v in values) or "-"
@@ -765,8 +787,9 @@ def main() -> None:
         "in the output: the oracle is then not exhaustive below it)"))
     parser.add_argument("--oracle-from", metavar="NAME", help=(
         "reuse the oracle runs of results/NAME.json (same workload, target and cap, this "
-        "machine) and run only the candidates it lacks, e.g. with a lower --min-micro-batch; "
-        "the search still runs afresh"))
+        "machine; several names separated by commas: per candidate, the file with more runs) "
+        "and run only the candidates it lacks, e.g. with a lower --min-micro-batch; stored "
+        "runs of passes beyond --passes are kept; the search still runs afresh"))
     parser.add_argument("--side-by-side", type=int, default=0, metavar="ROUNDS", help=(
         "after the oracle, run the tuned config and the oracle's two best that fit in "
         "ROUNDS interleaved rounds (a fresh child each, same spec): pick quality without "

@@ -14,6 +14,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
+import search_quality  # noqa: E402
 from oracle import (  # noqa: E402
     OracleCandidate,
     first_launch_fits,
@@ -26,6 +27,7 @@ from oracle import (  # noqa: E402
     timing_spec,
 )
 from search_quality import (  # noqa: E402
+    BY_SHORT,
     default_settings,
     exclusion,
     largest_fits,
@@ -33,6 +35,7 @@ from search_quality import (  # noqa: E402
     render,
     search_settings,
     side_by_side_table,
+    stored_oracle,
 )
 
 from autotune.config import DeviceInfo, Knobs, ProbeReport, TrialResult, WorkloadSpec  # noqa: E402
@@ -164,6 +167,67 @@ def test_an_oracle_extended_from_stored_runs_runs_only_what_they_lack():
         assert (c.best_median_s(), c.fits_usable(1000)) == (want["best_median_s"],
                                                             want["fits_usable"])
         assert [r.wall_s for r in c.runs] == want["wall_s"]
+
+
+def test_an_oracle_run_once_over_a_stored_two_pass_oracle_keeps_its_second_pass():
+    """--passes 1 over stored runs of two passes: the candidates stored keep both runs (their
+    first-launch fit and best median read as measured then), no run starts for pass 2, and
+    the one candidate not stored runs once."""
+    def run(spec):
+        ran.append((spec.knobs.label(), spec.micro_batch))
+        return TrialResult(status="ok", step_times_s=(0.5, 0.4, 0.6), peak_bytes=300,
+                           wall_s=3.0, samples_per_step=8)
+
+    space = {("fp32", "off"): [1, 2, 4, 8]}
+    ran: list = []
+    first, _ = run_oracle(WorkloadSpec(), "cpu", 8, space, budget_bytes=2**20, run=run,
+                          log=lambda s: None)
+    stored = {c.key(): stored_runs(c.summary(8, 1000)) for c in first
+              if c.micro_batch != 1}
+    ran = []
+    again, _ = run_oracle(WorkloadSpec(), "cpu", 8, space, budget_bytes=2**20, run=run,
+                          repeats=1, log=lambda s: None, stored=stored)
+    assert ran == [("fp32/off", 1)]
+    assert {c.key(): len(c.runs) for c in again} == {
+        "fp32/off/1": 1, "fp32/off/2": 2, "fp32/off/4": 2, "fp32/off/8": 2}
+
+
+def test_oracle_from_several_files_takes_per_candidate_the_one_with_more_runs(
+        tmp_path, monkeypatch):
+    """--oracle-from A,B: a two-pass oracle at 4-8 and its one-pass extension at 2 (which
+    holds 4-8 once, as reused there): 2 comes from B, 4 and 8 with both of A's runs; what
+    either left out is left out; a file measured on another CPU is refused."""
+    bench = BY_SHORT["slow_bert"]
+
+    def cand(mb: int, runs: int) -> dict:
+        return OracleCandidate(knobs=BASELINE, micro_batch=mb, runs=[TrialResult(
+            status="ok", step_times_s=(0.5,) * 3, peak_bytes=300, wall_s=3.0)] * runs
+        ).summary(64, 1000) | {"excluded": "", "label": BASELINE.label()}
+
+    here = {"cpu_model": "this CPU", "cpus": 2, "date": "today"}
+
+    def write(name: str, candidates: list[dict], cpu: str | None = None) -> None:
+        out = {"machine": {**here, "cpu_model": cpu or here["cpu_model"]},
+               "rows": [{"short": bench.short, "target_batch": 64,
+                         "budget_bytes": bench.budget_bytes,
+                         "oracle": {"candidates": candidates}}]}
+        (tmp_path / "results" / f"{name}.json").write_text(json.dumps(out))
+
+    (tmp_path / "results").mkdir()
+    monkeypatch.setattr(search_quality, "HERE", tmp_path)
+    monkeypatch.setattr(search_quality, "machine", lambda: here)
+    skipped = {**cand(16, 0), "key": "fp32/off+ckpt=blocks/16", "statuses": [],
+               "label": "fp32/off+ckpt=blocks", "excluded": "why not"}
+    write("A", [cand(4, 2), cand(8, 2), skipped])
+    write("B", [cand(2, 1), cand(4, 1), cand(8, 1)])
+    runs, left_out, source = stored_oracle("A, B", bench, 64)
+    assert {k: len(v) for k, v in runs.items()} == {
+        "fp32/off/2": 1, "fp32/off/4": 2, "fp32/off/8": 2}
+    assert left_out == {"fp32/off+ckpt=blocks": "why not"}
+    assert source.count(".json") == 2
+    write("C", [cand(2, 1)], cpu="another CPU")
+    with pytest.raises(SystemExit, match="measured on another CPU"):
+        stored_oracle("A,C", bench, 64)
 
 
 def test_side_by_side_interleaves_the_contenders_and_a_busy_round_weighs_on_all_alike():
