@@ -18,7 +18,11 @@ against what that fit's own pair of micro-batches bounds a larger one to (``gain
 whether a setting that got slower with its larger micro-batch can skip its checkpointing;
 (10) a compiled setting whose run at a micro-batch peaked over the usable budget (it ran, every
 time) against its largest fit below that: whether its probe can stop there, without compiling a
-smaller one, where that run is behind the best by more than ``--refine-within``.
+smaller one, where that run is behind the best by more than ``--refine-within``; (11) whether a
+compiled run that loads its graphs from inductor's cache runs slower than one that compiled
+them afresh: an oracle's pass 2 loads every compiled candidate from the cache, so pass 1 over
+pass 2 medians are compared between candidates that compiled afresh in pass 1 and those that
+loaded the cache there too (a slower cache shows as a lower ratio for the first).
 Run: ``python benchmarks/rule_checks.py``.
 """
 
@@ -392,6 +396,30 @@ def compiled_below_over() -> None:
              f"{max(skipped, key=lambda r: r[2])[3]})" if skipped else "-"))
 
 
+def cached_against_afresh() -> None:
+    """(11): per two-pass oracle (each once), compiled candidates ok in both passes with cache
+    counts, the median of pass 1's median step time over pass 2's, for those whose pass-1 run
+    compiled afresh (no cache hit) and those whose pass-1 run loaded the cache as well."""
+    seen: set[tuple] = set()
+    print("(11) compiled candidates, pass 1 over pass 2 median step time (pass 2 loads the "
+          "cache): pass 1 compiled afresh against pass 1 from the cache too")
+    for name, row in rows("search_quality*.json"):
+        split: dict[bool, list[float]] = {True: [], False: []}
+        for c in row["oracle"]["candidates"]:
+            hits, medians = c.get("cache_hits") or [], c.get("medians_s") or []
+            if c["compile_mode"] == "off" or len(hits) < 2 or None in hits[:2] \
+                    or c["statuses"][:2] != ["ok", "ok"] or not all(medians[:2]):
+                continue
+            split[hits[0] == 0].append(medians[0] / medians[1])
+        key = tuple(sorted(round(r, 9) for r in split[True] + split[False]))
+        if not (split[True] and split[False]) or key in seen:
+            continue
+        seen.add(key)
+        print(f"    {name} ({row['workload']}): afresh {len(split[True])}, median "
+              f"{statistics.median(split[True]):.3f}; from the cache {len(split[False])}, "
+              f"median {statistics.median(split[False]):.3f}")
+
+
 if __name__ == "__main__":
     found = walks()
     other_end(found)
@@ -404,3 +432,4 @@ if __name__ == "__main__":
     compiled_walk_down()
     checkpointing_above_the_bound()
     compiled_below_over()
+    cached_against_afresh()

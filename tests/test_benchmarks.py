@@ -616,3 +616,29 @@ def test_rule_check_9_bounds_checkpointing_above_its_settings_largest_fit(
         "(at most 1.10x: bf16/default+ckpt=alternate/64 in a.json); where the setting got "
         "slower with its larger micro-batch (the search's case): 2, over it by more than 5% "
         "in 1, at most 1.10x (bf16/default+ckpt=alternate/64 in a.json)\n"), out
+
+
+def test_rule_check_11_compares_runs_compiled_afresh_with_runs_from_the_cache(
+        monkeypatch, capsys) -> None:
+    # Pass 1 over pass 2: the two candidates compiled afresh in pass 1 ran 0.90 and 1.00 of
+    # pass 2 (median 0.95), the three from the cache 1.0, 1.1, 1.2 (median 1.1). An eager
+    # candidate, one without cache counts, one not ok twice are not counted; the same oracle
+    # in a second file counts once; a file with only one kind prints nothing.
+    import rule_checks
+
+    def c(mode: str, hits: list, medians: list, statuses=("ok", "ok")) -> dict:
+        return {"compile_mode": mode, "cache_hits": hits, "medians_s": medians,
+                "statuses": list(statuses)}
+
+    candidates = [
+        c("default", [0, 3], [0.9, 1.0]), c("default", [0, 2], [2.0, 2.0]),
+        c("default", [4, 4], [1.0, 1.0]), c("default", [1, 5], [1.1, 1.0]),
+        c("default", [2, 2], [1.2, 1.0]), c("off", [None, None], [5.0, 1.0]),
+        c("default", [None, None], [5.0, 1.0]), c("default", [0, 3], [5.0, 0.0], ("ok", "oom"))]
+    row = {"workload": "w", "oracle": {"candidates": candidates}}
+    only_cached = {"workload": "v", "oracle": {"candidates": candidates[2:5]}}
+    monkeypatch.setattr(rule_checks, "rows", lambda pattern: iter(
+        [("a.json", row), ("b.json", row), ("c.json", only_cached)]))
+    rule_checks.cached_against_afresh()
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "    a.json (w): afresh 2, median 0.950; from the cache 3, median 1.100"]
