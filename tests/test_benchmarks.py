@@ -145,7 +145,9 @@ def test_the_oracle_runs_fp32_eager_first_and_stops_a_setting_at_its_first_failu
 def test_an_oracle_extended_from_stored_runs_runs_only_what_they_lack():
     """--oracle-from: a candidate the stored oracle ran is not run again, in any pass it
     has a run for; the stored figures read as they were measured (best median, peak, fit,
-    first-pass wall time); the others run."""
+    first-pass wall time); the others run. With fewer passes asked than stored, the stored
+    later passes are kept (without them a compiled fit from the cache read as a first
+    launch's)."""
     def run(spec):
         ran.append((spec.knobs.label(), spec.micro_batch))
         return TrialResult(status="ok", step_times_s=(0.5, 0.4, 0.6), peak_bytes=300,
@@ -167,28 +169,12 @@ def test_an_oracle_extended_from_stored_runs_runs_only_what_they_lack():
         assert (c.best_median_s(), c.fits_usable(1000)) == (want["best_median_s"],
                                                             want["fits_usable"])
         assert [r.wall_s for r in c.runs] == want["wall_s"]
-
-
-def test_an_oracle_run_once_over_a_stored_two_pass_oracle_keeps_its_second_pass():
-    """--passes 1 over stored runs of two passes: the candidates stored keep both runs (their
-    first-launch fit and best median read as measured then), no run starts for pass 2, and
-    the one candidate not stored runs once."""
-    def run(spec):
-        ran.append((spec.knobs.label(), spec.micro_batch))
-        return TrialResult(status="ok", step_times_s=(0.5, 0.4, 0.6), peak_bytes=300,
-                           wall_s=3.0, samples_per_step=8)
-
-    space = {("fp32", "off"): [1, 2, 4, 8]}
-    ran: list = []
-    first, _ = run_oracle(WorkloadSpec(), "cpu", 8, space, budget_bytes=2**20, run=run,
-                          log=lambda s: None)
-    stored = {c.key(): stored_runs(c.summary(8, 1000)) for c in first
-              if c.micro_batch != 1}
-    ran = []
-    again, _ = run_oracle(WorkloadSpec(), "cpu", 8, space, budget_bytes=2**20, run=run,
-                          repeats=1, log=lambda s: None, stored=stored)
+    ran = []  # --passes 1 over the same stored two passes: no run starts for pass 2, the
+    # stored candidates keep both their runs, the one not stored runs once
+    once, _ = run_oracle(WorkloadSpec(), "cpu", 8, space, budget_bytes=2**20, run=run,
+                         repeats=1, log=lambda s: None, stored=stored)
     assert ran == [("fp32/off", 1)]
-    assert {c.key(): len(c.runs) for c in again} == {
+    assert {c.key(): len(c.runs) for c in once} == {
         "fp32/off/1": 1, "fp32/off/2": 2, "fp32/off/4": 2, "fp32/off/8": 2}
 
 
