@@ -270,6 +270,12 @@ def per_pass(row: dict, passes: int) -> dict:
     return out
 
 
+def runs_per_candidate(row: dict) -> int:
+    """The most runs an oracle candidate of the row holds: its passes, stored ones included
+    (a one-pass extension keeps the stored oracle's second pass)."""
+    return max((len(c["statuses"]) for c in row["oracle"]["candidates"]), default=0)
+
+
 def search_runs(result: SearchResult) -> dict:
     """Child runs the search started: timed trials (re-measurements counted), memory-only
     probe steps, and the estimator calibration after the pick."""
@@ -436,7 +442,6 @@ def bench_workload(bench: Bench, info: DeviceInfo, *, target: int, passes: int, 
                   "num_lean_duplicates": sum(n for why, n in excluded.items()
                                              if why.startswith("lean:"))},
         "oracle": {"wall_s": oracle_s, "first_pass_s": sum(first_pass),
-                   "passes": max((len(c.runs) for c in candidates), default=0),
                    "num_runs": sum(len(c.runs) for c in candidates),
                    "num_first_pass_runs": len(first_pass),
                    "candidates": [{**c.summary(target, usable), "fits_first_launch":
@@ -565,7 +570,7 @@ def render_knobs(out: dict) -> str:
         + (" (interleaved: the second in reverse order), its best median kept" if passes > 1
            else "")
         + ("; the stored runs (--oracle-from) keep their later passes, best median kept: "
-           "pass 2 below is theirs alone" if any(r["oracle"].get("passes", passes) > passes
+           "pass 2 below is theirs alone" if any(runs_per_candidate(r) > passes
                                                 for r in out["rows"]) else "")
         + f". {ORACLE_NOTE}."
         + (" Space `lean`: also without exact duplicates of another setting's run on this "
@@ -601,7 +606,7 @@ def render_knobs(out: dict) -> str:
               "search cost <= 0.10 of one exhaustive pass.", ""]
     if any(r["search"].get("cost") for r in out["rows"]):  # results before issue 18 lack it
         lines += cost_table(out)
-    judged = max([passes, *(r["oracle"].get("passes", passes) for r in out["rows"])])
+    judged = max([passes, *(runs_per_candidate(r) for r in out["rows"])])
     lines += ["Pick quality of the tuned config in each oracle pass alone"
               + (", and the oracle's own pick judged by its other pass (its pass-1 winner's "
                  "throughput in pass 2 over pass 2's best, and the reverse): an exhaustive "
