@@ -287,6 +287,23 @@ def search_runs(result: SearchResult) -> dict:
             "num_calibration_runs": calibration}
 
 
+def oracle_names(value: str) -> str:
+    """``--oracle-from``, checked when it is parsed (argparse exits 2 with the message): names
+    separated by commas, each a results file of this benchmark (``results/NAME.json``), none
+    empty and none a path."""
+    names = [n.strip() for n in value.split(",")]
+    for name in names:
+        if not name or name != Path(name).name or name in (".", ".."):
+            raise argparse.ArgumentTypeError(
+                f"{value!r}: {name!r} is not a results file name (names separated by commas, "
+                "each as in benchmarks/results/NAME.json, without .json or a folder)")
+        if not (HERE / "results" / f"{name}.json").is_file():
+            raise argparse.ArgumentTypeError(
+                f"{value!r}: no {HERE / 'results' / (name + '.json')} (name a results file of "
+                "this benchmark, without .json)")
+    return value
+
+
 def stored_oracle(names: str, bench: Bench, target: int) -> tuple[dict, dict, str]:
     """Earlier results files' oracles for this workload (``--oracle-from``, names separated
     by commas): their runs by candidate key (where several hold one, the one with more runs:
@@ -790,7 +807,7 @@ def main() -> None:
     parser.add_argument("--min-micro-batch", type=int, default=1, help=(
         "oracle micro-batches from this one only, plus the tuned one (default 1: all; said "
         "in the output: the oracle is then not exhaustive below it)"))
-    parser.add_argument("--oracle-from", metavar="NAME", help=(
+    parser.add_argument("--oracle-from", metavar="NAME", type=oracle_names, help=(
         "reuse the oracle runs of results/NAME.json (same workload, target and cap, this "
         "machine; several names separated by commas: per candidate, the file with more runs) "
         "and run only the candidates it lacks, e.g. with a lower --min-micro-batch; stored "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -31,6 +32,7 @@ from search_quality import (  # noqa: E402
     default_settings,
     exclusion,
     largest_fits,
+    oracle_names,
     per_pass,
     render,
     search_settings,
@@ -628,3 +630,18 @@ def test_rule_check_11_compares_runs_compiled_afresh_with_runs_from_the_cache(
     rule_checks.cached_against_afresh()
     assert capsys.readouterr().out.splitlines()[1:] == [
         "    a.json (w): afresh 2, median 0.950; from the cache 3, median 1.100"]
+
+
+@pytest.mark.parametrize("value", ["", "A,", " , B", "../A", "sub/A", "a\\b", 'a"b', "..",
+                                   "not_a_results_file"])
+def test_oracle_from_refuses_what_is_not_a_results_file_name(value, tmp_path, monkeypatch):
+    """--oracle-from is checked as argparse parses it (exit 2, the value named): an empty name,
+    a path, a quote or backslash, or a name with no results file."""
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "A.json").write_text("{}")
+    (tmp_path / "results" / "B.json").write_text("{}")
+    monkeypatch.setattr(search_quality, "HERE", tmp_path)
+    with pytest.raises(argparse.ArgumentTypeError) as caught:
+        oracle_names(value)
+    assert repr(value) in str(caught.value)
+    assert oracle_names("A, B") == "A, B"
