@@ -71,6 +71,9 @@ class OracleCandidate(HasKnobs):
     excluded: str = ""
     """Why the oracle did not run it (the workload cannot take it, or a duplicate of another
     candidate's run); empty when it ran or was never reached."""
+    past_deadline: bool = False
+    """Not run in pass 1: the oracle's deadline had passed (a later oracle's ``stored``
+    measures it)."""
 
     def key(self) -> str:
         return Candidate(knobs=self.knobs, micro_batch=self.micro_batch).key()
@@ -100,7 +103,7 @@ class OracleCandidate(HasKnobs):
             "compile_mode": self.compile_mode, "knobs": dataclasses.asdict(self.knobs),
             "changed": list(self.knobs.changed()),
             "micro_batch": self.micro_batch, "accumulate_steps": per_device // self.micro_batch,
-            "excluded": self.excluded,
+            "excluded": self.excluded, "past_deadline": self.past_deadline,
             "statuses": [r.status for r in self.runs],
             "medians_s": [r.median_step_s() for r in self.runs],
             "num_timed_steps": [len(r.step_times_s) for r in self.runs],
@@ -235,11 +238,13 @@ def run_oracle(workload: WorkloadSpec, device: str, per_device: int,
     runs first, so from the first run on). Later passes alternate direction and re-run what
     pass 1 ran, the first failure included (near the boundary a fit can flip). A candidate
     already ``slower_factor`` times slower than the best median so far stops timing early.
-    Past ``deadline_s`` seconds no new run starts (the GPU suite's time box): what did not
-    run has no runs. ``stored``: runs of an earlier oracle on the same machine, by candidate
-    key (``stored_runs``): a pass that has one for a candidate takes it instead of running
-    (an oracle extended over several sessions, e.g. to smaller micro-batches); stored runs
-    of passes beyond ``repeats`` are kept too (no run starts for them).
+    Past ``deadline_s`` seconds no new run starts (the GPU suite's time box, a CPU oracle
+    measured over several sessions): what did not run has no runs, and a setting goes on to
+    the stored runs of its larger micro-batches (no run is not a failure). ``stored``: runs
+    of an earlier oracle on the same machine, by candidate key (``stored_runs``): a pass that
+    has one for a candidate takes it instead of running (an oracle extended over several
+    sessions, e.g. to smaller micro-batches); stored runs of passes beyond ``repeats`` are
+    kept too (no run starts for them).
 
     Returns:
         The candidates with their runs, and the oracle's wall time in seconds (stored runs'
@@ -295,9 +300,12 @@ def run_oracle(workload: WorkloadSpec, device: str, per_device: int,
             stopped[cand.knobs] = cand.excluded = why
             log(f"  oracle pass 1 {cand.knobs.label()}: left out ({why})")
             continue
-        ran.append(cand)
         result = one(cand, "pass 1")
-        if result is None or not result.ok:
+        if result is None:  # past the deadline: not run, not a failure
+            cand.past_deadline = True
+            continue
+        ran.append(cand)
+        if not result.ok:
             stopped[cand.knobs] = ""
     for rep in range(1, repeats):
         for cand in (reversed(ran) if rep % 2 else ran):

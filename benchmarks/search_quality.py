@@ -354,7 +354,8 @@ def search_settings(confirm_within: float | None,
 
 def bench_workload(bench: Bench, info: DeviceInfo, *, target: int, passes: int, lean: bool,
                    min_micro_batch: int, oracle_from: str | None = None,
-                   side_by_side: int = 0, confirm_within: float | None = None,
+                   oracle_deadline_s: float | None = None, side_by_side: int = 0,
+                   confirm_within: float | None = None,
                    rank_precision: float | None = None) -> dict:
     spec = bench.spec()
     stored, left_out, source = stored_oracle(oracle_from, bench, target) if oracle_from \
@@ -385,7 +386,7 @@ def bench_workload(bench: Bench, info: DeviceInfo, *, target: int, passes: int, 
         spec, "cpu", target, space, budget_bytes=budget, repeats=passes, log=log,
         exclude=lambda k, traits: exclude(k, traits) or (
             left_out.get(k.label()) if k != tuned.knobs else None),
-        stored=stored)
+        stored=stored, deadline_s=oracle_deadline_s)
     by_key = {c.key(): c for c in candidates}
     graphs = first_launch_fits(candidates, usable)
     fitting = [c for c in candidates
@@ -461,6 +462,7 @@ def bench_workload(bench: Bench, info: DeviceInfo, *, target: int, passes: int, 
         "oracle": {"wall_s": oracle_s, "first_pass_s": sum(first_pass),
                    "num_runs": sum(len(c.runs) for c in candidates),
                    "num_first_pass_runs": len(first_pass),
+                   "num_past_deadline": sum(c.past_deadline for c in candidates),
                    "candidates": [{**c.summary(target, usable), "fits_first_launch":
                                    fits_first_launch(c, usable, graphs)} for c in candidates],
                    "best": best.key() if best else None,
@@ -594,6 +596,11 @@ def render_knobs(out: dict) -> str:
            "device (counted below)." if out["space"] == "lean" else "")
         + (f" Oracle micro-batches from {out['min_micro_batch']} only (plus the tuned one): "
            "not exhaustive below." if out.get("min_micro_batch", 1) > 1 else "")
+        + "".join(f" **Partial oracle**: {r['workload']}: {n} candidates not run, its deadline "
+                  f"(--oracle-deadline {out.get('oracle_deadline_min') or 0:g} min) had passed "
+                  "(a later run with --oracle-from measures them); its pick quality and cost "
+                  "ratio are upper bounds." for r in out["rows"]
+                  if (n := r["oracle"].get("num_past_deadline")))
         + (" A compiled candidate fits only if no run that compiled its graphs afresh (no "
            "inductor cache hit) failed to fit: on CPU the compile's memory is in the peak, and "
            "a run that loads a sibling's graphs peaks lower than a first launch (the search's "
@@ -812,6 +819,12 @@ def main() -> None:
         "machine; several names separated by commas: per candidate, the file with more runs) "
         "and run only the candidates it lacks, e.g. with a lower --min-micro-batch; stored "
         "runs of passes beyond --passes are kept; the search still runs afresh"))
+    parser.add_argument("--oracle-deadline", type=float, default=None, metavar="MINUTES",
+                        help=(
+        "no oracle run starts after this many minutes (stored runs are still taken): an "
+        "oracle measured over several sessions, each run's --oracle-from the one before; "
+        "the results say what was not run, and their pick quality and cost ratio are then "
+        "upper bounds (default: no deadline)"))
     parser.add_argument("--side-by-side", type=int, default=0, metavar="ROUNDS", help=(
         "after the oracle, run the tuned config and the oracle's two best that fit in "
         "ROUNDS interleaved rounds (a fresh child each, same spec): pick quality without "
@@ -842,6 +855,9 @@ def main() -> None:
         parser.error(f"unknown workloads {unknown}; choose from {', '.join(BY_SHORT)}")
     if args.target < 1 or args.min_micro_batch < 1:
         parser.error("--target and --min-micro-batch must be at least 1")
+    if args.oracle_deadline is not None and not 0 < args.oracle_deadline <= 24 * 60:  # nan
+        parser.error(f"--oracle-deadline {args.oracle_deadline}: minutes above 0, at most a "
+                     "day (leave it out to run the whole oracle)")
     if not 0 <= args.side_by_side <= 10:
         parser.error(f"--side-by-side takes 0 to 10 rounds, got {args.side_by_side}")
     if args.confirm_within is not None and not 0 <= args.confirm_within <= 1:  # nan too
@@ -864,12 +880,13 @@ def main() -> None:
            "classes": [c.label() for c in classes], "knob_values": values,
            "num_settings": len(settings), "device_notes": device_notes,
            "native_bf16": info.native_bf16, "confirm_within": args.confirm_within,
-           "rank_precision": args.rank_precision}
+           "rank_precision": args.rank_precision, "oracle_deadline_min": args.oracle_deadline}
     for short in wanted:  # results written after each workload: a cut-short run keeps them
         out["rows"].append(bench_workload(
             BY_SHORT[short], info, target=args.target, passes=args.passes,
             lean=args.space == "lean", min_micro_batch=args.min_micro_batch,
             oracle_from=args.oracle_from, side_by_side=args.side_by_side,
+            oracle_deadline_s=args.oracle_deadline * 60 if args.oracle_deadline else None,
             confirm_within=args.confirm_within, rank_precision=args.rank_precision))
         out["wall_s"] = time.perf_counter() - start
         write_results(args.name, out, "rendering failed: python benchmarks/search_quality.py "

@@ -180,6 +180,48 @@ def test_an_oracle_extended_from_stored_runs_runs_only_what_they_lack():
         "fp32/off/1": 1, "fp32/off/2": 2, "fp32/off/4": 2, "fp32/off/8": 2}
 
 
+def test_an_oracle_past_its_deadline_takes_stored_runs_and_leaves_the_rest_for_later():
+    """--oracle-deadline: past it no run starts, a setting's candidates that were not run
+    are marked so (not failed), its larger micro-batches still take their stored runs; a
+    later oracle over the first one's runs measures only what the deadline left out."""
+    def run(spec):
+        ran.append((spec.knobs.label(), spec.micro_batch))
+        return TrialResult(status="ok", step_times_s=(0.5, 0.4, 0.6), peak_bytes=300,
+                           wall_s=3.0, samples_per_step=8)
+
+    space = {("fp32", "off"): [1, 2, 4, 8], ("bf16", "off"): [1, 2, 4, 8]}
+    ran: list = []
+    full, _ = run_oracle(WorkloadSpec(), "cpu", 8, space, budget_bytes=2**20, run=run,
+                         repeats=1, log=lambda s: None)
+    stored = {c.key(): stored_runs(c.summary(8, 1000)) for c in full if c.micro_batch >= 4}
+    ran = []
+    partial, _ = run_oracle(WorkloadSpec(), "cpu", 8, space, budget_bytes=2**20, run=run,
+                            repeats=1, log=lambda s: None, stored=stored, deadline_s=0.0)
+    assert ran == []
+    assert {c.key(): (len(c.runs), c.past_deadline, c.excluded) for c in partial} == {
+        **{f"{p}/off/{m}": (0, True, "") for p in ("fp32", "bf16") for m in (1, 2)},
+        **{f"{p}/off/{m}": (1, False, "") for p in ("fp32", "bf16") for m in (4, 8)}}
+    assert partial[0].summary(8, 1000)["past_deadline"] is True
+    stored = {c.key(): stored_runs(c.summary(8, 1000)) for c in partial if c.runs}
+    ran = []
+    later, _ = run_oracle(WorkloadSpec(), "cpu", 8, space, budget_bytes=2**20, run=run,
+                          repeats=1, log=lambda s: None, stored=stored)
+    assert sorted(ran) == [("bf16/off", 1), ("bf16/off", 2), ("fp32/off", 1),
+                           ("fp32/off", 2)]
+    assert not any(c.past_deadline for c in later)
+
+
+def test_a_partial_oracle_says_so_in_its_results():
+    out = json.loads((BENCH / "results" / "search_quality_slow-cnn-pairs.json").read_text())
+    assert "Partial oracle" not in render(out)
+    out["oracle_deadline_min"] = 45
+    out["rows"][0]["oracle"]["num_past_deadline"] = 3
+    assert (" **Partial oracle**: CNN (4 conv blocks, 128x128): memory binds, >= 2 s steps: 3 "
+            "candidates not run, its deadline (--oracle-deadline 45 min) had passed (a later "
+            "run with --oracle-from measures them); its pick quality and cost ratio are upper "
+            "bounds.") in render(out)
+
+
 def test_oracle_from_several_files_takes_per_candidate_the_one_with_more_runs(
         tmp_path, monkeypatch):
     """--oracle-from A,B: a two-pass oracle at 4-8 and its one-pass extension at 2 (which
@@ -454,8 +496,10 @@ def test_cold_vs_cached_refuses_a_pair_count_outside_1_to_20(pairs):
     *[("--confirm-within", v, "a share from 0 to 1 (as the search's own option)")
       for v in ("nan", "1.5", "-0.1")],
     *[("--rank-precision", v, "a share above 0, at most 1 (to time every run in full, run the "
-       "search itself with 0)") for v in ("nan", "0", "1.5", "-0.1")]])
-def test_search_quality_refuses_a_share_outside_its_range(flag, share, allowed):
+       "search itself with 0)") for v in ("nan", "0", "1.5", "-0.1")],
+    *[("--oracle-deadline", v, "minutes above 0, at most a day (leave it out to run the "
+       "whole oracle)") for v in ("nan", "0", "-5", "1441")]])
+def test_search_quality_refuses_a_value_outside_its_range(flag, share, allowed):
     proc = subprocess.run([sys.executable, str(BENCH / "search_quality.py"), "--workloads",
                            "slow_gpt2", flag, share], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
