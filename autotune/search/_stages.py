@@ -601,7 +601,8 @@ class _Search:
         micro-batch: at most 1.01x in the Xeon causal LM's at 8-64, at most 0.97x in the CNN's
         and the masked LM's at 8-64; with their micro-batches 1-4 measured once on noisier
         days, up to 1.32x and 1.42x, fp32/default+ckpt=alternate+opt=foreach at 1-2, at 0.33x
-        and 0.47x of the best: ``benchmarks/rule_checks.py`` (2)); it is worth a run only for a
+        and 0.47x of the best; at most 1.07x in the CNN's at 2-64, at 0.65x of the best:
+        ``benchmarks/rule_checks.py`` (2)); it is worth a run only for a
         micro-batch larger than the setting's largest fit. Where the setting's largest timed
         fit ``M`` is behind the leader (which runs a smaller micro-batch of it) by more than
         what a larger micro-batch can gain (``_why_not_larger``, the setting's own pair of timed
@@ -680,9 +681,9 @@ class _Search:
         ran behind the leader by more than refinement allows (``--refine-within``), even at
         the top of its interval, and a smaller micro-batch of a compiled setting only adds
         accumulation steps (time per micro-batch linear in its size, plus one update per
-        step), each at a compile of its own. In the committed oracles, of 40 compiled
+        step), each at a compile of its own. In the committed oracles, of 46 compiled
         settings that ran over the usable budget above a fit, the fit below beat that run by
-        more than 5% in 2 (up to 1.16x); of the 20 whose run over the budget was under 0.90 of
+        more than 5% in 2 (up to 1.16x); of the 26 whose run over the budget was under 0.90 of
         the best, the fit below came to at most 0.95x of it (``benchmarks/rule_checks.py``
         (10)): the pick is not among them. None: probe on (an eager setting, whose smaller
         micro-batch can stay in cache and costs no compile; ``over`` not timed, under memory
@@ -783,7 +784,7 @@ class _Search:
         cache) shows as allocator retries at its best, as its own walk getting faster, or as a
         sibling timed faster at ``micro_batch``. Without any it is not walked: in the committed
         oracles a compiled setting bound by memory beat its largest fit with the next smaller
-        micro-batch by more than 10% in 3 of 160 settings, none of the 61 within 0.90 of the best
+        micro-batch by more than 10% in 3 of 219 settings, none of the 70 within 0.90 of the best
         (``benchmarks/rule_checks.py`` (8)). The leader's eager setting is always walked (the
         pick is decided there, and an eager step costs no compile). A setting under memory
         pressure (allocator retries at its best) or the objective with compile time is not
@@ -838,8 +839,8 @@ class _Search:
 
         A compiled setting (the leader's too) pays a compile of its own for that run, and in
         the committed oracles a compiled setting's smallest micro-batch beat its walked best
-        once in 223 walks (by 1.10x, where its line said 0.82x), never where its line
-        predicted a tie (3 walks) or a gain (2), while eager ones did 32 times in 288, by up to
+        once in 247 walks (by 1.10x, where its line said 0.82x), never where its line
+        predicted a tie (3 walks) or a gain (2), while eager ones did 32 times in 354, by up to
         2.4x (``benchmarks/rule_checks.py`` (5)): it is timed only where the line predicts it
         ahead by more than the noise and by more than that prediction's own interval (each
         timed point's error carried along the line: ``timing.prediction_halfwidth``), not for
