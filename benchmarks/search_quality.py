@@ -462,7 +462,6 @@ def bench_workload(bench: Bench, info: DeviceInfo, *, target: int, passes: int, 
         "oracle": {"wall_s": oracle_s, "first_pass_s": sum(first_pass),
                    "num_runs": sum(len(c.runs) for c in candidates),
                    "num_first_pass_runs": len(first_pass),
-                   "num_past_deadline": sum(c.past_deadline for c in candidates),
                    "candidates": [{**c.summary(target, usable), "fits_first_launch":
                                    fits_first_launch(c, usable, graphs)} for c in candidates],
                    "best": best.key() if best else None,
@@ -600,7 +599,8 @@ def render_knobs(out: dict) -> str:
                   f"(--oracle-deadline {out.get('oracle_deadline_min') or 0:g} min) had passed "
                   "(a later run with --oracle-from measures them); its pick quality and cost "
                   "ratio are upper bounds." for r in out["rows"]
-                  if (n := r["oracle"].get("num_past_deadline")))
+                  if (n := sum(c.get("past_deadline", False)
+                               for c in r["oracle"]["candidates"])))
         + (" A compiled candidate fits only if no run that compiled its graphs afresh (no "
            "inductor cache hit) failed to fit: on CPU the compile's memory is in the peak, and "
            "a run that loads a sibling's graphs peaks lower than a first launch (the search's "

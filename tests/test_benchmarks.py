@@ -215,7 +215,8 @@ def test_a_partial_oracle_says_so_in_its_results():
     out = json.loads((BENCH / "results" / "search_quality_slow-cnn-pairs.json").read_text())
     assert "Partial oracle" not in render(out)
     out["oracle_deadline_min"] = 45
-    out["rows"][0]["oracle"]["num_past_deadline"] = 3
+    for c in out["rows"][0]["oracle"]["candidates"][:3]:
+        c["past_deadline"] = True
     assert (" **Partial oracle**: CNN (4 conv blocks, 128x128): memory binds, >= 2 s steps: 3 "
             "candidates not run, its deadline (--oracle-deadline 45 min) had passed (a later "
             "run with --oracle-from measures them); its pick quality and cost ratio are upper "
