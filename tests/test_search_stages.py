@@ -724,8 +724,15 @@ def test_a_leader_whose_two_runs_drifted_apart_reports_its_lead_within_that_drif
     settings = replace(SLOW, refine_within=0.0, confirm_within=0.6)
     outcome = run_search(plan(), CLASSES, settings, run=drifting)
     assert seen["bf16/default/32"] == 2
+    # Two runs 40% apart: the two timed once within that of the leader are re-measured too.
     assert {k.key(): round(g, 6) for k, g in outcome.drift.items()} == {
-        "bf16/default/32": 0.4, "bf16/default/16": 0.0, "bf16/off/32": 0.0}
+        "bf16/default/32": 0.4, "bf16/default/16": 0.0, "bf16/off/32": 0.0,
+        "bf16/max-autotune/32": 0.0, "bf16/off/16": 0.0}
+    assert [s for s in outcome.skipped if "re-measured:" in s] == [
+        "bf16/max-autotune/32 re-measured: timed once at 0.67x the leader (bf16/default/32), "
+        "within the 40% two runs of bf16/default/32 drifted apart here",
+        "bf16/off/16 re-measured: timed once at 0.60x the leader (bf16/default/32), within "
+        "the 40% two runs of bf16/default/32 drifted apart here"]
     reason = tuned_config(plan(), outcome, settings).reason
     assert reason.startswith("bf16/default 32x2 won at 300.0 samples/s"), reason
     assert reason.endswith("ahead of the runner-up bf16/default 16x4 by 11% +- 40% (within "
@@ -1589,3 +1596,48 @@ def test_checkpointing_is_not_run_where_its_setting_fits_without_it_so_its_noise
     assert not any("+ckpt=" in k and "+opt=" in k for k in records)
     tuned = tuned_config(plan(), outcome, SETTINGS)
     assert (tuned.knobs.label(), tuned.micro_batch) == (f"{leader}+opt=fused", 32)
+
+
+def _busy_minutes(slow: dict[str, tuple[int, float]]) -> tuple[ScriptedDevice, Callable[
+        [TrialSpec], TrialResult], dict[str, int]]:
+    """A steady scripted device whose timed run number n of ``label/micro_batch`` runs its
+    steps ``factor`` times slower (``slow``: key -> (n, factor)): a busy minute of a shared
+    machine."""
+    steady = ScriptedDevice(by_class(100, 150, 150, 290, 300, 330), jitter=(0.0, 0.02, -0.02))
+    seen: dict[str, int] = {}
+
+    def run(spec: TrialSpec) -> TrialResult:
+        result = steady(spec)
+        key = f"{spec.precision}/{spec.compile_mode}/{spec.micro_batch}"
+        seen[key] = seen.get(key, 0) + (1 if spec.num_timed_steps else 0)
+        nth, factor = slow.get(key, (0, 1.0))
+        if seen[key] == nth:
+            return replace(result, step_times_s=tuple(factor * t for t in result.step_times_s))
+        return result
+
+    return steady, run, seen
+
+
+def test_a_candidate_timed_once_within_the_drift_seen_between_two_runs_is_re_measured() -> None:
+    # bf16/max-autotune runs 330 samples/s, bf16/default 300, bf16/off 290; max-autotune's one
+    # timed run fell in a busy minute (1.35x slower: 244, clearly behind 300 by its own
+    # spread). The close race (bf16/default, bf16/off) shows two runs of the leader 25% apart:
+    # a run that far behind is not behind at all, so max-autotune is re-measured too, and wins.
+    settings = replace(SLOW, refine_within=0.0)
+    _, run, seen = _busy_minutes({"bf16/max-autotune/32": (1, 1.35),
+                                  "bf16/default/32": (2, 1.25)})
+    outcome = run_search(plan(), CLASSES, settings, run=run)
+    assert seen["bf16/max-autotune/32"] == 2
+    assert ("bf16/max-autotune/32 re-measured: timed once at 0.81x the leader "
+            "(bf16/default/32), within the 25% two runs of bf16/default/32 drifted apart "
+            "here") in outcome.skipped
+    reason = tuned_config(plan(), outcome, settings).reason
+    assert reason.startswith("bf16/max-autotune 32x2 won at 330.0 samples/s"), reason
+    # Without the leader's drift the busy minute stands: the race's pairs agree, one run
+    # clearly behind is not re-measured, and the pick is bf16/default.
+    _, run, seen = _busy_minutes({"bf16/max-autotune/32": (1, 1.35)})
+    outcome = run_search(plan(), CLASSES, replace(settings, fresh=True), run=run)
+    assert seen["bf16/max-autotune/32"] == 1 and seen["bf16/default/32"] == 2
+    assert not [s for s in outcome.skipped if "re-measured:" in s]
+    reason = tuned_config(plan(), outcome, settings).reason
+    assert reason.startswith("bf16/default 32x2 won at 300.0 samples/s"), reason

@@ -36,6 +36,9 @@
    one only adds accumulation steps, at the cost of a compile.
 5. Re-measure the leader and the candidates whose gap to it is within the noise (a close
    race), interleaved; each keeps its better run. A clear lead stands without a second run.
+   Where two runs of one config drifted further apart than that noise (a shared machine's
+   busy minute), the candidates timed once within that drift of the leader are re-measured
+   too: one run that far behind is not behind at all.
    A compiled leader not yet run with its graphs compiled afresh is re-measured so (an empty
    inductor cache of its own): that run is also stage 6's check.
 6. Where a compile's own memory counts in the peak (CPU), a compiled winner fits only if a run
@@ -955,11 +958,40 @@ class _Search:
             # A repeated search: its first confirmed the race; the re-check only asks whether
             # the two leaders still run as stored, timed until their medians are known.
             keys = keys[:2]
+        self._remeasure(keys)
+        self._remeasure(self._within_drift(), cold_first=False)
+
+    def _within_drift(self) -> list[Candidate]:
+        """Up to ``num_confirm`` candidates run once (in full, or stopped early behind) whose
+        gap to the leader is within the widest drift between two runs of one config in this
+        search, best first, each said in ``skipped``: a run of a shared machine lands that far
+        from another of the same config, so one run that far behind is not behind at all."""
+        widest = max(self.drift.items(), key=lambda kv: kv[1], default=None)
+        leader = self._leader()
+        if widest is None or leader is None or not widest[1]:
+            return []
+        top, (config, drift) = self._score(leader, full=True) or 0.0, widest
+        once = sorted((k for k in self.results if k != leader and self.runs.get(k, 1) < 2
+                       and k not in self.stored and (self._score(k) or 0.0) >= top * (
+                           1 - max(self._noise(k, leader), drift))),
+                      key=lambda k: -(self._score(k) or 0.0))[:self.settings.num_confirm]
+        for key in once:
+            share = (self._score(key) or 0.0) / top
+            self.skipped.append(
+                f"{key.key()} re-measured: timed once at {share:.2f}x the leader "
+                f"({leader.key()}), within the {drift:.0%} two runs of {config.key()} drifted "
+                "apart here")
+        return once
+
+    def _remeasure(self, keys: Sequence[Candidate], *, cold_first: bool = True) -> None:
+        """Stage 5's runs: each of ``keys`` once more, keeping its better run; the first (the
+        leader) compiled afresh where its first launch is unchecked (``cold_first``)."""
         for key in keys:
             recheck = key in self.stored
             if self.runs.get(key, 1) >= 2 and not recheck:  # re-measured before a resume
                 continue
-            if key == keys[0] and not recheck and self._unchecked_launch(key):
+            if cold_first and key == keys[0] and not recheck and \
+                    self._unchecked_launch(key):
                 # The leader's re-measure compiles afresh: it is also stage 6's check that it
                 # fits a first launch, where the leader is most often the winner.
                 self._cold_run(key)
