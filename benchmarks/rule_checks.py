@@ -40,9 +40,21 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def rows(pattern: str):
-    for path in sorted(glob.glob(str(RESULTS / pattern))):
-        for row in json.loads(Path(path).read_text())["rows"]:
-            yield Path(path).name, row
+    """Each results file's rows, oldest file first, but for a row whose oracle runs are all
+    those of a row before it (a later search against runs wholly reused with --oracle-from:
+    its oracle adds nothing, and counting it again would weigh those runs twice)."""
+    seen: set[tuple] = set()
+    files = [(json.loads(Path(path).read_text()), Path(path).name)
+             for path in glob.glob(str(RESULTS / pattern))]
+    for data, name in sorted(files, key=lambda f: ((f[0].get("machine") or {}).get("date", ""),
+                                                  f[1])):
+        for row in data["rows"]:
+            runs = tuple(sorted((c["key"], tuple(c.get("medians_s") or ()))
+                                for c in (row.get("oracle") or {}).get("candidates", ())))
+            if runs and runs in seen:
+                continue
+            seen.add(runs)
+            yield name, row
 
 
 def walks() -> list[tuple[float | None, float, str, str]]:

@@ -677,6 +677,25 @@ def test_rule_check_11_compares_runs_compiled_afresh_with_runs_from_the_cache(
         "    a.json (w): afresh 2, median 0.950; from the cache 3, median 1.100"]
 
 
+def test_rule_checks_read_an_oracle_reused_whole_by_a_later_file_once(tmp_path,
+                                                                       monkeypatch) -> None:
+    # b.json (measured first) and a.json (a later search, every oracle run reused) hold the
+    # same runs: only b.json's row counts; c.json, whose runs differ in one median, counts.
+    import rule_checks
+
+    def results(name: str, date: str, medians: list) -> None:
+        row = {"workload": "w", "oracle": {"candidates": [
+            {"key": "fp32/off/8", "medians_s": medians}, {"key": "bf16/off/8",
+                                                           "medians_s": [1.0]}]}}
+        (tmp_path / name).write_text(json.dumps({"machine": {"date": date}, "rows": [row]}))
+
+    results("a.json", "2026-11-27 11:13 UTC", [2.0, 2.1])
+    results("b.json", "2026-11-27 09:57 UTC", [2.0, 2.1])
+    results("c.json", "2026-11-27 12:00 UTC", [2.0, 2.2])
+    monkeypatch.setattr(rule_checks, "RESULTS", tmp_path)
+    assert [name for name, _ in rule_checks.rows("*.json")] == ["b.json", "c.json"]
+
+
 @pytest.mark.parametrize("value", ["", "A,", " , B", "../A", "sub/A", "a\\b", 'a"b', "..",
                                    "not_a_results_file"])
 def test_oracle_from_refuses_what_is_not_a_results_file_name(value, tmp_path, monkeypatch):

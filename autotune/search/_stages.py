@@ -604,7 +604,7 @@ class _Search:
         micro-batch: at most 1.01x in the Xeon causal LM's at 8-64, at most 0.97x in the CNN's
         and the masked LM's at 8-64; with their micro-batches 1-4 measured once on noisier
         days, up to 1.32x and 1.42x, fp32/default+ckpt=alternate+opt=foreach at 1-2, at 0.33x
-        and 0.47x of the best; at most 1.07x in the CNN's at 2-64, at 0.65x of the best:
+        and 0.47x of the best; at most 1.28x in the CNN's at 1-64, at 0.32x of the best:
         ``benchmarks/rule_checks.py`` (2)); it is worth a run only for a
         micro-batch larger than the setting's largest fit. Where the setting's largest timed
         fit ``M`` is behind the leader (which runs a smaller micro-batch of it) by more than
@@ -787,7 +787,7 @@ class _Search:
         cache) shows as allocator retries at its best, as its own walk getting faster, or as a
         sibling timed faster at ``micro_batch``. Without any it is not walked: in the committed
         oracles a compiled setting bound by memory beat its largest fit with the next smaller
-        micro-batch by more than 10% in 3 of 219 settings, none of the 70 within 0.90 of the best
+        micro-batch by more than 10% in 3 of 255 settings, none of the 75 within 0.90 of the best
         (``benchmarks/rule_checks.py`` (8)). The leader's eager setting is always walked (the
         pick is decided there, and an eager step costs no compile). A setting under memory
         pressure (allocator retries at its best) or the objective with compile time is not
@@ -842,8 +842,8 @@ class _Search:
 
         A compiled setting (the leader's too) pays a compile of its own for that run, and in
         the committed oracles a compiled setting's smallest micro-batch beat its walked best
-        once in 247 walks (by 1.10x, where its line said 0.82x), never where its line
-        predicted a tie (3 walks) or a gain (2), while eager ones did 32 times in 354, by up to
+        once in 214 walks (by 1.10x, where its line said 0.82x), never where its line
+        predicted a tie (5 walks) or a gain (2), while eager ones did 32 times in 330, by up to
         2.4x (``benchmarks/rule_checks.py`` (5)): it is timed only where the line predicts it
         ahead by more than the noise and by more than that prediction's own interval (each
         timed point's error carried along the line: ``timing.prediction_halfwidth``), not for
