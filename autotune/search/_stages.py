@@ -973,7 +973,7 @@ class _Search:
         top, (config, drift) = self._score(leader, full=True) or 0.0, widest
         once = sorted((k for k in self.results if k != leader and self.runs.get(k, 1) < 2
                        and k not in self.stored and (self._score(k) or 0.0) >= top * (
-                           1 - max(self._noise(k, leader), drift))),
+                           1 - drift)),
                       key=lambda k: -(self._score(k) or 0.0))[:self.settings.num_confirm]
         for key in once:
             share = (self._score(key) or 0.0) / top
