@@ -711,15 +711,7 @@ def test_a_leader_whose_two_runs_drifted_apart_reports_its_lead_within_that_drif
     # over the runner-up (11%) is judged against the 40% the two runs showed.
     steady = ScriptedDevice(by_class(100, 150, 150, 200, 300, 200), jitter=(0.0, 0.02, -0.02),
                             retries_at=32)
-    seen: dict[str, int] = {}
-
-    def drifting(spec: TrialSpec) -> TrialResult:
-        result = steady(spec)
-        key = f"{spec.precision}/{spec.compile_mode}/{spec.micro_batch}"
-        seen[key] = seen.get(key, 0) + (1 if spec.num_timed_steps else 0)
-        if key == "bf16/default/32" and seen[key] == 2:
-            return replace(result, step_times_s=tuple(1.4 * t for t in result.step_times_s))
-        return result
+    drifting, seen = _busy_minutes(steady, {"bf16/default/32": (2, 1.4)})
 
     settings = replace(SLOW, refine_within=0.0, confirm_within=0.6)
     outcome = run_search(plan(), CLASSES, settings, run=drifting)
@@ -1598,12 +1590,11 @@ def test_checkpointing_is_not_run_where_its_setting_fits_without_it_so_its_noise
     assert (tuned.knobs.label(), tuned.micro_batch) == (f"{leader}+opt=fused", 32)
 
 
-def _busy_minutes(slow: dict[str, tuple[int, float]]) -> tuple[ScriptedDevice, Callable[
-        [TrialSpec], TrialResult], dict[str, int]]:
-    """A steady scripted device whose timed run number n of ``label/micro_batch`` runs its
-    steps ``factor`` times slower (``slow``: key -> (n, factor)): a busy minute of a shared
-    machine."""
-    steady = ScriptedDevice(by_class(100, 150, 150, 290, 300, 330), jitter=(0.0, 0.02, -0.02))
+def _busy_minutes(steady: ScriptedDevice, slow: dict[str, tuple[int, float]]) -> tuple[
+        Callable[[TrialSpec], TrialResult], dict[str, int]]:
+    """``steady``, but its timed run number n of ``label/micro_batch`` runs its steps
+    ``factor`` times slower (``slow``: key -> (n, factor)): a busy minute of a shared machine.
+    Also the count of timed runs per key."""
     seen: dict[str, int] = {}
 
     def run(spec: TrialSpec) -> TrialResult:
@@ -1615,7 +1606,11 @@ def _busy_minutes(slow: dict[str, tuple[int, float]]) -> tuple[ScriptedDevice, C
             return replace(result, step_times_s=tuple(factor * t for t in result.step_times_s))
         return result
 
-    return steady, run, seen
+    return run, seen
+
+
+def _steady() -> ScriptedDevice:
+    return ScriptedDevice(by_class(100, 150, 150, 290, 300, 330), jitter=(0.0, 0.02, -0.02))
 
 
 def test_a_candidate_timed_once_within_the_drift_seen_between_two_runs_is_re_measured() -> None:
@@ -1624,8 +1619,8 @@ def test_a_candidate_timed_once_within_the_drift_seen_between_two_runs_is_re_mea
     # spread). The close race (bf16/default, bf16/off) shows two runs of the leader 25% apart:
     # a run that far behind is not behind at all, so max-autotune is re-measured too, and wins.
     settings = replace(SLOW, refine_within=0.0)
-    _, run, seen = _busy_minutes({"bf16/max-autotune/32": (1, 1.35),
-                                  "bf16/default/32": (2, 1.25)})
+    run, seen = _busy_minutes(_steady(), {"bf16/max-autotune/32": (1, 1.35),
+                                          "bf16/default/32": (2, 1.25)})
     outcome = run_search(plan(), CLASSES, settings, run=run)
     assert seen["bf16/max-autotune/32"] == 2
     assert ("bf16/max-autotune/32 re-measured: timed once at 0.81x the leader "
@@ -1635,7 +1630,7 @@ def test_a_candidate_timed_once_within_the_drift_seen_between_two_runs_is_re_mea
     assert reason.startswith("bf16/max-autotune 32x2 won at 330.0 samples/s"), reason
     # Without the leader's drift the busy minute stands: the race's pairs agree, one run
     # clearly behind is not re-measured, and the pick is bf16/default.
-    _, run, seen = _busy_minutes({"bf16/max-autotune/32": (1, 1.35)})
+    run, seen = _busy_minutes(_steady(), {"bf16/max-autotune/32": (1, 1.35)})
     outcome = run_search(plan(), CLASSES, replace(settings, fresh=True), run=run)
     assert seen["bf16/max-autotune/32"] == 1 and seen["bf16/default/32"] == 2
     assert not [s for s in outcome.skipped if "re-measured:" in s]
