@@ -114,6 +114,11 @@ class TrialRecord(HasKnobs):
     """Times it was measured; a close race is re-measured and each keeps its better run."""
     timed_s: Float | None = None
     """Seconds of timed steps over all its runs (what the search spent timing it)."""
+    round_shares: tuple[Float, ...] = ()
+    """Where stage 5 ran it in interleaved rounds against one other candidate (runs of one
+    config drifted further apart than their gap): its samples/s over the other's in each
+    round, the two run back to back. The one ahead in most rounds is picked of the two,
+    whatever their best runs say."""
 
 
     def label(self) -> str:

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field, replace
 
 import optuna
 import pytest
+from hypothesis import given
+from hypothesis import settings as hyp_settings
+from hypothesis import strategies as st
 
 from autotune.config import (
     MIB,
@@ -28,8 +31,9 @@ from autotune.config import (
     WorkloadTraits,
 )
 from autotune.errors import WorkloadError
+from autotune.schema import TrialRecord
 from autotune.search import SearchSettings, run_search, tuned_config
-from autotune.search._records import Candidate
+from autotune.search._records import Candidate, pick_winner
 from autotune.timing import MIN_STEPS_TO_STOP, stop_reason
 
 GPU = DeviceInfo(device="cuda:0", name="scripted GPU", total_memory_bytes=2000 * MIB,
@@ -1221,8 +1225,6 @@ def test_the_compiled_leaders_re_measure_compiles_afresh_and_is_its_first_launch
 
 
 def pick_winner_record(outcome):
-    from autotune.search._records import pick_winner
-
     return pick_winner(outcome.records, SETTINGS)
 
 
@@ -1622,10 +1624,17 @@ def test_a_candidate_timed_once_within_the_drift_seen_between_two_runs_is_re_mea
     run, seen = _busy_minutes(_steady(), {"bf16/max-autotune/32": (1, 1.35),
                                           "bf16/default/32": (2, 1.25)})
     outcome = run_search(plan(), CLASSES, settings, run=run)
-    assert seen["bf16/max-autotune/32"] == 2
     assert ("bf16/max-autotune/32 re-measured: timed once at 0.81x the leader "
             "(bf16/default/32), within the 25% two runs of bf16/default/32 drifted apart "
             "here") in outcome.skipped
+    # Re-measured, it leads bf16/default by 9%, within the drift: the two run in interleaved
+    # rounds (not back to back in the re-measures: two rounds of their own), and agree.
+    assert seen["bf16/max-autotune/32"] == seen["bf16/default/32"] == 4
+    assert outcome.skipped[-1] == (
+        "bf16/default/32 and bf16/max-autotune/32 ran in 2 interleaved rounds, back to back, "
+        "the order reversed each round: two runs of bf16/max-autotune/32 drifted 35% apart "
+        "here, wider than their 9% gap. bf16/default/32 ran 0.91x, 0.91x the other's "
+        "samples/s: ahead in 0 of 2; bf16/max-autotune/32 stands as the pick of the two")
     reason = tuned_config(plan(), outcome, settings).reason
     assert reason.startswith("bf16/max-autotune 32x2 won at 330.0 samples/s"), reason
     # Without the leader's drift the busy minute stands: the race's pairs agree, one run
@@ -1636,3 +1645,102 @@ def test_a_candidate_timed_once_within_the_drift_seen_between_two_runs_is_re_mea
     assert not [s for s in outcome.skipped if "re-measured:" in s]
     reason = tuned_config(plan(), outcome, settings).reason
     assert reason.startswith("bf16/default 32x2 won at 300.0 samples/s"), reason
+
+
+def _busier_after(run: Callable[[TrialSpec], TrialResult], key: str, factor: float) -> Callable[
+        [TrialSpec], TrialResult]:
+    """``run``, but every timed run after the first of ``key`` runs its steps ``factor``
+    times slower: the machine got busier for the rest of the search."""
+    busy = [False]
+
+    def busier(spec: TrialSpec) -> TrialResult:
+        result = run(spec)
+        if busy[0]:
+            result = replace(result, step_times_s=tuple(factor * t for t in result.step_times_s))
+        busy[0] = busy[0] or (spec.num_timed_steps > 0
+                              and f"{spec.precision}/{spec.compile_mode}/{spec.micro_batch}" == key)
+        return result
+
+    return busier
+
+
+def test_interleaved_rounds_pick_the_config_ahead_back_to_back_over_a_best_run_of_a_quiet_minute(
+        ) -> None:
+    # bf16/max-autotune runs 320 samples/s, bf16/default 300; the machine got 1.3x busier
+    # right after bf16/default's first run (300, quiet). Every run of max-autotune is busy
+    # (246), so by best runs bf16/default leads 300 to 246. The close race shows two runs of
+    # bf16/default 30% apart, wider than that 18% gap: the two run back to back in rounds, and
+    # max-autotune is ahead in each (1.07x): it is picked.
+    settings = replace(SLOW, refine_within=0.0, confirm_within=0.2)
+    steady = ScriptedDevice(by_class(100, 150, 150, 200, 300, 320), jitter=(0.0, 0.02, -0.02))
+    outcome = run_search(plan(), CLASSES, settings,
+                         run=_busier_after(steady, "bf16/default/32", 1.3))
+    assert [f"{s.precision}/{s.compile_mode}" for s in steady.specs[-4:]] == [
+        "bf16/default", "bf16/max-autotune", "bf16/max-autotune", "bf16/default"]
+    assert outcome.skipped[-1] == (
+        "bf16/max-autotune/32 and bf16/default/32 ran in 2 interleaved rounds, back to back, "
+        "the order reversed each round: two runs of bf16/default/32 drifted 30% apart here, "
+        "wider than their 18% gap. bf16/max-autotune/32 ran 1.07x, 1.07x the other's "
+        "samples/s: ahead in 2 of 2; bf16/max-autotune/32 stands as the pick of the two")
+    config = tuned_config(plan(), outcome, settings)
+    assert config.reason.startswith("bf16/max-autotune 32x2 won at 246.2 samples/s"), \
+        config.reason
+    assert config.reason.endswith(
+        "; the runner-up bf16/default 32x2 (best run 300.0 samples/s): run back to back with it "
+        "in 2 interleaved rounds, 1.07x, 1.07x its samples/s: ahead in 2 of 2 (two runs of one "
+        "config here drifted further apart than their gap)"), config.reason
+    lost = next(t for t in config.trials if t.label() == "bf16/default 32x2")
+    assert lost.reason == ("1.22x the winner's samples/s; run back to back with it in 2 "
+                           "interleaved rounds, 0.94x, 0.94x its samples/s: ahead in 0 of 2")
+    # Without the rounds (a quiet machine: no drift) the same race is decided by the runs.
+    outcome = run_search(plan(), CLASSES, replace(settings, fresh=True), run=ScriptedDevice(
+        by_class(100, 150, 150, 200, 300, 320), jitter=(0.0, 0.02, -0.02)))
+    assert not any(r.round_shares for r in outcome.records)
+    assert tuned_config(plan(), outcome, settings).reason.startswith(
+        "bf16/max-autotune 32x2 won at 320.0 samples/s")
+
+
+def test_interleaved_rounds_that_split_run_a_third_and_the_majority_decides() -> None:
+    # As above, but max-autotune's run in the second round lands in a busier minute still
+    # (1.3x more): that round bf16/default is ahead, so a third round runs, order reversed
+    # again, and max-autotune, ahead in two of three, is picked.
+    settings = replace(SLOW, refine_within=0.0, confirm_within=0.2)
+    steady = ScriptedDevice(by_class(100, 150, 150, 200, 300, 320), jitter=(0.0, 0.02, -0.02))
+    run, seen = _busy_minutes(steady, {"bf16/max-autotune/32": (3, 1.3)})
+    outcome = run_search(plan(), CLASSES, settings,
+                         run=_busier_after(run, "bf16/default/32", 1.3))
+    assert seen["bf16/max-autotune/32"] == 4
+    assert [f"{s.precision}/{s.compile_mode}" for s in steady.specs[-6:]] == [
+        "bf16/default", "bf16/max-autotune", "bf16/max-autotune", "bf16/default",
+        "bf16/default", "bf16/max-autotune"]
+    assert outcome.skipped[-1].endswith(
+        "bf16/max-autotune/32 ran 1.07x, 0.82x, 1.07x the other's samples/s: ahead in 2 of 3; "
+        "bf16/max-autotune/32 stands as the pick of the two")
+    assert tuned_config(plan(), outcome, settings).reason.startswith("bf16/max-autotune 32x2")
+
+
+@hyp_settings(max_examples=200, deadline=None)
+@given(st.floats(1.0, 1000.0), st.floats(1.0, 1000.0),
+       st.lists(st.floats(0.5, 2.0).filter(lambda s: s != 1.0), min_size=2, max_size=3),
+       st.floats(1.0, 2000.0))
+def test_the_pick_between_two_candidates_of_interleaved_rounds_follows_most_rounds(
+        one: float, other: float, shares: list[float], third: float) -> None:
+    # ``other`` ran ``shares`` of ``one``'s samples/s in each round (``one`` the reciprocal);
+    # whichever best run is faster, the one ahead in most rounds is picked of the two (a split
+    # leaves the faster best run), and a third candidate outside the rounds with a faster best
+    # run than both is picked over them.
+    def record(n: int, sps: float, rounds: tuple[float, ...] = ()) -> TrialRecord:
+        return TrialRecord(number=n, micro_batch=32, accumulate_steps=2, knobs=Knobs(),
+                           verdict="ok", median_step_s=64 / sps, samples_per_s=sps,
+                           round_shares=rounds)
+
+    a, b = record(0, one, tuple(1 / s for s in shares)), record(1, other, tuple(shares))
+    ahead = sum(s > 1 for s in shares)
+    faster = b if other > one else a
+    expected = b if ahead * 2 > len(shares) else a if ahead * 2 < len(shares) else faster
+    assert pick_winner((a, b), SETTINGS) is expected
+    c = record(2, third)
+    assert pick_winner((a, b, c), SETTINGS) is (c if third > max(one, other) else expected)
+    # Without rounds the faster best run is picked.
+    bare = (replace(a, round_shares=()), replace(b, round_shares=()))
+    assert pick_winner(bare, SETTINGS) is bare[other > one]

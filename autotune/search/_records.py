@@ -278,7 +278,17 @@ def pick_winner(records: tuple[TrialRecord, ...], settings: SearchSettings) -> T
         return None
     if settings.train_steps:
         return min(feasible, key=lambda r: r.time_to_train_s or math.inf)
-    return max(feasible, key=lambda r: r.samples_per_s or 0.0)
+    best = max(feasible, key=lambda r: r.samples_per_s or 0.0)
+    if best.round_shares and not won_rounds(best):
+        # Its best run is the fastest, but run back to back with the other of stage 5's
+        # interleaved rounds it was behind in most: the rounds decide between the two.
+        return next((r for r in feasible if r is not best and won_rounds(r)), best)
+    return best
+
+
+def won_rounds(record: TrialRecord) -> bool:
+    """Whether a candidate of stage 5's interleaved rounds was ahead in most of them."""
+    return sum(s > 1 for s in record.round_shares) * 2 > len(record.round_shares)
 
 
 def break_even_steps(winner: TrialRecord, baseline: TrialRecord) -> float | None:
@@ -355,7 +365,17 @@ def _lost(record: TrialRecord, winner: TrialRecord) -> TrialRecord:
     if record.verdict != "ok" or not record.samples_per_s or not winner.samples_per_s:
         return record
     ratio = record.samples_per_s / winner.samples_per_s
+    if record.round_shares and winner.round_shares:
+        return replace(record, reason=f"{ratio:.2f}x the winner's samples/s; {_rounds(record)}")
     return replace(record, reason=f"{ratio:.2f}x the winner's samples/s")
+
+
+def _rounds(record: TrialRecord) -> str:
+    """A candidate of stage 5's interleaved rounds against the other, in words."""
+    shares = record.round_shares
+    return (f"run back to back with it in {len(shares)} interleaved rounds, "
+            + ", ".join(f"{s:.2f}x" for s in shares)
+            + f" its samples/s: ahead in {sum(s > 1 for s in shares)} of {len(shares)}")
 
 
 def _why(winner: TrialRecord, baseline: TrialRecord, records: tuple[TrialRecord, ...],
@@ -380,7 +400,14 @@ def _why(winner: TrialRecord, baseline: TrialRecord, records: tuple[TrialRecord,
     if not others or not winner.samples_per_s:
         return text
     runner_up = max(others, key=lambda r: r.samples_per_s or 0.0)
-    if winner.time_to_train_s is not None:  # the objective is not samples/s: no lead in it
+    paired = next((r for r in others if r.round_shares), None)
+    if winner.round_shares and paired is not None:
+        # stage 5's rounds decided between the two: the lead is theirs, not the best runs'
+        runner_up = paired
+        text += (f"; the runner-up {runner_up.label()} (best run {runner_up.samples_per_s:,.1f}"
+                 f" samples/s): {_rounds(winner)} (two runs of one config here drifted "
+                 f"further apart than their gap)")
+    elif winner.time_to_train_s is not None:  # the objective is not samples/s: no lead in it
         text += f"; runner-up {runner_up.label()} ({runner_up.reason})"
     else:
         ahead = lead(winner.samples_per_s, winner.halfwidth, runner_up.samples_per_s or 0.0,

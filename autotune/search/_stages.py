@@ -38,7 +38,12 @@
    race), interleaved; each keeps its better run. A clear lead stands without a second run.
    Where two runs of one config drifted further apart than that noise (a shared machine's
    busy minute), the candidates timed once within that drift of the leader are re-measured
-   too: one run that far behind is not behind at all.
+   too: one run that far behind is not behind at all. Where that drift (wider than
+   ``confirm_within``) also exceeds the gap between the leader and its best challenger, the
+   two run back to back in interleaved rounds, the order reversed each round (the re-measures
+   just made are the first round where the two ran one after the other): two rounds, a third
+   where they split. The one ahead in most rounds is picked of the two, whatever their best
+   runs say: a run in a quiet minute is not a faster config (``TrialRecord.round_shares``).
    A compiled leader not yet run with its graphs compiled afresh is re-measured so (an empty
    inductor cache of its own): that run is also stage 6's check.
 6. Where a compile's own memory counts in the peak (CPU), a compiled winner fits only if a run
@@ -116,6 +121,8 @@ Runner = Callable[[TrialSpec], TrialResult]
 OnTrial = Callable[[int, str, Candidate, TrialRecord | None], None]
 """Progress: (runs so far, stage, candidate, its record when done or None when starting)."""
 FIRST_MODES = ("off", "default")
+_ROUNDS = 2
+"""Stage 5's interleaved rounds when they agree; one more where they split."""
 _SPACE_SETTINGS = frozenset((
     "num_timed_steps", "rank_precision", "min_timed_s", "micro_batches_per_class",
     "refine_within", "slower_factor", "stop_margin", "num_confirm", "confirm_within",
@@ -200,6 +207,12 @@ def _memory_class(knobs: Knobs) -> tuple[str, ...]:
                  if k.frees_memory or k.name in ("precision", "compile_mode"))
 
 
+def _ratio(one: TrialResult | None, other: TrialResult | None) -> float | None:
+    """``one``'s samples/s over ``other``'s (None: either did not run its timed steps)."""
+    a, b = (r.samples_per_s() if r is not None and r.ok else None for r in (one, other))
+    return a / b if a and b else None
+
+
 def interrupt_name(exc: BaseException) -> str:
     """``Ctrl-C``, or the signal that ended the search (e.g. ``SIGTERM``)."""
     name = getattr(exc, "signal_name", None)
@@ -265,6 +278,9 @@ class _Search:
         hit): what a first launch peaks at. One out of memory is kept over one that fit."""
         self.drift: dict[Candidate, float] = {}
         """``SearchOutcome.drift``: candidates timed twice in this search, and how far apart."""
+        self.round_shares: dict[Candidate, tuple[float, ...]] = {}
+        """The two candidates of stage 5's interleaved rounds, each with its samples/s over
+        the other's in each round (``TrialRecord.round_shares``)."""
         for key, result in [*self.probe_runs.items(), *self.held.items()]:
             self._note_cold(key, result)
         self.stage = "probe"
@@ -958,8 +974,71 @@ class _Search:
             # A repeated search: its first confirmed the race; the re-check only asks whether
             # the two leaders still run as stored, timed until their medians are known.
             keys = keys[:2]
-        self._remeasure(keys)
-        self._remeasure(self._within_drift(), cold_first=False)
+        ran = self._remeasure(keys)
+        ran.update(self._remeasure(self._within_drift(), cold_first=False))
+        self._interleave(ran)
+
+    def _round_pair(self) -> tuple[Candidate, Candidate, Candidate, float] | None:
+        """The leader and its best challenger where their gap is within the widest drift
+        between two runs of one config in this search, and that drift is wider than a
+        machine's run-to-run noise (``confirm_within``): the leader, the challenger, the
+        config that drifted and by how much. None otherwise, or where the objective counts
+        compile time (``train_steps``: rounds compare step speed)."""
+        widest = max(self.drift.items(), key=lambda kv: kv[1], default=None)
+        if self.settings.train_steps or widest is None or \
+                widest[1] <= self.settings.confirm_within:
+            return None
+        ranked = [k for k in self._ranked() if k not in self.stored]
+        if len(ranked) < 2 or ranked[0] != self._leader():
+            return None
+        top, second = (self._score(k, full=True) or 0.0 for k in ranked[:2])
+        if not top or second < top * (1 - widest[1]):
+            return None
+        return ranked[0], ranked[1], *widest
+
+    def _interleave(self, first: Mapping[Candidate, TrialResult]) -> None:
+        """Stage 5's interleaved rounds (module docstring): where runs of one config drifted
+        further apart than the leader's gap to its best challenger, the two run back to back,
+        the order reversed each round, until one is ahead in most rounds (two, a third where
+        they split). The runs of ``first`` (the re-measures just made, in order) are the
+        first round where the two ran one after the other. Each round's ratio lands in
+        ``round_shares``; ``pick_winner`` follows the rounds over the best runs."""
+        pair = self._round_pair()
+        if pair is None:
+            return
+        leader, challenger, config, drift = pair
+        gap = 1 - (self._score(challenger, full=True) or 0.0) / (
+            self._score(leader, full=True) or 1.0)
+        shares: list[float] = []
+        ran = list(first)
+        order = [k for k in ran if k in (leader, challenger)]
+        if len(order) == 2 and abs(ran.index(leader) - ran.index(challenger)) == 1:
+            shares.append(_ratio(first[challenger], first[leader]) or 0.0)
+            order.reverse()
+        else:  # not run back to back: two rounds of their own
+            order = [leader, challenger]
+        while len(shares) < _ROUNDS or (
+                len(shares) < _ROUNDS + 1 and sum(s > 1 for s in shares) * 2 == len(shares)):
+            runs = self._remeasure(order, cold_first=False, in_round=True)
+            ratio = _ratio(runs.get(challenger), runs.get(leader))
+            if ratio is None:  # a run failed (out of memory: that candidate is out)
+                break
+            shares.append(ratio)
+            order.reverse()
+        if not shares or not all(shares):
+            return
+        self.round_shares[challenger] = tuple(shares)
+        self.round_shares[leader] = tuple(1 / s for s in shares)
+        ahead = sum(s > 1 for s in shares)
+        picked = challenger if ahead * 2 > len(shares) else leader
+        self.skipped.append(
+            f"{challenger.key()} and {leader.key()} ran in {len(shares)} interleaved rounds, "
+            "back to back, the order reversed each round: two runs of "
+            f"{config.key()} drifted {drift:.0%} apart here, wider than their {gap:.0%} "
+            f"gap. {challenger.key()} ran "
+            + ", ".join(f"{s:.2f}x" for s in shares)
+            + f" the other's samples/s: ahead in {ahead} of {len(shares)}; "
+            f"{picked.key()} stands as the pick of the two")
 
     def _within_drift(self) -> list[Candidate]:
         """Up to ``num_confirm`` candidates run once (in full, or stopped early behind) whose
@@ -983,18 +1062,22 @@ class _Search:
                 "apart here")
         return once
 
-    def _remeasure(self, keys: Sequence[Candidate], *, cold_first: bool = True) -> None:
+    def _remeasure(self, keys: Sequence[Candidate], *, cold_first: bool = True,
+                   in_round: bool = False) -> dict[Candidate, TrialResult]:
         """Stage 5's runs: each of ``keys`` once more, keeping its better run; the first (the
-        leader) compiled afresh where its first launch is unchecked (``cold_first``)."""
+        leader) compiled afresh where its first launch is unchecked (``cold_first``). One
+        re-measured before (a resumed search) is not run again, unless ``in_round``.
+        The runs made, in order."""
+        ran: dict[Candidate, TrialResult] = {}
         for key in keys:
             recheck = key in self.stored
-            if self.runs.get(key, 1) >= 2 and not recheck:  # re-measured before a resume
-                continue
+            if self.runs.get(key, 1) >= 2 and not (recheck or in_round):
+                continue  # re-measured before a resume
             if cold_first and key == keys[0] and not recheck and \
                     self._unchecked_launch(key):
                 # The leader's re-measure compiles afresh: it is also stage 6's check that it
                 # fits a first launch, where the leader is most often the winner.
-                self._cold_run(key)
+                ran[key] = self._cold_run(key)
                 continue
             candidate = key
             spec = self.spec(candidate, early_stop=False)
@@ -1023,6 +1106,8 @@ class _Search:
             if recheck:
                 self.stored.discard(key)
                 self.skipped.append(self._rechecked(key, stored, again))
+            ran[key] = again
+        return ran
 
     def fit_cold(self) -> None:
         """Stage 6 (module docstring): check that the compiled winner fits as a first launch
@@ -1133,8 +1218,7 @@ class _Search:
 
     def _winner(self) -> Candidate | None:
         """The candidate the outcome would pick now (``pick_winner`` over the verdicts)."""
-        records = {k: classify(k, r, self.results, self.baseline, self.report,
-                               self.settings)[0] for k, r in self.results.items()}
+        records = {k: self._record(k, r) for k, r in self.results.items()}
         best = pick_winner(tuple(records.values()), self.settings)
         return next((k for k, rec in records.items() if rec is best), None)
 
@@ -1396,8 +1480,7 @@ class _Search:
                 "(every parameter gathered at once in forward and backward: less memory saved "
                 "at the peak); name them with Workload(blocks=...)")
         records = tuple(
-            replace(classify(k, r, self.results, self.baseline, self.report,
-                             self.settings)[0], number=i, num_runs=self.runs.get(k, 1),
+            replace(self._record(k, r), number=i, num_runs=self.runs.get(k, 1),
                     timed_s=self.timed_s.get(k) or None)
             for i, (k, r) in enumerate(self.results.items()))
         return SearchOutcome(records=records, results=self.results, baseline=self.baseline,
@@ -1410,6 +1493,11 @@ class _Search:
                              cost=SearchCost(num_runs=self.num_runs, **self.cost,
                                              num_compiled_runs=self.compiles[0],
                                              num_cached_compiles=self.compiles[1]))
+
+    def _record(self, key: Candidate, result: TrialResult) -> TrialRecord:
+        """``classify``'s record, with the candidate's interleaved rounds."""
+        rec = classify(key, result, self.results, self.baseline, self.report, self.settings)[0]
+        return replace(rec, round_shares=self.round_shares.get(key, ()))
 
     def _first_launch(self) -> dict[Candidate, str]:
         """``SearchOutcome.first_launch``: what is unknown or against each compiled candidate's
