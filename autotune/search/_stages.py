@@ -15,7 +15,10 @@
    memory gets a boundary probe of its own only where memory binds the leader (its largest fit
    is under the per-device batch, or the allocator retried); any other value is timed at the
    leader's micro-batch. The best becomes the leader for the next knob. The space grows by
-   the sum of the knobs' values, not their product. Where memory binds, the values that
+   the sum of the knobs' values, not their product, plus, where a later knob changed the
+   leader's setting at the same micro-batch, the values of the knobs screened before it that
+   free no memory, timed once more on the final leader (an optimizer implementation can gain
+   beside channels_last and lose without it). Where memory binds, the values that
    peaked below the leader are timed together too (their savings add up) and probed above
    its micro-batch, lowest peak first, where the growth per sample says the next may fit;
    such a probe starts from the setting's runs so far (its timed run at the leader's
@@ -84,7 +87,7 @@ from autotune.config import (
     format_bytes,
 )
 from autotune.device import backend_for
-from autotune.knobs import KNOBS, job_baseline, skip_reason
+from autotune.knobs import KNOBS, Knob, job_baseline, skip_reason
 from autotune.memory import OnStep, hint_for, probe_memory, probe_spec
 from autotune.runner import run_isolated
 from autotune.schema import RunKind, RunRecord, SearchCost, StudyRecord, TrialRecord
@@ -447,40 +450,67 @@ class _Search:
         micro-batch (after refinement moved the leader to another micro-batch, where their
         effect can differ: an optimizer step weighs more beside smaller micro-batches)."""
         lowered: list[tuple[str, str, Candidate]] = []  # (knob, value, where it was timed)
+        after: dict[str, Candidate] = {}  # per timing knob, the leader once it was screened
         for knob in KNOBS[2:]:
             if timing_only and knob.frees_memory:
                 continue
             leader = self._leader()
             if leader is None:
                 return
-            for value in self.values.get(knob.name, ()):
-                if value == getattr(leader.knobs, knob.name):
-                    continue
-                knobs = leader.knobs.with_(**{knob.name: value})
-                timed_here = Candidate(knobs=knobs, micro_batch=leader.micro_batch)
-                recompute = knob.name == "checkpointing" and value in knob.frees_memory
-                if knobs in self.probes or (timed_here in self.results and not recompute):
-                    continue  # (a recompute's run there, stored, says nothing of its probe)
-                why = skip_reason(knobs, self.traits)
-                if why is None and value in knob.frees_memory:
-                    why = self._why_not_free(leader)
-                if why is None and recompute:
-                    why = self._why_not_recompute(leader)
-                if why:
-                    self.skipped.append(f"{knobs.label()} not tried: {why}")
-                elif recompute:
-                    self._probe_recompute(knobs)
-                elif value in knob.frees_memory:
-                    self.probe(knobs)
-                else:
-                    result = self.measure(self.spec(Candidate(knobs=knobs,
-                                                              micro_batch=leader.micro_batch)))
-                    if result.status == "oom":  # it needs more memory than the leader's
-                        self.probe(knobs)
-                    elif self._lower_peak(leader, timed_here):
-                        # its boundary may be above the leader's
-                        lowered.append((knob.name, value, timed_here))
+            if knobs_after := self._knob_values_screened(knob, leader, lowered):
+                after[knob.name] = knobs_after
         self._probe_lowered(lowered)
+        final = self._leader()
+        stale = {name: on for name, on in after.items() if final is not None
+                 and on.knobs != final.knobs and on.micro_batch == final.micro_batch}
+        if not timing_only and stale and final is not None:
+            # A knob screened before a later one changed the leader's setting: its best value
+            # can depend on the other's (an optimizer implementation on channels_last), so
+            # its values are timed again on the final leader, once. (A leader at another
+            # micro-batch is screened again after refinement, ``stages``.)
+            known = len(self.results)
+            self.screen(timing_only=True)
+            if len(self.results) > known:
+                on = next(iter(stale.values()))
+                self.skipped.append(
+                    f"{', '.join(stale)} screened again on {final.key()}: the leader changed "
+                    f"after {'it was' if len(stale) == 1 else 'they were'} screened (on "
+                    f"{on.knobs.label()}), and a knob's best value can depend on another's")
+
+    def _knob_values_screened(self, knob: Knob, leader: Candidate,
+                              lowered: list[tuple[str, str, Candidate]]) -> Candidate | None:
+        """Stage 3 for one knob: each of its values on ``leader`` (``screen``); a value that
+        peaked below the leader joins ``lowered``. For a knob that frees no memory, the
+        leader after it (None for one that does)."""
+        for value in self.values.get(knob.name, ()):
+            if value == getattr(leader.knobs, knob.name):
+                continue
+            knobs = leader.knobs.with_(**{knob.name: value})
+            timed_here = Candidate(knobs=knobs, micro_batch=leader.micro_batch)
+            recompute = knob.name == "checkpointing" and value in knob.frees_memory
+            if knobs in self.probes or (timed_here in self.results and not recompute):
+                continue  # (a recompute's run there, stored, says nothing of its probe)
+            why = skip_reason(knobs, self.traits)
+            if why is None and value in knob.frees_memory:
+                why = self._why_not_free(leader)
+            if why is None and recompute:
+                why = self._why_not_recompute(leader)
+            if why:
+                self.skipped.append(f"{knobs.label()} not tried: {why}")
+            elif recompute:
+                self._probe_recompute(knobs)
+            elif value in knob.frees_memory:
+                self.probe(knobs)
+            else:
+                result = self.measure(self.spec(Candidate(knobs=knobs,
+                                                          micro_batch=leader.micro_batch)))
+                if result.status == "oom":  # it needs more memory than the leader's
+                    self.probe(knobs)
+                elif self._lower_peak(leader, timed_here):
+                    # its boundary may be above the leader's
+                    lowered.append((knob.name, value, timed_here))
+        now = self._leader()
+        return None if knob.frees_memory else now
 
     def _probe_recompute(self, knobs: Knobs) -> None:
         """Probe a checkpointing value above the largest micro-batch its setting fits without
