@@ -185,8 +185,8 @@ def prediction_halfwidth(points: Sequence[tuple[int, float, float]],
     mean_x = statistics.fmean(xs)
     spread = sum((x - mean_x) ** 2 for x in xs)
     weights = [1 / len(xs) + (micro_batch - mean_x) * (x - mean_x) / spread for x in xs]
-    sigma = math.sqrt(sum((w * h * t) ** 2 for w, h, (_, t, _) in
-                          zip(weights, halfwidths, points, strict=True)))
+    sigma = math.hypot(*(w * h * t for w, h, (_, t, _) in  # (no underflow in the squares)
+                         zip(weights, halfwidths, points, strict=True)))
     return per_device_batch / micro_batch * sigma / step_s
 
 
