@@ -1779,3 +1779,32 @@ def test_the_pick_between_two_candidates_of_interleaved_rounds_follows_most_roun
     # Without rounds the faster best run is picked.
     bare = (replace(a, round_shares=()), replace(b, round_shares=()))
     assert pick_winner(bare, SETTINGS) is bare[other > one]
+
+
+def test_a_clear_compiled_leaders_first_launch_run_is_made_in_the_race_and_its_drift_counts(
+        ) -> None:
+    # bf16/max-autotune (330/s) leads bf16/default (300/s) by 10%, beyond the noise: no close
+    # race. Its graphs all loaded from the cache, so its first launch is unchecked: that run
+    # (compiled afresh, +50 MiB: fits) is made in the race, and lands in a busy minute (1.4x
+    # slower). Two runs of the leader 40% apart: the two candidates timed once within that are
+    # re-measured, and bf16/default, 9% behind, runs against it in interleaved rounds. The
+    # first round (the busy run, then bf16/default's re-measure) has bf16/default ahead, the
+    # second not: a third decides, and the leader stands.
+    device = CompileCacheDevice(ScriptedDevice(by_class(100, 150, 160, 200, 300, 330)),
+                                compile_mib=50)
+    device.cached = {(k.graph(), m) for k in CLASSES for m in (1, 2, 4, 8, 16, 32, 64)}
+    run, seen = _busy_minutes(device, {"bf16/max-autotune/32": (2, 1.4)})
+    outcome, _ = cpu_search(run)
+    assert device.cold_runs() == ["bf16/max-autotune/32"]
+    assert [s for s in outcome.skipped if "re-measured:" in s] == [
+        "bf16/default/32 re-measured: timed once at 0.91x the leader (bf16/max-autotune/32), "
+        "within the 40% two runs of bf16/max-autotune/32 drifted apart here",
+        "bf16/off/32 re-measured: timed once at 0.61x the leader (bf16/max-autotune/32), "
+        "within the 40% two runs of bf16/max-autotune/32 drifted apart here"]
+    assert outcome.skipped[-1].endswith(
+        "bf16/default/32 ran 1.27x, 0.91x, 0.91x the other's samples/s: ahead in 1 of 3; "
+        "bf16/max-autotune/32 stands as the pick of the two")
+    assert seen["bf16/max-autotune/32"] == seen["bf16/default/32"] == 4
+    winner = pick_winner_record(outcome)
+    assert (winner.knobs.label(), winner.micro_batch) == ("bf16/max-autotune", 32)
+    assert winner.peak_bytes == 790 * MIB  # its first launch's

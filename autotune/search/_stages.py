@@ -48,7 +48,9 @@
    where they split. The one ahead in most rounds is picked of the two, whatever their best
    runs say: a run in a quiet minute is not a faster config (``TrialRecord.round_shares``).
    A compiled leader not yet run with its graphs compiled afresh is re-measured so (an empty
-   inductor cache of its own): that run is also stage 6's check.
+   inductor cache of its own): that run is also stage 6's check. It is made here even for a
+   clear lead (stage 6 would make it anyway): as a second run of the leader it shows the
+   drift before the race is settled.
 6. Where a compile's own memory counts in the peak (CPU), a compiled winner fits only if a run
    of it that compiled its graphs afresh fit: a run that loads them from inductor's cache
    (another setting with the same graphs compiled them, e.g. another optimizer implementation,
@@ -996,15 +998,26 @@ class _Search:
         """Re-measure the leader and its close contenders; keep each one's better run. A
         contender timed only by a search before (the local study store) is re-measured once
         here, the leader and the runner-up at least: if its stored timing is no longer within
-        the noise of what it runs at now, the fresh run replaces it."""
+        the noise of what it runs at now, the fresh run replaces it.
+
+        A clear leader, compiled and not yet run as a first launch compiles it, has stage 6's
+        run made here: it is a second run of the leader too, so the drift between its two
+        runs is known before the race is settled (``_within_drift``, ``_interleave``)."""
         keys = self._contenders()
-        if len(keys) < 2 and not (keys and keys[0] in self.stored):
+        if not keys or (len(keys) < 2 and keys[0] not in self.stored
+                        and not self._unchecked_launch(keys[0])):
             return
         if all(k in self.stored for k in keys):
             # A repeated search: its first confirmed the race; the re-check only asks whether
             # the two leaders still run as stored, timed until their medians are known.
             keys = keys[:2]
         ran = self._remeasure(keys)
+        cold = self.cold.get(keys[0])
+        if keys[0] in ran and cold is not None and not cold.fits(self.report.usable_bytes()):
+            # Its run compiled afresh, as a first launch does, did not fit: stage 6 now.
+            self.stage = "first launch"
+            self._rule_out(keys[0], cold)
+            return
         ran.update(self._remeasure(self._within_drift(), cold_first=False))
         self._interleave(ran)
 
@@ -1149,15 +1162,22 @@ class _Search:
             if winner not in self.cold and self._fits_by_sibling(winner):
                 return
             cold = self.cold.get(winner) or self._cold_run(winner)
-            if cold.fits(usable):
+            if cold.fits(usable) or not self._rule_out(winner, cold):
                 return
-            if not (cold.ok or cold.status in OUT_OF_MEMORY):  # says nothing of memory
-                self.skipped.append(self._unchecked(
-                    winner, f"its run compiled afresh ended {cold.status}"))
-                return
-            speed = self.results[winner].samples_per_s()
-            self._out_cold(winner, cold)
-            self._time_below_out(winner, speed)
+
+    def _rule_out(self, winner: Candidate, cold: TrialResult) -> bool:
+        """The winner's run compiled afresh did not fit: it is out (``_out_cold``), and its
+        setting's next smaller micro-batch is timed where it could win
+        (``_time_below_out``). False where that run ended otherwise (it says nothing of
+        memory: the winner stands, said unchecked)."""
+        if not (cold.ok or cold.status in OUT_OF_MEMORY):
+            self.skipped.append(self._unchecked(
+                winner, f"its run compiled afresh ended {cold.status}"))
+            return False
+        speed = self.results[winner].samples_per_s()
+        self._out_cold(winner, cold)
+        self._time_below_out(winner, speed)
+        return True
 
     def _time_below_out(self, out: Candidate, speed: float | None) -> None:
         """A compiled winner is out as a first launch: time its setting at the next smaller
