@@ -1294,6 +1294,36 @@ def test_checkpointing_out_as_a_first_launch_is_not_timed_where_its_setting_fits
     assert (winner.knobs.label(), winner.micro_batch) == (leader, 32)
 
 
+def test_a_checkpointed_winner_out_as_a_first_launch_times_its_setting_without_it_below(
+        ) -> None:
+    # As above, with the fused optimizer (1.1x) screened on the checkpointed leader at 64: it
+    # leads there and is out as a first launch. Its setting without checkpointing (fused,
+    # never timed: it was screened on the checkpointed leader) is timed at 32 first, compiled
+    # afresh: it fits, so the checkpointed fused at 32 is not run, and fused at 32 wins (the
+    # oracle's kind of best: the masked LM's `search_quality_slow-bert-xeon-race.md` picked
+    # checkpointing + fused at 8 there instead, 0.90x).
+    device = CompileCacheDevice(KnobDevice(
+        by_class(100, 150, 160, 200, 300, 330),
+        shape=lambda m: {64: 2.0}.get(m, 1 - 0.1 * math.log2(32 / m)),
+        ckpt_memory={"off": 1.0, "alternate": 0.6, "blocks": 0.55}), compile_mib=150)
+    device.cached = {(k.graph().with_(checkpointing=c), m) for k in CLASSES
+                     for c in ("blocks", "alternate") for m in (1, 2, 4, 8, 16, 32, 64)}
+    outcome, _ = cpu_search(device, values={"checkpointing": ("off", "blocks", "alternate"),
+                                            "optimizer_impl": ("default", "fused")})
+    fused = "bf16/max-autotune+opt=fused"
+    assert device.cold_runs()[:2] == ["bf16/max-autotune+ckpt=alternate+opt=fused/64",
+                                      f"{fused}/32"]
+    assert not any(s.knobs.checkpointing != "off" and s.micro_batch <= 32
+                   for s in device.specs)
+    assert ("bf16/max-autotune+ckpt=alternate+opt=fused/32 not timed (below "
+            "bf16/max-autotune+ckpt=alternate+opt=fused/64, out as a first launch): "
+            f"checkpointing recomputes, so it runs no faster where {fused} fits without it "
+            f"({fused}/32 fits, compiled afresh as a first launch compiles it, without "
+            "allocator retries)") in outcome.skipped
+    winner = pick_winner_record(outcome)
+    assert (winner.knobs.label(), winner.micro_batch) == (fused, 32)
+
+
 def test_a_first_launch_out_of_memory_rules_out_each_leader_until_one_fits() -> None:
     # Warm, the fused optimizer (1.1x) on bf16/max-autotune at 32 leads; the optimizer runs
     # eager, so its graphs are the setting's own, all in the cache. Compiled afresh they run
@@ -1808,3 +1838,32 @@ def test_a_clear_compiled_leaders_first_launch_run_is_made_in_the_race_and_its_d
     winner = pick_winner_record(outcome)
     assert (winner.knobs.label(), winner.micro_batch) == ("bf16/max-autotune", 32)
     assert winner.peak_bytes == 790 * MIB  # its first launch's
+
+
+def test_a_round_run_out_of_memory_ends_the_rounds_and_that_candidate_is_out() -> None:
+    # The rounds of the test above, but bf16/max-autotune's run in the second round runs out
+    # of memory (at the boundary, it does not fit every run): the rounds end there, no round
+    # decides, and it is out with both runs said; bf16/default is picked.
+    settings = replace(SLOW, refine_within=0.0, confirm_within=0.2)
+    steady = ScriptedDevice(by_class(100, 150, 150, 200, 300, 320), jitter=(0.0, 0.02, -0.02))
+    busy = _busier_after(steady, "bf16/default/32", 1.3)
+    timed = {"n": 0}
+
+    def run(spec: TrialSpec) -> TrialResult:
+        result = busy(spec)
+        if spec.num_timed_steps and (spec.precision, spec.compile_mode, spec.micro_batch) == (
+                "bf16", "max-autotune", 32):
+            timed["n"] += 1
+            if timed["n"] == 3:
+                return TrialResult(status="oom", message="CUDA out of memory",
+                                   samples_per_step=64, wall_s=1.0)
+        return result
+
+    outcome = run_search(plan(), CLASSES, settings, run=run)
+    assert timed["n"] == 3
+    assert not any(r.round_shares for r in outcome.records)
+    assert not [s for s in outcome.skipped if "interleaved rounds" in s]
+    out = next(r for r in outcome.records if r.label() == "bf16/max-autotune 32x2")
+    assert out.verdict == "oom" and "another run of it fit" in out.reason, out
+    assert tuned_config(plan(), outcome, settings).reason.startswith(
+        "bf16/default 32x2 won at 300.0 samples/s")

@@ -1055,10 +1055,11 @@ class _Search:
         shares: list[float] = []
         ran = list(first)
         order = [k for k in ran if k in (leader, challenger)]
-        if len(order) == 2 and abs(ran.index(leader) - ran.index(challenger)) == 1:
-            shares.append(_ratio(first[challenger], first[leader]) or 0.0)
+        ratio = _ratio(first.get(challenger), first.get(leader))
+        if ratio is not None and abs(ran.index(leader) - ran.index(challenger)) == 1:
+            shares.append(ratio)
             order.reverse()
-        else:  # not run back to back: two rounds of their own
+        else:  # not run back to back (or one run failed): two rounds of their own
             order = [leader, challenger]
         while len(shares) < _ROUNDS or (
                 len(shares) < _ROUNDS + 1 and sum(s > 1 for s in shares) * 2 == len(shares)):
@@ -1068,7 +1069,7 @@ class _Search:
                 break
             shares.append(ratio)
             order.reverse()
-        if not shares or not all(shares):
+        if len(shares) < _ROUNDS:  # a run failed: the best runs stand (an out one is out)
             return
         self.round_shares[challenger] = tuple(shares)
         self.round_shares[leader] = tuple(1 / s for s in shares)
@@ -1188,7 +1189,8 @@ class _Search:
         speed bounds it, and the next pick must be behind that. A checkpointed setting is not
         timed where its setting without checkpointing fits as a first launch
         (``_recompute_floor``): it recomputes, so there it runs no faster, and a lead it shows
-        there is noise."""
+        there is noise; where that is not known, the setting without checkpointing is timed
+        there first, compiled afresh (it may be the faster of the two)."""
         smaller = [m for m in self.micro_batches if m < out.micro_batch]
         if not smaller or not speed:
             return
@@ -1196,6 +1198,15 @@ class _Search:
         after = self._winner()
         if key in self.results or (after is not None and (self._score(after) or 0.0) >= speed):
             return
+        twin_key = Candidate(knobs=out.knobs.with_(checkpointing="off"),
+                             micro_batch=key.micro_batch)
+        if out.knobs.checkpointing != "off" and twin_key not in self.results and \
+                self._recompute_floor(out.knobs) < key.micro_batch and \
+                skip_reason(twin_key.knobs, self.traits) is None:
+            # Its setting without checkpointing first (never timed there: a knob screened on
+            # the checkpointed leader): where that fits as a first launch it is the faster of
+            # the two (checkpointing recomputes), and the checkpointed one is not run.
+            self.measure(replace(self.spec(twin_key, early_stop=False), cold_compile=True))
         floor = self._recompute_floor(out.knobs)
         if floor >= key.micro_batch:
             twin = out.knobs.with_(checkpointing="off")
