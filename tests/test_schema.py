@@ -143,6 +143,11 @@ def test_schema_1_problems_name_the_files_own_fields(tmp_path: Path) -> None:
     ("trials.0.verdict", "unsupported", None),
     ("trials.0.fragmentation_bytes", -1, "trials[0].fragmentation_bytes: got -1: Input should "
                                          "be greater than or equal to 0"),
+    ("trials.0.round_shares", "1.2x", "trials[0].round_shares: got '1.2x': Input should be a "
+                                       "valid array"),
+    ("trials.0.round_shares", [1.2, "fast"], "trials[0].round_shares[1]: got 'fast': Input "
+                                             "should be a valid number"),
+    ("trials.0.round_shares", [1.2, 0.9, 1.1], None),
     ("interrupted", 1, "interrupted: got 1: Input should be a valid boolean"),
     ("workload", "list", "workload: got 'list': Input should be an object"),
     ("workload", ["l", "i"], "workload: got ['l', 'i']: Input should be an object"),

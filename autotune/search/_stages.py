@@ -59,7 +59,8 @@
    it is out, with the reason, and the next winner is checked the same way. Where the out
    winner was ahead of that next one, its setting's next smaller micro-batch (its boundary as
    a first launch, and not walked in stage 4) is timed first, compiled afresh (not for a
-   checkpointed one where its setting fits that micro-batch without it as a first launch).
+   checkpointed one where its setting fits that micro-batch without it as a first launch;
+   where that is not known, the setting without checkpointing is timed there first).
    That run is not needed where a run of the same graphs (``Knobs.graph``) at its micro-batch
    compiled them afresh and fit with room to spare: compiling adds to the winner's own peak at
    most what that whole run peaked at, so the two peaks' sum within the usable budget settles
