@@ -1263,6 +1263,18 @@ def pick_winner_record(outcome):
     return pick_winner(outcome.records, SETTINGS)
 
 
+def _checkpointed_out_cold() -> CompileCacheDevice:
+    """Memory binds at 32, 64 runs twice as fast per sample, checkpointing fits 64 only with
+    its graphs in the cache (compiling afresh adds 150 MiB)."""
+    device = CompileCacheDevice(KnobDevice(
+        by_class(100, 150, 160, 200, 300, 330),
+        shape=lambda m: {64: 2.0}.get(m, 1 - 0.1 * math.log2(32 / m)),
+        ckpt_memory={"off": 1.0, "alternate": 0.6, "blocks": 0.55}), compile_mib=150)
+    device.cached = {(k.graph().with_(checkpointing=c), m) for k in CLASSES
+                     for c in ("blocks", "alternate") for m in (1, 2, 4, 8, 16, 32, 64)}
+    return device
+
+
 def test_checkpointing_out_as_a_first_launch_is_not_timed_where_its_setting_fits_without_it(
         ) -> None:
     # Memory binds at 32 (740 MiB; 64 needs 1380), and 64 runs twice as fast per sample:
@@ -1272,12 +1284,7 @@ def test_checkpointing_out_as_a_first_launch_is_not_timed_where_its_setting_fits
     # at 32, its setting fits without it as a first launch (its own first run compiled
     # afresh: 890 MiB), so the checkpointed 32 is not compiled and timed (it recomputes: no
     # faster there, a lead only noise), and the reason says so.
-    device = CompileCacheDevice(KnobDevice(
-        by_class(100, 150, 160, 200, 300, 330),
-        shape=lambda m: {64: 2.0}.get(m, 1 - 0.1 * math.log2(32 / m)),
-        ckpt_memory={"off": 1.0, "alternate": 0.6, "blocks": 0.55}), compile_mib=150)
-    device.cached = {(k.graph().with_(checkpointing=c), m) for k in CLASSES
-                     for c in ("blocks", "alternate") for m in (1, 2, 4, 8, 16, 32, 64)}
+    device = _checkpointed_out_cold()
     outcome, records = cpu_search(device, values={"checkpointing": ("off", "blocks",
                                                                     "alternate")})
     leader = "bf16/max-autotune"
@@ -1302,12 +1309,7 @@ def test_a_checkpointed_winner_out_as_a_first_launch_times_its_setting_without_i
     # afresh: it fits, so the checkpointed fused at 32 is not run, and fused at 32 wins (the
     # oracle's kind of best: the masked LM's `search_quality_slow-bert-xeon-race.md` picked
     # checkpointing + fused at 8 there instead, 0.90x).
-    device = CompileCacheDevice(KnobDevice(
-        by_class(100, 150, 160, 200, 300, 330),
-        shape=lambda m: {64: 2.0}.get(m, 1 - 0.1 * math.log2(32 / m)),
-        ckpt_memory={"off": 1.0, "alternate": 0.6, "blocks": 0.55}), compile_mib=150)
-    device.cached = {(k.graph().with_(checkpointing=c), m) for k in CLASSES
-                     for c in ("blocks", "alternate") for m in (1, 2, 4, 8, 16, 32, 64)}
+    device = _checkpointed_out_cold()
     outcome, _ = cpu_search(device, values={"checkpointing": ("off", "blocks", "alternate"),
                                             "optimizer_impl": ("default", "fused")})
     fused = "bf16/max-autotune+opt=fused"
