@@ -1869,3 +1869,29 @@ def test_a_round_run_out_of_memory_ends_the_rounds_and_that_candidate_is_out() -
     assert out.verdict == "oom" and "another run of it fit" in out.reason, out
     assert tuned_config(plan(), outcome, settings).reason.startswith(
         "bf16/default 32x2 won at 300.0 samples/s")
+
+
+def test_ctrl_c_during_the_interleaved_rounds_keeps_the_best_so_far_and_no_partial_round(
+        ) -> None:
+    # The rounds of the quiet-minute test, interrupted (Ctrl-C) at max-autotune's run in the
+    # second round: the search stops with what it knows, no round decides, and the best run
+    # so far (bf16/default's quiet 300) is the pick.
+    settings = replace(SLOW, refine_within=0.0, confirm_within=0.2)
+    steady = ScriptedDevice(by_class(100, 150, 150, 200, 300, 320), jitter=(0.0, 0.02, -0.02))
+    busy = _busier_after(steady, "bf16/default/32", 1.3)
+    timed = {"n": 0}
+
+    def run(spec: TrialSpec) -> TrialResult:
+        if spec.num_timed_steps and (spec.precision, spec.compile_mode, spec.micro_batch) == (
+                "bf16", "max-autotune", 32):
+            timed["n"] += 1
+            if timed["n"] == 3:
+                raise KeyboardInterrupt
+        return busy(spec)
+
+    outcome = run_search(plan(), CLASSES, settings, run=run)
+    assert outcome.interrupted and outcome.stop_reason == "interrupted (Ctrl-C): best so far"
+    assert not any(r.round_shares for r in outcome.records)
+    assert not [s for s in outcome.skipped if "interleaved rounds" in s]
+    assert tuned_config(plan(), outcome, settings).reason.startswith(
+        "bf16/default 32x2 won at 300.0 samples/s")
