@@ -58,6 +58,7 @@ import dataclasses
 import itertools
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -536,6 +537,53 @@ def cost_table(out: dict) -> list[str]:
     return [*lines, ""]
 
 
+def machine_speed(row: dict) -> dict | None:
+    """How fast the machine ran during the search against the oracle's runs: for each
+    candidate both timed, the search's samples/s over the oracle's best (the median of those
+    ratios, their range, how many), and the search's wall time scaled by that median (about
+    what it would have taken at the oracle's speed; compiles are taken to slow alike). None
+    where no candidate was timed by both. On a shared VM the oracle's runs come from other
+    sittings, so its pass and the search may have run at different speeds."""
+    oracle = {c["key"]: c["samples_per_s"] for c in row["oracle"]["candidates"]
+              if c.get("samples_per_s")}
+    shares = []
+    for t in row["search"]["trials"]:
+        name, _, shape = t["label"].rpartition(" ")
+        key = f"{name}/{shape.partition('x')[0]}"
+        if t.get("samples_per_s") and key in oracle:
+            shares.append(t["samples_per_s"] / oracle[key])
+    if not shares:
+        return None
+    median = statistics.median(shares)
+    at_speed = row["search"]["wall_s"] * median
+    first = row["oracle"]["first_pass_s"]
+    return {"median": median, "low": min(shares), "high": max(shares), "num": len(shares),
+            "search_s": at_speed, "cost_ratio": at_speed / first if first else None}
+
+
+def speed_table(out: dict) -> list[str]:
+    """The machine's speed during each search against the oracle's runs (``machine_speed``)."""
+    rows = [(r, m) for r in out["rows"] if (m := machine_speed(r)) is not None]
+    if not rows:
+        return []
+    lines = [
+        "The machine's speed during the search against the oracle's runs: for each candidate "
+        "both timed, the search's samples/s over the oracle's (median, range). On a shared "
+        "VM the speed drifts between sittings, and the oracle's runs are other hours' (its "
+        "best median kept), so a search may run slower or faster throughout. Its wall time "
+        "scaled by that median is about what it would have taken at the oracle's speed "
+        "(compiles taken to slow alike), and its cost against the pass at that speed; the "
+        "cost above is the measured one, and the target is judged on it.", "",
+        "| workload | candidates timed by both | search's samples/s over the oracle's: median "
+        "(range) | search s at the oracle's speed | cost at the oracle's speed |",
+        "|---|---:|---:|---:|---:|"]
+    for r, m in rows:
+        lines.append(f"| {r['workload']} | {m['num']} | {m['median']:.2f}x "
+                     f"({m['low']:.2f}-{m['high']:.2f}x) | {m['search_s']:.0f} | "
+                     f"{_f(m['cost_ratio'])} |")
+    return [*lines, ""]
+
+
 def side_by_side_table(out: dict) -> list[str]:
     """The tuned config run beside the oracle's best (``--side-by-side``), when it was."""
     rows = [r for r in out["rows"] if r.get("side_by_side")]
@@ -630,6 +678,7 @@ def render_knobs(out: dict) -> str:
               "search cost <= 0.10 of one exhaustive pass.", ""]
     if any(r["search"].get("cost") for r in out["rows"]):  # results before issue 18 lack it
         lines += cost_table(out)
+    lines += speed_table(out)
     judged = max([passes, *(runs_per_candidate(r) for r in out["rows"])])
     lines += ["Pick quality of the tuned config in each oracle pass alone"
               + (", and the oracle's own pick judged by its other pass (its pass-1 winner's "

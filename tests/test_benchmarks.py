@@ -349,6 +349,30 @@ def test_side_by_side_renders_each_config_against_the_reference():
     assert "| fp32/off+ckpt=blocks/16 | oom, oom | - | - |" in text
 
 
+def test_machine_speed_compares_the_search_runs_with_the_oracles_of_the_same_candidates():
+    def trial(label, sps):
+        return {"label": label, "samples_per_s": sps}
+
+    row = {"search": {"wall_s": 900.0, "trials": [
+        trial("fp32/off 8x8", 10.0),              # oracle 20: 0.5x
+        trial("bf16/default+ckpt=blocks 32x2", 30.0),  # oracle 40: 0.75x
+        trial("bf16/default 16x4", 36.0),         # oracle 40: 0.9x
+        trial("fp32/off 64x1", None),             # out of memory: no speed
+        trial("bf16/off 8x8", 99.0)]},            # the oracle never ran it
+        "oracle": {"first_pass_s": 9000.0, "candidates": [
+            {"key": "fp32/off/8", "samples_per_s": 20.0},
+            {"key": "fp32/off/64", "samples_per_s": None},
+            {"key": "bf16/default+ckpt=blocks/32", "samples_per_s": 40.0},
+            {"key": "bf16/default+ckpt=blocks/16", "samples_per_s": 1000.0},
+            {"key": "bf16/default/16", "samples_per_s": 40.0}]}}
+    speed = search_quality.machine_speed(row)
+    assert speed == {"median": 0.75, "low": 0.5, "high": 0.9, "num": 3, "search_s": 675.0,
+                     "cost_ratio": 0.075}
+    row["search"]["trials"] = row["search"]["trials"][3:]
+    assert search_quality.machine_speed(row) is None
+    assert search_quality.speed_table({"rows": [row]}) == []
+
+
 @pytest.mark.parametrize("results", sorted((BENCH / "results").glob("search_quality*.json")),
                          ids=lambda p: p.stem)
 def test_search_quality_results_render_as_committed(results):
