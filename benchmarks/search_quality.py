@@ -26,7 +26,11 @@ For each workload, under its memory cap and one target batch (default 16):
    re-run of the tuned config (no OOM expected);
 5. with ``--side-by-side ROUNDS``: the tuned config and the oracle's two best that fit, run in
    interleaved rounds (``oracle.run_side_by_side``): the pick against the oracle's best
-   measured under the same conditions, not against the highest of many single noisy runs.
+   measured under the same conditions, not against the highest of many single noisy runs;
+6. the machine's speed during the search against the oracle's runs (``machine_speed``: the
+   median over the candidates both timed of the search's samples/s over the oracle's), and the
+   cost the search would have had at the oracle's speed, beside the measured one: on a shared
+   VM the oracle's runs come from other sittings.
 
 ``pick_deep_gpt`` is the checkpointing workload: under ``workloads.deep_gpt_cap_bytes()`` (a
 cap measured on the machine: about 53.6 MiB on AMD EPYC, 88.6 MiB on Intel Xeon with AMX; the first
