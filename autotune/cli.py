@@ -95,20 +95,28 @@ TimeoutOpt = Annotated[str, typer.Option(
                       "workload, e.g. 90s or 10m.")]
 
 
+class _Done:
+    """What a command wrote before a signal ended it (``_exits`` says so)."""
+
+    written: Path | None = None
+
+
 @contextlib.contextmanager
-def _exits() -> Iterator[None]:
+def _exits() -> Iterator[_Done]:
     """Turn what ends a command into its exit code (DESIGN.md section 10): a library error's
     own (2 bad input or broken workload, 1 does not fit), 130 for Ctrl-C and 143 for SIGTERM
-    (saying what was written), 3 for a bug of autotune's own (with its traceback)."""
+    (saying what was written: the exception's ``written``, else the command's ``_Done``), 3
+    for a bug of autotune's own (with its traceback)."""
+    done = _Done()
     try:
-        yield
+        yield done
     except AutotuneError as exc:
         # The message may quote a file's values: escaped, so "[/]" or ":smile:" print as typed.
         err.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False,
                   markup=True, emoji=False)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt as exc:
-        written = getattr(exc, "written", None)
+        written = getattr(exc, "written", None) or done.written
         name = "Ctrl-C" if getattr(exc, "signal_name", "SIGINT") == "SIGINT" else exc.signal_name
         err.print(f"interrupted ({name}): " + (
             f"wrote {written}, its train_autotuned.py"
@@ -304,7 +312,7 @@ def search(
 ) -> None:
     """Probe memory, time compile modes x precisions, screen checkpointing, optimizer
     implementation, memory format and allocator on the leader, write the tuned autotune.json."""
-    with _exits():
+    with _exits() as done:
         from autotune import api, errors, report
         from autotune.search import SearchSettings
 
@@ -353,6 +361,7 @@ def search(
                 nproc_per_node=nproc_per_node, allow_inexact=allow_inexact)
             result = api.search(request, out=out, force=force, settings=settings,
                                 on_step=on_step, on_trial=on_trial)
+            done.written = result.path  # a signal from here on: the files are written
         if json_out:
             print(report.to_json(result.config))
         else:

@@ -288,6 +288,8 @@ def test_sigterm_keeps_the_best_so_far_and_leaves_no_child(tmp_path: Path) -> No
 
 @pytest.mark.slow  # 14 s
 def test_ctrl_c_twice_never_loses_or_half_writes_the_best_so_far(tmp_path: Path) -> None:
+    """The baseline's trial is timed, so a best exists: the first Ctrl-C ends the search, the
+    second (0.3 s later, in the handling of the first) waits until it is written."""
     tag = uuid.uuid4().hex
     proc = _start_search(tmp_path, tag)
     _wait_for_a_trial(proc)
@@ -295,14 +297,12 @@ def test_ctrl_c_twice_never_loses_or_half_writes_the_best_so_far(tmp_path: Path)
     time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
-    # 130; or, when the second Ctrl-C came as the interpreter was shutting down (its handlers
-    # already reset), death by SIGINT, which a shell reports as 130 too.
-    assert proc.returncode in (130, -signal.SIGINT), stderr
+    assert proc.returncode == 130, stderr
     _no_survivors(tag)
     _nothing_half_written(tmp_path / "out")
-    written = (tmp_path / "out" / "autotune.json").exists()
-    # Whatever the second Ctrl-C interrupted, what is said is what happened.
-    assert ("nothing written" in _words(stderr)) != written, stdout + stderr
+    config = json.loads((tmp_path / "out" / "autotune.json").read_text())
+    assert config["interrupted"] and any(t["verdict"] == "winner" for t in config["trials"])
+    assert "nothing written" not in _words(stdout + stderr)
 
 
 @pytest.mark.slow

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import threading
 import warnings
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from autotune.api.request import workload_spec
 from autotune.codegen import SCRIPT_NAME, render_train_script
-from autotune.errors import AutotuneError, ConfigError, Interrupted, OutputExistsError
+from autotune.errors import AutotuneError, ConfigError, OutputExistsError
 from autotune.report_html import render_html
 from autotune.schema import (
     TunedConfig,
@@ -23,6 +19,7 @@ from autotune.schema import (
     write_json_atomic,
 )
 from autotune.schema import json_schema as _json_schema
+from autotune.signals import guarded, interrupted_by
 from autotune.usage import Tuned
 
 # ----------------------------------------------------------------------------------------------
@@ -128,11 +125,13 @@ def write_outputs(config: TunedConfig, path: Path, script: Path, *, force: bool)
     search's result goes beside it, and the error says where.
 
     The page is a view of the config, rendered before anything is written: when it cannot be
-    (plotly missing, a bug in the page), the config and the script are still written, and a
-    warning says so and how to write the page later (``autotune report``).
+    rendered (plotly missing, a bug in the page) or written (the disk filled), the config and
+    the script are still written, and a warning says so and how to write the page later
+    (``autotune report``). A script that cannot be written after the config was names both.
 
     Raises:
         OutputExistsError: a file appeared while the search ran.
+        ConfigError: the config or the script cannot be written (saying what was).
         Interrupted: a signal came while writing; the files were written.
     """
     writers = [(path, "config", lambda at, f: save_tuned(config, at, force=f)),
@@ -141,7 +140,8 @@ def write_outputs(config: TunedConfig, path: Path, script: Path, *, force: bool)
     if page is not None:
         writers.append((path.with_suffix(".html"), "report",
                         lambda at, f: write_json_atomic(at, page, force=f)))
-    with _signals_held() as caught:
+    written: list[Path] = []
+    with guarded() as guard:
         for target, what, write in writers:
             try:
                 write(target, force)
@@ -153,8 +153,19 @@ def write_outputs(config: TunedConfig, path: Path, script: Path, *, force: bool)
                     f"overwritten. This search's {what} is in {spare}"
                     + (f" (its config in {path})" if target != path else "")
                     + "; pass --force to overwrite, or --out another folder")) from None
-    if caught:
-        stopped = Interrupted(signal.Signals(caught[0]).name, caught[0])
+            except ConfigError as exc:  # the disk filled, the folder went read-only, ...
+                if what == "report":  # a view of the result, which is written
+                    warnings.warn(
+                        f"{exc}. Written: {' and '.join(map(str, written))}; `autotune report "
+                        f"{path}` writes the page once it can be", stacklevel=2)
+                    continue
+                raise ConfigError(f"{exc}. " + (
+                    f"Written, complete: {path}; `autotune codegen {path} --out "
+                    f"{script.parent}` writes the script once it can be" if written else
+                    "Nothing written")) from exc
+            written.append(target)
+    if guard.held:
+        stopped = interrupted_by(guard.held[0])
         stopped.written = path  # type: ignore[attr-defined]
         raise stopped
 
@@ -179,24 +190,3 @@ def _free_name(path: Path) -> Path:
     while (candidate := path.with_name(f"{path.stem}-{n}{path.suffix}")).exists():
         n += 1
     return candidate
-
-
-@contextlib.contextmanager
-def _signals_held() -> Iterator[list[int]]:
-    """Hold SIGINT and SIGTERM for the milliseconds of writing the outputs: a file is never
-    left half-written, nor one written without the other. Yields the signals that came (a
-    SIGINT or SIGTERM that was ignored before stays ignored). Only the main thread can hold
-    signals; elsewhere this holds nothing."""
-    caught: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield caught
-        return
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    for sig, handler in previous.items():
-        if handler is not signal.SIG_IGN:
-            signal.signal(sig, lambda num, _frame: caught.append(num))
-    try:
-        yield caught
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

@@ -41,6 +41,7 @@ from autotune.schema import (
 from autotune.search import (
     Candidate,
     OnTrial,
+    SearchOutcome,
     SearchSettings,
     interrupt_name,
     recall,
@@ -48,6 +49,7 @@ from autotune.search import (
     run_search,
     tuned_config,
 )
+from autotune.signals import SignalGuard, guarded, interrupted_by
 from autotune.space import divisors, timed_precisions
 
 
@@ -244,20 +246,39 @@ def search(
     info = describe_device(request.device)
     precisions, not_timed = timed_precisions(info, request.precisions)
     plan, classes, budget, values = _plan(replace(request, precisions=precisions), info, True)
-    outcome = run_search(plan, classes, settings, values=values, on_trial=on_trial,
-                         on_step=on_step)
-    report = replace(plan, probes=outcome.probes, skipped=plan.skipped + not_timed)
-    if outcome.baseline is None or outcome.baseline not in outcome.results:
-        if outcome.interrupted and outcome.stop_reason.startswith("interrupted"):
-            raise Interrupted(*_signal_of(outcome.stop_reason))
-        if outcome.interrupted:  # a limit, not a memory verdict
-            raise ConfigError(
-                f"{outcome.stop_reason.split(':')[0]} before fp32 eager (the baseline) was "
-                "measured: nothing to compare with; allow more --time-budget or --max-trials")
-        raise _nothing_fits(plan.workload, info, budget, outcome.probes[0],
-                            _time_left(settings, started), outcome.results,
-                            scope="in fp32 eager (the baseline, measured first)",
-                            ranks=plan.nproc_per_node)
+    # From here a signal ends a stage (the first one) or waits for the writes: once a run is
+    # timed there is a result, and no Ctrl-C or SIGTERM may cost it (autotune.signals).
+    with guarded() as guard:
+        outcome = run_search(plan, classes, settings, values=values, on_trial=on_trial,
+                             on_step=on_step, guard=guard)
+        report = replace(plan, probes=outcome.probes, skipped=plan.skipped + not_timed)
+        if outcome.baseline is None or outcome.baseline not in outcome.results:
+            if outcome.interrupted and outcome.stop_reason.startswith("interrupted"):
+                raise Interrupted(*_signal_of(outcome.stop_reason))
+            if outcome.interrupted:  # a limit, not a memory verdict
+                raise ConfigError(
+                    f"{outcome.stop_reason.split(':')[0]} before fp32 eager (the baseline) was "
+                    "measured: nothing to compare with; allow more --time-budget or "
+                    "--max-trials")
+            with guard.armed():  # it may run one more child: nothing to keep if stopped
+                raise _nothing_fits(plan.workload, info, budget, outcome.probes[0],
+                                    _time_left(settings, started), outcome.results,
+                                    scope="in fp32 eager (the baseline, measured first)",
+                                    ranks=plan.nproc_per_node)
+        config, stop_reason = _finish(report, outcome, settings, started, guard)
+        if path is not None and script is not None:  # both checked before the search began
+            write_outputs(config, path, script, force=force)
+    if guard.held:  # a signal after the search: acted on now that the result is written
+        stopped = interrupted_by(guard.held[0])
+        stopped.written = path  # type: ignore[attr-defined]
+        raise stopped
+    return SearchResult(config=config, path=path, probe=report, stop_reason=stop_reason)
+
+
+def _finish(report: ProbeReport, outcome: SearchOutcome, settings: SearchSettings,
+            started: float, guard: SignalGuard) -> tuple[TunedConfig, str]:
+    """The tuned config of a search's outcome, calibrated for ``autotune check`` where the
+    limits leave room (a signal ends the calibration only), and the reason the search ended."""
     config = tuned_config(report, outcome, settings)
     stop_reason = outcome.stop_reason
     timeout_s = _time_left(settings, started)
@@ -268,19 +289,18 @@ def search(
                "the time budget is spent" if timeout_s is None else
                "--max-trials reached" if runs_left <= 0 else
                f"the estimator traces one process, not a job of {config.knobs.strategy} ranks")
-        config = replace(config, skipped=(*config.skipped, f"no estimator calibration: {why}"))
-    else:
-        try:
+        return replace(config, skipped=(*config.skipped, f"no estimator calibration: {why}")), \
+            stop_reason
+    try:
+        with guard.armed():
             calibration, notes = _calibrate(report, config, timeout_s, runs_left)
-            config = replace(config, memory=replace(config.memory, calibration=calibration),
-                             skipped=(*config.skipped, *notes))
-        except KeyboardInterrupt as exc:  # the search is done: keep its result
-            stop_reason = f"interrupted ({interrupt_name(exc)}) while calibrating: best config kept"
-            config = replace(config, interrupted=True, skipped=(
-                *config.skipped, "no estimator calibration: interrupted"))
-    if path is not None and script is not None:  # both checked before the search began
-        write_outputs(config, path, script, force=force)
-    return SearchResult(config=config, path=path, probe=report, stop_reason=stop_reason)
+        config = replace(config, memory=replace(config.memory, calibration=calibration),
+                         skipped=(*config.skipped, *notes))
+    except KeyboardInterrupt as exc:  # the search is done: keep its result
+        stop_reason = f"interrupted ({interrupt_name(exc)}) while calibrating: best config kept"
+        config = replace(config, interrupted=True, skipped=(
+            *config.skipped, "no estimator calibration: interrupted"))
+    return config, stop_reason
 
 
 def _signal_of(stop_reason: str) -> tuple[str, int]:

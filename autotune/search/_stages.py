@@ -115,6 +115,7 @@ from autotune.search._study import (
     study_identity,
     tell,
 )
+from autotune.signals import SignalGuard
 from autotune.space import divisors
 from autotune.timing import (
     MIN_STEPS_TO_STOP,
@@ -150,7 +151,8 @@ MIN_CHILD_S = 1.0
 
 def run_search(report: ProbeReport, classes: Sequence[Knobs], settings: SearchSettings,
                *, values: Mapping[str, Sequence[str]] | None = None, run: Runner = run_isolated,
-               on_trial: OnTrial | None = None, on_step: OnStep | None = None) -> SearchOutcome:
+               on_trial: OnTrial | None = None, on_step: OnStep | None = None,
+               guard: SignalGuard | None = None) -> SearchOutcome:
     """Probe and time the classes in stages, pruning what cannot win (module docstring).
 
     Args:
@@ -164,6 +166,9 @@ def run_search(report: ProbeReport, classes: Sequence[Knobs], settings: SearchSe
         run: runs a spec (the isolated runner).
         on_trial: progress before and after each child run.
         on_step: progress after each memory probe step.
+        guard: the installed signal guard (``autotune.signals.guarded``): the stages are its
+            armed region, so the first Ctrl-C or SIGTERM ends them and a later one waits for
+            the caller's writes; None leaves signals as they are.
 
     Raises:
         ConfigError: a storage that cannot be opened or holds another search.
@@ -174,14 +179,15 @@ def run_search(report: ProbeReport, classes: Sequence[Knobs], settings: SearchSe
     search = _Search(report, classes, settings, values or {}, run, on_trial, on_step)
     interrupted, stop_reason = False, "every class was tried or pruned with a reason"
     try:
-        try:
-            search.stages(classes)
-        except _Stale as stale:  # the stored runs measured another model: measure afresh
-            search = _Search(report, classes, replace(settings, fresh=True), values or {},
-                             run, on_trial, on_step, before=search)
-            search.study_record = replace(search.study_record, note="; ".join(
-                filter(None, (search.study_record.note, str(stale)))))
-            search.stages(classes)
+        with (guard or SignalGuard()).armed():
+            try:
+                search.stages(classes)
+            except _Stale as stale:  # the stored runs measured another model: afresh
+                search = _Search(report, classes, replace(settings, fresh=True), values or {},
+                                 run, on_trial, on_step, before=search)
+                search.study_record = replace(search.study_record, note="; ".join(
+                    filter(None, (search.study_record.note, str(stale)))))
+                search.stages(classes)
     except _Stop as stop:
         interrupted, stop_reason = True, str(stop)
     except KeyboardInterrupt as exc:
