@@ -17,8 +17,8 @@ import pytest
 from autotune.config import TrialResult, TrialSpec, WorkloadSpec
 from autotune.errors import Interrupted
 from autotune.signals import SignalGuard, guarded
-from tests.test_search_stages import CLASSES, SETTINGS, ScriptedDevice, by_class, plan
 from tests.conftest import workload_target
+from tests.test_search_stages import CLASSES, SETTINGS, ScriptedDevice, by_class, plan
 
 
 def _signal_self(signum: int) -> None:
