@@ -108,7 +108,7 @@ def _tuned_block(config: TunedConfig) -> str:
         f"device{'s' if config.world_size > 1 else ''}.",
     ]
     if config.interrupted:
-        lines.append("The search was interrupted: this is the best config found so far.")
+        lines.append(config.stopped_early())
     out = ["# " + "-" * (_WIDTH - 2)]
     out += _comment(" ".join(lines))
     out.append("#")

@@ -278,7 +278,10 @@ class TunedConfig(HasKnobs):
     skipped: tuple[str, ...] = ()
     """Candidates or classes not measured, with the reason."""
     interrupted: bool = False
-    """True when the search stopped early (Ctrl-C or time budget): best so far."""
+    """True when the search stopped early (a limit, Ctrl-C or SIGTERM): best so far."""
+    stopped_by: str = ""
+    """What stopped it early, e.g. ``--max-trials reached (60 child runs)`` or ``interrupted
+    (Ctrl-C)``; empty when it ran to its end (and in files written before it was recorded)."""
     cost: SearchCost | None = None
     """What the search spent (None: written before it was recorded)."""
     study: StudyRecord | None = None
@@ -291,6 +294,14 @@ class TunedConfig(HasKnobs):
         """micro_batch x accumulate_steps x world_size."""
         return self.micro_batch * self.accumulate_steps * self.world_size
 
+
+    def stopped_early(self) -> str:
+        """A sentence saying what stopped the search before its end ("" when it ran to it):
+        a limit reached is not an interruption."""
+        if not self.interrupted:
+            return ""
+        return (f"The search stopped early ({self.stopped_by or 'the reason was not recorded'})"
+                ": this is the best config found before it stopped.")
 
     def memory_class(self) -> str:
         """The knobs' label, the key of ``memory.max_micro_batch``: e.g. ``bf16/default``."""

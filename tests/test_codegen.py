@@ -124,8 +124,17 @@ def test_every_knob_is_a_literal_the_script_uses() -> None:
         assert knob.name in read, f"{knob.name} is set but never applied"
 
 
-def test_interrupted_search_is_said() -> None:
-    assert "interrupted" in render_train_script(make_tuned(interrupted=True))
+def test_what_stopped_the_search_early_is_said() -> None:
+    def header(**fields: object) -> str:
+        return " ".join(line.lstrip("# ") for line in render_train_script(
+            make_tuned(**fields)).splitlines() if line.startswith("#"))
+
+    signal = header(interrupted=True, stopped_by="interrupted (Ctrl-C)")
+    assert "The search stopped early (interrupted (Ctrl-C)): this is the best config" in signal
+    limit = header(interrupted=True, stopped_by="--max-trials reached (60 child runs)")
+    assert "stopped early (--max-trials reached (60 child runs))" in limit  # not "interrupted"
+    assert "interrupted" not in limit
+    assert "stopped early" not in header()
 
 
 def test_header_lists_every_knob_with_value_and_measurement() -> None:
