@@ -386,8 +386,8 @@ def out_for_tables() -> Console:
 @contextlib.contextmanager
 def _progress() -> Iterator[Progress]:
     progress = Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False),
-                        BarColumn(),
-                        MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True)
+                        BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err,
+                        transient=True)
     with progress:
         yield progress
 
