@@ -13,11 +13,10 @@ import traceback
 from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -26,6 +25,8 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
+from rich.table import Table
+from rich.text import Text
 
 from autotune.errors import AutotuneError, ConfigError, Interrupted
 from autotune.knobs import KNOB, Knobs
@@ -34,8 +35,22 @@ app = typer.Typer(
     help="Find the fastest way to train your model at the effective batch size you want.",
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
 )
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+
+
+def plain_console(**options: object) -> Console:
+    """A console that prints text exactly as given: the one kind autotune prints through.
+
+    Markup, emoji codes and highlighting are off, so a workload's name, an exception message,
+    a path or a rank's ``[/__w/pytorch/...] Connection closed`` prints as typed (never read as
+    ``[tags]`` or ``:emoji:``); autotune's own styling comes only from ``rich.text.Text``
+    objects it builds. ``options`` go to ``Console`` (``stderr``, ``width``, ``file``, ...).
+    """
+    return Console(**{"soft_wrap": True, **options,  # type: ignore[arg-type]
+                      "markup": False, "emoji": False, "highlight": False})
+
+
+out = plain_console()
+err = plain_console(stderr=True)
 
 WorkloadOpt = Annotated[Optional[str], typer.Option(
     "--workload", help="Your workload: path/to/file.py:factory returning autotune.Workload.")]
@@ -111,9 +126,8 @@ def _exits() -> Iterator[_Done]:
     try:
         yield done
     except AutotuneError as exc:
-        # The message may quote a file's values: escaped, so "[/]" or ":smile:" print as typed.
-        err.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False,
-                  markup=True, emoji=False)
+        # The message may quote a file's values or a workload's error: printed as typed.
+        err.print(Text.assemble(("error:", "bold red"), " ", str(exc)))
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt as exc:
         written = getattr(exc, "written", None) or done.written
@@ -212,11 +226,11 @@ def probe(
 
         spec = api.workload_spec(workload=workload, model=model, seq_len=seq_len,
                                  pretrained=pretrained)
-        with err.status("probing memory with real training steps...") as status:
+        with err.status(Text("probing memory with real training steps...")) as status:
             def on_step(knobs, step):
                 err.print(report.probe_step_line(knobs.label(), step), highlight=False)
-                status.update(f"probing memory: {knobs.label()} done up to micro-batch "
-                              f"{step.micro_batch}...")
+                status.update(Text(f"probing memory: {knobs.label()} done up to "
+                                   f"micro-batch {step.micro_batch}..."))
 
             request = api.TuneRequest(
                 workload=spec, target_batch=target_batch, world_size=world_size, device=device,
@@ -375,13 +389,14 @@ def search(
 
 def out_for_tables() -> Console:
     """Stdout console, wide enough for the results table even when piped."""
-    return Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+    return plain_console(width=None if sys.stdout.isatty() else 160)
 
 
 @contextlib.contextmanager
 def _progress() -> Iterator[Progress]:
-    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                        MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True)
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False),
+                        BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err,
+                        transient=True)
     with progress:
         yield progress
 
@@ -436,7 +451,7 @@ def estimate(
         from autotune import api, report
 
         spec = api.workload_spec(workload=workload, model=model, seq_len=seq_len)
-        with err.status("tracing the training step under fake tensors..."):
+        with err.status(Text("tracing the training step under fake tensors...")):
             result = api.estimate(
                 spec, micro_batch=micro_batch, device_memory=device_memory,
                 knobs=Knobs.checked(precision=precision.value, checkpointing=checkpointing,
@@ -471,7 +486,7 @@ def check(
         from autotune import api
 
         spec = api.workload_spec(workload=workload) if workload else None
-        with err.status("checking the tuned config's memory..."):
+        with err.status(Text("checking the tuned config's memory...")):
             result = api.check(path, measure=measure, workload=spec,
                                timeout_s=_seconds(timeout, "--timeout"))
         out.print(result.message, highlight=False, markup=False)
@@ -547,8 +562,6 @@ def cache_list(json_out: JsonOpt = False) -> None:
     with _exits():
         import json
 
-        from rich.table import Table
-
         from autotune.search import list_studies
 
         path, studies = list_studies()
@@ -560,18 +573,23 @@ def cache_list(json_out: JsonOpt = False) -> None:
         if not studies:
             out.print(f"no stored studies ({path})", highlight=False, markup=False)
             return
-        table = Table(title=f"{path}")
-        for column in ("study", "workload", "target", "device", "budget", "runs", "last run"):
-            table.add_column(column, justify="right" if column == "runs" else "left")
-        for s in studies:
-            key = s.key
-            table.add_row(escape(s.name), escape(str(key.get("workload", "?"))),
-                          str(key.get("target_batch", "?")), escape(str(key.get("device", "?"))),
-                          _mib(key.get("budget_bytes")), str(s.num_runs),
-                          s.last_run_at or "-")
-        out_for_tables().print(table)
+        out_for_tables().print(cache_table(path, studies))
         out.print("open it in optuna-dashboard: optuna-dashboard sqlite:///" + str(path),
                   highlight=False, markup=False)
+
+
+def cache_table(path: Path, studies: list[Any]) -> Table:
+    """``autotune cache list``'s table: every title and cell a ``Text``, printed as typed."""
+    table = Table(title=Text(str(path), style="table.title"))
+    for column in ("study", "workload", "target", "device", "budget", "runs", "last run"):
+        table.add_column(column, justify="right" if column == "runs" else "left")
+    for s in studies:
+        key = s.key
+        table.add_row(*map(Text, (
+            s.name, str(key.get("workload", "?")), str(key.get("target_batch", "?")),
+            str(key.get("device", "?")), _mib(key.get("budget_bytes")), str(s.num_runs),
+            s.last_run_at or "-")))
+    return table
 
 
 def _mib(value: object) -> str:

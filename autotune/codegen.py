@@ -108,7 +108,7 @@ def _tuned_block(config: TunedConfig) -> str:
         f"device{'s' if config.world_size > 1 else ''}.",
     ]
     if config.interrupted:
-        lines.append("The search was interrupted: this is the best config found so far.")
+        lines.append(config.stopped_early())
     out = ["# " + "-" * (_WIDTH - 2)]
     out += _comment(" ".join(lines))
     out.append("#")
@@ -121,8 +121,15 @@ def _tuned_block(config: TunedConfig) -> str:
 
 
 def _comment(text: str, indent: str = "# ") -> list[str]:
-    return textwrap.wrap(_text(text), width=_WIDTH, initial_indent="# ", subsequent_indent=indent,
-                         break_on_hyphens=False)
+    """``text`` escaped, as comment lines of at most ``_WIDTH`` characters, in time linear in
+    its length: a word longer than a line (a long workload name, escaped) is cut into pieces
+    that fit one first, as textwrap would cut it, but textwrap cuts by slicing the rest of the
+    word again for every line (quadratic)."""
+    room = _WIDTH - max(len("# "), len(indent))
+    words = (word[i:i + room] for word in _text(text).split() for i in range(0, len(word), room))
+    return textwrap.wrap(" ".join(words), width=_WIDTH, initial_indent="# ",
+                         subsequent_indent=indent, break_on_hyphens=False,
+                         break_long_words=False)
 
 
 def _reasons(config: TunedConfig) -> list[tuple[str, str]]:

@@ -14,7 +14,9 @@ import statistics
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
+
+from annotated_types import Ge
 
 from autotune.errors import ConfigError
 from autotune.knobs import (
@@ -42,6 +44,19 @@ STRICT_FIELDS: dict[str, Any] = {"extra": "forbid", "strict": True}
 """Pydantic config of the dataclasses written to ``autotune.json`` (validated on read by
 ``autotune.schema.read_tuned``): no unknown field, no coercion ("8" is not 8). A plain dict, so
 this module does not import pydantic."""
+
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """A string field's pattern (JSON Schema's ``pattern``: the whole value must match), for
+    pydantic's validation and the JSON Schema it prints alike, without importing pydantic."""
+
+    regex: str
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
+        return {**handler(source), "pattern": self.regex}
+
 
 GIB = 1024**3
 MIB = 1024**2
@@ -134,7 +149,7 @@ class WorkloadSpec:
     local directory built from its config; ``file``: ``path/to/file.py:factory``."""
     target: str = ""
     """The HF model name or directory, or ``path.py:factory``; empty for the default."""
-    seq_len: int | None = None
+    seq_len: Annotated[int, Ge(1)] | None = None
     """Worst-case sequence length for ``hf`` models (defaults to the model's maximum, capped)."""
     pretrained: bool = False
     """Load real weights for ``hf`` models (downloads them); random weights otherwise."""
@@ -153,7 +168,7 @@ class DeviceInfo:
 
     __pydantic_config__: ClassVar[dict[str, Any]] = STRICT_FIELDS
 
-    device: str
+    device: Annotated[str, Pattern(r"^(cpu|cuda:[0-9]{1,4})$")]
     """``cpu`` or ``cuda:N``."""
     name: str
     total_memory_bytes: int

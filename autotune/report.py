@@ -1,4 +1,10 @@
-"""Tables and JSON for people and machines. No torch import here."""
+"""Tables and JSON for people and machines. No torch import here.
+
+Text from the user's side (a workload's name, an error's message, a path) is never read as
+Rich markup: every table title and cell here is a ``rich.text.Text`` (styled only by the style
+given to it), and the lines are plain strings for a console with markup off
+(``autotune.cli.plain_console``).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
+from rich.text import Text
 
 from autotune.config import DeviceInfo, ProbeReport, ProbeStep, format_bytes, to_json_dict
 from autotune.device import backend_for
@@ -18,7 +25,7 @@ if TYPE_CHECKING:
 
 def env_table(info: DeviceInfo) -> Table:
     """The device facts as a two-column table."""
-    table = Table(title="autotune env", show_header=False)
+    table = Table(title=_title("autotune env"), show_header=False)
     table.add_column("fact", style="bold")
     table.add_column("value")
     rows = [
@@ -32,16 +39,16 @@ def env_table(info: DeviceInfo) -> Table:
         ("compute capability", info.compute_capability or "-"),
     ]
     for key, value in rows:
-        table.add_row(key, value)
+        _add_row(table, key, value)
     for note in info.notes:
-        table.add_row("note", note)
+        _add_row(table, "note", note)
     return table
 
 
 def probe_table(report: ProbeReport) -> Table:
     """One row per memory class: the largest micro-batch that fits and what it allows."""
     per_device = report.per_device_batch()
-    table = Table(title=(
+    table = Table(title=_title(
         f"Largest micro-batch that fits — {report.workload.label()} on {report.device.name} "
         f"({report.device.device}), target batch {report.target_batch}"
         + (f" over {report.world_size} devices" if report.world_size > 1 else "")))
@@ -51,9 +58,10 @@ def probe_table(report: ProbeReport) -> Table:
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for probe in report.probes:
         pairs = report.pairs(probe)
-        table.add_row(
+        _add_row(
+            table,
             probe.knobs.label(),
-            str(probe.max_micro_batch) if probe.max_micro_batch else "[red]none[/red]",
+            str(probe.max_micro_batch) if probe.max_micro_batch else Text("none", style="red"),
             format_bytes(probe.peak_bytes),
             format_bytes(probe.usable_bytes),
             format_bytes(probe.margin_bytes()),
@@ -95,7 +103,7 @@ def to_json(value: Any) -> str:
 
 def search_table(config: TunedConfig) -> Table:
     """Every trial: knobs, outcome, speed, memory and compile cost; the winner marked."""
-    table = Table(title=(
+    table = Table(title=_title(
         f"autotune search — {config.workload_name or config.workload.label()} on "
         f"{config.device.name} ({config.device.device}), target batch {config.target_batch}"))
     columns = [("#", "right"), ("knobs", "left"), ("micro x acc", "right"),
@@ -113,10 +121,10 @@ def search_table(config: TunedConfig) -> Table:
     for name, justify in columns:
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for r in config.trials:
-        status = {"winner": "[bold green]winner[/]", "ok": "ok"}.get(r.verdict, r.verdict)
+        status = Text(r.verdict, style="bold green" if r.verdict == "winner" else "")
         if r.is_baseline:
-            status += " (baseline)"
-        row = [str(r.number), r.knobs.label(),
+            status.append(" (baseline)")
+        row: list[str | Text] = [str(r.number), r.knobs.label(),
                f"{r.micro_batch}x{r.accumulate_steps}", status,
                _num(r.median_step_s, 1000, ".1f"), _num(r.halfwidth, 100, ".0f", "%"),
                _num(r.samples_per_s, 1, ",.1f"),
@@ -129,8 +137,18 @@ def search_table(config: TunedConfig) -> Table:
             row.append(_num(r.mfu, 100, ".1f", "%"))
         if config.train_steps:
             row.append(_num(r.time_to_train_s, 1, ",.1f"))
-        table.add_row(*row, style="bold" if r.verdict == "winner" else None)
+        _add_row(table, *row, style="bold" if r.verdict == "winner" else None)
     return table
+
+
+def _title(text: str) -> Text:
+    """A table's title, printed as typed (never read as markup)."""
+    return Text(text, style="table.title")
+
+
+def _add_row(table: Table, *cells: str | Text, style: str | None = None) -> None:
+    """A row whose cells print as typed: each plain string becomes a ``Text``."""
+    table.add_row(*(Text(c) if isinstance(c, str) else c for c in cells), style=style)
 
 
 def _num(value: float | None, scale: float, fmt: str, suffix: str = "") -> str:

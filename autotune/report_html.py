@@ -126,8 +126,7 @@ def _summary(c: TunedConfig) -> str:
     ]
     if c.cost is not None:
         rows.append(("search", c.cost.describe()))
-    banner = ("<p class=\"warn\">The search was interrupted: this is the best config found "
-              "before it stopped.</p>" if c.interrupted else "")
+    banner = f"<p class=\"warn\">{_e(c.stopped_early())}</p>" if c.interrupted else ""
     return ("<section id=\"summary\"><h2>The tuned config</h2>" + banner
             + f"<p class=\"why\"><b>Why it won:</b> {_e(c.reason or '-')}</p>"
             + _table(None, rows)

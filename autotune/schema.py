@@ -7,6 +7,9 @@ trial with its outcome and why it lost (DESIGN.md section 7).
 It is validated in one place, on read (``read_tuned``): pydantic checks every field's type and
 range against the dataclasses below (strict: no coercion, no unknown field), then the rules
 that tie fields together. Every problem is reported at once, each with its dotted path.
+A field's range or pattern is in its type, never only in a rule, so the JSON Schema that
+``autotune schema`` prints (``json_schema``, from the same types) says what the reader accepts;
+beyond it are only the rules between fields (``_rules``).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError
 
@@ -35,7 +38,7 @@ from autotune.config import (
 from autotune.errors import ConfigError, OutputExistsError
 from autotune.knobs import HasKnobs, Knobs
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION: Final = 2
 """2: precision and compile mode moved into ``knobs`` with the other knobs. Schema 1 files are
 read by moving them there (``_from_schema_1``)."""
 
@@ -133,9 +136,9 @@ class MemoryRecord:
     __pydantic_config__: ClassVar[dict[str, Any]] = STRICT_FIELDS
 
     device_total_bytes: Count
-    budget_bytes: int
-    """The hard cap each trial ran under (positive: checked with the other fields' rules)."""
-    headroom: Float
+    budget_bytes: Positive
+    """The hard cap each trial ran under."""
+    headroom: Annotated[float, Field(ge=0, lt=1)]
     """Share of the budget kept free, in [0, 1)."""
     usable_bytes: Count
     """Budget minus headroom: the winner's peak stays under this."""
@@ -234,7 +237,7 @@ class TunedConfig(HasKnobs):
 
     __pydantic_config__: ClassVar[dict[str, Any]] = STRICT_FIELDS
 
-    schema: int = SCHEMA_VERSION
+    schema: Literal[2] = SCHEMA_VERSION
     autotune_version: str
     created_at: str
     workload: WorkloadSpec
@@ -278,7 +281,10 @@ class TunedConfig(HasKnobs):
     skipped: tuple[str, ...] = ()
     """Candidates or classes not measured, with the reason."""
     interrupted: bool = False
-    """True when the search stopped early (Ctrl-C or time budget): best so far."""
+    """True when the search stopped early (a limit, Ctrl-C or SIGTERM): best so far."""
+    stopped_by: str = ""
+    """What stopped it early, e.g. ``--max-trials reached (60 child runs)`` or ``interrupted
+    (Ctrl-C)``; empty when it ran to its end (and in files written before it was recorded)."""
     cost: SearchCost | None = None
     """What the search spent (None: written before it was recorded)."""
     study: StudyRecord | None = None
@@ -291,6 +297,14 @@ class TunedConfig(HasKnobs):
         """micro_batch x accumulate_steps x world_size."""
         return self.micro_batch * self.accumulate_steps * self.world_size
 
+
+    def stopped_early(self) -> str:
+        """A sentence saying what stopped the search before its end ("" when it ran to it):
+        a limit reached is not an interruption."""
+        if not self.interrupted:
+            return ""
+        return (f"The search stopped early ({self.stopped_by or 'the reason was not recorded'})"
+                ": this is the best config found before it stopped.")
 
     def memory_class(self) -> str:
         """The knobs' label, the key of ``memory.max_micro_batch``: e.g. ``bf16/default``."""
@@ -367,7 +381,8 @@ def save_tuned(config: TunedConfig, path: Path, *, force: bool = False) -> None:
 
 
 def json_schema() -> dict[str, Any]:
-    """The JSON Schema of ``autotune.json`` (what ``autotune schema`` prints)."""
+    """The JSON Schema of ``autotune.json`` (what ``autotune schema`` prints): generated from
+    the types ``read_tuned`` validates with, so their ranges, enums and patterns are its own."""
     return _adapter().json_schema()
 
 
@@ -505,6 +520,14 @@ _REASONS = {
     "unexpected_keyword_argument": "unknown field (not part of schema {version})",
     "extra_forbidden": "unknown field (not part of schema {version})",
 }
+_MEANINGS = {
+    "memory.headroom": "must be a fraction in [0, 1), e.g. 0.1 for 10%",
+    "memory.budget_bytes": "must be positive",
+    "device.device": "must be 'cpu' or 'cuda:N'",
+    "workload.seq_len": "must be at least 1, or null",
+}
+"""What a field's range or pattern (in its type: the JSON Schema says it too) means, in words:
+said in place of pydantic's message for a value outside it."""
 
 
 def _problem(error: Any, version: int = SCHEMA_VERSION) -> str:
@@ -519,7 +542,7 @@ def _problem(error: Any, version: int = SCHEMA_VERSION) -> str:
     if error["type"] == "missing":
         return f"{where}: {_REASONS['missing']}"
     reason = (_REASONS[error["type"]].format(version=version) if error["type"] in _REASONS
-              else error["msg"])
+              else _MEANINGS.get(where, error["msg"]))
     return f"{where}: got {_shown(error.get('input'))}: {reason}"
 
 
@@ -545,21 +568,10 @@ def _rules(data: dict[str, Any]) -> list[str]:
                         "(it is none)")
     memory = data.get("memory")
     if isinstance(memory, dict):
-        headroom = _non_finite(memory.get("headroom"))
-        if _is_number(headroom) and not 0 <= headroom < 1:
-            problems.append(f"memory.headroom: got {_shown(memory.get('headroom'))}: must be "
-                            "a fraction in [0, 1), e.g. 0.1 for 10%")
         budget, usable = _int(memory, "budget_bytes"), _int(memory, "usable_bytes")
-        if budget is not None and budget <= 0:
-            problems.append(f"memory.budget_bytes: got {budget}: must be positive")
         if budget is not None and usable is not None and usable > budget:
             problems.append(f"memory.usable_bytes: got {usable}: must not exceed "
                             f"memory.budget_bytes ({budget})")
-    device = data.get("device")
-    if isinstance(device, dict) and isinstance(device.get("device"), str) and not re.fullmatch(
-            r"cpu|cuda:[0-9]{1,4}", device["device"], flags=re.ASCII):
-        problems.append(f"device.device: got {_shown(device['device'])}: must be 'cpu' or "
-                        "'cuda:N'")
     workload = data.get("workload")
     if isinstance(workload, dict):
         target_text = workload.get("target")
@@ -567,9 +579,6 @@ def _rules(data: dict[str, Any]) -> list[str]:
                 target_text):
             problems.append(f"workload.target: got {_shown(target_text)}: a file workload "
                             "must be 'path/to/file.py:factory' (factory a Python identifier)")
-        seq_len = _int(workload, "seq_len")
-        if seq_len is not None and seq_len < 1:
-            problems.append(f"workload.seq_len: got {seq_len}: must be at least 1, or null")
     return problems
 
 
@@ -584,8 +593,6 @@ def _int(data: dict[str, Any], name: str) -> int | None:
     return value if type(value) is int else None
 
 
-def _is_number(value: Any) -> bool:
-    return type(value) in (int, float)  # nan too: it fails every range rule
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -124,8 +125,31 @@ def test_every_knob_is_a_literal_the_script_uses() -> None:
         assert knob.name in read, f"{knob.name} is set but never applied"
 
 
-def test_interrupted_search_is_said() -> None:
-    assert "interrupted" in render_train_script(make_tuned(interrupted=True))
+@pytest.mark.timeout(30)  # linear: under a second here; textwrap's quadratic cut took ~60 s
+def test_a_huge_workload_name_renders_escaped_in_every_line_that_shows_it() -> None:
+    # 4M characters, each escaped (an accent, a backslash, a quote), then a docstring's end:
+    # one word of 13M characters for the comment block to cut into lines.
+    name = 'é\\"' * 1_300_000 + '""" import os'
+    source = render_train_script(make_tuned(workload_name=name))
+    tree = ast.parse(compile(source, SCRIPT_NAME, "exec", ast.PyCF_ONLY_AST))
+    assert f"Workload: {name}\n" in (ast.get_docstring(tree) or "")  # the name, as typed
+    comments = [line for line in source.splitlines() if line.startswith("#")]
+    assert all(len(line) <= 96 for line in comments)
+    escaped = "".join(json.dumps(name)[1:-1].split())
+    assert escaped in "".join("".join(line.lstrip("#") for line in comments).split())
+
+
+def test_what_stopped_the_search_early_is_said() -> None:
+    def header(**fields: object) -> str:
+        return " ".join(line.lstrip("# ") for line in render_train_script(
+            make_tuned(**fields)).splitlines() if line.startswith("#"))
+
+    signal = header(interrupted=True, stopped_by="interrupted (Ctrl-C)")
+    assert "The search stopped early (interrupted (Ctrl-C)): this is the best config" in signal
+    limit = header(interrupted=True, stopped_by="--max-trials reached (60 child runs)")
+    assert "stopped early (--max-trials reached (60 child runs))" in limit  # not "interrupted"
+    assert "interrupted" not in limit
+    assert "stopped early" not in header()
 
 
 def test_header_lists_every_knob_with_value_and_measurement() -> None:

@@ -172,6 +172,24 @@ def test_search_refuses_to_overwrite_and_unwritable_out(tmp_path: Path) -> None:
 
 
 @pytest.mark.subprocess
+def test_a_search_ended_by_max_trials_says_so_not_interrupted(tmp_path: Path) -> None:
+    result = _cli("search", "--workload", TINY.target, "--target-batch", "2", "--device",
+                  "cpu", "--precisions", "fp32", "--compile-modes", "off", "--max-trials", "2",
+                  "--no-cache", "--out", str(tmp_path))
+    assert result.exit_code == 0, _err(result)
+    said = " ".join(_err(result).split())
+    assert "note: --max-trials reached (2 child runs): best so far" in said
+    assert "no estimator calibration: the search stopped early: --max-trials reached" in said
+    assert "interrupted" not in said
+    config = read_tuned(tmp_path / "autotune.json")
+    assert config.interrupted and config.stopped_by == "--max-trials reached (2 child runs)"
+    for written in ("train_autotuned.py", "autotune.html"):
+        text = " ".join((tmp_path / written).read_text().replace("#", " ").split())
+        assert "The search stopped early (--max-trials reached (2 child runs))" in text, written
+        assert "was interrupted" not in text, written
+
+
+@pytest.mark.subprocess
 def test_ctrl_c_keeps_and_writes_the_best_so_far(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "autotune.cli", "search", "--workload", TINY.target,
            "--target-batch", "8", "--device", "cpu", "--memory-budget", "2GiB",

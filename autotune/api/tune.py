@@ -281,11 +281,14 @@ def _finish(report: ProbeReport, outcome: SearchOutcome, settings: SearchSetting
     limits leave room (a signal ends the calibration only), and the reason the search ended."""
     config = tuned_config(report, outcome, settings)
     stop_reason = outcome.stop_reason
+    if outcome.interrupted:  # a limit or a signal: say which, not "interrupted" for both
+        config = replace(config, stopped_by=stop_reason.removesuffix(": best so far"))
     timeout_s = _time_left(settings, started)
     runs_left = settings.max_trials - outcome.num_runs
     if (outcome.interrupted or timeout_s is None or runs_left <= 0
             or config.knobs.strategy != "none"):
-        why = ("the search was interrupted" if outcome.interrupted else
+        why = ("the search was interrupted" if stop_reason.startswith("interrupted") else
+               f"the search stopped early: {config.stopped_by}" if outcome.interrupted else
                "the time budget is spent" if timeout_s is None else
                "--max-trials reached" if runs_left <= 0 else
                f"the estimator traces one process, not a job of {config.knobs.strategy} ranks")
@@ -298,8 +301,9 @@ def _finish(report: ProbeReport, outcome: SearchOutcome, settings: SearchSetting
                          skipped=(*config.skipped, *notes))
     except KeyboardInterrupt as exc:  # the search is done: keep its result
         stop_reason = f"interrupted ({interrupt_name(exc)}) while calibrating: best config kept"
-        config = replace(config, interrupted=True, skipped=(
-            *config.skipped, "no estimator calibration: interrupted"))
+        config = replace(config, interrupted=True, stopped_by=stop_reason.removesuffix(
+            ": best config kept"), skipped=(
+                *config.skipped, "no estimator calibration: interrupted"))
     return config, stop_reason
 
 
