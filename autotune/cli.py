@@ -349,6 +349,8 @@ def search(
             time_budget_s=_seconds(time_budget, "--time-budget") if time_budget else None,
             timeout_s=_seconds(trial_timeout, "--trial-timeout"),
             storage=storage, study_name=study_name, cache=not no_cache, fresh=fresh)
+        err.print(start_line(workload or model or "the built-in GPT", device, target_batch),
+                  highlight=False)  # at once: the progress bar shows nowhere off a terminal
         spec = api.workload_spec(workload=workload, model=model, seq_len=seq_len,
                                  pretrained=pretrained)
         with _progress() as progress:
@@ -380,11 +382,18 @@ def search(
             print(report.to_json(result.config))
         else:
             out_console = out_for_tables()
-            out_console.print(report.search_table(result.config))
+            out_console.print(report.search_table(result.config, width=out_console.width))
             for line in report.search_footer(result):
                 out_console.print(line, highlight=False)
         if result.config.interrupted and result.stop_reason.startswith("interrupted"):
             raise typer.Exit(143 if "SIGTERM" in result.stop_reason else 130)
+
+
+def start_line(workload: str, device: str | None, target_batch: int) -> str:
+    """The search's first line, printed before anything is run."""
+    return (f"autotune search: probing the memory of {workload} on "
+            f"{device or 'the default device (cuda when available)'} for target batch "
+            f"{target_batch} (each run is a fresh child process; this takes minutes)")
 
 
 def out_for_tables() -> Console:
@@ -524,7 +533,8 @@ def report_command(
         "--out", dir_okay=False,
         help="Where to write the page (default: beside CONFIG_PATH, as .html).")] = None,
     force: Annotated[bool, typer.Option(
-        "--force", help="Overwrite an existing page.")] = False,
+        "--force", help="Overwrite an existing file (a page written for this same "
+                        "autotune.json is replaced without it).")] = False,
 ) -> None:
     """Write autotune.html: the search's plots (memory, throughput, timeline, compile
     break-even) in one page that opens offline."""

@@ -9,6 +9,8 @@ given to it), and the lines are plain strings for a console with markup off
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
@@ -101,8 +103,20 @@ def to_json(value: Any) -> str:
     return json.dumps(to_json_dict(value), indent=2)
 
 
-def search_table(config: TunedConfig) -> Table:
-    """Every trial: knobs, outcome, speed, memory and compile cost; the winner marked."""
+FULL_TABLE_WIDTH = 150
+"""A console narrower than this gets the search table without its low-value columns (ms/step
+beside samples/s, ±, tokens/s, compile s, runs, TFLOP/s): ``--json`` and ``autotune.html``
+hold them all."""
+
+_NARROW_DROPS = frozenset({"ms/step", "±", "tokens/s", "compile s", "runs", "TFLOP/s"})
+
+
+def search_table(config: TunedConfig, width: int | None = None) -> Table:
+    """Every trial: knobs, outcome, speed, memory and compile cost; the winner marked.
+
+    ``width``: the console's columns; under ``FULL_TABLE_WIDTH`` the low-value columns are
+    left out (``_NARROW_DROPS``). A knobs label too long for its column wraps, whole: rows
+    must stay apart."""
     table = Table(title=_title(
         f"autotune search — {config.workload_name or config.workload.label()} on "
         f"{config.device.name} ({config.device.device}), target batch {config.target_batch}"))
@@ -112,14 +126,23 @@ def search_table(config: TunedConfig) -> Table:
                ("speedup", "right"), ("runs", "right")]
     flops = any(r.tflops_per_s for r in config.trials)
     mfu = any(r.mfu for r in config.trials)
+    if not any(r.tokens_per_s for r in config.trials):
+        columns.remove(("tokens/s", "right"))
     if flops:
         columns.append(("TFLOP/s", "right"))
     if mfu:
         columns.append(("MFU", "right"))
     if config.train_steps:
         columns.append((f"train {config.train_steps} steps s", "right"))
-    for name, justify in columns:
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    names = [name for name, _ in columns]
+    keep = [width is None or width >= FULL_TABLE_WIDTH or name not in _NARROW_DROPS
+            for name in names]
+    for (name, justify), kept in zip(columns, keep, strict=True):
+        if kept:
+            # Only the knobs and the status wrap (the knobs fold, whole): the figures stay
+            # on one line each, so a narrow console takes its columns from the knobs.
+            table.add_column(name, justify=justify,  # type: ignore[arg-type]
+                             overflow="fold", no_wrap=name not in ("knobs", "status"))
     for r in config.trials:
         status = Text(r.verdict, style="bold green" if r.verdict == "winner" else "")
         if r.is_baseline:
@@ -137,6 +160,9 @@ def search_table(config: TunedConfig) -> Table:
             row.append(_num(r.mfu, 100, ".1f", "%"))
         if config.train_steps:
             row.append(_num(r.time_to_train_s, 1, ",.1f"))
+        if "tokens/s" not in names:
+            del row[7]
+        row = [cell for cell, kept in zip(row, keep, strict=True) if kept]
         _add_row(table, *row, style="bold" if r.verdict == "winner" else None)
     return table
 
@@ -166,19 +192,105 @@ def search_footer(result: SearchResult) -> list[str]:
               "shows where)" for r in c.trials
               if r.knobs.compile_mode != "off" and r.num_graph_breaks
               and r.verdict in ("winner", "ok")]
-    lines += [s if s.startswith("re-check of ") else f"skipped: {s}" for s in c.skipped]
+    page = result.path.with_suffix(".html") if result.path is not None else None
+    if page is not None and not page.exists():  # not written when it could not be rendered
+        page = None
+    lines += skipped_lines(c.skipped, page)
     if c.cost is not None:
         lines.append(f"search: {c.cost.describe()}")
     lines += study_lines(c)
     if c.interrupted:
         lines.append(f"note: {result.stop_reason}")
+    if c.not_reached:
+        lines.append(not_reached_line(c))
     if result.path is not None:
-        page = result.path.with_suffix(".html")  # not written when it could not be rendered
+        script = result.path.with_name("train_autotuned.py")
         lines.append(f"wrote {result.path}"
-                     + (f", {result.path.with_name('train_autotuned.py')} and {page} (open it "
-                        "in a browser: the search's plots)" if page.exists() else
-                        f" and {result.path.with_name('train_autotuned.py')}"))
+                     + (f", {script} and {page} (open it in a browser: the search's plots)"
+                        if page is not None else f" and {script}"))
+        lines.append(f"next: python {script} --steps 100   (train with the tuned config)")
+        load = f"autotune.load({json.dumps(str(result.path))})"
+        lines.append(f"  or in your own script: cfg = {load}")
     return lines
+
+
+MAX_SKIPPED_LINES = 4
+"""Lines the footer gives the skipped candidates, one per kind (the rest in the page)."""
+LINE_WIDTH = 100
+_SETTING = re.compile(r"^[\w.-]+/[\w.+=/-]*(?: \d+(?:x\d+)?)?:? ")
+_NUMBERS = re.compile(r"\b\d[\d,.]*(?:x\d+)?%?(?:,? (?=\d))?")
+_RUNS_MADE = re.compile(r"^re-check of |screened again on |re-measured: |interleaved rounds")
+
+
+def skipped_lines(skipped: tuple[str, ...], page: Path | None = None) -> list[str]:
+    """``TunedConfig.skipped`` for the terminal: one short line per kind of reason (the words
+    before its first ``:``, the setting and the numbers left out), with a count and the first
+    example; the runs that were made (re-checks, re-measures) under their own heading; then
+    where the full sentences are. At most ``MAX_SKIPPED_LINES`` + 2 lines of ``LINE_WIDTH``."""
+    made = [s for s in skipped if _RUNS_MADE.search(s)]
+    groups: dict[str, list[str]] = {}
+    for line in skipped:
+        if line not in made:
+            groups.setdefault(_kind(line), []).append(line)
+    kinds = list(groups.items())
+    if len(kinds) > MAX_SKIPPED_LINES:
+        rest = kinds[MAX_SKIPPED_LINES - 1:]
+        kinds = kinds[:MAX_SKIPPED_LINES - 1]
+        lines = [_grouped("skipped", kind, found) for kind, found in kinds]
+        lines.append(f"skipped: {sum(len(f) for _, f in rest)} more, of {len(rest)} other "
+                     "kinds")
+    else:
+        lines = [_grouped("skipped", kind, found) for kind, found in kinds]
+    if made:
+        lines.append(_grouped("measured again", "runs", made))
+    if lines:
+        where = f"{page} and autotune.json" if page is not None else "autotune.json"
+        lines.append(f"the full reasons: {where} (skipped)")
+    return lines
+
+
+def _kind(line: str) -> str:
+    """A skipped sentence's kind: its words before the first ``:``, without the setting it
+    names or the numbers in it (``not tried``, ``micro-batches not timed``)."""
+    head = _SETTING.sub("", line, count=1).partition(":")[0]
+    return " ".join(_NUMBERS.sub("", head).split()) or line.partition(":")[0]
+
+
+def _grouped(heading: str, kind: str, found: list[str]) -> str:
+    """``skipped (3 not tried): <the first>``, cut to ``LINE_WIDTH``."""
+    count = f" ({len(found)}{' ' + kind if kind else ''})" if len(found) > 1 else ""
+    text = f"{heading}{count}: {found[0]}"
+    return text if len(text) <= LINE_WIDTH else text[:LINE_WIDTH - 1] + "…"
+
+
+def short_reason(c: TunedConfig) -> str:
+    """``TunedConfig.reason`` for the terminal, in at most two short sentences: what won and
+    by how much over the baseline, then the runner-up (the full reason is in the file and
+    the page)."""
+    winner = next((r for r in c.trials if r.verdict == "winner"), None)
+    if winner is None or not winner.samples_per_s:
+        return c.reason.partition(";")[0]
+    text = f"{winner.label()} won at {winner.samples_per_s:,.1f} samples/s"
+    if winner.is_baseline:
+        text += " (the baseline: nothing tried beat it)"
+    elif winner.speedup:
+        text += f", {winner.speedup:.2f}x the baseline"
+    others = [r for r in c.trials if r.verdict == "ok" and r.samples_per_s]
+    if not others:
+        return text + "."
+    runner_up = max(others, key=lambda r: r.samples_per_s or 0.0)
+    ratio = (runner_up.samples_per_s or 0.0) / winner.samples_per_s
+    sure = (" (within the noise: either would do)" if "within the noise" in c.reason else
+            " (rounds run back to back decided)" if winner.round_shares else "")
+    return f"{text}. Runner-up {runner_up.label()} at {ratio:.2f}x{sure}."
+
+
+def not_reached_line(c: TunedConfig) -> str:
+    """What a search stopped early never began ("" when it ran to its end)."""
+    if not c.not_reached:
+        return ""
+    return ("not reached before the search stopped: " + "; ".join(c.not_reached)
+            + " (a larger --time-budget or --max-trials reaches them)")
 
 
 def summary_lines(c: TunedConfig) -> list[str]:
@@ -193,7 +305,7 @@ def summary_lines(c: TunedConfig) -> list[str]:
         + (f" (asked for {c.requested_batch}: {c.effective_batch() - c.requested_batch:+d} "
            f"samples, {(c.effective_batch() - c.requested_batch) / c.requested_batch:+.1%}, "
            "--allow-inexact)" if c.requested_batch else ""),
-        f"why: {c.reason}",
+        f"why: {short_reason(c)}",
         f"memory: peak {format_bytes(mem.peak_bytes)} of {format_bytes(mem.usable_bytes)} usable "
         f"(budget {format_bytes(mem.budget_bytes)}, headroom {mem.headroom:.0%}); "
         f"peak = {mem.peak_definition}",

@@ -21,7 +21,7 @@ from pathlib import Path
 from autotune.config import format_bytes
 from autotune.errors import MissingDependencyError, OutputExistsError
 from autotune.knobs import Knobs
-from autotune.report import summary_lines
+from autotune.report import not_reached_line, summary_lines
 from autotune.report_plots import (
     Drawn,
     break_even_plot,
@@ -58,6 +58,7 @@ def render_html(config: TunedConfig) -> str:
     ]
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<meta name=\"autotune-config\" content=\"{_e(_identity(c))}\">"
         f"<title>{_e(title)}</title><style>{_CSS}</style>"
         f"<script>{_PAGE_SCRIPT}</script>"
         f"<script>{plotly.offline.get_plotlyjs()}</script></head>\n<body>"
@@ -73,21 +74,39 @@ def write_html(config: TunedConfig, path: str | Path, *, force: bool = False) ->
     Args:
         config: the tuned config (``autotune.schema.read_tuned`` reads one from a file).
         path: the page's path.
-        force: overwrite an existing file.
+        force: overwrite an existing file (a page written for this same config is
+            overwritten without it: ``autotune report`` right after a search).
 
     Returns:
         The path written.
 
     Raises:
-        OutputExistsError: ``path`` exists and ``force`` is False (the file is left as it is).
+        OutputExistsError: ``path`` exists, is not this config's page and ``force`` is False
+            (the file is left as it is).
         ConfigError: the folder is not writable.
         MissingDependencyError: plotly is not installed.
     """
     path = Path(path)
+    force = force or is_page_of(path, config)
     if path.exists() and not force:  # before rendering: say so at once
         raise OutputExistsError(path)
     write_json_atomic(path, render_html(config), force=force)
     return path
+
+
+def is_page_of(path: Path, config: TunedConfig) -> bool:
+    """Whether ``path`` is an ``autotune.html`` written for this very config (the same search:
+    its ``created_at`` and workload fingerprint, in the page's ``autotune-config`` meta tag)."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(4096).decode("utf-8", errors="replace")
+    except OSError:
+        return False
+    return f"<meta name=\"autotune-config\" content=\"{_e(_identity(config))}\">" in head
+
+
+def _identity(config: TunedConfig) -> str:
+    return f"{config.created_at} {config.workload_fingerprint}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -126,7 +145,8 @@ def _summary(c: TunedConfig) -> str:
     ]
     if c.cost is not None:
         rows.append(("search", c.cost.describe()))
-    banner = f"<p class=\"warn\">{_e(c.stopped_early())}</p>" if c.interrupted else ""
+    banner = "".join(f"<p class=\"warn\">{_e(text)}</p>" for text in (
+        c.stopped_early() if c.interrupted else "", not_reached_line(c)) if text)
     return ("<section id=\"summary\"><h2>The tuned config</h2>" + banner
             + f"<p class=\"why\"><b>Why it won:</b> {_e(c.reason or '-')}</p>"
             + _table(None, rows)

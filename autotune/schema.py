@@ -285,6 +285,10 @@ class TunedConfig(HasKnobs):
     stopped_by: str = ""
     """What stopped it early, e.g. ``--max-trials reached (60 child runs)`` or ``interrupted
     (Ctrl-C)``; empty when it ran to its end (and in files written before it was recorded)."""
+    not_reached: tuple[str, ...] = ()
+    """A search stopped early: the stages and knobs it never began, e.g. ``knob screening
+    (checkpointing, optimizer_impl)``, ``the re-measure of the leaders`` (empty when it ran
+    to its end)."""
     cost: SearchCost | None = None
     """What the search spent (None: written before it was recorded)."""
     study: StudyRecord | None = None

@@ -1895,3 +1895,36 @@ def test_ctrl_c_during_the_interleaved_rounds_keeps_the_best_so_far_and_no_parti
     assert not [s for s in outcome.skipped if "interleaved rounds" in s]
     assert tuned_config(plan(), outcome, settings).reason.startswith(
         "bf16/default 32x2 won at 300.0 samples/s")
+
+
+# A search stopped by a limit says what it never reached (issue 45 item 7).
+
+
+def test_a_search_stopped_by_max_trials_lists_the_stages_and_knobs_it_never_reached() -> None:
+    # 12 runs: the probes and checkpointing's screening ran; the other knobs, the smaller
+    # micro-batches and the re-measure never began. A search run to its end lists nothing.
+    def stopped(max_trials: int):
+        device = KnobDevice(by_class(100, 150, 160, 200, 300, 330))
+        return run_search(plan(), CLASSES, replace(SETTINGS, max_trials=max_trials),
+                          values=VALUES, run=device), device
+    outcome, _ = stopped(12)
+    assert outcome.interrupted
+    assert outcome.not_reached == (
+        "knob screening (optimizer_impl, memory_format)", "the smaller micro-batches",
+        "the re-measure of the leaders")
+    assert tuned_config(plan(), outcome, SETTINGS).not_reached == outcome.not_reached
+    whole, device = stopped(60)
+    assert not whole.interrupted and whole.not_reached == ()
+    # Whatever the limit, a setting or knob said not reached had no run.
+    for max_trials in range(2, len(device.specs)):
+        outcome, device = stopped(max_trials)
+        assert outcome.interrupted and outcome.not_reached
+        said = dict(item.split(" (", 1) if item.startswith("knob") else
+                    item.split(" of ", 1) if item.startswith("the memory probes") else
+                    (item, "") for item in outcome.not_reached)
+        unprobed = said.get("the memory probes", "").split(", ")
+        unscreened = said.get("knob screening", "").rstrip(")").split(", ")
+        for knobs in (s.knobs for s in device.specs):
+            assert knobs.with_(checkpointing="off", optimizer_impl="default",
+                               memory_format="contiguous").label() not in unprobed
+            assert not set(knobs.changed()) & set(unscreened), (max_trials, knobs.label())

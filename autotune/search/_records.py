@@ -125,6 +125,8 @@ class SearchOutcome:
     skipped: tuple[str, ...]
     interrupted: bool
     stop_reason: str
+    not_reached: tuple[str, ...] = ()
+    """A search stopped early: the stages and knobs it never began (``TunedConfig``)."""
     num_runs: int = 0
     """Child processes this search started (stored results it reused not counted)."""
     cost: SearchCost | None = None
@@ -357,6 +359,7 @@ def tuned_config(report: ProbeReport, outcome: SearchOutcome,
         reason=_why(winner, baseline, records, outcome.first_launch, outcome.drift),
         trials=records,
         skipped=report.skipped + outcome.skipped, interrupted=outcome.interrupted,
+        not_reached=outcome.not_reached,
         cost=outcome.cost, runs=outcome.runs, study=outcome.study,
     )
 

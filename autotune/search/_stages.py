@@ -295,6 +295,14 @@ class _Search:
         the other's in each round (``TrialRecord.round_shares``)."""
         for key, result in [*self.probe_runs.items(), *self.held.items()]:
             self._note_cold(key, result)
+        self.classes = tuple(classes)
+        self.entered: list[str] = []
+        """The stages entered, in order (``stage``): what a search stopped early never
+        entered is said in ``TunedConfig.not_reached`` (``_not_reached``)."""
+        self.considered: set[Knobs] = set()
+        """Settings whose probe began, or that were weighed for one (``_why_not_mode``)."""
+        self.screened: list[str] = []
+        """The knobs whose screening (stage 3) began."""
         self.stage = "probe"
         self.start = time.perf_counter()
         if before is not None:
@@ -324,6 +332,17 @@ class _Search:
                                         name=name if local.storage else "", note=local.note)
 
     # -- the stages ------------------------------------------------------------------------
+
+    @property
+    def stage(self) -> str:
+        """The stage running now (said with each run's progress)."""
+        return self._stage
+
+    @stage.setter
+    def stage(self, name: str) -> None:
+        self._stage = name
+        if name not in self.entered:
+            self.entered.append(name)
 
     def _allowed(self, knobs: Knobs) -> bool:
         """Whether a stored run's setting is in this search's space."""
@@ -407,6 +426,7 @@ class _Search:
                 return may_be_largest
             return 0 < self._largest_fit(knobs) < micro_batch
 
+        self.considered.add(knobs)
         considered = [m for m in self.micro_batches if m > above]
         probe = probe_memory(
             self.report.workload, self.report.device.device, knobs, considered,
@@ -491,6 +511,7 @@ class _Search:
         """Stage 3 for one knob: each of its values on ``leader`` (``screen``); a value that
         peaked below the leader joins ``lowered``. For a knob that frees no memory, the
         leader after it (None for one that does)."""
+        self.screened.append(knob.name)
         for value in self.values.get(knob.name, ()):
             if value == getattr(leader.knobs, knob.name):
                 continue
@@ -1556,11 +1577,28 @@ class _Search:
                              probes=tuple(self.probes.values()),
                              skipped=tuple(dict.fromkeys(self.skipped)),
                              interrupted=interrupted, stop_reason=stop_reason,
+                             not_reached=self._not_reached() if interrupted else (),
                              num_runs=self.num_runs,
                              runs=tuple(self.run_log), study=self.study_record,
                              cost=SearchCost(num_runs=self.num_runs, **self.cost,
                                              num_compiled_runs=self.compiles[0],
                                              num_cached_compiles=self.compiles[1]))
+
+    def _not_reached(self) -> tuple[str, ...]:
+        """What a search stopped early never began: the settings not probed, the knobs not
+        screened, each later stage not entered (``TunedConfig.not_reached``)."""
+        probes = [k.label() for k in self.classes if k not in self.considered]
+        knobs = [k.name for k in KNOBS[2:] if k.name not in self.screened and any(
+            v != getattr(self.base, k.name) for v in self.values.get(k.name, ()))]
+        first_launch = backend_for(self.report.device.device).compile_in_peak and any(
+            k.compile_mode != "off" for k in self.classes)
+        planned = {"probe": f"the memory probes of {', '.join(probes)}" if probes else "",
+                   "knobs": f"knob screening ({', '.join(knobs)})" if knobs else "",
+                   "refine": "the smaller micro-batches",
+                   "confirm": "the re-measure of the leaders",
+                   "first launch": "the first-launch check" if first_launch else ""}
+        return tuple(text for stage, text in planned.items() if text and (
+            stage in ("probe", "knobs") or stage not in self.entered))
 
     def _record(self, key: Candidate, result: TrialResult) -> TrialRecord:
         """``classify``'s record, with the candidate's interleaved rounds."""
@@ -1599,6 +1637,7 @@ class _Search:
 
     def _why_not_mode(self, knobs: Knobs) -> str | None:
         """Why a compile mode beyond off/default is not tried for this precision, if not."""
+        self.considered.add(knobs)
         if not self.settings.refine_within:
             return None
         same = [c for c in self.probes if c.precision == knobs.precision]

@@ -1,0 +1,195 @@
+"""What a newcomer reads after a search (issue 45 items 7, 8): a table that fits 100 columns,
+a short ``why:``, the skipped reasons grouped, what to do next, a first line at once, what a
+search stopped early never reached, and ``autotune report`` right after a search."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from autotune import report
+from autotune.cli import app, plain_console
+from autotune.knobs import Knobs
+from autotune.report_html import render_html
+from autotune.schema import SearchResult, TrialRecord, TunedConfig
+from tests.tuned_configs import make_tuned, write
+
+runner = CliRunner()
+
+LONG_LABELS = ("bf16/default+ckpt=blocks+opt=fused", "bf16/default+ckpt=blocks+opt=foreach",
+               "bf16/default+ckpt=alternate+opt=fused", "bf16/default+opt=fused",
+               "bf16/max-autotune-no-cudagraphs+ckpt=blocks+opt=for-loop", "fp32/off")
+
+
+def realistic() -> TunedConfig:
+    """A search's result whose knob labels share a long prefix (rows told apart at its end)."""
+    trials = tuple(
+        TrialRecord(number=i, micro_batch=16, accumulate_steps=4, knobs=Knobs.from_label(label),
+                    verdict="winner" if i == 0 else "ok", is_baseline=label == "fp32/off",
+                    samples_per_s=1200.0 - 50 * i, median_step_s=0.05 + 0.001 * i,
+                    halfwidth=0.03, tokens_per_s=300_000.0 - 1000 * i, peak_bytes=(900 + i) << 20,
+                    compile_s=None if label == "fp32/off" else 31.5, speedup=1.5 - 0.05 * i,
+                    num_runs=2, tflops_per_s=1.23, mfu=0.31)
+        for i, label in enumerate(LONG_LABELS))
+    return replace(make_tuned(), trials=trials, knobs=trials[0].knobs)
+
+
+def _rows(text: str, column: int) -> list[str]:
+    """One cell of the table's column per row, its wrapped lines joined (a row's ``#`` cell is
+    on its first line only)."""
+    rows: list[str] = []
+    for line in text.splitlines():
+        cells = line.split("│")
+        if len(cells) < column + 2:
+            continue
+        if cells[1].strip():
+            rows.append("")
+        rows[-1] += cells[column + 1].strip()
+    return rows
+
+
+def test_the_search_table_fits_100_columns_and_every_knobs_label_stays_whole() -> None:
+    config = realistic()
+    console = plain_console(width=100, record=True)
+    console.print(report.search_table(config, width=console.width))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 100
+    assert "…" not in text
+    assert _rows(text, 1) == list(LONG_LABELS)
+    # Wide enough, every column is there; so in --json and the page.
+    wide = plain_console(width=200, record=True)
+    wide.print(report.search_table(config, width=wide.width))
+    header = wide.export_text()
+    assert all(name in header for name in ("±", "tokens/s", "compile s", "runs", "TFLOP/s"))
+
+
+def test_why_is_two_short_sentences_and_the_file_keeps_the_whole_reason() -> None:
+    long_reason = ("bf16/default+ckpt=blocks+opt=fused 16x4 won at 1,200.0 samples/s, 1.50x the "
+                   "baseline (fp32/off 16x4); ahead of the runner-up bf16/default+ckpt=blocks+"
+                   "opt=foreach 16x4 by 4.2% +- 3.1% (beyond the spread within each run, but "
+                   "the winner ran once: the drift between runs of a shared machine is not in "
+                   "that; --confirm-within re-measures leads up to that share)")
+    config = replace(realistic(), reason=long_reason)
+    why = next(line for line in report.summary_lines(config) if line.startswith("why: "))
+    assert why.count(". ") + why.endswith(".") <= 2 and len(why) <= 160, why
+    assert why == ("why: bf16/default+ckpt=blocks+opt=fused 16x4 won at 1,200.0 samples/s, "
+                   "1.50x the baseline. Runner-up bf16/default+ckpt=blocks+opt=foreach 16x4 "
+                   "at 0.96x.")
+    assert config.reason == long_reason  # autotune.json and the page keep it whole
+    assert "ahead of the runner-up" in render_html(config)
+
+
+SKIPPED = (
+    "bf16/max-autotune not tried: bf16's best is 0.62x the leader (bf16/default+opt=fused 16), "
+    "under --refine-within 0.9: a refinement of default rarely gains more than that gap",
+    "fp32/max-autotune not tried: fp32's best is 0.55x the leader (bf16/default+opt=fused 16), "
+    "under --refine-within 0.9: a refinement of default rarely gains more than that gap",
+    "bf16/default+ckpt=blocks not tried: bf16/default fits the whole per-device batch 64 "
+    "without it, and checkpointing recomputes, so it runs no faster there",
+    "bf16/default: micro-batches above 16 not probed: its peak at 16 (1.20 GiB) grows to about "
+    "2.31 GiB at 32 (71.0 MiB a sample), over the 1.80 GiB usable",
+    "fp32/default: micro-batches above 8 not probed: its peak at 8 (1.20 GiB) grows to about "
+    "2.31 GiB at 16 (71.0 MiB a sample), over the 1.80 GiB usable",
+    "bf16/off: micro-batches 8, 4, 2, 1 not timed: 4 was not faster than 8 by more than the "
+    "noise (3%)",
+    "fp32/off: micro-batches 4, 2, 1 not timed: the class's 3 largest were (--micro-batches)",
+    "fp32/default: micro-batches 2, 1 not timed: fp32's best is 0.55x the leader",
+    "re-check of bf16/default+opt=fused/16: stored 35.9 samples/s, now 36.2 samples/s (within "
+    "the noise): the stored run stands",
+    "bf16/default+opt=foreach/16 re-measured: timed once at 0.97x the leader "
+    "(bf16/default+opt=fused/16), within the 12% two runs of bf16/default/16 drifted apart here",
+    "no re-measurement: the runner-up (bf16/default/16) is 0.80x the leader "
+    "(bf16/default+opt=fused/16), a gap wider than the noise measured (4%: 95% interval of the "
+    "ratio, at least --confirm-within 0.05)",
+    "no estimator calibration: the search stopped early: --time-budget reached (12m)",
+    "fp16 not timed: " + "this CPU runs fp16 autocast in software, slower than fp32; " * 5,
+    "fsdp: no repeated blocks to shard one by one, so FSDP2 shards the root alone (every "
+    "parameter gathered at once in forward and backward: less memory saved at the peak); name "
+    "them with Workload(blocks=...)",
+    "bf16/default+opt=fused/16: not run again compiled afresh: bf16/default/16 compiled the "
+    "same graphs afresh at a peak of 1.1 GiB; compiling adds at most that to its own 1.2 GiB",
+)
+
+
+def _footer(config: TunedConfig, path: Path | None = None) -> list[str]:
+    return report.search_footer(SearchResult(config=config, path=path, probe=None,
+                                             stop_reason=""))
+
+
+def test_fifteen_long_skipped_reasons_print_as_a_few_short_grouped_lines() -> None:
+    assert len(SKIPPED) == 15 and max(len(s) for s in SKIPPED) >= 300
+    lines = _footer(replace(realistic(), skipped=SKIPPED))
+    about = [line for line in lines if line.startswith(("skipped", "measured again",
+                                                        "the full reasons"))]
+    assert len(about) <= report.MAX_SKIPPED_LINES + 2 == 6
+    assert all(len(line) <= 100 for line in about), about
+    assert "skipped (3 not tried): bf16/max-autotune not tried: bf16's best" in about[0]
+    # The two runs that were made are not "skipped".
+    assert sum(line.startswith("skipped") for line in about) == 4
+    assert any(line.startswith("measured again (2 runs): re-check of") for line in about)
+    assert about[-1] == "the full reasons: autotune.json (skipped)"
+
+
+@given(st.lists(st.text(min_size=1, max_size=400), max_size=40))
+def test_any_skipped_reasons_take_at_most_six_lines_of_100(skipped: list[str]) -> None:
+    lines = report.skipped_lines(tuple(skipped))
+    assert len(lines) <= 6 and all(len(line) <= 100 for line in lines)
+    assert bool(lines) == bool(skipped)
+
+
+def test_the_footer_says_how_to_use_the_result_next(tmp_path: Path) -> None:
+    path = tmp_path / "out" / "autotune.json"
+    lines = _footer(realistic(), path)
+    script = path.with_name("train_autotuned.py")
+    assert f"next: python {script} --steps 100   (train with the tuned config)" in lines
+    assert f'  or in your own script: cfg = autotune.load("{path}")' in lines
+
+
+def test_a_search_stopped_early_says_what_it_never_reached_in_the_footer_and_page() -> None:
+    config = replace(realistic(), interrupted=True, stopped_by="--time-budget reached (12m)",
+                     not_reached=("knob screening (checkpointing, optimizer_impl)",
+                                  "the re-measure of the leaders", "the first-launch check"))
+    line = ("not reached before the search stopped: knob screening (checkpointing, "
+            "optimizer_impl); the re-measure of the leaders; the first-launch check (a larger "
+            "--time-budget or --max-trials reaches them)")
+    assert line in _footer(config)
+    assert line in render_html(config)
+    assert not any(s.startswith("not reached") for s in _footer(realistic()))
+
+
+def test_search_says_what_it_starts_at_once_on_stderr(tmp_path: Path) -> None:
+    # Off a terminal the progress bar shows nothing: the first line is printed before the
+    # search begins (here it ends right after, on a workload file that does not exist).
+    result = runner.invoke(app, ["search", "--target-batch", "8", "--workload",
+                                 f"{tmp_path / 'nope.py'}:workload", "--out", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    first = result.stderr.splitlines()[0]
+    assert first.startswith(f"autotune search: probing the memory of {tmp_path / 'nope.py'}"
+                            ":workload on the default device"), first
+    assert "target batch 8" in first and "this takes minutes" in first
+
+
+def test_report_right_after_a_search_replaces_its_own_page_and_no_other_file(
+        tmp_path: Path) -> None:
+    config = realistic()
+    path = write(config, tmp_path / "autotune.json")
+    page = tmp_path / "autotune.html"
+    assert runner.invoke(app, ["report", str(path)]).exit_code == 0
+    page.write_text(page.read_text().replace("</body>", "<!-- old --></body>"))
+    # The page this file's search wrote: replaced, as README's 30-second example runs it.
+    result = runner.invoke(app, ["report", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "<!-- old -->" not in page.read_text()
+    # A page of another search, or any other file: kept, unless --force.
+    for other in (render_html(replace(config, created_at="2026-11-23T04:00:00+00:00")),
+                  "<html>my notes</html>"):
+        page.write_text(other)
+        result = runner.invoke(app, ["report", str(path)])
+        assert result.exit_code == 2, result.output
+        assert page.read_text() == other and "--force" in result.stderr
+        assert runner.invoke(app, ["report", str(path), "--force"]).exit_code == 0
+        assert page.read_text() != other
