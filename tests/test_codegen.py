@@ -540,6 +540,29 @@ def test_generated_script_runs(tmp_path: Path, name: str) -> None:
 
 
 @pytest.mark.subprocess
+def test_generated_script_writes_its_checkpoint_where_out_says_not_in_the_working_tree(
+        tmp_path: Path) -> None:
+    # issue 45 item 8: checkpoint.pt landed in the user's working tree.
+    work, out = tmp_path / "work", tmp_path / "runs" / "one"
+    for folder in (tmp_path / "tuned", work):
+        folder.mkdir()
+    script = api.write_train_script(small(), tmp_path / "tuned")
+    result = subprocess.run([sys.executable, str(script), "--steps", "1", "--out", str(out)],
+                            cwd=work, capture_output=True, text=True, env=subprocess_env(),
+                            timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"saved {out / 'checkpoint.pt'}" in result.stdout
+    assert torch.load(out / "checkpoint.pt")["step"] == 1
+    assert list(work.iterdir()) == []
+    assert sorted(p.name for p in script.parent.iterdir()) == [SCRIPT_NAME]
+    # Without --out: a folder named for the script (.gitignore lists it).
+    assert "(default: train_autotuned_out)" in " ".join(subprocess.run(
+        [sys.executable, str(script), "--help"], cwd=work, capture_output=True, text=True,
+        env=subprocess_env(), timeout=300).stdout.split())
+    assert "train_autotuned_out/" in (REPO / ".gitignore").read_text().splitlines()
+
+
+@pytest.mark.subprocess
 @pytest.mark.parametrize("strategy", ["fsdp", "ddp-bucket-view"])
 @pytest.mark.slow
 def test_generated_script_runs_its_strategy_under_torchrun(tmp_path: Path,

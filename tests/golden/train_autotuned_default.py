@@ -303,7 +303,10 @@ def main():
     parser.add_argument("--steps", type=int, default=100, help="optimizer steps to run")
     parser.add_argument("--log-every", type=int, default=10, help="steps between progress lines")
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    parser.add_argument("--checkpoint", default="checkpoint.pt", help="written at the end")
+    parser.add_argument("--out", default=os.path.splitext(os.path.basename(__file__))[0] + "_out",
+                        help="folder for the checkpoint (default: %(default)s)")
+    parser.add_argument("--checkpoint", default=None,
+                        help="the checkpoint written at the end (default: OUT/checkpoint.pt)")
     parser.add_argument("--seed", type=int, default=1337)
     args = parser.parse_args()
 
@@ -383,9 +386,11 @@ def main():
     elif master:
         model_state, optimizer_state = raw_model.state_dict(), optimizer.state_dict()
     if master:
+        checkpoint = args.checkpoint or os.path.join(args.out, "checkpoint.pt")
+        os.makedirs(os.path.dirname(checkpoint) or ".", exist_ok=True)
         torch.save({"model": model_state, "optimizer": optimizer_state, "step": args.steps},
-                   args.checkpoint)
-        print(f"saved {args.checkpoint}")
+                   checkpoint)
+        print(f"saved {checkpoint}")
     if distributed:
         # FSDP's modules hold the process group: freed first, it closes with the group (left to
         # the interpreter's exit, its threads can outlive it and abort the process).
