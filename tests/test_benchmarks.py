@@ -506,17 +506,25 @@ def test_gpu_call_refuses_a_total_outside_a_device_call(total):
                            "device call's limit)\n")
 
 
-@pytest.mark.subprocess
+def _refused(monkeypatch, capsys, script: str, *args: str) -> str:
+    """Run a benchmark's ``main`` in this process (its checks come before any run: a child
+    interpreter would only add seconds of imports) and return its last stderr line, which
+    must follow exit code 2."""
+    import importlib
+
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", *args])
+    with pytest.raises(SystemExit) as exited:
+        importlib.import_module(script).main()
+    assert exited.value.code == 2
+    return capsys.readouterr().err.splitlines()[-1]
+
+
 @pytest.mark.parametrize("pairs", ["0", "21", "-3"])
-def test_cold_vs_cached_refuses_a_pair_count_outside_1_to_20(pairs):
-    proc = subprocess.run([sys.executable, str(BENCH / "cold_vs_cached.py"), "--pairs", pairs],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    assert proc.stderr.splitlines()[-1] == (
+def test_cold_vs_cached_refuses_a_pair_count_outside_1_to_20(pairs, monkeypatch, capsys):
+    assert _refused(monkeypatch, capsys, "cold_vs_cached", "--pairs", pairs) == (
         f"cold_vs_cached.py: error: --pairs {pairs}: from 1 to 20")
 
 
-@pytest.mark.subprocess
 @pytest.mark.parametrize(("flag", "share", "allowed"), [
     *[("--confirm-within", v, "a share from 0 to 1 (as the search's own option)")
       for v in ("nan", "1.5", "-0.1")],
@@ -524,12 +532,10 @@ def test_cold_vs_cached_refuses_a_pair_count_outside_1_to_20(pairs):
        "search itself with 0)") for v in ("nan", "0", "1.5", "-0.1")],
     *[("--oracle-deadline", v, "minutes above 0, at most a day (leave it out to run the "
        "whole oracle)") for v in ("nan", "0", "-5", "1441")]])
-def test_search_quality_refuses_a_value_outside_its_range(flag, share, allowed):
-    proc = subprocess.run([sys.executable, str(BENCH / "search_quality.py"), "--workloads",
-                           "slow_gpt2", flag, share], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    assert proc.stderr.splitlines()[-1] == (
-        f"search_quality.py: error: {flag} {float(share)}: {allowed}")
+def test_search_quality_refuses_a_value_outside_its_range(flag, share, allowed, monkeypatch,
+                                                          capsys):
+    assert _refused(monkeypatch, capsys, "search_quality", "--workloads", "slow_gpt2", flag,
+                    share) == f"search_quality.py: error: {flag} {float(share)}: {allowed}"
 
 
 def test_search_quality_passes_on_only_the_settings_it_was_given():

@@ -522,7 +522,11 @@ def test_script_sets_the_allocator_before_cuda(tmp_path: Path,
 
 
 @pytest.mark.subprocess
-@pytest.mark.parametrize("name", ["default-fp16", "file-fp32", "default-ckpt-foreach"])
+@pytest.mark.parametrize("name", [
+    # fp16 runs everyday in test_generated_script_writes_its_checkpoint_where_out_says_..., a
+    # file workload in test_file_workload_is_imported_by_path: slow here
+    pytest.param("default-fp16", marks=pytest.mark.slow),
+    pytest.param("file-fp32", marks=pytest.mark.slow), "default-ckpt-foreach"])
 def test_generated_script_runs(tmp_path: Path, name: str) -> None:
     config = {"default-fp16": small(precision="fp16"),
               "file-fp32": small(workload=my_workload_spec()),
@@ -546,13 +550,15 @@ def test_generated_script_writes_its_checkpoint_where_out_says_not_in_the_workin
     work, out = tmp_path / "work", tmp_path / "runs" / "one"
     for folder in (tmp_path / "tuned", work):
         folder.mkdir()
-    script = api.write_train_script(small(), tmp_path / "tuned")
-    result = subprocess.run([sys.executable, str(script), "--steps", "1", "--out", str(out)],
+    script = api.write_train_script(small(precision="fp16"), tmp_path / "tuned")
+    result = subprocess.run([sys.executable, str(script), "--steps", "2", "--out", str(out)],
                             cwd=work, capture_output=True, text=True, env=subprocess_env(),
                             timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"saved {out / 'checkpoint.pt'}" in result.stdout
-    assert torch.load(out / "checkpoint.pt")["step"] == 1
+    assert "step 2/2" in result.stdout and f"saved {out / 'checkpoint.pt'}" in result.stdout
+    saved = torch.load(out / "checkpoint.pt")
+    assert saved["step"] == 2 and saved["model"]
+    assert not any(k.startswith("_orig_mod") for k in saved["model"])
     assert list(work.iterdir()) == []
     assert sorted(p.name for p in script.parent.iterdir()) == [SCRIPT_NAME]
     # Without --out: a folder named for the script (.gitignore lists it).

@@ -193,3 +193,25 @@ def test_report_right_after_a_search_replaces_its_own_page_and_no_other_file(
         assert page.read_text() == other and "--force" in result.stderr
         assert runner.invoke(app, ["report", str(path), "--force"]).exit_code == 0
         assert page.read_text() != other
+
+
+def test_a_ctrl_c_while_the_search_prints_names_what_was_written(
+        tmp_path: Path, monkeypatch) -> None:
+    # The CLI's side of test_signals' real search (marked slow: a new interpreter, 30 s): once
+    # the search returned, its files are written, and a Ctrl-C while the table prints says so.
+    from autotune import api
+
+    path = write(realistic(), tmp_path / "autotune.json")
+
+    def searched(*args, **kwargs):
+        return SearchResult(config=realistic(), path=path, probe=None, stop_reason="")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(api, "search", searched)
+    monkeypatch.setattr(report, "search_table", interrupted)
+    result = runner.invoke(app, ["search", "--target-batch", "8", "--out", str(tmp_path)])
+    assert result.exit_code == 130, result.output
+    assert f"interrupted (Ctrl-C): wrote {path}, its train_autotuned.py first" in " ".join(
+        result.stderr.split())

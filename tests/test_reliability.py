@@ -325,6 +325,9 @@ def test_two_searches_into_one_folder_never_replace_each_other(tmp_path: Path) -
     assert first["created_at"] != second["created_at"]  # two results, neither lost
 
 
+@pytest.mark.slow  # a real search: the same path (a signal held to the calibration ends it,
+# the result kept and written) runs everyday in test_signals.py::
+# test_a_signal_after_the_last_run_waits_for_the_writes[tuned_config]
 def test_ctrl_c_while_calibrating_keeps_and_writes_the_result(tmp_path: Path,
                                                                monkeypatch) -> None:
     """The window the defect lived in: the search is over, the estimator's calibration runs

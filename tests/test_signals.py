@@ -150,6 +150,9 @@ def test_a_signal_after_the_last_run_waits_for_the_writes(
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow  # 30 s (a new interpreter, a real search): the CLI's side runs everyday in
+# test_output.py::test_a_ctrl_c_while_the_search_prints_names_what_was_written, the held
+# signal's in test_a_signal_after_the_last_run_waits_for_the_writes
 def test_the_cli_says_what_was_written_when_a_signal_comes_while_it_prints(
         tmp_path: Path) -> None:
     """After the writes the CLI prints its table; a signal there names the written file, not
