@@ -51,6 +51,8 @@ def test_train_plain(tmp_path: Path) -> None:
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow  # a new interpreter to see autotune.load's refusal, which runs everyday in
+# test_usage.py::test_load_checks_world_size
 def test_train_plain_refuses_another_world_size(tmp_path: Path) -> None:
     config = write(small(workload=my_workload_spec()), tmp_path / "autotune.json")
     result = subprocess.run([sys.executable, str(EXAMPLES / "train_plain.py"), "--config",
