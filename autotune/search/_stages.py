@@ -297,12 +297,14 @@ class _Search:
             self._note_cold(key, result)
         self.classes = tuple(classes)
         self.entered: list[str] = []
-        """The stages entered, in order (``stage``): what a search stopped early never
-        entered is said in ``TunedConfig.not_reached`` (``_not_reached``)."""
-        self.considered: set[Knobs] = set()
-        """Settings whose probe began, or that were weighed for one (``_why_not_mode``)."""
-        self.screened: list[str] = []
-        """The knobs whose screening (stage 3) began."""
+        """The stages entered, in order (``stage``), and those where a run began (``_begin``):
+        what a search stopped early never reached is said in ``TunedConfig.not_reached``."""
+        self.ran_in: set[str] = set()
+        self.considered: set[tuple[str, str]] = set()
+        """(precision, compile mode) of the settings a run began on, or ruled out with a
+        reason (``_why_not_mode``)."""
+        self.screened: set[str] = set()
+        """The knobs whose screening (stage 3) ran a value or ended."""
         self.stage = "probe"
         self.start = time.perf_counter()
         if before is not None:
@@ -426,7 +428,6 @@ class _Search:
                 return may_be_largest
             return 0 < self._largest_fit(knobs) < micro_batch
 
-        self.considered.add(knobs)
         considered = [m for m in self.micro_batches if m > above]
         probe = probe_memory(
             self.report.workload, self.report.device.device, knobs, considered,
@@ -511,7 +512,6 @@ class _Search:
         """Stage 3 for one knob: each of its values on ``leader`` (``screen``); a value that
         peaked below the leader joins ``lowered``. For a knob that frees no memory, the
         leader after it (None for one that does)."""
-        self.screened.append(knob.name)
         for value in self.values.get(knob.name, ()):
             if value == getattr(leader.knobs, knob.name):
                 continue
@@ -540,6 +540,7 @@ class _Search:
                     # its boundary may be above the leader's
                     lowered.append((knob.name, value, timed_here))
         now = self._leader()
+        self.screened.add(knob.name)
         return None if knob.frees_memory else now
 
     def _probe_recompute(self, knobs: Knobs) -> None:
@@ -1486,6 +1487,7 @@ class _Search:
         self.reached.add(key)
         if key in self.held:  # asked for, as the search that ran it had
             self.results[key] = self.held.pop(key)
+            self._begin(key.knobs)
         if key in self.results:  # a trial answers a memory probe too
             return self.results[key]
         if not timed and key in self.probe_runs:
@@ -1518,7 +1520,16 @@ class _Search:
             if left < MIN_CHILD_S:
                 raise _Stop("--time-budget reached: best so far")
             timeout_s = min(timeout_s, left)
+        self._begin(spec.knobs)
         return replace(spec, timeout_s=timeout_s)
+
+    def _begin(self, knobs: Knobs) -> None:
+        """A run of ``knobs`` begins (or the study answers for one): its stage, its setting
+        and, in stage 3, the knobs it changes count as reached (``_not_reached``)."""
+        self.ran_in.add(self.stage)
+        self.considered.add((knobs.precision, knobs.compile_mode))
+        if self.stage == "knobs":
+            self.screened.update(knobs.changed())
 
     def _run_child(self, spec: TrialSpec, kind: RunKind) -> TrialResult:
         """Run one limited spec. A run the time budget cut short says nothing of its
@@ -1587,9 +1598,12 @@ class _Search:
     def _not_reached(self) -> tuple[str, ...]:
         """What a search stopped early never began: the settings not probed, the knobs not
         screened, each later stage not entered (``TunedConfig.not_reached``)."""
-        probes = [k.label() for k in self.classes if k not in self.considered]
+        probes = [k.label() for k in self.classes
+                  if (k.precision, k.compile_mode) not in self.considered]
         knobs = [k.name for k in KNOBS[2:] if k.name not in self.screened and any(
-            v != getattr(self.base, k.name) for v in self.values.get(k.name, ()))]
+            v != getattr(self.base, k.name) and skip_reason(  # one the workload could use
+                self.base.with_(**{k.name: v}), self.traits) is None
+            for v in self.values.get(k.name, ()))]
         first_launch = backend_for(self.report.device.device).compile_in_peak and any(
             k.compile_mode != "off" for k in self.classes)
         planned = {"probe": f"the memory probes of {', '.join(probes)}" if probes else "",
@@ -1597,8 +1611,10 @@ class _Search:
                    "refine": "the smaller micro-batches",
                    "confirm": "the re-measure of the leaders",
                    "first launch": "the first-launch check" if first_launch else ""}
+        # The stage it stopped in (the last entered) counts only where a run of it began.
+        reached = set(self.entered[:-1]) | (set(self.entered[-1:]) & self.ran_in)
         return tuple(text for stage, text in planned.items() if text and (
-            stage in ("probe", "knobs") or stage not in self.entered))
+            stage in ("probe", "knobs") or stage not in reached))
 
     def _record(self, key: Candidate, result: TrialResult) -> TrialRecord:
         """``classify``'s record, with the candidate's interleaved rounds."""
@@ -1637,7 +1653,6 @@ class _Search:
 
     def _why_not_mode(self, knobs: Knobs) -> str | None:
         """Why a compile mode beyond off/default is not tried for this precision, if not."""
-        self.considered.add(knobs)
         if not self.settings.refine_within:
             return None
         same = [c for c in self.probes if c.precision == knobs.precision]
@@ -1646,6 +1661,7 @@ class _Search:
         share = self._share(max((self._class_best(c) or 0.0 for c in same), default=0.0))
         if share is not None and share >= self.settings.refine_within:
             return None
+        self.considered.add((knobs.precision, knobs.compile_mode))
         return f"{knobs.label()} not tried: {self._behind(share, knobs.precision)}"
 
     def _behind(self, share: float | None, precision: str | None = None) -> str:
