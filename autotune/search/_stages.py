@@ -152,7 +152,8 @@ MIN_CHILD_S = 1.0
 def run_search(report: ProbeReport, classes: Sequence[Knobs], settings: SearchSettings,
                *, values: Mapping[str, Sequence[str]] | None = None, run: Runner = run_isolated,
                on_trial: OnTrial | None = None, on_step: OnStep | None = None,
-               guard: SignalGuard | None = None) -> SearchOutcome:
+               guard: SignalGuard | None = None,
+               clock: Callable[[], float] = time.perf_counter) -> SearchOutcome:
     """Probe and time the classes in stages, pruning what cannot win (module docstring).
 
     Args:
@@ -169,6 +170,8 @@ def run_search(report: ProbeReport, classes: Sequence[Knobs], settings: SearchSe
         guard: the installed signal guard (``autotune.signals.guarded``): the stages are its
             armed region, so the first Ctrl-C or SIGTERM ends them and a later one waits for
             the caller's writes; None leaves signals as they are.
+        clock: the seconds the time budget and each run's start are read from (a replay of
+            recorded runs sets its simulated clock here).
 
     Raises:
         ConfigError: a storage that cannot be opened or holds another search.
@@ -176,7 +179,8 @@ def run_search(report: ProbeReport, classes: Sequence[Knobs], settings: SearchSe
     """
     base = job_baseline((values or {}).get("strategy", ("none",))[0])
     assert base in classes, "fp32 eager is the baseline: the api adds it"
-    search = _Search(report, classes, settings, values or {}, run, on_trial, on_step)
+    search = _Search(report, classes, settings, values or {}, run, on_trial, on_step,
+                     clock=clock)
     interrupted, stop_reason = False, "every class was tried or pruned with a reason"
     try:
         with (guard or SignalGuard()).armed():
@@ -184,7 +188,7 @@ def run_search(report: ProbeReport, classes: Sequence[Knobs], settings: SearchSe
                 search.stages(classes)
             except _Stale as stale:  # the stored runs measured another model: afresh
                 search = _Search(report, classes, replace(settings, fresh=True), values or {},
-                                 run, on_trial, on_step, before=search)
+                                 run, on_trial, on_step, before=search, clock=clock)
                 search.study_record = replace(search.study_record, note="; ".join(
                     filter(None, (search.study_record.note, str(stale)))))
                 search.stages(classes)
@@ -237,7 +241,8 @@ class _Search:
     def __init__(self, report: ProbeReport, classes: Sequence[Knobs],
                  settings: SearchSettings, values: Mapping[str, Sequence[str]], run: Runner,
                  on_trial: OnTrial | None, on_step: OnStep | None, *,
-                 before: _Search | None = None) -> None:
+                 before: _Search | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         """``before``: a search given up (its stored runs were stale); its own runs, cost and
         clock carry over, so the limits and the record cover both."""
         self.report, self.settings = report, settings
@@ -296,7 +301,8 @@ class _Search:
         for key, result in [*self.probe_runs.items(), *self.held.items()]:
             self._note_cold(key, result)
         self.stage = "probe"
-        self.start = time.perf_counter()
+        self.clock = clock
+        self.start = clock()
         if before is not None:
             self.num_runs, self.start = before.num_runs, before.start
             self.cost, self.compiles = dict(before.cost), list(before.compiles)
@@ -1493,7 +1499,7 @@ class _Search:
             raise _Stop(f"--max-trials reached ({self.num_runs} child runs): best so far")
         timeout_s = self.settings.timeout_s
         if self.settings.time_budget_s is not None:
-            left = self.settings.time_budget_s - (time.perf_counter() - self.start)
+            left = self.settings.time_budget_s - (self.clock() - self.start)
             if left < MIN_CHILD_S:
                 raise _Stop("--time-budget reached: best so far")
             timeout_s = min(timeout_s, left)
@@ -1502,7 +1508,7 @@ class _Search:
     def _run_child(self, spec: TrialSpec, kind: RunKind) -> TrialResult:
         """Run one limited spec. A run the time budget cut short says nothing of its
         candidate: it ends the search (its Optuna trial fails) instead of being recorded."""
-        start_s = time.perf_counter() - self.start
+        start_s = self.clock() - self.start
         result = self._run(spec)
         self.num_runs += 1
         timed_s = sum(result.step_times_s)
