@@ -51,9 +51,11 @@ import math
 import random
 import re
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from replay_tables import Entry, Table, all_tables
 
@@ -369,7 +371,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=30)
     parser.add_argument("--only", default="", help="table names, comma-separated")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--write", metavar="NAME", default="",
+                        help="also write results/NAME.json and NAME.md (with the commit)")
     args = parser.parse_args(argv)
+    started = time.perf_counter()
     tables = all_tables()
     if args.only:
         wanted = args.only.split(",")
@@ -380,10 +385,28 @@ def main(argv: list[str] | None = None) -> int:
         tables = [t for t in tables if t.name in wanted]
     results = [score(replace(t, held_out=is_held_out(t)), args.seeds) for t in tables]
     summ = summary(results)
+    text = render(results, summ)
     if args.json:
         print(json.dumps({"tables": results, "summary": summ}, indent=1))
     else:
-        print(render(results, summ))
+        print(text)
+    if args.write:
+        here = Path(__file__).resolve().parent
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here,
+                                capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "../autotune"],
+                               cwd=here, capture_output=True, text=True).stdout.strip()
+        head = {"commit": commit + ("+dirty" if dirty else ""), "seeds": args.seeds,
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                "replay_s": time.perf_counter() - started}
+        (here / "results" / f"{args.write}.json").write_text(json.dumps(
+            {**head, "tables": results, "summary": summ}, indent=1) + "\n")
+        (here / "results" / f"{args.write}.md").write_text(
+            f"# Replay of the search at {head['commit']} ({head['date']})\n\n"
+            f"`python benchmarks/replay.py --seeds {args.seeds}`: every table x "
+            f"{args.seeds} seeds in {head['replay_s']:.0f} s on this machine. How tables, "
+            "runs, noise and scores are made: the docstrings of `benchmarks/replay.py` and "
+            "`benchmarks/replay_tables.py`.\n\n```\n" + text + "\n```\n")
     return 0
 
 
