@@ -12,7 +12,10 @@ spec from the candidate's recorded runs, and ``run_search`` reads its simulated 
   spread (p90 - p10 over the median) says, and the run times steps until
   ``autotune.timing.stop_reason`` stops it, as the child does. A status other than ok is
   answered as recorded; a peak over the spec's cap answers ``oom`` (a table's peaks were
-  recorded under its own cap, which the search is given). Wall seconds: the drawn run's own
+  recorded under its own cap, which the search is given). A compiled candidate the table
+  says fits only when its graphs load from inductor's cache (``fits_first_launch`` false: no
+  first-launch peak is recorded, only the verdict) answers a run that compiles afresh
+  (``cold_compile``) with a peak just over the usable budget. Wall seconds: the drawn run's own
   less its timed steps, plus the replayed steps.
 - **Not recorded**: a run of a micro-batch the table lacks at or above one its setting ran out
   of memory at answers ``oom`` (memory grows with the micro-batch: the oracle did not run
@@ -140,11 +143,14 @@ class ReplayDevice:
                               min_elapsed_s=spec.min_timed_s, max_elapsed_s=spec.max_timed_s,
                               precision=spec.timing_precision,
                               stop_above_s=spec.stop_above_step_s)
+        peak = run.peak_bytes
+        if spec.cold_compile and not entry.fits_first_launch and peak is not None:
+            peak = max(peak, self.table.usable_bytes() + 1)  # the table's verdict, no peak
         if times:
             self.timed.add(key)
         wall += sum(times)
         self.now_s += wall
-        return self._result(spec, why or "", run.peak_bytes, tuple(times), wall,
+        return self._result(spec, why or "", peak, tuple(times), wall,
                             entry, info)
 
     def _result(self, spec: TrialSpec, why: str, peak: int | None, times: tuple,

@@ -122,3 +122,16 @@ def test_every_committed_oracle_is_a_table() -> None:
     for t in tables:
         key, best = t.best()
         assert t.fits(key) and best > 0 and t.sigma > 0
+
+
+def test_a_compiled_fit_only_from_the_cache_peaks_over_the_budget_when_compiled_afresh() -> None:
+    t = table()
+    t.entries["bf16/default/2"].fits_first_launch = False  # the table's verdict, no peak
+    spec = TrialSpec(workload=WorkloadSpec(), device="cpu", micro_batch=2, accumulate_steps=2,
+                     knobs=Knobs(precision="bf16", compile_mode="default"), num_timed_steps=10,
+                     memory_budget_bytes=900 * MIB)
+    device = ReplayDevice(t, 0)
+    assert device(spec).peak_bytes == 500 * MIB  # loaded from the cache: as recorded
+    cold = device(replace(spec, cold_compile=True))
+    assert cold.ok and cold.peak_bytes is not None and cold.peak_bytes > t.usable_bytes()
+    assert not t.fits("bf16/default/2") and t.best()[0] != "bf16/default/2"
