@@ -222,6 +222,7 @@ class Seed:
     interpolated: int
     overhead_s: float
     why: str = ""
+    missing_keys: tuple = ()
     ruled_out: dict = field(default_factory=dict)
     """Per rule (the skip note without its numbers): whether a setting it skipped could have
     won by the table."""
@@ -280,6 +281,7 @@ def replay_one(table: Table, seed: int, plan=None) -> Seed:
                 runs=device.calls, why=why,
                 missing=sum(device.missing.values()),
                 interpolated=sum(device.interpolated.values()), overhead_s=overhead,
+                missing_keys=tuple(device.missing),
                 ruled_out=ruled)
 
 
@@ -316,7 +318,9 @@ def score(table: Table, seeds: int) -> dict:
         "cost": {"median": statistics.median(cost), "p90": quantile(cost, 0.9)},
         "runs": {"median": statistics.median(s.runs for s in found)},
         "not_recorded": {"median": statistics.median(s.missing for s in found),
-                         "seeds_with_any": sum(s.missing > 0 for s in found)},
+                         "seeds_with_any": sum(s.missing > 0 for s in found),
+                         "candidates": dict(collections.Counter(
+                             k for s in found for k in s.missing_keys).most_common())},
         "interpolated_probes": {"median": statistics.median(s.interpolated for s in found)},
         "over_budget_picks": sum(s.why == "over the table's budget" for s in found),
         "failed_searches": sum(s.pick is None for s in found),
@@ -361,6 +365,9 @@ def render(results: list[dict], summ: dict) -> str:
             f"{r['interpolated_probes']['median']:g}; picks over the table's budget "
             f"{r['over_budget_picks']}; search overhead "
             f"{r['overhead_s']['median']:.2f} s",
+            *(["   not recorded (seeds asking): " + ", ".join(
+                f"{k} x{n}" for k, n in list(r["not_recorded"]["candidates"].items())[:5])]
+              if r["not_recorded"]["candidates"] else []),
             "   picks: " + ", ".join(f"{k} x{n}" for k, n in list(r["picks"].items())[:4])]
         lines += [f"   rule '{rule}': fired in {v['fired']} seeds, a skipped setting could "
                   f"have won in {v['could_have_won']}" for rule, v in r["rules"].items()

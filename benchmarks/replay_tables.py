@@ -24,7 +24,7 @@ import json
 import math
 import re
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rule_checks import RESULTS, rows
@@ -121,23 +121,24 @@ class Table:
         return sum(len(e.runs) for e in self.entries.values())
 
     def traits(self) -> WorkloadTraits | None:
-        """What the table shows of the workload: a knob value it ran applies, one it left out
-        for the workload's sake does not (None where it ran no knob beyond precision and
-        compile mode: the search then asks for every value, and the table lacks them)."""
+        """What the table shows of the workload: checkpointing and channels_last apply where it
+        ran them, the optimizer is AdamW (its default implementation as the table's exclusion
+        says); None where it ran no knob beyond precision and compile mode (the search then
+        asks for every value, and the table lacks them: counted as not recorded)."""
         knobs = [Candidate.from_key(k).knobs for k, e in self.entries.items() if e.runs]
         if not any(k.changed() for k in knobs) and not self.device.is_cuda:
             return None
         why = " ".join(e.excluded for e in self.entries.values())
-        impls = {k.optimizer_impl for k in knobs} - {"default"}
         built = re.search(r"as built already runs ([a-z-]+)", why)
+        # every recorded workload builds AdamW (for-loop on CPU parameters, foreach on CUDA
+        # ones); the GPU's, the built-in default, has blocks to checkpoint
         default = built.group(1) if built else ("foreach" if self.device.is_cuda else "")
         return WorkloadTraits(
-            num_blocks=2 if any(k.checkpointing != "off" for k in knobs) else 0,
-            hf_checkpointing=False,
+            num_blocks=2 if self.device.is_cuda or any(k.checkpointing != "off" for k in knobs)
+            else 0,
             has_conv2d=any(k.memory_format == "channels_last" for k in knobs),
             image_input=any(k.memory_format == "channels_last" for k in knobs),
-            optimizer="AdamW",
-            optimizer_impls=tuple(sorted(impls | ({default} if default else set()))),
+            optimizer="AdamW", optimizer_impls=("for-loop", "foreach", "fused"),
             optimizer_default=default)
 
 
@@ -196,7 +197,7 @@ def cpu_tables() -> list[Table]:
             device = DeviceInfo(device="cpu", name=machine.get("cpu_model") or family,
                                 total_memory_bytes=16 * GIB, available_memory_bytes=16 * GIB,
                                 supports_bf16=True, supports_fp16=False, supports_tf32=False,
-                                native_bf16=True)
+                                native_bf16=True)  # where the table ran no bf16: below
             table = groups[(*key, budget)] = Table(
                 name="", machine=f"{family} (2 CPUs)", workload=row["workload"], spec=spec,
                 device=device, target=target, budget_bytes=budget,
@@ -207,6 +208,9 @@ def cpu_tables() -> list[Table]:
         if name not in table.sources:
             table.sources.append(name)
     tables = list(groups.values())
+    for t in tables:  # a CPU that emulates bf16 (the EPYC of 2026-11-25 on): fp32 only
+        if not any(k.startswith("bf16/") for k, e in t.entries.items() if e.runs):
+            t.device = replace(t.device, native_bf16=False)
     for t in tables:  # one name each: the target, then the budget, where two share one
         twins = [u for u in tables if u.name == t.name]
         if len(twins) > 1 and len({u.target for u in twins}) > 1:
