@@ -10,10 +10,14 @@ the smaller), a run that a later file stored again (``--oracle-from``) counted o
 tables come from ``results/gpu/gpu_suite-*oracle*.json``: the H200 uncapped pass and the H200
 24 GiB capped passes (2026-11-26b with its -rest file, 2026-11-27 with its -rest file).
 
-The noise model (``Table.sigma``): the pooled standard deviation of log(run median / the
-candidate's geometric mean) over the candidates with two or more ok runs of at least 5 timed
-steps each (degrees of freedom: runs less candidates); a table with fewer than 5 such
-candidates borrows the pool of every table on its machine (said in ``sigma_note``).
+The noise model (``Table.sigma``): a run's log-normal noise, fitted on the table's repeated
+runs: log(run median / its candidate's geometric mean) over the candidates with two or more ok
+runs of at least 5 timed steps each, scaled for the mean they are taken from, and its sigma
+taken robustly (1.4826 x the median absolute deviation, so that one run several times slower
+than its twin does not set it alone: those runs stay in the table and are drawn as they are);
+a table with fewer than 5 such candidates borrows the pool of every table on its machine (said
+in ``sigma_note``). The runs of a candidate come from passes in different sittings, so the
+noise is a run's drift between hours, not its steps' spread within a run.
 """
 
 from __future__ import annotations
@@ -252,17 +256,24 @@ def gpu_tables() -> list[Table]:
 
 
 def _deviations(table: Table) -> tuple[list[float], int]:
-    """Log deviations of each repeated candidate's runs from their geometric mean, and the
-    number of candidates they come from."""
+    """Log deviations of each repeated candidate's runs from their geometric mean, each scaled
+    by sqrt(k / (k - 1)) for its candidate's k runs (a run's deviation from the mean of k has
+    (k - 1) / k of a run's variance), and the number of candidates they come from."""
     devs, groups = [], 0
     for e in table.entries.values():
         logs = [math.log(r.median_s) for r in e.runs
                 if r.status == "ok" and r.median_s and r.num_steps >= 5]
         if len(logs) >= 2:
-            mean = statistics.fmean(logs)
-            devs += [x - mean for x in logs]
+            mean, k = statistics.fmean(logs), len(logs)
+            devs += [(x - mean) * math.sqrt(k / (k - 1)) for x in logs]
             groups += 1
     return devs, groups
+
+
+def _sigma(devs: list[float]) -> float:
+    """A run's log-noise: 1.4826 x the median absolute deviation (a normal's sigma; a run
+    several times slower than its twin, a busy VM's, does not set it alone)."""
+    return 1.4826 * statistics.median(abs(d) for d in devs) if devs else 0.0
 
 
 def fit_noise(tables: list[Table]) -> None:
@@ -274,17 +285,13 @@ def fit_noise(tables: list[Table]) -> None:
         pooled_devs, pooled_groups = pool[t.machine]
         pool[t.machine] = (pooled_devs + devs, pooled_groups + groups)
 
-    def sd(devs: list[float], groups: int) -> float:
-        dof = len(devs) - groups
-        return math.sqrt(sum(d * d for d in devs) / dof) if dof > 0 else 0.0
-
     for t in tables:
         devs, groups = own[t.name]
         if groups >= MIN_NOISE_CANDIDATES:
-            t.sigma = sd(devs, groups)
+            t.sigma = _sigma(devs)
             t.sigma_note = f"own: {groups} candidates, {len(devs)} runs"
         else:
-            t.sigma = sd(*pool[t.machine])
+            t.sigma = _sigma(pool[t.machine][0])
             t.sigma_note = (f"borrowed ({groups} repeated candidates here): {t.machine} pool "
                             f"of {pool[t.machine][1]} candidates, {len(pool[t.machine][0])} runs")
 
