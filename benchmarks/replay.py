@@ -346,8 +346,24 @@ def summary(results: list[dict]) -> dict:
     return out
 
 
+NOISE_NOTE = (
+    "Noise model: a candidate with one ok run recorded answers its median x exp(N(0, sigma)); "
+    "one with more answers one of its runs, drawn. sigma: 1.4826 x the median absolute "
+    "log(run median / its candidate's geometric mean), each scaled by sqrt(k / (k - 1)), over "
+    "the table's candidates with 2+ ok runs of 5+ timed steps (runs from different sittings: "
+    "drift between hours); under 5 such candidates, its machine's pool. Steps scatter about "
+    "the median as the drawn run's spread says; its wall seconds less its timed steps are "
+    "the run's overhead.")
+HOLD_OUT_NOTE = (
+    "Held out (nothing in the search may be tuned on them): the AMD EPYC tables and the GPU "
+    "capped one, a machine and a memory regime most of the search's rules were not drawn from "
+    "(they came from Xeon oracles and the uncapped GPU); the tuning set is the rest.")
+
+NOTES = {"noise": NOISE_NOTE, "held_out": HOLD_OUT_NOTE}
+
+
 def render(results: list[dict], summ: dict) -> str:
-    lines = []
+    lines = [NOISE_NOTE, HOLD_OUT_NOTE, ""]
     for r in results:
         q, c = r["pick_quality"], r["cost"]
         lines += [
@@ -400,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     summ = summary(results)
     text = render(results, summ)
     if args.json:
-        print(json.dumps({"tables": results, "summary": summ}, indent=1))
+        print(json.dumps({"tables": results, "summary": summ, "notes": NOTES}, indent=1))
     else:
         print(text)
     if args.write:
@@ -413,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 "replay_s": time.perf_counter() - started}
         (here / "results" / f"{args.write}.json").write_text(json.dumps(
-            {**head, "tables": results, "summary": summ}, indent=1) + "\n")
+            {**head, "tables": results, "summary": summ, "notes": NOTES}, indent=1) + "\n")
         (here / "results" / f"{args.write}.md").write_text(
             f"# Replay of the search at {head['commit']} ({head['date']})\n\n"
             f"`python benchmarks/replay.py --seeds {args.seeds}`: every table x "
