@@ -34,7 +34,8 @@ spec from the candidate's recorded runs, and ``run_search`` reads its simulated 
   exhaustive pass: each candidate's first recorded run's wall seconds), median and 90th
   percentile; the runs; the search's own overhead (measured, apart); and, per rule that
   skipped a setting (the search's skip note with its numbers taken out), how often the table
-  says that setting could have won (a candidate of it not timed within 3% of the best).
+  says that setting could have won (a candidate of it at a micro-batch the note skipped, not
+  timed, within 3% of the best).
 - **Tuning and held-out tables** (``HELD_OUT``): the AMD EPYC tables and the GPU capped
   table are held out (a machine and a memory regime the search's rules were not all drawn
   from: most rules came from Xeon oracles and the uncapped GPU); the Xeon tables and the GPU
@@ -57,6 +58,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -228,15 +230,24 @@ class Seed:
     won by the table."""
 
 
-def rule_of(note: str) -> tuple[str, str] | None:
-    """(the setting a skip note names, the note with its numbers and labels taken out)."""
+def rule_of(note: str) -> tuple[str, str, Callable[[int], bool]] | None:
+    """(the setting a skip note names, the note with its numbers and labels taken out, which
+    of the setting's micro-batches it skipped: those it names, above or at and below one it
+    names, else all)."""
     m = re.match(r"([a-z0-9]+/[a-z-]+(?:\+[a-z_=-]+)*)[: ]", note)
     if not m:
         return None
     text = note[len(m.group(1)):]
+    skipped: Callable[[int], bool] = lambda mb: True  # noqa: E731
+    if above := re.match(r": micro-batches above (\d+)", text):
+        skipped = lambda mb, n=int(above.group(1)): mb > n  # noqa: E731
+    elif named := re.match(r": micro-batch(?:es)? ((?:\d+, )*\d+)( and below)? not", text):
+        sizes = [int(x) for x in named.group(1).split(", ")]
+        skipped = (lambda mb, n=max(sizes): mb <= n) if named.group(2) else \
+            (lambda mb, these=frozenset(sizes): mb in these)
     text = re.sub(r"[a-z0-9]+/[a-z-]+(?:\+[a-z_=.-]+)*(?:/\d+)?", "X", text)
     text = re.sub(r"\d+(\.\d+)?", "N", text)
-    return m.group(1), text.strip(" :")[:70]
+    return m.group(1), text.strip(" :")[:70], skipped
 
 
 def quality_of(table: Table, pick: str) -> tuple[float, str]:
@@ -272,10 +283,11 @@ def replay_one(table: Table, seed: int, plan=None) -> Seed:
         found = rule_of(note)
         if not found:
             continue
-        label, rule = found
-        could = any(Candidate.from_key(k).knobs.label() == label and k not in device.timed
-                    and table.fits(k) and (table.truth(k) or 0) >= (1 - WITHIN) * best
-                    for k in table.entries)
+        label, rule, skipped = found
+        could = any(c.knobs.label() == label and skipped(c.micro_batch)
+                    and k not in device.timed and table.fits(k)
+                    and (table.truth(k) or 0) >= (1 - WITHIN) * best
+                    for k in table.entries if (c := Candidate.from_key(k)))
         ruled[rule] = ruled.get(rule, False) or could
     return Seed(pick=pick, quality=quality, cost=device.now_s / table.pass_s(),
                 runs=device.calls, why=why,
