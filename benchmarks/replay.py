@@ -15,7 +15,9 @@ spec from the candidate's recorded runs, and ``run_search`` reads its simulated 
   recorded under its own cap, which the search is given). A compiled candidate the table
   says fits only when its graphs load from inductor's cache (``fits_first_launch`` false: no
   first-launch peak is recorded, only the verdict) answers a run that compiles afresh
-  (``cold_compile``) with a peak just over the usable budget. Wall seconds: the drawn run's own
+  (``cold_compile``) with a peak just over the usable budget. A run past the spec's timeout
+  (the time budget's end) is killed there (``timeout``), as the runner kills a child. Wall
+  seconds: the drawn run's own
   less its timed steps, plus the replayed steps.
 - **Not recorded**: a run of a micro-batch the table lacks at or above one its setting ran out
   of memory at answers ``oom`` (memory grows with the micro-batch: the oracle did not run
@@ -105,7 +107,21 @@ class ReplayDevice:
         return self.now_s
 
     def __call__(self, spec: TrialSpec) -> TrialResult:
+        """The spec's answer; one that runs past its timeout is killed there, as the runner
+        kills a child (``timeout``, its wall the timeout)."""
         self.calls += 1
+        result = self._answer(spec)
+        wall = result.wall_s or 0.0
+        if wall > spec.timeout_s:
+            wall = spec.timeout_s
+            result = TrialResult(status="timeout", message="timed out (replayed)",
+                                 wall_s=wall, samples_per_step=result.samples_per_step,
+                                 workload_name=self.table.name,
+                                 workload_fingerprint="replay")
+        self.now_s += wall
+        return result
+
+    def _answer(self, spec: TrialSpec) -> TrialResult:
         key = Candidate.of(spec).key()
         entry = self.table.entries.get(key)
         info = {"samples_per_step": spec.micro_batch * spec.accumulate_steps,
@@ -116,12 +132,10 @@ class ReplayDevice:
                 peak = None  # a timed run's step times are not to be made up
             if peak is None:
                 self.missing[key] += 1
-                self.now_s += self.missing_wall_s
                 return TrialResult(status="unsupported", message="not recorded",
                                    wall_s=self.missing_wall_s, **info)
             self.interpolated[key] += 1
             wall = self.missing_wall_s
-            self.now_s += wall
             return self._result(spec, "ok", peak, (), wall, None, info) if peak >= 0 else \
                 TrialResult(status="oom", message="out of memory (replayed)", wall_s=wall,
                             **info)
@@ -130,7 +144,6 @@ class ReplayDevice:
         if run.status != "ok" or (spec.memory_budget_bytes and run.peak_bytes
                                   and run.peak_bytes > spec.memory_budget_bytes):
             status = "oom" if run.status == "ok" else run.status
-            self.now_s += run.wall_s or wall
             return TrialResult(status=status, message=f"{status} (replayed)",
                                peak_bytes=run.peak_bytes, wall_s=run.wall_s or wall, **info)
         median = run.median_s * spec.accumulate_steps / entry.accumulate_steps
@@ -151,7 +164,6 @@ class ReplayDevice:
         if times:
             self.timed.add(key)
         wall += sum(times)
-        self.now_s += wall
         return self._result(spec, why or "", peak, tuple(times), wall,
                             entry, info)
 

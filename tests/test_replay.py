@@ -105,10 +105,11 @@ def test_the_replay_is_deterministic_per_seed() -> None:
 
 def test_the_time_budget_runs_on_the_replays_clock() -> None:
     # Each run costs 20 s or more of simulated time, none of the replay's own: a 100 s
-    # budget stops the search after a few runs, though it ran for milliseconds.
+    # budget stops the search after a few runs, though it ran for milliseconds; the run the
+    # budget's end cuts short is killed at its timeout, as the runner kills a child.
     t = table(search={"time_budget_s": 100.0})
     seed = replay_one(t, 0)
-    assert seed.runs < 8 and seed.cost * t.pass_s() < 100 + 60
+    assert seed.runs < 8 and seed.cost * t.pass_s() <= 100.0 + 1e-9
 
 
 def test_every_committed_oracle_is_a_table() -> None:
