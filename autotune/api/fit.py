@@ -270,6 +270,14 @@ def check(path: str | Path | None = None, *, target: CheckTarget | None = None,
             if target.knobs.strategy != "none":
                 how += (f"; one rank of {target.world_size} ({target.knobs.strategy}, traced "
                         "with a fake process group)")
+    if peak is None:
+        cap = format_bytes(target.device_memory_bytes)
+        return CheckResult(
+            fits=False, peak_bytes=target.device_memory_bytes, usable_bytes=usable,
+            budget_bytes=target.device_memory_bytes, method="measure",
+            message=f"does not fit: micro-batch {target.micro_batch} x "
+                    f"{target.accumulate_steps} ({label}): a real step ran out of memory "
+                    f"under the {cap} cap, the budget each of the search's runs had")
     head = (f"micro-batch {target.micro_batch} x {target.accumulate_steps} ({label}): peak "
             f"{format_bytes(peak)} ({how}), usable {format_bytes(usable)} (device "
             f"{format_bytes(target.device_memory_bytes)} minus {target.headroom:.0%} headroom)")
@@ -289,9 +297,10 @@ def check(path: str | Path | None = None, *, target: CheckTarget | None = None,
                        method="measure" if step is None else "estimate", message=message)
 
 
-def _measure(target: CheckTarget, timeout_s: float) -> int:
-    """A real capped step of the config in a child: its peak, or one over the budget for an
-    out-of-memory.
+def _measure(target: CheckTarget, timeout_s: float) -> int | None:
+    """A real step of the config in a child capped at the budget, as each of the search's
+    probes is (``memory.probe_spec``): its peak, or None when it ran out of memory under
+    the cap.
 
     Raises:
         WorkloadError: the step fails otherwise (crash, hang, exit, non-finite loss).
@@ -306,10 +315,11 @@ def _measure(target: CheckTarget, timeout_s: float) -> int:
             f"this machine runs {here}: check it without --measure (the estimator traces one "
             "rank of the job) or on a machine with as many devices")
     result = run_isolated(probe_spec(target.workload, device, target.knobs,
-                                     target.micro_batch, None, timeout_s, ranks=ranks))
+                                     target.micro_batch, target.device_memory_bytes, timeout_s,
+                                     ranks=ranks))
     if not result.ok or result.peak_bytes is None:
         if result.status == MEMORY_STATUS:
-            return target.device_memory_bytes + 1
+            return None
         if result.status == "unsupported":  # as the estimator says of such a knob
             raise ConfigError(f"the workload cannot take {target.knobs.label()}: "
                               f"{result.message}")
