@@ -8,6 +8,8 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from autotune import api
@@ -50,3 +52,104 @@ def test_check_measure_of_a_cpu_config_runs_under_the_budgets_cap(tmp_path: Path
     cli = runner.invoke(app, ["check", str(path), "--measure"])
     assert cli.exit_code == 1, cli.output
     assert cli.output.startswith("does not fit: micro-batch 32")
+
+
+# ----------------------------------------------------------------------------------------------
+# A workload file travels with its autotune.json (issue 45, item 2).
+
+WORKLOAD_FILE = Path(__file__).resolve().parents[1] / "examples" / "my_workload.py"
+
+
+def project(folder: Path, *, sub: str = "model.py") -> Path:
+    """A small project: a workload file (``sub``, under ``folder``) and a CPU autotune.json
+    naming it the way ``--workload`` does (an absolute path)."""
+    (folder / sub).parent.mkdir(parents=True, exist_ok=True)
+    (folder / sub).write_text(WORKLOAD_FILE.read_text())
+    spec = api.workload_spec(workload=f"{folder / sub}:workload")
+    return cpu_config(folder, workload=spec, workload_name="mlp-classifier")
+
+
+def stored_target(path: Path) -> str:
+    import json
+
+    return json.loads(path.read_text())["workload"]["target"]
+
+
+@pytest.mark.subprocess
+def test_a_moved_checkout_is_checked_with_its_own_workload_file(tmp_path: Path,
+                                                               monkeypatch) -> None:
+    """The defect: autotune.json kept the workload file's absolute path, so after a CI
+    checkout (the folder elsewhere) `check --estimate` exited 2 naming a --workload never
+    passed."""
+    project(tmp_path / "A")
+    (tmp_path / "A").rename(tmp_path / "B")
+    monkeypatch.chdir(tmp_path)  # neither folder: nothing resolves from the working directory
+    result = runner.invoke(app, ["check", "B/autotune.json", "--estimate"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("fits: ")
+
+
+def test_the_path_is_stored_relative_and_read_from_the_configs_folder(tmp_path: Path,
+                                                                      monkeypatch) -> None:
+    from autotune.schema import read_tuned
+
+    path = project(tmp_path / "A", sub="models/net.py")
+    assert stored_target(path) == "models/net.py:workload"
+    (tmp_path / "A").rename(tmp_path / "B")
+    monkeypatch.chdir(tmp_path / "B" / "models")
+    assert read_tuned(tmp_path / "B" / "autotune.json").workload.target == (
+        f"{tmp_path / 'B' / 'models' / 'net.py'}:workload")
+
+
+@settings(max_examples=25, deadline=None)
+@given(parts=st.lists(st.text(st.characters(codec="utf-8", exclude_characters="/\\:\0"),
+                              min_size=1, max_size=8).filter(lambda t: t not in (".", "..")),
+                      max_size=3))
+def test_any_folder_under_the_config_travels_with_it(tmp_path_factory, parts) -> None:
+    from autotune.schema import read_tuned
+
+    top = tmp_path_factory.mktemp("move")
+    sub = Path(*parts, "net.py").as_posix()
+    project(top / "A", sub=sub)
+    (top / "A").rename(top / "B")
+    assert read_tuned(top / "B" / "autotune.json").workload.target == (
+        f"{top / 'B' / sub}:workload")
+
+
+def test_a_file_elsewhere_in_the_checkout_is_relative_outside_it_absolute(
+        tmp_path: Path) -> None:
+    (tmp_path / "repo" / ".git").mkdir(parents=True)
+    (tmp_path / "repo" / "src").mkdir()
+    (tmp_path / "repo" / "src" / "model.py").write_text(WORKLOAD_FILE.read_text())
+    (tmp_path / "repo" / "ci").mkdir()
+    inside = cpu_config(tmp_path / "repo" / "ci", workload=api.workload_spec(
+        workload=f"{tmp_path / 'repo' / 'src' / 'model.py'}:workload"))
+    assert stored_target(inside) == "../src/model.py:workload"
+
+    outside = cpu_config(tmp_path / "repo" / "ci", name="outside.json",
+                         workload=api.workload_spec(workload=f"{WORKLOAD_FILE}:workload"))
+    assert stored_target(outside) == f"{WORKLOAD_FILE}:workload"  # not in the checkout
+
+
+def test_an_older_file_with_an_absolute_path_still_reads(tmp_path: Path) -> None:
+    import json
+
+    from autotune.schema import read_tuned
+
+    path = project(tmp_path / "A")
+    data = json.loads(path.read_text())
+    data["workload"]["target"] = f"{tmp_path / 'A' / 'model.py'}:workload"
+    path.write_text(json.dumps(data))
+    assert read_tuned(path).workload.target == f"{tmp_path / 'A' / 'model.py'}:workload"
+
+
+def test_a_missing_workload_file_names_the_field_and_the_override(tmp_path: Path) -> None:
+    path = project(tmp_path / "A")
+    (tmp_path / "A" / "model.py").unlink()
+    result = runner.invoke(app, ["check", str(path), "--estimate"])
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert f"workload.target in {path} names the workload file {tmp_path / 'A' / 'model.py'}" \
+        in text
+    assert "pass --workload path/to/file.py:factory" in text
+    assert "(from --workload" not in text

@@ -168,9 +168,17 @@ def _read_tuned(path: str | Path, workload: WorkloadSpec | None = None) -> Check
     """Read the fields ``check`` needs from an ``autotune.json`` (validated on read).
 
     Raises:
-        ConfigError: missing or unreadable file, not JSON, another schema, or bad fields.
+        ConfigError: missing or unreadable file, not JSON, another schema, or bad fields; a
+            workload file that is not where ``workload.target`` says (without ``workload``).
     """
     config = read_tuned(path)
+    if workload is None and config.workload.kind == "file":
+        file = config.workload.target.rpartition(":")[0]
+        if not Path(file).is_file():
+            raise ConfigError(
+                f"workload.target in {path} names the workload file {file}, which is not here "
+                "(a relative path there counts from the folder of the autotune.json): pass "
+                "--workload path/to/file.py:factory to use the file where it is now")
     label = config.knobs.label()
     record = config.memory.calibration.get(label)
     calibration = Calibration.from_record(record, label) if record else None
