@@ -5,6 +5,7 @@ estimate is for, and a measured peak never hidden by a lower estimate."""
 from __future__ import annotations
 
 import dataclasses
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from autotune import api
 from autotune.cli import app
 from autotune.config import GIB, MIB
 from autotune.knobs import Knobs
-from tests.tuned_configs import make_tuned, write
+from tests.tuned_configs import make_tuned, subprocess_env, write
 
 runner = CliRunner()
 
@@ -153,3 +154,80 @@ def test_a_missing_workload_file_names_the_field_and_the_override(tmp_path: Path
         in text
     assert "pass --workload path/to/file.py:factory" in text
     assert "(from --workload" not in text
+
+
+# ----------------------------------------------------------------------------------------------
+# examples/ci/memory-check.yml runs as written in a fresh repository (issue 45, item 2).
+
+WORKFLOW = Path(__file__).resolve().parents[1] / "examples" / "ci" / "memory-check.yml"
+MEMORY_TEST = '''
+from autotune.testing import assert_fits
+
+
+def test_the_model_fits_a_small_machine():
+    assert_fits("model.py:workload", micro_batch=8, device_memory="1GiB", kernels="cpu")
+'''
+
+
+def run_steps(checkout: Path) -> dict[str, subprocess.CompletedProcess[str] | str]:
+    """Each ``run:`` step of the workflow in ``checkout`` as GitHub's runner runs it (bash -e,
+    the workflow's and the step's env), by the command it runs; a step that needs the network
+    (pip installs) is the reason it was not run."""
+    import os
+    import sys
+
+    yaml = pytest.importorskip("yaml")
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    env = {**subprocess_env(), "PATH": os.pathsep.join([str(Path(sys.executable).parent),
+                                                        os.environ["PATH"]])}
+    env.update({k: str(v) for k, v in workflow.get("env", {}).items() if "${{" not in str(v)})
+    done: dict[str, subprocess.CompletedProcess[str] | str] = {}
+    for step in workflow["jobs"]["memory-check"]["steps"]:
+        if "run" not in step:
+            continue
+        if "pip install" in step["run"]:
+            done[step["run"]] = "skipped: pip installs from the network (this checkout is " \
+                                "already installed here)"
+            continue
+        done[step["run"]] = subprocess.run(
+            ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]],
+            cwd=checkout, env={**env, **step.get("env", {})}, capture_output=True, text=True,
+            timeout=600)
+    return done
+
+
+def step_of(steps: dict[str, subprocess.CompletedProcess[str] | str],
+            command: str) -> subprocess.CompletedProcess[str]:
+    """The run of the one step whose command has ``command`` in it."""
+    [run] = [s for text, s in steps.items() if command in text]
+    assert not isinstance(run, str), run
+    return run
+
+
+@pytest.mark.subprocess
+def test_the_github_actions_example_runs_as_written_in_a_fresh_repository(
+        tmp_path: Path) -> None:
+    """The defect: it installed `torch-autotune` (not on the package index), its check could
+    not find the workload file of a checkout, and its tests were a file the user had to copy
+    first. Here: a repository searched in one folder, checked out in another."""
+    project(tmp_path / "searched")
+    checkout = tmp_path / "checkout"
+    (tmp_path / "searched").rename(checkout)
+    (checkout / ".git").mkdir()
+
+    steps = run_steps(checkout)
+    install = [s for text, s in steps.items() if "pip install" in text]
+    assert install and all(isinstance(s, str) and s.startswith("skipped") for s in install)
+    assert all(source not in text for text in steps for source in ("torch-autotune", "examples/"))
+    check, tests = step_of(steps, "autotune check"), step_of(steps, "-m pytest")
+    assert check.returncode == 0 and check.stdout.startswith("fits: "), check.stderr
+    assert tests.returncode == 0 and "no tests/test_memory_fits.py" in tests.stdout
+
+    (checkout / "tests").mkdir()
+    (checkout / "tests" / "test_memory_fits.py").write_text(MEMORY_TEST)
+    cpu_config(checkout, micro_batch=32, budget=2 * MIB,
+               workload=api.workload_spec(workload=f"{checkout / 'model.py'}:workload"))
+    steps = run_steps(checkout)
+    check, tests = step_of(steps, "autotune check"), step_of(steps, "-m pytest")
+    assert check.returncode == 1 and check.stdout.startswith("does not fit: "), check.stderr
+    assert tests.returncode == 0 and "1 passed" in tests.stdout, tests.stdout + tests.stderr
