@@ -231,3 +231,68 @@ def test_the_github_actions_example_runs_as_written_in_a_fresh_repository(
     check, tests = step_of(steps, "autotune check"), step_of(steps, "-m pytest")
     assert check.returncode == 1 and check.stdout.startswith("does not fit: "), check.stderr
     assert tests.returncode == 0 and "1 passed" in tests.stdout, tests.stdout + tests.stderr
+
+
+# ----------------------------------------------------------------------------------------------
+# estimate models the kernels of the device it is for, and its exit code is its verdict
+# (issue 45, item 3).
+
+SMALL_CNN = f"{Path(__file__).resolve().parents[1] / 'benchmarks' / 'workloads.py'}:small_cnn"
+
+
+def estimate_cli(*args: str):
+    return runner.invoke(app, ["estimate", "--workload", SMALL_CNN, "--micro-batch", "4",
+                               *args])
+
+
+@pytest.mark.subprocess
+def test_estimate_on_a_machine_without_cuda_models_cpu_kernels_and_says_so() -> None:
+    """The defect: on a CPU CI machine the default modelled CUDA's kernels (micro-batch 16
+    "fit" at 756 MiB where CPU kernels need 948 MiB), and nothing said which. The kernels
+    follow the device the estimate is for: --device, by default this machine's."""
+    import json
+
+    import torch
+
+    assert not torch.cuda.is_available()  # this test machine's default is the CPU
+    default = estimate_cli("--device-memory", "1GiB", "--json")
+    assert default.exit_code == 0, default.output
+    assert json.loads(default.stdout)["estimate"]["kernels"] == "cpu"
+    for device, kernels in (("cpu", "cpu"), ("cuda", "cuda"), ("cuda:1", "cuda")):
+        result = estimate_cli("--device", device, "--device-memory", "1GiB")
+        assert result.exit_code == 0, result.output
+        assert f"kernels modelled: {kernels}" in result.output
+    explicit = estimate_cli("--device", "cpu", "--kernels", "cuda", "--device-memory", "1GiB")
+    assert "kernels modelled: cuda" in explicit.output
+    bad = estimate_cli("--device", "tpu")
+    assert bad.exit_code == 2 and "--device 'tpu'" in bad.output
+
+
+@pytest.mark.subprocess
+def test_estimate_exits_1_when_the_asked_micro_batch_does_not_fit() -> None:
+    """The defect: "does NOT fit" exited 0, so a CI step could not fail on it."""
+    over = estimate_cli("--device-memory", "1MiB", "--kernels", "cpu")
+    assert over.exit_code == 1, over.output
+    assert "micro-batch 4 does NOT fit" in over.output
+    assert estimate_cli("--device-memory", "1MiB", "--kernels", "cpu", "--json").exit_code == 1
+
+
+@pytest.mark.subprocess
+def test_largest_that_fits_is_a_divisor_of_the_target_and_the_raw_maximum_apart() -> None:
+    """The defect: "largest that fits: 19" for a target batch of 32."""
+    import json
+
+    args = ("--kernels", "cpu", "--target-batch", "32", "--micro-batch", "1")
+    probe = json.loads(estimate_cli(*args, "--device-memory", "1GiB", "--json").stdout)
+    (m0, peak0), (m1, peak1) = sorted(probe["traced"])[:2]  # the peak grows linearly
+    per_sample = (peak1 - peak0) / (m1 - m0)
+    # Room for about 20 samples: the largest divisor of 32 is then 16, the raw maximum not.
+    memory = str(int((peak0 + (20.5 - m0) * per_sample) / 0.9))
+    data = json.loads(estimate_cli(*args, "--device-memory", memory, "--json").stdout)
+    best, raw = data["max_micro_batch"], data["any_max_micro_batch"]
+    assert 32 % best == 0 and best < raw, data
+    assert data["pairs"][-1] == [best, 32 // best]
+    text = " ".join(estimate_cli(*args, "--device-memory", memory).output.split())
+    assert f"largest micro-batch that fits: {best}, a divisor of the per-device batch 32" \
+        in text
+    assert f"the largest of any size is {raw}" in text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,9 +47,11 @@ def estimate(
     headroom: float = 0.1,
     target_batch: int | None = None,
     world_size: int = 1,
-    kernels: str = "cuda",
+    kernels: str | None = None,
+    device: str | None = None,
     calibration: Calibration | None = None,
     find_max: bool = True,
+    any_micro_batch: bool = False,
     also_trace: tuple[int, ...] = (),
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> EstimateReport:
@@ -71,10 +74,14 @@ def estimate(
         world_size: data-parallel devices (micro-batches divide target / world); with a
             ``knobs.strategy`` (ddp, fsdp), the step is traced as one rank of that many.
         kernels: ``cuda`` (model CUDA's kernel choices: fused attention, a foreach optimizer
-            step) or ``cpu`` (what a CPU runs).
+            step) or ``cpu`` (what a CPU runs); default: the device's.
+        device: the device the estimate is for, ``cpu``, ``cuda`` or ``cuda:N`` (it need not be
+            here); default: CUDA when this machine has it, else the CPU.
         calibration: the search's measurement of these knobs, from ``autotune.json``.
         find_max: search the largest micro-batch that fits (more traces); without it, only
             the asked micro-batch is traced and reported.
+        any_micro_batch: with ``target_batch`` and ``find_max``, also the largest micro-batch
+            of any size that fits (``any_max_micro_batch``), apart from the target's divisors.
         also_trace: further micro-batches to trace (reported in ``traced``).
         timeout_s: for the child process that builds and traces the workload.
 
@@ -92,6 +99,15 @@ def estimate(
         problems.append(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
     problems += [f"{k.name} {getattr(knobs, k.name)!r} is not one of {', '.join(k.values)}"
                  for k in KNOBS if knobs is not None and getattr(knobs, k.name) not in k.values]
+    if device is not None and not re.fullmatch(r"cpu|cuda(:[0-9]{1,4})?", device):
+        problems.append(f"--device {device!r} must be cpu, cuda or cuda:N: the device the "
+                        "estimate is for")
+    if kernels is None:
+        if device is None:
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        kernels = "cpu" if device == "cpu" else "cuda"
     if kernels not in ("cuda", "cpu"):
         problems.append(f"kernels {kernels!r} must be cuda or cpu")
     if micro_batch < 1:
@@ -114,7 +130,8 @@ def estimate(
         micro_batch=micro_batch, device_memory_bytes=total, knobs=knobs,
         headroom=headroom, candidates=candidates, target_batch=target_batch,
         world_size=world_size, kernels=kernels,  # type: ignore[arg-type]
-        calibration=calibration, find_max=find_max, also_trace=tuple(also_trace))
+        calibration=calibration, find_max=find_max, also_trace=tuple(also_trace),
+        any_micro_batch=any_micro_batch)
     if isinstance(workload, Workload):
         return estimate_report(workload, request)
     return _estimate_in_child(workload or WorkloadSpec(), request, timeout_s)
