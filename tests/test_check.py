@@ -296,3 +296,79 @@ def test_largest_that_fits_is_a_divisor_of_the_target_and_the_raw_maximum_apart(
     assert f"largest micro-batch that fits: {best}, a divisor of the per-device batch 32" \
         in text
     assert f"the largest of any size is {raw}" in text
+
+
+# ----------------------------------------------------------------------------------------------
+# check never goes by an estimate below a peak the same file measured (issue 45, item 4).
+
+
+def paren_depth(text: str) -> int:
+    depth = most = 0
+    for char in text:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        most = max(most, depth)
+    return most
+
+
+def measured_config(folder: Path, measured: int | None, *, budget: int = 4 * GIB,
+                    name: str = "autotune.json", **knobs: object) -> Path:
+    """A CPU config at micro-batch 8 whose winning trial peaked at ``measured``."""
+    from autotune.schema import TrialRecord
+
+    tuned = Knobs().with_(**knobs)
+    trials = () if measured is None else (TrialRecord(
+        number=0, micro_batch=8, accumulate_steps=4, knobs=tuned, verdict="winner",
+        peak_bytes=measured, samples_per_s=100.0),)
+    return cpu_config(folder, budget=budget, name=name, knobs=tuned, trials=trials)
+
+
+def test_a_measured_peak_above_the_estimate_decides_and_is_shown_beside_it(
+        tmp_path: Path) -> None:
+    """The defect: "peak 183.24 MiB (eager estimate, uncorrected)" passed a config whose run
+    in the same file had peaked at 206.78 MiB."""
+    from autotune.config import format_bytes
+    from autotune.estimate import estimate_step
+    from autotune.workload import default_workload
+
+    workload = default_workload("cpu")
+    estimated = api.check(measured_config(tmp_path, None, name="plain.json"), measure=False,
+                          workload=workload).peak_bytes
+    measured = estimated + 50 * MIB
+    budget = int((estimated + 25 * MIB) / 0.9)  # the estimate fits, the measured peak not
+    result = api.check(measured_config(tmp_path, measured, budget=budget), measure=False,
+                       workload=workload)
+    assert not result.fits and result.peak_bytes == measured, result.message
+    assert (f"(fp32/off): peak {format_bytes(measured)} as the search measured this config, "
+            f"above {format_bytes(estimated)} by the eager estimate, uncorrected;"
+            in result.message)
+    # What would fit is corrected by the measurement too, never the estimate's alone.
+    suggested = int(result.message.split("largest that fits: micro-batch ")[1].split()[0])
+    assert estimate_step(workload, suggested, kernels="cpu").peak_bytes + 50 * MIB <= (
+        result.usable_bytes), result.message
+
+    roomy = api.check(measured_config(tmp_path, measured, name="roomy.json"), measure=False,
+                      workload=workload)
+    assert roomy.fits and roomy.peak_bytes == measured
+
+
+def test_check_messages_are_one_clause_without_nested_parentheses(tmp_path: Path) -> None:
+    from autotune.workload import default_workload
+
+    workload = default_workload("cpu")
+    cases = [dict(measured=None), dict(measured=1), dict(measured=None, compile_mode="default"),
+             dict(measured=1, compile_mode="default"), dict(measured=10 * GIB),
+             dict(measured=None, checkpointing="blocks", budget=MIB)]
+    for i, case in enumerate(cases):
+        path = measured_config(tmp_path, name=f"{i}.json", **case)  # type: ignore[arg-type]
+        message = api.check(path, measure=False, workload=workload).message
+        assert paren_depth(message) <= 1, message
+        assert message.count("peak ") >= 1 and "headroom" in message, message
+    low = {"fp32/off": {"measured_peak_bytes": 1, "estimate_bytes": 100 * MIB, "micro_batch": 8}}
+    path = cpu_config(tmp_path, name="cal.json")
+    import json
+
+    data = json.loads(path.read_text())
+    data["memory"]["calibration"] = low
+    path.write_text(json.dumps(data))
+    message = api.check(path, measure=False, workload=workload).message
+    assert "implausible" in message and paren_depth(message) <= 1, message
