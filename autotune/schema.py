@@ -379,8 +379,11 @@ def stored_workload_target(target: str, folder: Path) -> str:
     path_text, _, factory = target.rpartition(":")
     if not Path(path_text).is_absolute():
         return target
-    file, folder = Path(path_text).resolve(), folder.resolve()
-    root = next((p for p in (folder, *folder.parents) if (p / ".git").exists()), folder)
+    try:  # a folder above that cannot be read leaves the path as it was, never the write
+        file, folder = Path(path_text).resolve(), folder.resolve()
+        root = next((p for p in (folder, *folder.parents) if (p / ".git").exists()), folder)
+    except OSError:
+        return target
     if not file.is_relative_to(root):
         return target
     return f"{Path(os.path.relpath(file, folder)).as_posix()}:{factory}"
