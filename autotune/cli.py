@@ -440,13 +440,18 @@ def estimate(
         "--target-batch", min=1, help="List the (micro-batch, accumulation) pairs that fit.")
     ] = None,
     world_size: WorldOpt = 1,
-    kernels: Annotated[KernelsChoice, typer.Option(
-        "--kernels", help="Whose kernels to model: cuda (fused attention) or cpu.")
-    ] = KernelsChoice.cuda,
+    device: Annotated[Optional[str], typer.Option(
+        "--device", help="The device the estimate is for (it need not be here): cpu, cuda or "
+        "cuda:N; its kernels are modelled. Default: cuda when this machine has it, else cpu.")
+    ] = None,
+    kernels: Annotated[Optional[KernelsChoice], typer.Option(
+        "--kernels", help="Whose kernels to model: cuda (fused attention) or cpu. Default: "
+        "--device's.")] = None,
     timeout: TimeoutOpt = "10m",
     json_out: JsonOpt = False,
 ) -> None:
-    """Estimate one training step's memory without a GPU or weights, and what fits."""
+    """Estimate one training step's memory without a GPU or weights, and what fits: exit 0
+    when --micro-batch fits, 1 when it does not, 2 on bad input or a broken workload."""
     with _exits():
         from autotune import api, report
 
@@ -457,14 +462,16 @@ def estimate(
                 knobs=Knobs.checked(precision=precision.value, checkpointing=checkpointing,
                                     optimizer_impl=optimizer_impl, memory_format=memory_format,
                                     strategy=strategy),
-                headroom=headroom, target_batch=target_batch,
-                world_size=world_size, kernels=kernels.value,
-                timeout_s=_seconds(timeout, "--timeout"))
+                headroom=headroom, target_batch=target_batch, world_size=world_size,
+                kernels=kernels.value if kernels else None, device=device,
+                any_micro_batch=True, timeout_s=_seconds(timeout, "--timeout"))
         if json_out:
             print(report.to_json(result))
-            return
-        for line in report.estimate_lines(result):
-            out.print(line, highlight=False)
+        else:
+            for line in report.estimate_lines(result):
+                out.print(line, highlight=False)
+        if not result.fits():
+            raise typer.Exit(1)
 
 
 @app.command()

@@ -21,7 +21,7 @@ import json
 import os
 import re
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Final, Literal
 
@@ -376,8 +376,40 @@ def _umask() -> int:
 
 def save_tuned(config: TunedConfig, path: Path, *, force: bool = False) -> None:
     """Write ``autotune.json`` atomically (never a half-written file, never over another one
-    without ``force``)."""
-    write_json_atomic(path, json.dumps(to_json_dict(config), indent=2) + "\n", force=force)
+    without ``force``), a file workload's path relative to it where they travel together
+    (``stored_workload_target``)."""
+    data = to_json_dict(config)
+    if config.workload.kind == "file":
+        data["workload"]["target"] = stored_workload_target(config.workload.target,
+                                                            Path(path).absolute().parent)
+    write_json_atomic(path, json.dumps(data, indent=2) + "\n", force=force)
+
+
+def stored_workload_target(target: str, folder: Path) -> str:
+    """A ``file.py:factory`` as ``autotune.json`` in ``folder`` stores it: relative to that
+    folder when the file lies in the same tree (under the folder, or under the git checkout
+    that holds it), so the two move together (a CI checkout); absolute otherwise.
+    ``read_tuned`` resolves a relative one from the folder again."""
+    path_text, _, factory = target.rpartition(":")
+    if not Path(path_text).is_absolute():
+        return target
+    try:  # a folder above that cannot be read leaves the path as it was, never the write
+        file, folder = Path(path_text).resolve(), folder.resolve()
+        root = next((p for p in (folder, *folder.parents) if (p / ".git").exists()), folder)
+    except OSError:
+        return target
+    if not file.is_relative_to(root):
+        return target
+    return f"{Path(os.path.relpath(file, folder)).as_posix()}:{factory}"
+
+
+def _resolve_workload(config: TunedConfig, path: Path) -> TunedConfig:
+    """The config with a relative file workload's path resolved from ``path``'s folder."""
+    path_text, _, factory = config.workload.target.rpartition(":")
+    if config.workload.kind != "file" or Path(path_text).is_absolute():
+        return config
+    file = os.path.normpath(path.absolute().parent.resolve() / path_text)
+    return replace(config, workload=replace(config.workload, target=f"{file}:{factory}"))
 
 
 def json_schema() -> dict[str, Any]:
@@ -429,7 +461,7 @@ def read_tuned(path: str | Path) -> TunedConfig:
             f"{path} is not a valid autotune config ({len(problems)} problem"
             f"{'s' if len(problems) != 1 else ''}): " + "; ".join(problems)
             + ". Fix these fields, or re-run `autotune search` to write a fresh file")
-    return config
+    return _resolve_workload(config, path)
 
 
 @functools.cache
