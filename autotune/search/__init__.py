@@ -5,6 +5,7 @@ resumes (completed runs are reused) and several processes can share one (``--sto
 ``_stages`` holds the strategy, ``_records`` the verdict on each run, ``_study`` the study.
 """
 
+from autotune.search._ledger import Ledger, recall, remember
 from autotune.search._records import (
     LOSS_TOLERANCE,
     Candidate,
@@ -23,16 +24,15 @@ from autotune.search._store import (
     cache_dir,
     clear_studies,
     list_studies,
-    recall,
-    remember,
     store_path,
 )
-from autotune.search._study import CONSTRAINT, completed, open_study, probed
+from autotune.search._study import CONSTRAINT, completed, open_study, probed, redact
 
 __all__ = [
     "CONSTRAINT",
     "LOSS_TOLERANCE",
     "Candidate",
+    "Ledger",
     "OnTrial",
     "SearchOutcome",
     "SearchSettings",
@@ -49,6 +49,7 @@ __all__ = [
     "pick_winner",
     "probed",
     "recall",
+    "redact",
     "remember",
     "run_search",
     "score",
