@@ -112,6 +112,12 @@ def test_redact_hides_every_password_and_keeps_the_rest(written: tuple[str, str]
         assert shown == f"{scheme}://{user}:***@{url.rpartition('@')[2]}"
 
 
+def test_redact_leaves_urls_without_a_password_as_they_are() -> None:
+    for url in ("sqlite:////tmp/a:b@c/x.db", "sqlite:///autotune.db",
+                "postgresql+psycopg2://user@host/db", "mysql+pymysql://host/db?charset=utf8"):
+        assert redact(url) == url
+
+
 @hyp_settings(max_examples=25, deadline=None)
 @given(urls())
 def test_a_storage_that_cannot_be_opened_is_refused_without_its_password(

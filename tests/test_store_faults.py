@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import sqlite3
 import warnings
 from collections.abc import Callable, Iterator
@@ -24,9 +25,18 @@ from sqlalchemy.pool import Pool
 from typer.testing import CliRunner
 
 from autotune.cli import app
+from autotune.config import WorkloadSpec
 from autotune.report import study_lines
-from autotune.search import run_search, store_path, tuned_config
+from autotune.search import (
+    SearchSettings,
+    recall,
+    remember,
+    run_search,
+    store_path,
+    tuned_config,
+)
 from autotune.search._ledger import store_trouble
+from tests.conftest import workload_target
 from tests.test_search_stages import CLASSES, ScriptedDevice, plan
 from tests.test_store import SETTINGS, SPEEDS, winner
 
@@ -45,6 +55,31 @@ def search_with(fault: Callable[[], None], after: int = 3):
         warnings.simplefilter("always")
         outcome = run_search(plan(), CLASSES, SETTINGS, run=run)
     return outcome, device, [str(w.message) for w in said if "study store" in str(w.message)]
+
+
+@pytest.mark.subprocess
+def test_a_real_search_whose_store_is_cleared_mid_search_writes_every_output(
+        tmp_path: Path) -> None:
+    """The defect as met: `autotune cache clear` from another shell during a search ended it
+    with exit 3 and nothing written."""
+    from autotune import api
+
+    def on_trial(n, stage, candidate, record) -> None:  # type: ignore[no-untyped-def]
+        if record is not None and store_path().is_file():  # after the first run ended
+            clear_from_another_shell()
+
+    tiny = WorkloadSpec(kind="file", target=workload_target("tiny"))
+    with pytest.warns(UserWarning, match="study store failed while"):
+        api.search(tiny, target_batch=2, device="cpu", memory_budget="2GiB",
+                   precisions=["fp32"], compile_modes=["off"], out=tmp_path,
+                   on_trial=on_trial,
+                   settings=SearchSettings(num_timed_steps=3, min_timed_s=0.1,
+                                           micro_batches_per_class=1, num_confirm=0))
+    config = json.loads((tmp_path / "autotune.json").read_text())
+    assert any(t["verdict"] == "winner" for t in config["trials"])
+    assert config["study"]["note"].startswith("failed while ")
+    assert (tmp_path / "train_autotuned.py").is_file()
+    assert (tmp_path / "autotune.html").is_file()
 
 
 def clear_from_another_shell() -> None:
@@ -195,3 +230,16 @@ def test_a_folder_at_the_store_path_is_left_and_cache_clear_removes_it() -> None
     assert not path.exists() and not aside.exists()
     again = run_search(plan(), CLASSES, SETTINGS, run=ScriptedDevice(SPEEDS))
     assert again.study is not None and again.study.storage == f"sqlite:///{path}"
+
+
+def test_the_estimators_figures_are_kept_for_a_repeat_and_a_failed_store_keeps_none() -> None:
+    one = run_search(plan(), CLASSES, SETTINGS, run=ScriptedDevice(SPEEDS))
+    remember(one.ledger, "estimate:fp32/off:32:16", {"32": 5, "16": 3})
+    two = run_search(plan(), CLASSES, SETTINGS, run=ScriptedDevice(SPEEDS))
+    assert recall(two.ledger, "estimate:fp32/off:32:16") == {"32": 5, "16": 3}
+    store_path().unlink()
+    store_path().mkdir()  # the store gone under the finished search
+    with pytest.warns(UserWarning, match="study store failed while keeping"):
+        remember(two.ledger, "estimate:bf16/off:32:16", {"32": 4})
+    assert recall(two.ledger, "estimate:fp32/off:32:16") is None  # not cached, no error
+    assert two.ledger is not None and "failed while keeping" in two.ledger.record.note

@@ -86,7 +86,7 @@ def redact(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     at = rest.rfind("@")
     user, colon, _ = rest[:max(at, 0)].partition(":")
-    if sep and colon:
+    if sep and colon and not rest.startswith("/"):  # sqlite:///a:b@c names a file
         url = f"{scheme}://{user}:***@{rest[at + 1:]}"
     return re.sub(r"(?i)(password=)[^&;\s]*", r"\1***", url)
 
@@ -99,7 +99,7 @@ def redact_text(text: str, url: str | None) -> str:
     text = text.replace(url, redact(url))
     _, sep, rest = url.partition("://")
     at = rest.rfind("@")
-    secrets = [rest[:at].partition(":")[2] if sep and at >= 0 else "",
+    secrets = [rest[:at].partition(":")[2] if sep and at >= 0 and rest[:1] != "/" else "",
                *re.findall(r"(?i)password=([^&;\s]*)", url)]
     for form in sorted({f for s in secrets for f in (s, unquote(s)) if f}, key=len,
                        reverse=True):
@@ -163,6 +163,18 @@ def open_study(settings: SearchSettings, identity: dict[str, str],
         raise ConfigError(f"cannot open --storage {shown!r}: {type(exc).__name__}: {why}; use "
                           "e.g. sqlite:///autotune.db or postgresql+psycopg2://user:pass@host/db"
                           ) from None
+    try:
+        return _check_identity(study, name, shown, identity, direction)
+    except ConfigError:
+        raise
+    except Exception as exc:  # the storage failed while reading what the study holds
+        why = redact_text(str(exc).splitlines()[0] if str(exc) else "", settings.storage)
+        raise ConfigError(f"cannot open --storage {shown!r}: {type(exc).__name__}: {why}"
+                          ) from None
+
+
+def _check_identity(study: optuna.Study, name: str | None, shown: str | None,
+                    identity: dict[str, str], direction: str) -> optuna.Study:
     if study.direction.name.lower() != direction:
         raise ConfigError(f"study {name!r} optimizes {study.direction.name.lower()}; this search "
                           f"would {direction} (objective changed): use another --study-name")
@@ -170,14 +182,15 @@ def open_study(settings: SearchSettings, identity: dict[str, str],
     if existing is None:
         study.set_user_attr("autotune_identity", identity)
         return study
-    moved = budget_moved(existing, identity) if isinstance(existing, dict) else ""
+    existing = existing if isinstance(existing, dict) else {}
+    moved = budget_moved(existing, identity)
     diff = "; ".join([*(f"{k}: {existing.get(k)!r} stored, {identity.get(k)!r} now"
                         for k in dict.fromkeys([*identity, *existing])
                         if k != "budget_bytes" and existing.get(k) != identity.get(k)),
                       *filter(None, [moved])])
     if diff:
         hint = (f", or pass --memory-budget {int(existing['budget_bytes']) // 2**20}MiB (the "
-                "stored budget)" if moved and diff == moved else "")
+                "stored budget)" if "moved from" in moved and diff == moved else "")
         raise ConfigError(
             f"study {name!r} in {shown} holds another search ({diff}): refusing to mix results "
             f"measured for something else; use another --study-name{hint}")
