@@ -2,7 +2,9 @@
 
 The only package that imports optuna: its study records every run, so an interrupted search
 resumes (completed runs are reused) and several processes can share one (``--storage``).
-``_stages`` holds the strategy, ``_records`` the verdict on each run, ``_study`` the study.
+``_stages`` holds the strategy, ``_records`` the verdict on each run, ``_study`` the study,
+``_ledger`` the one seam through which a search touches it (a store that fails costs the
+cache, not the search), ``_store`` the local study store.
 """
 
 from autotune.search._ledger import Ledger, recall, remember
