@@ -328,7 +328,7 @@ def search(
     implementation, memory format and allocator on the leader, write the tuned autotune.json."""
     with _exits() as done:
         from autotune import api, errors, report
-        from autotune.search import SearchSettings
+        from autotune.search import SearchSettings, redact
 
         if not 0.0 <= rank_precision <= 1.0:
             raise errors.ConfigError(
@@ -337,7 +337,7 @@ def search(
         if fresh and storage is not None:
             raise errors.ConfigError(
                 "--fresh applies to the local study store, not to --storage "
-                f"{storage!r}: name another --study-name to start that study afresh")
+                f"{redact(storage)!r}: name another --study-name to start that study afresh")
         if micro_batches != "all" and not micro_batches.isdigit():
             raise errors.ConfigError(
                 f"--micro-batches must be a number or 'all', got {micro_batches!r}")

@@ -148,10 +148,12 @@ def test_a_damaged_store_is_moved_aside_kept_and_a_fresh_one_started() -> None:
     assert len(again.specs) <= 3
 
 
-def test_a_store_with_sqlite_header_but_broken_tables_is_moved_aside(tmp_path: Path) -> None:
+def test_an_optuna_store_with_broken_tables_is_moved_aside() -> None:
+    search(ScriptedDevice(SPEEDS))
     path = store_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with sqlite3.connect(path) as db:  # an SQLite file, but not an Optuna schema
+    with sqlite3.connect(path) as db:  # Optuna's store (version_info), a table broken
+        db.execute("pragma foreign_keys = off")
+        db.execute("drop table studies")
         db.execute("create table studies (nonsense text)")
     outcome = search(ScriptedDevice(SPEEDS))
     assert outcome.study is not None and "was damaged" in outcome.study.note

@@ -40,6 +40,7 @@ from autotune.schema import (
 )
 from autotune.search import (
     Candidate,
+    Ledger,
     OnTrial,
     SearchOutcome,
     SearchSettings,
@@ -296,9 +297,10 @@ def _finish(report: ProbeReport, outcome: SearchOutcome, settings: SearchSetting
             stop_reason
     try:
         with guard.armed():
-            calibration, notes = _calibrate(report, config, timeout_s, runs_left)
+            calibration, notes = _calibrate(report, config, timeout_s, runs_left, outcome.ledger)
         config = replace(config, memory=replace(config.memory, calibration=calibration),
-                         skipped=(*config.skipped, *notes))
+                         skipped=(*config.skipped, *notes),
+                         study=outcome.ledger.record if outcome.ledger else config.study)
     except KeyboardInterrupt as exc:  # the search is done: keep its result
         stop_reason = f"interrupted ({interrupt_name(exc)}) while calibrating: best config kept"
         config = replace(config, interrupted=True, stopped_by=stop_reason.removesuffix(
@@ -322,8 +324,8 @@ def _time_left(settings: SearchSettings, started: float) -> float | None:
     return min(settings.timeout_s, left) if left >= 1.0 else None
 
 
-def _calibrate(report: ProbeReport, config: TunedConfig, timeout_s: float,
-               runs_left: int) -> tuple[dict[str, dict[str, int]], list[str]]:
+def _calibrate(report: ProbeReport, config: TunedConfig, timeout_s: float, runs_left: int,
+               ledger: Ledger | None = None) -> tuple[dict[str, dict[str, int]], list[str]]:
     """Measured peak and the estimator's figure for the same config, for the winner's class
     and fp32 eager: ``autotune check`` corrects later estimates with them. Each estimate runs
     in a child under the search's limits (``timeout_s`` in all, ``runs_left`` children)."""
@@ -348,7 +350,7 @@ def _calibrate(report: ProbeReport, config: TunedConfig, timeout_s: float,
         # The estimator's figures depend only on what the study's key holds (the workload,
         # the knobs, the micro-batches): a repeated search takes them from its study.
         kept = f"estimate:{label}:{m}:{point.micro_batch if point else 0}"
-        traced = recall(config.study, kept)
+        traced = recall(ledger, kept)
         if not (isinstance(traced, dict) and all(isinstance(v, int) for v in traced.values())
                 and str(m) in traced):
             try:
@@ -364,7 +366,7 @@ def _calibrate(report: ProbeReport, config: TunedConfig, timeout_s: float,
                 continue
             traced = {str(k): v for k, v in figure.traced} | {
                 str(m): figure.estimate.peak_bytes}
-            remember(config.study, kept, traced)
+            remember(ledger, kept, traced)
         record = {"measured_peak_bytes": probe.peak_bytes,
                   "estimate_bytes": traced[str(m)], "micro_batch": m}
         traced = {int(k): v for k, v in traced.items()}

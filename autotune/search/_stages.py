@@ -77,7 +77,6 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
 
 from autotune.boundary import Point, fit_line
 from autotune.config import (
@@ -94,6 +93,7 @@ from autotune.knobs import KNOBS, Knob, job_baseline, skip_reason
 from autotune.memory import OnStep, hint_for, probe_memory, probe_spec
 from autotune.runner import run_isolated
 from autotune.schema import RunKind, RunRecord, SearchCost, StudyRecord, TrialRecord
+from autotune.search._ledger import Ledger
 from autotune.search._records import (
     OUT_OF_MEMORY,
     Candidate,
@@ -106,15 +106,7 @@ from autotune.search._records import (
     score,
 )
 from autotune.search._store import open_local, study_key
-from autotune.search._study import (
-    completed,
-    open_study,
-    probed,
-    running,
-    stored_runs,
-    study_identity,
-    tell,
-)
+from autotune.search._study import open_study, redact, study_identity
 from autotune.signals import SignalGuard
 from autotune.space import divisors
 from autotune.timing import (
@@ -183,10 +175,11 @@ def run_search(report: ProbeReport, classes: Sequence[Knobs], settings: SearchSe
             try:
                 search.stages(classes)
             except _Stale as stale:  # the stored runs measured another model: afresh
+                gave_up = search.study
                 search = _Search(report, classes, replace(settings, fresh=True), values or {},
                                  run, on_trial, on_step, before=search)
-                search.study_record = replace(search.study_record, note="; ".join(
-                    filter(None, (search.study_record.note, str(stale)))))
+                search.study.note(gave_up.record.note if not gave_up.ok else "")
+                search.study.note(str(stale))
                 search.stages(classes)
     except _Stop as stop:
         interrupted, stop_reason = True, str(stop)
@@ -247,10 +240,10 @@ class _Search:
         self.values = {k: tuple(v) for k, v in values.items()}
         self.base = job_baseline(self.values.get("strategy", ("none",))[0])
         """fp32 eager in the job's strategy: what an untuned user runs."""
-        self.study, self.study_record = self._open_study(classes)
+        self.study = self._open_study(classes)
         # A resumed study may hold settings this search is restricted from: leave them out.
         self.allowed_base = {(c.precision, c.compile_mode) for c in classes}
-        done, runs = completed(self.study)
+        done, runs = self.study.completed()
         self.held: dict[Candidate, TrialResult] = {
             c: r for c, r in done.items() if self._allowed(c.knobs)}
         """Timed runs the study holds that this search has not asked for yet: each answers when
@@ -259,7 +252,7 @@ class _Search:
         shared study) join the race at ``confirm``."""
         self.results: dict[Candidate, TrialResult] = {}
         """Timed runs this search asked for (run now, or answered from ``held``)."""
-        self.probe_runs: dict[Candidate, TrialResult] = probed(self.study)
+        self.probe_runs: dict[Candidate, TrialResult] = self.study.probed()
         """Memory probes that timed nothing (bisection points)."""
         self.baseline: Candidate | None = None
         self.probes: dict[Knobs, MemoryProbe] = {}
@@ -269,7 +262,7 @@ class _Search:
         """What the workload allows (blocks, convolutions, optimizer), from any run."""
         self.runs: dict[Candidate, int] = {k: n for k, n in runs.items() if k in self.held}
         """Runs of each candidate (2 once re-measured), stored ones included."""
-        self.stored = set(self.held) if self.study_record.name.startswith("autotune-") \
+        self.stored = set(self.held) if self.study.record.name.startswith("autotune-") \
             else set()
         """Candidates whose timing came from the local study store: a contender among them is
         re-measured once in this search (``confirm``), so a stale timing never picks alone."""
@@ -283,7 +276,7 @@ class _Search:
         """Compiled runs, and those whose graphs all came from inductor's on-disk cache."""
         self.timed_s: dict[Candidate, float] = {}
         """Seconds of timed steps per candidate, over its runs in this search."""
-        self.run_log: list[RunRecord] = list(stored_runs(self.study, report.usable_bytes()))
+        self.run_log: list[RunRecord] = self.study.stored_runs(report.usable_bytes())
         """Every child run: the study's stored ones first, then this search's, in order."""
         self.cold: dict[Candidate, TrialResult] = {}
         """Per compiled candidate, a run of it that compiled every graph afresh (no cache
@@ -303,7 +296,7 @@ class _Search:
             self.run_log += [replace(r, number=len(self.run_log) + i) for i, r in enumerate(
                 r for r in before.run_log if r.stored_at is None)]
 
-    def _open_study(self, classes: Sequence[Knobs]) -> tuple[Any, StudyRecord]:
+    def _open_study(self, classes: Sequence[Knobs]) -> Ledger:
         """``--storage``'s study, or the local store's study for this search's key, or (with
         ``--no-cache``) one in memory."""
         settings, direction = self.settings, "minimize" if self.settings.train_steps else \
@@ -311,8 +304,8 @@ class _Search:
         identity = study_identity(self.report, settings)
         if settings.storage is not None or not settings.cache:
             study = open_study(settings, identity, direction)
-            return study, StudyRecord(storage=settings.storage or "",
-                                      name=study.study_name if settings.storage else "")
+            return Ledger(study, StudyRecord(storage=redact(settings.storage or ""),
+                                             name=study.study_name if settings.storage else ""))
         space = {
             "classes": sorted(k.label() for k in classes),
             "values": {k: sorted(v) for k, v in sorted(self.values.items())},
@@ -320,8 +313,9 @@ class _Search:
                if f.name in _SPACE_SETTINGS}}
         name, key = study_key(identity, space)
         local = open_local(name, key, direction, fresh=settings.fresh)
-        return local.study, StudyRecord(storage=local.storage or "",
-                                        name=name if local.storage else "", note=local.note)
+        return Ledger(local.study, StudyRecord(storage=local.storage or "",
+                                               name=name if local.storage else "",
+                                               note=local.note))
 
     # -- the stages ------------------------------------------------------------------------
 
@@ -1136,11 +1130,11 @@ class _Search:
                 spec = replace(spec, timing_precision=self.settings.rank_precision)
             spec = self._limited(spec)
             self._progress(candidate, None)
-            with running(self.study, candidate, self.micro_batches) as trial:
+            with self.study.running(candidate, self.micro_batches) as trial:
                 again = self._run_child(spec, "re-measure")
                 rec, value = classify(candidate, again, self.results, self.baseline,
                                       self.report, self.settings)
-                tell(self.study, trial, again, value, kind="re-measure")
+                self.study.tell(trial, again, value, kind="re-measure")
             self.runs[key] = self.runs.get(key, 1) + 1
             self._progress(candidate, rec)  # the re-run's own figures
             stored = self.results[key]
@@ -1305,11 +1299,11 @@ class _Search:
             self.skipped.append(self._unchecked(winner, str(stop)))
             raise
         self._progress(winner, None)
-        with running(self.study, winner, self.micro_batches) as trial:
+        with self.study.running(winner, self.micro_batches) as trial:
             cold = self._run_child(spec, "re-measure")
             rec, value = classify(winner, cold, self.results, self.baseline, self.report,
                                   self.settings)
-            tell(self.study, trial, cold, value, kind="re-measure")
+            self.study.tell(trial, cold, value, kind="re-measure")
         self.runs[winner] = self.runs.get(winner, 1) + 1
         self._progress(winner, rec)
         self.cold[winner] = cold  # compiled afresh, whatever its counters say
@@ -1471,18 +1465,18 @@ class _Search:
             return self.probe_runs[key]
         spec = self._limited(spec)
         self._progress(candidate, None)
-        with running(self.study, candidate, self.micro_batches) as trial:
+        with self.study.running(candidate, self.micro_batches) as trial:
             result = self._run_child(spec, "trial" if timed else "probe")
             if self.traits is None and result.traits is not None:
                 self.traits = result.traits
             if not timed:  # its line comes from the probe's on_step
-                tell(self.study, trial, result, None, kind="probe")
+                self.study.tell(trial, result, None, kind="probe")
                 self.probe_runs[key] = result
                 return result
             self.results[key] = result
             rec, value = classify(candidate, result, self.results, self.baseline, self.report,
                                   self.settings)
-            tell(self.study, trial, result, value)
+            self.study.tell(trial, result, value)
         self._progress(candidate, rec)
         return result
 
@@ -1557,7 +1551,8 @@ class _Search:
                              skipped=tuple(dict.fromkeys(self.skipped)),
                              interrupted=interrupted, stop_reason=stop_reason,
                              num_runs=self.num_runs,
-                             runs=tuple(self.run_log), study=self.study_record,
+                             runs=tuple(self.run_log), study=self.study.record,
+                             ledger=self.study,
                              cost=SearchCost(num_runs=self.num_runs, **self.cost,
                                              num_compiled_runs=self.compiles[0],
                                              num_cached_compiles=self.compiles[1]))
