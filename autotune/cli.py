@@ -10,6 +10,7 @@ import contextlib
 import signal
 import sys
 import traceback
+import warnings
 from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
@@ -110,6 +111,13 @@ TimeoutOpt = Annotated[str, typer.Option(
                       "workload, e.g. 90s or 10m.")]
 
 
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: object = None, line: str | None = None) -> None:
+    """A warning as one line on stderr, printed as typed (not Python's two lines naming the
+    source line that warned)."""
+    err.print(Text.assemble(("warning:", "yellow"), " ", str(message)))
+
+
 class _Done:
     """What a command wrote before a signal ended it (``_exits`` says so)."""
 
@@ -121,10 +129,12 @@ def _exits() -> Iterator[_Done]:
     """Turn what ends a command into its exit code (DESIGN.md section 10): a library error's
     own (2 bad input or broken workload, 1 does not fit), 130 for Ctrl-C and 143 for SIGTERM
     (saying what was written: the exception's ``written``, else the command's ``_Done``), 3
-    for a bug of autotune's own (with its traceback)."""
+    for a bug of autotune's own (with its traceback). A warning prints as one line."""
     done = _Done()
     try:
-        yield done
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            yield done
     except AutotuneError as exc:
         # The message may quote a file's values or a workload's error: printed as typed.
         err.print(Text.assemble(("error:", "bold red"), " ", str(exc)))
