@@ -89,16 +89,23 @@ def run_isolated(spec: TrialSpec) -> TrialResult:
 
 _FAILURE_ORDER = ("oom", "workload_error", "non_finite", "compile_error", "unsupported",
                   "timeout", "crash", "error")
-"""Which rank's failure is the job's: a cause before its echoes (a rank that ran out of
-memory leaves its peers with a broken connection, an ``error``)."""
+"""Which rank's failure is the job's when the ranks' results do not say when each failed: a
+cause before its echoes (a rank that ran out of memory leaves its peers with a broken
+connection, an ``error``)."""
+
+_FAILED_AT = "rank_failed_at_s"
+"""The key of a failed rank's result file that says when it failed (``time.time()``, one
+node's clock): the first rank to fail is the cause, its peers' broken connections come after."""
 
 
 def merge_ranks(ranks: Sequence[dict[str, Any] | None], launcher: str = "") -> TrialResult:
     """The job's result from its ranks' results (``None``: a rank that left none).
 
-    A failure on any rank is the job's outcome, the cause first (``_FAILURE_ORDER``); a rank
-    that died without a result makes the job a ``crash`` (unless another rank names a cause
-    such as an OOM). A job where every rank ran is ``ok``: its peak is its largest rank's,
+    A failure on any rank is the job's outcome, the cause first: the rank that failed first
+    (a rank fails only once a peer it waits for is gone, so its "connection closed by peer" comes
+    after the peer's own error), or by ``_FAILURE_ORDER`` where the results do not say when;
+    a rank that died without a result makes the job a ``crash`` (unless another rank names a
+    cause such as an OOM). A job where every rank ran is ``ok``: its peak is its largest rank's,
     each timed step its slowest rank's (the ranks agree on them as they time).
 
     Args:
@@ -106,10 +113,16 @@ def merge_ranks(ranks: Sequence[dict[str, Any] | None], launcher: str = "") -> T
         launcher: the end of the launcher's output (why a rank left no result).
     """
     results: list[TrialResult | None] = []
+    failed_at: list[float] = []
     for data in ranks:
+        failed_at.append(float("inf"))
         if data is None:
             results.append(None)
-        elif "child_error" in data:
+            continue
+        data = dict(data)
+        if isinstance(data.get(_FAILED_AT), (int, float)):
+            failed_at[-1] = float(data.pop(_FAILED_AT))
+        if "child_error" in data:
             results.append(TrialResult(status="crash", message=str(data["child_error"])))
         else:
             results.append(from_json_dict(TrialResult, data))
@@ -117,8 +130,9 @@ def merge_ranks(ranks: Sequence[dict[str, Any] | None], launcher: str = "") -> T
     missing = [i for i, r in enumerate(results) if r is None]
     causes = [(i, r) for i, r in failed if r.status not in ("error", "crash") or not missing]
     if causes:
-        rank, worst = min(causes, key=lambda ir: (_FAILURE_ORDER.index(ir[1].status)
-                                                  if ir[1].status in _FAILURE_ORDER else 99))
+        rank, worst = min(causes, key=lambda ir: (
+            failed_at[ir[0]], _FAILURE_ORDER.index(ir[1].status)
+            if ir[1].status in _FAILURE_ORDER else 99))
         return replace(worst, message=f"rank {rank} of {len(ranks)}: {worst.message}".strip())
     if missing:
         return TrialResult(status="crash", message=(
@@ -286,9 +300,12 @@ def _launch(ranks: int, module: str, request_path: str, result_path: str) -> int
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    # The launcher's log folders go beside the request, in the folder the job's parent
+    # removes (left to itself, the launcher leaves a torchelastic_* folder in /tmp per job).
+    log_dir = os.path.join(os.path.dirname(os.path.abspath(result_path)), "launcher")
     args = parse_args(["--standalone", "--nnodes=1", f"--nproc-per-node={ranks}",
-                       "--max-restarts=0", "--monitor-interval=0.1", "-m", module,
-                       request_path, result_path])
+                       "--max-restarts=0", "--monitor-interval=0.1", f"--log-dir={log_dir}",
+                       "-m", module, request_path, result_path])
     try:
         run(args)
     except ChildFailedError as exc:
@@ -337,10 +354,13 @@ def child_main(handler: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
         text = json.dumps({"child_error": str(WorkloadError.from_exit(exc))})
     except BaseException as exc:
         text = json.dumps({"child_error": f"{type(exc).__name__}: {exc}"})
+    rank_failed = rank is not None and json.loads(text).get("status", "crash") != "ok"
+    if rank_failed:  # when: the first rank to fail is the job's cause (``merge_ranks``)
+        text = json.dumps({**json.loads(text), _FAILED_AT: time.time()})
     tmp = result_path + ".tmp"
     Path(tmp).write_text(text)
     os.replace(tmp, result_path)
-    if rank is not None and json.loads(text).get("status", "crash") != "ok":
+    if rank_failed:
         # A failed rank ends the job now: its peers may wait for it in a collective, and the
         # launcher stops them once one rank exits non-zero.
         sys.stdout.flush()

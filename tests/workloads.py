@@ -349,6 +349,19 @@ def rank_oom() -> Workload:
     return Workload(name="rank-oom", build_model=WideMLP, make_batch=_batch, loss=loss)
 
 
+def rank_raises() -> Workload:
+    """Rank 1's loss raises at its third micro-batch (a bug in the user's code on one rank):
+    its peers see only a broken connection in their next collective."""
+    calls: list[int] = []
+
+    def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        if _on_rank(1, calls, 3):
+            raise ValueError("rank one's loss failed on purpose")
+        return model(*batch)
+
+    return Workload(name="rank-raises", build_model=WideMLP, make_batch=_batch, loss=loss)
+
+
 def rank_hang() -> Workload:
     """Rank 1 hangs at its third micro-batch: its peers wait for it in the all-reduce."""
     calls: list[int] = []
