@@ -299,6 +299,26 @@ def deep() -> Workload:
     return Workload(name="deep-mlp", build_model=DeepMLP, make_batch=_batch, loss=_loss)
 
 
+def deep_nan() -> Workload:
+    """Repeated blocks (so checkpointing could free memory) and a loss that is NaN from the
+    first step: broken under every knob."""
+
+    def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return model(*batch) * float("nan")
+
+    return Workload(name="deep-nan", build_model=DeepMLP, make_batch=_batch, loss=loss)
+
+
+def deep_hang() -> Workload:
+    """Repeated blocks and a loss that never returns: only the runner's timeout ends it."""
+
+    def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        time.sleep(600)
+        return model(*batch)  # pragma: no cover
+
+    return Workload(name="deep-hang", build_model=DeepMLP, make_batch=_batch, loss=loss)
+
+
 def blocks_raise() -> Workload:
     """Workload.blocks raises: user code the knobs run."""
     def blocks(model: nn.Module) -> list[nn.Module]:

@@ -23,6 +23,7 @@ from autotune.config import (
 )
 from autotune.device import describe_device
 from autotune.errors import (
+    BROKEN,
     AutotuneError,
     ConfigError,
     Interrupted,
@@ -127,11 +128,6 @@ def _plan(request: TuneRequest, info: DeviceInfo, include_baseline: bool
                        requested_batch=(request.target_batch
                                         if request.target_batch != target_batch else None))
     return plan, classes, budget, values
-
-
-BROKEN = ("non_finite", "timeout", "compile_error", "error", "workload_error")
-"""Statuses that no memory budget changes: at the smallest micro-batch they name a broken
-workload (exit 2), never "does not fit" (exit 1)."""
 
 
 def _nothing_fits(workload: WorkloadSpec, info: DeviceInfo, budget: Budget,
