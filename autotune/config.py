@@ -45,6 +45,25 @@ this module does not import pydantic."""
 
 GIB = 1024**3
 MIB = 1024**2
+
+MAX_BATCH = 2**20
+"""The most samples per optimizer step autotune tunes for (1,048,576, over all devices), and
+so the most in a micro-batch, micro-batches accumulated, or devices in a world. A larger value
+is refused where values are read (exit 2): the divisors of a target of 1e30 alone would run
+for hours in the parent, outside every limit."""
+
+
+def batch_limit_problem(name: str, value: int, what: str = "samples per optimizer step"
+                        ) -> str | None:
+    """Why ``value`` of the count ``name`` (e.g. ``--target-batch``) is over ``MAX_BATCH``, or
+    None when it is not. A number too long to print whole is given by its size."""
+    if value <= MAX_BATCH:
+        return None
+    digits = math.floor(math.log10(value)) + 1  # str() of a huge int is slow, or refused
+    digits -= value < 10 ** (digits - 1)  # log10 rounds up just below a power of ten
+    shown = str(value) if digits <= 60 else f"a number of {digits} digits"
+    return (f"{name} {shown} is over the limit of {MAX_BATCH} (2**20) {what} autotune tunes "
+            f"for; use at most {MAX_BATCH}")
 _UNITS = {
     "": 1, "b": 1,
     "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
