@@ -10,10 +10,12 @@ import dataclasses
 import itertools
 import math
 import re
+import stat
 import statistics
 import types
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
 from autotune.errors import ConfigError
@@ -70,6 +72,22 @@ _UNITS = {
     "t": 1000**4, "tb": 1000**4,
     "kib": 1024, "mib": MIB, "gib": GIB, "tib": 1024**4,
 }
+
+
+def not_a_file(path: Path) -> str | None:
+    """What ``path`` is when it exists but is not a regular file (``a directory``, ``a FIFO
+    (named pipe)``, ...), or None when it is a file or is missing. Reading a FIFO would wait
+    for a writer forever: such a path is refused before it is opened."""
+    try:
+        mode = path.stat().st_mode
+    except (OSError, ValueError):  # missing, unreadable, or a NUL in the name
+        return None
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"))
+    if stat.S_ISREG(mode):
+        return None
+    return next((what for test, what in kinds if test(mode)), "not a regular file")
 
 
 def parse_bytes(text: str) -> int:

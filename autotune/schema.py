@@ -31,6 +31,7 @@ from autotune.config import (
     ProbeReport,
     TrialStatus,
     WorkloadSpec,
+    not_a_file,
     to_json_dict,
 )
 from autotune.errors import ConfigError, OutputExistsError
@@ -389,6 +390,10 @@ def read_tuned(path: str | Path) -> TunedConfig:
     if path.is_dir():
         raise ConfigError(f"{path} is a directory, not an autotune.json file: give the file's "
                           f"path, e.g. {path / 'autotune.json'}")
+    kind = not_a_file(path)
+    if kind is not None:
+        raise ConfigError(f"{path} is {kind}, not a regular file: give the path of an "
+                          "autotune.json file")
     if not path.is_file():
         raise ConfigError(f"{path} does not exist: run `autotune search` to create it")
     try:

@@ -800,6 +800,20 @@ def test_directory_as_workload_file_is_said(tmp_path: Path) -> None:
         f"workload file '{tmp_path}' is a directory, not a Python file (from --workload")
 
 
+def test_a_fifo_as_workload_file_is_said_never_opened(tmp_path: Path) -> None:
+    """A FIFO named model.py once read "does not exist"; opened, it would wait forever."""
+    fifo = tmp_path / "model.py"
+    os.mkfifo(fifo)
+    expected = (f"workload file '{fifo}' is a FIFO (named pipe), not a regular file (from "
+                f"--workload '{fifo}:workload'): name the .py file that defines workload")
+    with pytest.raises(ConfigError) as info:
+        api.workload_spec(workload=f"{fifo}:workload")
+    assert str(info.value) == expected
+    result = CliRunner().invoke(app, ["probe", "--workload", f"{fifo}:workload",
+                                      "--target-batch", "1", "--device", "cpu"])
+    assert result.exit_code == 2 and expected in " ".join(result.output.split()), result.output
+
+
 @pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
 def test_under_cuda_graphs_every_step_copies_the_first_micro_batchs_gradients(
         tmp_path: Path, mode: str) -> None:

@@ -303,6 +303,17 @@ def test_a_huge_count_in_the_file_is_refused_with_the_limit(tmp_path: Path, fiel
         assert "is not valid JSON (Exceeds the limit (4300 digits)" in output, output
 
 
+def test_a_fifo_is_said_never_opened(tmp_path: Path) -> None:
+    fifo = tmp_path / "autotune.json"
+    os.mkfifo(fifo)
+    expected = f"{fifo} is a FIFO (named pipe), not a regular file: give the path of an"
+    with pytest.raises(ConfigError, match="FIFO"):
+        api.load(fifo)
+    for command in (["check", str(fifo)], ["report", str(fifo)]):
+        result = runner.invoke(app, command)
+        assert result.exit_code == 2 and expected in _words(result.output), result.output
+
+
 def test_cli_rejects_with_exit_2_and_no_traceback(tmp_path: Path) -> None:
     """The "eight" case gave a traceback and exit 1 in check."""
     data = _json(make_tuned())
