@@ -81,7 +81,8 @@ def run_isolated(spec: TrialSpec) -> TrialResult:
                            device=spec.device, extra_env=extra_env, ranks=ranks,
                            preload=preloads(spec.workload))
     if ranks and run.data is not None:
-        return replace(merge_ranks(run.data["ranks"], run.message), wall_s=run.wall_s)
+        return replace(merge_ranks(run.data["ranks"], run.message,
+                                   stopped=run.data.get("stopped", ())), wall_s=run.wall_s)
     if run.status == "ok" and run.data is not None:
         return from_json_dict(TrialResult, {**run.data, "wall_s": run.wall_s})
     return TrialResult(status=run.status, message=run.message, wall_s=run.wall_s)
@@ -98,7 +99,8 @@ _FAILED_AT = "rank_failed_at_s"
 node's clock): the first rank to fail is the cause, its peers' broken connections come after."""
 
 
-def merge_ranks(ranks: Sequence[dict[str, Any] | None], launcher: str = "") -> TrialResult:
+def merge_ranks(ranks: Sequence[dict[str, Any] | None], launcher: str = "",
+                stopped: Sequence[int] = ()) -> TrialResult:
     """The job's result from its ranks' results (``None``: a rank that left none).
 
     A failure on any rank is the job's outcome, the cause first: the rank that failed first
@@ -111,6 +113,8 @@ def merge_ranks(ranks: Sequence[dict[str, Any] | None], launcher: str = "") -> T
     Args:
         ranks: each rank's result JSON, by rank.
         launcher: the end of the launcher's output (why a rank left no result).
+        stopped: ranks the launcher stopped (SIGTERM) once another had failed: an echo of
+            that failure, never its cause, even without a result of their own.
     """
     results: list[TrialResult | None] = []
     failed_at: list[float] = []
@@ -127,7 +131,7 @@ def merge_ranks(ranks: Sequence[dict[str, Any] | None], launcher: str = "") -> T
         else:
             results.append(from_json_dict(TrialResult, data))
     failed = [(i, r) for i, r in enumerate(results) if r is not None and not r.ok]
-    missing = [i for i, r in enumerate(results) if r is None]
+    missing = [i for i, r in enumerate(results) if r is None and i not in stopped]
     causes = [(i, r) for i, r in failed if r.status not in ("error", "crash") or not missing]
     if causes:
         rank, worst = min(causes, key=lambda ir: (
@@ -200,7 +204,8 @@ def run_in_child(module: str, request: dict[str, Any], *, timeout_s: float,
         ranks: run the module as a job of this many ranks under torch's elastic launcher
             (the engine of ``torchrun``; 0: one plain child). Each rank writes its own result;
             they come back as ``data["ranks"]`` (None for a rank that left none) whenever
-            any rank wrote one, and the launcher's output end as ``message``.
+            any rank wrote one, with ``data["stopped"]`` (the ranks the launcher stopped
+            once another had failed), and the launcher's output end as ``message``.
         preload: modules the child imports before it measures anything, which a fork server
             may import once for every such child (``child.start``).
 
@@ -269,8 +274,12 @@ def _ranks_run(result_path: Path, ranks: int, failed: ChildRun) -> ChildRun:
         found.append(json.loads(Path(path).read_text()) if os.path.exists(path) else None)
     if not any(d is not None for d in found):
         return replace(failed, message=failed.message or "no rank wrote a result")
-    return ChildRun(status="ok", data={"ranks": found}, wall_s=failed.wall_s,
-                    message=failed.message)
+    exits_path = Path(f"{result_path}{_EXITS}")
+    exits = json.loads(exits_path.read_text()) if exits_path.exists() else {}
+    stopped = [rank for rank in range(ranks) if found[rank] is None
+               and exits.get(str(rank)) == -signal.SIGTERM]
+    return ChildRun(status="ok", data={"ranks": found, "stopped": stopped},
+                    wall_s=failed.wall_s, message=failed.message)
 
 
 def _rank_path(result_path: str, rank: int) -> str:
@@ -279,6 +288,9 @@ def _rank_path(result_path: str, rank: int) -> str:
 
 _LAUNCH = "--launch-ranks"
 _RANKS = "AUTOTUNE_RANKS"
+_EXITS = ".exits"
+"""Beside the ranks' results: how each failed rank ended (rank -> exit code), from the
+launcher (a rank it stopped with SIGTERM once another failed is no cause)."""
 
 
 def _launch(ranks: int, module: str, request_path: str, result_path: str) -> int:
@@ -309,6 +321,8 @@ def _launch(ranks: int, module: str, request_path: str, result_path: str) -> int
     try:
         run(args)
     except ChildFailedError as exc:
+        Path(f"{result_path}{_EXITS}").write_text(json.dumps(
+            {str(rank): f.exitcode for rank, f in exc.failures.items()}))
         failures = sorted(exc.failures.items(), key=lambda rf: (rf[1].exitcode == -15, rf[0]))
         print(f"{_SUMMARY}the job of {ranks} ranks failed: " + "; ".join(
             f"rank {rank} {_how(f.exitcode)}" for rank, f in failures), flush=True)

@@ -97,6 +97,11 @@ def test_the_first_rank_to_fail_is_the_cause() -> None:
         job = merge_ranks(ranks)
         assert job.status == "error"
         assert job.message == f"rank {rank} of 2: ValueError: the user's bug"
+    # A peer the launcher stopped (SIGTERM) before it failed on its own left no result: an
+    # echo too, where a rank that died of itself would be the cause.
+    assert merge_ranks([None, cause], stopped=[0]).message == (
+        "rank 1 of 2: ValueError: the user's bug")
+    assert merge_ranks([None, cause]).status == "crash"
 
 
 def test_a_rank_without_a_result_is_a_crash_unless_another_names_the_cause() -> None:
@@ -219,6 +224,7 @@ def test_a_job_of_ranks_leaves_nothing_in_the_temporary_folder(
     ("rank_killed", "crash", "rank 1 killed by SIGKILL"),
     ("rank_oom", "oom", "rank 1 of 2: RuntimeError"),
     ("rank_raises", "error", "rank 1 of 2: ValueError: rank one's loss failed"),
+    ("rank_raises_peer_busy", "error", "rank 1 of 2: ValueError: rank one's loss failed"),
 ])
 def test_a_fault_on_one_rank_ends_the_job_and_no_rank_is_left(workload: str, status: str,
                                                              cause: str, job_token: str) -> None:

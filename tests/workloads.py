@@ -382,6 +382,23 @@ def rank_raises() -> Workload:
     return Workload(name="rank-raises", build_model=WideMLP, make_batch=_batch, loss=loss)
 
 
+def rank_raises_peer_busy() -> Workload:
+    """Rank 1's loss raises at its third micro-batch while rank 0 is still computing (it
+    sleeps there): the launcher stops rank 0 (SIGTERM) before it reaches a collective, so
+    rank 0 leaves no result at all."""
+    calls: list[int] = []
+
+    def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        if _on_rank(1, calls, 3):
+            raise ValueError("rank one's loss failed on purpose")
+        if os.environ.get("RANK") == "0" and len(calls) == 3:
+            time.sleep(30)
+        return model(*batch)
+
+    return Workload(name="rank-raises-peer-busy", build_model=WideMLP, make_batch=_batch,
+                    loss=loss)
+
+
 def rank_hang() -> Workload:
     """Rank 1 hangs at its third micro-batch: its peers wait for it in the all-reduce."""
     calls: list[int] = []
