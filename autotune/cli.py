@@ -29,6 +29,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from autotune.config import MAX_BATCH
 from autotune.errors import AutotuneError, ConfigError, Interrupted
 from autotune.knobs import KNOB, Knobs
 
@@ -62,11 +63,11 @@ SeqLenOpt = Annotated[Optional[int], typer.Option(
 PretrainedOpt = Annotated[bool, typer.Option(
     "--pretrained", help="Load real weights for --model (downloads them).")]
 TargetOpt = Annotated[int, typer.Option(
-    "--target-batch", min=1,
+    "--target-batch", min=1, max=MAX_BATCH,
     help="Effective batch size (samples per optimizer step, all devices).")]
 WorldOpt = Annotated[int, typer.Option(
-    "--world-size", min=1, help="Data-parallel devices of the whole job, all nodes (with "
-    "--nproc-per-node: default that many).")]
+    "--world-size", min=1, max=MAX_BATCH, help="Data-parallel devices of the whole job, all "
+    "nodes (with --nproc-per-node: default that many).")]
 DeviceOpt = Annotated[Optional[str], typer.Option(
     "--device", help="cpu, cuda or cuda:N (default: cuda when available).")]
 BudgetOpt = Annotated[Optional[str], typer.Option(
@@ -429,7 +430,8 @@ class KernelsChoice(str, Enum):
 
 @app.command()
 def estimate(
-    micro_batch: Annotated[int, typer.Option("--micro-batch", min=1, help="Micro-batch.")] = 8,
+    micro_batch: Annotated[int, typer.Option(
+        "--micro-batch", min=1, max=MAX_BATCH, help="Micro-batch.")] = 8,
     device_memory: Annotated[str, typer.Option(
         "--device-memory", help="The device's memory, e.g. 24GiB or 80GB.")] = "24GiB",
     precision: Annotated[PrecisionChoice, typer.Option("--precision")] = PrecisionChoice.fp32,
@@ -447,7 +449,8 @@ def estimate(
     seq_len: SeqLenOpt = None,
     headroom: HeadroomOpt = 0.1,
     target_batch: Annotated[Optional[int], typer.Option(
-        "--target-batch", min=1, help="List the (micro-batch, accumulation) pairs that fit.")
+        "--target-batch", min=1, max=MAX_BATCH,
+        help="List the (micro-batch, accumulation) pairs that fit.")
     ] = None,
     world_size: WorldOpt = 1,
     device: Annotated[Optional[str], typer.Option(

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from autotune.codegen_templates import FILE, HF, HF_AUTO, HF_COUNTS, SCRIPT, TINY_GPT
 from autotune.config import format_bytes
+from autotune.hf_configs import known_config
 from autotune.knobs import KNOBS, describe
 from autotune.schema import TunedConfig
 
@@ -230,12 +231,12 @@ def _workload_section(config: TunedConfig, script_dir: Path | None) -> tuple[str
     elif spec.kind == "hf":
         task, seq_len = _hf_task(config)
         build = ("from_pretrained(model_name)" if spec.pretrained else
-                 "from_config(hf_config)")
-        labels = ("torch.randint(0, hf_config.num_labels, (micro_batch,))"
+                 "from_config(hf_config())")
+        labels = ("torch.randint(0, hf_config().num_labels, (micro_batch,))"
                   if task == "classifier" else "ids.clone()")
         code = string.Template(HF).substitute(
             name=_literal(spec.target), seq_len=_literal(seq_len), auto=HF_AUTO[task], build=build,
-            labels=labels, count=HF_COUNTS[task])
+            labels=labels, count=HF_COUNTS[task], shipped=_shipped_config(spec.target))
         third.append("import transformers")
     else:
         path_text, _, factory = spec.target.rpartition(":")
@@ -245,6 +246,21 @@ def _workload_section(config: TunedConfig, script_dir: Path | None) -> tuple[str
         std_from.append("from pathlib import Path")
     imports = "\n".join([*std, *std_from, "", *third, *tail])
     return imports, code.strip("\n")
+
+
+def _shipped_config(name: str) -> str:
+    """``shipped_config = {...}``: the architecture autotune ships for a well-known model id
+    (``autotune.hf_configs``), so the script builds it offline as the search did; None for
+    any other model. Each value is autotune's own data (strings, numbers, lists of strings),
+    written as JSON, which is also Python for these."""
+    shipped = known_config(name)
+    if shipped is None:
+        return "shipped_config = None  # autotune ships no config of this model"
+    assert all(isinstance(v, (str, int, float, list)) and not isinstance(v, bool)
+               for v in shipped.values())
+    lines = [f"    {json.dumps(key)}: {json.dumps(value)}," for key, value in shipped.items()]
+    return "\n".join(["shipped_config = {  # its architecture, for use offline",
+                      *lines, "}"])
 
 
 def _hf_task(config: TunedConfig) -> tuple[str, int]:

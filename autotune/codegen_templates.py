@@ -94,9 +94,27 @@ model_blocks = None  # the repeated blocks to checkpoint: found by find_blocks()
 '''
 
 HF = '''
-model_name = $name
+model_name = $name  # a Hub id, or a local directory holding config.json
 seq_len = $seq_len
-hf_config = transformers.AutoConfig.from_pretrained(model_name)
+$shipped
+
+
+@functools.cache
+def hf_config():
+    """The model's config, read when first needed (so --help needs no network): from a local
+    directory, the Hub or the local HF cache (HF_HUB_OFFLINE=1: the cache only)."""
+    if shipped_config is not None and not os.path.isdir(model_name):
+        try:  # the local cache, else the copy above: no network round trips
+            return transformers.AutoConfig.from_pretrained(model_name, local_files_only=True)
+        except (OSError, ValueError):
+            return transformers.AutoConfig.for_model(**shipped_config)
+    try:
+        return transformers.AutoConfig.from_pretrained(model_name)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(
+            f"cannot load the config of {model_name!r} ({exc}). Set model_name above to a local "
+            "directory holding its config.json, or run once with network access (after that "
+            "HF_HUB_OFFLINE=1 reads it from the local HF cache)") from None
 
 
 def build_model():
@@ -105,7 +123,7 @@ def build_model():
 
 def get_batch(micro_batch):
     """Random tokens at the full sequence length: replace with your data."""
-    ids = torch.randint(0, hf_config.vocab_size, (micro_batch, seq_len))
+    ids = torch.randint(0, hf_config().vocab_size, (micro_batch, seq_len))
     labels = $labels
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
 

@@ -214,6 +214,50 @@ def test_hf_script_builds_the_workload_task() -> None:
     assert '(batch["labels"] != -100).sum()' in text
 
 
+@pytest.mark.subprocess
+def test_an_hf_script_parses_help_and_trains_offline(tmp_path: Path) -> None:
+    """With no network (HF_HUB_OFFLINE=1, an empty HF cache) the script of a --model search
+    answers --help, trains from a local config directory, and for a model it cannot find says
+    what to do: the model's config is read when the model is built, never at import."""
+    transformers = pytest.importorskip("transformers")
+    model_dir = tmp_path / "tiny-gpt2"
+    transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=32,
+                            n_positions=16).save_pretrained(model_dir)
+    env = {**subprocess_env(), "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-home")}
+
+    def run(target: str, *args: str) -> subprocess.CompletedProcess[str]:
+        config = make_tuned(workload=WorkloadSpec(kind="hf", target=target, seq_len=8),
+                            workload_name=f"{target} (causal-lm, seq 8)", micro_batch=2,
+                            accumulate_steps=1, target_batch=2)
+        script = tmp_path / SCRIPT_NAME
+        script.write_text(render_train_script(config, script_dir=tmp_path))
+        return subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    shown = run("someone/not-cached", "--help")
+    assert shown.returncode == 0 and "--steps" in shown.stdout, shown.stderr
+    missing = run("someone/not-cached", "--steps", "1", "--device", "cpu")
+    assert missing.returncode != 0
+    assert "cannot load the config of 'someone/not-cached'" in missing.stderr, missing.stderr
+    assert "a local directory holding its config.json" in missing.stderr
+    trained = run(str(model_dir), "--steps", "1", "--device", "cpu")
+    assert trained.returncode == 0, trained.stderr
+    assert "step 1/1" in trained.stdout and (tmp_path / "checkpoint.pt").exists()
+
+
+def test_an_hf_script_of_a_shipped_model_builds_its_config_offline(tmp_path: Path) -> None:
+    """``--model gpt2`` searches offline from the config autotune ships: the script holds the
+    same architecture, used when the HF cache does not have the model."""
+    script = script_for(make_tuned(workload=WorkloadSpec(kind="hf", target="gpt2", seq_len=16),
+                                   workload_name="gpt2 (causal-lm, seq 16)"), tmp_path)
+    assert script.shipped_config["n_layer"] == 12 and script.shipped_config["n_embd"] == 768
+    config = script.hf_config()
+    assert (config.model_type, config.n_layer, config.vocab_size) == ("gpt2", 12, 50257)
+    assert script_for(make_tuned(workload=WorkloadSpec(kind="hf", target="my/model"),
+                                 workload_name="my/model (causal-lm, seq 8)"),
+                      tmp_path).shipped_config is None
+
+
 def test_file_workload_path_is_relative_beside_the_script(tmp_path: Path) -> None:
     beside = tmp_path / "wl.py"
     config = make_tuned(workload=WorkloadSpec(kind="file", target=f"{beside}:make"))
@@ -778,6 +822,20 @@ def test_directory_as_workload_file_is_said(tmp_path: Path) -> None:
         api.workload_spec(workload=f"{tmp_path}:workload")
     assert str(info.value).startswith(
         f"workload file '{tmp_path}' is a directory, not a Python file (from --workload")
+
+
+def test_a_fifo_as_workload_file_is_said_never_opened(tmp_path: Path) -> None:
+    """A FIFO named model.py once read "does not exist"; opened, it would wait forever."""
+    fifo = tmp_path / "model.py"
+    os.mkfifo(fifo)
+    expected = (f"workload file '{fifo}' is a FIFO (named pipe), not a regular file (from "
+                f"--workload '{fifo}:workload'): name the .py file that defines workload")
+    with pytest.raises(ConfigError) as info:
+        api.workload_spec(workload=f"{fifo}:workload")
+    assert str(info.value) == expected
+    result = CliRunner().invoke(app, ["probe", "--workload", f"{fifo}:workload",
+                                      "--target-batch", "1", "--device", "cpu"])
+    assert result.exit_code == 2 and expected in " ".join(result.output.split()), result.output
 
 
 @pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])

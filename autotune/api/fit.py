@@ -9,6 +9,7 @@ from typing import Any
 
 from autotune.config import (
     WorkloadSpec,
+    batch_limit_problem,
     format_bytes,
     from_json_dict,
     to_json_dict,
@@ -116,6 +117,10 @@ def estimate(
         problems.append(f"micro-batch must be at least 1, got {micro_batch}")
     if world_size < 1:
         problems.append(f"world size must be at least 1, got {world_size}")
+    problems += filter(None, (batch_limit_problem("--micro-batch", micro_batch),
+                              batch_limit_problem("--world-size", world_size, "devices")))
+    if target_batch is not None:
+        problems += filter(None, (batch_limit_problem("--target-batch", target_batch),))
     if not 0 <= headroom < 1:
         problems.append(f"headroom must be a fraction in [0, 1) such as 0.1, got {headroom}")
     if timeout_s <= 0:

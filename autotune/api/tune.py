@@ -23,6 +23,7 @@ from autotune.config import (
 )
 from autotune.device import describe_device
 from autotune.errors import (
+    BROKEN,
     AutotuneError,
     ConfigError,
     Interrupted,
@@ -91,6 +92,9 @@ def probe(
             budget_bytes=budget.budget_bytes, usable_bytes=budget.usable_bytes,
             timeout_s=timeout_s, hint=hint_for(knobs, probes), on_step=on_step,
             ranks=plan.nproc_per_node))
+        if _broken_eager(probes[-1]):  # broken under every other setting too: say so now
+            raise _nothing_fits(plan.workload, info, budget, probes[-1], timeout_s,
+                                ranks=plan.nproc_per_node)
     if not any(p.max_micro_batch for p in probes):
         raise _nothing_fits(plan.workload, info, budget, probes[0], timeout_s,
                             ranks=plan.nproc_per_node)
@@ -130,11 +134,6 @@ def _plan(request: TuneRequest, info: DeviceInfo, include_baseline: bool
                        requested_batch=(request.target_batch
                                         if request.target_batch != target_batch else None))
     return plan, classes, budget, values
-
-
-BROKEN = ("non_finite", "timeout", "compile_error", "error", "workload_error")
-"""Statuses that no memory budget changes: at the smallest micro-batch they name a broken
-workload (exit 2), never "does not fit" (exit 1)."""
 
 
 def _nothing_fits(workload: WorkloadSpec, info: DeviceInfo, budget: Budget,
@@ -183,6 +182,13 @@ def _nothing_fits(workload: WorkloadSpec, info: DeviceInfo, budget: Budget,
         f"--precisions bf16 (halves activations), {_freeing(info)} (if it was left out), "
         "or a shorter --seq-len."
     )
+
+
+def _broken_eager(probe: MemoryProbe) -> bool:
+    """Whether fp32 eager failed at the smallest micro-batch in a way no memory changes
+    (``BROKEN``: a hang, a non-finite loss): the workload is broken, whatever else is tried."""
+    return (probe.knobs.precision, probe.knobs.compile_mode) == ("fp32", "off") and any(
+        s.status in BROKEN and s.micro_batch == probe.candidates[0] for s in probe.steps)
 
 
 def _freeing(info: DeviceInfo) -> str:

@@ -89,6 +89,7 @@ from autotune.config import (
     format_bytes,
 )
 from autotune.device import backend_for
+from autotune.errors import BROKEN
 from autotune.knobs import KNOBS, Knob, job_baseline, skip_reason
 from autotune.memory import OnStep, hint_for, probe_memory, probe_spec
 from autotune.runner import run_isolated
@@ -425,7 +426,12 @@ class _Search:
     def rescue_baseline(self) -> bool:
         """fp32 eager fits nothing: try the values that free memory on it, most first; the
         first that fits is the baseline (what fits with the least change). False when none
-        does (the api then says what the budget would need)."""
+        does (the api then says what the budget would need), and at once when fp32 eager
+        failed at the smallest micro-batch in a way no memory changes (``BROKEN``: a hang,
+        a non-finite loss; the api names the workload's failure)."""
+        if any(s.status in BROKEN and s.micro_batch == self.micro_batches[0]
+               for s in self.probes[self.base].steps):
+            return False
         for knob in KNOBS[2:]:
             for value in knob.frees_memory:
                 if value not in self.values.get(knob.name, ()):
