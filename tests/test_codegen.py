@@ -811,9 +811,15 @@ def test_relative_workload_is_stored_absolute(tmp_path: Path,
     workload.unlink()
     gone = runner.invoke(app, ["codegen", str(config), "--out", "out2"])
     assert gone.exit_code == 2
-    assert (f"the workload file '{workload.resolve()}' named in {config} does not exist here: "
-            "pass it with `autotune codegen --workload path/to/file.py:factory`") in " ".join(
-                gone.output.split())
+    assert (f"workload.target in {config} names the workload file {workload.resolve()}, which "
+            "is not here (a relative path there counts from the folder of the autotune.json): "
+            "pass --workload path/to/file.py:factory") in " ".join(gone.output.split())
+
+    os.mkfifo(workload)  # never opened: reading it would wait for a writer forever
+    fifo = runner.invoke(app, ["codegen", str(config), "--out", "out2"])
+    assert fifo.exit_code == 2
+    assert (f"names the workload file {workload.resolve()}, which is a FIFO (named pipe), not a "
+            "regular file") in " ".join(fifo.output.split())
     assert not (tmp_path / "elsewhere" / "out2").exists()
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from autotune.api.request import workload_file_here
 from autotune.config import (
     WorkloadSpec,
     batch_limit_problem,
@@ -199,13 +200,8 @@ def _read_tuned(path: str | Path, workload: WorkloadSpec | None = None) -> Check
             workload file that is not where ``workload.target`` says (without ``workload``).
     """
     config = read_tuned(path)
-    if workload is None and config.workload.kind == "file":
-        file = config.workload.target.rpartition(":")[0]
-        if not Path(file).is_file():
-            raise ConfigError(
-                f"workload.target in {path} names the workload file {file}, which is not here "
-                "(a relative path there counts from the folder of the autotune.json): pass "
-                "--workload path/to/file.py:factory to use the file where it is now")
+    if workload is None:
+        workload_file_here(config.workload, path)
     label = config.knobs.label()
     record = config.memory.calibration.get(label)
     calibration = Calibration.from_record(record, label) if record else None
