@@ -218,3 +218,24 @@ def test_the_generated_loop_fed_random_lengths_recompiles_at_most_twice_per_fram
     out = capsys.readouterr().out
     assert "step 30/30" in out and "recompile limit" not in out
     assert compiles.per_frame and max(compiles.per_frame.values()) <= 2, compiles.per_frame
+
+
+def test_the_generated_script_says_a_recompile_limit_hit_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The script's filter on torch's own record (the record as convert_frame logs it)."""
+    import logging
+
+    (tmp_path / SCRIPT_NAME).write_text(render_train_script(small(compile_mode="default")))
+    script = import_script(tmp_path / SCRIPT_NAME)
+    record = logging.LogRecord(
+        "torch._dynamo.convert_frame", logging.WARNING, __file__, 1,
+        "torch._dynamo hit config.%s (%s)\n   function: %s\n   last reason: %s",
+        ("recompile_limit", 8, "'forward' (model.py:1)", "size mismatch"), None)
+    assert script.RecompileLimitNote().filter(record) is True  # torch's own line stays
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith("note: torch.compile hit its recompile limit: that code runs eager")
+    assert "compile_dynamic = True" in line
+    other = logging.LogRecord("torch._dynamo.convert_frame", logging.WARNING, __file__, 1,
+                              "something else", (), None)
+    assert script.RecompileLimitNote().filter(other) is True
+    assert capsys.readouterr().out == ""

@@ -1170,10 +1170,11 @@ class _Search:
         if not backend_for(self.report.device.device).compile_in_peak:
             return
         usable = self.report.usable_bytes()
-        while (winner := self._winner()) is not None and winner.knobs.compile_mode != "off":
-            if winner in self.stored:  # the next pick after one ruled out: re-checked first
-                self.recheck_stored_pick()
-                continue
+        while True:
+            self.recheck_stored_pick()  # the next pick after one ruled out: re-checked first
+            winner = self._winner()
+            if winner is None or winner.knobs.compile_mode == "off":
+                return
             if winner not in self.cold and self._fits_by_sibling(winner):
                 return
             cold = self.cold.get(winner) or self._cold_run(winner)
