@@ -239,3 +239,22 @@ def test_the_generated_script_says_a_recompile_limit_hit_in_one_line(
                               "something else", (), None)
     assert script.RecompileLimitNote().filter(other) is True
     assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("dynamic", [None, True, False])
+def test_trainer_is_told_a_pinned_compile_dynamic(dynamic: bool | None) -> None:
+    """Trainer compiles with torch's automatic dynamic shapes (``dynamic=None``): a pinned
+    ``compile_dynamic`` is named in the adapter's one warning, with the environment switch."""
+    cfg = Tuned(replace(small(compile_mode="default", micro_batch=4, accumulate_steps=1),
+                        compile_dynamic=dynamic))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cfg.training_arguments()
+    said = [str(w.message) for w in caught if "compile_dynamic" in str(w.message)]
+    if dynamic is None:
+        assert not said
+    else:
+        value = str(dynamic).lower()
+        (line,) = said
+        assert f"compile_dynamic={value}: Trainer compiles with torch's automatic dynamic " \
+            f"shapes; set ACCELERATE_DYNAMO_USE_DYNAMIC={value}" in line
