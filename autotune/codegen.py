@@ -51,17 +51,20 @@ def render_train_script(config: TunedConfig, *, script_dir: Path | None = None) 
         target_batch=_literal(config.target_batch),
         micro_batch=_literal(config.micro_batch),
         **{knob.name: _literal(getattr(config.knobs, knob.name)) for knob in KNOBS},
+        compile_dynamic=_literal(config.compile_dynamic),
         world_size=_literal(config.world_size),
         workload=workload_code,
     )
 
 
-def _literal(value: str | int) -> str:
+def _literal(value: str | int | bool | None) -> str:
     """A config value as a Python literal: the only way one enters the script's code.
 
     A string becomes its JSON form, which is also a Python string literal with the same value
     (JSON's escapes are Python's; non-ASCII is escaped, so the source is plain ASCII).
     """
+    if value is None or isinstance(value, bool):
+        return repr(value)
     if isinstance(value, str):
         return json.dumps(value)
     if isinstance(value, int) and not isinstance(value, bool):
@@ -150,7 +153,8 @@ def _reasons(config: TunedConfig) -> list[tuple[str, str]]:
     if other_precision:
         speed += f"; best other precision: {other_precision}"
     compiled = ("eager (no torch.compile)" if config.compile_mode == "off" else
-                f"torch.compile with mode {config.compile_mode}, dynamic=False")
+                f"torch.compile with mode {config.compile_mode}, "
+                + _DYNAMIC[config.compile_dynamic])
     other_mode = _best_other(config, "compile_mode")
     if other_mode:
         compiled += f"; best other mode: {other_mode}"
@@ -189,6 +193,14 @@ def _knob_reasons(config: TunedConfig) -> list[tuple[str, str]]:
     return out
 
 
+_DYNAMIC = {
+    None: "automatic dynamic shapes (compile_dynamic = None: static at the one shape measured; "
+          "a dim that changes compiles once more, dynamic)",
+    True: "dynamic shapes from the first compile (compile_dynamic = True)",
+    False: "one static graph per shape (compile_dynamic = False)",
+}
+
+
 def _best_other(config: TunedConfig, knob: str) -> str:
     mine = getattr(config.knobs, knob)
     others = [t for t in config.trials if getattr(t.knobs, knob) != mine and t.samples_per_s
@@ -215,8 +227,8 @@ _DEFAULT_SIZES = {
 
 def _workload_section(config: TunedConfig, script_dir: Path | None) -> tuple[str, str]:
     spec = config.workload
-    std = ["import argparse", "import functools", "import gc", "import inspect", "import os",
-           "import time"]
+    std = ["import argparse", "import functools", "import gc", "import inspect", "import logging",
+           "import os", "import time"]
     third = ["import torch", "import torch.distributed as dist"]
     tail = ["from torch import nn",
             "from torch.distributed.checkpoint.state_dict import (\n    StateDictOptions,\n"

@@ -188,6 +188,7 @@ target_batch = $target_batch  # samples per optimizer step, all devices together
 micro_batch = $micro_batch  # samples per forward/backward on each device
 precision = $precision  # fp32, tf32, bf16 (autocast) or fp16 (autocast + GradScaler)
 compile_mode = $compile_mode  # off, default, reduce-overhead, max-autotune-no-cudagraphs, ...
+compile_dynamic = $compile_dynamic  # None: automatic dynamic shapes, True: dynamic, False: static
 checkpointing = $checkpointing  # off, blocks (every repeated block) or alternate (every second)
 optimizer_impl = $optimizer_impl  # default (as built), for-loop, foreach or fused
 memory_format = $memory_format  # contiguous, or channels_last (2-D convolutions, 4-D images)
@@ -314,6 +315,18 @@ def to_device(batch, device):
     return move(batch)
 
 
+class RecompileLimitNote(logging.Filter):
+    """Says in one line when torch.compile hits its recompile limit: that code runs eager."""
+
+    def filter(self, record):
+        if str(record.msg).startswith("torch._dynamo hit config."):
+            print("note: torch.compile hit its recompile limit: that code runs eager from now "
+                  "on, slower than tuned (its input shapes keep changing); pad batches to a few "
+                  "fixed lengths, set compile_dynamic = True above, or raise "
+                  "torch._dynamo.config.recompile_limit", flush=True)
+        return True
+
+
 # ----------------------------------------------------------------------------------------------
 
 
@@ -410,7 +423,8 @@ def main():
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.steps)
     if compile_mode != "off":  # after the DDP/FSDP wrap, as autotune measured it
         mode = None if compile_mode == "default" else compile_mode
-        model = torch.compile(model, mode=mode, dynamic=False)
+        logging.getLogger("torch._dynamo.convert_frame").addFilter(RecompileLimitNote())
+        model = torch.compile(model, mode=mode, dynamic=compile_dynamic)
     torch.manual_seed(args.seed + 1 + rank)  # a different data stream on each rank
 
     if master:

@@ -263,7 +263,12 @@ class TunedConfig(HasKnobs):
     nproc_per_node: Positive = 1
     """Ranks each probe and trial ran as one job (``--nproc-per-node``); ``world_size`` may
     be larger (several nodes)."""
-    compile_dynamic: bool = False
+    compile_dynamic: bool | None = None
+    """``torch.compile``'s ``dynamic`` in every delivered path (``Tuned.compile``, the
+    Accelerate plugin, ``train_autotuned.py``): None, torch's automatic dynamic shapes (the
+    trials' graphs at their one shape; a dim that changes compiles once more, dynamic: data of
+    varying length costs one recompile, not one per length); true, dynamic from the first
+    compile; false, one static graph per shape (more than ``recompile_limit`` shapes run eager)."""
     extras: dict[str, str] = field(default_factory=dict)
     memory: MemoryRecord
     device: DeviceInfo

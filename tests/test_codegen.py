@@ -106,7 +106,7 @@ def test_header_gives_command_and_measured_reasons() -> None:
                      "compiling took 12.3 s", "paid back after 456 optimizer steps"):
         assert expected in " ".join(header.replace("#", " ").split()), expected
     assert 'precision = "bf16"' in text and 'compile_mode = "default"' in text
-    assert "torch.compile(model, mode=mode, dynamic=False)" in text
+    assert "torch.compile(model, mode=mode, dynamic=compile_dynamic)" in text
     assert 'getattr(model, "_orig_mod", model)' in text and "inner.no_sync()" in text
 
 
@@ -150,6 +150,21 @@ def test_what_stopped_the_search_early_is_said() -> None:
     assert "stopped early (--max-trials reached (60 child runs))" in limit  # not "interrupted"
     assert "interrupted" not in limit
     assert "stopped early" not in header()
+
+
+@pytest.mark.parametrize("dynamic", [None, True, False])
+def test_compile_dynamic_is_a_literal_the_compile_call_reads(dynamic: bool | None) -> None:
+    """``TunedConfig.compile_dynamic`` (None: torch's automatic dynamic shapes) is what the
+    script compiles with, as ``Tuned.compile`` and the Accelerate plugin do
+    (test_compile_shapes), and the header says which."""
+    text = render_train_script(replace(make_tuned(), compile_dynamic=dynamic))
+    tree = ast.parse(text)
+    assigned = {node.targets[0].id: node.value for node in tree.body
+                if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)}
+    assert ast.literal_eval(assigned["compile_dynamic"]) is dynamic
+    assert "torch.compile(model, mode=mode, dynamic=compile_dynamic)" in text
+    header = " ".join(text.split("target_batch = 64")[0].replace("#", " ").split())
+    assert f"(compile_dynamic = {dynamic}" in header
 
 
 def test_header_lists_every_knob_with_value_and_measurement() -> None:

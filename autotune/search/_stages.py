@@ -367,6 +367,7 @@ class _Search:
         self._release_held()
         self.stage = "confirm"
         self.confirm()
+        self.recheck_stored_pick()
         self.stage = "first launch"
         self.fit_cold()
 
@@ -1028,6 +1029,15 @@ class _Search:
         ran.update(self._remeasure(self._within_drift(), cold_first=False))
         self._interleave(ran)
 
+    def recheck_stored_pick(self) -> None:
+        """A stored timing never picks alone: while the pick would be a candidate timed only
+        by a search before (the local study store), not run in this one, it is re-checked
+        (``_remeasure``; its fresh run counts where the stored one is stale) and the pick
+        made again. The two leaders' re-checks can drop both behind a third known only from
+        the store; each round re-runs one candidate, so it ends."""
+        while (winner := self._winner()) is not None and winner in self.stored:
+            self._remeasure([winner], cold_first=False)
+
     def _round_pair(self) -> tuple[Candidate, Candidate, Candidate, float] | None:
         """The leader and its best challenger where their gap is within the widest drift
         between two runs of one config in this search, and that drift is wider than a
@@ -1166,7 +1176,11 @@ class _Search:
         if not backend_for(self.report.device.device).compile_in_peak:
             return
         usable = self.report.usable_bytes()
-        while (winner := self._winner()) is not None and winner.knobs.compile_mode != "off":
+        while True:
+            self.recheck_stored_pick()  # the next pick after one ruled out: re-checked first
+            winner = self._winner()
+            if winner is None or winner.knobs.compile_mode == "off":
+                return
             if winner not in self.cold and self._fits_by_sibling(winner):
                 return
             cold = self.cold.get(winner) or self._cold_run(winner)
@@ -1535,6 +1549,11 @@ class _Search:
         self._release_held()  # a search stopped early picks from all it knows too
         if self.baseline is None:  # stopped while probing it: its largest fit timed so far
             self.baseline = self._known_baseline()
+        stored_pick = self._winner() if interrupted else None
+        if stored_pick is not None and stored_pick in self.stored:
+            self.skipped.append(
+                f"{stored_pick.key()}: picked on its stored timing alone (a search before "
+                "measured it): this one stopped before re-checking it")
         if interrupted and backend_for(self.report.device.device).compile_in_peak:
             winner = self._winner()
             if winner is not None and winner.knobs.compile_mode != "off" and not (
