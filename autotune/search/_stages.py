@@ -1459,7 +1459,11 @@ class _Search:
         if not early_stop:  # a re-measurement of a contender: every step, in full
             return spec
         spec = replace(spec, timing_precision=self.settings.rank_precision)
-        medians = [r.median_step_s() for r in self.results.values() if r.ok and r.median_step_s()]
+        # Only a run that fits sets the bar: one over the usable budget is faster than anything
+        # that can be picked, and would stop a real contender "behind" it.
+        usable = self.report.usable_bytes()
+        medians = [r.median_step_s() for r in self.results.values()
+                   if r.ok and r.fits(usable) and r.median_step_s()]
         if is_base_class or not medians:
             return spec
         best_s = min(m for m in medians if m is not None)
