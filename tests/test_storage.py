@@ -9,6 +9,7 @@ binaries are missing: ``apt-get install postgresql``).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
 import re
@@ -269,3 +270,27 @@ def test_a_postgresql_server_gone_mid_search_costs_the_cache_not_the_search(
     assert outcome.study is not None and outcome.study.note.startswith("failed while ")
     assert "the search goes on without it" in outcome.study.note
     assert _leaks(postgres.password, outcome.study.note) == []
+
+
+@pytest.mark.subprocess
+def test_readmes_resume_example_runs_as_written(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """README: `--storage sqlite:///autotune.db --study-name NAME` resumes a search; the
+    second one, as written (no --memory-budget: the default budget, what is free, moves a
+    little), is not refused and measures no run again."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "`--storage sqlite:///autotune.db --study-name NAME` resumes an interrupted search" in (
+        readme)
+    monkeypatch.chdir(tmp_path)
+    args = ["search", "--workload", f"{ROOT / 'tests' / 'workloads.py'}:tiny",
+            "--target-batch", "2", "--device", "cpu", "--precisions", "fp32",
+            "--compile-modes", "off", "--timed-steps", "3",
+            "--storage", "sqlite:///autotune.db", "--study-name", "NAME"]
+    first = CliRunner().invoke(app, [*args, "--out", "first", "--json"])
+    assert first.exit_code == 0, first.output
+    again = CliRunner().invoke(app, [*args, "--out", "again", "--json"])
+    assert again.exit_code == 0, again.output
+    one, two = (json.loads((tmp_path / d / "autotune.json").read_text())
+                for d in ("first", "again"))
+    assert one["cost"]["num_runs"] > 0 and two["cost"]["num_runs"] == 0
+    assert (two["micro_batch"], two["knobs"]) == (one["micro_batch"], one["knobs"])
