@@ -10,6 +10,7 @@ import contextlib
 import signal
 import sys
 import traceback
+import warnings
 from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
@@ -28,6 +29,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from autotune.config import MAX_BATCH
 from autotune.errors import AutotuneError, ConfigError, Interrupted
 from autotune.knobs import KNOB, Knobs
 
@@ -61,11 +63,11 @@ SeqLenOpt = Annotated[Optional[int], typer.Option(
 PretrainedOpt = Annotated[bool, typer.Option(
     "--pretrained", help="Load real weights for --model (downloads them).")]
 TargetOpt = Annotated[int, typer.Option(
-    "--target-batch", min=1,
+    "--target-batch", min=1, max=MAX_BATCH,
     help="Effective batch size (samples per optimizer step, all devices).")]
 WorldOpt = Annotated[int, typer.Option(
-    "--world-size", min=1, help="Data-parallel devices of the whole job, all nodes (with "
-    "--nproc-per-node: default that many).")]
+    "--world-size", min=1, max=MAX_BATCH, help="Data-parallel devices of the whole job, all "
+    "nodes (with --nproc-per-node: default that many).")]
 DeviceOpt = Annotated[Optional[str], typer.Option(
     "--device", help="cpu, cuda or cuda:N (default: cuda when available).")]
 BudgetOpt = Annotated[Optional[str], typer.Option(
@@ -110,6 +112,13 @@ TimeoutOpt = Annotated[str, typer.Option(
                       "workload, e.g. 90s or 10m.")]
 
 
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: object = None, line: str | None = None) -> None:
+    """A warning as one line on stderr, printed as typed (not Python's two lines naming the
+    source line that warned)."""
+    err.print(Text.assemble(("warning:", "yellow"), " ", str(message)))
+
+
 class _Done:
     """What a command wrote before a signal ended it (``_exits`` says so)."""
 
@@ -121,10 +130,12 @@ def _exits() -> Iterator[_Done]:
     """Turn what ends a command into its exit code (DESIGN.md section 10): a library error's
     own (2 bad input or broken workload, 1 does not fit), 130 for Ctrl-C and 143 for SIGTERM
     (saying what was written: the exception's ``written``, else the command's ``_Done``), 3
-    for a bug of autotune's own (with its traceback)."""
+    for a bug of autotune's own (with its traceback). A warning prints as one line."""
     done = _Done()
     try:
-        yield done
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            yield done
     except AutotuneError as exc:
         # The message may quote a file's values or a workload's error: printed as typed.
         err.print(Text.assemble(("error:", "bold red"), " ", str(exc)))
@@ -328,7 +339,7 @@ def search(
     implementation, memory format and allocator on the leader, write the tuned autotune.json."""
     with _exits() as done:
         from autotune import api, errors, report
-        from autotune.search import SearchSettings
+        from autotune.search import SearchSettings, redact
 
         if not 0.0 <= rank_precision <= 1.0:
             raise errors.ConfigError(
@@ -337,7 +348,7 @@ def search(
         if fresh and storage is not None:
             raise errors.ConfigError(
                 "--fresh applies to the local study store, not to --storage "
-                f"{storage!r}: name another --study-name to start that study afresh")
+                f"{redact(storage)!r}: name another --study-name to start that study afresh")
         if micro_batches != "all" and not micro_batches.isdigit():
             raise errors.ConfigError(
                 f"--micro-batches must be a number or 'all', got {micro_batches!r}")
@@ -428,7 +439,8 @@ class KernelsChoice(str, Enum):
 
 @app.command()
 def estimate(
-    micro_batch: Annotated[int, typer.Option("--micro-batch", min=1, help="Micro-batch.")] = 8,
+    micro_batch: Annotated[int, typer.Option(
+        "--micro-batch", min=1, max=MAX_BATCH, help="Micro-batch.")] = 8,
     device_memory: Annotated[str, typer.Option(
         "--device-memory", help="The device's memory, e.g. 24GiB or 80GB.")] = "24GiB",
     precision: Annotated[PrecisionChoice, typer.Option("--precision")] = PrecisionChoice.fp32,
@@ -446,16 +458,22 @@ def estimate(
     seq_len: SeqLenOpt = None,
     headroom: HeadroomOpt = 0.1,
     target_batch: Annotated[Optional[int], typer.Option(
-        "--target-batch", min=1, help="List the (micro-batch, accumulation) pairs that fit.")
+        "--target-batch", min=1, max=MAX_BATCH,
+        help="List the (micro-batch, accumulation) pairs that fit.")
     ] = None,
     world_size: WorldOpt = 1,
-    kernels: Annotated[KernelsChoice, typer.Option(
-        "--kernels", help="Whose kernels to model: cuda (fused attention) or cpu.")
-    ] = KernelsChoice.cuda,
+    device: Annotated[Optional[str], typer.Option(
+        "--device", help="The device the estimate is for (it need not be here): cpu, cuda or "
+        "cuda:N; its kernels are modelled. Default: cuda when this machine has it, else cpu.")
+    ] = None,
+    kernels: Annotated[Optional[KernelsChoice], typer.Option(
+        "--kernels", help="Whose kernels to model: cuda (fused attention) or cpu. Default: "
+        "--device's.")] = None,
     timeout: TimeoutOpt = "10m",
     json_out: JsonOpt = False,
 ) -> None:
-    """Estimate one training step's memory without a GPU or weights, and what fits."""
+    """Estimate one training step's memory without a GPU or weights, and what fits: exit 0
+    when --micro-batch fits, 1 when it does not, 2 on bad input or a broken workload."""
     with _exits():
         from autotune import api, report
 
@@ -466,14 +484,16 @@ def estimate(
                 knobs=Knobs.checked(precision=precision.value, checkpointing=checkpointing,
                                     optimizer_impl=optimizer_impl, memory_format=memory_format,
                                     strategy=strategy),
-                headroom=headroom, target_batch=target_batch,
-                world_size=world_size, kernels=kernels.value,
-                timeout_s=_seconds(timeout, "--timeout"))
+                headroom=headroom, target_batch=target_batch, world_size=world_size,
+                kernels=kernels.value if kernels else None, device=device,
+                any_micro_batch=True, timeout_s=_seconds(timeout, "--timeout"))
         if json_out:
             print(report.to_json(result))
-            return
-        for line in report.estimate_lines(result):
-            out.print(line, highlight=False)
+        else:
+            for line in report.estimate_lines(result):
+                out.print(line, highlight=False)
+        if not result.fits():
+            raise typer.Exit(1)
 
 
 @app.command()

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from autotune.codegen_templates import FILE, HF, HF_AUTO, HF_COUNTS, SCRIPT, TINY_GPT
 from autotune.config import format_bytes
+from autotune.hf_configs import known_config
 from autotune.knobs import KNOBS, describe
 from autotune.schema import TunedConfig
 
@@ -50,17 +51,20 @@ def render_train_script(config: TunedConfig, *, script_dir: Path | None = None) 
         target_batch=_literal(config.target_batch),
         micro_batch=_literal(config.micro_batch),
         **{knob.name: _literal(getattr(config.knobs, knob.name)) for knob in KNOBS},
+        compile_dynamic=_literal(config.compile_dynamic),
         world_size=_literal(config.world_size),
         workload=workload_code,
     )
 
 
-def _literal(value: str | int) -> str:
+def _literal(value: str | int | bool | None) -> str:
     """A config value as a Python literal: the only way one enters the script's code.
 
     A string becomes its JSON form, which is also a Python string literal with the same value
     (JSON's escapes are Python's; non-ASCII is escaped, so the source is plain ASCII).
     """
+    if value is None or isinstance(value, bool):
+        return repr(value)
     if isinstance(value, str):
         return json.dumps(value)
     if isinstance(value, int) and not isinstance(value, bool):
@@ -149,7 +153,8 @@ def _reasons(config: TunedConfig) -> list[tuple[str, str]]:
     if other_precision:
         speed += f"; best other precision: {other_precision}"
     compiled = ("eager (no torch.compile)" if config.compile_mode == "off" else
-                f"torch.compile with mode {config.compile_mode}, dynamic=False")
+                f"torch.compile with mode {config.compile_mode}, "
+                + _DYNAMIC[config.compile_dynamic])
     other_mode = _best_other(config, "compile_mode")
     if other_mode:
         compiled += f"; best other mode: {other_mode}"
@@ -188,6 +193,14 @@ def _knob_reasons(config: TunedConfig) -> list[tuple[str, str]]:
     return out
 
 
+_DYNAMIC = {
+    None: "automatic dynamic shapes (compile_dynamic = None: static at the one shape measured; "
+          "a dim that changes compiles once more, dynamic)",
+    True: "dynamic shapes from the first compile (compile_dynamic = True)",
+    False: "one static graph per shape (compile_dynamic = False)",
+}
+
+
 def _best_other(config: TunedConfig, knob: str) -> str:
     mine = getattr(config.knobs, knob)
     others = [t for t in config.trials if getattr(t.knobs, knob) != mine and t.samples_per_s
@@ -214,8 +227,8 @@ _DEFAULT_SIZES = {
 
 def _workload_section(config: TunedConfig, script_dir: Path | None) -> tuple[str, str]:
     spec = config.workload
-    std = ["import argparse", "import functools", "import gc", "import inspect", "import os",
-           "import time"]
+    std = ["import argparse", "import functools", "import gc", "import inspect", "import logging",
+           "import os", "import time"]
     third = ["import torch", "import torch.distributed as dist"]
     tail = ["from torch import nn",
             "from torch.distributed.checkpoint.state_dict import (\n    StateDictOptions,\n"
@@ -230,12 +243,12 @@ def _workload_section(config: TunedConfig, script_dir: Path | None) -> tuple[str
     elif spec.kind == "hf":
         task, seq_len = _hf_task(config)
         build = ("from_pretrained(model_name)" if spec.pretrained else
-                 "from_config(hf_config)")
-        labels = ("torch.randint(0, hf_config.num_labels, (micro_batch,))"
+                 "from_config(hf_config())")
+        labels = ("torch.randint(0, hf_config().num_labels, (micro_batch,))"
                   if task == "classifier" else "ids.clone()")
         code = string.Template(HF).substitute(
             name=_literal(spec.target), seq_len=_literal(seq_len), auto=HF_AUTO[task], build=build,
-            labels=labels, count=HF_COUNTS[task])
+            labels=labels, count=HF_COUNTS[task], shipped=_shipped_config(spec.target))
         third.append("import transformers")
     else:
         path_text, _, factory = spec.target.rpartition(":")
@@ -245,6 +258,21 @@ def _workload_section(config: TunedConfig, script_dir: Path | None) -> tuple[str
         std_from.append("from pathlib import Path")
     imports = "\n".join([*std, *std_from, "", *third, *tail])
     return imports, code.strip("\n")
+
+
+def _shipped_config(name: str) -> str:
+    """``shipped_config = {...}``: the architecture autotune ships for a well-known model id
+    (``autotune.hf_configs``), so the script builds it offline as the search did; None for
+    any other model. Each value is autotune's own data (strings, numbers, lists of strings),
+    written as JSON, which is also Python for these."""
+    shipped = known_config(name)
+    if shipped is None:
+        return "shipped_config = None  # autotune ships no config of this model"
+    assert all(isinstance(v, (str, int, float, list)) and not isinstance(v, bool)
+               for v in shipped.values())
+    lines = [f"    {json.dumps(key)}: {json.dumps(value)}," for key, value in shipped.items()]
+    return "\n".join(["shipped_config = {  # its architecture, for use offline",
+                      *lines, "}"])
 
 
 def _hf_task(config: TunedConfig) -> tuple[str, int]:

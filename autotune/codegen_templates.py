@@ -94,9 +94,27 @@ model_blocks = None  # the repeated blocks to checkpoint: found by find_blocks()
 '''
 
 HF = '''
-model_name = $name
+model_name = $name  # a Hub id, or a local directory holding config.json
 seq_len = $seq_len
-hf_config = transformers.AutoConfig.from_pretrained(model_name)
+$shipped
+
+
+@functools.cache
+def hf_config():
+    """The model's config, read when first needed (so --help needs no network): from a local
+    directory, the Hub or the local HF cache (HF_HUB_OFFLINE=1: the cache only)."""
+    if shipped_config is not None and not os.path.isdir(model_name):
+        try:  # the local cache, else the copy above: no network round trips
+            return transformers.AutoConfig.from_pretrained(model_name, local_files_only=True)
+        except (OSError, ValueError):
+            return transformers.AutoConfig.for_model(**shipped_config)
+    try:
+        return transformers.AutoConfig.from_pretrained(model_name)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(
+            f"cannot load the config of {model_name!r} ({exc}). Set model_name above to a local "
+            "directory holding its config.json, or run once with network access (after that "
+            "HF_HUB_OFFLINE=1 reads it from the local HF cache)") from None
 
 
 def build_model():
@@ -105,7 +123,7 @@ def build_model():
 
 def get_batch(micro_batch):
     """Random tokens at the full sequence length: replace with your data."""
-    ids = torch.randint(0, hf_config.vocab_size, (micro_batch, seq_len))
+    ids = torch.randint(0, hf_config().vocab_size, (micro_batch, seq_len))
     labels = $labels
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
 
@@ -170,6 +188,7 @@ target_batch = $target_batch  # samples per optimizer step, all devices together
 micro_batch = $micro_batch  # samples per forward/backward on each device
 precision = $precision  # fp32, tf32, bf16 (autocast) or fp16 (autocast + GradScaler)
 compile_mode = $compile_mode  # off, default, reduce-overhead, max-autotune-no-cudagraphs, ...
+compile_dynamic = $compile_dynamic  # None: automatic dynamic shapes, True: dynamic, False: static
 checkpointing = $checkpointing  # off, blocks (every repeated block) or alternate (every second)
 optimizer_impl = $optimizer_impl  # default (as built), for-loop, foreach or fused
 memory_format = $memory_format  # contiguous, or channels_last (2-D convolutions, 4-D images)
@@ -296,6 +315,18 @@ def to_device(batch, device):
     return move(batch)
 
 
+class RecompileLimitNote(logging.Filter):
+    """Says in one line when torch.compile hits its recompile limit: that code runs eager."""
+
+    def filter(self, record):
+        if str(record.msg).startswith("torch._dynamo hit config."):
+            print("note: torch.compile hit its recompile limit: that code runs eager from now "
+                  "on, slower than tuned (its input shapes keep changing); pad batches to a few "
+                  "fixed lengths, set compile_dynamic = True above, or raise "
+                  "torch._dynamo.config.recompile_limit", flush=True)
+        return True
+
+
 # ----------------------------------------------------------------------------------------------
 
 
@@ -395,7 +426,8 @@ def main():
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.steps)
     if compile_mode != "off":  # after the DDP/FSDP wrap, as autotune measured it
         mode = None if compile_mode == "default" else compile_mode
-        model = torch.compile(model, mode=mode, dynamic=False)
+        logging.getLogger("torch._dynamo.convert_frame").addFilter(RecompileLimitNote())
+        model = torch.compile(model, mode=mode, dynamic=compile_dynamic)
     torch.manual_seed(args.seed + 1 + rank)  # a different data stream on each rank
 
     if master:

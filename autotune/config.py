@@ -10,10 +10,12 @@ import dataclasses
 import itertools
 import math
 import re
+import stat
 import statistics
 import types
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from annotated_types import Ge
@@ -60,12 +62,49 @@ class Pattern:
 
 GIB = 1024**3
 MIB = 1024**2
+
+MAX_BATCH = 2**20
+"""The most samples per optimizer step autotune tunes for (1,048,576, over all devices), and
+so the most in a micro-batch, micro-batches accumulated, or devices in a world. A larger value
+is refused where values are read (exit 2): the divisors of a target of 1e30 alone would run
+for hours in the parent, outside every limit."""
+
+
+def batch_limit_problem(name: str, value: int, what: str = "samples per optimizer step"
+                        ) -> str | None:
+    """Why ``value`` of the count ``name`` (e.g. ``--target-batch``) is over ``MAX_BATCH``, or
+    None when it is not. A number too long to print whole is given by its size."""
+    if value <= MAX_BATCH:
+        return None
+    digits = math.floor(math.log10(value)) + 1  # str() of a huge int is slow, or refused
+    digits -= value < 10 ** (digits - 1)  # log10 rounds up just below a power of ten
+    shown = str(value) if digits <= 60 else f"a number of {digits} digits"
+    return (f"{name} {shown} is over the limit of {MAX_BATCH} (2**20) {what} autotune tunes "
+            f"for; use at most {MAX_BATCH}")
+
+
 _UNITS = {
     "": 1, "b": 1,
     "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
     "t": 1000**4, "tb": 1000**4,
     "kib": 1024, "mib": MIB, "gib": GIB, "tib": 1024**4,
 }
+
+
+def not_a_file(path: Path) -> str | None:
+    """What ``path`` is when it exists but is not a regular file (``a directory``, ``a FIFO
+    (named pipe)``, ...), or None when it is a file or is missing. Reading a FIFO would wait
+    for a writer forever: such a path is refused before it is opened."""
+    try:
+        mode = path.stat().st_mode
+    except (OSError, ValueError):  # missing, unreadable, or a NUL in the name
+        return None
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"))
+    if stat.S_ISREG(mode):
+        return None
+    return next((what for test, what in kinds if test(mode)), "not a regular file")
 
 
 def parse_bytes(text: str) -> int:

@@ -75,6 +75,11 @@ class Interrupted(KeyboardInterrupt):
 MEMORY_STATUS = "oom"
 """The one child-run status that is a memory verdict."""
 
+BROKEN = ("non_finite", "timeout", "compile_error", "error", "workload_error")
+"""Statuses that no memory budget changes: at the smallest micro-batch they name a broken
+workload (exit 2), never "does not fit" (exit 1), and no setting that frees memory is tried
+(a ``crash`` under the cap can be the cap's doing: it is tried again without it)."""
+
 
 def error_for_status(status: str, message: str) -> AutotuneError:
     """The one mapping from the status of a child run that decides a command to its error,

@@ -212,6 +212,9 @@ class EstimateReport:
     traced: tuple[tuple[int, int], ...] = ()
     """(micro_batch, traced peak bytes) of every step traced, uncorrected."""
     notes: tuple[str, ...] = ()
+    any_max_micro_batch: int | None = None
+    """The largest micro-batch up to the per-device batch that fits, a divisor of it or not
+    (None: not searched)."""
 
     def fits(self) -> bool:
         """True when the asked micro-batch's estimated peak fits."""
@@ -247,6 +250,8 @@ class EstimateRequest:
     find_max: bool = True
     also_trace: tuple[int, ...] = ()
     """Micro-batches to trace besides the asked one (a calibration's second point)."""
+    any_micro_batch: bool = False
+    """With ``candidates`` and ``find_max``: also the largest micro-batch of any size."""
 
 
 ESTIMATE_NOTE = (
@@ -709,6 +714,13 @@ def estimate_report(workload: Workload, request: EstimateRequest) -> EstimateRep
     else:
         search = largest_fitting(trace, limit, request.candidates, known=known)
     best = search.max_micro_batch
+    any_max = None
+    if request.any_micro_batch and request.find_max and request.candidates is not None:
+        # Up to the per-device batch, from the boundary among its divisors: a trace or two more.
+        every = range(1, max(request.candidates) + 1)
+        start = sorted((e for e in search.estimates if e.micro_batch in every),
+                       key=lambda e: e.micro_batch != best)
+        any_max = largest_fitting(trace, limit, every, known=start).max_micro_batch
     pairs: tuple[tuple[int, int], ...] = ()
     if request.candidates is not None:
         per_device = (request.target_batch or 1) // request.world_size
@@ -732,7 +744,7 @@ def estimate_report(workload: Workload, request: EstimateRequest) -> EstimateRep
         target_batch=request.target_batch, world_size=request.world_size, pairs=pairs,
         calibration=request.calibration,
         traced=tuple((e.micro_batch, e.peak_bytes) for e in search.estimates),
-        notes=tuple(notes))
+        notes=tuple(notes), any_max_micro_batch=any_max)
 
 
 def _child(request: dict[str, Any]) -> dict[str, Any]:

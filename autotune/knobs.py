@@ -340,9 +340,16 @@ def skip_reason(knobs: Knobs, traits: WorkloadTraits | None) -> str | None:
 # Adapters: Hugging Face TrainingArguments, Accelerate, the report.
 
 
-def training_arguments(knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
+def training_arguments(knobs: Knobs, device_type: str = "cuda"
+                       ) -> tuple[dict[str, Any], list[str]]:
     """``TrainingArguments`` keywords for the knobs, and what has no mapping there.
 
+    ``optim`` is always set (Trainer's own default is ``adamw_torch_fused`` since torch 2.8):
+    ``fused`` is ``adamw_torch_fused``; every other implementation is ``adamw_torch``, whose
+    AdamW is built without implementation flags, so torch picks its loop as for an optimizer
+    built without them (``default``): foreach with every parameter on CUDA, for-loop
+    otherwise. ``foreach`` on ``device_type`` cpu and ``for-loop`` on cuda have no
+    ``TrainingArguments`` switch (``optim_args`` do not reach AdamW's ``foreach``): a note.
     ``ddp`` needs no keyword (Trainer runs DistributedDataParallel under torchrun); ``fsdp``
     and ``fsdp-no-reshard`` are ``fsdp=True`` with ``fsdp_config`` version 2 and
     ``reshard_after_forward`` (Trainer shards each layer of the model's ``_no_split_modules``,
@@ -372,13 +379,15 @@ def training_arguments(knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
             notes.append("checkpointing=alternate: this transformers' Trainer checkpoints every "
                          "block (gradient_checkpointing=True); every second one needs "
                          "cfg.apply(model)")
-    optim = {"fused": "adamw_torch_fused", "foreach": "adamw_torch",
-             "for-loop": "adamw_torch"}.get(knobs.optimizer_impl)
-    if optim is not None:
-        kwargs["optim"] = optim
-        if knobs.optimizer_impl != "fused":
-            notes.append(f"optimizer_impl={knobs.optimizer_impl}: Trainer's adamw_torch picks "
-                         "its own loop; pass optim_args or your optimizer for the exact one")
+    impl = knobs.optimizer_impl
+    kwargs["optim"] = "adamw_torch_fused" if impl == "fused" else "adamw_torch"
+    torch_picks = "foreach" if device_type == "cuda" else "for-loop"
+    if impl in ("foreach", "for-loop") and impl != torch_picks:
+        notes.append(
+            f"optimizer_impl={impl}: Trainer's optim=adamw_torch runs torch's own loop "
+            f"({torch_picks} on {device_type}) and no TrainingArguments switch makes it {impl};"
+            " pass Trainer(optimizer_cls_and_kwargs=(torch.optim.AdamW, {'lr': "
+            f"args.learning_rate, 'foreach': {impl == 'foreach'}}})) for the tuned one")
     if knobs.memory_format != "contiguous":
         notes.append("memory_format=channels_last has no TrainingArguments switch: call "
                      "cfg.apply(model) before Trainer(model=...)")

@@ -345,15 +345,16 @@ def trial_line(record: TrialRecord, stage: str = "") -> str:
 def estimate_lines(report: EstimateReport) -> list[str]:
     """The estimate as lines for people: breakdown at the peak, then what fits."""
     step = report.estimate
-    kernels = ("CUDA fused attention modelled" if step.kernels == "cuda"
-               else "CPU kernels as traced")
+    kernels = ("cuda: fused attention, an optimizer left to choose as foreach; --device cpu "
+               "for a CPU's" if step.kernels == "cuda" else
+               "cpu: what a CPU runs, as traced; --device cuda for a GPU's")
     strategy = step.knobs.strategy
     rank = (f", per rank of {step.world_size} ({strategy})" if strategy != "none" else "")
     lines = [
         f"{report.workload_name}: micro-batch {step.micro_batch}, {step.knobs.label()} traced "
         f"eager{rank} ({step.num_parameters / 1e6:.1f}M parameters; fake-tensor trace of the "
-        f"training step, 2 accumulated micro-batches + optimizer step, {kernels}, "
-        f"{step.trace_s:.1f} s)",
+        f"training step, 2 accumulated micro-batches + optimizer step, {step.trace_s:.1f} s)",
+        f"kernels modelled: {kernels}",
     ]
     grads = "grads + buckets" if strategy.startswith("ddp") else "gradients"
     rows = [("parameters", step.parameters_bytes), (grads, step.gradients_bytes),
@@ -371,9 +372,15 @@ def estimate_lines(report: EstimateReport) -> list[str]:
         f"{format_bytes(report.peak_bytes() - report.usable_bytes)})")
     lines.append(f"{budget}: micro-batch {step.micro_batch} {verdict}")
     if report.max_micro_batch:
-        kind = "candidate " if report.target_batch else ""
-        lines.append(f"largest {kind}micro-batch that fits: {report.max_micro_batch} "
-                     f"(peak {format_bytes(report.max_peak_bytes)})")
+        per_device = (report.target_batch or 0) // report.world_size
+        peak = f"peak {format_bytes(report.max_peak_bytes)}"
+        lines.append(f"largest micro-batch that fits: {report.max_micro_batch}, " + (
+            f"a divisor of the per-device batch {per_device}, {peak}" if report.target_batch
+            else f"{peak}; --target-batch lists the divisors of yours that fit"))
+        if (report.any_max_micro_batch or 0) > report.max_micro_batch:
+            lines.append(f"the largest of any size is {report.any_max_micro_batch}: not a "
+                         f"divisor of {per_device}, so no accumulation makes the target batch "
+                         "exactly")
     else:
         lines.append("no micro-batch fits, not even 1")
     if report.target_batch is not None:

@@ -81,7 +81,8 @@ def run_isolated(spec: TrialSpec) -> TrialResult:
                            device=spec.device, extra_env=extra_env, ranks=ranks,
                            preload=preloads(spec.workload))
     if ranks and run.data is not None:
-        return replace(merge_ranks(run.data["ranks"], run.message), wall_s=run.wall_s)
+        return replace(merge_ranks(run.data["ranks"], run.message,
+                                   stopped=run.data.get("stopped", ())), wall_s=run.wall_s)
     if run.status == "ok" and run.data is not None:
         return from_json_dict(TrialResult, {**run.data, "wall_s": run.wall_s})
     return TrialResult(status=run.status, message=run.message, wall_s=run.wall_s)
@@ -89,36 +90,53 @@ def run_isolated(spec: TrialSpec) -> TrialResult:
 
 _FAILURE_ORDER = ("oom", "workload_error", "non_finite", "compile_error", "unsupported",
                   "timeout", "crash", "error")
-"""Which rank's failure is the job's: a cause before its echoes (a rank that ran out of
-memory leaves its peers with a broken connection, an ``error``)."""
+"""Which rank's failure is the job's when the ranks' results do not say when each failed: a
+cause before its echoes (a rank that ran out of memory leaves its peers with a broken
+connection, an ``error``)."""
+
+_FAILED_AT = "rank_failed_at_s"
+"""The key of a failed rank's result file that says when it failed (``time.time()``, one
+node's clock): the first rank to fail is the cause, its peers' broken connections come after."""
 
 
-def merge_ranks(ranks: Sequence[dict[str, Any] | None], launcher: str = "") -> TrialResult:
+def merge_ranks(ranks: Sequence[dict[str, Any] | None], launcher: str = "",
+                stopped: Sequence[int] = ()) -> TrialResult:
     """The job's result from its ranks' results (``None``: a rank that left none).
 
-    A failure on any rank is the job's outcome, the cause first (``_FAILURE_ORDER``); a rank
-    that died without a result makes the job a ``crash`` (unless another rank names a cause
-    such as an OOM). A job where every rank ran is ``ok``: its peak is its largest rank's,
+    A failure on any rank is the job's outcome, the cause first: the rank that failed first
+    (a rank fails only once a peer it waits for is gone, so its "connection closed by peer" comes
+    after the peer's own error), or by ``_FAILURE_ORDER`` where the results do not say when;
+    a rank that died without a result makes the job a ``crash`` (unless another rank names a
+    cause such as an OOM). A job where every rank ran is ``ok``: its peak is its largest rank's,
     each timed step its slowest rank's (the ranks agree on them as they time).
 
     Args:
         ranks: each rank's result JSON, by rank.
         launcher: the end of the launcher's output (why a rank left no result).
+        stopped: ranks the launcher stopped (SIGTERM) once another had failed: an echo of
+            that failure, never its cause, even without a result of their own.
     """
     results: list[TrialResult | None] = []
+    failed_at: list[float] = []
     for data in ranks:
+        failed_at.append(float("inf"))
         if data is None:
             results.append(None)
-        elif "child_error" in data:
+            continue
+        data = dict(data)
+        if isinstance(data.get(_FAILED_AT), (int, float)):
+            failed_at[-1] = float(data.pop(_FAILED_AT))
+        if "child_error" in data:
             results.append(TrialResult(status="crash", message=str(data["child_error"])))
         else:
             results.append(from_json_dict(TrialResult, data))
     failed = [(i, r) for i, r in enumerate(results) if r is not None and not r.ok]
-    missing = [i for i, r in enumerate(results) if r is None]
+    missing = [i for i, r in enumerate(results) if r is None and i not in stopped]
     causes = [(i, r) for i, r in failed if r.status not in ("error", "crash") or not missing]
     if causes:
-        rank, worst = min(causes, key=lambda ir: (_FAILURE_ORDER.index(ir[1].status)
-                                                  if ir[1].status in _FAILURE_ORDER else 99))
+        rank, worst = min(causes, key=lambda ir: (
+            failed_at[ir[0]], _FAILURE_ORDER.index(ir[1].status)
+            if ir[1].status in _FAILURE_ORDER else 99))
         return replace(worst, message=f"rank {rank} of {len(ranks)}: {worst.message}".strip())
     if missing:
         return TrialResult(status="crash", message=(
@@ -186,7 +204,8 @@ def run_in_child(module: str, request: dict[str, Any], *, timeout_s: float,
         ranks: run the module as a job of this many ranks under torch's elastic launcher
             (the engine of ``torchrun``; 0: one plain child). Each rank writes its own result;
             they come back as ``data["ranks"]`` (None for a rank that left none) whenever
-            any rank wrote one, and the launcher's output end as ``message``.
+            any rank wrote one, with ``data["stopped"]`` (the ranks the launcher stopped
+            once another had failed), and the launcher's output end as ``message``.
         preload: modules the child imports before it measures anything, which a fork server
             may import once for every such child (``child.start``).
 
@@ -255,8 +274,12 @@ def _ranks_run(result_path: Path, ranks: int, failed: ChildRun) -> ChildRun:
         found.append(json.loads(Path(path).read_text()) if os.path.exists(path) else None)
     if not any(d is not None for d in found):
         return replace(failed, message=failed.message or "no rank wrote a result")
-    return ChildRun(status="ok", data={"ranks": found}, wall_s=failed.wall_s,
-                    message=failed.message)
+    exits_path = Path(f"{result_path}{_EXITS}")
+    exits = json.loads(exits_path.read_text()) if exits_path.exists() else {}
+    stopped = [rank for rank in range(ranks) if found[rank] is None
+               and exits.get(str(rank)) == -signal.SIGTERM]
+    return ChildRun(status="ok", data={"ranks": found, "stopped": stopped},
+                    wall_s=failed.wall_s, message=failed.message)
 
 
 def _rank_path(result_path: str, rank: int) -> str:
@@ -265,6 +288,9 @@ def _rank_path(result_path: str, rank: int) -> str:
 
 _LAUNCH = "--launch-ranks"
 _RANKS = "AUTOTUNE_RANKS"
+_EXITS = ".exits"
+"""Beside the ranks' results: how each failed rank ended (rank -> exit code), from the
+launcher (a rank it stopped with SIGTERM once another failed is no cause)."""
 
 
 def _launch(ranks: int, module: str, request_path: str, result_path: str) -> int:
@@ -286,12 +312,17 @@ def _launch(ranks: int, module: str, request_path: str, result_path: str) -> int
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    # The launcher's log folders go beside the request, in the folder the job's parent
+    # removes (left to itself, the launcher leaves a torchelastic_* folder in /tmp per job).
+    log_dir = os.path.join(os.path.dirname(os.path.abspath(result_path)), "launcher")
     args = parse_args(["--standalone", "--nnodes=1", f"--nproc-per-node={ranks}",
-                       "--max-restarts=0", "--monitor-interval=0.1", "-m", module,
-                       request_path, result_path])
+                       "--max-restarts=0", "--monitor-interval=0.1", f"--log-dir={log_dir}",
+                       "-m", module, request_path, result_path])
     try:
         run(args)
     except ChildFailedError as exc:
+        Path(f"{result_path}{_EXITS}").write_text(json.dumps(
+            {str(rank): f.exitcode for rank, f in exc.failures.items()}))
         failures = sorted(exc.failures.items(), key=lambda rf: (rf[1].exitcode == -15, rf[0]))
         print(f"{_SUMMARY}the job of {ranks} ranks failed: " + "; ".join(
             f"rank {rank} {_how(f.exitcode)}" for rank, f in failures), flush=True)
@@ -337,10 +368,13 @@ def child_main(handler: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
         text = json.dumps({"child_error": str(WorkloadError.from_exit(exc))})
     except BaseException as exc:
         text = json.dumps({"child_error": f"{type(exc).__name__}: {exc}"})
+    rank_failed = rank is not None and json.loads(text).get("status", "crash") != "ok"
+    if rank_failed:  # when: the first rank to fail is the job's cause (``merge_ranks``)
+        text = json.dumps({**json.loads(text), _FAILED_AT: time.time()})
     tmp = result_path + ".tmp"
     Path(tmp).write_text(text)
     os.replace(tmp, result_path)
-    if rank is not None and json.loads(text).get("status", "crash") != "ok":
+    if rank_failed:
         # A failed rank ends the job now: its peers may wait for it in a collective, and the
         # launcher stops them once one rank exits non-zero.
         sys.stdout.flush()

@@ -21,18 +21,20 @@ import json
 import os
 import re
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Final, Literal
 
 from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError
 
 from autotune.config import (
+    MAX_BATCH,
     STRICT_FIELDS,
     DeviceInfo,
     ProbeReport,
     TrialStatus,
     WorkloadSpec,
+    not_a_file,
     to_json_dict,
 )
 from autotune.errors import ConfigError, OutputExistsError
@@ -60,6 +62,9 @@ Float = Annotated[float, BeforeValidator(
 """A float field of the file: a JSON number, or ``"inf"`` / ``"-inf"`` / ``"nan"``."""
 Count = Annotated[int, Field(ge=0)]
 Positive = Annotated[int, Field(ge=1)]
+Batch = Annotated[int, Field(ge=1, le=MAX_BATCH)]
+"""A count of samples, micro-batches or devices: at most ``MAX_BATCH`` (the sums on it stay
+quick)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,8 +74,8 @@ class TrialRecord(HasKnobs):
     __pydantic_config__: ClassVar[dict[str, Any]] = STRICT_FIELDS
 
     number: Count
-    micro_batch: Positive
-    accumulate_steps: Positive
+    micro_batch: Batch
+    accumulate_steps: Batch
     knobs: Knobs
     """Precision, compile mode and every other knob of the candidate."""
     verdict: Verdict
@@ -243,14 +248,14 @@ class TunedConfig(HasKnobs):
     workload: WorkloadSpec
     workload_name: str
     workload_fingerprint: str
-    target_batch: Positive
+    target_batch: Batch
     """Effective batch tuned for: samples per optimizer step over all devices."""
-    requested_batch: Positive | None = None
+    requested_batch: Batch | None = None
     """What the user asked for, when --allow-inexact tuned the nearest exact batch instead."""
-    world_size: Positive
-    micro_batch: Positive
+    world_size: Batch
+    micro_batch: Batch
     """Samples per forward/backward on each device."""
-    accumulate_steps: Positive
+    accumulate_steps: Batch
     """Micro-batches per optimizer step: target_batch / (micro_batch x world_size)."""
     knobs: Knobs
     """The tuned precision, compile mode, checkpointing, optimizer implementation, memory
@@ -258,7 +263,12 @@ class TunedConfig(HasKnobs):
     nproc_per_node: Positive = 1
     """Ranks each probe and trial ran as one job (``--nproc-per-node``); ``world_size`` may
     be larger (several nodes)."""
-    compile_dynamic: bool = False
+    compile_dynamic: bool | None = None
+    """``torch.compile``'s ``dynamic`` in every delivered path (``Tuned.compile``, the
+    Accelerate plugin, ``train_autotuned.py``): None, torch's automatic dynamic shapes (the
+    trials' graphs at their one shape; a dim that changes compiles once more, dynamic: data of
+    varying length costs one recompile, not one per length); true, dynamic from the first
+    compile; false, one static graph per shape (more than ``recompile_limit`` shapes run eager)."""
     extras: dict[str, str] = field(default_factory=dict)
     memory: MemoryRecord
     device: DeviceInfo
@@ -380,8 +390,40 @@ def _umask() -> int:
 
 def save_tuned(config: TunedConfig, path: Path, *, force: bool = False) -> None:
     """Write ``autotune.json`` atomically (never a half-written file, never over another one
-    without ``force``)."""
-    write_json_atomic(path, json.dumps(to_json_dict(config), indent=2) + "\n", force=force)
+    without ``force``), a file workload's path relative to it where they travel together
+    (``stored_workload_target``)."""
+    data = to_json_dict(config)
+    if config.workload.kind == "file":
+        data["workload"]["target"] = stored_workload_target(config.workload.target,
+                                                            Path(path).absolute().parent)
+    write_json_atomic(path, json.dumps(data, indent=2) + "\n", force=force)
+
+
+def stored_workload_target(target: str, folder: Path) -> str:
+    """A ``file.py:factory`` as ``autotune.json`` in ``folder`` stores it: relative to that
+    folder when the file lies in the same tree (under the folder, or under the git checkout
+    that holds it), so the two move together (a CI checkout); absolute otherwise.
+    ``read_tuned`` resolves a relative one from the folder again."""
+    path_text, _, factory = target.rpartition(":")
+    if not Path(path_text).is_absolute():
+        return target
+    try:  # a folder above that cannot be read leaves the path as it was, never the write
+        file, folder = Path(path_text).resolve(), folder.resolve()
+        root = next((p for p in (folder, *folder.parents) if (p / ".git").exists()), folder)
+    except OSError:
+        return target
+    if not file.is_relative_to(root):
+        return target
+    return f"{Path(os.path.relpath(file, folder)).as_posix()}:{factory}"
+
+
+def _resolve_workload(config: TunedConfig, path: Path) -> TunedConfig:
+    """The config with a relative file workload's path resolved from ``path``'s folder."""
+    path_text, _, factory = config.workload.target.rpartition(":")
+    if config.workload.kind != "file" or Path(path_text).is_absolute():
+        return config
+    file = os.path.normpath(path.absolute().parent.resolve() / path_text)
+    return replace(config, workload=replace(config.workload, target=f"{file}:{factory}"))
 
 
 def json_schema() -> dict[str, Any]:
@@ -404,12 +446,16 @@ def read_tuned(path: str | Path) -> TunedConfig:
     if path.is_dir():
         raise ConfigError(f"{path} is a directory, not an autotune.json file: give the file's "
                           f"path, e.g. {path / 'autotune.json'}")
+    kind = not_a_file(path)
+    if kind is not None:
+        raise ConfigError(f"{path} is {kind}, not a regular file: give the path of an "
+                          "autotune.json file")
     if not path.is_file():
         raise ConfigError(f"{path} does not exist: run `autotune search` to create it")
     try:
         text = path.read_text(encoding="utf-8")
         data = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # ValueError: a number of over 4300 digits too
         raise ConfigError(f"{path} is not valid JSON ({exc}); re-run `autotune search`") from exc
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
@@ -433,7 +479,7 @@ def read_tuned(path: str | Path) -> TunedConfig:
             f"{path} is not a valid autotune config ({len(problems)} problem"
             f"{'s' if len(problems) != 1 else ''}): " + "; ".join(problems)
             + ". Fix these fields, or re-run `autotune search` to write a fresh file")
-    return config
+    return _resolve_workload(config, path)
 
 
 @functools.cache
@@ -521,6 +567,7 @@ def _dotted(loc: tuple[int | str, ...]) -> str:
 
 _REASONS = {
     "missing": "missing (this field is required)",
+    "less_than_equal": f"over the limit of {MAX_BATCH} (2**20) autotune tunes for",
     "unexpected_keyword_argument": "unknown field (not part of schema {version})",
     "extra_forbidden": "unknown field (not part of schema {version})",
 }
@@ -556,7 +603,8 @@ def _rules(data: dict[str, Any]) -> list[str]:
     problems = []
     batch = [_int(data, name) for name in ("micro_batch", "accumulate_steps", "world_size")]
     target = _int(data, "target_batch")
-    if None not in batch and target is not None and batch[0] * batch[1] * batch[2] != target:
+    in_range = all(n is not None and n <= MAX_BATCH for n in (*batch, target))  # else said
+    if in_range and batch[0] * batch[1] * batch[2] != target:  # type: ignore[operator]
         problems.append(
             f"micro_batch x accumulate_steps x world_size: got {batch[0]} x {batch[1]} x "
             f"{batch[2]} = {batch[0] * batch[1] * batch[2]}: must equal target_batch "

@@ -11,6 +11,7 @@ from autotune.config import (
     PRECISIONS,
     DeviceInfo,
     Knobs,
+    batch_limit_problem,
 )
 from autotune.device import backend_for
 from autotune.errors import ConfigError
@@ -30,19 +31,27 @@ def per_device_batch(target_batch: int, world_size: int) -> int:
         ConfigError: a non-positive target or world size, or a target that does not split
             evenly over the devices.
     """
-    problems = []
-    if target_batch <= 0:
-        problems.append(f"--target-batch must be a positive number of samples, got {target_batch}")
-    if world_size <= 0:
-        problems.append(f"--world-size must be at least 1, got {world_size}")
-    if problems:
-        raise ConfigError("; ".join(problems))
+    _check_counts(target_batch, world_size)
     if target_batch % world_size:
         raise ConfigError(
             f"--target-batch {target_batch} does not split evenly over --world-size {world_size}; "
             f"use a multiple of {world_size}"
         )
     return target_batch // world_size
+
+
+def _check_counts(target_batch: int, world_size: int) -> None:
+    """Raises ConfigError when the target or the world is not positive, or over ``MAX_BATCH``
+    (its divisors, and every other sum on it, then stay quick)."""
+    problems = []
+    if target_batch <= 0:
+        problems.append(f"--target-batch must be a positive number of samples, got {target_batch}")
+    if world_size <= 0:
+        problems.append(f"--world-size must be at least 1, got {world_size}")
+    problems += filter(None, (batch_limit_problem("--target-batch", target_batch),
+                              batch_limit_problem("--world-size", world_size, "devices")))
+    if problems:
+        raise ConfigError("; ".join(problems))
 
 
 def exact_target(target_batch: int, world_size: int, allow_inexact: bool = False) -> int:
@@ -53,7 +62,8 @@ def exact_target(target_batch: int, world_size: int, allow_inexact: bool = False
         ConfigError: bad numbers, or an uneven split without ``allow_inexact`` (the message
             names the nearest exact targets).
     """
-    if target_batch > 0 and world_size > 0 and target_batch % world_size:
+    _check_counts(target_batch, world_size)
+    if target_batch % world_size:
         below = target_batch // world_size * world_size
         above = below + world_size
         if not allow_inexact:
@@ -62,8 +72,9 @@ def exact_target(target_batch: int, world_size: int, allow_inexact: bool = False
                 f"--target-batch {target_batch} does not split evenly over --world-size "
                 f"{world_size}: exact targets nearby are {nearby}; "
                 "use one, or pass --allow-inexact to tune the nearest and report the deviation")
-        return below if below and target_batch - below <= above - target_batch else above
-    per_device_batch(target_batch, world_size)
+        exact = below if below and target_batch - below <= above - target_batch else above
+        _check_counts(exact, world_size)
+        return exact
     return target_batch
 
 

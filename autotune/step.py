@@ -51,13 +51,21 @@ def set_matmul_precision(precision: str) -> None:
     torch.backends.cudnn.allow_tf32 = allow
 
 
-def compile_model(model: nn.Module, compile_mode: str) -> nn.Module:
-    """``torch.compile`` with the mode (``dynamic=False``: one shape per trial), or the model."""
+def compile_model(model: nn.Module, compile_mode: str, dynamic: bool | None = None
+                  ) -> nn.Module:
+    """``torch.compile`` with the mode, or the model (``off``).
+
+    ``dynamic`` (``TunedConfig.compile_dynamic``): None is torch's automatic dynamic shapes,
+    in trials and delivered paths alike. Its first compile is static (dynamo assumes every
+    dim static until one changes), so a trial's fixed shape gets the graphs ``dynamic=False``
+    gives; a dim that changes later compiles once more, dynamic, where ``dynamic=False``
+    would compile once per shape and, past ``recompile_limit`` shapes, run eager.
+    """
     if compile_mode == "off":
         return model
 
     return torch.compile(model, mode=None if compile_mode == "default" else compile_mode,
-                         dynamic=False)
+                         dynamic=dynamic)
 
 
 def find_blocks(model: nn.Module) -> list[nn.Module]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -135,11 +136,17 @@ class Tuned:
         return step.apply_to_batch(batch, self.knobs)
 
     def compile(self, model: nn.Module) -> nn.Module:
-        """``torch.compile(model, mode=..., dynamic=False)``, or the model when ``off``.
+        """``torch.compile(model, mode=..., dynamic=config.compile_dynamic)``, or the model when
+        ``off``. ``compile_dynamic`` None (the default) is torch's automatic dynamic shapes:
+        batches of varying length cost one more compile, not one per length. Should torch
+        still hit its recompile limit (that code then runs eager), a warning says so in one
+        line, with what to do.
 
         Save ``compiled._orig_mod.state_dict()`` (or the model you passed) for clean keys.
         """
-        return step.compile_model(model, self.compile_mode)
+        if self.compile_mode != "off":
+            watch_recompile_limit()
+        return step.compile_model(model, self.compile_mode, self.config.compile_dynamic)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The autocast context for the forward pass (a no-op for fp32 and tf32)."""
@@ -174,15 +181,22 @@ class Tuned:
     def training_arguments(self) -> dict[str, Any]:
         """Keyword arguments for ``transformers.TrainingArguments``: micro-batch,
         accumulation, precision, compile mode, gradient checkpointing, the optimizer
-        (``adamw_torch_fused`` for ``fused``) and FSDP2 (``fsdp``/``fsdp_config``) for an fsdp
-        strategy. What Trainer has no switch for (sparser checkpointing, the memory format, the
-        allocator, DDP's bucket view, FSDP's fp32 reduction under autocast) is said in one
-        warning, with what to do instead.
+        (``optim``: ``adamw_torch_fused`` for ``fused``, else ``adamw_torch``, whose loop torch
+        picks as for an optimizer built without flags) and FSDP2 (``fsdp``/``fsdp_config``)
+        for an fsdp strategy. What Trainer has no switch for (sparser checkpointing, a
+        foreach/for-loop optimizer torch would not pick on this device, the memory format,
+        the allocator, DDP's bucket view, FSDP's fp32 reduction under autocast, a pinned
+        ``compile_dynamic``) is said in one warning, with what to do instead.
 
         Example:
             >>> TrainingArguments(output_dir="out", **cfg.training_arguments())
         """
-        kwargs, notes = knobs.training_arguments(self.knobs)
+        kwargs, notes = knobs.training_arguments(self.knobs, self.device_type)
+        if self.compile_mode != "off" and self.config.compile_dynamic is not None:
+            value = str(self.config.compile_dynamic).lower()
+            notes.append(f"compile_dynamic={value}: Trainer compiles with torch's automatic "
+                         f"dynamic shapes; set ACCELERATE_DYNAMO_USE_DYNAMIC={value} in the "
+                         "environment before Trainer(...)")
         _warn(notes + knobs.accumulation_note(self.knobs, self.accumulate_steps, "Trainer"),
               "TrainingArguments")
         return {"per_device_train_batch_size": self.micro_batch,
@@ -206,17 +220,18 @@ class Tuned:
         if self.compile_mode == "off":
             return kwargs
         mode = None if self.compile_mode == "default" else self.compile_mode
-        plugin = _dynamo_plugin(mode)
+        watch_recompile_limit()
+        plugin = _dynamo_plugin(mode, self.config.compile_dynamic)
         if plugin is not None:
             kwargs["dynamo_plugin"] = plugin
         else:
             kwargs["dynamo_backend"] = "inductor"
-            if mode is not None:
+            if mode is not None or self.config.compile_dynamic is not None:
                 warnings.warn(
-                    f"the installed accelerate cannot take torch.compile mode {mode!r} "
-                    "(no TorchDynamoPlugin / Accelerator(dynamo_plugin=...)): compiling with "
-                    "inductor's default mode; upgrade accelerate to keep the tuned mode",
-                    stacklevel=2)
+                    f"the installed accelerate cannot take torch.compile mode {mode!r} and "
+                    f"dynamic={self.config.compile_dynamic} (no TorchDynamoPlugin / "
+                    "Accelerator(dynamo_plugin=...)): compiling with inductor's defaults; "
+                    "upgrade accelerate to keep the tuned ones", stacklevel=2)
         return kwargs
 
 
@@ -227,8 +242,9 @@ def _warn(notes: list[str], target: str) -> None:
                       stacklevel=3)
 
 
-def _dynamo_plugin(mode: str | None) -> Any:
-    """A ``TorchDynamoPlugin`` for the mode, or None when accelerate cannot take one."""
+def _dynamo_plugin(mode: str | None, dynamic: bool | None) -> Any:
+    """A ``TorchDynamoPlugin`` for the mode and ``compile_dynamic``, or None when accelerate
+    cannot take one."""
     try:
         from accelerate import Accelerator
         from accelerate.utils import TorchDynamoPlugin
@@ -236,4 +252,43 @@ def _dynamo_plugin(mode: str | None) -> Any:
         return None
     if "dynamo_plugin" not in inspect.signature(Accelerator).parameters:
         return None
-    return TorchDynamoPlugin(backend="inductor", mode=mode, dynamic=False)
+    return TorchDynamoPlugin(backend="inductor", mode=mode, dynamic=dynamic)
+
+
+class _RecompileLimitNote(logging.Filter):
+    """Turns torch's "hit config.recompile_limit" log record into one warning that says what
+    it costs and what to do (the record itself passes on unchanged)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not (isinstance(record.msg, str)
+                and record.msg.startswith("torch._dynamo hit config.")):
+            return True
+        try:
+            lines = record.getMessage().splitlines()
+        except (TypeError, ValueError):  # arguments of another shape: say it without them
+            lines = [record.msg]
+        limit = lines[0].removeprefix("torch._dynamo hit config.")
+        where = next((ln.strip().removeprefix("function: ") for ln in lines
+                      if ln.strip().startswith("function:")), "a compiled function")
+        warnings.warn(
+            f"torch.compile hit its {limit} in {where}: that code runs eager from now on, "
+            "slower than tuned (its input shapes keep changing); pad batches to a few fixed "
+            'lengths, or set "compile_dynamic": true in autotune.json (dynamic from the first '
+            "compile), or raise torch._dynamo.config.recompile_limit", RecompileLimitWarning,
+            stacklevel=2)
+        return True
+
+
+class RecompileLimitWarning(UserWarning):
+    """torch.compile hit its recompile limit in a delivered path: part of the model runs eager."""
+
+
+_NOTE = _RecompileLimitNote()
+
+
+def watch_recompile_limit() -> None:
+    """Warn in one line when torch.compile hits its recompile limit in this process (once
+    installed, for every compiled model: ``Tuned.compile`` and the Accelerate plugin)."""
+    logger = logging.getLogger("torch._dynamo.convert_frame")
+    if _NOTE not in logger.filters:
+        logger.addFilter(_NOTE)

@@ -7,6 +7,7 @@ A workload holds code, so it never crosses a process boundary: a ``WorkloadSpec`
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
 import sys
 import sysconfig
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from autotune.config import WorkloadSpec
+from autotune.config import WorkloadSpec, not_a_file
 from autotune.errors import ConfigError, WorkloadError
 
 Batch = Any  # a tensor, a tuple/list of tensors, or a dict of tensors
@@ -66,16 +67,29 @@ class Workload:
         if self.loss is not None:
             return self.loss(model, batch)
         if isinstance(batch, dict):
-            out = model(**batch)
+            args, kwargs, call = (), batch, "model(**batch)"
         elif isinstance(batch, (tuple, list)):
-            out = model(*batch)
+            args, kwargs, call = tuple(batch), {}, "model(*batch)"
         else:
-            out = model(batch)
+            args, kwargs, call = (batch,), {}, "model(batch)"
+        try:
+            out = model(*args, **kwargs)
+        except TypeError as exc:
+            inner = _unwrapped(model)
+            if not _refuses(inner, args, kwargs):
+                raise  # a TypeError inside the model's own code: the model's to fix
+            raise WorkloadError(
+                f"workload {self.name!r}: the default loss calls {call}, and "
+                f"{type(inner).__name__}.forward does not take that batch ({exc}); pass "
+                "loss=lambda model, batch: ... (e.g. loss=lambda model, batch: "
+                "torch.nn.functional.mse_loss(model(batch[0]), batch[1])) to autotune.Workload"
+            ) from exc
         loss = getattr(out, "loss", None)
         if loss is None:
             raise WorkloadError(
-                f"workload {self.name!r}: the model output ({type(out).__name__}) has no .loss; "
-                "pass loss=lambda model, batch: ... to autotune.Workload"
+                f"workload {self.name!r}: the default loss is {call}.loss, and the model "
+                f"returned {type(out).__name__}, which has no .loss; pass loss=lambda model, "
+                "batch: ... to autotune.Workload"
             )
         return loss
 
@@ -84,6 +98,25 @@ class Workload:
         if self.build_optimizer is not None:
             return self.build_optimizer(params)
         return torch.optim.AdamW(params, lr=1e-4)
+
+
+def _unwrapped(model: nn.Module) -> nn.Module:
+    """The user's model under a compile or DDP wrapper (whose forward takes anything)."""
+    model = getattr(model, "_orig_mod", model)
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model = model.module
+    return getattr(model, "_orig_mod", model)
+
+
+def _refuses(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether the model's forward cannot take these arguments (its signature refuses them)."""
+    try:
+        inspect.signature(model.forward).bind(*args, **kwargs)
+    except TypeError:
+        return True
+    except ValueError:  # no signature to read (a builtin)
+        return False
+    return False
 
 
 def check_batch(batch: Batch, micro_batch: int, name: str) -> None:
@@ -193,6 +226,11 @@ def split_factory(target: str) -> tuple[Path, str]:
         raise ConfigError(
             f"workload file {path_text!r} is a directory, not a Python file (from --workload "
             f"{target!r}): name the .py file that defines {name}, e.g. {path_text}/model.py")
+    kind = not_a_file(path)
+    if kind is not None:
+        raise ConfigError(
+            f"workload file {path_text!r} is {kind}, not a regular file (from --workload "
+            f"{target!r}): name the .py file that defines {name}")
     if not path.is_file():
         raise ConfigError(
             f"workload file {path_text!r} does not exist (from --workload {target!r})")

@@ -4,7 +4,8 @@ compiled with torch.compile's defaults, one optimizer step per micro-batch given
 
 Whether one child measuring several micro-batches of a compiled class would spare compiles
 (issue 18). torch.compile's default (``dynamic=None``) compiles a second shape with dynamic
-shapes; the search compiles each micro-batch ``dynamic=False``.
+shapes; the search compiles each micro-batch in a child of its own (the same default: its one
+shape compiles static).
 Run: ``python benchmarks/compile_reuse.py 8 16 8`` (about 2.5 minutes on 2 CPUs).
 """
 

@@ -106,7 +106,7 @@ def test_header_gives_command_and_measured_reasons() -> None:
                      "compiling took 12.3 s", "paid back after 456 optimizer steps"):
         assert expected in " ".join(header.replace("#", " ").split()), expected
     assert 'precision = "bf16"' in text and 'compile_mode = "default"' in text
-    assert "torch.compile(model, mode=mode, dynamic=False)" in text
+    assert "torch.compile(model, mode=mode, dynamic=compile_dynamic)" in text
     assert 'getattr(model, "_orig_mod", model)' in text and "inner.no_sync()" in text
 
 
@@ -150,6 +150,21 @@ def test_what_stopped_the_search_early_is_said() -> None:
     assert "stopped early (--max-trials reached (60 child runs))" in limit  # not "interrupted"
     assert "interrupted" not in limit
     assert "stopped early" not in header()
+
+
+@pytest.mark.parametrize("dynamic", [None, True, False])
+def test_compile_dynamic_is_a_literal_the_compile_call_reads(dynamic: bool | None) -> None:
+    """``TunedConfig.compile_dynamic`` (None: torch's automatic dynamic shapes) is what the
+    script compiles with, as ``Tuned.compile`` and the Accelerate plugin do
+    (test_compile_shapes), and the header says which."""
+    text = render_train_script(replace(make_tuned(), compile_dynamic=dynamic))
+    tree = ast.parse(text)
+    assigned = {node.targets[0].id: node.value for node in tree.body
+                if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)}
+    assert ast.literal_eval(assigned["compile_dynamic"]) is dynamic
+    assert "torch.compile(model, mode=mode, dynamic=compile_dynamic)" in text
+    header = " ".join(text.split("target_batch = 64")[0].replace("#", " ").split())
+    assert f"(compile_dynamic = {dynamic}" in header
 
 
 def test_header_lists_every_knob_with_value_and_measurement() -> None:
@@ -212,6 +227,50 @@ def test_hf_script_builds_the_workload_task() -> None:
     assert "AutoModelForMaskedLM.from_pretrained(model_name)" in text
     assert 'model_name = "bert"' in text and "seq_len = 128" in text
     assert '(batch["labels"] != -100).sum()' in text
+
+
+@pytest.mark.subprocess
+def test_an_hf_script_parses_help_and_trains_offline(tmp_path: Path) -> None:
+    """With no network (HF_HUB_OFFLINE=1, an empty HF cache) the script of a --model search
+    answers --help, trains from a local config directory, and for a model it cannot find says
+    what to do: the model's config is read when the model is built, never at import."""
+    transformers = pytest.importorskip("transformers")
+    model_dir = tmp_path / "tiny-gpt2"
+    transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=32,
+                            n_positions=16).save_pretrained(model_dir)
+    env = {**subprocess_env(), "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-home")}
+
+    def run(target: str, *args: str) -> subprocess.CompletedProcess[str]:
+        config = make_tuned(workload=WorkloadSpec(kind="hf", target=target, seq_len=8),
+                            workload_name=f"{target} (causal-lm, seq 8)", micro_batch=2,
+                            accumulate_steps=1, target_batch=2)
+        script = tmp_path / SCRIPT_NAME
+        script.write_text(render_train_script(config, script_dir=tmp_path))
+        return subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    shown = run("someone/not-cached", "--help")
+    assert shown.returncode == 0 and "--steps" in shown.stdout, shown.stderr
+    missing = run("someone/not-cached", "--steps", "1", "--device", "cpu")
+    assert missing.returncode != 0
+    assert "cannot load the config of 'someone/not-cached'" in missing.stderr, missing.stderr
+    assert "a local directory holding its config.json" in missing.stderr
+    trained = run(str(model_dir), "--steps", "1", "--device", "cpu")
+    assert trained.returncode == 0, trained.stderr
+    assert "step 1/1" in trained.stdout and (tmp_path / "checkpoint.pt").exists()
+
+
+def test_an_hf_script_of_a_shipped_model_builds_its_config_offline(tmp_path: Path) -> None:
+    """``--model gpt2`` searches offline from the config autotune ships: the script holds the
+    same architecture, used when the HF cache does not have the model."""
+    script = script_for(make_tuned(workload=WorkloadSpec(kind="hf", target="gpt2", seq_len=16),
+                                   workload_name="gpt2 (causal-lm, seq 16)"), tmp_path)
+    assert script.shipped_config["n_layer"] == 12 and script.shipped_config["n_embd"] == 768
+    config = script.hf_config()
+    assert (config.model_type, config.n_layer, config.vocab_size) == ("gpt2", 12, 50257)
+    assert script_for(make_tuned(workload=WorkloadSpec(kind="hf", target="my/model"),
+                                 workload_name="my/model (causal-lm, seq 8)"),
+                      tmp_path).shipped_config is None
 
 
 def test_file_workload_path_is_relative_beside_the_script(tmp_path: Path) -> None:
@@ -796,9 +855,15 @@ def test_relative_workload_is_stored_absolute(tmp_path: Path,
     workload.unlink()
     gone = runner.invoke(app, ["codegen", str(config), "--out", "out2"])
     assert gone.exit_code == 2
-    assert (f"the workload file '{workload.resolve()}' named in {config} does not exist here: "
-            "pass it with `autotune codegen --workload path/to/file.py:factory`") in " ".join(
-                gone.output.split())
+    assert (f"workload.target in {config} names the workload file {workload.resolve()}, which "
+            "is not here (a relative path there counts from the folder of the autotune.json): "
+            "pass --workload path/to/file.py:factory") in " ".join(gone.output.split())
+
+    os.mkfifo(workload)  # never opened: reading it would wait for a writer forever
+    fifo = runner.invoke(app, ["codegen", str(config), "--out", "out2"])
+    assert fifo.exit_code == 2
+    assert (f"names the workload file {workload.resolve()}, which is a FIFO (named pipe), not a "
+            "regular file") in " ".join(fifo.output.split())
     assert not (tmp_path / "elsewhere" / "out2").exists()
 
 
@@ -807,6 +872,20 @@ def test_directory_as_workload_file_is_said(tmp_path: Path) -> None:
         api.workload_spec(workload=f"{tmp_path}:workload")
     assert str(info.value).startswith(
         f"workload file '{tmp_path}' is a directory, not a Python file (from --workload")
+
+
+def test_a_fifo_as_workload_file_is_said_never_opened(tmp_path: Path) -> None:
+    """A FIFO named model.py once read "does not exist"; opened, it would wait forever."""
+    fifo = tmp_path / "model.py"
+    os.mkfifo(fifo)
+    expected = (f"workload file '{fifo}' is a FIFO (named pipe), not a regular file (from "
+                f"--workload '{fifo}:workload'): name the .py file that defines workload")
+    with pytest.raises(ConfigError) as info:
+        api.workload_spec(workload=f"{fifo}:workload")
+    assert str(info.value) == expected
+    result = CliRunner().invoke(app, ["probe", "--workload", f"{fifo}:workload",
+                                      "--target-batch", "1", "--device", "cpu"])
+    assert result.exit_code == 2 and expected in " ".join(result.output.split()), result.output
 
 
 @pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])

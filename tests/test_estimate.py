@@ -155,13 +155,13 @@ def test_check_exit_codes(tmp_path):
     assert "largest that fits: micro-batch 8 with accumulate_steps 4" in over.output
 
     cal = {"fp32/off": {"measured_peak_bytes": 300 * MIB, "estimate_bytes": 100 * MIB,
-                        "micro_batch": 8}}
+                        "micro_batch": 16}}  # at the config's 8 it would be its measured peak
     corrected = runner.invoke(app, ["check", str(tuned_json(tmp_path, calibration=cal))])
     assert corrected.exit_code == 0, corrected.output
     # The 200 MiB the search measured beyond the estimate are added to the traced peak.
     raw = float(fits.output.split("peak ")[1].split(" MiB")[0])
     assert "estimate corrected by fp32/off's measurement: +200.00 MiB measured beyond the " \
-        "estimate at micro-batch 8, per-sample growth x1.00" in _words(corrected.output)
+        "estimate at micro-batch 16, per-sample growth x1.00" in _words(corrected.output)
     assert float(corrected.output.split("peak ")[1].split(" MiB")[0]) == pytest.approx(
         raw + 200, abs=0.02)
 
@@ -208,7 +208,8 @@ def test_check_measures_a_real_step_when_the_trace_cannot_follow_it(tmp_path):
 
     measured = runner.invoke(app, ["check", str(path)])  # a CPU config: the CPU is the device
     assert measured.exit_code == 0, measured.output
-    assert "measured on the device (fp32/off), since" in measured.output
+    assert "(fp32/off): peak" in measured.output
+    assert "measured on the device, since" in measured.output
     assert "cannot be traced under fake tensors" in measured.output
 
     forbidden = runner.invoke(app, ["check", str(path), "--estimate"])
@@ -488,7 +489,8 @@ def test_check_measures_a_checkpointed_config_as_checkpointed(tmp_path):
     checkpointed = api.check(tuned_json(tmp_path, knobs=ckpt), measure=True)
     assert plain.method == checkpointed.method == "measure"
     assert checkpointed.peak_bytes < plain.peak_bytes - 8 * MIB
-    assert "measured on the device (fp32/off+ckpt=blocks)" in checkpointed.message
+    assert "(fp32/off+ckpt=blocks): peak" in checkpointed.message
+    assert "measured on the device;" in checkpointed.message
 
 
 def test_assert_fits_with_knobs():

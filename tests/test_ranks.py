@@ -86,6 +86,24 @@ def test_the_cause_wins_over_its_echoes() -> None:
     assert job.message.startswith("rank 1 of 2: can't allocate memory")
 
 
+def test_the_first_rank_to_fail_is_the_cause() -> None:
+    """Both ranks raised (an ``error``): the one that failed first is the cause, its peer's
+    broken connection the echo, whatever their order."""
+    echo = {"status": "error", "message": "RuntimeError: [pair.cc:553] Connection closed by peer",
+            "rank_failed_at_s": 1002.5}
+    cause = {"status": "error", "message": "ValueError: the user's bug",
+             "rank_failed_at_s": 1002.0}
+    for ranks, rank in (([echo, cause], 1), ([cause, echo], 0)):
+        job = merge_ranks(ranks)
+        assert job.status == "error"
+        assert job.message == f"rank {rank} of 2: ValueError: the user's bug"
+    # A peer the launcher stopped (SIGTERM) before it failed on its own left no result: an
+    # echo too, where a rank that died of itself would be the cause.
+    assert merge_ranks([None, cause], stopped=[0]).message == (
+        "rank 1 of 2: ValueError: the user's bug")
+    assert merge_ranks([None, cause]).status == "crash"
+
+
 def test_a_rank_without_a_result_is_a_crash_unless_another_names_the_cause() -> None:
     echo = {"status": "error", "message": "RuntimeError: Connection closed by peer"}
     crash = merge_ranks([echo, None], "launcher exited with code 1")
@@ -176,8 +194,22 @@ def test_a_job_of_two_ranks_trains_and_reports_each_rank(strategy: str) -> None:
 
 
 @pytest.mark.subprocess
-@pytest.mark.slow
-def test_fsdp_shards_the_training_state_that_ddp_replicates() -> None:
+def test_a_job_of_ranks_leaves_nothing_in_the_temporary_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher's log folders (``torchelastic_*``) and the job's files go with the job
+    (inductor's cache folder stays: every child shares it, warm, by design)."""
+    import tempfile
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))  # the launcher's and the ranks' (a server of theirs)
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # this process's, read once
+    result = run_isolated(_spec("tiny", "ddp", micro_batch=1, num_timed_steps=1))
+    assert result.status == "ok", result.message
+    assert sorted(p.name for p in temp.iterdir() if not p.name.startswith("torchinductor_")) == []
+
+
+
     """state_heavy: 16 MiB of parameters, 64 MiB with gradients and AdamW's moments; FSDP2 on
     2 ranks holds half of that per rank, DDP all of it plus its gradient buckets."""
     ddp = run_isolated(_spec("state_heavy", "ddp", micro_batch=1, num_timed_steps=1))
@@ -193,6 +225,8 @@ def test_fsdp_shards_the_training_state_that_ddp_replicates() -> None:
     # slow: a rank's OOM named as the job's cause runs everyday in test_the_cause_wins_over_its_
     # echoes, a fault that leaves no rank behind in the case above
     pytest.param("rank_oom", "oom", "rank 1 of 2: RuntimeError", marks=pytest.mark.slow),
+    ("rank_raises", "error", "rank 1 of 2: ValueError: rank one's loss failed"),
+    ("rank_raises_peer_busy", "error", "rank 1 of 2: ValueError: rank one's loss failed"),
 ])
 def test_a_fault_on_one_rank_ends_the_job_and_no_rank_is_left(workload: str, status: str,
                                                              cause: str, job_token: str) -> None:

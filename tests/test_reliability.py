@@ -99,6 +99,35 @@ def test_a_faulty_workload_gets_its_exit_code_and_is_named(
     assert not (tmp_path / "autotune.json").exists()
 
 
+@pytest.mark.parametrize(("name", "extra", "cause"), [
+    ("deep_nan", [], "its loss is not finite [non_finite]"),
+    ("deep_hang", ["--trial-timeout", "6s"], "it hung (no result in time) [timeout]"),
+])
+def test_a_baseline_broken_at_micro_batch_1_ends_the_search_at_once(
+        name: str, extra: list[str], cause: str, tmp_path: Path) -> None:
+    """Broken at the smallest micro-batch, the workload is broken under every knob: no setting
+    that frees memory is tried (each would cost a child run, a hang a whole timeout), and the
+    limits that would end those tries are not blamed."""
+    result, text = _run(*SEARCH, "--workload", workload_target(name), *extra,
+                        "--max-trials", "2", "--out", str(tmp_path))
+    assert result.exit_code == 2, text
+    assert "the workload is broken, not too big: at micro-batch 1 (fp32/off)" in text, text
+    assert cause in text, text
+    assert "ckpt=" not in text and "--max-trials" not in text, text
+    assert not (tmp_path / "autotune.json").exists()
+
+
+def test_probe_stops_at_a_baseline_broken_at_micro_batch_1() -> None:
+    """fp32 eager broken at micro-batch 1: the other settings are not probed (each would
+    cost a child run, a hang a whole timeout); the exit says why."""
+    result, text = _run("probe", "--target-batch", "1", "--device", "cpu", "--precisions",
+                        "fp32,bf16", "--compile-modes", "off", "--memory-budget", "2GiB",
+                        "--workload", workload_target("deep_nan"))
+    assert result.exit_code == 2, text
+    assert "the workload is broken, not too big: at micro-batch 1 (fp32/off)" in text, text
+    assert "bf16/off" not in text, text
+
+
 def test_a_module_that_exits_at_import_is_a_broken_workload() -> None:
     result, text = _run(*PROBE, "--workload", f"{ROOT / 'tests' / 'workloads_exit.py'}:workload")
     assert result.exit_code == 2, text
@@ -205,7 +234,8 @@ def test_resume_refuses_runs_of_an_edited_model_or_another_budget(tmp_path: Path
     assert first.exit_code == 0, text
     budget, text = _run(*base, "--memory-budget", "1GiB", "--out", str(tmp_path / "b"))
     assert budget.exit_code == 2, text
-    assert "refusing to mix results" in text and "budget_bytes" in text
+    assert "refusing to mix results" in text
+    assert "the memory budget moved from 2,048 MiB to 1,024 MiB (more than 5%)" in text
     model.write_text(model.read_text().replace("HIDDEN = 4096", "HIDDEN = 2048"))
     edited, text = _run(*base, "--memory-budget", "2GiB", "--out", str(tmp_path / "c"))
     assert edited.exit_code == 2, text

@@ -277,6 +277,43 @@ def test_directory_is_said(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(fields=st.lists(st.sampled_from(["target_batch", "micro_batch", "accumulate_steps",
+                                        "world_size", "requested_batch"]), min_size=1,
+                       unique=True),
+       digits=st.integers(8, 6000))
+def test_a_huge_count_in_the_file_is_refused_with_the_limit(tmp_path: Path, fields: list[str],
+                                                            digits: int) -> None:
+    """A count of 1e30 (or of 6000 digits, past what Python's int() reads) is refused on read,
+    naming the field and the limit: ``check`` on it once hung in the parent."""
+    data = _json(make_tuned())
+    number = "1" + "0" * (digits - 1)
+    path = tmp_path / "autotune.json"
+    text = json.dumps({**data, **{f: 424242 for f in fields}})
+    path.write_text(text.replace("424242", number))
+    result = runner.invoke(app, ["check", str(path)])
+    assert result.exit_code == 2, result.output
+    output = _words(result.output)
+    if digits <= 4300:
+        for field in fields:
+            assert f"{field}: got {number[:20]}" in output, output
+        assert "over the limit of 1048576" in output
+    else:
+        assert "is not valid JSON (Exceeds the limit (4300 digits)" in output, output
+
+
+def test_a_fifo_is_said_never_opened(tmp_path: Path) -> None:
+    fifo = tmp_path / "autotune.json"
+    os.mkfifo(fifo)
+    expected = f"{fifo} is a FIFO (named pipe), not a regular file: give the path of an"
+    with pytest.raises(ConfigError, match="FIFO"):
+        api.load(fifo)
+    for command in (["check", str(fifo)], ["report", str(fifo)]):
+        result = runner.invoke(app, command)
+        assert result.exit_code == 2 and expected in _words(result.output), result.output
+
+
 def test_cli_rejects_with_exit_2_and_no_traceback(tmp_path: Path) -> None:
     """The "eight" case gave a traceback and exit 1 in check."""
     data = _json(make_tuned())
@@ -313,7 +350,8 @@ def test_schema_command_prints_the_json_schema() -> None:
     props = schema["properties"]
     assert {"micro_batch", "target_batch", "knobs", "workload", "trials"} <= set(props)
     assert "precision" not in props
-    assert props["micro_batch"] == {"minimum": 1, "title": "Micro Batch", "type": "integer"}
+    assert props["micro_batch"] == {"minimum": 1, "maximum": 2**20, "title": "Micro Batch",
+                                    "type": "integer"}
     knobs = schema["$defs"]["Knobs"]["properties"]
     assert knobs["precision"]["enum"] == ["fp32", "tf32", "bf16", "fp16"]
     assert knobs["checkpointing"] == {"default": "off", "enum": ["off", "blocks", "alternate"],

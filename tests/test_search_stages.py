@@ -1897,6 +1897,24 @@ def test_ctrl_c_during_the_interleaved_rounds_keeps_the_best_so_far_and_no_parti
         "bf16/default 32x2 won at 300.0 samples/s")
 
 
+def test_a_fast_run_over_the_usable_budget_stops_no_contender_behind_it() -> None:
+    """bf16/default at 32 runs 600 samples/s but peaks over the usable 900 MiB (under the
+    1000 MiB cap: it ran): it cannot be picked, so it must not set the bar that stops later
+    runs "behind". bf16/max-autotune (390, fits) is timed after it and wins; measured against
+    the over-budget run it was stopped as slower and bf16/off (380) was picked
+    (benchmarks/replay.py, slow_cnn-xeon seed 3: pick quality 0.55)."""
+    device = ScriptedDevice(
+        by_class(100, 150, 160, 380, 600, 390),
+        shapes={"bf16/default": lambda m: 1.0 if m == 32 else 0.3},
+        peaks={"bf16/default": lambda m: 950 if m == 32 else 100 + 20 * m})
+    outcome, records = search(device)
+    assert records["bf16/default/32"].verdict == "over_budget"
+    assert records["bf16/max-autotune/32"].verdict == "ok"  # not "slower": timed in full
+    winner = pick_winner_record(outcome)
+    assert winner is not None and (winner.knobs.label(), winner.micro_batch) == (
+        "bf16/max-autotune", 32)
+
+
 # A search stopped by a limit says what it never reached (issue 45 item 7).
 
 

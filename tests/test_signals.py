@@ -247,3 +247,26 @@ def test_a_config_the_disk_cannot_take_leaves_nothing(tmp_path: Path) -> None:
     assert code == 2, said
     assert list(tmp_path.iterdir()) == []
     assert "Nothing written" in said
+
+
+def test_a_warning_prints_as_one_line_as_typed() -> None:
+    """The store's and the page's warnings reach the terminal as one line each."""
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    @app.command("warn-test-only", hidden=True)
+    def warn() -> None:
+        from autotune.cli import _exits
+
+        with _exits():
+            import warnings
+
+            warnings.warn("study store: [/] not used: its disk is full", stacklevel=1)
+
+    try:
+        result = CliRunner().invoke(app, ["warn-test-only"])
+    finally:
+        app.registered_commands.pop()
+    assert result.exit_code == 0
+    assert result.stderr == "warning: study store: [/] not used: its disk is full\n"

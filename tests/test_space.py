@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
+import json
 
-from autotune.config import GIB, DeviceInfo, Knobs
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autotune.config import GIB, MAX_BATCH, DeviceInfo, Knobs
 from autotune.errors import ConfigError
 from autotune.space import (
     divisors,
@@ -124,3 +128,69 @@ def test_exact_target_picks_the_nearest_multiple_only_when_allowed(
         assert str(expected) in str(info.value)
     else:
         assert exact_target(target, world) == target
+
+
+# -- the batch limit: absurd counts refused where they are read, before any sum on them --------
+
+_HUGE = st.one_of(st.integers(MAX_BATCH + 1, 10**40), st.integers(10**40, 10**400))
+
+
+@settings(max_examples=30, deadline=None)
+@given(huge=_HUGE)
+def test_a_huge_target_world_or_micro_batch_is_refused_by_the_api(huge: int) -> None:
+    """A target of 1e30 once hung search, probe, estimate and check in the parent (its
+    divisors): refused at once, the value and the limit named."""
+    from autotune import api
+
+    calls = [
+        lambda: exact_target(huge, 1),
+        lambda: exact_target(huge, 3, allow_inexact=True),
+        lambda: per_device_batch(64, huge),
+        lambda: api.TuneRequest(target_batch=huge).validate(CPU),
+        lambda: api.TuneRequest(target_batch=huge, world_size=huge).validate(CPU),
+        lambda: api.estimate(micro_batch=huge, device_memory=GIB),
+        lambda: api.estimate(micro_batch=2, target_batch=huge, device_memory=GIB),
+    ]
+    for call in calls:
+        with pytest.raises(ConfigError, match=f"over the limit of {MAX_BATCH}"):
+            call()
+
+
+def test_the_largest_target_is_tuned_and_one_more_is_refused() -> None:
+    assert per_device_batch(MAX_BATCH, 1) == MAX_BATCH and divisors(MAX_BATCH)[-1] == MAX_BATCH
+    assert exact_target(MAX_BATCH - 1, 4, allow_inexact=True) == MAX_BATCH
+    with pytest.raises(ConfigError, match=(
+            f"--target-batch {MAX_BATCH + 1} is over the limit of {MAX_BATCH} \\(2\\*\\*20\\) "
+            f"samples per optimizer step autotune tunes for; use at most {MAX_BATCH}")):
+        per_device_batch(MAX_BATCH + 1, 1)
+    with pytest.raises(ConfigError, match="over the limit"):
+        exact_target(MAX_BATCH, 7, allow_inexact=True)  # the nearest exact one is over it
+    with pytest.raises(ConfigError, match="--target-batch a number of 301 digits"):
+        per_device_batch(10**300, 1)
+
+
+@settings(max_examples=20, deadline=None)
+@given(huge=_HUGE)
+def test_every_command_refuses_a_huge_count_with_exit_2(huge: int, tmp_path_factory:
+                                                         pytest.TempPathFactory) -> None:
+    from tests.test_cli import _invoke, _words
+    from tests.tuned_configs import make_tuned, write
+
+    folder = tmp_path_factory.mktemp("huge")
+    config = write(make_tuned(), folder / "autotune.json")
+    data = json.loads(config.read_text())
+    data.update(target_batch=huge, micro_batch=huge, accumulate_steps=1, world_size=1)
+    config.write_text(json.dumps(data))
+    out = str(folder / "out")
+    for args in (
+        ["search", "--target-batch", str(huge), "--device", "cpu", "--out", out],
+        ["probe", "--target-batch", str(huge), "--device", "cpu"],
+        ["search", "--world-size", str(huge), "--device", "cpu", "--out", out],
+        ["estimate", "--target-batch", str(huge)],
+        ["estimate", "--micro-batch", str(huge)],
+        ["check", str(config)],
+    ):
+        result = _invoke(*args)
+        text = _words(result.output + (getattr(result, "stderr", "") or ""))
+        assert result.exit_code == 2, (args, text)
+        assert str(MAX_BATCH) in text, (args, text)

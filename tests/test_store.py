@@ -148,10 +148,12 @@ def test_a_damaged_store_is_moved_aside_kept_and_a_fresh_one_started() -> None:
     assert len(again.specs) <= 3
 
 
-def test_a_store_with_sqlite_header_but_broken_tables_is_moved_aside(tmp_path: Path) -> None:
+def test_an_optuna_store_with_broken_tables_is_moved_aside() -> None:
+    search(ScriptedDevice(SPEEDS))
     path = store_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with sqlite3.connect(path) as db:  # an SQLite file, but not an Optuna schema
+    with sqlite3.connect(path) as db:  # Optuna's store (version_info), a table broken
+        db.execute("pragma foreign_keys = off")
+        db.execute("drop table studies")
         db.execute("create table studies (nonsense text)")
     outcome = search(ScriptedDevice(SPEEDS))
     assert outcome.study is not None and "was damaged" in outcome.study.note
@@ -321,3 +323,33 @@ def test_a_re_check_that_finds_another_model_measures_everything_again() -> None
         outcome.study.note)
     _, [stored] = list_studies()
     assert stored.num_runs == len(first.specs)  # the stale runs were replaced
+
+
+def test_a_stored_timing_never_picks_alone_after_the_leaders_re_checks_drop_them() -> None:
+    """Issue 45 (6): the two leaders' re-checks both run slower than stored (the fresh runs
+    count), which leaves a third candidate, timed only by the first search, on top at its
+    stored figure. It is re-checked before it can be picked: its fresh run counts too."""
+    first = by_class(100, 150, 160, 280, 300, 290)
+    search(ScriptedDevice(first))
+    changed = ScriptedDevice(by_class(100, 150, 160, 150, 210, 200))
+    two = search(changed)
+    assert changed.runs()[:2] == ["bf16/default/32", "bf16/max-autotune/32"]
+    assert "bf16/off/32" in changed.runs()  # re-checked, not picked on 280 stored
+    assert any(s.startswith("re-check of bf16/off/32 (stored run): 280.0 samples/s stored, "
+                            "150.0 now") for s in two.skipped)
+    assert winner(two) == "bf16/default/32"
+    config = tuned_config(plan(), two, SETTINGS)
+    assert config.samples_per_s is not None and config.samples_per_s < 250  # a fresh figure
+
+
+def test_a_repeat_stopped_before_its_re_checks_says_its_pick_is_a_stored_timing() -> None:
+    search(ScriptedDevice(SPEEDS))
+
+    class CtrlC(ScriptedDevice):
+        def __call__(self, spec):
+            raise KeyboardInterrupt
+
+    two = search(CtrlC(SPEEDS))
+    assert two.interrupted
+    assert f"{winner(two)}: picked on its stored timing alone (a search before measured it): " \
+           "this one stopped before re-checking it" in two.skipped

@@ -44,6 +44,40 @@ def test_train_step_names_a_loss_that_is_not_a_scalar_float_tensor_with_grad(
     assert classify_exception(info.value) == "workload_error"
 
 
+class _TakesOne(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+
+class _RaisesInside(_TakesOne):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) + len(y.shape, 1)  # type: ignore[call-arg]  # the model's bug
+
+
+def test_the_default_loss_says_what_the_model_took_and_returned() -> None:
+    """A plain module without ``loss=``: a raw TypeError once; now what the default loss
+    called, what the model took or returned, and how to pass ``loss``."""
+    workload = Workload(name="plain", build_model=_TakesOne, make_batch=_batch)
+    pair, one = (torch.randn(2, 8), torch.randn(2, 8)), torch.randn(2, 8)
+    for model in (_TakesOne(), torch.compile(_TakesOne())):
+        with pytest.raises(WorkloadError, match=(
+                r"workload 'plain': the default loss calls model\(\*batch\), and _TakesOne."
+                r"forward does not take that batch \(.*takes 2 positional arguments but 3 were "
+                r"given\); pass loss=lambda model, batch: \.\.\.")) as info:
+            workload.compute_loss(model, pair)
+        assert classify_exception(info.value) == "workload_error"
+    with pytest.raises(WorkloadError, match=(
+            r"the default loss is model\(batch\)\.loss, and the model returned Tensor, which "
+            r"has no \.loss; pass loss=lambda model, batch")):
+        workload.compute_loss(_TakesOne(), one)
+    with pytest.raises(TypeError, match="len"):  # the model's own TypeError stays its own
+        workload.compute_loss(_RaisesInside(), pair)
+
+
 def test_a_right_loss_steps() -> None:
     loss = _step(lambda model, batch: model(*batch))
     assert loss.shape == () and torch.isfinite(loss)

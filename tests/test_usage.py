@@ -149,7 +149,7 @@ def test_training_arguments(precision: str, mode: str, expected: dict) -> None:
         kwargs = Tuned(make_tuned(precision=precision, compile_mode=mode, micro_batch=64,
                                   accumulate_steps=1)).training_arguments()
     assert kwargs == {"per_device_train_batch_size": 64, "gradient_accumulation_steps": 1,
-                      CKPT: False, **expected}
+                      CKPT: False, "optim": "adamw_torch", **expected}
 
 
 @pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
@@ -204,6 +204,51 @@ def test_training_arguments_warn_once_for_what_trainer_cannot_take() -> None:
         assert "checkpointing=alternate" not in message
     else:
         assert "checkpointing=alternate" in message
+
+
+def _impl_trainer_builds(optimizer_kwargs: dict, device_type: str) -> str:
+    """The implementation the AdamW that Trainer builds runs on the device: its flags, else
+    torch's own choice (foreach with every parameter on CUDA, for-loop otherwise)."""
+    if optimizer_kwargs.get("fused"):
+        return "fused"
+    if optimizer_kwargs.get("foreach") is not None:
+        return "foreach" if optimizer_kwargs["foreach"] else "for-loop"
+    return "foreach" if device_type == "cuda" else "for-loop"
+
+
+@pytest.mark.parametrize("device_type", ["cpu", "cuda"])
+@pytest.mark.parametrize("impl", ["default", "for-loop", "foreach", "fused"])
+def test_trainer_runs_the_tuned_optimizer_implementation_or_the_adapter_says_so(
+        tmp_path: Path, impl: str, device_type: str) -> None:
+    """Issue 45 (5): with ``default`` tuned, ``optim`` was left out, and Trainer ran its own
+    default, ``adamw_torch_fused``, silently. Now the optimizer Trainer builds from the
+    arguments runs the tuned implementation, or one warning names ``optimizer_impl``."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    device = replace(make_tuned().device, device="cuda:0" if device_type == "cuda" else "cpu")
+    cfg = Tuned(make_tuned(optimizer_impl=impl, precision="fp32", compile_mode="off",
+                           device=device))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kwargs = cfg.training_arguments()
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[],
+                                          **kwargs)
+    cls, optimizer_kwargs = transformers.Trainer.get_optimizer_cls_and_kwargs(args)
+    assert cls is torch.optim.AdamW
+    built = cls(torch.nn.Linear(2, 2).parameters(), **optimizer_kwargs)  # Trainer's optimizer
+    runs = _impl_trainer_builds(optimizer_kwargs, device_type)
+    said = [str(w.message) for w in caught if f"optimizer_impl={impl}" in str(w.message)]
+    if impl == "default":  # the optimizer as built: no flags, torch's own choice
+        assert not said and "fused" not in optimizer_kwargs and "foreach" not in optimizer_kwargs
+        if device_type == "cpu":
+            assert step.default_impl(built) == runs == "for-loop"
+    elif runs == impl:
+        assert not said
+    else:
+        (line,) = said
+        assert "\n" not in line and f"optimizer_impl={impl}: Trainer's optim=adamw_torch " \
+            f"runs torch's own loop ({runs} on {device_type})" in line
+        assert "optimizer_cls_and_kwargs=(torch.optim.AdamW" in line
 
 
 @pytest.mark.parametrize("tuned", [
@@ -285,7 +330,7 @@ def test_accelerator_kwargs_with_a_dynamo_plugin(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setitem(sys.modules, "accelerate.utils", fake_utils)
     kwargs = Tuned(make_tuned(compile_mode="max-autotune-no-cudagraphs")).accelerator_kwargs()
     assert kwargs["dynamo_plugin"].kwargs == {
-        "backend": "inductor", "mode": "max-autotune-no-cudagraphs", "dynamic": False}
+        "backend": "inductor", "mode": "max-autotune-no-cudagraphs", "dynamic": None}
     assert "dynamo_backend" not in kwargs
 
 

@@ -299,6 +299,26 @@ def deep() -> Workload:
     return Workload(name="deep-mlp", build_model=DeepMLP, make_batch=_batch, loss=_loss)
 
 
+def deep_nan() -> Workload:
+    """Repeated blocks (so checkpointing could free memory) and a loss that is NaN from the
+    first step: broken under every knob."""
+
+    def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return model(*batch) * float("nan")
+
+    return Workload(name="deep-nan", build_model=DeepMLP, make_batch=_batch, loss=loss)
+
+
+def deep_hang() -> Workload:
+    """Repeated blocks and a loss that never returns: only the runner's timeout ends it."""
+
+    def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        time.sleep(600)
+        return model(*batch)  # pragma: no cover
+
+    return Workload(name="deep-hang", build_model=DeepMLP, make_batch=_batch, loss=loss)
+
+
 def blocks_raise() -> Workload:
     """Workload.blocks raises: user code the knobs run."""
     def blocks(model: nn.Module) -> list[nn.Module]:
@@ -347,6 +367,36 @@ def rank_oom() -> Workload:
         return model(*batch)
 
     return Workload(name="rank-oom", build_model=WideMLP, make_batch=_batch, loss=loss)
+
+
+def rank_raises() -> Workload:
+    """Rank 1's loss raises at its third micro-batch (a bug in the user's code on one rank):
+    its peers see only a broken connection in their next collective."""
+    calls: list[int] = []
+
+    def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        if _on_rank(1, calls, 3):
+            raise ValueError("rank one's loss failed on purpose")
+        return model(*batch)
+
+    return Workload(name="rank-raises", build_model=WideMLP, make_batch=_batch, loss=loss)
+
+
+def rank_raises_peer_busy() -> Workload:
+    """Rank 1's loss raises at its third micro-batch while rank 0 is still computing (it
+    sleeps there): the launcher stops rank 0 (SIGTERM) before it reaches a collective, so
+    rank 0 leaves no result at all."""
+    calls: list[int] = []
+
+    def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        if _on_rank(1, calls, 3):
+            raise ValueError("rank one's loss failed on purpose")
+        if os.environ.get("RANK") == "0" and len(calls) == 3:
+            time.sleep(30)
+        return model(*batch)
+
+    return Workload(name="rank-raises-peer-busy", build_model=WideMLP, make_batch=_batch,
+                    loss=loss)
 
 
 def rank_hang() -> Workload:

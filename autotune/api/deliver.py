@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from autotune.api.request import workload_spec
+from autotune.api.request import workload_file_here, workload_spec
 from autotune.codegen import SCRIPT_NAME, render_train_script
 from autotune.errors import AutotuneError, ConfigError, OutputExistsError
 from autotune.report_html import render_html
@@ -104,12 +104,7 @@ def codegen(config_path: str | Path, *, workload: str | None = None, out: str | 
     config = read_tuned(config_path)
     if workload is not None:
         config = replace(config, workload=workload_spec(workload=workload))
-    if config.workload.kind == "file":
-        path_text = config.workload.target.rpartition(":")[0]
-        if not Path(path_text).is_file():
-            raise ConfigError(
-                f"the workload file {path_text!r} named in {config_path} does not exist here: "
-                "pass it with `autotune codegen --workload path/to/file.py:factory`")
+    workload_file_here(config.workload, config_path)
     return write_train_script(config, Path(out) / SCRIPT_NAME, force=force)
 
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
+from autotune.api.request import workload_file_here
 from autotune.config import (
     WorkloadSpec,
+    batch_limit_problem,
     format_bytes,
     from_json_dict,
     to_json_dict,
@@ -24,6 +28,7 @@ from autotune.knobs import KNOBS, Knobs
 from autotune.memory import probe_spec
 from autotune.runner import run_in_child, run_isolated
 from autotune.schema import (
+    TunedConfig,
     read_tuned,
 )
 from autotune.space import divisors, per_device_batch
@@ -46,9 +51,11 @@ def estimate(
     headroom: float = 0.1,
     target_batch: int | None = None,
     world_size: int = 1,
-    kernels: str = "cuda",
+    kernels: str | None = None,
+    device: str | None = None,
     calibration: Calibration | None = None,
     find_max: bool = True,
+    any_micro_batch: bool = False,
     also_trace: tuple[int, ...] = (),
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> EstimateReport:
@@ -71,10 +78,14 @@ def estimate(
         world_size: data-parallel devices (micro-batches divide target / world); with a
             ``knobs.strategy`` (ddp, fsdp), the step is traced as one rank of that many.
         kernels: ``cuda`` (model CUDA's kernel choices: fused attention, a foreach optimizer
-            step) or ``cpu`` (what a CPU runs).
+            step) or ``cpu`` (what a CPU runs); default: the device's.
+        device: the device the estimate is for, ``cpu``, ``cuda`` or ``cuda:N`` (it need not be
+            here); default: CUDA when this machine has it, else the CPU.
         calibration: the search's measurement of these knobs, from ``autotune.json``.
         find_max: search the largest micro-batch that fits (more traces); without it, only
             the asked micro-batch is traced and reported.
+        any_micro_batch: with ``target_batch`` and ``find_max``, also the largest micro-batch
+            of any size that fits (``any_max_micro_batch``), apart from the target's divisors.
         also_trace: further micro-batches to trace (reported in ``traced``).
         timeout_s: for the child process that builds and traces the workload.
 
@@ -92,12 +103,25 @@ def estimate(
         problems.append(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
     problems += [f"{k.name} {getattr(knobs, k.name)!r} is not one of {', '.join(k.values)}"
                  for k in KNOBS if knobs is not None and getattr(knobs, k.name) not in k.values]
+    if device is not None and not re.fullmatch(r"cpu|cuda(:[0-9]{1,4})?", device):
+        problems.append(f"--device {device!r} must be cpu, cuda or cuda:N: the device the "
+                        "estimate is for")
+    if kernels is None:
+        if device is None:
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        kernels = "cpu" if device == "cpu" else "cuda"
     if kernels not in ("cuda", "cpu"):
         problems.append(f"kernels {kernels!r} must be cuda or cpu")
     if micro_batch < 1:
         problems.append(f"micro-batch must be at least 1, got {micro_batch}")
     if world_size < 1:
         problems.append(f"world size must be at least 1, got {world_size}")
+    problems += filter(None, (batch_limit_problem("--micro-batch", micro_batch),
+                              batch_limit_problem("--world-size", world_size, "devices")))
+    if target_batch is not None:
+        problems += filter(None, (batch_limit_problem("--target-batch", target_batch),))
     if not 0 <= headroom < 1:
         problems.append(f"headroom must be a fraction in [0, 1) such as 0.1, got {headroom}")
     if timeout_s <= 0:
@@ -114,7 +138,8 @@ def estimate(
         micro_batch=micro_batch, device_memory_bytes=total, knobs=knobs,
         headroom=headroom, candidates=candidates, target_batch=target_batch,
         world_size=world_size, kernels=kernels,  # type: ignore[arg-type]
-        calibration=calibration, find_max=find_max, also_trace=tuple(also_trace))
+        calibration=calibration, find_max=find_max, also_trace=tuple(also_trace),
+        any_micro_batch=any_micro_batch)
     if isinstance(workload, Workload):
         return estimate_report(workload, request)
     return _estimate_in_child(workload or WorkloadSpec(), request, timeout_s)
@@ -162,15 +187,21 @@ class CheckTarget:
     """Where the config was tuned (``cpu`` or ``cuda:N``): whose kernels the estimate models."""
     nproc_per_node: int = 1
     """Ranks a measured step runs as one job (the search's)."""
+    measured_peak_bytes: int | None = None
+    """The most a complete run of this very config (knobs and micro-batch) peaked at in the
+    search, when the file records one: an estimate below it is not the config's peak."""
 
 
 def _read_tuned(path: str | Path, workload: WorkloadSpec | None = None) -> CheckTarget:
     """Read the fields ``check`` needs from an ``autotune.json`` (validated on read).
 
     Raises:
-        ConfigError: missing or unreadable file, not JSON, another schema, or bad fields.
+        ConfigError: missing or unreadable file, not JSON, another schema, or bad fields; a
+            workload file that is not where ``workload.target`` says (without ``workload``).
     """
     config = read_tuned(path)
+    if workload is None:
+        workload_file_here(config.workload, path)
     label = config.knobs.label()
     record = config.memory.calibration.get(label)
     calibration = Calibration.from_record(record, label) if record else None
@@ -180,7 +211,23 @@ def _read_tuned(path: str | Path, workload: WorkloadSpec | None = None) -> Check
         world_size=config.world_size, knobs=config.knobs,
         device_memory_bytes=config.memory.budget_bytes,
         headroom=config.memory.headroom, calibration=calibration, device=config.device.device,
-        nproc_per_node=config.nproc_per_node)
+        nproc_per_node=config.nproc_per_node, measured_peak_bytes=_measured_peak(config))
+
+
+_COMPLETE = ("winner", "ok", "slower", "numerics", "over_budget")
+"""Verdicts of trials that ran their steps: their peaks are the config's, not a failure's."""
+
+
+def _measured_peak(config: TunedConfig) -> int | None:
+    """The largest peak the search measured for the config itself (its knobs and
+    micro-batch): its complete trials and runs, and its calibration at that micro-batch."""
+    peaks = [r.peak_bytes for r in (*config.trials, *config.runs)
+             if r.knobs == config.knobs and r.micro_batch == config.micro_batch
+             and r.peak_bytes and getattr(r, "verdict", getattr(r, "status", "")) in _COMPLETE]
+    record = config.memory.calibration.get(config.knobs.label(), {})
+    if record.get("micro_batch") == config.micro_batch:
+        peaks.append(record.get("measured_peak_bytes", 0))
+    return max(peaks, default=0) or None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -235,17 +282,26 @@ def check(path: str | Path | None = None, *, target: CheckTarget | None = None,
     usable = int(target.device_memory_bytes * (1 - target.headroom))
     label = target.knobs.label()
     step: EstimateReport | None = None
+    words = ""  # an estimate's: the peak and whence
     if measure or (measure is None and device_here and not on_cpu):
-        peak, how = _measure(target, timeout_s), f"measured on the device ({label})"
+        peak, how = _measure(target, timeout_s), "measured on the device"
     else:
         kernels = "cpu" if target.device == "cpu" else "cuda"
-        settings = dict(micro_batch=target.micro_batch,
-                        device_memory=target.device_memory_bytes, knobs=target.knobs,
-                        headroom=target.headroom, target_batch=target.target_batch,
-                        world_size=target.world_size, kernels=kernels,
-                        calibration=target.calibration, timeout_s=timeout_s)
+        settings: dict[str, Any] = dict(
+            micro_batch=target.micro_batch, device_memory=target.device_memory_bytes,
+            knobs=target.knobs, headroom=target.headroom, target_batch=target.target_batch,
+            world_size=target.world_size, kernels=kernels, calibration=target.calibration,
+            timeout_s=timeout_s)
         try:
             step = estimate(object_workload or target.workload, find_max=False, **settings)
+            estimated, measured = step.peak_bytes(), target.measured_peak_bytes
+            if target.calibration is None and measured and measured > estimated:
+                # What the search measured of this very config corrects the estimate, as a
+                # stored calibration would: the larger peak decides, and what would fit.
+                settings["calibration"] = Calibration(
+                    micro_batch=target.micro_batch, measured_peak_bytes=measured,
+                    estimate_bytes=step.estimate.peak_bytes)
+                step = replace(step, calibration=settings["calibration"])
             if not step.fits():  # only then: which micro-batch would fit
                 step = estimate(object_workload or target.workload, **settings)
         except UntraceableStepError as exc:
@@ -256,30 +312,29 @@ def check(path: str | Path | None = None, *, target: CheckTarget | None = None,
             step = None
             why = str(exc).split(". ")[0]
         if step is None:
-            peak = _measure(target, timeout_s)
-            how = f"measured on the device ({label}), since {why}"
+            peak, how = _measure(target, timeout_s), f"measured on the device, since {why}"
         else:
-            peak = step.peak_bytes()
-            how = (f"estimate corrected by {label}'s measurement: "
-                   f"{target.calibration.describe()}" if target.calibration is not None
-                   else "eager estimate, uncorrected" + (
-                       f" (compile mode {target.knobs.compile_mode} cannot be traced under "
-                       "fake tensors)" if target.knobs.compile_mode != "off" else ""))
-            notes = target.calibration.notes if target.calibration is not None else ()
-            how += "".join(f"; {note}" for note in notes)
-            if target.knobs.strategy != "none":
-                how += (f"; one rank of {target.world_size} ({target.knobs.strategy}, traced "
-                        "with a fake process group)")
-    head = (f"micro-batch {target.micro_batch} x {target.accumulate_steps} ({label}): peak "
-            f"{format_bytes(peak)} ({how}), usable {format_bytes(usable)} (device "
-            f"{format_bytes(target.device_memory_bytes)} minus {target.headroom:.0%} headroom)")
+            peak = max(step.peak_bytes(), measured or 0)
+            words = _estimate_words(target, estimated, measured)
+    if peak is None:
+        cap = format_bytes(target.device_memory_bytes)
+        return CheckResult(
+            fits=False, peak_bytes=target.device_memory_bytes, usable_bytes=usable,
+            budget_bytes=target.device_memory_bytes, method="measure",
+            message=f"does not fit: micro-batch {target.micro_batch} x "
+                    f"{target.accumulate_steps} ({label}): a real step ran out of memory "
+                    f"under the {cap} cap, the budget each of the search's runs had")
+    head = (f"micro-batch {target.micro_batch} x {target.accumulate_steps} ({label}): "
+            f"{words or f'peak {format_bytes(peak)} {how}'}; "
+            f"usable {format_bytes(usable)}, the {format_bytes(target.device_memory_bytes)} "
+            f"budget less {target.headroom:.0%} headroom")
     if peak <= usable:
-        message = f"fits: {head}, margin {format_bytes(usable - peak)}"
+        message = f"fits: {head}; margin {format_bytes(usable - peak)}"
         return CheckResult(fits=True, peak_bytes=peak, usable_bytes=usable,
                            budget_bytes=target.device_memory_bytes,
                            method="measure" if step is None else "estimate",
                            message=message)
-    message = f"does not fit: {head}, over by {format_bytes(peak - usable)}"
+    message = f"does not fit: {head}; over by {format_bytes(peak - usable)}"
     if step is not None:
         pairs = step.pairs
         message += (f"; largest that fits: micro-batch {pairs[-1][0]} with accumulate_steps "
@@ -289,9 +344,37 @@ def check(path: str | Path | None = None, *, target: CheckTarget | None = None,
                        method="measure" if step is None else "estimate", message=message)
 
 
-def _measure(target: CheckTarget, timeout_s: float) -> int:
-    """A real capped step of the config in a child: its peak, or one over the budget for an
-    out-of-memory.
+def _estimate_words(target: CheckTarget, estimated: int, measured: int | None) -> str:
+    """The peak a check of an estimate goes by, and whence, in one clause: the estimate (as
+    the file's calibration corrected it) and, beside it, what the search measured of the
+    config, the larger first."""
+    label, mode = target.knobs.label(), target.knobs.compile_mode
+    kind = (f"the estimate corrected by {label}'s measurement: "
+            f"{target.calibration.describe()}" if target.calibration is not None else
+            "the eager estimate, uncorrected" + (
+                f", as compile mode {mode} cannot be traced under fake tensors"
+                if mode != "off" else ""))
+    if measured is None:
+        words = f"peak {format_bytes(estimated)} by {kind}"
+    elif measured > estimated:
+        words = (f"peak {format_bytes(measured)} as the search measured this config, above "
+                 f"{format_bytes(estimated)} by {kind}")
+    else:
+        words = f"peak {format_bytes(estimated)} by {kind}, " + (
+            "as the search measured this config" if measured == estimated else
+            f"above the {format_bytes(measured)} the search measured for this config")
+    notes = target.calibration.notes if target.calibration is not None else ()
+    words += "".join(f"; {note}" for note in notes)
+    if target.knobs.strategy != "none":
+        words += (f"; one rank of {target.world_size} ({target.knobs.strategy}, traced with "
+                  "a fake process group)")
+    return words
+
+
+def _measure(target: CheckTarget, timeout_s: float) -> int | None:
+    """A real step of the config in a child capped at the budget, as each of the search's
+    probes is (``memory.probe_spec``): its peak, or None when it ran out of memory under
+    the cap.
 
     Raises:
         WorkloadError: the step fails otherwise (crash, hang, exit, non-finite loss).
@@ -306,10 +389,11 @@ def _measure(target: CheckTarget, timeout_s: float) -> int:
             f"this machine runs {here}: check it without --measure (the estimator traces one "
             "rank of the job) or on a machine with as many devices")
     result = run_isolated(probe_spec(target.workload, device, target.knobs,
-                                     target.micro_batch, None, timeout_s, ranks=ranks))
+                                     target.micro_batch, target.device_memory_bytes, timeout_s,
+                                     ranks=ranks))
     if not result.ok or result.peak_bytes is None:
         if result.status == MEMORY_STATUS:
-            return target.device_memory_bytes + 1
+            return None
         if result.status == "unsupported":  # as the estimator says of such a knob
             raise ConfigError(f"the workload cannot take {target.knobs.label()}: "
                               f"{result.message}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from autotune.child import start_method
@@ -12,6 +13,7 @@ from autotune.config import (
     Knobs,
     WorkloadSpec,
     format_bytes,
+    not_a_file,
     parse_budget,
 )
 from autotune.device import backend_for
@@ -40,6 +42,26 @@ def workload_spec(*, workload: str | None = None, model: str | None = None,
     if seq_len is not None:
         raise ConfigError("--seq-len applies to --model; the default workload has a fixed shape")
     return WorkloadSpec()
+
+
+def workload_file_here(workload: WorkloadSpec, config_path: str | Path) -> None:
+    """Refuse a config whose file workload is not where ``workload.target`` says (moved, or
+    not a regular file): the one message ``check`` and ``codegen`` give.
+
+    Raises:
+        ConfigError: naming the field, the path, what is there, and ``--workload``.
+    """
+    if workload.kind != "file":
+        return
+    file = Path(workload.target.rpartition(":")[0])
+    if file.is_file():
+        return
+    what = not_a_file(file)
+    raise ConfigError(
+        f"workload.target in {config_path} names the workload file {file}, which "
+        + (f"is {what}, not a regular file" if what else "is not here")
+        + " (a relative path there counts from the folder of the autotune.json): pass "
+        "--workload path/to/file.py:factory to use the file where it is now")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,6 +23,7 @@ from autotune.config import (
 )
 from autotune.device import describe_device
 from autotune.errors import (
+    BROKEN,
     AutotuneError,
     ConfigError,
     Interrupted,
@@ -40,6 +41,7 @@ from autotune.schema import (
 )
 from autotune.search import (
     Candidate,
+    Ledger,
     OnTrial,
     SearchOutcome,
     SearchSettings,
@@ -90,6 +92,9 @@ def probe(
             budget_bytes=budget.budget_bytes, usable_bytes=budget.usable_bytes,
             timeout_s=timeout_s, hint=hint_for(knobs, probes), on_step=on_step,
             ranks=plan.nproc_per_node))
+        if _broken_eager(probes[-1]):  # broken under every other setting too: say so now
+            raise _nothing_fits(plan.workload, info, budget, probes[-1], timeout_s,
+                                ranks=plan.nproc_per_node)
     if not any(p.max_micro_batch for p in probes):
         raise _nothing_fits(plan.workload, info, budget, probes[0], timeout_s,
                             ranks=plan.nproc_per_node)
@@ -129,11 +134,6 @@ def _plan(request: TuneRequest, info: DeviceInfo, include_baseline: bool
                        requested_batch=(request.target_batch
                                         if request.target_batch != target_batch else None))
     return plan, classes, budget, values
-
-
-BROKEN = ("non_finite", "timeout", "compile_error", "error", "workload_error")
-"""Statuses that no memory budget changes: at the smallest micro-batch they name a broken
-workload (exit 2), never "does not fit" (exit 1)."""
 
 
 def _nothing_fits(workload: WorkloadSpec, info: DeviceInfo, budget: Budget,
@@ -182,6 +182,13 @@ def _nothing_fits(workload: WorkloadSpec, info: DeviceInfo, budget: Budget,
         f"--precisions bf16 (halves activations), {_freeing(info)} (if it was left out), "
         "or a shorter --seq-len."
     )
+
+
+def _broken_eager(probe: MemoryProbe) -> bool:
+    """Whether fp32 eager failed at the smallest micro-batch in a way no memory changes
+    (``BROKEN``: a hang, a non-finite loss): the workload is broken, whatever else is tried."""
+    return (probe.knobs.precision, probe.knobs.compile_mode) == ("fp32", "off") and any(
+        s.status in BROKEN and s.micro_batch == probe.candidates[0] for s in probe.steps)
 
 
 def _freeing(info: DeviceInfo) -> str:
@@ -296,9 +303,10 @@ def _finish(report: ProbeReport, outcome: SearchOutcome, settings: SearchSetting
             stop_reason
     try:
         with guard.armed():
-            calibration, notes = _calibrate(report, config, timeout_s, runs_left)
+            calibration, notes = _calibrate(report, config, timeout_s, runs_left, outcome.ledger)
         config = replace(config, memory=replace(config.memory, calibration=calibration),
-                         skipped=(*config.skipped, *notes))
+                         skipped=(*config.skipped, *notes),
+                         study=outcome.ledger.record if outcome.ledger else config.study)
     except KeyboardInterrupt as exc:  # the search is done: keep its result
         stop_reason = f"interrupted ({interrupt_name(exc)}) while calibrating: best config kept"
         config = replace(config, interrupted=True, stopped_by=stop_reason.removesuffix(
@@ -322,8 +330,8 @@ def _time_left(settings: SearchSettings, started: float) -> float | None:
     return min(settings.timeout_s, left) if left >= 1.0 else None
 
 
-def _calibrate(report: ProbeReport, config: TunedConfig, timeout_s: float,
-               runs_left: int) -> tuple[dict[str, dict[str, int]], list[str]]:
+def _calibrate(report: ProbeReport, config: TunedConfig, timeout_s: float, runs_left: int,
+               ledger: Ledger | None = None) -> tuple[dict[str, dict[str, int]], list[str]]:
     """Measured peak and the estimator's figure for the same config, for the winner's class
     and fp32 eager: ``autotune check`` corrects later estimates with them. Each estimate runs
     in a child under the search's limits (``timeout_s`` in all, ``runs_left`` children)."""
@@ -348,7 +356,7 @@ def _calibrate(report: ProbeReport, config: TunedConfig, timeout_s: float,
         # The estimator's figures depend only on what the study's key holds (the workload,
         # the knobs, the micro-batches): a repeated search takes them from its study.
         kept = f"estimate:{label}:{m}:{point.micro_batch if point else 0}"
-        traced = recall(config.study, kept)
+        traced = recall(ledger, kept)
         if not (isinstance(traced, dict) and all(isinstance(v, int) for v in traced.values())
                 and str(m) in traced):
             try:
@@ -364,7 +372,7 @@ def _calibrate(report: ProbeReport, config: TunedConfig, timeout_s: float,
                 continue
             traced = {str(k): v for k, v in figure.traced} | {
                 str(m): figure.estimate.peak_bytes}
-            remember(config.study, kept, traced)
+            remember(ledger, kept, traced)
         record = {"measured_peak_bytes": probe.peak_bytes,
                   "estimate_bytes": traced[str(m)], "micro_batch": m}
         traced = {int(k): v for k, v in traced.items()}

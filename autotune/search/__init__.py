@@ -2,9 +2,12 @@
 
 The only package that imports optuna: its study records every run, so an interrupted search
 resumes (completed runs are reused) and several processes can share one (``--storage``).
-``_stages`` holds the strategy, ``_records`` the verdict on each run, ``_study`` the study.
+``_stages`` holds the strategy, ``_records`` the verdict on each run, ``_study`` the study,
+``_ledger`` the one seam through which a search touches it (a store that fails costs the
+cache, not the search), ``_store`` the local study store.
 """
 
+from autotune.search._ledger import Ledger, recall, remember
 from autotune.search._records import (
     LOSS_TOLERANCE,
     Candidate,
@@ -23,16 +26,15 @@ from autotune.search._store import (
     cache_dir,
     clear_studies,
     list_studies,
-    recall,
-    remember,
     store_path,
 )
-from autotune.search._study import CONSTRAINT, completed, open_study, probed
+from autotune.search._study import CONSTRAINT, completed, open_study, probed, redact
 
 __all__ = [
     "CONSTRAINT",
     "LOSS_TOLERANCE",
     "Candidate",
+    "Ledger",
     "OnTrial",
     "SearchOutcome",
     "SearchSettings",
@@ -49,6 +51,7 @@ __all__ = [
     "pick_winner",
     "probed",
     "recall",
+    "redact",
     "remember",
     "run_search",
     "score",

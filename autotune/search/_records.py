@@ -7,6 +7,7 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
 from autotune import __version__
 from autotune.config import (
@@ -29,6 +30,9 @@ from autotune.schema import (
     TunedConfig,
 )
 from autotune.timing import Lead, lead
+
+if TYPE_CHECKING:
+    from autotune.search._ledger import Ledger
 
 # Numerics guard: allowed relative distance of the first loss from fp32 eager's, per precision.
 LOSS_TOLERANCE = {"fp32": 0.01, "tf32": 0.01, "bf16": 0.05, "fp16": 0.05}
@@ -133,6 +137,8 @@ class SearchOutcome:
     runs: tuple[RunRecord, ...] = ()
     """Every child run, stored ones first (``schema.RunRecord``)."""
     study: StudyRecord | None = None
+    ledger: Ledger | None = field(default=None, repr=False, compare=False)
+    """The study itself, still open: the estimator's calibration keeps its figures in it."""
     first_launch: Mapping[Candidate, str] = field(default_factory=dict)
     """Compiled candidates on a device whose peak counts the compile (CPU) that no run showed
     fitting as a first launch compiles them, each with what is known: all their runs loaded

@@ -77,7 +77,6 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
 
 from autotune.boundary import Point, fit_line
 from autotune.config import (
@@ -90,10 +89,12 @@ from autotune.config import (
     format_bytes,
 )
 from autotune.device import backend_for
+from autotune.errors import BROKEN
 from autotune.knobs import KNOBS, Knob, job_baseline, skip_reason
 from autotune.memory import OnStep, hint_for, probe_memory, probe_spec
 from autotune.runner import run_isolated
 from autotune.schema import RunKind, RunRecord, SearchCost, StudyRecord, TrialRecord
+from autotune.search._ledger import Ledger
 from autotune.search._records import (
     OUT_OF_MEMORY,
     Candidate,
@@ -106,15 +107,7 @@ from autotune.search._records import (
     score,
 )
 from autotune.search._store import open_local, study_key
-from autotune.search._study import (
-    completed,
-    open_study,
-    probed,
-    running,
-    stored_runs,
-    study_identity,
-    tell,
-)
+from autotune.search._study import open_study, redact, study_identity
 from autotune.signals import SignalGuard
 from autotune.space import divisors
 from autotune.timing import (
@@ -152,7 +145,8 @@ MIN_CHILD_S = 1.0
 def run_search(report: ProbeReport, classes: Sequence[Knobs], settings: SearchSettings,
                *, values: Mapping[str, Sequence[str]] | None = None, run: Runner = run_isolated,
                on_trial: OnTrial | None = None, on_step: OnStep | None = None,
-               guard: SignalGuard | None = None) -> SearchOutcome:
+               guard: SignalGuard | None = None,
+               clock: Callable[[], float] = time.perf_counter) -> SearchOutcome:
     """Probe and time the classes in stages, pruning what cannot win (module docstring).
 
     Args:
@@ -169,6 +163,8 @@ def run_search(report: ProbeReport, classes: Sequence[Knobs], settings: SearchSe
         guard: the installed signal guard (``autotune.signals.guarded``): the stages are its
             armed region, so the first Ctrl-C or SIGTERM ends them and a later one waits for
             the caller's writes; None leaves signals as they are.
+        clock: the seconds the time budget and each run's start are read from (a replay of
+            recorded runs sets its simulated clock here).
 
     Raises:
         ConfigError: a storage that cannot be opened or holds another search.
@@ -176,17 +172,19 @@ def run_search(report: ProbeReport, classes: Sequence[Knobs], settings: SearchSe
     """
     base = job_baseline((values or {}).get("strategy", ("none",))[0])
     assert base in classes, "fp32 eager is the baseline: the api adds it"
-    search = _Search(report, classes, settings, values or {}, run, on_trial, on_step)
+    search = _Search(report, classes, settings, values or {}, run, on_trial, on_step,
+                     clock=clock)
     interrupted, stop_reason = False, "every class was tried or pruned with a reason"
     try:
         with (guard or SignalGuard()).armed():
             try:
                 search.stages(classes)
             except _Stale as stale:  # the stored runs measured another model: afresh
+                gave_up = search.study
                 search = _Search(report, classes, replace(settings, fresh=True), values or {},
-                                 run, on_trial, on_step, before=search)
-                search.study_record = replace(search.study_record, note="; ".join(
-                    filter(None, (search.study_record.note, str(stale)))))
+                                 run, on_trial, on_step, before=search, clock=clock)
+                search.study.note(gave_up.record.note if not gave_up.ok else "")
+                search.study.note(str(stale))
                 search.stages(classes)
     except _Stop as stop:
         interrupted, stop_reason = True, str(stop)
@@ -237,7 +235,8 @@ class _Search:
     def __init__(self, report: ProbeReport, classes: Sequence[Knobs],
                  settings: SearchSettings, values: Mapping[str, Sequence[str]], run: Runner,
                  on_trial: OnTrial | None, on_step: OnStep | None, *,
-                 before: _Search | None = None) -> None:
+                 before: _Search | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         """``before``: a search given up (its stored runs were stale); its own runs, cost and
         clock carry over, so the limits and the record cover both."""
         self.report, self.settings = report, settings
@@ -247,10 +246,10 @@ class _Search:
         self.values = {k: tuple(v) for k, v in values.items()}
         self.base = job_baseline(self.values.get("strategy", ("none",))[0])
         """fp32 eager in the job's strategy: what an untuned user runs."""
-        self.study, self.study_record = self._open_study(classes)
+        self.study = self._open_study(classes)
         # A resumed study may hold settings this search is restricted from: leave them out.
         self.allowed_base = {(c.precision, c.compile_mode) for c in classes}
-        done, runs = completed(self.study)
+        done, runs = self.study.completed()
         self.held: dict[Candidate, TrialResult] = {
             c: r for c, r in done.items() if self._allowed(c.knobs)}
         """Timed runs the study holds that this search has not asked for yet: each answers when
@@ -259,7 +258,7 @@ class _Search:
         shared study) join the race at ``confirm``."""
         self.results: dict[Candidate, TrialResult] = {}
         """Timed runs this search asked for (run now, or answered from ``held``)."""
-        self.probe_runs: dict[Candidate, TrialResult] = probed(self.study)
+        self.probe_runs: dict[Candidate, TrialResult] = self.study.probed()
         """Memory probes that timed nothing (bisection points)."""
         self.baseline: Candidate | None = None
         self.probes: dict[Knobs, MemoryProbe] = {}
@@ -269,7 +268,7 @@ class _Search:
         """What the workload allows (blocks, convolutions, optimizer), from any run."""
         self.runs: dict[Candidate, int] = {k: n for k, n in runs.items() if k in self.held}
         """Runs of each candidate (2 once re-measured), stored ones included."""
-        self.stored = set(self.held) if self.study_record.name.startswith("autotune-") \
+        self.stored = set(self.held) if self.study.record.name.startswith("autotune-") \
             else set()
         """Candidates whose timing came from the local study store: a contender among them is
         re-measured once in this search (``confirm``), so a stale timing never picks alone."""
@@ -283,7 +282,7 @@ class _Search:
         """Compiled runs, and those whose graphs all came from inductor's on-disk cache."""
         self.timed_s: dict[Candidate, float] = {}
         """Seconds of timed steps per candidate, over its runs in this search."""
-        self.run_log: list[RunRecord] = list(stored_runs(self.study, report.usable_bytes()))
+        self.run_log: list[RunRecord] = self.study.stored_runs(report.usable_bytes())
         """Every child run: the study's stored ones first, then this search's, in order."""
         self.cold: dict[Candidate, TrialResult] = {}
         """Per compiled candidate, a run of it that compiled every graph afresh (no cache
@@ -306,14 +305,15 @@ class _Search:
         self.screened: set[str] = set()
         """The knobs whose screening (stage 3) ran a value or ended."""
         self.stage = "probe"
-        self.start = time.perf_counter()
+        self.clock = clock
+        self.start = clock()
         if before is not None:
             self.num_runs, self.start = before.num_runs, before.start
             self.cost, self.compiles = dict(before.cost), list(before.compiles)
             self.run_log += [replace(r, number=len(self.run_log) + i) for i, r in enumerate(
                 r for r in before.run_log if r.stored_at is None)]
 
-    def _open_study(self, classes: Sequence[Knobs]) -> tuple[Any, StudyRecord]:
+    def _open_study(self, classes: Sequence[Knobs]) -> Ledger:
         """``--storage``'s study, or the local store's study for this search's key, or (with
         ``--no-cache``) one in memory."""
         settings, direction = self.settings, "minimize" if self.settings.train_steps else \
@@ -321,8 +321,8 @@ class _Search:
         identity = study_identity(self.report, settings)
         if settings.storage is not None or not settings.cache:
             study = open_study(settings, identity, direction)
-            return study, StudyRecord(storage=settings.storage or "",
-                                      name=study.study_name if settings.storage else "")
+            return Ledger(study, StudyRecord(storage=redact(settings.storage or ""),
+                                             name=study.study_name if settings.storage else ""))
         space = {
             "classes": sorted(k.label() for k in classes),
             "values": {k: sorted(v) for k, v in sorted(self.values.items())},
@@ -330,8 +330,9 @@ class _Search:
                if f.name in _SPACE_SETTINGS}}
         name, key = study_key(identity, space)
         local = open_local(name, key, direction, fresh=settings.fresh)
-        return local.study, StudyRecord(storage=local.storage or "",
-                                        name=name if local.storage else "", note=local.note)
+        return Ledger(local.study, StudyRecord(storage=local.storage or "",
+                                               name=name if local.storage else "",
+                                               note=local.note))
 
     # -- the stages ------------------------------------------------------------------------
 
@@ -393,6 +394,7 @@ class _Search:
         self._release_held()
         self.stage = "confirm"
         self.confirm()
+        self.recheck_stored_pick()
         self.stage = "first launch"
         self.fit_cold()
 
@@ -452,7 +454,12 @@ class _Search:
     def rescue_baseline(self) -> bool:
         """fp32 eager fits nothing: try the values that free memory on it, most first; the
         first that fits is the baseline (what fits with the least change). False when none
-        does (the api then says what the budget would need)."""
+        does (the api then says what the budget would need), and at once when fp32 eager
+        failed at the smallest micro-batch in a way no memory changes (``BROKEN``: a hang,
+        a non-finite loss; the api names the workload's failure)."""
+        if any(s.status in BROKEN and s.micro_batch == self.micro_batches[0]
+               for s in self.probes[self.base].steps):
+            return False
         for knob in KNOBS[2:]:
             for value in knob.frees_memory:
                 if value not in self.values.get(knob.name, ()):
@@ -1050,6 +1057,15 @@ class _Search:
         ran.update(self._remeasure(self._within_drift(), cold_first=False))
         self._interleave(ran)
 
+    def recheck_stored_pick(self) -> None:
+        """A stored timing never picks alone: while the pick would be a candidate timed only
+        by a search before (the local study store), not run in this one, it is re-checked
+        (``_remeasure``; its fresh run counts where the stored one is stale) and the pick
+        made again. The two leaders' re-checks can drop both behind a third known only from
+        the store; each round re-runs one candidate, so it ends."""
+        while (winner := self._winner()) is not None and winner in self.stored:
+            self._remeasure([winner], cold_first=False)
+
     def _round_pair(self) -> tuple[Candidate, Candidate, Candidate, float] | None:
         """The leader and its best challenger where their gap is within the widest drift
         between two runs of one config in this search, and that drift is wider than a
@@ -1158,11 +1174,11 @@ class _Search:
                 spec = replace(spec, timing_precision=self.settings.rank_precision)
             spec = self._limited(spec)
             self._progress(candidate, None)
-            with running(self.study, candidate, self.micro_batches) as trial:
+            with self.study.running(candidate, self.micro_batches) as trial:
                 again = self._run_child(spec, "re-measure")
                 rec, value = classify(candidate, again, self.results, self.baseline,
                                       self.report, self.settings)
-                tell(self.study, trial, again, value, kind="re-measure")
+                self.study.tell(trial, again, value, kind="re-measure")
             self.runs[key] = self.runs.get(key, 1) + 1
             self._progress(candidate, rec)  # the re-run's own figures
             stored = self.results[key]
@@ -1188,7 +1204,11 @@ class _Search:
         if not backend_for(self.report.device.device).compile_in_peak:
             return
         usable = self.report.usable_bytes()
-        while (winner := self._winner()) is not None and winner.knobs.compile_mode != "off":
+        while True:
+            self.recheck_stored_pick()  # the next pick after one ruled out: re-checked first
+            winner = self._winner()
+            if winner is None or winner.knobs.compile_mode == "off":
+                return
             if winner not in self.cold and self._fits_by_sibling(winner):
                 return
             cold = self.cold.get(winner) or self._cold_run(winner)
@@ -1327,11 +1347,11 @@ class _Search:
             self.skipped.append(self._unchecked(winner, str(stop)))
             raise
         self._progress(winner, None)
-        with running(self.study, winner, self.micro_batches) as trial:
+        with self.study.running(winner, self.micro_batches) as trial:
             cold = self._run_child(spec, "re-measure")
             rec, value = classify(winner, cold, self.results, self.baseline, self.report,
                                   self.settings)
-            tell(self.study, trial, cold, value, kind="re-measure")
+            self.study.tell(trial, cold, value, kind="re-measure")
         self.runs[winner] = self.runs.get(winner, 1) + 1
         self._progress(winner, rec)
         self.cold[winner] = cold  # compiled afresh, whatever its counters say
@@ -1461,7 +1481,11 @@ class _Search:
         if not early_stop:  # a re-measurement of a contender: every step, in full
             return spec
         spec = replace(spec, timing_precision=self.settings.rank_precision)
-        medians = [r.median_step_s() for r in self.results.values() if r.ok and r.median_step_s()]
+        # Only a run that fits sets the bar: one over the usable budget is faster than anything
+        # that can be picked, and would stop a real contender "behind" it.
+        usable = self.report.usable_bytes()
+        medians = [r.median_step_s() for r in self.results.values()
+                   if r.ok and r.fits(usable) and r.median_step_s()]
         if is_base_class or not medians:
             return spec
         best_s = min(m for m in medians if m is not None)
@@ -1494,18 +1518,18 @@ class _Search:
             return self.probe_runs[key]
         spec = self._limited(spec)
         self._progress(candidate, None)
-        with running(self.study, candidate, self.micro_batches) as trial:
+        with self.study.running(candidate, self.micro_batches) as trial:
             result = self._run_child(spec, "trial" if timed else "probe")
             if self.traits is None and result.traits is not None:
                 self.traits = result.traits
             if not timed:  # its line comes from the probe's on_step
-                tell(self.study, trial, result, None, kind="probe")
+                self.study.tell(trial, result, None, kind="probe")
                 self.probe_runs[key] = result
                 return result
             self.results[key] = result
             rec, value = classify(candidate, result, self.results, self.baseline, self.report,
                                   self.settings)
-            tell(self.study, trial, result, value)
+            self.study.tell(trial, result, value)
         self._progress(candidate, rec)
         return result
 
@@ -1516,7 +1540,7 @@ class _Search:
             raise _Stop(f"--max-trials reached ({self.num_runs} child runs): best so far")
         timeout_s = self.settings.timeout_s
         if self.settings.time_budget_s is not None:
-            left = self.settings.time_budget_s - (time.perf_counter() - self.start)
+            left = self.settings.time_budget_s - (self.clock() - self.start)
             if left < MIN_CHILD_S:
                 raise _Stop("--time-budget reached: best so far")
             timeout_s = min(timeout_s, left)
@@ -1534,7 +1558,7 @@ class _Search:
     def _run_child(self, spec: TrialSpec, kind: RunKind) -> TrialResult:
         """Run one limited spec. A run the time budget cut short says nothing of its
         candidate: it ends the search (its Optuna trial fails) instead of being recorded."""
-        start_s = time.perf_counter() - self.start
+        start_s = self.clock() - self.start
         result = self._run(spec)
         self.num_runs += 1
         timed_s = sum(result.step_times_s)
@@ -1567,6 +1591,11 @@ class _Search:
         self._release_held()  # a search stopped early picks from all it knows too
         if self.baseline is None:  # stopped while probing it: its largest fit timed so far
             self.baseline = self._known_baseline()
+        stored_pick = self._winner() if interrupted else None
+        if stored_pick is not None and stored_pick in self.stored:
+            self.skipped.append(
+                f"{stored_pick.key()}: picked on its stored timing alone (a search before "
+                "measured it): this one stopped before re-checking it")
         if interrupted and backend_for(self.report.device.device).compile_in_peak:
             winner = self._winner()
             if winner is not None and winner.knobs.compile_mode != "off" and not (
@@ -1590,7 +1619,8 @@ class _Search:
                              interrupted=interrupted, stop_reason=stop_reason,
                              not_reached=self._not_reached() if interrupted else (),
                              num_runs=self.num_runs,
-                             runs=tuple(self.run_log), study=self.study_record,
+                             runs=tuple(self.run_log), study=self.study.record,
+                             ledger=self.study,
                              cost=SearchCost(num_runs=self.num_runs, **self.cost,
                                              num_compiled_runs=self.compiles[0],
                                              num_cached_compiles=self.compiles[1]))

@@ -6,9 +6,11 @@ device, torch, budget, headroom, objective) plus what it searches (the knob sett
 values, the timing settings) and autotune's version. The key's hash is the study's name; the
 key itself is a study attribute (``autotune cache list`` shows it, optuna-dashboard too).
 
-The store is a cache: when it cannot be used (an unwritable folder, a file that is not an
-SQLite database) the search runs without it and says why; a corrupt file is moved aside
-(never deleted) and a fresh store started.
+The store is a cache: when it cannot be used (an unwritable folder, a full disk, a folder or
+another program's SQLite database at its path, left untouched) the search runs without it
+and says why; a damaged file is moved aside (never deleted) and a fresh store started. Once
+open, the search touches it only through its ``Ledger``, which turns any later failure into
+"not cached".
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
+import sqlite3
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -25,7 +29,8 @@ from typing import IO, TYPE_CHECKING, Any
 
 from autotune import __version__
 from autotune.errors import ConfigError
-from autotune.schema import StudyRecord
+from autotune.search._ledger import inner_error, store_trouble
+from autotune.search._study import budget_moved
 
 if TYPE_CHECKING:
     import optuna
@@ -65,13 +70,6 @@ def storage_url(path: Path) -> str:
     return f"sqlite:///{path}"
 
 
-BUDGET_TOLERANCE = 0.05
-"""A stored study is reused while the memory budget is within this share of the one its runs
-were measured under: the default budget is what is free, which moves a little between runs.
-Stored peaks are judged against the budget of now; only an out-of-memory near the old cap
-could read otherwise."""
-
-
 def study_key(identity: dict[str, str], space: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """(study name, key): the name is a hash of the key without the budget (compared with
     ``BUDGET_TOLERANCE`` on open), so the same search finds its study."""
@@ -79,18 +77,6 @@ def study_key(identity: dict[str, str], space: dict[str, Any]) -> tuple[str, dic
     named = {k: v for k, v in key.items() if k != "budget_bytes"}
     digest = hashlib.sha256(json.dumps(named, sort_keys=True).encode()).hexdigest()[:16]
     return f"autotune-{digest}", key
-
-
-def _budget_moved(stored: dict[str, Any], key: dict[str, Any]) -> str:
-    """Why the stored study's budget is too far from this search's ('' when close enough)."""
-    try:
-        before, now = int(stored["budget_bytes"]), int(key["budget_bytes"])
-    except (KeyError, TypeError, ValueError):
-        return "its key is unreadable"
-    if abs(now - before) <= BUDGET_TOLERANCE * max(before, 1):
-        return ""
-    return (f"the memory budget moved from {before / 2**20:,.0f} MiB to {now / 2**20:,.0f} MiB "
-            f"(more than {BUDGET_TOLERANCE:.0%})")
 
 
 @dataclass(frozen=True)
@@ -130,20 +116,27 @@ def open_local(name: str, key: dict[str, Any], direction: str, *,
                           f"study store not used: cannot lock {path}: {exc}; runs are not kept")
     with lock:  # one process at a time creates tables and studies (they race otherwise)
         note = ""
+        if (foreign := _foreign(path)):
+            return LocalStudy(_in_memory(direction), None, (
+                f"study store not used: {path} is {foreign}, not autotune's store: left "
+                "untouched, runs are not kept (set AUTOTUNE_CACHE_DIR to another folder, or "
+                "remove it: `autotune cache clear` does)"))
         if path.exists() and not _is_sqlite(path):
             note = _move_aside(path)
         try:
             study, moved = _open(optuna, path, name, key, direction, fresh)
         except Exception as exc:  # sqlalchemy/optuna raise many types for a damaged database
-            if not path.exists():
-                raise
-            note = _move_aside(path, f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
+            kind, why = store_trouble(exc)
+            if kind not in ("damaged", "moved") or not path.is_file():
+                return LocalStudy(_in_memory(direction), None,
+                                  f"study store {path} not used: {why}; runs are not kept")
+            note = _move_aside(path, inner_error(exc))
             try:
                 study, moved = _open(optuna, path, name, key, direction, fresh)
             except Exception as again:
                 return LocalStudy(_in_memory(direction), None,
-                                  f"{note}; the fresh store failed too ({type(again).__name__}: "
-                                  f"{str(again).splitlines()[0]}): runs are not kept")
+                                  f"{note}; the fresh store failed too: {store_trouble(again)[1]}"
+                                  ": runs are not kept")
     return LocalStudy(study, storage_url(path), "; ".join(filter(None, (note, moved))))
 
 
@@ -181,7 +174,7 @@ def _open(optuna: Any, path: Path, name: str, key: dict[str, Any], direction: st
     study = optuna.create_study(storage=storage, study_name=name, direction=direction,
                                 load_if_exists=True)
     stored = study.user_attrs.get(KEY_ATTR)
-    why = _budget_moved(stored, key) if isinstance(stored, dict) else ""
+    why = budget_moved(stored, key) if isinstance(stored, dict) else ""
     if why:
         optuna.delete_study(study_name=name, storage=storage)
         study = optuna.create_study(storage=storage, study_name=name, direction=direction)
@@ -195,6 +188,27 @@ def _open(optuna: Any, path: Path, name: str, key: dict[str, Any], direction: st
 
 def _in_memory(direction: str) -> optuna.Study:
     return _optuna().create_study(direction=direction)
+
+
+def _foreign(path: Path) -> str:
+    """What is at the store's path when it is not autotune's to touch ('' when it is: none,
+    an empty file, an Optuna store, or a damaged file SQLite cannot read): a folder, or an
+    SQLite database of something else (tables, but not Optuna's ``version_info``), which
+    Optuna would add its tables to."""
+    if path.is_dir():
+        return "a folder"
+    if not path.is_file() or not _is_sqlite(path):
+        return ""
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as db:
+            tables = sorted(r[0] for r in db.execute(
+                "select name from sqlite_master where type = 'table'"))
+    except sqlite3.Error:
+        return ""  # damaged: opening it says so, and moves it aside
+    if not tables or "version_info" in tables:
+        return ""
+    shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
+    return f"an SQLite database of something else (tables: {shown})"
 
 
 def _is_sqlite(path: Path) -> bool:
@@ -239,6 +253,9 @@ def list_studies() -> tuple[Path, list[StoredStudy]]:
     path = store_path()
     if not path.exists():
         return path, []
+    if foreign := _foreign(path):
+        raise ConfigError(f"cannot read the study store {path}: it is {foreign}, not "
+                          "autotune's store (left untouched); `autotune cache clear` removes it")
     optuna = _optuna()
     try:
         summaries = optuna.get_all_study_summaries(storage_url(path), include_best_trial=False)
@@ -259,14 +276,18 @@ def list_studies() -> tuple[Path, list[StoredStudy]]:
 
 
 def clear_studies() -> list[Path]:
-    """Remove the store's files (and damaged ones moved aside); the files removed."""
+    """Remove the store's files, what it moved aside, and whatever else is at its path (a
+    folder too); the paths removed."""
     folder = cache_dir()
     if not folder.is_dir():
         return []
     removed = []
     for path in sorted(folder.glob(f"{STORE_NAME}*")):
         try:
-            path.unlink()
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
         except OSError as exc:
             raise ConfigError(f"cannot remove {path}: {exc.strerror or exc}") from exc
         removed.append(path)
@@ -278,25 +299,3 @@ def _optuna() -> Any:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     return optuna
-
-
-def recall(study: StudyRecord | None, name: str) -> Any:
-    """A value a search before kept in its study (``remember``); None when there is none, or
-    no store."""
-    if study is None or not study.storage or not study.name:
-        return None
-    try:
-        return _optuna().load_study(study_name=study.name,
-                                    storage=study.storage).user_attrs.get(name)
-    except Exception:  # a cache: unreadable is the same as absent
-        return None
-
-
-def remember(study: StudyRecord | None, name: str, value: Any) -> None:
-    """Keep a JSON value in the study for the next search with its key (e.g. the estimator's
-    figures for a calibration); nothing without a store."""
-    if study is None or not study.storage or not study.name:
-        return
-    with contextlib.suppress(Exception):  # a cache: failing to keep is not an error
-        _optuna().load_study(study_name=study.name, storage=study.storage).set_user_attr(
-            name, value)

@@ -11,10 +11,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from collections.abc import Iterator, Sequence
+import re
+from collections.abc import Sequence
 from datetime import timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import unquote
 
 from autotune.config import ProbeReport, TrialResult, WorkloadSpec, from_json_dict, to_json_dict
 from autotune.errors import ConfigError
@@ -72,6 +74,39 @@ def workload_source(spec: WorkloadSpec) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
+def redact(url: str) -> str:
+    """``url`` with its password hidden (``postgresql://user:***@host/db``), the form in which
+    a storage URL is shown or stored: ``autotune.json``, the footer, every message.
+
+    Split by hand, not by SQLAlchemy's ``make_url``: that one ends the password at its first
+    ``@``, so a password written with a raw ``@`` would show its rest as the host. Here the
+    user part ends at the URL's last ``@`` (hiding too much rather than too little), and a
+    ``password=`` in the query is hidden too.
+    """
+    scheme, sep, rest = url.partition("://")
+    at = rest.rfind("@")
+    user, colon, _ = rest[:max(at, 0)].partition(":")
+    if sep and colon and not rest.startswith("/"):  # sqlite:///a:b@c names a file
+        url = f"{scheme}://{user}:***@{rest[at + 1:]}"
+    return re.sub(r"(?i)(password=)[^&;\s]*", r"\1***", url)
+
+
+def redact_text(text: str, url: str | None) -> str:
+    """``text`` (e.g. an exception's message) with ``url``'s password and the URL itself
+    hidden wherever they appear."""
+    if not url:
+        return text
+    text = text.replace(url, redact(url))
+    _, sep, rest = url.partition("://")
+    at = rest.rfind("@")
+    secrets = [rest[:at].partition(":")[2] if sep and at >= 0 and rest[:1] != "/" else "",
+               *re.findall(r"(?i)password=([^&;\s]*)", url)]
+    for form in sorted({f for s in secrets for f in (s, unquote(s)) if f}, key=len,
+                       reverse=True):
+        text = text.replace(form, "***")
+    return text
+
+
 def check_storage(storage: str | None) -> None:
     """Refuse a storage URL that cannot keep a study (an in-memory SQLite database).
 
@@ -85,13 +120,33 @@ def check_storage(storage: str | None) -> None:
         path = rest[1:] if rest.startswith("/") else rest
         if path.split("?")[0] in ("", ":memory:"):
             raise ConfigError(
-                f"--storage {storage!r} is an in-memory SQLite database: nothing would be kept "
-                "to resume; name a file, e.g. sqlite:///autotune.db")
+                f"--storage {redact(storage)!r} is an in-memory SQLite database: nothing would "
+                "be kept to resume; name a file, e.g. sqlite:///autotune.db")
+
+
+BUDGET_TOLERANCE = 0.05
+"""A stored study is reused while the memory budget is within this share of the one its runs
+were measured under (the local store's and ``--storage``'s alike): the default budget is what
+is free, which moves a little between runs. Stored peaks are judged against the budget of
+now; only an out-of-memory near the old cap could read otherwise."""
+
+
+def budget_moved(stored: dict[str, Any], now: dict[str, Any]) -> str:
+    """Why the stored study's budget is too far from this search's ('' when close enough)."""
+    try:
+        before, after = int(stored["budget_bytes"]), int(now["budget_bytes"])
+    except (KeyError, TypeError, ValueError):
+        return "its key is unreadable"
+    if abs(after - before) <= BUDGET_TOLERANCE * max(before, 1):
+        return ""
+    return (f"the memory budget moved from {before / 2**20:,.0f} MiB to {after / 2**20:,.0f} "
+            f"MiB (more than {BUDGET_TOLERANCE:.0%})")
 
 
 def open_study(settings: SearchSettings, identity: dict[str, str],
                direction: str) -> optuna.Study:
-    """Create or resume the study; refuse one that belongs to another workload or target.
+    """Create or resume the study; refuse one that belongs to another workload or target
+    (its budget may differ by ``BUDGET_TOLERANCE``).
 
     Raises:
         ConfigError: the storage cannot be opened, or the study holds another search.
@@ -99,24 +154,46 @@ def open_study(settings: SearchSettings, identity: dict[str, str],
     check_storage(settings.storage)
     optuna = _optuna()
     name = settings.study_name or ("autotune" if settings.storage else None)
+    shown = redact(settings.storage) if settings.storage else None
     try:
         study = optuna.create_study(storage=settings.storage, study_name=name,
                                     direction=direction, load_if_exists=True)
     except Exception as exc:  # sqlalchemy and optuna raise many types for a bad URL
-        raise ConfigError(f"cannot open --storage {settings.storage!r}: {type(exc).__name__}: "
-                          f"{str(exc).splitlines()[0]}; use e.g. sqlite:///autotune.db") from exc
+        why = redact_text(str(exc).splitlines()[0] if str(exc) else "", settings.storage)
+        raise ConfigError(f"cannot open --storage {shown!r}: {type(exc).__name__}: {why}; use "
+                          "e.g. sqlite:///autotune.db or postgresql+psycopg2://user:pass@host/db"
+                          ) from None
+    try:
+        return _check_identity(study, name, shown, identity, direction)
+    except ConfigError:
+        raise
+    except Exception as exc:  # the storage failed while reading what the study holds
+        why = redact_text(str(exc).splitlines()[0] if str(exc) else "", settings.storage)
+        raise ConfigError(f"cannot open --storage {shown!r}: {type(exc).__name__}: {why}"
+                          ) from None
+
+
+def _check_identity(study: optuna.Study, name: str | None, shown: str | None,
+                    identity: dict[str, str], direction: str) -> optuna.Study:
     if study.direction.name.lower() != direction:
         raise ConfigError(f"study {name!r} optimizes {study.direction.name.lower()}; this search "
                           f"would {direction} (objective changed): use another --study-name")
     existing = study.user_attrs.get("autotune_identity")
     if existing is None:
         study.set_user_attr("autotune_identity", identity)
-    elif existing != identity:
-        diff = "; ".join(f"{k}: {existing.get(k)!r} stored, {v!r} now"
-                         for k, v in identity.items() if existing.get(k) != v)
+        return study
+    existing = existing if isinstance(existing, dict) else {}
+    moved = budget_moved(existing, identity)
+    diff = "; ".join([*(f"{k}: {existing.get(k)!r} stored, {identity.get(k)!r} now"
+                        for k in dict.fromkeys([*identity, *existing])
+                        if k != "budget_bytes" and existing.get(k) != identity.get(k)),
+                      *filter(None, [moved])])
+    if diff:
+        hint = (f", or pass --memory-budget {int(existing['budget_bytes']) // 2**20}MiB (the "
+                "stored budget)" if "moved from" in moved and diff == moved else "")
         raise ConfigError(
-            f"study {name!r} in {settings.storage} holds another search ({diff}): refusing to "
-            "mix results measured for something else; use another --study-name")
+            f"study {name!r} in {shown} holds another search ({diff}): refusing to mix results "
+            f"measured for something else; use another --study-name{hint}")
     return study
 
 
@@ -165,15 +242,18 @@ def distributions(micro_batches: Sequence[int]) -> dict[str, optuna.distribution
     return dists
 
 
-@contextlib.contextmanager
-def running(study: optuna.Study, candidate: Candidate,
-            micro_batches: Sequence[int]) -> Iterator[optuna.Trial]:
-    """Ask for the trial of one run of ``candidate``; a run that raises (Ctrl-C) is told
-    failed.
+def ask(study: optuna.Study, candidate: Candidate,
+        micro_batches: Sequence[int]) -> optuna.Trial:
+    """The trial of one run of ``candidate`` (the ledger tells it, or fails it when the run
+    raises).
 
     The trial is asked with every parameter fixed to the candidate's (a fixed sampler), not
     enqueued: a queue is shared by every process on the study, so two searches at once
-    would pop each other's runs."""
+    would pop each other's runs.
+
+    Raises:
+        RuntimeError: the study handed out a waiting trial of other parameters.
+    """
     optuna = _optuna()
     params = {k.name: getattr(candidate.knobs, k.name) for k in KNOBS}
     params["micro_batch"] = candidate.micro_batch
@@ -187,11 +267,12 @@ def running(study: optuna.Study, candidate: Candidate,
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
         raise RuntimeError(f"the study handed out {trial.params}, not {candidate.key()}")
     trial.set_user_attr("candidate", candidate.key())
-    try:
-        yield trial
-    except BaseException:
-        study.tell(trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
-        raise
+    return trial
+
+
+def fail(study: optuna.Study, trial: optuna.Trial) -> None:
+    """Tell a run cut short (Ctrl-C) failed."""
+    study.tell(trial, state=_optuna().trial.TrialState.FAIL, skip_if_finished=True)
 
 
 def _fixed_sampler(params: dict[str, object]) -> optuna.samplers.BaseSampler:

@@ -14,6 +14,7 @@ import argparse
 import functools
 import gc
 import inspect
+import logging
 import os
 import time
 from contextlib import nullcontext
@@ -39,9 +40,10 @@ from torch.utils.checkpoint import checkpoint
 # accumulate_steps = 4: 64 / (16 per micro-batch x 1 device): derived
 # precision = bf16: 1,210.0 samples/s against 800.0 for the fp32 eager baseline (1.51x); best
 #     other precision: fp32/default 32x2 at 1,000.0 samples/s
-# compile_mode = default: torch.compile with mode default, dynamic=False; best other mode:
-#     bf16/off 16x4 at 900.0 samples/s; compiling took 12.3 s, paid back after 456 optimizer
-#     steps
+# compile_mode = default: torch.compile with mode default, automatic dynamic shapes
+#     (compile_dynamic = None: static at the one shape measured; a dim that changes compiles
+#     once more, dynamic); best other mode: bf16/off 16x4 at 900.0 samples/s; compiling took
+#     12.3 s, paid back after 456 optimizer steps
 # checkpointing = off: no activation checkpointing
 # optimizer_impl = default: the workload's optimizer as built
 # memory_format = contiguous: contiguous tensors
@@ -53,6 +55,7 @@ target_batch = 64  # samples per optimizer step, all devices together
 micro_batch = 16  # samples per forward/backward on each device
 precision = "bf16"  # fp32, tf32, bf16 (autocast) or fp16 (autocast + GradScaler)
 compile_mode = "default"  # off, default, reduce-overhead, max-autotune-no-cudagraphs, ...
+compile_dynamic = None  # None: automatic dynamic shapes, True: dynamic, False: static
 checkpointing = "off"  # off, blocks (every repeated block) or alternate (every second)
 optimizer_impl = "default"  # default (as built), for-loop, foreach or fused
 memory_format = "contiguous"  # contiguous, or channels_last (2-D convolutions, 4-D images)
@@ -255,6 +258,18 @@ def to_device(batch, device):
     return move(batch)
 
 
+class RecompileLimitNote(logging.Filter):
+    """Says in one line when torch.compile hits its recompile limit: that code runs eager."""
+
+    def filter(self, record):
+        if str(record.msg).startswith("torch._dynamo hit config."):
+            print("note: torch.compile hit its recompile limit: that code runs eager from now "
+                  "on, slower than tuned (its input shapes keep changing); pad batches to a few "
+                  "fixed lengths, set compile_dynamic = True above, or raise "
+                  "torch._dynamo.config.recompile_limit", flush=True)
+        return True
+
+
 # ----------------------------------------------------------------------------------------------
 
 
@@ -354,7 +369,8 @@ def main():
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.steps)
     if compile_mode != "off":  # after the DDP/FSDP wrap, as autotune measured it
         mode = None if compile_mode == "default" else compile_mode
-        model = torch.compile(model, mode=mode, dynamic=False)
+        logging.getLogger("torch._dynamo.convert_frame").addFilter(RecompileLimitNote())
+        model = torch.compile(model, mode=mode, dynamic=compile_dynamic)
     torch.manual_seed(args.seed + 1 + rank)  # a different data stream on each rank
 
     if master:

@@ -1,0 +1,208 @@
+"""The one place a search touches its study store once it is open: it asks for each run's
+trial, tells its result, reads what the study held, and keeps the estimator's figures.
+
+The store is a cache: any failure of it (the SQLite file removed or replaced by ``autotune
+cache clear`` from another shell, the cache disk full, the PostgreSQL server of
+``--storage`` gone) costs the cache, never the search. From the first failure on the search
+records nothing more, goes on, and says once what failed: a warning at once, and the
+study's note, which the footer and ``autotune.json`` carry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Literal
+
+from autotune.config import TrialResult
+from autotune.schema import RunRecord, StudyRecord
+from autotune.search import _study
+from autotune.search._records import Candidate
+
+if TYPE_CHECKING:
+    import optuna
+
+Trouble = Literal["full", "read-only", "moved", "damaged", "unreachable", "failed"]
+
+_SAID: dict[Trouble, str] = {
+    "full": "the disk is full",
+    "read-only": "it cannot be written",
+    "moved": "its file was removed or replaced meanwhile (e.g. `autotune cache clear`)",
+    "damaged": "it is damaged",
+    "unreachable": "its server cannot be reached",
+    "failed": "it failed",
+}
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc``, then what it wraps (SQLAlchemy's ``orig``, causes, contexts), innermost last."""
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not e for e in seen) and len(seen) < 8:
+        seen.append(current)
+        current = (getattr(current, "orig", None) or current.__cause__
+                   or current.__context__)
+    return seen
+
+
+def store_trouble(exc: BaseException) -> tuple[Trouble, str]:
+    """What a store failure is, and the one line saying so (its innermost error quoted):
+    a full disk (``ENOSPC``, SQLite's ``SQLITE_FULL``) is not a damaged store, and only a
+    damaged one is moved aside when opening."""
+    chain = _chain(exc)
+    codes = {str(getattr(e, "sqlite_errorname", "") or "") for e in chain}
+    numbers = {getattr(e, "errno", None) for e in chain}
+    text = " | ".join(str(e) for e in chain).lower()
+    kind: Trouble = "failed"
+    if (numbers & {errno.ENOSPC, errno.EDQUOT} or "SQLITE_FULL" in codes
+            or "database or disk is full" in text or "no space left" in text):
+        kind = "full"
+    elif "SQLITE_READONLY_DBMOVED" in codes or "no such table" in text:
+        kind = "moved"
+    elif (any(c.startswith("SQLITE_READONLY") for c in codes) or "readonly database" in text
+          or numbers & {errno.EROFS, errno.EACCES}):
+        kind = "read-only"
+    elif (codes & {"SQLITE_NOTADB", "SQLITE_CORRUPT"} or "file is not a database" in text
+          or "malformed" in text or "no such column" in text or "has no column" in text
+          or "no longer compatible with the table schema" in text):
+        kind = "damaged"
+    elif any(s in text for s in ("server closed the connection", "could not connect",
+                                 "connection refused", "terminating connection",
+                                 "connection to server", "lost connection", "can't connect")):
+        kind = "unreachable"
+    return kind, f"{_SAID[kind]} ({inner_error(exc)})"
+
+
+def inner_error(exc: BaseException) -> str:
+    """``Type: first line`` of the innermost error that says something (Optuna's
+    ``StorageInternalError`` wraps SQLAlchemy's, which wraps the driver's)."""
+    inner = next((e for e in reversed(_chain(exc)) if str(e).strip()), exc)
+    text = str(inner).strip()
+    return f"{type(inner).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+class Ledger:
+    """The search's study, behind one seam: each call that touches the store turns its
+    failure into "not cached" (a note, a warning once), never an error of the search."""
+
+    def __init__(self, study: optuna.Study, record: StudyRecord) -> None:
+        self._study: optuna.Study | None = study
+        self.record = record
+        """What the search says of its study (``SearchOutcome.study``): its note grows."""
+        self._shown = record.storage
+
+    @property
+    def ok(self) -> bool:
+        """Whether runs are still recorded."""
+        return self._study is not None
+
+    def note(self, text: str) -> None:
+        """Add to what the report says of the store."""
+        self.record = replace(self.record, note="; ".join(filter(None, (self.record.note,
+                                                                          text))))
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        """Stop using the store, saying once why."""
+        if self._study is None:
+            return
+        self._study = None
+        _, why = store_trouble(exc)
+        line = _study.redact_text(
+            f"failed while {what}: {why}; the search goes on without it (the runs from here "
+            "on are not kept)", self._shown)
+        self.note(line)
+        warnings.warn(f"study store {line}", stacklevel=3)
+
+    def completed(self) -> tuple[dict[Candidate, TrialResult], dict[Candidate, int]]:
+        """``_study.completed``, or nothing once the store failed."""
+        if self._study is not None:
+            try:
+                return _study.completed(self._study)
+            except Exception as exc:  # any store failure: not cached
+                self._failed("reading its runs", exc)
+        return {}, {}
+
+    def probed(self) -> dict[Candidate, TrialResult]:
+        """``_study.probed``, or nothing once the store failed."""
+        if self._study is not None:
+            try:
+                return _study.probed(self._study)
+            except Exception as exc:
+                self._failed("reading its probes", exc)
+        return {}
+
+    def stored_runs(self, usable_bytes: int) -> list[RunRecord]:
+        """``_study.stored_runs``, or none once the store failed."""
+        if self._study is not None:
+            try:
+                return _study.stored_runs(self._study, usable_bytes)
+            except Exception as exc:
+                self._failed("reading its runs", exc)
+        return []
+
+    @contextlib.contextmanager
+    def running(self, candidate: Candidate,
+                micro_batches: Sequence[int]) -> Iterator[optuna.Trial | None]:
+        """The trial of one run of ``candidate`` (None once the store failed); a run that
+        raises (Ctrl-C) is told failed. Only the store's own failures are caught: what the
+        run raises goes on up."""
+        trial = None
+        if self._study is not None:
+            try:
+                trial = _study.ask(self._study, candidate, micro_batches)
+            except Exception as exc:
+                self._failed(f"starting a run of {candidate.key()}", exc)
+        try:
+            yield trial
+        except BaseException:
+            if trial is not None and self._study is not None:
+                try:
+                    _study.fail(self._study, trial)
+                except Exception as exc:
+                    self._failed(f"recording the run of {candidate.key()} cut short", exc)
+            raise
+
+    def tell(self, trial: optuna.Trial | None, result: TrialResult, value: float | None, *,
+             kind: Literal["trial", "probe", "re-measure"] = "trial") -> None:
+        """``_study.tell``; nothing for a run without a trial (the store failed)."""
+        if trial is None or self._study is None:
+            return
+        try:
+            _study.tell(self._study, trial, result, value, kind=kind)
+        except Exception as exc:
+            self._failed(f"recording a run ({result.status})", exc)
+
+    def recall(self, name: str) -> Any:
+        """A value a search before kept in the study (``remember``); None when there is
+        none, or no store."""
+        if self._study is None or not self.record.storage:
+            return None
+        try:
+            return self._study.user_attrs.get(name)
+        except Exception as exc:
+            self._failed(f"reading {name!r}", exc)
+            return None
+
+    def remember(self, name: str, value: Any) -> None:
+        """Keep a JSON value in the study for the next search with its key (e.g. the
+        estimator's figures for a calibration); nothing without a store."""
+        if self._study is None or not self.record.storage:
+            return
+        try:
+            self._study.set_user_attr(name, value)
+        except Exception as exc:
+            self._failed(f"keeping {name!r}", exc)
+
+
+def recall(ledger: Ledger | None, name: str) -> Any:
+    """``Ledger.recall``; None without a ledger."""
+    return ledger.recall(name) if ledger is not None else None
+
+
+def remember(ledger: Ledger | None, name: str, value: Any) -> None:
+    """``Ledger.remember``; nothing without a ledger."""
+    if ledger is not None:
+        ledger.remember(name, value)

@@ -1,0 +1,153 @@
+"""The replay benchmark (benchmarks/replay.py): today's search against a recorded table."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+from replay import ReplayDevice, quality_of, replay_one, score  # noqa: E402
+from replay_tables import Entry, Run, Table, all_tables, gpu_oracle_files  # noqa: E402
+
+from autotune.config import DeviceInfo, TrialSpec, WorkloadSpec  # noqa: E402
+from autotune.knobs import Knobs  # noqa: E402
+
+MIB = 2**20
+CPU = DeviceInfo(device="cpu", name="recorded CPU", total_memory_bytes=16000 * MIB,
+                 available_memory_bytes=16000 * MIB, supports_bf16=True, supports_fp16=False,
+                 supports_tf32=False, native_bf16=True)
+SPEED = {"fp32/off": 10.0, "bf16/off": 20.0, "fp32/default": 15.0, "bf16/default": 40.0}
+"""Samples/s of each setting at micro-batch 4 (half that at 1, 3/4 at 2)."""
+
+
+def entry(label: str, micro_batch: int, *, slow: float = 1.0) -> Entry:
+    """Two runs of a candidate, the second ``slow`` times the first's step time; target 4;
+    peak 100 MiB + 200 MiB a sample (4 peaks 900 MiB: over the 810 MiB usable, not the cap)."""
+    sps = SPEED[label] * {1: 0.5, 2: 0.75, 4: 1.0}[micro_batch]
+    step_s = 4 / sps
+    peak = (100 + 200 * micro_batch) * MIB
+    runs = [Run("ok", step_s, 10, 0.0, peak, 20.0 + 10 * step_s),
+            Run("ok", step_s * slow, 10, 0.0, peak, 20.0 + 10 * step_s * slow)]
+    return Entry(f"{label}/{micro_batch}", 4 // micro_batch, runs=runs)
+
+
+def table(**changes) -> Table:
+    """Every (precision, compile mode) setting at micro-batches 1, 2 and 4 under a 900 MiB
+    cap (810 usable): 4 runs (900 MiB) but does not fit, so bf16/default/2 is the best (its
+    second run 25% slower: truth the mean of 30 and 24 samples/s, 27)."""
+    entries = {e.key: e for label in SPEED for m in (1, 2, 4)
+               for e in [entry(label, m, slow=1.25 if label == "bf16/default" else 1.0)]}
+    t = Table(name="hand", machine="recorded CPU", workload="hand-built", spec=WorkloadSpec(),
+              device=CPU, target=4, budget_bytes=900 * MIB, headroom=0.1, entries=entries,
+              sources=[], sigma=0.05, sigma_note="given")
+    return replace(t, **changes)
+
+
+def test_a_hand_built_table_scores_the_known_best_over_three_seeds() -> None:
+    t = table()
+    assert t.best() == ("bf16/default/2", pytest.approx((30 + 24) / 2))
+    assert t.pass_s() == pytest.approx(sum(20.0 + 10 * e.runs[0].median_s
+                                           for e in t.entries.values()))
+    out = score(t, 3)
+    # the search picks bf16/default/2 in every seed: 4 does not fit, the others are slower
+    assert out["picks"] == {"bf16/default/2": 3}
+    assert out["pick_quality"] == {"median": 1.0, "p10": 1.0, "min": 1.0}
+    assert out["within_3pct"] == 1.0
+    assert out["over_budget_picks"] == 0 and out["failed_searches"] == 0
+    # knobs beyond precision and compile mode are not in the table: counted, never a win
+    assert out["not_recorded"]["seeds_with_any"] == 3
+    assert out["cost"]["median"] > 0 and out["runs"]["median"] > 4
+
+
+def test_the_pick_quality_is_the_picks_truth_over_the_best() -> None:
+    t = table()
+    # fp32/default/2: 15 * 0.75 samples/s in both runs, against the best's 27
+    assert quality_of(t, "fp32/default/2") == (pytest.approx(11.25 / 27), "")
+    # 4 ran (a truth of its own) but over the usable budget: scored, and said
+    assert quality_of(t, "bf16/default/4") == (pytest.approx((40 + 32) / 2 / 27),
+                                               "over the table's budget")
+
+
+def test_a_candidate_missing_from_the_table_cannot_score_as_the_best() -> None:
+    t = table()
+    # recorded without runs (the oracle left it out) and never recorded: neither is a best
+    t.entries["bf16/default+opt=fused/2"] = Entry("bf16/default+opt=fused/2", 2,
+                                                 excluded="left out")
+    assert t.best()[0] == "bf16/default/2"
+    assert quality_of(t, "bf16/default+opt=fused/2") == (0.0, "not recorded")
+    assert quality_of(t, "bf16/default+opt=foreach/2") == (0.0, "not recorded")
+    device = ReplayDevice(t, 0)
+    spec = TrialSpec(workload=WorkloadSpec(), device="cpu", micro_batch=2, accumulate_steps=2,
+                     knobs=Knobs(precision="bf16", compile_mode="default",
+                                 optimizer_impl="fused"), num_timed_steps=10)
+    result = device(spec)
+    assert (result.status, result.message) == ("unsupported", "not recorded")
+    assert device.missing == {"bf16/default+opt=fused/2": 1}
+
+
+def test_the_replay_is_deterministic_per_seed() -> None:
+    t = table()
+    spec = TrialSpec(workload=WorkloadSpec(), device="cpu", micro_batch=2, accumulate_steps=2,
+                     knobs=Knobs(precision="bf16", compile_mode="default"), num_timed_steps=10,
+                     memory_budget_bytes=900 * MIB)
+    first, again, other = (ReplayDevice(t, s) for s in (7, 7, 8))
+    runs = [[device(spec) for _ in range(6)] for device in (first, again, other)]
+    assert runs[0] == runs[1] and first.now_s == again.now_s
+    assert [r.step_times_s for r in runs[0]] != [r.step_times_s for r in runs[2]]
+    a, b = replay_one(t, 3), replay_one(t, 3)
+    assert (a.pick, a.quality, a.cost, a.runs) == (b.pick, b.quality, b.cost, b.runs)
+
+
+def test_the_time_budget_runs_on_the_replays_clock() -> None:
+    # Each run costs 20 s or more of simulated time, none of the replay's own: a 100 s
+    # budget stops the search after a few runs, though it ran for milliseconds; the run the
+    # budget's end cuts short is killed at its timeout, as the runner kills a child.
+    t = table(search={"time_budget_s": 100.0})
+    seed = replay_one(t, 0)
+    assert seed.runs < 8 and seed.cost * t.pass_s() <= 100.0 + 1e-9
+
+
+def test_every_committed_oracle_is_a_table() -> None:
+    tables = all_tables()
+    sources = {s for t in tables for s in t.sources}
+    assert set(gpu_oracle_files()) - {"gpu_suite-search-gpt2-capped-oracle-gpt2-capped-"
+                                      "h200-2026-11-26b.json"} <= sources
+    assert {"slow_gpt2-xeon", "slow_bert-xeon", "slow_cnn-xeon", "gpt2-h200",
+            "gpt2-h200-capped"} <= {t.name for t in tables}
+    assert len({t.name for t in tables}) == len(tables)
+    for t in tables:
+        key, best = t.best()
+        assert t.fits(key) and best > 0 and t.sigma > 0
+
+
+def test_a_compiled_fit_only_from_the_cache_peaks_over_the_budget_when_compiled_afresh() -> None:
+    t = table()
+    t.entries["bf16/default/2"].fits_first_launch = False  # the table's verdict, no peak
+    spec = TrialSpec(workload=WorkloadSpec(), device="cpu", micro_batch=2, accumulate_steps=2,
+                     knobs=Knobs(precision="bf16", compile_mode="default"), num_timed_steps=10,
+                     memory_budget_bytes=900 * MIB)
+    device = ReplayDevice(t, 0)
+    assert device(spec).peak_bytes == 500 * MIB  # loaded from the cache: as recorded
+    cold = device(replace(spec, cold_compile=True))
+    assert cold.ok and cold.peak_bytes is not None and cold.peak_bytes > t.usable_bytes()
+    assert not t.fits("bf16/default/2") and t.best()[0] != "bf16/default/2"
+
+
+def test_a_rule_is_charged_only_with_the_micro_batches_its_note_skipped() -> None:
+    from replay import rule_of
+
+    found = rule_of("fp32/off+ckpt=alternate: micro-batches above 8 not probed: its peak at 8 "
+                    "(39.07 MiB) grows to about 54.00 MiB at 16")
+    assert found is not None
+    label, rule, skipped = found
+    assert label == "fp32/off+ckpt=alternate" and rule.startswith("micro-batches above N")
+    assert [m for m in (1, 4, 8, 16, 32) if skipped(m)] == [16, 32]
+    _, _, named = rule_of("fp32/off: micro-batches 4, 2, 1 not timed: its best is 0.65x")
+    assert [m for m in (1, 2, 4, 8) if named(m)] == [1, 2, 4]
+    _, _, below = rule_of("bf16/default: micro-batches 4 and below not tried: a compile")
+    assert [m for m in (1, 2, 4, 8) if below(m)] == [1, 2, 4]
