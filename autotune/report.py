@@ -253,13 +253,14 @@ def _kind(line: str) -> str:
     """A skipped sentence's kind: its words before the first ``:``, without the setting it
     names or the numbers in it (``not tried``, ``micro-batches not timed``)."""
     head = _SETTING.sub("", line, count=1).partition(":")[0]
-    return " ".join(_NUMBERS.sub("", head).split()) or line.partition(":")[0]
+    return " ".join((_NUMBERS.sub("", head) or line.partition(":")[0]).split())
 
 
 def _grouped(heading: str, kind: str, found: list[str]) -> str:
-    """``skipped (3 not tried): <the first>``, cut to ``LINE_WIDTH``."""
+    """``skipped (3 not tried): <the first>``, on one line cut to ``LINE_WIDTH``."""
+    kind = kind if len(kind) <= 40 else kind[:39] + "…"
     count = f" ({len(found)}{' ' + kind if kind else ''})" if len(found) > 1 else ""
-    text = f"{heading}{count}: {found[0]}"
+    text = f"{heading}{count}: {' '.join(found[0].split())}"
     return text if len(text) <= LINE_WIDTH else text[:LINE_WIDTH - 1] + "…"
 
 
