@@ -624,9 +624,10 @@ def test_fuzzed_file_is_accepted_and_safe_or_rejected_cleanly(case: tuple[str, A
             assert not out.exists()
             return
         EXAMPLES["accepted"] += 1
-        if result.exit_code == 2:  # a file workload whose file is not here
+        if result.exit_code == 2:  # a file workload whose file is not here (or not a file)
             assert config.workload.kind == "file", result.output
-            assert "pass it with `autotune codegen --workload" in _words(result.output)
+            assert "workload.target in" in _words(result.output)
+            assert "pass --workload path/to/file.py:factory" in _words(result.output)
             return
         assert result.exit_code == 0, result.output
         source = (out / SCRIPT_NAME).read_text()
