@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -174,3 +175,17 @@ def test_bad_knob_options_are_all_named_at_once_and_start_nothing(tmp_path) -> N
                         "--allocators", "expandable_segments")
     assert cuda_only.exit_code == 2
     assert "--allocators expandable_segments: nothing runs on cpu" in _words(cuda_only.stderr)
+
+
+def test_a_bad_option_is_said_before_an_existing_output(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """README's two commands in one folder: the main command's autotune.json is there when a
+    later search has a bad option; that option is what gets said (the outputs are checked
+    once the request is valid)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "autotune.json").write_text("{}")
+    result = _invoke("search", "--device", "cpu", "--target-batch", "8", "--precisions", "fp8")
+    assert result.exit_code == 2, result.output
+    assert "fp8" in _words(result.stderr) and "already exists" not in result.stderr
+    result = _invoke("search", "--device", "cpu", "--target-batch", "8", "--precisions", "fp32")
+    assert result.exit_code == 2 and "autotune.json already exists" in _words(result.stderr)

@@ -153,7 +153,8 @@ def test_what_cannot_be_predicted_is_not() -> None:
 
 @given(st.floats(0.0, 1.0), st.floats(1e-4, 1.0), st.floats(0.0, 5.0),
        st.lists(st.sampled_from([1, 2, 4, 8, 16, 32, 64]), min_size=2, max_size=2, unique=True),
-       st.lists(st.floats(0.0, 0.5), min_size=2, max_size=2))
+       # No subnormal half-widths: none is measured, and their rounding steps exceed 1e-9.
+       st.lists(st.floats(0.0, 0.5, allow_subnormal=False), min_size=2, max_size=2))
 def test_a_prediction_at_a_timed_micro_batch_is_as_sure_as_its_run(
         fixed: float, per_sample: float, update: float, sizes: list[int],
         widths: list[float]) -> None:

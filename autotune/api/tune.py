@@ -246,13 +246,13 @@ def search(
     started = time.monotonic()
     path = Path(out) / "autotune.json" if out is not None else None
     script = Path(out) / "train_autotuned.py" if out is not None else None
-    if path is not None and script is not None:
-        _check_writable(path, force)
-        _check_writable(script, force)
-        _check_writable(path.with_suffix(".html"), force)  # the report beside it
     info = describe_device(request.device)
     precisions, not_timed = timed_precisions(info, request.precisions)
     plan, classes, budget, values = _plan(replace(request, precisions=precisions), info, True)
+    if path is not None and script is not None:  # after the request's own problems, all said
+        _check_writable(path, force)
+        _check_writable(script, force)
+        _check_writable(path.with_suffix(".html"), force)  # the report beside it
     # From here a signal ends a stage (the first one) or waits for the writes: once a run is
     # timed there is a result, and no Ctrl-C or SIGTERM may cost it (autotune.signals).
     with guarded() as guard:
