@@ -63,7 +63,10 @@ def test_search_eager_and_compiled_writes_a_consistent_config(tmp_path: Path) ->
     winners = [t for t in trials if t.verdict == "winner"]
     assert len(winners) == 1
     feasible = [t for t in trials if t.verdict in ("winner", "ok")]
-    assert winners[0].samples_per_s == max(t.samples_per_s for t in feasible)
+    fastest = max(feasible, key=lambda t: t.samples_per_s)
+    if winners[0] is not fastest:  # two run back to back in rounds: ahead in most of them
+        shares = winners[0].round_shares
+        assert shares and sum(s > 1 for s in shares) > len(shares) / 2, (winners, fastest)
     assert (config.micro_batch, config.precision, config.compile_mode) == (
         winners[0].micro_batch, winners[0].precision, winners[0].compile_mode)
     compiled = [t for t in trials if t.compile_mode == "default" and t.verdict != "oom"]
