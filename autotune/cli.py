@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -26,7 +26,6 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
-from rich.table import Table
 from rich.text import Text
 
 from autotune.config import MAX_BATCH
@@ -360,7 +359,7 @@ def search(
             time_budget_s=_seconds(time_budget, "--time-budget") if time_budget else None,
             timeout_s=_seconds(trial_timeout, "--trial-timeout"),
             storage=storage, study_name=study_name, cache=not no_cache, fresh=fresh)
-        err.print(start_line(workload or model or "the built-in GPT", device, target_batch),
+        err.print(report.start_line(workload or model or "the built-in GPT", device, target_batch),
                   highlight=False)  # at once: the progress bar shows nowhere off a terminal
         spec = api.workload_spec(workload=workload, model=model, seq_len=seq_len,
                                  pretrained=pretrained)
@@ -398,13 +397,6 @@ def search(
                 out_console.print(line, highlight=False)
         if result.config.interrupted and result.stop_reason.startswith("interrupted"):
             raise typer.Exit(143 if "SIGTERM" in result.stop_reason else 130)
-
-
-def start_line(workload: str, device: str | None, target_batch: int) -> str:
-    """The search's first line, printed before anything is run."""
-    return (f"autotune search: probing the memory of {workload} on "
-            f"{device or 'the default device (cuda when available)'} for target batch "
-            f"{target_batch} (each run is a fresh child process; this takes minutes)")
 
 
 def out_for_tables() -> Console:
@@ -592,6 +584,7 @@ def cache_list(json_out: JsonOpt = False) -> None:
     with _exits():
         import json
 
+        from autotune import report
         from autotune.search import list_studies
 
         path, studies = list_studies()
@@ -603,30 +596,9 @@ def cache_list(json_out: JsonOpt = False) -> None:
         if not studies:
             out.print(f"no stored studies ({path})", highlight=False, markup=False)
             return
-        out_for_tables().print(cache_table(path, studies))
+        out_for_tables().print(report.cache_table(path, studies))
         out.print("open it in optuna-dashboard: optuna-dashboard sqlite:///" + str(path),
                   highlight=False, markup=False)
-
-
-def cache_table(path: Path, studies: list[Any]) -> Table:
-    """``autotune cache list``'s table: every title and cell a ``Text``, printed as typed."""
-    table = Table(title=Text(str(path), style="table.title"))
-    for column in ("study", "workload", "target", "device", "budget", "runs", "last run"):
-        table.add_column(column, justify="right" if column == "runs" else "left")
-    for s in studies:
-        key = s.key
-        table.add_row(*map(Text, (
-            s.name, str(key.get("workload", "?")), str(key.get("target_batch", "?")),
-            str(key.get("device", "?")), _mib(key.get("budget_bytes")), str(s.num_runs),
-            s.last_run_at or "-")))
-    return table
-
-
-def _mib(value: object) -> str:
-    try:
-        return f"{int(str(value)) / 2**20:,.0f} MiB"
-    except ValueError:
-        return "?"
 
 
 @cache_app.command("clear")

@@ -407,3 +407,31 @@ def study_lines(c: TunedConfig) -> list[str]:
         lines.append(f"study store: runs recorded in {where} (study {c.study.name}): a "
                      "repeated search reuses them (--no-cache: keep none)")
     return lines
+
+
+def start_line(workload: str, device: str | None, target_batch: int) -> str:
+    """The search's first line, printed before anything is run."""
+    return (f"autotune search: probing the memory of {workload} on "
+            f"{device or 'the default device (cuda when available)'} for target batch "
+            f"{target_batch} (each run is a fresh child process; this takes minutes)")
+
+
+def cache_table(path: Path, studies: list[Any]) -> Table:
+    """``autotune cache list``'s table: every title and cell a ``Text``, printed as typed."""
+    table = Table(title=Text(str(path), style="table.title"))
+    for column in ("study", "workload", "target", "device", "budget", "runs", "last run"):
+        table.add_column(column, justify="right" if column == "runs" else "left")
+    for s in studies:
+        key = s.key
+        table.add_row(*map(Text, (
+            s.name, str(key.get("workload", "?")), str(key.get("target_batch", "?")),
+            str(key.get("device", "?")), _mib(key.get("budget_bytes")), str(s.num_runs),
+            s.last_run_at or "-")))
+    return table
+
+
+def _mib(value: object) -> str:
+    try:
+        return f"{int(str(value)) / 2**20:,.0f} MiB"
+    except ValueError:
+        return "?"

@@ -113,7 +113,7 @@ def test_user_text_prints_as_typed_on_every_path(text: str) -> None:
         "search footer": report.search_footer(result),
         "estimate lines": report.estimate_lines(_estimate(text)),
         "check message": [text],
-        "cache list": [cli.cache_table(Path(text), [StoredStudy(
+        "cache list": [report.cache_table(Path(text), [StoredStudy(
             text, {"workload": text, "target_batch": 8, "device": text}, 3, None)])],
     }
     for path, renderables in paths.items():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from autotune.config import (
     from_json_dict,
     to_json_dict,
 )
-from autotune.device import backend_for
+from autotune.device import backend_for, default_device
 from autotune.errors import (
     MEMORY_STATUS,
     ConfigError,
@@ -103,15 +102,11 @@ def estimate(
         problems.append(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
     problems += [f"{k.name} {getattr(knobs, k.name)!r} is not one of {', '.join(k.values)}"
                  for k in KNOBS if knobs is not None and getattr(knobs, k.name) not in k.values]
-    if device is not None and not re.fullmatch(r"cpu|cuda(:[0-9]{1,4})?", device):
-        problems.append(f"--device {device!r} must be cpu, cuda or cuda:N: the device the "
-                        "estimate is for")
-    if kernels is None:
-        if device is None:
-            import torch
-
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        kernels = "cpu" if device == "cpu" else "cuda"
+    if device is not None or kernels is None:  # the device need not be here (a CPU runner)
+        try:
+            kernels = kernels or backend_for(device or default_device()).kernels
+        except ConfigError as exc:
+            problems.append(f"--device {device!r}: {str(exc).split(': ', 1)[-1]}")
     if kernels not in ("cuda", "cpu"):
         problems.append(f"kernels {kernels!r} must be cuda or cpu")
     if micro_batch < 1:
@@ -286,7 +281,7 @@ def check(path: str | Path | None = None, *, target: CheckTarget | None = None,
     if measure or (measure is None and device_here and not on_cpu):
         peak, how = _measure(target, timeout_s), "measured on the device"
     else:
-        kernels = "cpu" if target.device == "cpu" else "cuda"
+        kernels = backend_for(target.device).kernels
         settings: dict[str, Any] = dict(
             micro_batch=target.micro_batch, device_memory=target.device_memory_bytes,
             knobs=target.knobs, headroom=target.headroom, target_batch=target.target_batch,
