@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,16 @@ from autotune.errors import Interrupted
 from autotune.signals import SignalGuard, guarded
 from tests.conftest import workload_target
 from tests.test_search_stages import CLASSES, SETTINGS, ScriptedDevice, by_class, plan
+
+
+@pytest.fixture(autouse=True)
+def _sigint_at_its_default() -> Iterator[None]:
+    """A terminal's Ctrl-C reaches a process whose SIGINT is at Python's default; a test run
+    started in the background (a CI job) inherits SIGINT ignored, which the guard rightly
+    leaves ignored. These tests are about the first case."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
 
 
 def _signal_self(signum: int) -> None:
