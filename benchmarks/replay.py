@@ -69,9 +69,8 @@ from replay_tables import Entry, Table, all_tables
 from autotune.config import ProbeReport, TrialResult, TrialSpec
 from autotune.errors import AutotuneError
 from autotune.knobs import BASELINE
-from autotune.search import SearchSettings
+from autotune.search import SearchSettings, run_search
 from autotune.search._records import Candidate, pick_winner
-from autotune.search._stages import run_search
 from autotune.space import knob_values, memory_classes, timed_precisions
 from autotune.timing import stop_reason
 

@@ -29,6 +29,7 @@ from autotune.schema import (
     TrialRecord,
     TunedConfig,
 )
+from autotune.search.rules import Skip
 from autotune.timing import Lead, lead
 
 if TYPE_CHECKING:
@@ -128,6 +129,8 @@ class SearchOutcome:
     """The knob settings probed, in the order they were."""
     skipped: tuple[str, ...]
     interrupted: bool
+    skips: tuple[Skip, ...] = ()
+    """The same as ``skipped``, typed: each with its rule id and figures (``rules``)."""
     stop_reason: str
     not_reached: tuple[str, ...] = ()
     """A search stopped early: the stages and knobs it never began (``TunedConfig``)."""
