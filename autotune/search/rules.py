@@ -41,7 +41,6 @@ RULES: Mapping[str, str] = {
     "clear-lead": "a lead wider than the noise stands without a re-measure",
     "within-drift": "timed once within the drift two runs of one config showed",
     "rounds": "interleaved rounds decide a gap within the drift",
-    "equal": "two configs within the practical-equality band: the cheaper stands",
     "rescreen": "knobs screened again after the leader changed",
     "recheck": "a stored timing is re-checked before it picks",
     "stored-pick": "picked on a stored timing alone (stopped before its re-check)",
