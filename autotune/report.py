@@ -19,7 +19,7 @@ from rich.text import Text
 from autotune.config import DeviceInfo, ProbeReport, ProbeStep, format_bytes, to_json_dict
 from autotune.device import backend_for
 from autotune.knobs import describe
-from autotune.schema import SearchResult, TrialRecord, TunedConfig
+from autotune.schema import SearchResult, SkipRecord, TrialRecord, TunedConfig
 
 if TYPE_CHECKING:
     from autotune.estimate import EstimateReport
@@ -195,7 +195,7 @@ def search_footer(result: SearchResult) -> list[str]:
     page = result.path.with_suffix(".html") if result.path is not None else None
     if page is not None and not page.exists():  # not written when it could not be rendered
         page = None
-    lines += skipped_lines(c.skipped, page)
+    lines += skipped_lines(c.skips, page)
     if c.cost is not None:
         lines.append(f"search: {c.cost.describe()}")
     lines += study_lines(c)
@@ -222,16 +222,29 @@ _NUMBERS = re.compile(r"\b\d[\d,.]*(?:x\d+)?%?(?:,? (?=\d))?")
 _RUNS_MADE = re.compile(r"^re-check of |screened again on |re-measured: |interleaved rounds")
 
 
-def skipped_lines(skipped: tuple[str, ...], page: Path | None = None) -> list[str]:
-    """``TunedConfig.skipped`` for the terminal: one short line per kind of reason (the words
-    before its first ``:``, the setting and the numbers left out), with a count and the first
-    example; the runs that were made (re-checks, re-measures) under their own heading; then
-    where the full sentences are. At most ``MAX_SKIPPED_LINES`` + 2 lines of ``LINE_WIDTH``."""
-    made = [s for s in skipped if _RUNS_MADE.search(s)]
+_MADE_RULES = frozenset(("recheck", "rescreen", "within-drift", "rounds"))
+"""Rules whose note says a run was made (a re-check, a re-measure), not one skipped."""
+
+
+def runs_made(skip: SkipRecord) -> bool:
+    """Whether a skip note says a run was made: by its rule, or, for a note of a file that
+    recorded no rules (schema 2), by its words."""
+    return skip.rule in _MADE_RULES or (skip.rule == "note"
+                                        and bool(_RUNS_MADE.search(skip.text)))
+
+
+def skipped_lines(skips: tuple[SkipRecord, ...], page: Path | None = None) -> list[str]:
+    """``TunedConfig.skips`` for the terminal: one short line per rule (``docs/search.md``;
+    a note by its words before the first ``:``, the setting and the numbers left out), with a
+    count and the first example; the runs that were made (re-checks, re-measures) under their
+    own heading; then where the full sentences are. At most ``MAX_SKIPPED_LINES`` + 2 lines
+    of ``LINE_WIDTH``."""
+    made = [s.text for s in skips if runs_made(s)]
     groups: dict[str, list[str]] = {}
-    for line in skipped:
-        if line not in made:
-            groups.setdefault(_kind(line), []).append(line)
+    for skip in skips:
+        if not runs_made(skip):
+            kind = _kind(skip.text) if skip.rule == "note" else skip.rule
+            groups.setdefault(kind, []).append(skip.text)
     kinds = list(groups.items())
     if len(kinds) > MAX_SKIPPED_LINES:
         rest = kinds[MAX_SKIPPED_LINES - 1:]

@@ -40,9 +40,11 @@ from autotune.config import (
 from autotune.errors import ConfigError, OutputExistsError
 from autotune.knobs import HasKnobs, Knobs
 
-SCHEMA_VERSION: Final = 2
-"""2: precision and compile mode moved into ``knobs`` with the other knobs. Schema 1 files are
-read by moving them there (``_from_schema_1``)."""
+SCHEMA_VERSION: Final = 3
+"""3: what the search did not run is typed (``skips``: each with its rule id, what it is about
+and its figures) instead of sentences (``skipped``); schema 2 files are read with each sentence
+a ``note`` (``_from_schema_2``). 2: precision and compile mode moved into ``knobs`` with the
+other knobs; schema 1 files are read by moving them there (``_from_schema_1``)."""
 
 Verdict = Literal[
     "winner", "ok", "slower", "numerics", "over_budget", "oom", "compile_error", "non_finite",
@@ -236,13 +238,38 @@ class RunRecord(HasKnobs):
         return f"{self.knobs.label()} {self.micro_batch}"
 
 
+RuleId = Annotated[str, Field(pattern=r"^[a-z][a-z-]{0,39}$")]
+"""A rule's stable id (``autotune.search.rules.RULES``), or ``note`` for a note of the space."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SkipRecord:
+    """One thing the search did not run, or a note on the space, with the rule that decided
+    it (``docs/search.md`` states each rule)."""
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = STRICT_FIELDS
+
+    rule: RuleId = "note"
+    target: str = ""
+    """The setting's label or the candidate's key it is about ("" for the search)."""
+    text: str
+    """The sentence said to the user."""
+    figures: dict[str, Float | str] = field(default_factory=dict)
+    """The bound's figures (e.g. ``share``: its samples/s over the leader's)."""
+
+
+def notes(*texts: str) -> tuple[SkipRecord, ...]:
+    """Sentences as skips of rule ``note`` (the space's notes: no rule of the search)."""
+    return tuple(SkipRecord(text=text) for text in texts)
+
+
 @dataclass(frozen=True, kw_only=True)
 class TunedConfig(HasKnobs):
     """The content of ``autotune.json``."""
 
     __pydantic_config__: ClassVar[dict[str, Any]] = STRICT_FIELDS
 
-    schema: Literal[2] = SCHEMA_VERSION
+    schema: Literal[3] = SCHEMA_VERSION
     autotune_version: str
     created_at: str
     workload: WorkloadSpec
@@ -288,8 +315,9 @@ class TunedConfig(HasKnobs):
     reason: str = ""
     """One line: why the winner won."""
     trials: tuple[TrialRecord, ...] = ()
-    skipped: tuple[str, ...] = ()
-    """Candidates or classes not measured, with the reason."""
+    skips: tuple[SkipRecord, ...] = ()
+    """Candidates or classes not measured, each with its rule and reason (``skipped``: the
+    sentences alone)."""
     interrupted: bool = False
     """True when the search stopped early (a limit, Ctrl-C or SIGTERM): best so far."""
     stopped_by: str = ""
@@ -311,6 +339,10 @@ class TunedConfig(HasKnobs):
         """micro_batch x accumulate_steps x world_size."""
         return self.micro_batch * self.accumulate_steps * self.world_size
 
+    @property
+    def skipped(self) -> tuple[str, ...]:
+        """What was not measured, each as its sentence (``skips`` with their rules)."""
+        return tuple(s.text for s in self.skips)
 
     def stopped_early(self) -> str:
         """A sentence saying what stopped the search before its end ("" when it ran to it):
@@ -463,6 +495,9 @@ def read_tuned(path: str | Path) -> TunedConfig:
     problems: list[str] = []
     if version == 1:
         data, problems = _from_schema_1(data)
+    if version in (1, 2):
+        data, moved = _from_schema_2(data)
+        problems += moved
         try:
             text = json.dumps(data)
         except RecursionError as exc:
@@ -488,8 +523,8 @@ def _adapter() -> TypeAdapter[TunedConfig]:
     return TypeAdapter(TunedConfig)
 
 
-_READS = (1, SCHEMA_VERSION)
-"""Schema versions this autotune reads: its own, and 1 (moved into it on read)."""
+_READS = (1, 2, SCHEMA_VERSION)
+"""Schema versions this autotune reads: its own, and 1 and 2 (moved into it on read)."""
 
 
 def _check_schema_field(path: Path, data: Any) -> int:
@@ -507,7 +542,7 @@ def _check_schema_field(path: Path, data: Any) -> int:
     if version not in _READS:
         raise ConfigError(
             f"{path} has schema {version}; this autotune reads schema "
-            f"{' and '.join(map(str, _READS))}"
+            f"{', '.join(map(str, _READS[:-1]))} and {_READS[-1]}"
             + (": upgrade autotune (pip install -U torch-autotune)" if version > SCHEMA_VERSION
                else ": re-run `autotune search` to write a current file"))
     return version
@@ -532,6 +567,24 @@ def _from_schema_1(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         holder["knobs"] = {k: holder.pop(k) for k in ("precision", "compile_mode") if k in holder}
         problems += [f"{where}{k}: {_REASONS['missing']}" for k in ("precision", "compile_mode")
                      if k not in holder["knobs"]]
+    return {**data, "schema": 2}, problems
+
+
+def _from_schema_2(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A schema 2 file as schema 3: each sentence of ``skipped`` becomes a skip of rule
+    ``note`` (schema 2 did not record the rules). Returns the moved data, and a ``skipped``
+    that is not a list of strings or a ``skips`` field (not schema 2's) as problems."""
+    data = dict(data)
+    problems = []
+    if "skips" in data:
+        problems.append(f"skips: got {_shown(data['skips'])}: "
+                        + _REASONS["extra_forbidden"].format(version=2))
+    skipped = data.pop("skipped", [])
+    if not isinstance(skipped, list) or not all(isinstance(t, str) for t in skipped):
+        problems.append(f"skipped: got {_shown(skipped)}: a list of sentences (strings) in "
+                        "schema 2")
+        skipped = []
+    data["skips"] = [{"rule": "note", "text": text} for text in skipped]
     return {**data, "schema": SCHEMA_VERSION}, problems
 
 

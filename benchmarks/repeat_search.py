@@ -44,7 +44,7 @@ def run(args: list[str], out: Path, env: dict[str, str]) -> dict[str, object]:
                           and v not in ("off", "default", "contiguous"))
                 + f"{config['micro_batch']}x{config['accumulate_steps']}",
         "samples_per_s": config["samples_per_s"],
-        "rechecks": [s for s in config["skipped"] if s.startswith("re-check of ")],
+        "rechecks": [s["text"] for s in config["skips"] if s["rule"] == "recheck"],
     }
 
 

@@ -69,9 +69,8 @@ from replay_tables import Entry, Table, all_tables
 from autotune.config import ProbeReport, TrialResult, TrialSpec
 from autotune.errors import AutotuneError
 from autotune.knobs import BASELINE
-from autotune.search import SearchSettings
+from autotune.search import SearchSettings, run_search
 from autotune.search._records import Candidate, pick_winner
-from autotune.search._stages import run_search
 from autotune.space import knob_values, memory_classes, timed_precisions
 from autotune.timing import stop_reason
 
@@ -238,14 +237,14 @@ class Seed:
     why: str = ""
     missing_keys: tuple = ()
     ruled_out: dict = field(default_factory=dict)
-    """Per rule (the skip note without its numbers): whether a setting it skipped could have
+    """Per rule id (``autotune.search.rules.RULES``): whether a setting it skipped could have
     won by the table."""
 
 
 def rule_of(note: str) -> tuple[str, str, Callable[[int], bool]] | None:
     """(the setting a skip note names, the note with its numbers and labels taken out, which
     of the setting's micro-batches it skipped: those it names, above or at and below one it
-    names, else all)."""
+    names, else all). The rule itself is the skip's id (``Skip.rule``)."""
     m = re.match(r"([a-z0-9]+/[a-z-]+(?:\+[a-z_=-]+)*)[: ]", note)
     if not m:
         return None
@@ -291,11 +290,12 @@ def replay_one(table: Table, seed: int, plan=None) -> Seed:
     best = table.best()[1]
     quality, why = quality_of(table, pick) if pick else (0.0, why)
     ruled: dict[str, bool] = {}
-    for note in (outcome.skipped if outcome else ()):
-        found = rule_of(note)
+    for note in (outcome.skips if outcome else ()):
+        found = rule_of(note.text)
         if not found:
             continue
-        label, rule, skipped = found
+        label, _, skipped = found
+        rule = note.rule  # its stable id (autotune.search.rules.RULES)
         could = any(c.knobs.label() == label and skipped(c.micro_batch)
                     and k not in device.timed and table.fits(k)
                     and (table.truth(k) or 0) >= (1 - WITHIN) * best

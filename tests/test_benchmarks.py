@@ -68,13 +68,15 @@ def test_naive_micro_batch_for_a_target_that_is_not_a_power_of_two():
 
 def test_the_oracle_times_a_candidate_with_the_spec_the_search_times_it_with():
     from autotune.search import Candidate, SearchSettings
-    from autotune.search._stages import _Search
+    from autotune.search.evidence import Evidence
+    from autotune.search.executor import Executor
+    from autotune.search.plan import Plan
 
     report = ProbeReport(workload=WorkloadSpec(), device=CPU, target_batch=16, world_size=1,
                          headroom=0.1, budget_bytes=2**30, probes=())
-    settings = SearchSettings()
-    search = _Search(report, [BASELINE], settings, {}, lambda spec: pytest.fail("ran"), None,
-                     None)
+    settings = SearchSettings(cache=False)
+    search = Executor(Evidence(Plan.of(report, [BASELINE], {}), settings),
+                      lambda spec: pytest.fail("ran"), None, None)
     for knobs in (BASELINE, Knobs(precision="bf16", compile_mode="default",
                                   checkpointing="blocks", optimizer_impl="fused")):
         for micro_batch in (1, 4, 16):

@@ -15,7 +15,8 @@ from autotune import report
 from autotune.cli import app, plain_console
 from autotune.knobs import Knobs
 from autotune.report_html import render_html
-from autotune.schema import SearchResult, TrialRecord, TunedConfig
+from autotune.schema import SearchResult, SkipRecord, TrialRecord, TunedConfig, notes
+from autotune.search.rules import RULES
 from tests.tuned_configs import make_tuned, write
 
 runner = CliRunner()
@@ -122,7 +123,7 @@ def _footer(config: TunedConfig, path: Path | None = None) -> list[str]:
 
 def test_fifteen_long_skipped_reasons_print_as_a_few_short_grouped_lines() -> None:
     assert len(SKIPPED) == 15 and max(len(s) for s in SKIPPED) >= 300
-    lines = _footer(replace(realistic(), skipped=SKIPPED))
+    lines = _footer(replace(realistic(), skips=notes(*SKIPPED)))
     about = [line for line in lines if line.startswith(("skipped", "measured again",
                                                         "the full reasons"))]
     assert len(about) <= report.MAX_SKIPPED_LINES + 2 == 6
@@ -134,12 +135,28 @@ def test_fifteen_long_skipped_reasons_print_as_a_few_short_grouped_lines() -> No
     assert about[-1] == "the full reasons: autotune.json (skipped)"
 
 
-@given(st.lists(st.text(min_size=1, max_size=400), max_size=40))
-def test_any_skipped_reasons_take_at_most_six_lines_of_100(skipped: list[str]) -> None:
-    lines = report.skipped_lines(tuple(skipped))
+RULE_IDS = st.sampled_from(["note", *RULES])
+
+
+@given(st.lists(st.tuples(RULE_IDS, st.text(min_size=1, max_size=400)), max_size=40))
+def test_any_skipped_reasons_take_at_most_six_lines_of_100(
+        skipped: list[tuple[str, str]]) -> None:
+    lines = report.skipped_lines(tuple(SkipRecord(rule=r, text=t) for r, t in skipped))
     assert len(lines) <= 6 and all(len(line) <= 100 and len(line.splitlines()) <= 1
                                    for line in lines)
     assert bool(lines) == bool(skipped)
+
+
+def test_skipped_lines_group_by_rule_and_put_runs_made_apart() -> None:
+    skips = (SkipRecord(rule="gain-ceiling", text="bf16/off: micro-batches above 8 not probed"),
+             SkipRecord(rule="gain-ceiling", text="fp32/off: micro-batches above 4 not probed"),
+             SkipRecord(rule="recheck", text="bf16/off/8: stored 10.0, now 9.9"),
+             SkipRecord(text="re-check of fp32/off/4 (stored run): a schema 2 note"))
+    lines = report.skipped_lines(skips)
+    assert lines == [
+        "skipped (2 gain-ceiling): bf16/off: micro-batches above 8 not probed",
+        "measured again (2 runs): bf16/off/8: stored 10.0, now 9.9",
+        "the full reasons: autotune.json (skipped)"]
 
 
 def test_the_footer_says_how_to_use_the_result_next(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from autotune.errors import MissingDependencyError, OutputExistsError
 from autotune.knobs import Knobs
 from autotune.report_html import render_html, write_html
 from autotune.report_plots import break_even_plot, memory_plot, throughput_plot, timeline_plot
-from autotune.schema import RunRecord, SearchCost, TunedConfig, read_tuned
+from autotune.schema import RunRecord, SearchCost, TunedConfig, notes, read_tuned
 from tests.conftest import workload_target
 from tests.tuned_configs import REPO, GiB, make_tuned, subprocess_env, write
 
@@ -73,7 +73,7 @@ def searched(**overrides) -> TunedConfig:
         _run(7, "re-measure", BF16C, 16, 330, 52.0, compile_s=0.5, timed_s=3.0, wall_s=6.0),
     )
     values = dict(
-        trials=trials, runs=runs, skipped=("fp16 skipped: not supported on Test CPU (cpu)",),
+        trials=trials, runs=runs, skips=notes("fp16 skipped: not supported on Test CPU (cpu)"),
         cost=SearchCost(num_runs=8, child_s=64.0, compile_s=25.0, num_compiled_runs=4,
                         timed_s=10.0),
         memory=replace(config.memory, peak_bytes=330 * MiB))
@@ -83,9 +83,10 @@ def searched(**overrides) -> TunedConfig:
 
 def _schema_1(config: TunedConfig) -> dict:
     """The JSON a schema 1 autotune wrote: precision and compile mode at the top and in each
-    trial, no other knob, no runs, no cost."""
+    trial, no other knob, no runs, no cost, the skips as sentences."""
     data = to_json_dict(config)
     data.pop("runs"), data.pop("cost")
+    data["skipped"] = [s["text"] for s in data.pop("skips")]
 
     def moved(holder: dict) -> dict:
         knobs = holder.pop("knobs")
@@ -200,7 +201,7 @@ def test_page_is_self_contained_with_four_plots_and_the_summary() -> None:
 def test_text_from_the_file_is_escaped() -> None:
     evil = '<script>alert("x")</script>'
     config = searched(workload_name=evil, reason=f"won: <img src=x onerror=alert(1)> {evil}",
-                      skipped=(f"skipped {evil}",))
+                      skips=notes(f"skipped {evil}"))
     trials = tuple(replace(t, reason=evil) for t in config.trials)
     page = render_html(replace(config, trials=trials))
     assert "<script>alert" not in page and "<img" not in page
@@ -412,7 +413,7 @@ def test_page_shows_its_own_script_errors_and_undrawn_plots(tmp_path: Path) -> N
 def test_re_checks_of_stored_runs_are_listed_apart_from_what_was_not_measured() -> None:
     recheck = ("re-check of bf16/default/32 (stored run): 300.0 samples/s stored, 180.0 now, "
                "slower beyond the noise (5%): the fresh run counts")
-    page = render_html(searched(skipped=("bf16/max-autotune not tried: behind", recheck)))
+    page = render_html(searched(skips=notes("bf16/max-autotune not tried: behind", recheck)))
     not_measured = page.split("Not measured, with the measured reason", 1)[1]
     skipped_part, rechecked = not_measured.split("Re-checked: stored runs measured again", 1)
     assert html.escape(recheck) not in skipped_part

@@ -27,7 +27,7 @@ from autotune.config import MemoryProbe, ProbeReport, ProbeStep, WorkloadSpec
 from autotune.errors import ConfigError, WorkloadError
 from autotune.estimate import EstimateReport, StepEstimate
 from autotune.knobs import Knobs
-from autotune.schema import SearchResult, StudyRecord, TrialRecord
+from autotune.schema import SearchResult, StudyRecord, TrialRecord, notes
 from autotune.search._store import StoredStudy
 from tests.tuned_configs import CPU, make_tuned
 
@@ -82,7 +82,7 @@ def _search_result(text: str) -> SearchResult:
     failed = TrialRecord(number=4, micro_batch=16, accumulate_steps=4, knobs=Knobs(),
                          verdict="workload_error", reason=text)
     config = dataclasses.replace(
-        base, workload_name=text, trials=(*base.trials, failed), skipped=(text,),
+        base, workload_name=text, trials=(*base.trials, failed), skips=notes(text),
         reason=text, interrupted=True,
         study=StudyRecord(storage=f"sqlite:///{text}/studies.db", name=text, note=text))
     return SearchResult(config=config, path=Path(text) / "autotune.json",

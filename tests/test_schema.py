@@ -26,7 +26,13 @@ from autotune.codegen import SCRIPT_NAME, render_train_script
 from autotune.config import WorkloadSpec, to_json_dict
 from autotune.errors import ConfigError, OutputExistsError
 from autotune.knobs import Knobs
-from autotune.schema import SCHEMA_VERSION, read_tuned, save_tuned, write_json_atomic
+from autotune.schema import (
+    SCHEMA_VERSION,
+    SkipRecord,
+    read_tuned,
+    save_tuned,
+    write_json_atomic,
+)
 from tests.tuned_configs import REPO, make_tuned, my_workload_spec, write
 
 runner = CliRunner()
@@ -64,9 +70,17 @@ def test_written_config_reads_back_equal(tmp_path: Path) -> None:
         assert read_tuned(path) == config
 
 
+def _schema_2(data: dict[str, Any]) -> dict[str, Any]:
+    """A schema 3 file's JSON as schema 2 wrote it: the skips as sentences (``skipped``)."""
+    out = {k: v for k, v in data.items() if k != "skips"}
+    return {**out, "schema": 2, "skipped": [s["text"] for s in data.get("skips", [])]}
+
+
 def _schema_1(data: dict[str, Any]) -> dict[str, Any]:
-    """A schema 2 file's JSON as schema 1 wrote it: precision and compile mode at the top and
-    in each trial, no other knob, no fragmentation_bytes."""
+    """A schema 3 file's JSON as schema 1 wrote it: precision and compile mode at the top and
+    in each trial, no other knob, no fragmentation_bytes, the skips as sentences."""
+    data = _schema_2(data)
+
     def moved(holder: dict[str, Any]) -> dict[str, Any]:
         out = {k: v for k, v in holder.items() if k not in ("knobs", "fragmentation_bytes")}
         return {**out, "precision": holder["knobs"]["precision"],
@@ -91,7 +105,48 @@ def test_file_of_an_earlier_version_reads(tmp_path: Path) -> None:
     assert config.memory.headroom == 0.0 and config.trials[0].num_runs == 1
     assert config.knobs == Knobs(precision="bf16", compile_mode="default")
     assert [t.knobs for t in config.trials] == [t.knobs for t in make_tuned().trials]
-    assert config.schema == SCHEMA_VERSION == 2 and config.memory_class() == "bf16/default"
+    assert config.schema == SCHEMA_VERSION == 3 and config.memory_class() == "bf16/default"
+
+
+def test_schema_2_file_reads_with_its_sentences_as_notes(tmp_path: Path) -> None:
+    """Schema 2 wrote what the search skipped as sentences: each reads as a skip of rule
+    ``note`` (no rule was recorded), the same sentence the user saw."""
+    config = replace(make_tuned(), skips=(
+        SkipRecord(text="fp32/max-autotune not tried: behind"),
+        SkipRecord(text="bf16/off: micro-batches 4, 2 not timed: 8 was not faster")))
+    read = read_tuned(_write_json(_schema_2(_json(config)), tmp_path / "a.json"))
+    assert read == config and read.skipped == config.skipped
+    assert {s.rule for s in read.skips} == {"note"}
+
+
+@pytest.mark.parametrize(("field", "value", "expected"), [
+    ("skipped", "one sentence", "skipped: got 'one sentence': a list of sentences (strings)"),
+    ("skipped", [1], "skipped: got [1]: a list of sentences (strings) in schema 2"),
+    ("skips", [], "skips: got []: unknown field (not part of schema 2)"),
+])
+def test_schema_2_file_with_a_bad_skipped_field_is_refused(
+        tmp_path: Path, field: str, value: Any, expected: str) -> None:
+    data = _schema_2(_json(make_tuned()))
+    data[field] = value
+    with pytest.raises(ConfigError) as exc:
+        read_tuned(_write_json(data, tmp_path / "a.json"))
+    assert expected in str(exc.value)
+
+
+def test_a_skip_keeps_its_rule_target_and_figures(tmp_path: Path) -> None:
+    skip = SkipRecord(rule="gain-ceiling", target="bf16/default", text="bf16/default: ...",
+                      figures={"share": 0.5, "ceiling": float("inf"), "leader": "bf16/off/8"})
+    config = replace(make_tuned(), skips=(skip,))
+    assert read_tuned(write(config, tmp_path / "autotune.json")).skips == (skip,)
+
+
+@pytest.mark.parametrize("rule", ["", "Gain", "gain ceiling", "x" * 41, "1-rule"])
+def test_a_skip_with_a_malformed_rule_id_is_refused(tmp_path: Path, rule: str) -> None:
+    data = _json(make_tuned())
+    data["skips"] = [{"rule": rule, "text": "t"}]
+    with pytest.raises(ConfigError) as exc:
+        read_tuned(_write_json(data, tmp_path / "a.json"))
+    assert f"skips[0].rule: got {rule!r}: String should match pattern" in str(exc.value)
 
 
 def test_schema_1_file_reads_as_written(tmp_path: Path) -> None:
@@ -137,9 +192,9 @@ def test_schema_1_problems_name_the_files_own_fields(tmp_path: Path) -> None:
                                "'channels_last'"),
     ("knobs.allocator", "", "knobs.allocator: got '': Input should be 'default' or "
                             "'expandable_segments'"),
-    ("knobs.offload", True, "knobs.offload: got True: unknown field (not part of schema 2)"),
+    ("knobs.offload", True, "knobs.offload: got True: unknown field (not part of schema 3)"),
     ("knobs", "bf16/default", "knobs: got 'bf16/default': Input should be an object"),
-    ("precision", "bf16", "precision: got 'bf16': unknown field (not part of schema 2)"),
+    ("precision", "bf16", "precision: got 'bf16': unknown field (not part of schema 3)"),
     ("trials.0.verdict", "unsupported", None),
     ("trials.0.fragmentation_bytes", -1, "trials[0].fragmentation_bytes: got -1: Input should "
                                          "be greater than or equal to 0"),
@@ -235,12 +290,12 @@ def test_rules_between_fields(tmp_path: Path, edit: Any, expected: str) -> None:
 
 
 @pytest.mark.parametrize(("schema", "expected"), [
-    ("2", "the field 'schema' must be the number 2, got the string '2'"),
-    (True, "the field 'schema' must be the number 2, got true"),
-    (2.0, "the field 'schema' must be the number 2, got the number 2.0"),
-    (None, "the field 'schema' must be the number 2, got null"),
-    (3, "has schema 3; this autotune reads schema 1 and 2: upgrade autotune"),
-    (0, "has schema 0; this autotune reads schema 1 and 2: re-run `autotune search`"),
+    ("2", "the field 'schema' must be the number 3, got the string '2'"),
+    (True, "the field 'schema' must be the number 3, got true"),
+    (2.0, "the field 'schema' must be the number 3, got the number 2.0"),
+    (None, "the field 'schema' must be the number 3, got null"),
+    (4, "has schema 4; this autotune reads schema 1, 2 and 3: upgrade autotune"),
+    (0, "has schema 0; this autotune reads schema 1, 2 and 3: re-run `autotune search`"),
 ])
 def test_schema_field(tmp_path: Path, schema: Any, expected: str) -> None:
     data = _json(make_tuned())

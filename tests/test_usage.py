@@ -47,7 +47,7 @@ def test_load_is_exported_lazily(config_path: Path, monkeypatch: pytest.MonkeyPa
 @pytest.mark.parametrize(("content", "message"), [
     (None, "does not exist: run `autotune search`"),
     ("{not json", "is not valid JSON"),
-    ('{"schema": 3}', "upgrade autotune"),
+    ('{"schema": 4}', "upgrade autotune"),
     ('{"schema": 0}', "re-run `autotune search`"),
     ("[1, 2]", "not an autotune.json"),
 ])

@@ -2,9 +2,13 @@
 
 The only package that imports optuna: its study records every run, so an interrupted search
 resumes (completed runs are reused) and several processes can share one (``--storage``).
-``_stages`` holds the strategy, ``_records`` the verdict on each run, ``_study`` the study,
-``_ledger`` the one seam through which a search touches it (a store that fails costs the
-cache, not the search), ``_store`` the local study store.
+The search is stated once in ``docs/search.md``; its modules, top down: ``driver`` (the
+stages, named), ``racing`` (the race and the first launch), ``policy`` (who races, when a race
+stops), ``bounds`` (one function per rule: can it still win?) and ``executor`` (one child
+run: limits, the study, cost), ``evidence`` (every run, the leader, the intervals), ``plan``
+(the space and its relations), ``rules`` (the rule ids and the typed ``Skip``); ``_records``
+the verdict on each run, ``_study`` the study, ``_ledger`` the one seam through which a search
+touches it (a store that fails costs the cache, not the search), ``_store`` the local store.
 """
 
 from autotune.search._ledger import Ledger, recall, remember
@@ -21,7 +25,6 @@ from autotune.search._records import (
     score,
     tuned_config,
 )
-from autotune.search._stages import OnTrial, interrupt_name, run_search
 from autotune.search._store import (
     cache_dir,
     clear_studies,
@@ -29,6 +32,8 @@ from autotune.search._store import (
     store_path,
 )
 from autotune.search._study import CONSTRAINT, completed, open_study, probed, redact
+from autotune.search.driver import interrupt_name, run_search
+from autotune.search.executor import OnTrial
 
 __all__ = [
     "CONSTRAINT",

@@ -25,10 +25,12 @@ from autotune.schema import (
     RunKind,
     RunRecord,
     SearchCost,
+    SkipRecord,
     StudyRecord,
     TrialRecord,
     TunedConfig,
 )
+from autotune.search.rules import Skip
 from autotune.timing import Lead, lead
 
 if TYPE_CHECKING:
@@ -128,6 +130,8 @@ class SearchOutcome:
     """The knob settings probed, in the order they were."""
     skipped: tuple[str, ...]
     interrupted: bool
+    skips: tuple[Skip, ...] = ()
+    """The same as ``skipped``, typed: each with its rule id and figures (``rules``)."""
     stop_reason: str
     not_reached: tuple[str, ...] = ()
     """A search stopped early: the stages and knobs it never began (``TunedConfig``)."""
@@ -364,10 +368,20 @@ def tuned_config(report: ProbeReport, outcome: SearchOutcome,
         break_even_steps=break_even_steps(winner, baseline),
         reason=_why(winner, baseline, records, outcome.first_launch, outcome.drift),
         trials=records,
-        skipped=report.skipped + outcome.skipped, interrupted=outcome.interrupted,
+        skips=skip_records(report.skipped, outcome), interrupted=outcome.interrupted,
         not_reached=outcome.not_reached,
         cost=outcome.cost, runs=outcome.runs, study=outcome.study,
     )
+
+
+def skip_records(notes: tuple[str, ...], outcome: SearchOutcome) -> tuple[SkipRecord, ...]:
+    """The file's typed skips: the space's notes (rule ``note``), then the search's own, each
+    with its rule id and figures (an outcome made without them: its sentences as notes)."""
+    if not outcome.skips:
+        return tuple(SkipRecord(text=text) for text in (*notes, *outcome.skipped))
+    return (*(SkipRecord(text=text) for text in notes),
+            *(SkipRecord(rule=s.rule, target=s.target, text=s.text, figures=dict(s.figures))
+              for s in outcome.skips))
 
 
 def _lost(record: TrialRecord, winner: TrialRecord) -> TrialRecord:

@@ -1,0 +1,319 @@
+"""The executor: one child run at a time, its limits, the study's ask/tell, cost and progress.
+
+Every run a search makes goes through ``Executor.measure`` (a probe or a first timing),
+``remeasure`` (a contender again, in full) or ``cold_run`` (compiled afresh, as a user's first
+launch compiles): each is limited by ``--max-trials`` and ``--time-budget`` (read from the
+clock the replay sets), told to the study (a resumed search answers from it), counted in the
+cost and said through ``on_trial``. What it learns lands in the ``Evidence``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from autotune.config import Knobs, TrialResult, TrialSpec
+from autotune.memory import OnStep, probe_spec
+from autotune.schema import RunKind, RunRecord, StudyRecord, TrialRecord
+from autotune.search._ledger import Ledger
+from autotune.search._records import Candidate, classify, keep_better, run_record
+from autotune.search._store import open_local, study_key
+from autotune.search._study import open_study, redact, study_identity
+from autotune.search.evidence import Evidence
+from autotune.search.policy import rechecked, unchecked
+
+Runner = Callable[[TrialSpec], TrialResult]
+OnTrial = Callable[[int, str, Candidate, TrialRecord | None], None]
+"""Progress: (runs so far, stage, candidate, its record when done or None when starting)."""
+MIN_CHILD_S = 1.0
+"""A child run needs at least this much of the time budget left to be started."""
+_SPACE_SETTINGS = frozenset((
+    "num_timed_steps", "rank_precision", "min_timed_s", "micro_batches_per_class",
+    "refine_within", "slower_factor", "stop_margin", "num_confirm", "confirm_within",
+    "timeout_s"))
+"""Settings that change what a search measures: part of the local store's key."""
+
+
+class Stop(Exception):
+    """A limit ended the search early: the best so far stands."""
+
+
+class Stale(Exception):
+    """A re-check ran another model than the stored runs did (its fingerprint differs)."""
+
+
+class Executor:
+    """Runs children for one search and records them in its evidence and study."""
+
+    def __init__(self, ev: Evidence, run: Runner, on_trial: OnTrial | None,
+                 on_step: OnStep | None, clock: Callable[[], float] = time.perf_counter, *,
+                 before: Executor | None = None) -> None:
+        """``before``: the executor of a search given up (its stored runs were stale); its
+        runs, cost and clock carry over, so the limits and the record cover both."""
+        self.ev, self.plan, self.settings = ev, ev.plan, ev.settings
+        self.run, self.on_trial, self.on_step, self.clock = run, on_trial, on_step, clock
+        self.study = open_search_study(ev)
+        done, runs = self.study.completed()
+        ev.held = {c: r for c, r in done.items() if self.plan.allowed(c.knobs)}
+        ev.probe_runs = self.study.probed()
+        ev.traits = next((r.traits for r in ev.held.values() if r.traits is not None), None)
+        ev.runs = {k: n for k, n in runs.items() if k in ev.held}
+        ev.stored = set(ev.held) if self.study.record.name.startswith("autotune-") else set()
+        for key, result in [*ev.probe_runs.items(), *ev.held.items()]:
+            ev.note_cold(key, result)
+        self.num_runs = 0
+        self.cost: dict[str, float] = {"child_s": 0.0, "compile_s": 0.0, "timed_s": 0.0}
+        self.compiles = [0, 0]
+        """Compiled runs, and those whose graphs all came from inductor's on-disk cache."""
+        self.run_log: list[RunRecord] = self.study.stored_runs(self.plan.usable)
+        """Every child run: the study's stored ones first, then this search's, in order."""
+        self.entered: list[str] = []
+        """The stages entered, in order, and those where a run began (``begin``): what a
+        search stopped early never reached is said in ``TunedConfig.not_reached``."""
+        self.ran_in: set[str] = set()
+        self.considered: set[tuple[str, str]] = set()
+        """(precision, compile mode) of the settings a run began on, or ruled out."""
+        self.screened: set[str] = set()
+        """The knobs whose screening ran a value or ended."""
+        self.stage = "probe"
+        self.start = clock()
+        if before is not None:
+            self.num_runs, self.start = before.num_runs, before.start
+            self.cost, self.compiles = dict(before.cost), list(before.compiles)
+            self.run_log += [replace(r, number=len(self.run_log) + i) for i, r in enumerate(
+                r for r in before.run_log if r.stored_at is None)]
+
+    @property
+    def stage(self) -> str:
+        """The stage running now (said with each run's progress)."""
+        return self._stage
+
+    @stage.setter
+    def stage(self, name: str) -> None:
+        self._stage = name
+        if name not in self.entered:
+            self.entered.append(name)
+
+    def spec(self, candidate: Candidate, *, early_stop: bool = True,
+             timed: bool = True) -> TrialSpec:
+        """A probe of the candidate's memory that also times its config (``timed``), or
+        only measures its memory."""
+        if not timed:
+            return probe_spec(self.plan.report.workload, self.plan.report.device.device,
+                              candidate.knobs, candidate.micro_batch,
+                              self.plan.report.budget_bytes, self.settings.timeout_s,
+                              ranks=self.plan.report.nproc_per_node)
+        is_base_class = candidate.knobs == self.plan.base
+        spec = probe_spec(self.plan.report.workload, self.plan.report.device.device,
+                          candidate.knobs, candidate.micro_batch,
+                          self.plan.report.budget_bytes, self.settings.timeout_s,
+                          per_device_batch=self.plan.per_device,
+                          num_timed_steps=self.settings.num_timed_steps,
+                          count_flops=is_base_class, ranks=self.plan.report.nproc_per_node)
+        spec = replace(spec, min_timed_s=self.settings.min_timed_s)
+        if not early_stop:  # a re-measurement of a contender: every step, in full
+            return spec
+        spec = replace(spec, timing_precision=self.settings.rank_precision)
+        # Only a run that fits sets the bar: one over the usable budget is faster than anything
+        # that can be picked, and would stop a real contender "behind" it.
+        usable = self.plan.usable
+        medians = [r.median_step_s() for r in self.ev.results.values()
+                   if r.ok and r.fits(usable) and r.median_step_s()]
+        if is_base_class or not medians:
+            return spec
+        best_s = min(m for m in medians if m is not None)
+        best_window_s = max(best_s * self.settings.num_timed_steps, self.settings.min_timed_s)
+        spec = replace(spec, max_timed_s=self.settings.slower_factor * best_window_s)
+        if self.settings.train_steps:  # compile time counts too: a slow step may still win
+            return spec
+        return replace(spec, stop_above_step_s=best_s * (1 + self.stop_margin()))
+
+    def stop_margin(self) -> float:
+        """How much slower than the leader's median a candidate's fastest steps must be to
+        stop timing it: ``stop_margin`` (the run-to-run noise of a machine), or the width of
+        the leader's own interval when wider (a noisy leader's median says less), at most
+        ``slower_factor``."""
+        leader = self.ev.leader()
+        width = (self.ev.results[leader].halfwidth() or 0.0) if leader is not None else 0.0
+        return min(max(self.settings.stop_margin, width), self.settings.slower_factor - 1)
+
+    def measure(self, spec: TrialSpec) -> TrialResult:
+        """Run a spec in a child (or reuse the study's result for it) and record it."""
+        candidate = key = Candidate.of(spec)
+        timed = spec.num_timed_steps > 0
+        self.ev.reached.add(key)
+        if key in self.ev.held:  # asked for, as the search that ran it had
+            self.ev.results[key] = self.ev.held.pop(key)
+            self.begin(key.knobs)
+        if key in self.ev.results:  # a trial answers a memory probe too
+            return self.ev.results[key]
+        if not timed and key in self.ev.probe_runs:
+            return self.ev.probe_runs[key]
+        spec = self.limited(spec)
+        self.progress(candidate, None)
+        with self.study.running(candidate, self.plan.micro_batches) as trial:
+            result = self.run_child(spec, "trial" if timed else "probe")
+            if self.ev.traits is None and result.traits is not None:
+                self.ev.traits = result.traits
+            if not timed:  # its line comes from the probe's on_step
+                self.study.tell(trial, result, None, kind="probe")
+                self.ev.probe_runs[key] = result
+                return result
+            self.ev.results[key] = result
+            rec, value = classify(candidate, result, self.ev.results, self.ev.baseline,
+                                  self.plan.report,
+                                  self.settings)
+            self.study.tell(trial, result, value)
+        self.progress(candidate, rec)
+        return result
+
+    def limited(self, spec: TrialSpec) -> TrialSpec:
+        """The spec with a timeout that ends within the time budget; a ``_Stop`` when a limit
+        (``--max-trials``, ``--time-budget``) allows no further child run."""
+        if self.num_runs >= self.settings.max_trials:
+            raise Stop(f"--max-trials reached ({self.num_runs} child runs): best so far")
+        timeout_s = self.settings.timeout_s
+        if self.settings.time_budget_s is not None:
+            left = self.settings.time_budget_s - (self.clock() - self.start)
+            if left < MIN_CHILD_S:
+                raise Stop("--time-budget reached: best so far")
+            timeout_s = min(timeout_s, left)
+        self.begin(spec.knobs)
+        return replace(spec, timeout_s=timeout_s)
+
+    def begin(self, knobs: Knobs) -> None:
+        """A run of ``knobs`` begins (or the study answers for one): its stage, its setting
+        and, in stage 3, the knobs it changes count as reached (``_not_reached``)."""
+        self.ran_in.add(self.stage)
+        self.considered.add((knobs.precision, knobs.compile_mode))
+        if self.stage == "knobs":
+            self.screened.update(knobs.changed())
+
+    def run_child(self, spec: TrialSpec, kind: RunKind) -> TrialResult:
+        """Run one limited spec. A run the time budget cut short says nothing of its
+        candidate: it ends the search (its Optuna trial fails) instead of being recorded."""
+        start_s = self.clock() - self.start
+        result = self.run(spec)
+        self.num_runs += 1
+        timed_s = sum(result.step_times_s)
+        self.run_log.append(run_record(
+            len(self.run_log), kind, Candidate.of(spec), result, self.plan.usable,
+            start_s=start_s, compiled=spec.compile_mode != "off"))
+        self.cost["child_s"] += result.wall_s or 0.0
+        self.cost["compile_s"] += (result.compile_s or 0.0) if spec.compile_mode != "off" else 0.0
+        self.cost["timed_s"] += timed_s
+        if result.compile_cache_hits is not None:
+            self.compiles[0] += 1
+            self.compiles[1] += bool(result.compile_cache_hits
+                                     and not result.compile_cache_misses)
+        key = Candidate.of(spec)
+        self.ev.note_cold(key, result)
+        self.ev.timed_s[key] = self.ev.timed_s.get(key, 0.0) + timed_s
+        if result.status == "timeout" and spec.timeout_s < self.settings.timeout_s:
+            raise Stop(f"--time-budget reached during a run of {Candidate.of(spec).key()} "
+                        "(stopped): best so far")
+        return result
+
+    def remeasure(self, keys: Sequence[Candidate], *, cold_first: bool = True,
+                   in_round: bool = False) -> dict[Candidate, TrialResult]:
+        """Stage 5's runs: each of ``keys`` once more, keeping its better run; the first (the
+        leader) compiled afresh where its first launch is unchecked (``cold_first``). One
+        re-measured before (a resumed search) is not run again, unless ``in_round``.
+        The runs made, in order."""
+        ran: dict[Candidate, TrialResult] = {}
+        for key in keys:
+            recheck = key in self.ev.stored
+            if self.ev.runs.get(key, 1) >= 2 and not (recheck or in_round):
+                continue  # re-measured before a resume
+            if cold_first and key == keys[0] and not recheck and \
+                    self.ev.unchecked_launch(key):
+                # The leader's re-measure compiles afresh: it is also stage 6's check that it
+                # fits a first launch, where the leader is most often the winner.
+                ran[key] = self.cold_run(key)
+                continue
+            candidate = key
+            spec = self.spec(candidate, early_stop=False)
+            if recheck:
+                spec = replace(spec, timing_precision=self.settings.rank_precision)
+            spec = self.limited(spec)
+            self.progress(candidate, None)
+            with self.study.running(candidate, self.plan.micro_batches) as trial:
+                again = self.run_child(spec, "re-measure")
+                rec, value = classify(candidate, again, self.ev.results, self.ev.baseline,
+                                      self.plan.report, self.settings)
+                self.study.tell(trial, again, value, kind="re-measure")
+            self.ev.runs[key] = self.ev.runs.get(key, 1) + 1
+            self.progress(candidate, rec)  # the re-run's own figures
+            stored = self.ev.results[key]
+            if recheck and again.ok and stored.workload_fingerprint and \
+                    again.workload_fingerprint not in ("", stored.workload_fingerprint):
+                raise Stale(
+                    f"stored runs not reused: the workload changed since they were measured "
+                    f"(re-check of {key.key()}: fingerprint {again.workload_fingerprint}, "
+                    f"stored {stored.workload_fingerprint}: its parameter or batch shapes "
+                    "differ); every candidate was measured again")
+            if not recheck:  # a stored run is another session's: its gap is not this one's drift
+                self.ev.note_drift(key, stored, again)
+            self.ev.results[key] = keep_better(stored, again)
+            if recheck:
+                self.ev.stored.discard(key)
+                keep_fresh, note = rechecked(key, stored, again, self.settings)
+                if keep_fresh:
+                    self.ev.results[key] = again
+                self.ev.skips.append(note)
+            ran[key] = again
+        return ran
+
+    def cold_run(self, winner: Candidate) -> TrialResult:
+        """The winner run as its timed runs were, every step, with an empty inductor cache of
+        its own: its peak is a first launch's, its timing one more run of it (each candidate
+        keeps its better run). Over the budget, it is out (``racing``)."""
+        spec = replace(self.spec(winner, early_stop=False), cold_compile=True)
+        try:
+            spec = self.limited(spec)
+        except Stop as stop:
+            self.ev.skips.append(unchecked(winner, str(stop)))
+            raise
+        self.progress(winner, None)
+        with self.study.running(winner, self.plan.micro_batches) as trial:
+            cold = self.run_child(spec, "re-measure")
+            rec, value = classify(winner, cold, self.ev.results, self.ev.baseline,
+                                  self.plan.report,
+                                  self.settings)
+            self.study.tell(trial, cold, value, kind="re-measure")
+        self.ev.runs[winner] = self.ev.runs.get(winner, 1) + 1
+        self.progress(winner, rec)
+        self.ev.cold[winner] = cold  # compiled afresh, whatever its counters say
+        if cold.ok:
+            # compiling afresh does not slow the steps after it (benchmarks/cold_vs_cached.py)
+            self.ev.note_drift(winner, self.ev.results[winner], cold)
+            self.ev.results[winner] = keep_better(self.ev.results[winner], cold)
+        return cold
+
+    def progress(self, candidate: Candidate, rec: TrialRecord | None) -> None:
+        if self.on_trial is not None:
+            self.on_trial(self.num_runs, self.stage, candidate, rec)
+
+
+def open_search_study(ev: Evidence) -> Ledger:
+    """``--storage``'s study, or the local store's study for this search's key, or (with
+    ``--no-cache``) one in memory."""
+    settings, plan = ev.settings, ev.plan
+    direction = "minimize" if settings.train_steps else "maximize"
+    identity = study_identity(plan.report, settings)
+    if settings.storage is not None or not settings.cache:
+        study = open_study(settings, identity, direction)
+        return Ledger(study, StudyRecord(storage=redact(settings.storage or ""),
+                                         name=study.study_name if settings.storage else ""))
+    space = {
+        "classes": sorted(k.label() for k in plan.classes),
+        "values": {k: sorted(v) for k, v in sorted(plan.values.items())},
+        **{f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)
+           if f.name in _SPACE_SETTINGS}}
+    name, key = study_key(identity, space)
+    local = open_local(name, key, direction, fresh=settings.fresh)
+    return Ledger(local.study, StudyRecord(storage=local.storage or "",
+                                           name=name if local.storage else "",
+                                           note=local.note))

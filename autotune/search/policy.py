@@ -1,0 +1,136 @@
+"""The policy: which candidates race, when a race stops, and what a re-check keeps.
+
+Pure decisions on the evidence, every threshold from ``SearchSettings``: the contenders of a
+leader (those whose gap is within the noise), the ones timed once within the drift two runs of
+one config showed, the pair that runs interleaved rounds, the rounds' stopping rule, and the
+verdict on a stored timing re-checked. ``docs/search.md`` states the rules once.
+"""
+
+from __future__ import annotations
+
+import math
+
+from autotune.config import TrialResult
+from autotune.search._records import Candidate, SearchSettings
+from autotune.search.evidence import Evidence
+from autotune.search.rules import Skip, skip
+
+ROUNDS = 2
+"""Interleaved rounds when they agree; one more where they split."""
+
+
+def rechecked(key: Candidate, stored: TrialResult, again: TrialResult,
+              settings: SearchSettings) -> tuple[bool, Skip]:
+    """A stored timing re-checked: whether the fresh run alone counts (the stored one is
+    faster beyond the noise: stale, measured on a quieter machine, or another version of
+    something the key cannot see, or the fresh run failed), and what the re-check found."""
+    before, now = stored.samples_per_s(), again.samples_per_s()
+    if not again.ok or now is None or before is None:
+        return True, skip("recheck", key.key(),
+                          f"re-check of {key.key()} (stored run): it now ends {again.status}: "
+                          "the fresh run counts")
+    noise = max(settings.confirm_within, math.hypot(
+        stored.halfwidth() or 0.0, again.halfwidth() or 0.0))
+    fresh = now < before * (1 - noise)
+    if fresh:
+        verdict = f"slower beyond the noise ({noise:.0%}): the fresh run counts"
+    elif now > before * (1 + noise):
+        verdict = f"faster beyond the noise ({noise:.0%}): the fresh run counts"
+    else:
+        verdict = f"within the noise ({noise:.0%}): the better run counts"
+    return fresh, skip("recheck", key.key(),
+                       f"re-check of {key.key()} (stored run): {before:,.1f} samples/s stored, "
+                       f"{now:,.1f} now, {verdict}", stored=before, now=now, noise=noise)
+
+
+def unchecked(winner: Candidate, why: str) -> Skip:
+    """A compiled winner's fit as a first launch was not checked, and why."""
+    return skip("first-launch-unchecked", winner.key(),
+                f"{winner.key()}: not checked as a first launch compiles it (its runs loaded "
+                f"its graphs from inductor's cache, which lowers the peak): {why}")
+
+
+def another_round(shares: list[float]) -> bool:
+    """Whether interleaved rounds go on: two rounds, a third where they split."""
+    return len(shares) < ROUNDS or (
+        len(shares) < ROUNDS + 1 and sum(s > 1 for s in shares) * 2 == len(shares))
+
+
+def contenders(ev: Evidence) -> list[Candidate]:
+    """The leader and up to ``num_confirm`` candidates whose gap to it is within the noise
+    (``confirm_within``, or the interval of the two runs' ratio); says why when there are
+    none. A leader whose timing came from the study store comes with the next best (run
+    in full or stopped early behind it) whatever the gap: a stored run is re-checked."""
+    if ev.settings.num_confirm <= 0:
+        return []
+    ranked = ev.ranked()
+    if len(ranked) == 1 and ranked[0] in ev.stored:
+        # A stored timing never picks alone, even where every other run stopped early
+        # behind it: re-check it beside the best of those.
+        behind = sorted((k for k in ev.results if k != ranked[0] and ev.score(k)),
+                        key=lambda k: -(ev.score(k) or 0.0))
+        return [ranked[0], *behind[:1]]
+    if len(ranked) < 2:
+        return []
+    leader, top = ranked[0], ev.score(ranked[0], full=True) or 0.0
+
+    def noise(key: Candidate) -> float:
+        return ev.noise(key, leader)
+
+    close = [k for k in ranked[1:]
+             if (ev.score(k, full=True) or 0.0) >= top * (1 - noise(k))]
+    if not close and ev.stored & {leader, ranked[1]}:
+        close = ranked[1:2]  # a stored timing never picks alone: re-check the two
+    if not close:
+        runner_up = ranked[1]
+        share = (ev.score(runner_up, full=True) or 0.0) / top
+        ev.skips.append(skip(
+            "clear-lead", leader.key(),
+            f"no re-measurement: the runner-up ({runner_up.key()}) is {share:.2f}x the "
+            f"leader ({leader.key()}), a gap wider than the noise measured "
+            f"({noise(runner_up):.0%}: 95% interval of the ratio, at least --confirm-within "
+            f"{ev.settings.confirm_within:g})", share=share))
+    return [leader, *close[:ev.settings.num_confirm]]
+
+
+def within_drift(ev: Evidence) -> list[Candidate]:
+    """Up to ``num_confirm`` candidates run once (in full, or stopped early behind) whose
+    gap to the leader is within the widest drift between two runs of one config in this
+    search, best first, each said in ``skipped``: a run of a shared machine lands that far
+    from another of the same config, so one run that far behind is not behind at all."""
+    widest = max(ev.drift.items(), key=lambda kv: kv[1], default=None)
+    leader = ev.leader()
+    if widest is None or leader is None or not widest[1]:
+        return []
+    top, (config, drift) = ev.score(leader, full=True) or 0.0, widest
+    once = sorted((k for k in ev.results if k != leader and ev.runs.get(k, 1) < 2
+                   and k not in ev.stored and (ev.score(k) or 0.0) >= top * (
+                       1 - drift)),
+                  key=lambda k: -(ev.score(k) or 0.0))[:ev.settings.num_confirm]
+    for key in once:
+        share = (ev.score(key) or 0.0) / top
+        ev.skips.append(skip(
+            "within-drift", key.key(),
+            f"{key.key()} re-measured: timed once at {share:.2f}x the leader "
+            f"({leader.key()}), within the {drift:.0%} two runs of {config.key()} drifted "
+            "apart here", share=share, drift=drift))
+    return once
+
+
+def round_pair(ev: Evidence) -> tuple[Candidate, Candidate, Candidate, float] | None:
+    """The leader and its best challenger where their gap is within the widest drift
+    between two runs of one config in this search, and that drift is wider than a
+    machine's run-to-run noise (``confirm_within``): the leader, the challenger, the
+    config that drifted and by how much. None otherwise, or where the objective counts
+    compile time (``train_steps``: rounds compare step speed)."""
+    widest = max(ev.drift.items(), key=lambda kv: kv[1], default=None)
+    if ev.settings.train_steps or widest is None or \
+            widest[1] <= ev.settings.confirm_within:
+        return None
+    ranked = [k for k in ev.ranked() if k not in ev.stored]
+    if len(ranked) < 2 or ranked[0] != ev.leader():
+        return None
+    top, second = (ev.score(k, full=True) or 0.0 for k in ranked[:2])
+    if not top or second < top * (1 - widest[1]):
+        return None
+    return ranked[0], ranked[1], *widest

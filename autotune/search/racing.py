@@ -1,0 +1,219 @@
+"""The race and the first launch: re-measure the leader and its close contenders, decide
+close gaps in interleaved rounds, and check that a compiled winner fits a first launch.
+
+Who races and when a race stops is the policy's (``policy``); this module makes the runs
+through the executor. ``docs/search.md`` states the algorithm once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+from autotune.config import TrialResult, format_bytes
+from autotune.knobs import skip_reason
+from autotune.search._records import OUT_OF_MEMORY, Candidate
+from autotune.search.executor import Executor
+from autotune.search.policy import (
+    ROUNDS,
+    another_round,
+    contenders,
+    round_pair,
+    unchecked,
+    within_drift,
+)
+from autotune.search.rules import skip
+
+
+def _ratio(one: TrialResult | None, other: TrialResult | None) -> float | None:
+    """``one``'s samples/s over ``other``'s (None: either did not run its timed steps)."""
+    a, b = (r.samples_per_s() if r is not None and r.ok else None for r in (one, other))
+    return a / b if a and b else None
+
+
+def confirm(ex: Executor) -> None:
+    """Re-measure the leader and its close contenders; keep each one's better run. A
+    contender timed only by a search before (the local study store) is re-measured once
+    here, the leader and the runner-up at least: if its stored timing is no longer within
+    the noise of what it runs at now, the fresh run replaces it.
+
+    A clear leader, compiled and not yet run as a first launch compiles it, has stage 6's
+    run made here: it is a second run of the leader too, so the drift between its two
+    runs is known before the race is settled (``_within_drift``, ``_interleave``)."""
+    keys = contenders(ex.ev)
+    if not keys or (len(keys) < 2 and keys[0] not in ex.ev.stored
+                    and not ex.ev.unchecked_launch(keys[0])):
+        return
+    if all(k in ex.ev.stored for k in keys):
+        # A repeated search: its first confirmed the race; the re-check only asks whether
+        # the two leaders still run as stored, timed until their medians are known.
+        keys = keys[:2]
+    ran = ex.remeasure(keys)
+    cold = ex.ev.cold.get(keys[0])
+    if keys[0] in ran and cold is not None and not cold.fits(ex.plan.usable):
+        # Its run compiled afresh, as a first launch does, did not fit: stage 6 now.
+        ex.stage = "first launch"
+        _rule_out(ex, keys[0], cold)
+        return
+    ran.update(ex.remeasure(within_drift(ex.ev), cold_first=False))
+    interleave(ex, ran)
+
+
+def recheck_stored_pick(ex: Executor) -> None:
+    """A stored timing never picks alone: while the pick would be a candidate timed only
+    by a search before (the local study store), not run in this one, it is re-checked
+    (``_remeasure``; its fresh run counts where the stored one is stale) and the pick
+    made again. The two leaders' re-checks can drop both behind a third known only from
+    the store; each round re-runs one candidate, so it ends."""
+    while (winner := ex.ev.winner()) is not None and winner in ex.ev.stored:
+        ex.remeasure([winner], cold_first=False)
+
+
+def interleave(ex: Executor, first: Mapping[Candidate, TrialResult]) -> None:
+    """Stage 5's interleaved rounds (module docstring): where runs of one config drifted
+    further apart than the leader's gap to its best challenger, the two run back to back,
+    the order reversed each round, until one is ahead in most rounds (two, a third where
+    they split). The runs of ``first`` (the re-measures just made, in order) are the
+    first round where the two ran one after the other. Each round's ratio lands in
+    ``round_shares``; ``pick_winner`` follows the rounds over the best runs."""
+    pair = round_pair(ex.ev)
+    if pair is None:
+        return
+    leader, challenger, config, drift = pair
+    gap = 1 - (ex.ev.score(challenger, full=True) or 0.0) / (
+        ex.ev.score(leader, full=True) or 1.0)
+    shares: list[float] = []
+    ran = list(first)
+    order = [k for k in ran if k in (leader, challenger)]
+    ratio = _ratio(first.get(challenger), first.get(leader))
+    if ratio is not None and abs(ran.index(leader) - ran.index(challenger)) == 1:
+        shares.append(ratio)
+        order.reverse()
+    else:  # not run back to back (or one run failed): two rounds of their own
+        order = [leader, challenger]
+    while another_round(shares):
+        runs = ex.remeasure(order, cold_first=False, in_round=True)
+        ratio = _ratio(runs.get(challenger), runs.get(leader))
+        if ratio is None:  # a run failed (out of memory: that candidate is out)
+            break
+        shares.append(ratio)
+        order.reverse()
+    if len(shares) < ROUNDS:  # a run failed: the best runs stand (an out one is out)
+        return
+    ex.ev.round_shares[challenger] = tuple(shares)
+    ex.ev.round_shares[leader] = tuple(1 / s for s in shares)
+    ahead = sum(s > 1 for s in shares)
+    picked = challenger if ahead * 2 > len(shares) else leader
+    ex.ev.skips.append(skip(
+        "rounds", picked.key(),
+        f"{challenger.key()} and {leader.key()} ran in {len(shares)} interleaved rounds, "
+        "back to back, the order reversed each round: two runs of "
+        f"{config.key()} drifted {drift:.0%} apart here, wider than their {gap:.0%} "
+        f"gap. {challenger.key()} ran "
+        + ", ".join(f"{s:.2f}x" for s in shares)
+        + f" the other's samples/s: ahead in {ahead} of {len(shares)}; "
+        f"{picked.key()} stands as the pick of the two", ahead=ahead, rounds=len(shares),
+        drift=drift, gap=gap))
+
+
+def fit_cold(ex: Executor) -> None:
+    """Stage 6 (module docstring): check that the compiled winner fits as a first launch
+    compiles it, on a device whose peak counts the compile."""
+    if not ex.plan.compile_in_peak:
+        return
+    usable = ex.plan.usable
+    while True:
+        recheck_stored_pick(ex)  # the next pick after one ruled out: re-checked first
+        winner = ex.ev.winner()
+        if winner is None or winner.knobs.compile_mode == "off":
+            return
+        if winner not in ex.ev.cold and _fits_by_sibling(ex, winner):
+            return
+        cold = ex.ev.cold.get(winner) or ex.cold_run(winner)
+        if cold.fits(usable) or not _rule_out(ex, winner, cold):
+            return
+
+
+def _rule_out(ex: Executor, winner: Candidate, cold: TrialResult) -> bool:
+    """The winner's run compiled afresh did not fit: it is out (``_out_cold``), and its
+    setting's next smaller micro-batch is timed where it could win
+    (``_time_below_out``). False where that run ended otherwise (it says nothing of
+    memory: the winner stands, said unchecked)."""
+    if not (cold.ok or cold.status in OUT_OF_MEMORY):
+        ex.ev.skips.append(unchecked(
+            winner, f"its run compiled afresh ended {cold.status}"))
+        return False
+    speed = ex.ev.results[winner].samples_per_s()
+    _out_cold(ex, winner, cold)
+    _time_below_out(ex, winner, speed)
+    return True
+
+
+def _time_below_out(ex: Executor, out: Candidate, speed: float | None) -> None:
+    """A compiled winner is out as a first launch: time its setting at the next smaller
+    micro-batch, compiled afresh (the one run times it and checks its first launch), unless
+    that ran already. Its boundary as a first launch may be there, and stage 4 walks a
+    compiled setting down only on evidence that a smaller micro-batch can gain. Only where
+    it could still win: a smaller micro-batch adds accumulation steps, so the out winner's
+    speed bounds it, and the next pick must be behind that. A checkpointed setting is not
+    timed where its setting without checkpointing fits as a first launch
+    (``Evidence.recompute_floor``): it recomputes, so there it runs no faster, and a lead it shows
+    there is noise; where that is not known, the setting without checkpointing is timed
+    there first, compiled afresh (it may be the faster of the two)."""
+    smaller = [m for m in ex.plan.micro_batches if m < out.micro_batch]
+    if not smaller or not speed:
+        return
+    key = Candidate(knobs=out.knobs, micro_batch=max(smaller))
+    after = ex.ev.winner()
+    if key in ex.ev.results or (after is not None and (ex.ev.score(after) or 0.0) >= speed):
+        return
+    twin_key = Candidate(knobs=out.knobs.with_(checkpointing="off"),
+                         micro_batch=key.micro_batch)
+    if out.knobs.checkpointing != "off" and twin_key not in ex.ev.results and \
+            ex.ev.recompute_floor(out.knobs) < key.micro_batch and \
+            skip_reason(twin_key.knobs, ex.ev.traits) is None:
+        # Its setting without checkpointing first (never timed there: a knob screened on
+        # the checkpointed leader): where that fits as a first launch it is the faster of
+        # the two (checkpointing recomputes), and the checkpointed one is not run.
+        ex.measure(replace(ex.spec(twin_key, early_stop=False), cold_compile=True))
+    floor = ex.ev.recompute_floor(out.knobs)
+    if floor >= key.micro_batch:
+        twin = out.knobs.with_(checkpointing="off")
+        ex.ev.skips.append(skip(
+            "recompute-twin", key.knobs.label(),
+            f"{key.key()} not timed (below {out.key()}, out as a first launch): "
+            f"checkpointing recomputes, so it runs no faster where {twin.label()} fits "
+            f"without it ({twin.label()}/{floor} fits, compiled afresh as a first launch "
+            "compiles it, without allocator retries)", largest=floor))
+        return
+    ex.measure(replace(ex.spec(key, early_stop=False), cold_compile=True))
+
+
+def _fits_by_sibling(ex: Executor, winner: Candidate) -> bool:
+    """``Evidence.vouched_by_sibling``, said in ``skipped`` when it holds."""
+    bound = ex.ev.sibling_bound(winner)
+    if bound is None or not ex.ev.vouched_by_sibling(winner):
+        return False
+    own, peak, sibling = bound
+    ex.ev.skips.append(skip(
+        "first-launch-sibling", winner.key(),
+        f"{winner.key()}: not run again compiled afresh: {sibling.key()} compiled the same "
+        f"graphs afresh at a peak of {format_bytes(peak)}; compiling adds at most that to "
+        f"its own {format_bytes(own)}: {format_bytes(own + peak)}, within the "
+        f"{format_bytes(ex.plan.usable)} usable", peak=own + peak))
+    return True
+
+
+def _out_cold(ex: Executor, winner: Candidate, cold: TrialResult) -> None:
+    """The winner is out: the run that compiled its graphs afresh did not fit."""
+    usable = ex.plan.usable
+    if cold.ok:
+        what = (f"peaked at {format_bytes(cold.peak_bytes or 0)}, over the "
+                f"{format_bytes(usable)} usable")
+    else:
+        first = cold.message.splitlines()[0] if cold.message else ""
+        what = f"ended {cold.status}" + (f" ({first})" if first else "")
+    why = ("fits only when its compiled graphs load from inductor's cache: compiled "
+           f"afresh, as a first launch does, it {what}")
+    ex.ev.results[winner] = replace(ex.ev.results[winner], status="oom", message=why)
+    ex.ev.skips.append(skip("first-launch-out", winner.key(), f"{winner.key()}: {why}"))

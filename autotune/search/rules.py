@@ -1,0 +1,76 @@
+"""The search's rules by stable id, and a decision not to run something as a typed value.
+
+Every skip, re-measure and race note of a search is a ``Skip``: the rule that made it (an id
+of ``RULES``), what it is about (a setting's label or a candidate's key), the micro-batches it
+left out where it names some, its figures, and the sentence said to the user. The ids are
+shared with ``benchmarks/rule_checks.py`` (the check that backs a rule's bound) and with the
+replay benchmark (which counts, per id, whether a skipped setting could have won).
+``docs/search.md`` states each rule once. No torch here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+RULES: Mapping[str, str] = {
+    # can it still win? (bounds: a predicted or measured ceiling under the leader's floor)
+    "gain-ceiling": "a larger micro-batch gains at most the sibling pair's overhead ratio "
+                    "(rule_checks 9)",
+    "over-budget-below": "a compiled run over the budget, far behind: smaller only adds "
+                         "accumulation at a compile each (rule_checks 10)",
+    "behind-refine": "a class or precision behind --refine-within is not refined",
+    "frees-nothing": "the leader runs the whole per-device batch without retries",
+    "recompute-twin": "checkpointing runs no faster where its setting fits without it "
+                      "(rule_checks 2, 9)",
+    "compiled-whole-batch": "a compiled class at the whole per-device batch is not walked "
+                            "down",
+    "sibling-ratio": "a sibling timed at both micro-batches says a smaller one gains "
+                     "nothing (rule_checks 8)",
+    "line-predicts-loss": "the line through a setting's timed micro-batches predicts its "
+                          "other end loses (rule_checks 1, 5)",
+    "walk-not-faster": "a walk down stops at a micro-batch not faster than the best",
+    "micro-batch-limit": "--micro-batches timed per class reached",
+    "growth-over-budget": "the growth per sample puts the next micro-batch over the budget "
+                          "(rule_checks 3)",
+    "peak-not-below": "a peak not below one that fit nothing larger",
+    "peak-line": "the line through the fitting peaks puts a failure over the cap "
+                 "(rule_checks 3)",
+    "not-applicable": "the workload cannot take the knob value",
+    # racing (who is re-measured, and when a race stops)
+    "clear-lead": "a lead wider than the noise stands without a re-measure",
+    "within-drift": "timed once within the drift two runs of one config showed",
+    "rounds": "interleaved rounds decide a gap within the drift",
+    "rescreen": "knobs screened again after the leader changed",
+    "recheck": "a stored timing is re-checked before it picks",
+    "stored-pick": "picked on a stored timing alone (stopped before its re-check)",
+    # first launch (a compiled winner must fit compiled afresh)
+    "first-launch-out": "a compiled winner that does not fit compiled afresh is out",
+    "first-launch-sibling": "a sibling's run afresh bounds the first launch within budget",
+    "first-launch-unchecked": "the first launch was not checked",
+    # notes on the space
+    "baseline-rescued": "fp32 eager fits nothing: the first value that frees memory is the "
+                        "baseline",
+    "fsdp-root": "FSDP2 without repeated blocks shards the root alone",
+    "probe": "a memory probe's own note",
+}
+"""Each rule's id and, in a line, what it says (``docs/search.md`` says why)."""
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A decision of the search, said with its rule and figures."""
+
+    rule: str
+    target: str
+    """The setting's label or the candidate's key it is about ("" for the search)."""
+    text: str
+    """The sentence said to the user (``TunedConfig.skipped``)."""
+    figures: Mapping[str, float | int | str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        assert self.rule in RULES, f"unknown rule id {self.rule!r}"
+
+
+def skip(rule: str, target: str, text: str, **figures: float | int | str) -> Skip:
+    return Skip(rule, target, text, figures)

@@ -1,0 +1,152 @@
+"""The search's rules one by one: each bound on hand-made evidence (its figures known), the
+rounds' stopping rule as a property, and every rule id stated in docs/search.md.
+
+No child runs: ``Evidence`` is filled with results as a search would have them.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from autotune.config import Knobs, TrialResult
+from autotune.search import bounds
+from autotune.search._records import Candidate, SearchSettings
+from autotune.search.evidence import Evidence
+from autotune.search.plan import Plan
+from autotune.search.policy import ROUNDS, another_round, rechecked
+from autotune.search.rules import RULES, Skip
+from tests.test_search_stages import BUDGET, CLASSES, MIB, plan
+
+SETTINGS = SearchSettings(num_timed_steps=5, cache=False)
+EAGER = Knobs(precision="bf16", compile_mode="off")
+COMPILED = Knobs(precision="bf16", compile_mode="default")
+
+
+def run(sps: float, micro_batch: int, *, peak_mib: float = 300, steps: int = 5,
+        jitter: float = 0.0, retries: int = 0) -> TrialResult:
+    """A timed run of ``steps`` steps at ``sps`` samples/s (per-device batch 64)."""
+    step_s = 64 / sps
+    times = tuple(step_s * (1 + (jitter if i % 2 else -jitter)) for i in range(steps))
+    return TrialResult(status="ok", peak_bytes=int(peak_mib * MIB), step_times_s=times,
+                       samples_per_step=64, first_loss=2.0, reference_loss=2.0,
+                       num_alloc_retries=retries, wall_s=1.0)
+
+
+def evidence(**runs: TrialResult) -> Evidence:
+    """Evidence holding ``runs`` keyed as ``precision_mode_microbatch`` (e.g. bf16_off_32)."""
+    ev = Evidence(Plan.of(plan(), CLASSES, {}), SETTINGS)
+    for name, result in runs.items():
+        precision, mode, micro_batch = name.split("_")
+        ev.results[Candidate(knobs=Knobs(precision=precision, compile_mode=mode),
+                             micro_batch=int(micro_batch))] = result
+    base = Knobs(precision="fp32", compile_mode="off")
+    ev.baseline = next((c for c in ev.results if c.knobs == base), None)
+    return ev
+
+
+def at(knobs: Knobs, micro_batch: int) -> Candidate:
+    return Candidate(knobs=knobs, micro_batch=micro_batch)
+
+
+def test_every_rule_id_is_stated_in_the_search_page() -> None:
+    page = (Path(__file__).parent.parent / "docs" / "search.md").read_text()
+    stated = set(re.findall(r"`([a-z-]+)`", page))
+    assert set(RULES) <= stated, sorted(set(RULES) - stated)
+
+
+def test_a_skip_with_an_unknown_rule_id_cannot_be_made() -> None:
+    with pytest.raises(AssertionError, match="unknown rule id"):
+        Skip("made-up", "", "text")
+
+
+def test_gain_ceiling_stops_a_probe_only_when_the_ceiling_stays_behind_the_leader() -> None:
+    # A sibling gained 1.05x from 8 to 16: spread over more samples, a larger micro-batch
+    # of bf16/default can gain at most a little over that, so at 200 samples/s against a
+    # leader at 400 it cannot win; at 390 (within the noise with its ceiling) it can.
+    sibling = dict(fp32_off_8=run(100, 8), fp32_off_16=run(105, 16))
+    ev = evidence(**sibling, bf16_off_32=run(400, 32), bf16_default_16=run(200, 16))
+    why = bounds.larger(ev, at(COMPILED, 16))
+    assert why is not None and why.rule == "gain-ceiling"
+    assert why.figures["share"] == pytest.approx(0.5)
+    assert 1.0 < why.figures["ceiling"] < 1.2
+    ev = evidence(**sibling, bf16_off_32=run(400, 32), bf16_default_16=run(390, 16))
+    assert bounds.larger(ev, at(COMPILED, 16)) is None
+
+
+def test_over_budget_below_needs_the_run_behind_by_more_than_refine_within() -> None:
+    over = run(200, 32, peak_mib=BUDGET / MIB + 50)  # ran, over the usable budget
+    ev = evidence(fp32_off_32=run(100, 32), bf16_off_32=run(400, 32), bf16_default_32=over)
+    why = bounds.below(ev, at(COMPILED, 32))
+    assert why is not None and why.rule == "over-budget-below"
+    close = run(380, 32, peak_mib=BUDGET / MIB + 50)
+    ev = evidence(fp32_off_32=run(100, 32), bf16_off_32=run(400, 32), bf16_default_32=close)
+    assert bounds.below(ev, at(COMPILED, 32)) is None
+    assert bounds.below(ev, at(EAGER, 32)) is None  # an eager setting's smaller may win
+
+
+def test_frees_nothing_only_where_the_leader_runs_the_whole_batch_without_retries() -> None:
+    ev = evidence(bf16_off_64=run(400, 64))
+    why = bounds.frees_nothing(ev, at(EAGER, 64))
+    assert why is not None and why.rule == "frees-nothing"
+    assert bounds.frees_nothing(evidence(bf16_off_64=run(400, 64, retries=2)),
+                                at(EAGER, 64)) is None
+    assert bounds.frees_nothing(evidence(bf16_off_32=run(400, 32)), at(EAGER, 32)) is None
+
+
+def test_compiled_whole_batch_is_not_walked_down_unless_memory_presses() -> None:
+    ev = evidence(bf16_default_64=run(400, 64))
+    why = bounds.compiled_whole_batch(ev, COMPILED, [64, 32, 16])
+    assert why is not None and why.rule == "compiled-whole-batch"
+    assert "32, 16" in why.text
+    pressed = evidence(bf16_default_64=run(400, 64, retries=1))
+    assert bounds.compiled_whole_batch(pressed, COMPILED, [64, 32, 16]) is None
+    assert bounds.compiled_whole_batch(ev, EAGER, [64, 32, 16]) is None
+
+
+def test_behind_refine_skips_a_mode_only_for_a_precision_behind_the_leader() -> None:
+    ev = evidence(fp32_off_32=run(100, 32), bf16_off_32=run(400, 32))
+    ev.probes = {k: None for k in (Knobs(precision="fp32", compile_mode="off"), EAGER)}
+    fp32_max = Knobs(precision="fp32", compile_mode="max-autotune")
+    why = bounds.mode(ev, fp32_max)
+    assert why is not None and why.rule == "behind-refine"
+    assert why.figures["share"] == pytest.approx(0.25)
+    assert bounds.mode(ev, Knobs(precision="bf16", compile_mode="max-autotune")) is None
+
+
+def test_line_predicts_loss_for_a_smallest_micro_batch_the_line_puts_behind() -> None:
+    # Time per micro-batch linear in its size: 32 at 400/s, 16 at 380/s: 8 is predicted
+    # slower still, so the run is not made; a compiled one must be predicted ahead.
+    ev = evidence(bf16_off_32=run(400, 32), bf16_off_16=run(380, 16))
+    why = bounds.line_predicts_loss(ev, EAGER, 8)
+    assert why is not None and why.rule == "line-predicts-loss"
+    ev = evidence(bf16_off_32=run(300, 32), bf16_off_16=run(400, 16))  # smaller is faster
+    assert bounds.line_predicts_loss(ev, EAGER, 8) is None
+
+
+@given(st.lists(st.floats(min_value=0.5, max_value=2.0), min_size=0, max_size=6))
+def test_interleaved_rounds_stop_within_a_bound_whatever_they_say(shares: list[float]) -> None:
+    # Fed round by round, the rounds end after ROUNDS, or ROUNDS + 1 where they split:
+    # never more, however close the two are.
+    made: list[float] = []
+    for share in shares:
+        if not another_round(made):
+            break
+        made.append(share)
+    if len(shares) >= ROUNDS + 1:
+        assert ROUNDS <= len(made) <= ROUNDS + 1
+        assert not another_round(made)
+    if len(made) == ROUNDS and (made[0] > 1) == (made[1] > 1):
+        assert not another_round(made)  # two rounds that agree decide
+
+
+def test_a_stored_timing_slower_now_beyond_the_noise_is_replaced_by_the_fresh_run() -> None:
+    key = at(EAGER, 32)
+    fresh, note = rechecked(key, run(400, 32), run(300, 32), SETTINGS)
+    assert fresh and note.rule == "recheck" and note.figures["now"] == pytest.approx(300)
+    fresh, note = rechecked(key, run(400, 32), run(395, 32), SETTINGS)
+    assert not fresh and "within the noise" in note.text
