@@ -8,7 +8,7 @@ Public API (imported lazily, so ``import autotune`` and ``autotune --help`` stay
     autotune.estimate(...)            # a step's memory without running it (fake tensors)
     autotune.check("autotune.json")   # does a tuned config still fit its device?
     autotune.load("autotune.json")    # the tuned config, with helpers for your own loop
-    autotune.lightning.Tuned(cfg)     # a Lightning callback (with cfg.lightning_trainer_kwargs())
+    autotune.lightning.TunedCallback(cfg)  # Lightning (beside cfg.lightning_trainer_kwargs())
 """
 
 from __future__ import annotations
