@@ -538,11 +538,11 @@ def codegen(
 
 @app.command("export")
 def export_command(
-    config_path: Annotated[Path, typer.Argument(
-        help="The autotune.json written by `autotune search`.")] = Path("autotune.json"),
     to: Annotated[str, typer.Option(
         "--to", help="The tool: deepspeed (ds_config.json), torchtitan (torchtitan.toml) or "
-                     "accelerate (accelerate_config.yaml).")] = "deepspeed",
+                     "accelerate (accelerate_config.yaml).", show_default=False)],
+    config_path: Annotated[Path, typer.Argument(
+        help="The autotune.json written by `autotune search`.")] = Path("autotune.json"),
     output: Annotated[Optional[Path], typer.Option(
         "-o", "--output", help="The file to write (or a folder for the default name).")
     ] = None,

@@ -241,6 +241,7 @@ def test_export_writes_each_file_and_refuses_to_overwrite(tmp_path: Path) -> Non
     (["--to", "megatron"], "--to 'megatron' is not a tool autotune exports to: use deepspeed, "
                            "torchtitan, accelerate"),
     (["--to", "deepspeed", "missing.json"], "does not exist"),
+    (["--force"], "Missing option '--to'"),
 ])
 def test_export_bad_input_exits_2_naming_the_value(args: list[str], words: str,
                                                    tmp_path: Path) -> None:
