@@ -73,19 +73,25 @@ def _function(module: str) -> Any:
 class _Both:
     """The package attribute ``name``: the submodule of that name, made callable. A data
     descriptor, so it wins over the attribute the import system sets on the package when it
-    imports the submodule (that setattr is ignored: ``sys.modules`` holds the module)."""
+    imports the submodule (that module is the one returned anyway); any other value set on
+    it is returned until the module is set back."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
     def __get__(self, package: Any, owner: type | None = None) -> Any:
+        if package is not None and f"_set_{self.name}" in package.__dict__:
+            return package.__dict__[f"_set_{self.name}"]  # set by hand (a test's monkeypatch)
         module = importlib.import_module(f"{__name__}.{self.name}")
         if not isinstance(module, _CallablePackage):
             module.__class__ = _CallablePackage
         return module
 
     def __set__(self, package: Any, value: Any) -> None:
-        pass
+        if isinstance(value, types.ModuleType) and value.__name__ == f"{__name__}.{self.name}":
+            package.__dict__.pop(f"_set_{self.name}", None)  # the import system's, or undone
+        else:
+            package.__dict__[f"_set_{self.name}"] = value
 
 
 class _Autotune(types.ModuleType):

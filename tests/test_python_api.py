@@ -85,3 +85,13 @@ def test_search_from_python_returns_the_tuned_config_and_reports_progress_by_cal
     assert len(trials) == len(cfg.config.trials)  # one line per timed run
     printed = capsys.readouterr()
     assert printed.out == "" and printed.err == ""  # progress goes to the callback only
+
+
+def test_the_names_can_be_replaced_and_restored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test's monkeypatch of ``autotune.search`` takes, and its undo restores the package."""
+    calls: list[dict] = []
+    with monkeypatch.context() as patch:
+        patch.setattr(autotune, "search", lambda **kwargs: calls.append(kwargs))
+        autotune.search(target_batch=8)
+    assert calls == [{"target_batch": 8}]
+    assert callable(autotune.search) and hasattr(autotune.search, "SearchSettings")
