@@ -175,7 +175,8 @@ def torchtitan_config_manager(monkeypatch: pytest.MonkeyPatch) -> Any:
     ``__init__``, which imports its models (triton: not on a CPU build of torch)."""
     spec = importlib.util.find_spec("torchtitan")
     if spec is None or spec.submodule_search_locations is None:
-        pytest.skip("torchtitan is not installed (pip install 'torchtitan<0.3' --no-deps tyro)")
+        pytest.skip("torchtitan is not installed (pip install tyro; pip install 'torchtitan<0.3' "
+                    "--no-deps)")
     package = types.ModuleType("torchtitan")
     package.__path__ = list(spec.submodule_search_locations)
     monkeypatch.setitem(sys.modules, "torchtitan", package)
