@@ -53,7 +53,9 @@ class TunedCallback(Callback):
         """Args:
             cfg: the tuned config (``autotune.load(...)`` or ``autotune.search(...)``).
             model: the tuned model inside the LightningModule, e.g. ``lambda m: m.model``
-                (default: the LightningModule itself): checkpointed, converted and compiled.
+                (default: the LightningModule itself): checkpointed, converted and compiled
+                in place. Compiling reaches only calls of that module, so name the one your
+                ``training_step`` calls (the default compiles ``self(...)`` calls).
             blocks: its repeated blocks, as for ``cfg.apply`` (default: found as the search
                 found them).
         """
