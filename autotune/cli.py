@@ -536,6 +536,28 @@ def codegen(
         out.print(f"python {path} --steps 100", highlight=False, markup=False, emoji=False)
 
 
+@app.command("export")
+def export_command(
+    to: Annotated[str, typer.Option(
+        "--to", help="The tool: deepspeed (ds_config.json), torchtitan (torchtitan.toml) or "
+                     "accelerate (accelerate_config.yaml).", show_default=False)],
+    config_path: Annotated[Path, typer.Argument(
+        help="The autotune.json written by `autotune search`.")] = Path("autotune.json"),
+    output: Annotated[Optional[Path], typer.Option(
+        "-o", "--output", help="The file to write (or a folder for the default name).")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+) -> None:
+    """Write the tuned config as DeepSpeed's, torchtitan's or Accelerate's own config file."""
+    with _exits():
+        from autotune.export import export_config
+
+        path, result = export_config(config_path, to, output, force=force)
+        for note in result.notes:
+            err.print(Text.assemble(("note:", "yellow"), " ", note))
+        err.print(f"wrote {path}", highlight=False, markup=False, emoji=False)
+
+
 @app.command("report")
 def report_command(
     config_path: Annotated[Path, typer.Argument(
