@@ -42,6 +42,9 @@ MACHINES = (("H200", "NVIDIA H200"), ("H100", "NVIDIA H100"), ("Xeon", "Intel Xe
 NAME_MACHINES = (("h200", "NVIDIA H200"), ("h100", "NVIDIA H100"), ("xeon", "Intel Xeon"),
                  ("zen3", "AMD EPYC"), ("epyc", "AMD EPYC"))
 HEAD_CHARS = 3000
+FIGURE_LINE = re.compile(r"^(?:best \S+.*pick quality.*|.*\*\*[^*\n]*\d[^*\n]*\*\*.*)$", re.M)
+"""A line that states the file's figure: a GPU suite step's "best ..., pick quality ...", or
+the first line with a figure in bold."""
 
 
 def _git(*args: str) -> str:
@@ -169,10 +172,12 @@ def _headline_of(data, text: str) -> str | None:
                 f" x {data.get('accumulate_steps')}"
                 + (f", {speed:.1f} samples/s" if isinstance(speed, (int, float)) else "")
                 + (f", {speedup:.2f}x the baseline" if isinstance(speedup, (int, float)) else ""))
-    for line in text.splitlines():
-        if line.startswith("# "):
-            return line[2:].strip()
-    return None
+    title = next((line[2:].strip() for line in text.splitlines() if line.startswith("# ")), None)
+    figure = FIGURE_LINE.search(text)
+    if figure:
+        figure_text = figure[0].replace("**", "").strip("-* ")
+        return f"{title}: {figure_text}" if title else figure_text
+    return title
 
 
 def _cell(value: str | None, limit: int = 160) -> str:

@@ -15,9 +15,19 @@ sys.path.insert(0, str(BENCH))
 
 import results_index  # noqa: E402
 
+
+def _whole_history() -> bool:
+    if shutil.which("git") is None or not (BENCH.parent / ".git").exists():
+        return False
+    shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=BENCH,
+                             capture_output=True, text=True).stdout.strip()
+    return shallow == "false"
+
+
 pytestmark = [pytest.mark.subprocess, pytest.mark.skipif(  # git log, about a second
-    shutil.which("git") is None or not (BENCH.parent / ".git").exists(),
-    reason="the index's fallback commits come from git history: needs a git checkout")]
+    not _whole_history(),
+    reason="the index's fallback commits come from git history: needs a checkout with all of it "
+           "(not a shallow clone)")]
 
 
 def test_committed_index_is_current():
