@@ -12,7 +12,7 @@
 # passed). Done: the H200 on 2026-11-26 (tests, search-gpt2, ranks, oracle-gpt2), then issue 18's
 # capped case (`TESTS_S=0 gpu_call.sh 580 search-gpt2-capped oracle-gpt2-capped`, then
 # `gpu_suite.py --only oracle-gpt2-capped-rest --seconds 165 --search-from <the first call's
-# JSON>`: results/gpu/h200-2026-11-26b.md). Next lease: the capped pass whole, in one call
+# JSON>`: results/archive/gpu/h200-2026-11-26b.md). Next lease: the capped pass whole, in one call
 # (`TESTS_S=0 gpu_call.sh 580 oracle-gpt2-capped`, no search: ~560 s), for the cost ratio against
 # a complete pass.
 # Here first: `bash benchmarks/gpu_wheels.sh` (optuna and what the device lacks, into .whl/).

@@ -1,9 +1,9 @@
 """``--storage``: a study shared or resumed through an Optuna RDB URL.
 
 Its budget may move as the local store's does (the default budget, what is free, moves a
-little between runs); its password is never shown or stored; README's PostgreSQL setup runs
-as written against a throwaway cluster (``initdb``/``pg_ctl``; skipped where PostgreSQL's
-binaries are missing: ``apt-get install postgresql``).
+little between runs); its password is never shown or stored; the PostgreSQL setup of
+docs/several-devices.md runs as written against a throwaway cluster (``initdb``/``pg_ctl``;
+skipped where PostgreSQL's binaries are missing: ``apt-get install postgresql``).
 """
 
 from __future__ import annotations
@@ -168,8 +168,9 @@ class Cluster:
                  "start")
 
     def readme_url(self) -> str:
-        """README's example URL, this cluster's user, password and host in it."""
-        readme = (ROOT / "README.md").read_text()
+        """The docs' example URL (docs/several-devices.md), this cluster's user, password and
+        host in it."""
+        readme = (ROOT / "docs" / "several-devices.md").read_text()
         [url] = re.findall(r"--storage (postgresql\S*)", readme)
         assert url == "postgresql+psycopg2://user:pass@db-host/autotune", url
         assert "pip install psycopg2-binary" in readme
@@ -275,10 +276,10 @@ def test_a_postgresql_server_gone_mid_search_costs_the_cache_not_the_search(
 @pytest.mark.subprocess
 def test_readmes_resume_example_runs_as_written(tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """README: `--storage sqlite:///autotune.db --study-name NAME` resumes a search; the
+    """docs/search.md: `--storage sqlite:///autotune.db --study-name NAME` resumes a search; the
     second one, as written (no --memory-budget: the default budget, what is free, moves a
     little), is not refused and measures no run again."""
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = " ".join((ROOT / "docs" / "search.md").read_text().split())
     assert "`--storage sqlite:///autotune.db --study-name NAME` resumes an interrupted search" in (
         readme)
     monkeypatch.chdir(tmp_path)
