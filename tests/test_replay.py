@@ -11,7 +11,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
-from replay import ReplayDevice, quality_of, replay_one, score  # noqa: E402
+from replay import ReplayDevice, plan_of, quality_of, replay_one, score  # noqa: E402
 from replay_tables import Entry, Run, Table, all_tables, gpu_oracle_files  # noqa: E402
 
 from autotune.config import DeviceInfo, TrialSpec, WorkloadSpec  # noqa: E402
@@ -59,9 +59,11 @@ def test_a_hand_built_table_scores_the_known_best_over_three_seeds() -> None:
     assert out["pick_quality"] == {"median": 1.0, "p10": 1.0, "min": 1.0}
     assert out["within_3pct"] == 1.0
     assert out["over_budget_picks"] == 0 and out["failed_searches"] == 0
-    # knobs beyond precision and compile mode are not in the table: counted, never a win
-    assert out["not_recorded"]["seeds_with_any"] == 3
-    assert out["cost"]["median"] > 0 and out["runs"]["median"] > 4
+    # the search walks the table's own space: knob values its pass did not record (here
+    # every value beyond the defaults) are not offered, so nothing is asked that it lacks
+    assert plan_of(t)[2]["optimizer_impl"] == ("default",)
+    assert out["not_recorded"]["seeds_with_any"] == 0
+    assert out["cost"]["median"] > 0 and out["runs"]["median"] >= 4
 
 
 def test_the_pick_quality_is_the_picks_truth_over_the_best() -> None:
