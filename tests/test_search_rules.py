@@ -150,3 +150,37 @@ def test_a_stored_timing_slower_now_beyond_the_noise_is_replaced_by_the_fresh_ru
     assert fresh and note.rule == "recheck" and note.figures["now"] == pytest.approx(300)
     fresh, note = rechecked(key, run(400, 32), run(395, 32), SETTINGS)
     assert not fresh and "within the noise" in note.text
+
+
+def test_recompute_twin_skips_checkpointing_only_above_a_fit_that_got_slower() -> None:
+    # bf16/off ran 400/s at 16 (the leader) and 300/s at 32: its own pair says a larger
+    # micro-batch cannot catch up, so checkpointing (worth a run only above 32) cannot win.
+    ev = evidence(fp32_off_16=run(100, 16), bf16_off_16=run(400, 16), bf16_off_32=run(300, 32))
+    why = bounds.recompute(ev, at(EAGER, 16))
+    assert why is not None and why.rule == "recompute-twin" and why.figures["largest"] == 32
+    # where the largest timed fit is the leader, nothing bounds a larger micro-batch's gain
+    ev = evidence(fp32_off_16=run(100, 16), bf16_off_16=run(300, 16), bf16_off_32=run(400, 32))
+    assert bounds.recompute(ev, at(EAGER, 32)) is None
+    # a fit under memory pressure is no floor: freeing memory can make it faster
+    ev = evidence(fp32_off_16=run(100, 16), bf16_off_16=run(400, 16),
+                  bf16_off_32=run(300, 32, retries=3))
+    assert bounds.recompute(ev, at(EAGER, 16)) is None
+
+
+def test_sibling_ratio_walks_a_compiled_setting_down_only_on_evidence() -> None:
+    # No setting timed at both 16 and 32: a compiled setting is not walked down (each step a
+    # compile), an eager one is.
+    ev = evidence(fp32_off_32=run(100, 32), bf16_default_32=run(400, 32))
+    why = bounds.sibling_ratio(ev, COMPILED, [32], 16)
+    assert why is not None and why.rule == "sibling-ratio"
+    assert bounds.sibling_ratio(ev, Knobs(precision="fp32", compile_mode="off"), [32], 16) \
+        is None or ev.leaders_setting() is None
+    # a sibling that ran 1.3x faster at 16 than at 32 is the evidence: walk it
+    ev = evidence(fp32_off_32=run(100, 32), fp32_off_16=run(130, 16),
+                  bf16_default_32=run(400, 32))
+    assert bounds.sibling_ratio(ev, COMPILED, [32], 16) is None
+    # one no faster at 16 predicts this one no faster either: not walked, with the figure
+    ev = evidence(fp32_off_32=run(100, 32), fp32_off_16=run(95, 16),
+                  bf16_default_32=run(400, 32))
+    why = bounds.sibling_ratio(ev, COMPILED, [32], 16)
+    assert why is not None and "0.95x" in why.text
