@@ -156,6 +156,13 @@ class OomFallback:
                 return loss
             # The failed attempt's activations went with its exception; no gradient is kept.
             optimizer.zero_grad(set_to_none=True)
+            inner = getattr(model, "_orig_mod", model)
+            if isinstance(inner, DDP):
+                # A rank whose last micro-batch's forward ran (outside no_sync) has DDP's
+                # reducer waiting for its backward: every rank resets it, as DDP's own
+                # _update_process_group does (buckets rebuilt at the next step, alike).
+                inner._has_rebuilt_buckets = False
+                inner.reducer._reset_state()
             del batches
             gc.collect()
             if str(self.device).startswith("cuda"):

@@ -171,7 +171,7 @@ class OomFallback:
 
     def run(self, step: Callable[[list[Batch], Callable[[], None]], T],
             micro_batches: Sequence[Batch], *, optimizer: torch.optim.Optimizer,
-            device: torch.device) -> T:
+            device: torch.device, model: torch.nn.Module | None = None) -> T:
         """``step(micro_batches, check)``, redone with smaller micro-batches after an
         out-of-memory error on any rank.
 
@@ -206,6 +206,8 @@ class OomFallback:
                 return result
             # The failed attempt's frames (activations, losses) are gone with its exception.
             optimizer.zero_grad(set_to_none=True)
+            if model is not None:
+                reset_ddp(model)
             del batches
             gc.collect()
             if device.type == "cuda":
@@ -228,6 +230,21 @@ class OomFallback:
                      f"with micro-batch {smaller} x {per_device // smaller} accumulation "
                      f"(effective batch unchanged; fallback {self.in_a_row} of "
                      f"{self.max_in_a_row} in a row)")
+
+
+def reset_ddp(model: torch.nn.Module) -> None:
+    """A DistributedDataParallel model ready for a new forward after an attempt left without
+    its backward: a rank whose last micro-batch's forward ran (outside ``no_sync``) has its
+    reducer waiting for that backward, and its next backward would all-reduce while the other
+    ranks do not (gloo: "Received data size doesn't match expected size"). Every rank resets
+    (buckets rebuilt at the next step, alike on every rank), as DDP's own
+    ``_update_process_group`` does."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    inner = getattr(model, "_orig_mod", model)
+    if isinstance(inner, DistributedDataParallel):
+        inner._has_rebuilt_buckets = False
+        inner.reducer._reset_state()
 
 
 class _Checks:

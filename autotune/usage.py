@@ -207,7 +207,8 @@ class Tuned:
             self.fallback = OomFallback(max_oom_fallbacks)
         first = next(iter(model.parameters()))
         device = getattr(first, "_local_tensor", first).device
-        return self.fallback.run(run, micro_batches, optimizer=optimizer, device=device)
+        return self.fallback.run(run, micro_batches, optimizer=optimizer, device=device,
+                                 model=model)
 
     def training_arguments(self) -> dict[str, Any]:
         """Keyword arguments for ``transformers.TrainingArguments``: micro-batch,

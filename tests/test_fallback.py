@@ -286,10 +286,14 @@ def test_the_script_stops_after_its_fallbacks_in_a_row(tmp_path: Path) -> None:
 
 
 @pytest.mark.subprocess
-def test_two_ranks_move_together_when_one_runs_out_of_memory(tmp_path: Path) -> None:
-    """Two gloo ranks under DDP, each capped; only rank 1's sequences grow: both move to
-    micro-batch 2, and the model is the one of a job at micro-batch 2 from the start."""
-    long = {"OOM_LONG": "4096", "OOM_GROW_RANKS": "1"}
+@pytest.mark.parametrize("grow_from", ["16", "20"], ids=["first-micro-batch", "last-micro-batch"])
+def test_two_ranks_move_together_when_one_runs_out_of_memory(tmp_path: Path,
+                                                             grow_from: str) -> None:
+    """Two gloo ranks under DDP, each capped; only rank 1's sequences grow, from its third
+    step's first micro-batch (under no_sync) or its last (whose forward readies DDP's
+    all-reduce on rank 0, which must not fire in the redo): both move to micro-batch 2, and
+    the model is the one of a job at micro-batch 2 from the start."""
+    long = {"OOM_LONG": "4096", "OOM_GROW_RANKS": "1", "OOM_GROW_FROM": grow_from}
     capped = run_script(tmp_path / "capped", 4, env={**CAP, **long}, ranks=2)
     assert capped.returncode == 0, capped.stdout + capped.stderr
     said = [line for line in capped.stdout.splitlines() if line.startswith("out of memory")]

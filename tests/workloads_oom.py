@@ -2,8 +2,8 @@
 
 Samples come from one stream per rank, numbered across the run (a batch of m takes the next
 m), each drawn from its own seed: a run at any micro-batch trains on the same samples in the
-same optimizer steps. Samples of optimizer step ``GROW_AT`` (0-based) and later are
-``OOM_LONG`` tokens long on the ranks in ``OOM_GROW_RANKS`` (all by default), ``SHORT``
+same optimizer steps. Samples from number ``OOM_GROW_FROM`` on (default: those of optimizer
+step ``GROW_AT``, 0-based) are ``OOM_LONG`` tokens long on the ranks in ``OOM_GROW_RANKS`` (all by default), ``SHORT``
 otherwise. Float64 throughout; a deep stack of layers keeps the forward's saved activations
 above what the backward adds, so a cap between the two fails in the forward.
 
@@ -72,8 +72,8 @@ def make_batch(micro_batch: int) -> torch.Tensor:
     grows = str(rank) in os.environ.get("OOM_GROW_RANKS", str(rank)).split(",")
     rows = []
     for index in range(_drawn[0], _drawn[0] + micro_batch):
-        length = int(os.environ.get("OOM_LONG", "64")) if (
-            grows and index // PER_DEVICE >= GROW_AT) else SHORT
+        length = int(os.environ.get("OOM_LONG", "64")) if (grows and index >= int(
+            os.environ.get("OOM_GROW_FROM", GROW_AT * PER_DEVICE))) else SHORT
         generator = torch.Generator().manual_seed(10_000 * rank + index)
         rows.append(torch.randint(0, VOCAB, (length,), generator=generator))
     _drawn[0] += micro_batch
