@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ from autotune.trial import _OOM_MESSAGES, is_out_of_memory
 from autotune.usage import Tuned
 from autotune.workload import Workload, causal_lm_label_count
 from tests.one_truth import GradRecorder, TinyLM, assert_same_grads, load_script
-from tests.tuned_configs import REPO, small, subprocess_env
+from tests.tuned_configs import REPO, small, subprocess_env, write
 
 PER_DEVICE = 12
 GROWING = WorkloadSpec(kind="file", target=f"{REPO / 'tests' / 'workloads_oom.py'}:workload")
@@ -204,6 +205,24 @@ def test_without_the_flag_an_out_of_memory_error_ends_the_step() -> None:
     assert tuned.fallback is None
 
 
+class StateTooLarge(torch.optim.SGD):
+    """SGD whose first step allocates state no machine holds: the update runs out of memory."""
+
+    def step(self, closure: object = None) -> None:  # type: ignore[override]
+        torch.empty(1 << 62, dtype=torch.uint8)
+
+
+def test_an_out_of_memory_error_in_the_update_is_not_retried() -> None:
+    torch.manual_seed(0)
+    model = TinyLM().double()
+    tuned = Tuned(small(target_batch=PER_DEVICE, micro_batch=6, accumulate_steps=2))
+    with pytest.raises(OutOfMemoryFallbackError, match="out of memory in the optimizer's update"):
+        tuned.train_step(model, StateTooLarge(model.parameters(), lr=0.1),
+                         split(samples(PER_DEVICE), 6), grows_above(PER_DEVICE),
+                         oom_fallback=True)
+    assert tuned.fallback is not None and tuned.fallback.fallbacks == 0
+
+
 def test_the_scripts_fallback_gives_the_librarys_gradients(script: ModuleType,
                                                           monkeypatch: pytest.MonkeyPatch
                                                           ) -> None:
@@ -303,3 +322,18 @@ def test_two_ranks_move_together_when_one_runs_out_of_memory(tmp_path: Path,
     smaller = run_script(tmp_path / "smaller", 2, env=long, ranks=2)
     assert smaller.returncode == 0, smaller.stdout + smaller.stderr
     same_model(tmp_path / "capped" / "ck.pt", tmp_path / "smaller" / "ck.pt")
+
+
+# ----------------------------------------------------------------------------------------------
+# docs/oom-fallback.md: its snippet runs.
+
+
+def test_the_docs_snippet_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    text = (REPO / "docs" / "oom-fallback.md").read_text()
+    snippets = re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
+    assert len(snippets) == 1
+    write(small(), tmp_path / "autotune.json")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(snippets[0], "docs/oom-fallback.md", "exec"), {"__name__": "snippet"})
+    assert capsys.readouterr().out.count("loss") == 3
