@@ -337,3 +337,33 @@ def test_the_docs_snippet_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     monkeypatch.chdir(tmp_path)
     exec(compile(snippets[0], "docs/oom-fallback.md", "exec"), {"__name__": "snippet"})
     assert capsys.readouterr().out.count("loss") == 3
+
+
+# ----------------------------------------------------------------------------------------------
+# Tuned.train_step(oom_fallback=True) under the same real cap, alone and on 2 DDP ranks.
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_the_library_step_survives_a_longer_sequence_under_a_real_cap(tmp_path: Path,
+                                                                      ranks: int) -> None:
+    """Alone, every sequence grows at the third step; on 2 ranks only rank 1's, from its last
+    micro-batch of that step. The model equals a run at micro-batch 2 from the start."""
+    long = {"OOM_LONG": "4096", "OOM_GROW_RANKS": "1", "OOM_GROW_FROM": "20"} if ranks > 1 \
+        else {"OOM_LONG": "4096"}
+    launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
+    runs = {}
+    for name, micro_batch, env in (("capped", 4, {**CAP, **long}), ("smaller", 2, long)):
+        config = write(small(workload=GROWING, target_batch=8 * ranks, world_size=ranks,
+                             micro_batch=micro_batch, accumulate_steps=8 // micro_batch,
+                             strategy="ddp" if ranks > 1 else "none"),
+                       tmp_path / f"{name}.json")
+        runs[name] = subprocess.run(
+            [sys.executable, *(launch if ranks > 1 else []), str(REPO / "tests" / "oom_tuned.py"),
+             str(config), str(tmp_path / f"{name}.pt")], cwd=tmp_path, capture_output=True,
+            text=True, env={**subprocess_env(), **env}, timeout=300)
+        assert runs[name].returncode == 0, runs[name].stdout + runs[name].stderr
+    assert "fallbacks 1, micro-batch 2" in runs["capped"].stdout
+    assert "fallbacks 0, micro-batch 2" in runs["smaller"].stdout
+    assert "redoing the step with micro-batch 2 x 4 accumulation" in runs["capped"].stderr
+    same_model(tmp_path / "capped.pt", tmp_path / "smaller.pt")

@@ -3,9 +3,10 @@
 Samples come from one stream per rank, numbered across the run (a batch of m takes the next
 m), each drawn from its own seed: a run at any micro-batch trains on the same samples in the
 same optimizer steps. Samples from number ``OOM_GROW_FROM`` on (default: those of optimizer
-step ``GROW_AT``, 0-based) are ``OOM_LONG`` tokens long on the ranks in ``OOM_GROW_RANKS`` (all by default), ``SHORT``
-otherwise. Float64 throughout; a deep stack of layers keeps the forward's saved activations
-above what the backward adds, so a cap between the two fails in the forward.
+step ``GROW_AT``, 0-based) are ``OOM_LONG`` tokens long on the ranks in ``OOM_GROW_RANKS`` (all
+by default), ``SHORT`` otherwise. Float64 throughout; a deep stack of layers keeps the
+forward's saved activations above what the backward adds, so a cap between the two fails in
+the forward.
 
 ``OOM_CAP_MIB`` (environment): address space allowed above the baseline, set by
 ``build_model`` as RLIMIT_AS once torch's thread pool and lazy imports are in the baseline.
