@@ -447,6 +447,12 @@ def main():
               f"{precision}, compile {compile_mode}, checkpointing {checkpointing}, optimizer "
               f"{optimizer_impl}, memory format {memory_format}, strategy {parallel}, on "
               f"{device}")
+    if parallel.startswith("fsdp") and args.oom_fallbacks > 0:
+        # FSDP gathers and scatters inside each block: a rank that runs out of memory there
+        # leaves the others in another collective, so the ranks cannot agree on a fallback.
+        args.oom_fallbacks = 0
+        if master:
+            print("note: the out-of-memory fallback (--oom-fallbacks) is off under FSDP")
     fallback = OomFallback(args.oom_fallbacks, device, master) if args.oom_fallbacks > 0 else None
     start = time.perf_counter()
     for step in range(1, args.steps + 1):

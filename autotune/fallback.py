@@ -232,6 +232,13 @@ class OomFallback:
                      f"{self.max_in_a_row} in a row)")
 
 
+def is_sharded(model: torch.nn.Module) -> bool:
+    """The model has FSDP2-sharded modules (each forward and backward runs collectives)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in getattr(model, "_orig_mod", model).modules())
+
+
 def reset_ddp(model: torch.nn.Module) -> None:
     """A DistributedDataParallel model ready for a new forward after an attempt left without
     its backward: a rank whose last micro-batch's forward ran (outside ``no_sync``) has its

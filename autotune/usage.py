@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from autotune import knobs, step
-from autotune.fallback import OomFallback
+from autotune.errors import ConfigError
+from autotune.fallback import OomFallback, is_sharded
 from autotune.knobs import Knobs
 from autotune.schema import TunedConfig
 from autotune.workload import Batch, Workload
@@ -193,6 +194,8 @@ class Tuned:
         Raises:
             OutOfMemoryFallbackError: ``max_oom_fallbacks`` fallbacks in a row, no smaller
                 micro-batch, or an out-of-memory error in the optimizer's update.
+            ConfigError: ``oom_fallback`` with an FSDP model (not supported: see
+                docs/oom-fallback.md).
         """
         def run(batches: Sequence[Batch], check: Callable[[], object] | None = None
                 ) -> torch.Tensor:
@@ -203,6 +206,11 @@ class Tuned:
 
         if not oom_fallback:
             return run(micro_batches)
+        if self.knobs.strategy.startswith("fsdp") or is_sharded(model):
+            raise ConfigError(
+                "oom_fallback=True does not run under FSDP: an out-of-memory error inside a "
+                "sharded block leaves the other ranks in another collective (a hang or an abort, "
+                "not a fallback); train without it, or with strategy ddp (docs/oom-fallback.md)")
         if self.fallback is None or self.fallback.max_in_a_row != max_oom_fallbacks:
             self.fallback = OomFallback(max_oom_fallbacks)
         first = next(iter(model.parameters()))

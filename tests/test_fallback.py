@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from autotune import fallback, step
 from autotune.codegen import SCRIPT_NAME, render_train_script
 from autotune.config import WorkloadSpec
-from autotune.errors import OutOfMemoryFallbackError
+from autotune.errors import ConfigError, OutOfMemoryFallbackError
 from autotune.trial import _OOM_MESSAGES, is_out_of_memory
 from autotune.usage import Tuned
 from autotune.workload import Workload, causal_lm_label_count
@@ -221,6 +221,17 @@ def test_an_out_of_memory_error_in_the_update_is_not_retried() -> None:
                          split(samples(PER_DEVICE), 6), grows_above(PER_DEVICE),
                          oom_fallback=True)
     assert tuned.fallback is not None and tuned.fallback.fallbacks == 0
+
+
+def test_the_fallback_refuses_fsdp_at_once() -> None:
+    torch.manual_seed(0)
+    model = TinyLM().double()
+    tuned = Tuned(small(target_batch=PER_DEVICE, micro_batch=6, accumulate_steps=2,
+                        strategy="fsdp"))
+    with pytest.raises(ConfigError, match="does not run under FSDP"):
+        tuned.train_step(model, GradRecorder(model), split(samples(PER_DEVICE), 6),
+                         grows_above(PER_DEVICE), oom_fallback=True)
+    assert all(p.grad is None for p in model.parameters())
 
 
 def test_the_scripts_fallback_gives_the_librarys_gradients(script: ModuleType,

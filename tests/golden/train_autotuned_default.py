@@ -470,6 +470,13 @@ class OomFallback:
                 return loss
             # The failed attempt's activations went with its exception; no gradient is kept.
             optimizer.zero_grad(set_to_none=True)
+            inner = getattr(model, "_orig_mod", model)
+            if isinstance(inner, DDP):
+                # A rank whose last micro-batch's forward ran (outside no_sync) has DDP's
+                # reducer waiting for its backward: every rank resets it, as DDP's own
+                # _update_process_group does (buckets rebuilt at the next step, alike).
+                inner._has_rebuilt_buckets = False
+                inner.reducer._reset_state()
             del batches
             gc.collect()
             if str(self.device).startswith("cuda"):
@@ -561,6 +568,12 @@ def main():
               f"{precision}, compile {compile_mode}, checkpointing {checkpointing}, optimizer "
               f"{optimizer_impl}, memory format {memory_format}, strategy {parallel}, on "
               f"{device}")
+    if parallel.startswith("fsdp") and args.oom_fallbacks > 0:
+        # FSDP gathers and scatters inside each block: a rank that runs out of memory there
+        # leaves the others in another collective, so the ranks cannot agree on a fallback.
+        args.oom_fallbacks = 0
+        if master:
+            print("note: the out-of-memory fallback (--oom-fallbacks) is off under FSDP")
     fallback = OomFallback(args.oom_fallbacks, device, master) if args.oom_fallbacks > 0 else None
     start = time.perf_counter()
     for step in range(1, args.steps + 1):
