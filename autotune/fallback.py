@@ -194,6 +194,13 @@ class OomFallback:
             except Exception as exc:
                 if not is_out_of_memory(exc):
                     raise
+                if checks.count == len(batches) and _ddp_job(model):
+                    raise OutOfMemoryFallbackError(
+                        f"out of memory in the last micro-batch's backward "
+                        f"({_first_line(exc)}), where DDP all-reduces the gradients: the other "
+                        "ranks wait inside that all-reduce, so the ranks cannot agree on a "
+                        "fallback; lower the micro-batch in autotune.json (codegen again) or "
+                        "free memory") from exc
                 if checks.count > len(batches):  # every rank passed the last check: the update
                     raise OutOfMemoryFallbackError(
                         f"out of memory in the optimizer's update, which a smaller "
@@ -237,6 +244,15 @@ def is_sharded(model: torch.nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return any(isinstance(m, FSDPModule) for m in getattr(model, "_orig_mod", model).modules())
+
+
+def _ddp_job(model: torch.nn.Module | None) -> bool:
+    """A DistributedDataParallel model in a job of several ranks."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    return (isinstance(getattr(model, "_orig_mod", model), DistributedDataParallel)
+            and dist.is_initialized() and dist.get_world_size() > 1)
 
 
 def reset_ddp(model: torch.nn.Module) -> None:

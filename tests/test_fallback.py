@@ -378,3 +378,29 @@ def test_the_library_step_survives_a_longer_sequence_under_a_real_cap(tmp_path: 
     assert "fallbacks 0, micro-batch 2" in runs["smaller"].stdout
     assert "redoing the step with micro-batch 2 x 4 accumulation" in runs["capped"].stderr
     same_model(tmp_path / "capped.pt", tmp_path / "smaller.pt")
+
+
+@pytest.mark.subprocess
+def test_out_of_memory_in_ddps_last_backward_ends_the_job_with_what_happened(
+        tmp_path: Path) -> None:
+    """Rank 1 runs out of memory in its last micro-batch's backward, while rank 0 is inside
+    DDP's gradient all-reduce: no rank can be told, so it says why and ends (rather than
+    checking in with a collective rank 0 is not in: an abort on gloo, a hang on NCCL)."""
+    env = {"OOM_LONG": "16", "OOM_GROW_RANKS": "1", "OOM_GROW_FROM": "20",
+           "OOM_IN_BACKWARD": "1"}
+    result = run_script(tmp_path, 4, env=env, ranks=2)
+    assert result.returncode != 0
+    assert "Received data size doesn't match" not in result.stdout + result.stderr
+    assert "can't allocate memory" in result.stderr
+    config = write(small(workload=GROWING, target_batch=16, world_size=2, micro_batch=4,
+                         accumulate_steps=2, strategy="ddp"), tmp_path / "autotune.json")
+    library = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(REPO / "tests" / "oom_tuned.py"), str(config), str(tmp_path / "model.pt")],
+        cwd=tmp_path, capture_output=True, text=True, env={**subprocess_env(), **env},
+        timeout=300)
+    assert library.returncode != 0
+    assert "Received data size doesn't match" not in library.stdout + library.stderr
+    assert ("OutOfMemoryFallbackError: out of memory in the last micro-batch's backward "
+            "(RuntimeError: [enforce fail" in library.stderr), library.stderr
+    assert "where DDP all-reduces the gradients" in library.stderr

@@ -8,6 +8,8 @@ by default), ``SHORT`` otherwise. Float64 throughout; a deep stack of layers kee
 forward's saved activations above what the backward adds, so a cap between the two fails in
 the forward.
 
+``OOM_IN_BACKWARD`` (environment): long micro-batches fail in their backward instead (the
+CPU allocator's error, whatever the cap).
 ``OOM_CAP_MIB`` (environment): address space allowed above the baseline, set by
 ``build_model`` as RLIMIT_AS once torch's thread pool and lazy imports are in the baseline.
 """
@@ -42,9 +44,24 @@ class DeepLM(nn.Module):
         x = self.tok(input_ids)
         for layer in self.layers:
             x = torch.tanh(layer(x))
+        if os.environ.get("OOM_IN_BACKWARD") and input_ids.shape[1] > SHORT:
+            x = _BackwardNeedsMore.apply(x)
         logits = self.head(x)
         return nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB),
                                            input_ids[:, 1:].reshape(-1))
+
+
+class _BackwardNeedsMore(torch.autograd.Function):
+    """Identity whose backward needs more memory than any machine (``OOM_IN_BACKWARD``)."""
+
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
+        torch.empty(1 << 62, dtype=torch.uint8)
+        return grad
 
 
 def _vm_size() -> int:

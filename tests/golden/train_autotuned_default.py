@@ -461,8 +461,12 @@ class OomFallback:
             except PeerOutOfMemory as exc:
                 failure = str(exc)
             except Exception as exc:
-                if not is_out_of_memory(exc) or self.checks > len(batches):
-                    raise  # not memory, or in the update: a smaller micro-batch does not help
+                # Not memory; in the update (a smaller micro-batch does not help); or in the
+                # last backward under DDP, whose all-reduce the other ranks wait in: re-raised.
+                in_all_reduce = self.checks == len(batches) and isinstance(
+                    getattr(model, "_orig_mod", model), DDP)
+                if not is_out_of_memory(exc) or self.checks > len(batches) or in_all_reduce:
+                    raise
                 failure = f"{type(exc).__name__}: {str(exc).strip()[:200]}".splitlines()[0]
                 reduce_over_ranks(1, dist.ReduceOp.MAX, self.device)  # the others leave too
             else:
