@@ -139,6 +139,13 @@ class OomFallback:
     def train_step(self, model, optimizer, scaler, micro_batches, autocast):
         sizes = [batch_size(b) for b in micro_batches]
         per_device = sum(sizes)
+        # What a forward changes besides activations (normalization layers' running
+        # statistics): put back after a failed attempt, so the redo updates them once.
+        saved = {f"{name}.{key}": buffer.detach().clone()
+                 for name, module in model.named_modules()
+                 if isinstance(module, nn.modules.batchnorm._NormBase)
+                 and module.track_running_stats
+                 for key, buffer in module.named_buffers(recurse=False) if buffer is not None}
         while True:
             size, self.checks, failure = self.micro_batch, 0, ""
             batches = split_micro_batches(micro_batches, size)
@@ -160,6 +167,10 @@ class OomFallback:
                 return loss
             # The failed attempt's activations went with its exception; no gradient is kept.
             optimizer.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                for name, buffer in model.named_buffers():
+                    if name in saved:
+                        buffer.copy_(saved[name])
             inner = getattr(model, "_orig_mod", model)
             if isinstance(inner, DDP):
                 # A rank whose last micro-batch's forward ran (outside no_sync) has DDP's

@@ -182,6 +182,7 @@ class OomFallback:
         """
         sizes = [batch_size(b) for b in micro_batches]
         per_device = sum(sizes)
+        saved = running_stats(model) if model is not None else {}
         while True:
             size = self.micro_batch or sizes[0]
             batches = split_micro_batches(micro_batches, size)
@@ -214,6 +215,7 @@ class OomFallback:
             # The failed attempt's frames (activations, losses) are gone with its exception.
             optimizer.zero_grad(set_to_none=True)
             if model is not None:
+                restore_running_stats(model, saved)
                 reset_ddp(model)
             del batches
             gc.collect()
@@ -244,6 +246,26 @@ def is_sharded(model: torch.nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return any(isinstance(m, FSDPModule) for m in getattr(model, "_orig_mod", model).modules())
+
+
+def running_stats(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Copies of what a training forward changes besides activations: the running statistics
+    of normalization layers (BatchNorm, SyncBatchNorm, InstanceNorm tracking them), put back
+    after a failed attempt so the redo updates them once, as a run at the smaller micro-batch
+    does."""
+    return {f"{name}.{key}": buffer.detach().clone()
+            for name, module in model.named_modules()
+            if isinstance(module, torch.nn.modules.batchnorm._NormBase)
+            and module.track_running_stats
+            for key, buffer in module.named_buffers(recurse=False) if buffer is not None}
+
+
+def restore_running_stats(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> None:
+    """The buffers ``running_stats`` copied, back in place."""
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name in saved:
+                buffer.copy_(saved[name])
 
 
 def _ddp_job(model: torch.nn.Module | None) -> bool:

@@ -181,6 +181,55 @@ def test_a_step_that_runs_out_of_memory_gives_the_smaller_micro_batchs_gradients
     assert tuned.fallback.fallbacks == len(falling) and tuned.fallback.in_a_row == 0
 
 
+class NormedLM(TinyLM):
+    """TinyLM with a BatchNorm over its embeddings: a forward changes its running statistics."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.BatchNorm1d(16)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        x = self.norm(self.tok(input_ids).transpose(1, 2)).transpose(1, 2)
+        previous = torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], dim=1)
+        logits = self.head(torch.tanh(self.mix(torch.cat([x, previous], dim=-1))))
+        return torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
+            ignore_index=-100)
+
+
+def test_a_failed_attempt_leaves_no_running_statistics(script: ModuleType,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The failed attempt's forwards updated BatchNorm's running statistics: put back, the
+    redo updates them as a step at the smaller micro-batch does (library and script)."""
+    workload = grows_above(4)
+    monkeypatch.setattr(script, "compute_loss", workload.compute_loss)
+    monkeypatch.setattr(script, "count_loss_items", causal_lm_label_count)
+    monkeypatch.setattr(script, "micro_batch", 6)
+    batches = split(samples(PER_DEVICE), 6)
+    torch.manual_seed(0)
+    start = NormedLM().double().state_dict()
+    states = {}
+    for name in ("reference", "library", "script"):
+        model = NormedLM().double()
+        model.load_state_dict(start)
+        recorder = GradRecorder(model)
+        if name == "reference":
+            step.train_step(model, recorder, split(samples(PER_DEVICE), 4), workload,
+                            precision="fp32", device_type="cpu")
+        elif name == "library":
+            Tuned(small(target_batch=PER_DEVICE, micro_batch=6, accumulate_steps=2)).train_step(
+                model, recorder, batches, workload, oom_fallback=True)
+        else:
+            script.OomFallback(3, "cpu", master=False).train_step(
+                model, recorder, torch.amp.GradScaler("cpu", enabled=False), batches,
+                torch.autocast("cpu", enabled=False))
+        states[name] = {k: v for k, v in model.state_dict().items() if k.startswith("norm.")}
+    assert int(states["reference"]["norm.num_batches_tracked"]) == 3
+    for name in ("library", "script"):
+        for key, value in states["reference"].items():
+            torch.testing.assert_close(states[name][key], value, rtol=1e-12, atol=0)
+
+
 def test_each_fallback_is_one_log_line(caplog: pytest.LogCaptureFixture) -> None:
     torch.manual_seed(0)
     model = TinyLM().double()
