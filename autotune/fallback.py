@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from autotune.errors import OutOfMemoryFallbackError
+from autotune.errors import ConfigError, OutOfMemoryFallbackError, WorkloadError
 from autotune.trial import is_out_of_memory
 from autotune.workload import Batch
 
@@ -35,17 +35,26 @@ LOG = logging.getLogger("autotune.fallback")
 
 
 def batch_size(batch: Any) -> int:
-    """Samples in a batch: the first dimension of its first tensor."""
+    """Samples in a batch: the first dimension of its first tensor.
+
+    Raises:
+        WorkloadError: the batch holds no tensor (nothing to regroup by samples).
+    """
+    found = _first_tensor(batch)
+    if found is None:
+        raise WorkloadError(
+            f"the out-of-memory fallback regroups a batch's samples along the first dimension "
+            f"of its tensors, and a batch of type {type(batch).__name__} holds none: pass "
+            "tensors, or dicts, tuples or lists of them")
+    return found.shape[0]
+
+
+def _first_tensor(batch: Any) -> torch.Tensor | None:
     if isinstance(batch, torch.Tensor):
-        return batch.shape[0]
-    values = batch.values() if isinstance(batch, dict) else batch
-    if isinstance(values, (tuple, list)) or isinstance(batch, dict):
-        for value in values:
-            try:
-                return batch_size(value)
-            except TypeError:
-                continue
-    raise TypeError(f"no tensor in a batch of type {type(batch).__name__}")
+        return batch
+    values = batch.values() if isinstance(batch, dict) else (
+        batch if isinstance(batch, (tuple, list)) else ())
+    return next((t for t in map(_first_tensor, values) if t is not None), None)
 
 
 def _slice(batch: Any, start: int, stop: int) -> Any:
@@ -85,9 +94,17 @@ def ragged(micro_batches: Sequence[Batch]) -> bool:
 
 
 def smaller_micro_batch(per_device: int, current: int, must_divide: Sequence[int] = ()) -> int:
-    """The next smaller divisor of the per-device batch below ``current`` that also divides
-    each of ``must_divide`` (the given micro-batches' sizes, when they are ragged); 0 when
-    there is none."""
+    """The next smaller divisor of the per-device batch below ``current``.
+
+    Args:
+        per_device: samples per device per optimizer step.
+        current: the micro-batch that ran out of memory.
+        must_divide: sizes it must divide too (the given micro-batches', when they are ragged:
+            a new micro-batch never joins two of them).
+
+    Returns:
+        That divisor, or 0 when there is none.
+    """
     return next((d for d in range(min(current, per_device + 1) - 1, 0, -1)
                  if per_device % d == 0 and all(s % d == 0 for s in must_divide)), 0)
 
@@ -95,18 +112,25 @@ def smaller_micro_batch(per_device: int, current: int, must_divide: Sequence[int
 def split_micro_batches(micro_batches: Sequence[Batch], size: int) -> list[Batch]:
     """The samples of ``micro_batches``, in their order, as micro-batches of ``size`` samples
     (the batches themselves when they already are). Ragged micro-batches are split each on its
-    own (``size`` must divide each)."""
+    own (``size`` must divide each).
+
+    Raises:
+        ConfigError: the samples do not split so (``smaller_micro_batch`` only picks sizes that
+            do).
+    """
     sizes = [batch_size(b) for b in micro_batches]
     if all(s == size for s in sizes):
         return list(micro_batches)
     if ragged(micro_batches):
         if any(s % size for s in sizes):
-            raise ValueError(f"micro-batches of {sizes} samples and different shapes cannot be "
-                             f"regrouped into micro-batches of {size}")
+            raise ConfigError(f"micro-batches of {sizes} samples and different shapes cannot be "
+                              f"regrouped into micro-batches of {size}: pick a size that "
+                              "divides each")
         return [_slice(b, i, i + size) for b, s in zip(micro_batches, sizes, strict=True)
                 for i in range(0, s, size)]
     if sum(sizes) % size:
-        raise ValueError(f"{sum(sizes)} samples do not split into micro-batches of {size}")
+        raise ConfigError(f"{sum(sizes)} samples do not split into micro-batches of {size}: "
+                          "pick a divisor of the samples per step")
     pieces = [(b, s) for b, s in zip(micro_batches, sizes, strict=True)]
     out: list[Batch] = []
     group: list[Any] = []
@@ -162,7 +186,8 @@ class OomFallback:
     def __init__(self, max_in_a_row: int = 3, log: Callable[[str], object] | None = None
                  ) -> None:
         if max_in_a_row < 1:
-            raise ValueError(f"max_in_a_row must be at least 1, got {max_in_a_row}")
+            raise ConfigError(f"max_oom_fallbacks must be at least 1, got {max_in_a_row}: pass "
+                              "oom_fallback=False to turn the fallback off")
         self.max_in_a_row = max_in_a_row
         self.micro_batch: int | None = None  # None: the micro-batches as given
         self.in_a_row = 0

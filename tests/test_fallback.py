@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from autotune import fallback, step
 from autotune.codegen import SCRIPT_NAME, render_train_script
 from autotune.config import WorkloadSpec
-from autotune.errors import ConfigError, OutOfMemoryFallbackError
+from autotune.errors import ConfigError, OutOfMemoryFallbackError, WorkloadError
 from autotune.trial import _OOM_MESSAGES, is_out_of_memory
 from autotune.usage import Tuned
 from autotune.workload import Workload, causal_lm_label_count
@@ -107,7 +107,7 @@ def test_ragged_micro_batches_are_never_joined(script: ModuleType) -> None:
     for regroup in (fallback.split_micro_batches, script.split_micro_batches):
         out = regroup(batches, 2)
         assert [tuple(b.shape) for b in out] == [(2, 6), (2, 6), (2, 9), (2, 9)]
-    with pytest.raises(ValueError, match="different shapes"):
+    with pytest.raises(ConfigError, match="different shapes"):
         fallback.split_micro_batches(batches, 3)
 
 
@@ -270,6 +270,13 @@ def test_an_out_of_memory_error_in_the_update_is_not_retried() -> None:
                          split(samples(PER_DEVICE), 6), grows_above(PER_DEVICE),
                          oom_fallback=True)
     assert tuned.fallback is not None and tuned.fallback.fallbacks == 0
+
+
+def test_a_batch_without_tensors_and_a_bad_limit_are_said() -> None:
+    with pytest.raises(WorkloadError, match="a batch of type dict holds none"):
+        fallback.batch_size({"text": ["a", "b"]})
+    with pytest.raises(ConfigError, match="max_oom_fallbacks must be at least 1, got 0"):
+        fallback.OomFallback(0)
 
 
 def test_the_fallback_refuses_fsdp_at_once() -> None:
