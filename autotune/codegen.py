@@ -21,6 +21,7 @@ import string
 import textwrap
 from pathlib import Path
 
+from autotune.codegen_fallback import FALLBACK
 from autotune.codegen_templates import FILE, HF, HF_AUTO, HF_COUNTS, SCRIPT, TINY_GPT
 from autotune.config import format_bytes
 from autotune.hf_configs import known_config
@@ -54,6 +55,7 @@ def render_train_script(config: TunedConfig, *, script_dir: Path | None = None) 
         compile_dynamic=_literal(config.compile_dynamic),
         world_size=_literal(config.world_size),
         workload=workload_code,
+        fallback=FALLBACK.strip("\n"),
     )
 
 
@@ -227,8 +229,8 @@ _DEFAULT_SIZES = {
 
 def _workload_section(config: TunedConfig, script_dir: Path | None) -> tuple[str, str]:
     spec = config.workload
-    std = ["import argparse", "import functools", "import gc", "import inspect", "import logging",
-           "import os", "import time"]
+    std = ["import argparse", "import errno", "import functools", "import gc", "import inspect",
+           "import logging", "import os", "import time"]
     third = ["import torch", "import torch.distributed as dist"]
     tail = ["from torch import nn",
             "from torch.distributed.checkpoint.state_dict import (\n    StateDictOptions,\n"

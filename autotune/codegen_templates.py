@@ -330,8 +330,10 @@ class RecompileLimitNote(logging.Filter):
 # ----------------------------------------------------------------------------------------------
 
 
-def train_step(model, optimizer, scaler, micro_batches, autocast):
-    """One optimizer step over the micro-batches of one effective batch; returns its loss."""
+def train_step(model, optimizer, scaler, micro_batches, autocast, check=None):
+    """One optimizer step over the micro-batches of one effective batch; returns its loss.
+    check(), when given, runs after each micro-batch's forward and after the last backward
+    (the out-of-memory fallback's check-in of the ranks)."""
     # Normalize the loss once over the whole effective batch: each micro-batch's mean loss
     # weighs its share of all loss items (e.g. label tokens) in the step, so the gradient is
     # the one a single big batch gives, however the padding falls across micro-batches.
@@ -355,6 +357,8 @@ def train_step(model, optimizer, scaler, micro_batches, autocast):
         with nullcontext() if last or not isinstance(inner, DDP) else inner.no_sync():
             with autocast:
                 loss = compute_loss(model, batch) * weight
+            if check is not None:
+                check()
             scaler.scale(loss).backward()
         step_loss += loss.detach().float()
         if compile_mode in ("reduce-overhead", "max-autotune") and i == 0 and not last:
@@ -364,11 +368,15 @@ def train_step(model, optimizer, scaler, micro_batches, autocast):
                 for param in model.parameters():
                     if param.grad is not None:
                         param.grad = param.grad.clone()
+    if check is not None:
+        check()
     scaler.step(optimizer)  # optimizer.step(), unscaled first when fp16 enabled the scaler
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return step_loss
 
+
+$fallback
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -380,6 +388,9 @@ def main():
     parser.add_argument("--checkpoint", default=None,
                         help="the checkpoint written at the end (default: OUT/checkpoint.pt)")
     parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument("--oom-fallbacks", type=int, default=3,
+                        help="on out of memory, redo the step with a smaller micro-batch, at most "
+                        "this many times in a row (0: off; default: %(default)s)")
     args = parser.parse_args()
 
     distributed = int(os.environ.get("WORLD_SIZE", 1)) > 1  # launched by torchrun
@@ -436,11 +447,22 @@ def main():
               f"{precision}, compile {compile_mode}, checkpointing {checkpointing}, optimizer "
               f"{optimizer_impl}, memory format {memory_format}, strategy {parallel}, on "
               f"{device}")
+    if parallel.startswith("fsdp") and args.oom_fallbacks > 0:
+        # FSDP gathers and scatters inside each block: a rank that runs out of memory there
+        # leaves the others in another collective, so the ranks cannot agree on a fallback.
+        args.oom_fallbacks = 0
+        if master:
+            print("note: the out-of-memory fallback (--oom-fallbacks) is off under FSDP")
+    fallback = OomFallback(args.oom_fallbacks, device, master) if args.oom_fallbacks > 0 else None
     start = time.perf_counter()
     for step in range(1, args.steps + 1):
-        micro_batches = [to_device(get_batch(micro_batch), device)
-                         for _ in range(accumulate_steps)]
-        loss = train_step(model, optimizer, scaler, micro_batches, autocast)
+        size = fallback.micro_batch if fallback else micro_batch  # smaller after a fallback
+        micro_batches = [to_device(get_batch(size), device)
+                         for _ in range(micro_batch * accumulate_steps // size)]
+        if fallback:
+            loss = fallback.train_step(model, optimizer, scaler, micro_batches, autocast)
+        else:
+            loss = train_step(model, optimizer, scaler, micro_batches, autocast)
         scheduler.step()  # once per optimizer step, not per micro-batch
         if master and (step % args.log_every == 0 or step in (1, args.steps)):
             loss = loss.item()  # waits for the device: only when printing

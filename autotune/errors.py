@@ -53,6 +53,14 @@ class NoFeasibleConfigError(AutotuneError):
     exit_code = 1
 
 
+class OutOfMemoryFallbackError(AutotuneError):
+    """The mid-run out-of-memory fallback gave up: a step ran out of memory again after its
+    fallbacks in a row, at the smallest micro-batch, or in the optimizer's update. Exit code 1
+    (a memory verdict)."""
+
+    exit_code = 1
+
+
 class MissingDependencyError(AutotuneError):
     """An optional package needed for the requested feature is not installed."""
 

@@ -385,7 +385,8 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
                micro_batches: Sequence[Batch], workload: Workload, *, precision: str,
                device_type: str, scaler: torch.amp.GradScaler | None = None,
                on_backward: Callable[[], object] | None = None,
-               cuda_graphs: bool = False) -> torch.Tensor:
+               cuda_graphs: bool = False,
+               check: Callable[[], object] | None = None) -> torch.Tensor:
     """One optimizer step over the micro-batches of one effective batch.
 
     Forward and backward run per micro-batch under autocast; gradients accumulate in
@@ -401,6 +402,8 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     has been overwritten"), or an older one adds the wrong gradients silently
     (pytorch/pytorch#169545). With more micro-batches to come, those gradients are copied out
     of the graph's memory first.
+    ``check`` is called after each micro-batch's forward and after the last backward, before
+    the update (the out-of-memory fallback's agreement of the ranks, ``autotune.fallback``).
 
     Returns:
         The effective batch's loss (detached), computed before the update.
@@ -418,12 +421,16 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
                 loss = workload.compute_loss(model, batch)
                 check_loss(loss, workload.name)
                 loss = loss * weight
+            if check is not None:
+                check()
             (scaler.scale(loss) if scaler is not None else loss).backward()
         total += loss.detach().float()
         if cuda_graphs and i == 0 and len(weights) > 1:
             _own_grads(model)
         if on_backward is not None:
             on_backward()
+    if check is not None:
+        check()
     if scaler is not None:
         scaler.step(optimizer)
         scaler.update()

@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from autotune import knobs, step
-from autotune.errors import MissingDependencyError
+from autotune.errors import ConfigError, MissingDependencyError
+from autotune.fallback import OomFallback, is_sharded
 from autotune.knobs import Knobs
 from autotune.schema import TunedConfig
 from autotune.workload import Batch, Workload
@@ -46,6 +47,9 @@ class Tuned:
         self.config = config
         self.device_type = device_type or config.device.device.split(":")[0]
         self._scaler: torch.amp.GradScaler | None = None
+        self.fallback: OomFallback | None = None
+        """The out-of-memory fallback's state (``train_step(..., oom_fallback=True)``): its
+        ``micro_batch`` now (None: as given) and ``fallbacks`` so far."""
 
     @property
     def micro_batch(self) -> int:
@@ -165,19 +169,54 @@ class Tuned:
         step.set_matmul_precision(self.precision)
 
     def train_step(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                   micro_batches: Sequence[Batch], workload: Workload) -> torch.Tensor:
+                   micro_batches: Sequence[Batch], workload: Workload, *,
+                   oom_fallback: bool = False, max_oom_fallbacks: int = 3) -> torch.Tensor:
         """One optimizer step over ``accumulate_steps`` micro-batches, as the search ran it.
 
         The loss is normalized once over the whole effective batch (by the workload's
         ``count_loss_items`` when it has one); the optimizer steps once. Step your LR
         scheduler after it.
 
+        With ``oom_fallback``, a step that runs out of memory (on any rank) is redone from its
+        first micro-batch with the next smaller divisor of the per-device batch: the same
+        samples regrouped, more accumulation, the same effective batch and gradient; one
+        warning line on the ``autotune.fallback`` logger; later steps keep the smaller
+        micro-batch (pass the micro-batches as before: they are regrouped). See
+        docs/oom-fallback.md.
+
+        Args:
+            oom_fallback: fall back to smaller micro-batches on an out-of-memory error.
+            max_oom_fallbacks: fallbacks without a completed step before it stops.
+
         Returns:
             The effective batch's loss (detached).
+
+        Raises:
+            OutOfMemoryFallbackError: ``max_oom_fallbacks`` fallbacks in a row, no smaller
+                micro-batch, or an out-of-memory error in the optimizer's update.
+            ConfigError: ``oom_fallback`` with an FSDP model (not supported: see
+                docs/oom-fallback.md).
         """
-        return step.train_step(model, optimizer, micro_batches, workload,
-                                precision=self.precision, device_type=self.device_type,
-                                scaler=self.grad_scaler(), cuda_graphs=self.knobs.cuda_graphs)
+        def run(batches: Sequence[Batch], check: Callable[[], object] | None = None
+                ) -> torch.Tensor:
+            return step.train_step(model, optimizer, batches, workload,
+                                    precision=self.precision, device_type=self.device_type,
+                                    scaler=self.grad_scaler(),
+                                    cuda_graphs=self.knobs.cuda_graphs, check=check)
+
+        if not oom_fallback:
+            return run(micro_batches)
+        if self.knobs.strategy.startswith("fsdp") or is_sharded(model):
+            raise ConfigError(
+                "oom_fallback=True does not run under FSDP: an out-of-memory error inside a "
+                "sharded block leaves the other ranks in another collective (a hang or an abort, "
+                "not a fallback); train without it, or with strategy ddp (docs/oom-fallback.md)")
+        if self.fallback is None or self.fallback.max_in_a_row != max_oom_fallbacks:
+            self.fallback = OomFallback(max_oom_fallbacks)
+        first = next(iter(model.parameters()))
+        device = getattr(first, "_local_tensor", first).device
+        return self.fallback.run(run, micro_batches, optimizer=optimizer, device=device,
+                                 model=model)
 
     def training_arguments(self) -> dict[str, Any]:
         """Keyword arguments for ``transformers.TrainingArguments``: micro-batch,
