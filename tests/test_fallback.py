@@ -371,7 +371,7 @@ def test_the_script_stops_after_its_fallbacks_in_a_row(tmp_path: Path) -> None:
     assert not (tmp_path / "ck.pt").exists()
 
 
-@pytest.mark.subprocess
+@pytest.mark.slow  # two gloo ranks: about 15 s each on a 2-core machine
 @pytest.mark.parametrize("grow_from", ["16", "20"], ids=["first-micro-batch", "last-micro-batch"])
 def test_two_ranks_move_together_when_one_runs_out_of_memory(tmp_path: Path,
                                                              grow_from: str) -> None:
@@ -411,7 +411,7 @@ def test_the_docs_snippet_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 
 
 @pytest.mark.subprocess
-@pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_the_library_step_survives_a_longer_sequence_under_a_real_cap(tmp_path: Path,
                                                                       ranks: int) -> None:
     """Alone, every sequence grows at the third step; on 2 ranks only rank 1's, from its last
@@ -436,7 +436,7 @@ def test_the_library_step_survives_a_longer_sequence_under_a_real_cap(tmp_path: 
     same_model(tmp_path / "capped.pt", tmp_path / "smaller.pt")
 
 
-@pytest.mark.subprocess
+@pytest.mark.slow  # two gloo ranks
 def test_out_of_memory_in_ddps_last_backward_ends_the_job_with_what_happened(
         tmp_path: Path) -> None:
     """Rank 1 runs out of memory in its last micro-batch's backward, while rank 0 is inside
