@@ -78,12 +78,12 @@ def larger(ev: Evidence, timed: Candidate, *, own_pair: bool = False) -> Skip | 
     return skip(
         "gain-ceiling", timed.knobs.label(),
         (f"at {timed.micro_batch} it runs {sps:,.1f} samples/s, {sps / top:.2f}x the "
-            f"leader's ({leader.key()}); "
-            f"a larger one gains at most {ceiling:.2f}x (up to {ev.plan.per_device}: the "
-            f"per-micro-batch overhead {sibling.label()} showed from {small} to {large}, "
-            f"{ratio:.2f}x, spread over more samples), {sps * ceiling:,.1f} samples/s: "
-            f"behind by more than the noise ({noise:.0%})"),
-        share=sps / top, ceiling=ceiling, noise=noise)
+         f"leader's ({leader.key()}); "
+         f"a larger one gains at most {ceiling:.2f}x (up to {ev.plan.per_device}: the "
+         f"per-micro-batch overhead {sibling.label()} showed from {small} to {large}, "
+         f"{ratio:.2f}x, spread over more samples), {sps * ceiling:,.1f} samples/s: "
+         f"behind by more than the noise ({noise:.0%})"),
+         share=sps / top, ceiling=ceiling, noise=noise)
 
 def below(ev: Evidence, over: Candidate) -> Skip | None:
     """Why a compiled setting's micro-batches below ``over`` (a run that peaked over the
@@ -113,12 +113,12 @@ def below(ev: Evidence, over: Candidate) -> Skip | None:
     return skip(
         "over-budget-below", over.knobs.label(),
         (f"at {over.micro_batch} it ran {sps:,.1f} samples/s (over the usable budget), "
-            f"{sps / top:.2f}x the leader's ({leader.key()}), under the "
-            f"{ev.settings.refine_within:.2f} that refinement needs (--refine-within) by "
-            f"more than the noise ({noise:.0%}); a smaller micro-batch of a compiled setting "
-            "only adds accumulation steps (time per micro-batch linear in its size, plus "
-            "one update per step), at the cost of a compile of its own"),
-        share=sps / top, noise=noise)
+         f"{sps / top:.2f}x the leader's ({leader.key()}), under the "
+         f"{ev.settings.refine_within:.2f} that refinement needs (--refine-within) by "
+         f"more than the noise ({noise:.0%}); a smaller micro-batch of a compiled setting "
+         "only adds accumulation steps (time per micro-batch linear in its size, plus "
+         "one update per step), at the cost of a compile of its own"),
+         share=sps / top, noise=noise)
 
 def frees_nothing(ev: Evidence, leader: Candidate) -> Skip | None:
     """Why freeing memory cannot help the leader, if it cannot: it already runs the whole
@@ -129,10 +129,10 @@ def frees_nothing(ev: Evidence, leader: Candidate) -> Skip | None:
     return skip(
         "frees-nothing", leader.key(),
         (f"the leader ({leader.key()}) already runs the whole per-device batch "
-            f"{ev.plan.per_device} at peak {format_bytes(result.peak_bytes)} of "
-            f"{format_bytes(ev.usable)} usable, without allocator retries: "
-            "freeing memory cannot raise its micro-batch, and costs time"),
-        peak=result.peak_bytes or 0)
+         f"{ev.plan.per_device} at peak {format_bytes(result.peak_bytes)} of "
+         f"{format_bytes(ev.usable)} usable, without allocator retries: "
+         "freeing memory cannot raise its micro-batch, and costs time"),
+         peak=result.peak_bytes or 0)
 
 def recompute(ev: Evidence, leader: Candidate) -> Skip | None:
     """Why checkpointing cannot win on the leader's setting, if it cannot: it recomputes
@@ -167,8 +167,8 @@ def recompute(ev: Evidence, leader: Candidate) -> Skip | None:
     return skip(
         "recompute-twin", leader.knobs.label(),
         (f"checkpointing recomputes, so it runs no faster at a micro-batch "
-            f"{leader.knobs.label()} fits without it, and is worth a run only above its "
-            f"largest timed fit {largest.micro_batch}: {why.text}"), largest=largest.micro_batch)
+         f"{leader.knobs.label()} fits without it, and is worth a run only above its "
+         f"largest timed fit {largest.micro_batch}: {why.text}"), largest=largest.micro_batch)
 
 def compiled_whole_batch(ev: Evidence, knobs: Knobs, fitting: list[int]) -> Skip | None:
     """Why a compiled class's smaller micro-batches are not worth their compiles, if not.
@@ -186,9 +186,10 @@ def compiled_whole_batch(ev: Evidence, knobs: Knobs, fitting: list[int]) -> Skip
     return skip(
         "compiled-whole-batch", knobs.label(),
         (f"{knobs.label()}: micro-batches {rest} not timed: {fitting[0]} (the "
-            "whole per-device batch) ran without allocator retries, so a smaller one "
-            "only adds accumulation steps, each at the cost of a compile "
-            "(--micro-batches all times them)"))
+         "whole per-device batch) ran without allocator retries, so a smaller one "
+         "only adds accumulation steps, each at the cost of a compile "
+         "(--micro-batches all times them)"))
+
 
 def sibling_ratio(ev: Evidence, knobs: Knobs, walked: Sequence[int],
                      micro_batch: int) -> Skip | None:
@@ -237,12 +238,12 @@ def sibling_ratio(ev: Evidence, knobs: Knobs, walked: Sequence[int],
         if not compiled:
             return None
         return skip(
-        "sibling-ratio", knobs.label(),
-        (f"a smaller micro-batch only adds accumulation steps (time per "
-                f"micro-batch linear in its size, plus one update per step) and costs a "
-                f"compile of its own: {best_m} ran without allocator retries, and no "
-                f"setting timed at both {micro_batch} and {best_m} ran faster at "
-                f"{micro_batch} (--micro-batches all times them)"))
+            "sibling-ratio", knobs.label(),
+            (f"a smaller micro-batch only adds accumulation steps (time per "
+             f"micro-batch linear in its size, plus one update per step) and costs a "
+             f"compile of its own: {best_m} ran without allocator retries, and no "
+             f"setting timed at both {micro_batch} and {best_m} ran faster at "
+             f"{micro_batch} (--micro-batches all times them)"))
     sibling, (at, at_best) = max(siblings, key=lambda t: alike(t[0], knobs))
     ratio = (ev.score(at, full=True) or 0.0) / (ev.score(at_best, full=True) or 1.0)
     noise = ev.noise(best, at, at_best)
@@ -252,9 +253,10 @@ def sibling_ratio(ev: Evidence, knobs: Knobs, walked: Sequence[int],
     return skip(
         "sibling-ratio", knobs.label(),
         (f"predicted {predicted:,.1f} samples/s at {micro_batch} from "
-            f"{sibling.label()}'s own ratio of micro-batch {micro_batch} to {best_m} "
-            f"({ratio:.2f}x, both timed): not faster than {best_m} by more than the noise "
-            f"({noise:.0%})"))
+         f"{sibling.label()}'s own ratio of micro-batch {micro_batch} to {best_m} "
+         f"({ratio:.2f}x, both timed): not faster than {best_m} by more than the noise "
+         f"({noise:.0%})"), ratio=ratio, noise=noise)
+
 
 def line_predicts_loss(ev: Evidence, knobs: Knobs, micro_batch: int, *,
                        must_gain: bool = False) -> Skip | None:
@@ -280,12 +282,12 @@ def line_predicts_loss(ev: Evidence, knobs: Knobs, micro_batch: int, *,
         if not must_gain or len(timed) < 2:
             return None
         return skip(
-        "line-predicts-loss", knobs.label(),
-        (f"{knobs.label()}: micro-batch {micro_batch} not timed: the line through "
-                f"micro-batches {sizes} (time per micro-batch linear in its size, plus one "
-                f"update per step) puts its time per micro-batch at or below zero at "
-                f"{micro_batch}: it predicts no gain there, and a compiled micro-batch "
-                "costs a compile of its own"))
+            "line-predicts-loss", knobs.label(),
+            (f"{knobs.label()}: micro-batch {micro_batch} not timed: the line through "
+             f"micro-batches {sizes} (time per micro-batch linear in its size, plus one "
+             f"update per step) puts its time per micro-batch at or below zero at "
+             f"{micro_batch}: it predicts no gain there, and a compiled micro-batch "
+             "costs a compile of its own"))
     predicted = ev.plan.per_device / step_s
     noise = ev.noise(*(Candidate(knobs=knobs, micro_batch=m) for m in timed))
     # A gain worth a compile must clear the prediction's own interval too: each timed
@@ -310,9 +312,11 @@ def line_predicts_loss(ev: Evidence, knobs: Knobs, micro_batch: int, *,
     return skip(
         "line-predicts-loss", knobs.label(),
         (f"{knobs.label()}: micro-batch {micro_batch} not timed: predicted "
-            f"{predicted:,.1f} samples/s from the line through micro-batches {sizes} "
-            f"(time per micro-batch linear in its size, plus one update per step), "
-            f"{predicted / best_sps:.2f}x micro-batch {best}'s: {verdict}"))
+         f"{predicted:,.1f} samples/s from the line through micro-batches {sizes} "
+         f"(time per micro-batch linear in its size, plus one update per step), "
+         f"{predicted / best_sps:.2f}x micro-batch {best}'s: {verdict}"),
+        predicted=predicted, share=predicted / best_sps, noise=noise, spread=spread)
+
 
 def mode(ev: Evidence, knobs: Knobs) -> Skip | None:
     """Why a compile mode beyond off/default is not tried for this precision, if not."""
