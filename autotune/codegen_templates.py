@@ -388,9 +388,9 @@ def main():
     parser.add_argument("--checkpoint", default=None,
                         help="the checkpoint written at the end (default: OUT/checkpoint.pt)")
     parser.add_argument("--seed", type=int, default=1337)
-    parser.add_argument("--oom-fallbacks", type=int, default=3,
+    parser.add_argument("--oom-fallbacks", type=int, default=None,
                         help="on out of memory, redo the step with a smaller micro-batch, at most "
-                        "this many times in a row (0: off; default: %(default)s)")
+                        "this many times in a row (0: off; default: 3, off under FSDP)")
     args = parser.parse_args()
 
     distributed = int(os.environ.get("WORLD_SIZE", 1)) > 1  # launched by torchrun
@@ -447,12 +447,14 @@ def main():
               f"{precision}, compile {compile_mode}, checkpointing {checkpointing}, optimizer "
               f"{optimizer_impl}, memory format {memory_format}, strategy {parallel}, on "
               f"{device}")
-    if parallel.startswith("fsdp") and args.oom_fallbacks > 0:
+    if parallel.startswith("fsdp"):
         # FSDP gathers and scatters inside each block: a rank that runs out of memory there
         # leaves the others in another collective, so the ranks cannot agree on a fallback.
-        args.oom_fallbacks = 0
-        if master:
+        if args.oom_fallbacks and master:  # asked for: say why it is not there
             print("note: the out-of-memory fallback (--oom-fallbacks) is off under FSDP")
+        args.oom_fallbacks = 0
+    elif args.oom_fallbacks is None:
+        args.oom_fallbacks = 3
     fallback = OomFallback(args.oom_fallbacks, device, master) if args.oom_fallbacks > 0 else None
     start = time.perf_counter()
     for step in range(1, args.steps + 1):

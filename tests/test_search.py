@@ -21,7 +21,7 @@ from autotune.config import Knobs, ProbeReport, TrialSpec, WorkloadSpec
 from autotune.device import describe_device
 from autotune.errors import ConfigError
 from autotune.runner import run_isolated
-from autotune.schema import read_tuned
+from autotune.schema import SCHEMA_VERSION, read_tuned
 from autotune.search import CONSTRAINT, SearchSettings, run_search
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,7 +49,7 @@ def test_search_eager_and_compiled_writes_a_consistent_config(tmp_path: Path) ->
                         settings=FAST)
     config = read_tuned(tmp_path / "autotune.json")
     assert config == result.config
-    assert config.schema == 2
+    assert config.schema == SCHEMA_VERSION
     assert config.micro_batch * config.accumulate_steps * config.world_size == 8
     assert config.workload_fingerprint and config.workload_name == "tiny-wide-mlp"
     # Both classes, and any knob value probed above its leader (e.g. fp32/off+opt=fused): which
