@@ -240,10 +240,13 @@ def skipped_lines(skips: tuple[SkipRecord, ...], page: Path | None = None) -> li
     own heading; then where the full sentences are. At most ``MAX_SKIPPED_LINES`` + 2 lines
     of ``LINE_WIDTH``."""
     made = [s.text for s in skips if runs_made(s)]
+    # Beside the search's own rules, the notes (the space's, the calibration's) are one kind; a
+    # file with no rules at all (schema 2) is grouped by the words of each sentence.
+    typed = any(s.rule != "note" for s in skips)
     groups: dict[str, list[str]] = {}
     for skip in skips:
         if not runs_made(skip):
-            kind = _kind(skip.text) if skip.rule == "note" else skip.rule
+            kind = skip.rule if skip.rule != "note" else "notes" if typed else _kind(skip.text)
             groups.setdefault(kind, []).append(skip.text)
     kinds = list(groups.items())
     if len(kinds) > MAX_SKIPPED_LINES:

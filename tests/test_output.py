@@ -157,6 +157,15 @@ def test_skipped_lines_group_by_rule_and_put_runs_made_apart() -> None:
         "skipped (2 gain-ceiling): bf16/off: micro-batches above 8 not probed",
         "measured again (2 runs): bf16/off/8: stored 10.0, now 9.9",
         "the full reasons: autotune.json (skipped)"]
+    # beside the search's rules, the space's notes are one kind, however they are worded
+    notes = (SkipRecord(text="precision tf32 skipped: not supported on X (cpu)"),
+             SkipRecord(text="precision fp16 skipped: not supported on X (cpu)"))
+    lines = report.skipped_lines(notes + skips[:2])
+    assert lines[:2] == [
+        "skipped (2 notes): precision tf32 skipped: not supported on X (cpu)",
+        "skipped (2 gain-ceiling): bf16/off: micro-batches above 8 not probed"]
+    # a file without rules (schema 2) is grouped by each sentence's words, as before
+    assert len(report.skipped_lines(notes)) == 3
 
 
 def test_the_footer_says_how_to_use_the_result_next(tmp_path: Path) -> None:
