@@ -237,16 +237,14 @@ def skipped_lines(skips: tuple[SkipRecord, ...], page: Path | None = None) -> li
     """``TunedConfig.skips`` for the terminal: one short line per rule (``docs/search.md``;
     a note by its words before the first ``:``, the setting and the numbers left out), with a
     count and the first example; the runs that were made (re-checks, re-measures) under their
-    own heading; then where the full sentences are. At most ``MAX_SKIPPED_LINES`` + 2 lines
-    of ``LINE_WIDTH``."""
+    own heading, the calibration's notes under theirs; then where the full sentences are. At
+    most ``MAX_SKIPPED_LINES`` + 3 lines of ``LINE_WIDTH``."""
     made = [s.text for s in skips if runs_made(s)]
-    # Beside the search's own rules, the notes (the space's, the calibration's) are one kind; a
-    # file with no rules at all (schema 2) is grouped by the words of each sentence.
-    typed = any(s.rule != "note" for s in skips)
-    groups: dict[str, list[str]] = {}
+    calibration = [s.text for s in skips if s.rule == "calibration"]
+    groups: dict[str, list[str]] = {}  # a note of a file without rules: by its words
     for skip in skips:
-        if not runs_made(skip):
-            kind = skip.rule if skip.rule != "note" else "notes" if typed else _kind(skip.text)
+        if not runs_made(skip) and skip.rule != "calibration":
+            kind = skip.rule if skip.rule != "note" else _kind(skip.text)
             groups.setdefault(kind, []).append(skip.text)
     kinds = list(groups.items())
     if len(kinds) > MAX_SKIPPED_LINES:
@@ -259,6 +257,8 @@ def skipped_lines(skips: tuple[SkipRecord, ...], page: Path | None = None) -> li
         lines = [_grouped("skipped", kind, found) for kind, found in kinds]
     if made:
         lines.append(_grouped("measured again", "runs", made))
+    if calibration:  # what `check` will lack: said apart, never folded into "more"
+        lines.append(_grouped("calibration", "", calibration))
     if lines:
         where = f"{page} and autotune.json" if page is not None else "autotune.json"
         lines.append(f"the full reasons: {where} (skipped)")

@@ -139,11 +139,11 @@ RULE_IDS = st.sampled_from(["note", *RULES])
 
 
 @given(st.lists(st.tuples(RULE_IDS, st.text(min_size=1, max_size=400)), max_size=40))
-def test_any_skipped_reasons_take_at_most_six_lines_of_100(
+def test_any_skipped_reasons_take_at_most_seven_lines_of_100(
         skipped: list[tuple[str, str]]) -> None:
     lines = report.skipped_lines(tuple(SkipRecord(rule=r, text=t) for r, t in skipped))
-    assert len(lines) <= 6 and all(len(line) <= 100 and len(line.splitlines()) <= 1
-                                   for line in lines)
+    assert len(lines) <= report.MAX_SKIPPED_LINES + 3 == 7
+    assert all(len(line) <= 100 and len(line.splitlines()) <= 1 for line in lines)
     assert bool(lines) == bool(skipped)
 
 
@@ -157,14 +157,20 @@ def test_skipped_lines_group_by_rule_and_put_runs_made_apart() -> None:
         "skipped (2 gain-ceiling): bf16/off: micro-batches above 8 not probed",
         "measured again (2 runs): bf16/off/8: stored 10.0, now 9.9",
         "the full reasons: autotune.json (skipped)"]
-    # beside the search's rules, the space's notes are one kind, however they are worded
-    notes = (SkipRecord(text="precision tf32 skipped: not supported on X (cpu)"),
-             SkipRecord(text="precision fp16 skipped: not supported on X (cpu)"))
-    lines = report.skipped_lines(notes + skips[:2])
-    assert lines[:2] == [
-        "skipped (2 notes): precision tf32 skipped: not supported on X (cpu)",
-        "skipped (2 gain-ceiling): bf16/off: micro-batches above 8 not probed"]
+    # the space's notes are one rule, however they are worded; the calibration's are said
+    # apart, after the rest (what `check` will lack is never folded into "more")
+    space = (SkipRecord(rule="space", text="precision tf32 skipped: not supported on X (cpu)"),
+             SkipRecord(rule="space", text="precision fp16 skipped: not supported on X (cpu)"))
+    many = tuple(SkipRecord(rule=r, text=f"{r}: a reason") for r in (
+        "frees-nothing", "not-applicable", "behind-refine", "walk-not-faster"))
+    calibration = SkipRecord(rule="calibration", text="no estimator calibration: interrupted")
+    lines = report.skipped_lines((*space, calibration, *skips[:2], *many))
+    assert lines[0] == "skipped (2 space): precision tf32 skipped: not supported on X (cpu)"
+    assert lines[3].startswith("skipped: 3 more, of 3 other kinds")
+    assert lines[-2:] == ["calibration: no estimator calibration: interrupted",
+                          "the full reasons: autotune.json (skipped)"]
     # a file without rules (schema 2) is grouped by each sentence's words, as before
+    notes = tuple(SkipRecord(text=s.text) for s in space)
     assert len(report.skipped_lines(notes)) == 3
 
 

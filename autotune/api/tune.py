@@ -301,18 +301,20 @@ def _finish(report: ProbeReport, outcome: SearchOutcome, settings: SearchSetting
                "--max-trials reached" if runs_left <= 0 else
                f"the estimator traces one process, not a job of {config.knobs.strategy} ranks")
         return replace(config, skips=(*config.skips, SkipRecord(
-            text=f"no estimator calibration: {why}"))), stop_reason
+            rule="calibration", text=f"no estimator calibration: {why}"))), stop_reason
     try:
         with guard.armed():
             calibration, notes = _calibrate(report, config, timeout_s, runs_left, outcome.ledger)
         config = replace(config, memory=replace(config.memory, calibration=calibration),
-                         skips=(*config.skips, *(SkipRecord(text=n) for n in notes)),
+                         skips=(*config.skips, *(SkipRecord(rule="calibration", text=n)
+                                                 for n in notes)),
                          study=outcome.ledger.record if outcome.ledger else config.study)
     except KeyboardInterrupt as exc:  # the search is done: keep its result
         stop_reason = f"interrupted ({interrupt_name(exc)}) while calibrating: best config kept"
         config = replace(config, interrupted=True, stopped_by=stop_reason.removesuffix(
             ": best config kept"), skips=(
-                *config.skips, SkipRecord(text="no estimator calibration: interrupted")))
+                *config.skips, SkipRecord(rule="calibration",
+                                                text="no estimator calibration: interrupted")))
     return config, stop_reason
 
 

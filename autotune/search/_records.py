@@ -375,11 +375,11 @@ def tuned_config(report: ProbeReport, outcome: SearchOutcome,
 
 
 def skip_records(notes: tuple[str, ...], outcome: SearchOutcome) -> tuple[SkipRecord, ...]:
-    """The file's typed skips: the space's notes (rule ``note``), then the search's own, each
-    with its rule id and figures (an outcome made without them: its sentences as notes)."""
+    """The file's typed skips: the space's notes (rule ``space``), then the search's own, each
+    with its rule id and figures (an outcome made without them: every sentence a ``note``)."""
     if not outcome.skips:
         return tuple(SkipRecord(text=text) for text in (*notes, *outcome.skipped))
-    return (*(SkipRecord(text=text) for text in notes),
+    return (*(SkipRecord(rule="space", text=text) for text in notes),
             *(SkipRecord(rule=s.rule, target=s.target, text=s.text, figures=dict(s.figures))
               for s in outcome.skips))
 

@@ -53,6 +53,8 @@ RULES: Mapping[str, str] = {
                         "baseline",
     "fsdp-root": "FSDP2 without repeated blocks shards the root alone",
     "probe": "a memory probe's own note",
+    "space": "a class or knob value the device or the request leaves out of the space",
+    "calibration": "the estimator's calibration after the search: why there is none",
 }
 """Each rule's id and, in a line, what it says (``docs/search.md`` says why)."""
 
