@@ -292,14 +292,14 @@ def pick_winner(records: tuple[TrialRecord, ...], settings: SearchSettings) -> T
         return min(feasible, key=lambda r: r.time_to_train_s or math.inf)
     best = max(feasible, key=lambda r: r.samples_per_s or 0.0)
     if best.round_shares and not won_rounds(best):
-        # Its best run is the fastest, but run back to back with the other of stage 5's
+        # Its best run is the fastest, but run back to back with the other of the confirm stage's
         # interleaved rounds it was behind in most: the rounds decide between the two.
         return next((r for r in feasible if r is not best and won_rounds(r)), best)
     return best
 
 
 def won_rounds(record: TrialRecord) -> bool:
-    """Whether a candidate of stage 5's interleaved rounds was ahead in most of them."""
+    """Whether a candidate of the confirm stage's interleaved rounds was ahead in most of them."""
     return sum(s > 1 for s in record.round_shares) * 2 > len(record.round_shares)
 
 
@@ -394,7 +394,7 @@ def _lost(record: TrialRecord, winner: TrialRecord) -> TrialRecord:
 
 
 def _rounds(record: TrialRecord) -> str:
-    """A candidate of stage 5's interleaved rounds against the other, in words."""
+    """A candidate of the confirm stage's interleaved rounds against the other, in words."""
     shares = record.round_shares
     return (f"run back to back with it in {len(shares)} interleaved rounds, "
             + ", ".join(f"{s:.2f}x" for s in shares)
@@ -425,7 +425,7 @@ def _why(winner: TrialRecord, baseline: TrialRecord, records: tuple[TrialRecord,
     runner_up = max(others, key=lambda r: r.samples_per_s or 0.0)
     paired = next((r for r in others if r.round_shares), None)
     if winner.round_shares and paired is not None:
-        # stage 5's rounds decided between the two: the lead is theirs, not the best runs'
+        # the confirm stage's rounds decided between the two: the lead is theirs, not the best runs'
         runner_up = paired
         text += (f"; the runner-up {runner_up.label()} (best run {runner_up.samples_per_s:,.1f}"
                  f" samples/s): {_rounds(winner)} (two runs of one config here drifted "

@@ -102,7 +102,7 @@ class Search:
         self.prober = Prober(self.ev, self.ex)
 
     def stages(self) -> None:
-        """The stages in order (module docstring)."""
+        """The stages in order (the module docstring, ``docs/search.md``)."""
         self.ex.stage = "stored"  # what the study holds, said before it answers the stages
         for key, result in list(self.ev.held.items()):
             self.ex.progress(key, classify(key, result, self.ev.held, None, self.plan.report,

@@ -185,7 +185,7 @@ class Executor:
 
     def begin(self, knobs: Knobs) -> None:
         """A run of ``knobs`` begins (or the study answers for one): its stage, its setting
-        and, in stage 3, the knobs it changes count as reached (``_not_reached``)."""
+        and, in the knobs stage, the knobs it changes count as reached (``outcome.not_reached``)."""
         self.ran_in.add(self.stage)
         self.considered.add((knobs.precision, knobs.compile_mode))
         if self.stage == "knobs":
@@ -218,8 +218,8 @@ class Executor:
 
     def remeasure(self, keys: Sequence[Candidate], *, cold_first: bool = True,
                    in_round: bool = False) -> dict[Candidate, TrialResult]:
-        """Stage 5's runs: each of ``keys`` once more, keeping its better run; the first (the
-        leader) compiled afresh where its first launch is unchecked (``cold_first``). One
+        """The confirm stage's runs: each of ``keys`` once more, keeping its better run; the
+        first (the leader) compiled afresh where its first launch is unchecked (``cold_first``). One
         re-measured before (a resumed search) is not run again, unless ``in_round``.
         The runs made, in order."""
         ran: dict[Candidate, TrialResult] = {}
@@ -229,7 +229,7 @@ class Executor:
                 continue  # re-measured before a resume
             if cold_first and key == keys[0] and not recheck and \
                     self.ev.unchecked_launch(key):
-                # The leader's re-measure compiles afresh: it is also stage 6's check that it
+                # The leader's re-measure compiles afresh: it is also the first-launch check that it
                 # fits a first launch, where the leader is most often the winner.
                 ran[key] = self.cold_run(key)
                 continue

@@ -117,7 +117,7 @@ class Prober:
         return False
 
     def screen(self, *, timing_only: bool = False) -> None:
-        """Stage 3: each further knob on the leader, one at a time (module docstring).
+        """The knobs stage: each further knob on the leader, one at a time (``docs/search.md``).
 
         ``timing_only``: only the knobs whose values free no memory, at the leader's
         micro-batch (after refinement moved the leader to another micro-batch, where their
@@ -153,7 +153,7 @@ class Prober:
 
     def screen_knob(self, knob: Knob, leader: Candidate,
                     lowered: list[tuple[str, str, Candidate]]) -> Candidate | None:
-        """Stage 3 for one knob: each of its values on ``leader`` (``screen``); a value that
+        """The knobs stage for one knob: each of its values on ``leader`` (``screen``); a value that
         peaked below the leader joins ``lowered``. For a knob that frees no memory, the
         leader after it (None for one that does)."""
         for value in self.plan.values.get(knob.name, ()):

@@ -37,8 +37,8 @@ def confirm(ex: Executor) -> None:
     here, the leader and the runner-up at least: if its stored timing is no longer within
     the noise of what it runs at now, the fresh run replaces it.
 
-    A clear leader, compiled and not yet run as a first launch compiles it, has stage 6's
-    run made here: it is a second run of the leader too, so the drift between its two
+    A clear leader, compiled and not yet run as a first launch compiles it, has the first-launch
+    check's run made here: it is a second run of the leader too, so the drift between its two
     runs is known before the race is settled (``_within_drift``, ``_interleave``)."""
     keys = contenders(ex.ev)
     if not keys or (len(keys) < 2 and keys[0] not in ex.ev.stored
@@ -51,7 +51,7 @@ def confirm(ex: Executor) -> None:
     ran = ex.remeasure(keys)
     cold = ex.ev.cold.get(keys[0])
     if keys[0] in ran and cold is not None and not cold.fits(ex.plan.usable):
-        # Its run compiled afresh, as a first launch does, did not fit: stage 6 now.
+        # Its run compiled afresh, as a first launch does, did not fit: the first-launch stage now.
         ex.stage = "first launch"
         _rule_out(ex, keys[0], cold)
         return
@@ -70,7 +70,7 @@ def recheck_stored_pick(ex: Executor) -> None:
 
 
 def interleave(ex: Executor, first: Mapping[Candidate, TrialResult]) -> None:
-    """Stage 5's interleaved rounds (module docstring): where runs of one config drifted
+    """The confirm stage's interleaved rounds (``docs/search.md``): where runs of one config drifted
     further apart than the leader's gap to its best challenger, the two run back to back,
     the order reversed each round, until one is ahead in most rounds (two, a third where
     they split). The runs of ``first`` (the re-measures just made, in order) are the
@@ -117,8 +117,8 @@ def interleave(ex: Executor, first: Mapping[Candidate, TrialResult]) -> None:
 
 
 def fit_cold(ex: Executor) -> None:
-    """Stage 6 (module docstring): check that the compiled winner fits as a first launch
-    compiles it, on a device whose peak counts the compile."""
+    """The first-launch stage (``docs/search.md``): check that the compiled winner fits as a
+    first launch compiles it, on a device whose peak counts the compile."""
     if not ex.plan.compile_in_peak:
         return
     usable = ex.plan.usable
@@ -152,7 +152,7 @@ def _rule_out(ex: Executor, winner: Candidate, cold: TrialResult) -> bool:
 def _time_below_out(ex: Executor, out: Candidate, speed: float | None) -> None:
     """A compiled winner is out as a first launch: time its setting at the next smaller
     micro-batch, compiled afresh (the one run times it and checks its first launch), unless
-    that ran already. Its boundary as a first launch may be there, and stage 4 walks a
+    that ran already. Its boundary as a first launch may be there, and the refine stage walks a
     compiled setting down only on evidence that a smaller micro-batch can gain. Only where
     it could still win: a smaller micro-batch adds accumulation steps, so the out winner's
     speed bounds it, and the next pick must be behind that. A checkpointed setting is not
