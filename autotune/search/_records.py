@@ -128,10 +128,9 @@ class SearchOutcome:
     """fp32 eager at its largest fitting micro-batch; None when fp32 eager fits nothing."""
     probes: tuple[MemoryProbe, ...]
     """The knob settings probed, in the order they were."""
-    skipped: tuple[str, ...]
+    skips: tuple[Skip, ...]
+    """What was not run, each with its rule id, figures and sentence (``rules``)."""
     interrupted: bool
-    skips: tuple[Skip, ...] = ()
-    """The same as ``skipped``, typed: each with its rule id and figures (``rules``)."""
     stop_reason: str
     not_reached: tuple[str, ...] = ()
     """A search stopped early: the stages and knobs it never began (``TunedConfig``)."""
@@ -150,6 +149,11 @@ class SearchOutcome:
     drift: Mapping[Candidate, float] = field(default_factory=dict)
     """Candidates this search timed twice (a close race's re-measure, a first-launch check),
     each with how far apart its two runs' medians were (0.3: the slower 30% slower)."""
+
+    @property
+    def skipped(self) -> tuple[str, ...]:
+        """What was not run, each as its sentence (``skips`` with their rules)."""
+        return tuple(s.text for s in self.skips)
 
 
 def run_record(number: int, kind: RunKind, candidate: Candidate, result: TrialResult,
@@ -376,9 +380,7 @@ def tuned_config(report: ProbeReport, outcome: SearchOutcome,
 
 def skip_records(notes: tuple[str, ...], outcome: SearchOutcome) -> tuple[SkipRecord, ...]:
     """The file's typed skips: the space's notes (rule ``space``), then the search's own, each
-    with its rule id and figures (an outcome made without them: every sentence a ``note``)."""
-    if not outcome.skips:
-        return tuple(SkipRecord(text=text) for text in (*notes, *outcome.skipped))
+    with its rule id and figures."""
     return (*(SkipRecord(rule="space", text=text) for text in notes),
             *(SkipRecord(rule=s.rule, target=s.target, text=s.text, figures=dict(s.figures))
               for s in outcome.skips))

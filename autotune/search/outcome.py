@@ -48,7 +48,7 @@ def outcome(ev: Evidence, ex: Executor, interrupted: bool, stop_reason: str) -> 
     return SearchOutcome(records=records, results=ev.results, baseline=ev.baseline,
                          first_launch=ev.first_launch(), drift=dict(ev.drift),
                          probes=tuple(ev.probes.values()),
-                         skipped=tuple(s.text for s in skips), skips=skips,
+                         skips=skips,
                          interrupted=interrupted, stop_reason=stop_reason,
                          not_reached=not_reached(ev, ex) if interrupted else (),
                          num_runs=ex.num_runs,
