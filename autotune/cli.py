@@ -506,7 +506,7 @@ def check(
     with _exits():
         from autotune import api
 
-        spec = api.workload_spec(workload=workload) if workload else None
+        spec = api.workload_spec(workload=workload) if workload is not None else None
         with err.status(Text("checking the tuned config's memory...")):
             result = api.check(path, measure=measure, workload=spec,
                                timeout_s=_seconds(timeout, "--timeout"))

@@ -189,3 +189,15 @@ def test_a_bad_option_is_said_before_an_existing_output(tmp_path: Path,
     assert "fp8" in _words(result.stderr) and "already exists" not in result.stderr
     result = _invoke("search", "--device", "cpu", "--target-batch", "8", "--precisions", "fp32")
     assert result.exit_code == 2 and "autotune.json already exists" in _words(result.stderr)
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--workload", ""], "--workload is empty (got ''): name a FILE.py:FACTORY"),
+    (["--model", " "], "--model is empty (got ' '): name a model id"),
+])
+def test_an_empty_workload_or_model_is_refused_not_taken_for_the_default(
+        tmp_path: Path, args: list[str], said: str) -> None:
+    result = runner.invoke(app, ["search", "--target-batch", "8", *args, "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert said in " ".join(result.output.split())
+    assert list(tmp_path.iterdir()) == []  # nothing written, no child started

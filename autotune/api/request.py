@@ -29,6 +29,11 @@ def workload_spec(*, workload: str | None = None, model: str | None = None,
     Raises:
         ConfigError: both given, a bad ``file.py:factory``, a missing file or a bad seq len.
     """
+    for flag, value, form in (("--workload", workload, "a FILE.py:FACTORY"),
+                              ("--model", model, "a model id")):
+        if value is not None and not value.strip():
+            raise ConfigError(f"{flag} is empty (got {value!r}): name {form}, or leave it out "
+                              "to tune the built-in workload")
     if workload and model:
         raise ConfigError("give either --workload FILE.py:FACTORY or --model NAME, not both")
     if seq_len is not None and seq_len <= 0:
