@@ -34,7 +34,8 @@ spec from the candidate's recorded runs, and ``run_search`` reads its simulated 
   its runs' samples/s, over the best fitting candidate's), median, 10th percentile and
   minimum; the share of seeds within 3% of the best; cost (simulated search seconds over one
   exhaustive pass: each candidate's first recorded run's wall seconds), median and 90th
-  percentile; the runs; the search's own overhead (measured, apart); and, per rule that
+  percentile, and over a set of tables pooled (their median searches' seconds over one pass
+  of them all: what a user tuning every one would pay); the runs; the search's own overhead (measured, apart); and, per rule that
   skipped a setting (the search's skip note with its numbers taken out), how often the table
   says that setting could have won (a candidate of it at a micro-batch the note skipped, not
   timed, within 3% of the best).
@@ -376,7 +377,11 @@ def summary(results: list[dict]) -> dict:
                                                          for r in part),
                 "worst_p10": min(r["pick_quality"]["p10"] for r in part),
                 "within_3pct": statistics.fmean(r["within_3pct"] for r in part),
-                "cost_median": statistics.median(r["cost"]["median"] for r in part)}
+                "cost_median": statistics.median(r["cost"]["median"] for r in part),
+                # seconds the searches spent over seconds one exhaustive pass of every table
+                # takes (each table's median search): what a user tuning them all would pay
+                "cost_pooled": sum(r["cost"]["median"] * r["pass_s"] for r in part)
+                / sum(r["pass_s"] for r in part)}
     return out
 
 
@@ -425,7 +430,8 @@ def render(results: list[dict], summ: dict) -> str:
     lines.append("summary: " + "; ".join(
         f"{name} ({s['tables']} tables): pick quality median {s['pick_quality_median']:.3f}, "
         f"worst p10 {s['worst_p10']:.3f}, within 3% {s['within_3pct']:.0%}, cost median "
-        f"{s['cost_median']:.3f}" for name, s in summ.items()))
+        f"{s['cost_median']:.3f}, pooled {s['cost_pooled']:.3f} (their searches' seconds "
+        "over one exhaustive pass of them all)" for name, s in summ.items()))
     return "\n".join(lines)
 
 
