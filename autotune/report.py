@@ -238,14 +238,15 @@ def skipped_lines(skips: tuple[SkipRecord, ...], page: Path | None = None) -> li
     a note by its words before the first ``:``, the setting and the numbers left out), with a
     count and the first example; the runs that were made (re-checks, re-measures) under their
     own heading, the calibration's notes under theirs; then where the full sentences are. At
-    most ``MAX_SKIPPED_LINES`` + 3 lines of ``LINE_WIDTH``."""
-    made = [s.text for s in skips if runs_made(s)]
-    calibration = [s.text for s in skips if s.rule == "calibration"]
+    most ``MAX_SKIPPED_LINES`` + 3 lines of ``LINE_WIDTH``. Each sentence is
+    ``SkipRecord.sentence`` (``skip_sentences.render``)."""
+    made = [s.sentence() for s in skips if runs_made(s)]
+    calibration = [s.sentence() for s in skips if s.rule == "calibration"]
     groups: dict[str, list[str]] = {}  # a note of a file without rules: by its words
     for skip in skips:
         if not runs_made(skip) and skip.rule != "calibration":
             kind = skip.rule if skip.rule != "note" else _kind(skip.text)
-            groups.setdefault(kind, []).append(skip.text)
+            groups.setdefault(kind, []).append(skip.sentence())
     kinds = list(groups.items())
     if len(kinds) > MAX_SKIPPED_LINES:
         rest = kinds[MAX_SKIPPED_LINES - 1:]

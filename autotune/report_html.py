@@ -182,7 +182,7 @@ def _not_timed(c: TunedConfig) -> str:
     out = ""
     if failed:
         out += "<h3>Ran, not timed</h3>" + _table(("candidate", "outcome", "why"), failed)
-    rechecks = [s.text for s in c.skips if s.rule == "recheck" or (
+    rechecks = [s.sentence() for s in c.skips if s.rule == "recheck" or (
         s.rule == "note" and s.text.startswith("re-check of "))]  # a schema 2 file: no rules
     skipped = [s for s in c.skipped if s not in rechecks]
     if skipped:

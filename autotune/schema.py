@@ -39,6 +39,7 @@ from autotune.config import (
 )
 from autotune.errors import ConfigError, OutputExistsError
 from autotune.knobs import HasKnobs, Knobs
+from autotune.skip_sentences import Context, render
 
 SCHEMA_VERSION: Final = 3
 """3: what the search did not run is typed (``skips``: each with its rule id, what it is about
@@ -240,6 +241,8 @@ class RunRecord(HasKnobs):
 
 RuleId = Annotated[str, Field(pattern=r"^[a-z][a-z-]{0,39}$")]
 """A rule's stable id (``autotune.search.rules.RULES``), or ``note`` for a note of the space."""
+VariantId = Annotated[str, Field(pattern=r"^([a-z][a-z-]{0,39})?$")]
+"""One of a rule's sentences (``autotune.skip_sentences.TEMPLATES``), "" for its first."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -253,9 +256,20 @@ class SkipRecord:
     target: str = ""
     """The setting's label or the candidate's key it is about ("" for the search)."""
     text: str
-    """The sentence said to the user."""
-    figures: dict[str, Float | str] = field(default_factory=dict)
-    """The bound's figures (e.g. ``share``: its samples/s over the leader's)."""
+    """The sentence as it was said (``skip_sentences.render``), for readers of the JSON; read
+    back, ``sentence`` makes it again from the figures where the rule has a template."""
+    figures: dict[str, int | Float | str] = field(default_factory=dict)
+    """The bound's figures (e.g. ``share``: its samples/s over the leader's); an int stays
+    one (a micro-batch, bytes)."""
+    variant: VariantId = ""
+    """Which of the rule's sentences (``skip_sentences.TEMPLATES``; "" its first)."""
+    context: Context = ""
+    """The words another decision said it in (``skip_sentences.CONTEXTS``: "not tried")."""
+
+    def sentence(self) -> str:
+        """Its sentence, rendered from the figures; the stored ``text`` for a rule said in
+        words, or a file written before its template (fewer figures)."""
+        return render(self, self.text)
 
 
 def notes(*texts: str) -> tuple[SkipRecord, ...]:
@@ -342,7 +356,7 @@ class TunedConfig(HasKnobs):
     @property
     def skipped(self) -> tuple[str, ...]:
         """What was not measured, each as its sentence (``skips`` with their rules)."""
-        return tuple(s.text for s in self.skips)
+        return tuple(s.sentence() for s in self.skips)
 
     def stopped_early(self) -> str:
         """A sentence saying what stopped the search before its end ("" when it ran to it):

@@ -152,7 +152,7 @@ class SearchOutcome:
 
     @property
     def skipped(self) -> tuple[str, ...]:
-        """What was not run, each as its sentence (``skips`` with their rules)."""
+        """What was not run, each as its sentence (``skip_sentences.render``)."""
         return tuple(s.text for s in self.skips)
 
 
@@ -380,9 +380,11 @@ def tuned_config(report: ProbeReport, outcome: SearchOutcome,
 
 def skip_records(notes: tuple[str, ...], outcome: SearchOutcome) -> tuple[SkipRecord, ...]:
     """The file's typed skips: the space's notes (rule ``space``), then the search's own, each
-    with its rule id and figures."""
+    with its rule id, figures, variant and context, and its sentence as rendered (for readers
+    of the JSON)."""
     return (*(SkipRecord(rule="space", text=text) for text in notes),
-            *(SkipRecord(rule=s.rule, target=s.target, text=s.text, figures=dict(s.figures))
+            *(SkipRecord(rule=s.rule, target=s.target, text=s.text, figures=dict(s.figures),
+                         variant=s.variant, context=s.context)
               for s in outcome.skips))
 
 

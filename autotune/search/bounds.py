@@ -14,7 +14,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from autotune.config import Knobs, TrialResult, format_bytes
+from autotune.config import Knobs, TrialResult
 from autotune.search._records import Candidate
 from autotune.search.evidence import Evidence
 from autotune.search.plan import alike
@@ -76,14 +76,10 @@ def larger(ev: Evidence, timed: Candidate, *, own_pair: bool = False) -> Skip | 
     if ceiling is None or sps * ceiling >= top * (1 - noise):
         return None
     return skip(
-        "gain-ceiling", timed.knobs.label(),
-        (f"at {timed.micro_batch} it runs {sps:,.1f} samples/s, {sps / top:.2f}x the "
-         f"leader's ({leader.key()}); "
-         f"a larger one gains at most {ceiling:.2f}x (up to {ev.plan.per_device}: the "
-         f"per-micro-batch overhead {sibling.label()} showed from {small} to {large}, "
-         f"{ratio:.2f}x, spread over more samples), {sps * ceiling:,.1f} samples/s: "
-         f"behind by more than the noise ({noise:.0%})"),
-         share=sps / top, ceiling=ceiling, noise=noise)
+        "gain-ceiling", timed.knobs.label(), micro_batch=timed.micro_batch, sps=sps,
+        share=sps / top, leader=leader.key(), ceiling=ceiling, per_device=ev.plan.per_device,
+        sibling=sibling.label(), small=small, large=large, ratio=ratio, reach=sps * ceiling,
+        noise=noise)
 
 def below(ev: Evidence, over: Candidate) -> Skip | None:
     """Why a compiled setting's micro-batches below ``over`` (a run that peaked over the
@@ -111,14 +107,9 @@ def below(ev: Evidence, over: Candidate) -> Skip | None:
     if sps * (1 + noise) >= top * ev.settings.refine_within:
         return None
     return skip(
-        "over-budget-below", over.knobs.label(),
-        (f"at {over.micro_batch} it ran {sps:,.1f} samples/s (over the usable budget), "
-         f"{sps / top:.2f}x the leader's ({leader.key()}), under the "
-         f"{ev.settings.refine_within:.2f} that refinement needs (--refine-within) by "
-         f"more than the noise ({noise:.0%}); a smaller micro-batch of a compiled setting "
-         "only adds accumulation steps (time per micro-batch linear in its size, plus "
-         "one update per step), at the cost of a compile of its own"),
-         share=sps / top, noise=noise)
+        "over-budget-below", over.knobs.label(), micro_batch=over.micro_batch, sps=sps,
+        share=sps / top, leader=leader.key(), refine_within=ev.settings.refine_within,
+        noise=noise)
 
 def frees_nothing(ev: Evidence, leader: Candidate) -> Skip | None:
     """Why freeing memory cannot help the leader, if it cannot: it already runs the whole
@@ -127,12 +118,8 @@ def frees_nothing(ev: Evidence, leader: Candidate) -> Skip | None:
     if leader.micro_batch < ev.plan.per_device or result is None or result.num_alloc_retries:
         return None
     return skip(
-        "frees-nothing", leader.key(),
-        (f"the leader ({leader.key()}) already runs the whole per-device batch "
-         f"{ev.plan.per_device} at peak {format_bytes(result.peak_bytes)} of "
-         f"{format_bytes(ev.usable)} usable, without allocator retries: "
-         "freeing memory cannot raise its micro-batch, and costs time"),
-         peak=result.peak_bytes or 0)
+        "frees-nothing", leader.key(), leader=leader.key(), per_device=ev.plan.per_device,
+        peak=_bytes(result.peak_bytes), usable=ev.usable)
 
 def recompute(ev: Evidence, leader: Candidate) -> Skip | None:
     """Why checkpointing cannot win on the leader's setting, if it cannot: it recomputes
@@ -164,11 +151,9 @@ def recompute(ev: Evidence, leader: Candidate) -> Skip | None:
     why = larger(ev, largest, own_pair=True)
     if why is None:
         return None
-    return skip(
-        "recompute-twin", leader.knobs.label(),
-        (f"checkpointing recomputes, so it runs no faster at a micro-batch "
-         f"{leader.knobs.label()} fits without it, and is worth a run only above its "
-         f"largest timed fit {largest.micro_batch}: {why.text}"), largest=largest.micro_batch)
+    assert why.rule == "gain-ceiling" and not why.variant  # its sentence is said inside
+    return skip("recompute-twin", leader.knobs.label(), **why.figures,
+                setting=leader.knobs.label(), largest=largest.micro_batch)
 
 def compiled_whole_batch(ev: Evidence, knobs: Knobs, fitting: list[int]) -> Skip | None:
     """Why a compiled class's smaller micro-batches are not worth their compiles, if not.
@@ -182,13 +167,8 @@ def compiled_whole_batch(ev: Evidence, knobs: Knobs, fitting: list[int]) -> Skip
     largest = ev.results.get(Candidate(knobs=knobs, micro_batch=fitting[0]))
     if fitting[0] < ev.plan.per_device or largest is None or largest.num_alloc_retries:
         return None
-    rest = ", ".join(str(m) for m in fitting[1:])
-    return skip(
-        "compiled-whole-batch", knobs.label(),
-        (f"{knobs.label()}: micro-batches {rest} not timed: {fitting[0]} (the "
-         "whole per-device batch) ran without allocator retries, so a smaller one "
-         "only adds accumulation steps, each at the cost of a compile "
-         "(--micro-batches all times them)"))
+    return skip("compiled-whole-batch", knobs.label(), context="not-timed",
+                untimed=", ".join(str(m) for m in fitting[1:]), largest=fitting[0])
 
 
 def sibling_ratio(ev: Evidence, knobs: Knobs, walked: Sequence[int],
@@ -237,25 +217,16 @@ def sibling_ratio(ev: Evidence, knobs: Knobs, walked: Sequence[int],
     if not siblings:
         if not compiled:
             return None
-        return skip(
-            "sibling-ratio", knobs.label(),
-            (f"a smaller micro-batch only adds accumulation steps (time per "
-             f"micro-batch linear in its size, plus one update per step) and costs a "
-             f"compile of its own: {best_m} ran without allocator retries, and no "
-             f"setting timed at both {micro_batch} and {best_m} ran faster at "
-             f"{micro_batch} (--micro-batches all times them)"))
+        return skip("sibling-ratio", knobs.label(), "no-sibling", best=best_m,
+                    micro_batch=micro_batch)
     sibling, (at, at_best) = max(siblings, key=lambda t: alike(t[0], knobs))
     ratio = (ev.score(at, full=True) or 0.0) / (ev.score(at_best, full=True) or 1.0)
     noise = ev.noise(best, at, at_best)
     if ratio > 1 + noise:
         return None
     predicted = (best_result.samples_per_s() or 0.0) * ratio
-    return skip(
-        "sibling-ratio", knobs.label(),
-        (f"predicted {predicted:,.1f} samples/s at {micro_batch} from "
-         f"{sibling.label()}'s own ratio of micro-batch {micro_batch} to {best_m} "
-         f"({ratio:.2f}x, both timed): not faster than {best_m} by more than the noise "
-         f"({noise:.0%})"), ratio=ratio, noise=noise)
+    return skip("sibling-ratio", knobs.label(), predicted=predicted, micro_batch=micro_batch,
+                sibling=sibling.label(), best=best_m, ratio=ratio, noise=noise)
 
 
 def line_predicts_loss(ev: Evidence, knobs: Knobs, micro_batch: int, *,
@@ -281,13 +252,8 @@ def line_predicts_loss(ev: Evidence, knobs: Knobs, micro_batch: int, *,
     if step_s is None:
         if not must_gain or len(timed) < 2:
             return None
-        return skip(
-            "line-predicts-loss", knobs.label(),
-            (f"{knobs.label()}: micro-batch {micro_batch} not timed: the line through "
-             f"micro-batches {sizes} (time per micro-batch linear in its size, plus one "
-             f"update per step) puts its time per micro-batch at or below zero at "
-             f"{micro_batch}: it predicts no gain there, and a compiled micro-batch "
-             "costs a compile of its own"))
+        return skip("line-predicts-loss", knobs.label(), "no-line",
+                    context="micro-batch-not-timed", micro_batch=micro_batch, sizes=sizes)
     predicted = ev.plan.per_device / step_s
     noise = ev.noise(*(Candidate(knobs=knobs, micro_batch=m) for m in timed))
     # A gain worth a compile must clear the prediction's own interval too: each timed
@@ -300,22 +266,15 @@ def line_predicts_loss(ev: Evidence, knobs: Knobs, micro_batch: int, *,
             not must_gain and predicted >= best_sps * (1 - noise)):
         return None
     if predicted < best_sps * (1 - noise):
-        verdict = f"behind by more than the noise ({noise:.0%})"
+        verdict = ""  # behind by more than the noise
     elif predicted > best_sps * (1 + noise):
-        verdict = (f"not ahead by more than the prediction's own interval (+-{spread:.0%}: "
-                   f"each timed point known to {min(widths):.0%} or worse, carried from "
-                   f"{sizes} to {micro_batch}), and a compiled micro-batch costs a "
-                   "compile of its own")
+        verdict = "within-interval"
     else:
-        verdict = (f"not ahead by more than the noise ({noise:.0%}), and a compiled "
-                   "micro-batch costs a compile of its own")
+        verdict = "within-noise"
     return skip(
-        "line-predicts-loss", knobs.label(),
-        (f"{knobs.label()}: micro-batch {micro_batch} not timed: predicted "
-         f"{predicted:,.1f} samples/s from the line through micro-batches {sizes} "
-         f"(time per micro-batch linear in its size, plus one update per step), "
-         f"{predicted / best_sps:.2f}x micro-batch {best}'s: {verdict}"),
-        predicted=predicted, share=predicted / best_sps, noise=noise, spread=spread)
+        "line-predicts-loss", knobs.label(), verdict, context="micro-batch-not-timed",
+        micro_batch=micro_batch, predicted=predicted, sizes=sizes, share=predicted / best_sps,
+        best=best, noise=noise, spread=spread, known=min(widths))
 
 
 def mode(ev: Evidence, knobs: Knobs) -> Skip | None:
@@ -328,17 +287,24 @@ def mode(ev: Evidence, knobs: Knobs) -> Skip | None:
     share = ev.share(max((ev.class_best(c) or 0.0 for c in same), default=0.0))
     if share is not None and share >= ev.settings.refine_within:
         return None
-    return skip("behind-refine", knobs.label(),
-                f"{knobs.label()} not tried: {behind(ev, share, knobs.precision)}",
-                share=share or 0.0)
+    return behind(ev, knobs.label(), share, knobs.precision).within("not-tried", knobs.label())
 
-def behind(ev: Evidence, share: float | None, precision: str | None = None) -> str:
-    what = f"{precision}'s best" if precision else "its best"
+
+def behind(ev: Evidence, target: str, share: float | None, precision: str | None = None) -> Skip:
+    """``behind-refine``: a setting (``precision``: a class of it) is behind by more than
+    ``--refine-within``, or did not run."""
+    variant = "class" if precision else ""
     if share is None:
-        return f"{what} did not run"
+        return skip("behind-refine", target, f"{variant}-did-not-run".lstrip("-"), share=0.0,
+                    **({"precision": precision} if precision else {}))
     digits = 2 if round(share, 2) < ev.settings.refine_within else 3  # 0.897, not 0.90
     leader = ev.leader()
-    return (f"{what} is {share:.{digits}f}x the leader's "
-            f"({leader.key() if leader else '-'}), under the "
-            f"{ev.settings.refine_within:.2f} that refinement needs (--refine-within)")
+    return skip("behind-refine", target, variant, share=share, digits=digits,
+                leader=leader.key() if leader else "-", refine_within=ev.settings.refine_within,
+                **({"precision": precision} if precision else {}))
+
+
+def _bytes(num_bytes: int | None) -> int | str:
+    """A peak as a figure: its bytes, or ``-`` where it was not measured."""
+    return "-" if num_bytes is None else num_bytes
 

@@ -166,22 +166,17 @@ class Search:
             rest = ", ".join(str(x) for x in fitting[i:])
             if key not in self.ev.results:
                 if per_class and len(walked) >= per_class:
-                    self.ev.skips.append(skip(
-                        "micro-batch-limit", label,
-                        f"{label}: micro-batches {rest} not timed: the class's {per_class} "
-                        "largest were (--micro-batches)"))
+                    self.ev.skips.append(skip("micro-batch-limit", label, context="not-timed",
+                                              untimed=rest, per_class=per_class))
                     return
                 share = self.ev.share(self.ev.class_best(knobs))
                 if per_class and (share is None or share < self.ev.settings.refine_within):
-                    self.ev.skips.append(skip(
-                        "behind-refine", label,
-                        f"{label}: micro-batches {rest} not timed: "
-                        f"{bounds.behind(self.ev, share)}", share=share or 0.0))
+                    self.ev.skips.append(bounds.behind(self.ev, label, share).within(
+                        "not-timed", label, untimed=rest))
                     return
                 why_not = bounds.sibling_ratio(self.ev, knobs, walked, m) if per_class else None
                 if why_not:
-                    self.ev.skips.append(replace(
-                        why_not, text=f"{label}: micro-batches {rest} not timed: {why_not.text}"))
+                    self.ev.skips.append(why_not.within("not-timed", label, untimed=rest))
                     return
                 self.ex.measure(self.ex.spec(key))
             if walked and per_class:
@@ -196,10 +191,9 @@ class Search:
                         later = later[:-1]
                     if later:
                         self.ev.skips.append(skip(
-                            "walk-not-faster", label,
-                            f"{label}: micro-batches {', '.join(map(str, later))} not timed: "
-                            f"{m} was not faster than {best_m} by more than the noise "
-                            f"({noise:.0%})", noise=noise))
+                            "walk-not-faster", label, context="not-timed",
+                            untimed=", ".join(map(str, later)), micro_batch=m, best=best_m,
+                            noise=noise))
                     return
             walked.append(m)
 

@@ -20,10 +20,7 @@ def outcome(ev: Evidence, ex: Executor, interrupted: bool, stop_reason: str) -> 
         ev.baseline = ev.known_baseline()
     stored_pick = ev.winner() if interrupted else None
     if stored_pick is not None and stored_pick in ev.stored:
-        ev.skips.append(skip(
-            "stored-pick", stored_pick.key(),
-            f"{stored_pick.key()}: picked on its stored timing alone (a search before "
-            "measured it): this one stopped before re-checking it"))
+        ev.skips.append(skip("stored-pick", stored_pick.key()))
     if interrupted and ev.plan.compile_in_peak:
         winner = ev.winner()
         if winner is not None and winner.knobs.compile_mode != "off" and not (
@@ -32,11 +29,7 @@ def outcome(ev: Evidence, ex: Executor, interrupted: bool, stop_reason: str) -> 
     traits = ev.traits
     if (traits is not None and traits.num_blocks < 2 and any(
             k.knobs.strategy.startswith("fsdp") for k in ev.results)):
-        ev.skips.append(skip(
-            "fsdp-root", "",
-            "fsdp: no repeated blocks to shard one by one, so FSDP2 shards the root alone "
-            "(every parameter gathered at once in forward and backward: less memory saved "
-            "at the peak); name them with Workload(blocks=...)"))
+        ev.skips.append(skip("fsdp-root", ""))
     first: dict[str, Skip] = {}
     for one in ev.skips:  # each sentence once, where it was first said
         first.setdefault(one.text, one)

@@ -26,28 +26,17 @@ def rechecked(key: Candidate, stored: TrialResult, again: TrialResult,
     something the key cannot see, or the fresh run failed), and what the re-check found."""
     before, now = stored.samples_per_s(), again.samples_per_s()
     if not again.ok or now is None or before is None:
-        return True, skip("recheck", key.key(),
-                          f"re-check of {key.key()} (stored run): it now ends {again.status}: "
-                          "the fresh run counts")
+        return True, skip("recheck", key.key(), "ended", status=again.status)
     noise = max(settings.confirm_within, math.hypot(
         stored.halfwidth() or 0.0, again.halfwidth() or 0.0))
     fresh = now < before * (1 - noise)
-    if fresh:
-        verdict = f"slower beyond the noise ({noise:.0%}): the fresh run counts"
-    elif now > before * (1 + noise):
-        verdict = f"faster beyond the noise ({noise:.0%}): the fresh run counts"
-    else:
-        verdict = f"within the noise ({noise:.0%}): the better run counts"
-    return fresh, skip("recheck", key.key(),
-                       f"re-check of {key.key()} (stored run): {before:,.1f} samples/s stored, "
-                       f"{now:,.1f} now, {verdict}", stored=before, now=now, noise=noise)
+    verdict = "slower" if fresh else "faster" if now > before * (1 + noise) else "within"
+    return fresh, skip("recheck", key.key(), verdict, stored=before, now=now, noise=noise)
 
 
 def unchecked(winner: Candidate, why: str) -> Skip:
     """A compiled winner's fit as a first launch was not checked, and why."""
-    return skip("first-launch-unchecked", winner.key(),
-                f"{winner.key()}: not checked as a first launch compiles it (its runs loaded "
-                f"its graphs from inductor's cache, which lowers the peak): {why}")
+    return skip("first-launch-unchecked", winner.key(), why=why)
 
 
 def another_round(shares: list[float]) -> bool:
@@ -85,11 +74,8 @@ def contenders(ev: Evidence) -> list[Candidate]:
         runner_up = ranked[1]
         share = (ev.score(runner_up, full=True) or 0.0) / top
         ev.skips.append(skip(
-            "clear-lead", leader.key(),
-            f"no re-measurement: the runner-up ({runner_up.key()}) is {share:.2f}x the "
-            f"leader ({leader.key()}), a gap wider than the noise measured "
-            f"({noise(runner_up):.0%}: 95% interval of the ratio, at least --confirm-within "
-            f"{ev.settings.confirm_within:g})", share=share))
+            "clear-lead", leader.key(), runner_up=runner_up.key(), share=share,
+            noise=noise(runner_up), confirm_within=ev.settings.confirm_within))
     return [leader, *close[:ev.settings.num_confirm]]
 
 
@@ -109,11 +95,8 @@ def within_drift(ev: Evidence) -> list[Candidate]:
                   key=lambda k: -(ev.score(k) or 0.0))[:ev.settings.num_confirm]
     for key in once:
         share = (ev.score(key) or 0.0) / top
-        ev.skips.append(skip(
-            "within-drift", key.key(),
-            f"{key.key()} re-measured: timed once at {share:.2f}x the leader "
-            f"({leader.key()}), within the {drift:.0%} two runs of {config.key()} drifted "
-            "apart here", share=share, drift=drift))
+        ev.skips.append(skip("within-drift", key.key(), share=share, leader=leader.key(),
+                             drift=drift, config=config.key()))
     return once
 
 

@@ -11,9 +11,8 @@ rules once.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
-from autotune.config import Knobs, MemoryProbe, format_bytes
+from autotune.config import Knobs, MemoryProbe
 from autotune.errors import BROKEN
 from autotune.knobs import KNOBS, Knob, skip_reason
 from autotune.memory import hint_for, probe_memory
@@ -22,6 +21,7 @@ from autotune.search._records import Candidate
 from autotune.search.evidence import Evidence
 from autotune.search.executor import Executor
 from autotune.search.rules import Skip, skip
+from autotune.skip_sentences import Context
 
 
 class Prober:
@@ -48,11 +48,22 @@ class Prober:
             return knobs == self.plan.base or key in self.ev.results or key in self.ev.held \
                 or key in self.ev.probe_runs
 
+        stopped: dict[str, Skip] = {}  # a probe's stop note: the skip that said it
+
+        def said(why: Skip | None, context: Context, **where: int) -> str | None:
+            if why is None:
+                return None
+            said_in = why.within(context, knobs.label(), **where)
+            stopped[said_in.text.removeprefix(f"{knobs.label()}: ")] = said_in
+            return why.text
+
         def stop_above(fit: int, above: int) -> str | None:
-            return None if free(above) else _text(bounds.larger(self.ev, candidate(fit)))
+            return None if free(above) else said(bounds.larger(self.ev, candidate(fit)),
+                                                 "above-not-probed", probed_above=fit)
 
         def stop_below(over: int, below: int) -> str | None:
-            return None if free(below) else _text(bounds.below(self.ev, candidate(over)))
+            return None if free(below) else said(bounds.below(self.ev, candidate(over)),
+                                                 "below-not-probed", probed_below=over)
 
         def timed(micro_batch: int, may_be_largest: bool) -> bool:
             # A compiled setting's probe above its largest fit so far times its config too:
@@ -75,8 +86,7 @@ class Prober:
                                                  *self.ev.results.items()]
                    if c.knobs == knobs and c in self.ev.reached})
         self.ev.probes[knobs] = probe
-        self.ev.skips += [skip(_probe_rule(n), knobs.label(), f"{knobs.label()}: {n}")
-                          for n in probe.notes
+        self.ev.skips += [stopped.get(n) or _probe_note(knobs.label(), n) for n in probe.notes
                           if n.startswith(("micro-batches above", "micro-batches below"))]
         if not probe.max_micro_batch and any(n.startswith("micro-batches below")
                                              for n in probe.notes):
@@ -102,17 +112,14 @@ class Prober:
                 why = skip_reason(knobs, self.ev.traits)
                 if why:
                     self.ev.skips.append(skip("not-applicable", knobs.label(),
-                                              f"{knobs.label()} not tried: {why}"))
+                                              context="not-tried", reason=why))
                     continue
                 probe = self.probe(knobs)
                 if probe.max_micro_batch:
                     self.ev.baseline = Candidate(knobs=knobs, micro_batch=probe.max_micro_batch)
                     self.ev.skips.append(skip(
                         "baseline-rescued", self.ev.baseline.key(),
-                        f"{self.plan.base.label()} fits no micro-batch in "
-                        f"{format_bytes(self.plan.usable)}"
-                        f" usable: the baseline is {self.ev.baseline.key()}, the first setting "
-                        "that frees enough memory"))
+                        base=self.plan.base.label(), usable=self.plan.usable))
                     return True
         return False
 
@@ -146,10 +153,8 @@ class Prober:
             if len(self.ev.results) > known:
                 on = next(iter(stale.values()))
                 self.ev.skips.append(skip(
-                    "rescreen", final.key(),
-                    f"{', '.join(stale)} screened again on {final.key()}: the leader changed "
-                    f"after {'it was' if len(stale) == 1 else 'they were'} screened (on "
-                    f"{on.knobs.label()}), and a knob's best value can depend on another's"))
+                    "rescreen", final.key(), "" if len(stale) == 1 else "several",
+                    knobs=", ".join(stale), on=on.knobs.label()))
 
     def screen_knob(self, knob: Knob, leader: Candidate,
                     lowered: list[tuple[str, str, Candidate]]) -> Candidate | None:
@@ -165,14 +170,13 @@ class Prober:
             if knobs in self.ev.probes or (timed_here in self.ev.results and not recompute):
                 continue  # (a recompute's run there, stored, says nothing of its probe)
             reason = skip_reason(knobs, self.ev.traits)
-            why = skip("not-applicable", knobs.label(), reason) if reason else None
+            why = skip("not-applicable", knobs.label(), reason=reason) if reason else None
             if why is None and value in knob.frees_memory:
                 why = bounds.frees_nothing(self.ev, leader)
             if why is None and recompute:
                 why = bounds.recompute(self.ev, leader)
             if why:
-                self.ev.skips.append(replace(why, target=knobs.label(),
-                                             text=f"{knobs.label()} not tried: {why.text}"))
+                self.ev.skips.append(why.within("not-tried", knobs.label()))
             elif recompute:
                 self.probe_recompute(knobs)
             elif value in knob.frees_memory:
@@ -206,29 +210,23 @@ class Prober:
             return
         if fit >= self.plan.per_device:
             self.ev.skips.append(skip(
-                "recompute-twin", knobs.label(),
-                f"{knobs.label()} not tried: {twin.label()} fits the whole per-device batch "
-                f"{self.plan.per_device} without it, and checkpointing recomputes, so it runs "
-                "no faster there", largest=fit))
+                "recompute-twin", knobs.label(), "whole-batch", context="not-tried",
+                twin=twin.label(), per_device=self.plan.per_device, largest=fit))
             return
         probe = self.probe(knobs, above=fit)
-        why = (f"checkpointing recomputes, so it runs no faster where {twin.label()} fits "
-               "without it")
         if probe.max_micro_batch:
-            self.ev.skips.append(skip(
-                "recompute-twin", knobs.label(),
-                f"{knobs.label()}: micro-batches {fit} and below not tried: {why}",
-                largest=fit))
+            self.ev.skips.append(skip("recompute-twin", knobs.label(), "below-fit",
+                                      twin=twin.label(), largest=fit))
             return
         del self.ev.probes[knobs]
         first = probe.steps[0] if probe.steps else None
-        seen = "" if first is None else f" (at {first.micro_batch}: " + (
-            f"peak {format_bytes(first.peak_bytes)} of {format_bytes(usable)} usable)"
-            if first.status == "ok" else f"{first.status})")
-        self.ev.skips.append(skip(
-            "recompute-twin", knobs.label(),
-            f"{knobs.label()}: fits no micro-batch above {fit}{seen}, and is not tried at {fit} "
-            f"or below: {why}", largest=fit))
+        seen: dict[str, int | str] = {} if first is None else {"first": first.micro_batch} | (
+            {"first_peak": _bytes(first.peak_bytes), "usable": usable}
+            if first.status == "ok" else {"status": first.status})
+        variant = ("fits-none" if first is None else
+                   "fits-none-peak" if first.status == "ok" else "fits-none-status")
+        self.ev.skips.append(skip("recompute-twin", knobs.label(), variant, twin=twin.label(),
+                                  largest=fit, **seen))
 
     def probe_lowered(self, lowered: Sequence[tuple[str, str, Candidate]]) -> None:
         """Probe above the leader's micro-batch the knob values that peaked below it there
@@ -268,29 +266,29 @@ class Prober:
             need = None if growth is None else peak[c] + growth * (above - m)
             if none_above is not None:
                 self.ev.skips.append(skip(
-                    "peak-not-below", c.knobs.label(),
-                    f"{c.knobs.label()}: micro-batches above {m} not probed: its peak at {m} "
-                    f"({format_bytes(peak[c])}) is not below {none_above.knobs.label()}'s "
-                    f"({format_bytes(peak[none_above])}), which fits no larger micro-batch"))
+                    "peak-not-below", c.knobs.label(), micro_batch=m, peak=peak[c],
+                    other=none_above.knobs.label(), other_peak=peak[none_above]))
             elif need is not None and need > self.plan.usable:
                 self.ev.skips.append(skip(
-                    "growth-over-budget", c.knobs.label(),
-                    f"{c.knobs.label()}: micro-batches above {m} not probed: its peak at {m} "
-                    f"({format_bytes(peak[c])}) grows to about {format_bytes(int(need))} at "
-                    f"{above} ({format_bytes(int(growth or 0))} a sample), over the "
-                    f"{format_bytes(self.plan.usable)} usable", need=int(need)))
+                    "growth-over-budget", c.knobs.label(), micro_batch=m, peak=peak[c],
+                    need=int(need), above=above, growth=int(growth or 0),
+                    usable=self.plan.usable))
             else:
                 steps = self.probe(c.knobs).steps
                 if not any(s.fits for s in steps if s.micro_batch > m) and any(
                         s.micro_batch > m for s in steps):  # tried above: nothing larger fit
                     none_above = c
 
-def _text(why: Skip | None) -> str | None:
-    return None if why is None else why.text
+def _bytes(num_bytes: int | None) -> int | str:
+    """A peak as a figure: its bytes, or ``-`` where it was not measured."""
+    return "-" if num_bytes is None else num_bytes
 
 
-def _probe_rule(note: str) -> str:
-    """The rule a memory probe's stop note came from (``memory.probe_memory``)."""
+def _probe_note(target: str, note: str) -> Skip:
+    """A memory probe's stop note said in its words (``memory.probe_memory`` made it: the
+    line through the peaks), under the rule it came from."""
     if note.startswith("micro-batches below"):
-        return "over-budget-below"
-    return "peak-line" if "the line through the peaks" in note else "gain-ceiling"
+        rule = "over-budget-below"
+    else:
+        rule = "peak-line" if "the line through the peaks" in note else "gain-ceiling"
+    return skip(rule, target, "" if rule == "peak-line" else "probe-note", note=note)

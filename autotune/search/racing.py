@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from autotune.config import TrialResult, format_bytes
+from autotune.config import TrialResult
 from autotune.knobs import skip_reason
 from autotune.search._records import OUT_OF_MEMORY, Candidate
 from autotune.search.executor import Executor
@@ -104,16 +104,12 @@ def interleave(ex: Executor, first: Mapping[Candidate, TrialResult]) -> None:
     ex.ev.round_shares[leader] = tuple(1 / s for s in shares)
     ahead = sum(s > 1 for s in shares)
     picked = challenger if ahead * 2 > len(shares) else leader
+    assert len(shares) in (2, 3), shares  # ``another_round``: two, a third where they split
     ex.ev.skips.append(skip(
-        "rounds", picked.key(),
-        f"{challenger.key()} and {leader.key()} ran in {len(shares)} interleaved rounds, "
-        "back to back, the order reversed each round: two runs of "
-        f"{config.key()} drifted {drift:.0%} apart here, wider than their {gap:.0%} "
-        f"gap. {challenger.key()} ran "
-        + ", ".join(f"{s:.2f}x" for s in shares)
-        + f" the other's samples/s: ahead in {ahead} of {len(shares)}; "
-        f"{picked.key()} stands as the pick of the two", ahead=ahead, rounds=len(shares),
-        drift=drift, gap=gap))
+        "rounds", picked.key(), "three" if len(shares) == 3 else "",
+        challenger=challenger.key(), leader=leader.key(), config=config.key(), ahead=ahead,
+        rounds=len(shares), drift=drift, gap=gap,
+        **{f"share_{i}": s for i, s in enumerate(shares, 1)}))
 
 
 def fit_cold(ex: Executor) -> None:
@@ -180,11 +176,8 @@ def _time_below_out(ex: Executor, out: Candidate, speed: float | None) -> None:
     if floor >= key.micro_batch:
         twin = out.knobs.with_(checkpointing="off")
         ex.ev.skips.append(skip(
-            "recompute-twin", key.knobs.label(),
-            f"{key.key()} not timed (below {out.key()}, out as a first launch): "
-            f"checkpointing recomputes, so it runs no faster where {twin.label()} fits "
-            f"without it ({twin.label()}/{floor} fits, compiled afresh as a first launch "
-            "compiles it, without allocator retries)", largest=floor))
+            "recompute-twin", key.knobs.label(), "first-launch", candidate=key.key(),
+            out=out.key(), twin=twin.label(), largest=floor))
         return
     ex.measure(replace(ex.spec(key, early_stop=False), cold_compile=True))
 
@@ -196,24 +189,22 @@ def _fits_by_sibling(ex: Executor, winner: Candidate) -> bool:
         return False
     own, peak, sibling = bound
     ex.ev.skips.append(skip(
-        "first-launch-sibling", winner.key(),
-        f"{winner.key()}: not run again compiled afresh: {sibling.key()} compiled the same "
-        f"graphs afresh at a peak of {format_bytes(peak)}; compiling adds at most that to "
-        f"its own {format_bytes(own)}: {format_bytes(own + peak)}, within the "
-        f"{format_bytes(ex.plan.usable)} usable", peak=own + peak))
+        "first-launch-sibling", winner.key(), sibling=sibling.key(), sibling_peak=peak,
+        own=own, peak=own + peak, usable=ex.plan.usable))
     return True
 
 
 def _out_cold(ex: Executor, winner: Candidate, cold: TrialResult) -> None:
     """The winner is out: the run that compiled its graphs afresh did not fit."""
     usable = ex.plan.usable
+    first = cold.message.splitlines()[0] if cold.message else ""
     if cold.ok:
-        what = (f"peaked at {format_bytes(cold.peak_bytes or 0)}, over the "
-                f"{format_bytes(usable)} usable")
+        out = skip("first-launch-out", winner.key(), peak=cold.peak_bytes or 0, usable=usable)
+    elif first:
+        out = skip("first-launch-out", winner.key(), "ended-message", status=cold.status,
+                   message=first)
     else:
-        first = cold.message.splitlines()[0] if cold.message else ""
-        what = f"ended {cold.status}" + (f" ({first})" if first else "")
-    why = ("fits only when its compiled graphs load from inductor's cache: compiled "
-           f"afresh, as a first launch does, it {what}")
+        out = skip("first-launch-out", winner.key(), "ended", status=cold.status)
+    why = out.text.removeprefix(f"{winner.key()}: ")  # the run's message: the same words
     ex.ev.results[winner] = replace(ex.ev.results[winner], status="oom", message=why)
-    ex.ev.skips.append(skip("first-launch-out", winner.key(), f"{winner.key()}: {why}"))
+    ex.ev.skips.append(out)

@@ -2,7 +2,8 @@
 
 Every skip, re-measure and race note of a search is a ``Skip``: the rule that made it (an id
 of ``RULES``), what it is about (a setting's label or a candidate's key), the micro-batches it
-left out where it names some, its figures, and the sentence said to the user. The ids are
+left out where it names some, and its figures; its sentence is made from them by
+``autotune.skip_sentences.render`` (the one place skip sentences are made). The ids are
 shared with ``benchmarks/rule_checks.py`` (the check that backs a rule's bound) and with the
 replay benchmark (which counts, per id, whether a skipped setting could have won).
 ``docs/search.md`` states each rule once. No torch here.
@@ -11,7 +12,9 @@ replay benchmark (which counts, per id, whether a skipped setting could have won
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from autotune.skip_sentences import Context, render
 
 RULES: Mapping[str, str] = {
     # can it still win? (bounds: a predicted or measured ceiling under the leader's floor)
@@ -66,13 +69,27 @@ class Skip:
     rule: str
     target: str
     """The setting's label or the candidate's key it is about ("" for the search)."""
-    text: str
-    """The sentence said to the user (``TunedConfig.skipped``)."""
     figures: Mapping[str, float | int | str] = field(default_factory=dict)
+    variant: str = ""
+    """Which of the rule's sentences (``skip_sentences.TEMPLATES``; "" its first)."""
+    context: Context = ""
+    """The words another decision said it in (``skip_sentences.CONTEXTS``: "not tried")."""
 
     def __post_init__(self) -> None:
         assert self.rule in RULES, f"unknown rule id {self.rule!r}"
 
+    @property
+    def text(self) -> str:
+        """The sentence said to the user (``skip_sentences.render``)."""
+        return render(self)
 
-def skip(rule: str, target: str, text: str, **figures: float | int | str) -> Skip:
-    return Skip(rule, target, text, figures)
+    def within(self, context: Context, target: str, **figures: float | int | str) -> Skip:
+        """This skip said in another decision's words (``context``), about ``target``."""
+        return replace(self, target=target, context=context,
+                       figures={**self.figures, **figures})
+
+
+def skip(rule: str, target: str, variant: str = "", /, *, context: Context = "",
+         **figures: float | int | str) -> Skip:
+    """A skip of ``rule`` about ``target``, said by its template (``variant``) from ``figures``."""
+    return Skip(rule, target, figures, variant, context)
