@@ -293,15 +293,15 @@ def mode(ev: Evidence, knobs: Knobs) -> Skip | None:
 def behind(ev: Evidence, target: str, share: float | None, precision: str | None = None) -> Skip:
     """``behind-refine``: a setting (``precision``: a class of it) is behind by more than
     ``--refine-within``, or did not run."""
-    variant = "class" if precision else ""
+    of_class = {"precision": precision} if precision else {}
     if share is None:
-        return skip("behind-refine", target, f"{variant}-did-not-run".lstrip("-"), share=0.0,
-                    **({"precision": precision} if precision else {}))
+        return skip("behind-refine", target, "class-did-not-run" if precision else "did-not-run",
+                    share=0.0, **of_class)
     digits = 2 if round(share, 2) < ev.settings.refine_within else 3  # 0.897, not 0.90
     leader = ev.leader()
-    return skip("behind-refine", target, variant, share=share, digits=digits,
-                leader=leader.key() if leader else "-", refine_within=ev.settings.refine_within,
-                **({"precision": precision} if precision else {}))
+    return skip("behind-refine", target, "class" if precision else "", share=share,
+                digits=digits, leader=leader.key() if leader else "-",
+                refine_within=ev.settings.refine_within, **of_class)
 
 
 def _bytes(num_bytes: int | None) -> int | str:

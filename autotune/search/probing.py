@@ -48,7 +48,9 @@ class Prober:
             return knobs == self.plan.base or key in self.ev.results or key in self.ev.held \
                 or key in self.ev.probe_runs
 
-        stopped: dict[str, Skip] = {}  # a probe's stop note: the skip that said it
+        # ``probe_memory`` says a stop in its words ("micro-batches above 8 not probed: " and
+        # the bound's sentence); each note keeps the typed skip behind it, said in that context.
+        stopped: dict[str, Skip] = {}
 
         def said(why: Skip | None, context: Context, **where: int) -> str | None:
             if why is None:
