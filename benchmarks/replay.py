@@ -35,10 +35,10 @@ spec from the candidate's recorded runs, and ``run_search`` reads its simulated 
   minimum; the share of seeds within 3% of the best; cost (simulated search seconds over one
   exhaustive pass: each candidate's first recorded run's wall seconds), median and 90th
   percentile, and over a set of tables pooled (their median searches' seconds over one pass
-  of them all: what a user tuning every one would pay); the runs; the search's own overhead (measured, apart); and, per rule that
-  skipped a setting (the search's skip note with its numbers taken out), how often the table
-  says that setting could have won (a candidate of it at a micro-batch the note skipped, not
-  timed, within 3% of the best).
+  of them all: what a user tuning every one would pay); the runs; the search's own overhead
+  (measured, apart); and, per rule that skipped a setting (the search's skip note with its
+  numbers taken out), how often the table says that setting could have won (a candidate of
+  it at a micro-batch the note skipped, not timed, within 3% of the best).
 - **The space**: the search is given the knob values its table's exhaustive pass recorded (as a
   user restricts them, ``--optimizers`` and the like), so the two walk one space and the cost
   is a share of that pass's (before 2026-11-28 the default values were offered and the tiny

@@ -167,6 +167,22 @@ def test_recompute_twin_skips_checkpointing_only_above_a_fit_that_got_slower() -
     assert bounds.recompute(ev, at(EAGER, 16)) is None
 
 
+@pytest.mark.parametrize("first", ["fp32_default", "bf16_max-autotune"])
+def test_sibling_ratio_breaks_a_tie_by_the_order_the_runs_came_not_by_hashing(first: str) -> None:
+    # Two siblings as alike to bf16/default (each shares one of precision and mode), both timed
+    # at 16 and 32: the one timed first predicts, whatever the process's hash seed (a set of
+    # settings once decided it, so two runs of one search could say different things).
+    others = {"fp32_default": (95, 16), "bf16_max-autotune": (90, 16)}
+    order = [first, *(k for k in others if k != first)]
+    runs = {f"{name}_{m}": run(sps if m == 16 else 100, m) for name in order
+            for sps, _ in [others[name]] for m in (32, 16)}
+    ev = evidence(**runs, bf16_default_32=run(400, 32))
+    why = bounds.sibling_ratio(ev, COMPILED, [32], 16)
+    assert why is not None
+    precision, mode = first.split("_")
+    assert why.figures["sibling"] == Knobs(precision=precision, compile_mode=mode).label()
+
+
 def test_sibling_ratio_walks_a_compiled_setting_down_only_on_evidence() -> None:
     # No setting timed at both 16 and 32: a compiled setting is not walked down (each step a
     # compile), an eager one is.

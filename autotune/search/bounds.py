@@ -213,7 +213,7 @@ def sibling_ratio(ev: Evidence, knobs: Knobs, walked: Sequence[int],
             return None
         return at, at_best
 
-    siblings = [(k, p) for k in {c.knobs for c in ev.results} if (p := pair(k))]
+    siblings = [(k, p) for k in dict.fromkeys(c.knobs for c in ev.results) if (p := pair(k))]
     if not siblings:
         if not compiled:
             return None
