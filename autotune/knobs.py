@@ -445,11 +445,11 @@ def training_arguments(knobs: Knobs, device_type: str = "cuda"
                      "runs plain DDP under torchrun, with one copy of the gradients more than "
                      "measured")
     notes += _fsdp_reduce_note(knobs, "Trainer")
-    notes += _scope_note(knobs, "Trainer")
+    notes += scope_note(knobs, "Trainer")
     return kwargs, notes
 
 
-def _scope_note(knobs: Knobs, target: str) -> list[str]:
+def scope_note(knobs: Knobs, target: str) -> list[str]:
     """What ``target`` cannot take of ``compile_scope=blocks`` (Trainer: no switch; an
     Accelerate without ``TorchDynamoPlugin.use_regional_compilation``)."""
     if knobs.compile_scope != "blocks" or knobs.compile_mode == "off":

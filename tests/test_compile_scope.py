@@ -95,3 +95,58 @@ def test_eager_settings_never_carry_a_blocks_scope() -> None:
                                                                None) or "")
     assert step.compile_model(tiny(), "off", scope="blocks").forward.__name__ == "forward"
     assert KNOB["compile_scope"].by_default is None  # both values tried where they apply
+
+
+def test_a_bad_compile_scope_is_refused_with_the_values_and_starts_nothing(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    for command in ("search", "probe"):
+        result = CliRunner().invoke(app, [command, "--target-batch", "8", "--device", "cpu",
+                                          "--out" if command == "search" else "--json",
+                                          *([str(tmp_path)] if command == "search" else []),
+                                          "--compile-scopes", "foo,blocks"])
+        assert result.exit_code == 2, result.output
+        words = " ".join((result.stderr if result.stderr_bytes is not None
+                          else result.output).split())
+        assert ("--compile-scopes foo: not a value of compile_scope; choose from model,blocks"
+                in words), words
+        assert "Traceback" not in result.output and not list(tmp_path.iterdir())
+
+
+def compiled_parts(model: nn.Module) -> list[str]:
+    """The modules whose forward torch.compile wraps ("" for the model wrapped whole)."""
+    if hasattr(model, "_orig_mod"):
+        return [""]
+    return [name for name, m in model.named_modules()
+            if hasattr(m.forward, "_torchdynamo_orig_callable")]
+
+
+@pytest.mark.parametrize("scope", ["model", "blocks"])
+def test_script_tuned_and_trial_compile_the_same_parts(tmp_path, scope: str) -> None:
+    """One truth: the generated script's ``compile_model``, ``Tuned.compile`` and the trial's
+    ``step.compile_model`` compile the same modules for each scope (torch.compile is lazy:
+    nothing compiles here), checkpointed blocks included."""
+    from autotune.codegen import render_train_script
+    from autotune.usage import Tuned
+    from tests.one_truth import load_script
+    from tests.tuned_configs import make_tuned
+
+    tuned = Knobs(compile_mode="default", checkpointing="blocks", compile_scope=scope)
+    config = make_tuned(knobs=tuned)
+    path = tmp_path / "train_autotuned.py"
+    path.write_text(render_train_script(config))
+    script = load_script(path)
+    assert script.compile_scope == scope
+
+    def fresh() -> nn.Module:
+        model = tiny()
+        step.apply_to_model(model, tuned)
+        return model
+
+    trial = step.compile_model(fresh(), "default", scope=tuned.compile_scope)
+    want = ["blocks.0", "blocks.1", "blocks.2"] if scope == "blocks" else [""]
+    assert compiled_parts(trial) == want
+    assert compiled_parts(script.compile_model(fresh(), None)) == want
+    assert compiled_parts(Tuned(config, device_type="cpu").compile(fresh())) == want
