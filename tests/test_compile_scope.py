@@ -150,3 +150,22 @@ def test_script_tuned_and_trial_compile_the_same_parts(tmp_path, scope: str) -> 
     assert compiled_parts(trial) == want
     assert compiled_parts(script.compile_model(fresh(), None)) == want
     assert compiled_parts(Tuned(config, device_type="cpu").compile(fresh())) == want
+
+
+def test_adapters_carry_the_blocks_scope_or_say_they_cannot() -> None:
+    """Accelerate's TorchDynamoPlugin takes it (``use_regional_compilation``, accelerate 1.15
+    here); Trainer has no switch: its one warning says so and what to do; a model scope
+    needs no word anywhere."""
+    from autotune.usage import Tuned
+    from tests.tuned_configs import make_tuned
+
+    blocks = Tuned(make_tuned(knobs=Knobs(compile_mode="default", compile_scope="blocks")),
+                   device_type="cpu")
+    kwargs = blocks.accelerator_kwargs()
+    assert kwargs["dynamo_plugin"].use_regional_compilation is True
+    with pytest.warns(UserWarning, match="compile_scope=blocks: Trainer has no switch for "
+                      "regional compilation"):
+        args = blocks.training_arguments()
+    assert args["torch_compile"] is True
+    whole = Tuned(make_tuned(knobs=Knobs(compile_mode="default")), device_type="cpu")
+    assert not whole.accelerator_kwargs()["dynamo_plugin"].use_regional_compilation
