@@ -169,3 +169,66 @@ def test_adapters_carry_the_blocks_scope_or_say_they_cannot() -> None:
     assert args["torch_compile"] is True
     whole = Tuned(make_tuned(knobs=Knobs(compile_mode="default")), device_type="cpu")
     assert not whole.accelerator_kwargs()["dynamo_plugin"].use_regional_compilation
+
+
+def scope_search(scope_speed: float, *, num_blocks: int = 4, eager_wins: bool = False):
+    """A scripted search (``tests/test_search_stages``' device) where ``blocks`` scope runs
+    ``scope_speed`` times the whole-model compile's speed, and ``compile_scope`` is offered
+    with both values, as it is by default."""
+    from dataclasses import dataclass, replace
+
+    from autotune.search import run_search
+    from tests.test_search_stages import (
+        CLASSES,
+        SETTINGS,
+        TRAITS,
+        VALUES,
+        KnobDevice,
+        by_class,
+        plan,
+    )
+
+    @dataclass
+    class ScopeDevice(KnobDevice):
+        def __call__(self, spec):  # type: ignore[no-untyped-def]
+            regional = spec.knobs.compile_scope == "blocks"
+            result = super().__call__(replace(spec, knobs=spec.knobs.with_(
+                compile_scope="model")))
+            self.specs[-1] = spec
+            if regional:
+                result = replace(result, step_times_s=tuple(
+                    t / scope_speed for t in result.step_times_s))
+            return result
+
+    speeds = (300, 150, 160, 310, 200, 290) if eager_wins else (100, 150, 160, 200, 300, 330)
+    device = ScopeDevice(by_class(*speeds), traits=replace(TRAITS, num_blocks=num_blocks))
+    values = {**VALUES, "compile_scope": ("model", "blocks")}
+    outcome = run_search(plan(), CLASSES, SETTINGS, values=values, run=device)
+    return outcome, {f"{r.knobs.label()}/{r.micro_batch}" for r in outcome.records}
+
+
+@pytest.mark.parametrize("scope_speed", [0.97, 1.05])
+def test_the_search_times_the_blocks_scope_on_a_compiled_leader(scope_speed: float) -> None:
+    """Screened on the compiled leader like any knob: timed at its micro-batch, and kept only
+    where it is faster."""
+    from autotune.search import tuned_config
+    from tests.test_search_stages import SETTINGS, plan
+
+    outcome, records = scope_search(scope_speed)
+    assert any(r.startswith("bf16/max-autotune+") and r.endswith("+scope=blocks/32")
+               for r in records), records
+    tuned = tuned_config(plan(), outcome, SETTINGS)
+    assert tuned.knobs.compile_scope == ("blocks" if scope_speed > 1 else "model")
+
+
+def test_the_search_skips_the_blocks_scope_with_the_reason_where_it_means_nothing() -> None:
+    """Without repeated blocks, and on an eager leader, ``blocks`` is never run: each skip
+    says why."""
+    outcome, records = scope_search(1.05, num_blocks=1)
+    assert not any("scope=blocks" in r for r in records)
+    assert any("+scope=blocks not tried: compile_scope blocks: no repeated blocks to compile "
+               "one by one" in s for s in outcome.skipped), outcome.skipped
+    outcome, records = scope_search(1.05, eager_wins=True)
+    assert not any("scope=blocks" in r for r in records)
+    assert any("+scope=blocks not tried: compile_scope blocks: compile_mode off compiles "
+               "nothing" in s for s in outcome.skipped), outcome.skipped
