@@ -232,3 +232,40 @@ def test_the_search_skips_the_blocks_scope_with_the_reason_where_it_means_nothin
     assert not any("scope=blocks" in r for r in records)
     assert any("+scope=blocks not tried: compile_scope blocks: compile_mode off compiles "
                "nothing" in s for s in outcome.skipped), outcome.skipped
+
+
+def test_the_lightning_callback_compiles_each_block_in_place() -> None:
+    pytest.importorskip("lightning.pytorch", reason="pip install -e '.[lightning]'")
+    import lightning.pytorch as pl
+
+    from autotune import step as steps
+    from autotune.lightning import TunedCallback
+    from tests.test_lightning import LitLM, samples, tuned
+
+    module = LitLM(samples())
+    TunedCallback(tuned(compile_mode="default", compile_scope="blocks"),
+                  model=lambda m: m.model).setup(pl.Trainer(logger=False), module, "fit")
+    blocks = steps.find_blocks(module.model)
+    names = {id(m): n for n, m in module.model.named_modules()}
+    assert len(blocks) >= 2
+    assert compiled_parts(module.model) == [names[id(b)] for b in blocks]
+    assert module.model._compiled_call_impl is None  # the rest stays eager
+
+
+@pytest.mark.subprocess
+def test_a_generated_script_with_the_blocks_scope_trains_and_saves_plain_keys(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from autotune import api
+    from tests.tuned_configs import small, subprocess_env
+
+    script = api.write_train_script(small(compile_mode="default", compile_scope="blocks"),
+                                    tmp_path)
+    result = subprocess.run([sys.executable, str(script), "--steps", "2", "--checkpoint",
+                             "ck.pt"], cwd=tmp_path, capture_output=True, text=True,
+                            env=subprocess_env(), timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "step 2/2" in result.stdout
+    saved = torch.load(tmp_path / "ck.pt")
+    assert saved["model"] and not any("_orig_mod" in k for k in saved["model"])
