@@ -269,3 +269,23 @@ def test_a_generated_script_with_the_blocks_scope_trains_and_saves_plain_keys(tm
     assert "step 2/2" in result.stdout
     saved = torch.load(tmp_path / "ck.pt")
     assert saved["model"] and not any("_orig_mod" in k for k in saved["model"])
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_blocks_scope_composes_with_checkpointing_under_ddp_and_fsdp(strategy: str) -> None:
+    """A trial of 2 gloo ranks: checkpointed blocks, sharded (FSDP2) or replicated (DDP),
+    each compiled on its own: one graph for both blocks, no graph break (FSDP's hooks stay
+    eager around the compiled forward), and the first loss equal to fp32 eager's (the
+    numerics guard's reference) within 1e-4 relative."""
+    from autotune.config import WorkloadSpec
+    from autotune.memory import probe_spec
+    from autotune.runner import run_isolated
+
+    knobs = Knobs.checked(compile_mode="default", compile_scope="blocks", strategy=strategy,
+                          checkpointing="blocks")
+    result = run_isolated(probe_spec(WorkloadSpec(), "cpu", knobs, 4, None, 600,
+                                     per_device_batch=4, num_timed_steps=1, ranks=2))
+    assert result.status == "ok", result.message
+    assert (result.num_graphs, result.num_graph_breaks) == (1, 0)
+    assert result.first_loss == pytest.approx(result.reference_loss, rel=1e-4)
