@@ -10,7 +10,8 @@ micro-batch; the child's trial, the estimator and ``autotune.load`` apply it thr
 
 Adding a knob: a field of ``Knobs``, an entry of ``KNOBS``, how it applies (``step.py``, and
 its plain copy in the generated script's template) and its CLI option; nothing else spells
-its name.
+its name. A value that means nothing beside another knob's (a compile scope without a compile)
+says why in ``Knob.inert``: the space then never holds it there.
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ class Knobs:
     """What ``torch.compile`` compiles when the compile mode is not ``off``: the whole model
     (``model``), or each repeated block on its own, in place, the rest eager (``blocks``,
     PyTorch's "regional compilation"): the blocks share one compiled graph, so the cold
-    compile is about one block's instead of the whole model's, at about the same step."""
+    compile is about one block's instead of the whole model's; the eager rest (embeddings,
+    head, loss) can make a step slower."""
 
     def label(self) -> str:
         """``bf16/default``, with every knob away from its default after it, e.g.
