@@ -98,6 +98,8 @@ AllocatorsOpt = Annotated[Optional[str], typer.Option(
 StrategyOpt = Annotated[Optional[str], typer.Option(
     "--strategy", help=_knob_help("strategy")
     + " Default: none with one process, ddp with --nproc-per-node above 1.")]
+CompileScopesOpt = Annotated[Optional[str], typer.Option(
+    "--compile-scopes", help=_knob_help("compile_scope"))]
 NprocOpt = Annotated[int, typer.Option(
     "--nproc-per-node", help="Ranks each probe and trial runs as one job on this machine "
     "(torch's elastic launcher, as torchrun; gloo on CPU, nccl on CUDA), each capped like a "
@@ -176,13 +178,15 @@ def _split(text: str | None, option: str) -> list[str] | None:
 
 def _knob_values(checkpointing: str | None, optimizer_impls: str | None,
                  memory_formats: str | None, allocators: str | None,
-                 strategy: str | None = None) -> dict[str, list[str] | None]:
+                 strategy: str | None = None, compile_scopes: str | None = None
+                 ) -> dict[str, list[str] | None]:
     """The knob options as ``TuneRequest.knob_values`` (checked there, all at once)."""
     return {"checkpointing": _split(checkpointing, "--checkpointing"),
             "optimizer_impl": _split(optimizer_impls, "--optimizer-impls"),
             "memory_format": _split(memory_formats, "--memory-formats"),
             "allocator": _split(allocators, "--allocators"),
-            "strategy": _split(strategy, "--strategy")}
+            "strategy": _split(strategy, "--strategy"),
+            "compile_scope": _split(compile_scopes, "--compile-scopes")}
 
 
 def _seconds(text: str, option: str) -> float:
@@ -225,6 +229,7 @@ def probe(
     memory_formats: MemoryFormatsOpt = None,
     allocators: AllocatorsOpt = None,
     strategy: StrategyOpt = None,
+    compile_scopes: CompileScopesOpt = None,
     nproc_per_node: NprocOpt = 1,
     trial_timeout: TrialTimeoutOpt = "15m",
     json_out: JsonOpt = False,
@@ -248,7 +253,7 @@ def probe(
                 precisions=_split(precisions, "--precisions"),
                 compile_modes=_split(compile_modes, "--compile-modes"),
                 knob_values=_knob_values(checkpointing, optimizer_impls, memory_formats,
-                                         allocators, strategy),
+                                         allocators, strategy, compile_scopes),
                 nproc_per_node=nproc_per_node)
             result = api.probe(request, timeout_s=_seconds(trial_timeout, "--trial-timeout"),
                                on_step=on_step)
@@ -279,6 +284,7 @@ def search(
     memory_formats: MemoryFormatsOpt = None,
     allocators: AllocatorsOpt = None,
     strategy: StrategyOpt = None,
+    compile_scopes: CompileScopesOpt = None,
     nproc_per_node: NprocOpt = 1,
     out: Annotated[Path, typer.Option("--out", help="Folder for autotune.json.")] = Path("."),
     force: Annotated[bool, typer.Option(
@@ -383,7 +389,7 @@ def search(
                 precisions=_split(precisions, "--precisions"),
                 compile_modes=_split(compile_modes, "--compile-modes"),
                 knob_values=_knob_values(checkpointing, optimizer_impls, memory_formats,
-                                         allocators, strategy),
+                                         allocators, strategy, compile_scopes),
                 nproc_per_node=nproc_per_node, allow_inexact=allow_inexact)
             result = api.search(request, out=out, force=force, settings=settings,
                                 on_step=on_step, on_trial=on_trial)

@@ -194,6 +194,7 @@ optimizer_impl = $optimizer_impl  # default (as built), for-loop, foreach or fus
 memory_format = $memory_format  # contiguous, or channels_last (2-D convolutions, 4-D images)
 allocator = $allocator  # default, or expandable_segments (CUDA)
 strategy = $strategy  # none, ddp, ddp-bucket-view, fsdp or fsdp-no-reshard (under torchrun)
+compile_scope = $compile_scope  # model (the whole model) or blocks (each repeated block)
 tuned_world_size = $world_size  # devices the search assumed
 
 if allocator == "expandable_segments":
@@ -296,6 +297,22 @@ def parallelize(model, parallel, precision, device):
     for block in blocks:
         fully_shard(block, reshard_after_forward=parallel == "fsdp", mp_policy=policy)
     fully_shard(model, reshard_after_forward=parallel == "fsdp", mp_policy=policy)
+    return model
+
+
+def compile_model(model, mode):
+    """torch.compile of the whole model (compile_scope "model"), or of each repeated block's
+    forward in place, the rest eager (compile_scope "blocks", regional compilation: the
+    blocks share one compiled graph, a much shorter cold compile)."""
+    if compile_scope != "blocks":
+        return torch.compile(model, mode=mode, dynamic=compile_dynamic)
+    inner = model.module if isinstance(model, DDP) else model
+    blocks = list(model_blocks(inner)) if model_blocks is not None else find_blocks(inner)
+    if len(blocks) < 2:
+        raise SystemExit("compile_scope blocks: the model has no repeated blocks (no "
+                         "ModuleList or Sequential of 2 or more same-type modules)")
+    for block in blocks:
+        block.forward = torch.compile(block.forward, mode=mode, dynamic=compile_dynamic)
     return model
 
 
@@ -438,7 +455,7 @@ def main():
     if compile_mode != "off":  # after the DDP/FSDP wrap, as autotune measured it
         mode = None if compile_mode == "default" else compile_mode
         logging.getLogger("torch._dynamo.convert_frame").addFilter(RecompileLimitNote())
-        model = torch.compile(model, mode=mode, dynamic=compile_dynamic)
+        model = compile_model(model, mode)
     torch.manual_seed(args.seed + 1 + rank)  # a different data stream on each rank
 
     if master:

@@ -150,6 +150,10 @@ def deepspeed(config: TunedConfig) -> tuple[dict[str, Any], list[str]]:
         notes.append(f"compile_mode={knobs.compile_mode}: DeepSpeed's config has no compile "
                      f"switch: call engine.compile(compile_kwargs={{{mode}'dynamic': "
                      f"{config.compile_dynamic}}}) after deepspeed.initialize")
+        if knobs.compile_scope == "blocks":
+            notes.append("compile_scope=blocks: engine.compile compiles the whole model; for "
+                         "the tuned regional compile call cfg.compile(model) before "
+                         "deepspeed.initialize instead (each repeated block compiled)")
     if knobs.optimizer_impl != "default":
         notes.append(f"optimizer_impl={knobs.optimizer_impl}: pass your optimizer rebuilt "
                      "with cfg.build_optimizer(...) as deepspeed.initialize(optimizer=...) "

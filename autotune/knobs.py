@@ -10,7 +10,8 @@ micro-batch; the child's trial, the estimator and ``autotune.load`` apply it thr
 
 Adding a knob: a field of ``Knobs``, an entry of ``KNOBS``, how it applies (``step.py``, and
 its plain copy in the generated script's template) and its CLI option; nothing else spells
-its name.
+its name. A value that means nothing beside another knob's (a compile scope without a compile)
+says why in ``Knob.inert``: the space then never holds it there.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ OptimizerImpl = Literal["default", "for-loop", "foreach", "fused"]
 MemoryFormat = Literal["contiguous", "channels_last"]
 Allocator = Literal["default", "expandable_segments"]
 Strategy = Literal["none", "ddp", "ddp-bucket-view", "fsdp", "fsdp-no-reshard"]
+CompileScope = Literal["model", "blocks"]
 
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
@@ -77,6 +79,12 @@ class Knobs:
     sharded over the ranks, parameters gathered per block and freed after its forward) or
     ``fsdp-no-reshard`` (parameters kept gathered from forward to backward: one all-gather
     less per block, the memory of unsharded parameters)."""
+    compile_scope: CompileScope = "model"
+    """What ``torch.compile`` compiles when the compile mode is not ``off``: the whole model
+    (``model``), or each repeated block on its own, in place, the rest eager (``blocks``,
+    PyTorch's "regional compilation"): the blocks share one compiled graph, so the cold
+    compile is about one block's instead of the whole model's; the eager rest (embeddings,
+    head, loss) can make a step slower."""
 
     def label(self) -> str:
         """``bf16/default``, with every knob away from its default after it, e.g.
@@ -225,6 +233,10 @@ class Knob:
     in_graph: bool = True
     """Whether its value changes what ``torch.compile`` compiles (False: the optimizer, which
     runs eager, and the allocator)."""
+    inert: Callable[[Knobs], str | None] = lambda knobs: None
+    """Why its value means nothing beside the other knobs (None: it does mean something):
+    such a value runs as its default, so the space holds only the default there (no
+    duplicate runs) and the search skips it with this reason."""
 
 
 def _ckpt_needs(value: str, traits: WorkloadTraits) -> str | None:
@@ -247,6 +259,19 @@ def _opt_needs(value: str, traits: WorkloadTraits) -> str | None:
 def _format_needs(value: str, traits: WorkloadTraits) -> str | None:
     if value == "channels_last" and not (traits.has_conv2d and traits.image_input):
         return "needs 2-D convolutions and 4-D image inputs"
+    return None
+
+
+def _scope_needs(value: str, traits: WorkloadTraits) -> str | None:
+    if value == "blocks" and traits.num_blocks < 2:
+        return ("no repeated blocks to compile one by one (no ModuleList/Sequential of 2 or "
+                "more same-type modules; name them with Workload(blocks=...))")
+    return None
+
+
+def _scope_inert(knobs: Knobs) -> str | None:
+    if knobs.compile_scope != "model" and knobs.compile_mode == "off":
+        return "compile_mode off compiles nothing (the scope applies to compiled settings)"
     return None
 
 
@@ -283,6 +308,12 @@ KNOBS: tuple[Knob, ...] = (
          "(FSDP2: parameters, gradients and optimizer state sharded over the ranks; "
          "fsdp-no-reshard: faster, parameters stay gathered from forward to backward); ddp "
          "and fsdp name both of their values"),
+    Knob(name="compile_scope", tag="scope", option="--compile-scopes",
+         values=get_args(CompileScope), default="model", needs=_scope_needs,
+         inert=_scope_inert,
+         help="what torch.compile compiles in a compiled setting: the whole model, or each "
+         "repeated block on its own (regional compilation: the blocks share one graph, so a "
+         "much shorter cold compile, the rest of the model eager)"),
 )
 """Every knob, precision and compile mode first (they form a label's base)."""
 KNOB = {k.name: k for k in KNOBS}
@@ -291,6 +322,14 @@ KNOB = {k.name: k for k in KNOBS}
 class KnobUnsupported(Exception):
     """A knob value cannot apply to this workload (e.g. ``fused`` for an optimizer without
     it): the run's outcome is ``unsupported``, a reason to skip, never a failure."""
+
+
+def meaningful(knobs: Knobs) -> Knobs:
+    """The knobs with each value that means nothing beside the others (``Knob.inert``) at its
+    default: the setting that actually runs (``off`` with scope ``blocks`` is ``off``)."""
+    inert = {k.name: k.default for k in KNOBS
+             if getattr(knobs, k.name) != k.default and k.inert(knobs)}
+    return knobs.with_(**inert) if inert else knobs
 
 
 def device_skip_reason(knob: Knob, value: str, is_cuda: bool) -> str | None:
@@ -327,6 +366,10 @@ def child_environment(knobs: Knobs, base: dict[str, str]) -> dict[str, str]:
 
 def skip_reason(knobs: Knobs, traits: WorkloadTraits | None) -> str | None:
     """Why a workload with ``traits`` cannot run ``knobs`` (None: it can, or not known)."""
+    for knob in KNOBS:
+        why = None if getattr(knobs, knob.name) == knob.default else knob.inert(knobs)
+        if why:
+            return f"{knob.name} {getattr(knobs, knob.name)}: {why}"
     if traits is None:
         return None
     for knob in KNOBS:
@@ -404,7 +447,19 @@ def training_arguments(knobs: Knobs, device_type: str = "cuda"
                      "runs plain DDP under torchrun, with one copy of the gradients more than "
                      "measured")
     notes += _fsdp_reduce_note(knobs, "Trainer")
+    notes += scope_note(knobs, "Trainer")
     return kwargs, notes
+
+
+def scope_note(knobs: Knobs, target: str) -> list[str]:
+    """What ``target`` cannot take of ``compile_scope=blocks`` (Trainer: no switch; an
+    Accelerate without ``TorchDynamoPlugin.use_regional_compilation``)."""
+    if knobs.compile_scope != "blocks" or knobs.compile_mode == "off":
+        return []
+    return [f"compile_scope=blocks: {target} has no switch for regional compilation and "
+            "compiles the whole model (a longer cold compile than measured); for the tuned "
+            "one turn its compile off and call cfg.compile(model) before handing it the model "
+            "(each repeated block compiled in place)"]
 
 
 def _fsdp_reduce_note(knobs: Knobs, target: str) -> list[str]:
@@ -457,7 +512,7 @@ def accelerator_kwargs(knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
         "mixed_precision": {"bf16": "bf16", "fp16": "fp16"}.get(knobs.precision, "no")}
     notes = [f"{name}={getattr(knobs, name)}: apply it with cfg.apply(model) / "
              "cfg.build_optimizer(...) (Accelerate has no switch for it)"
-             for name in knobs.changed() if name != "strategy"]
+             for name in knobs.changed() if name not in ("strategy", "compile_scope")]
     if knobs.strategy not in ("none", "ddp"):
         found, why = _accelerate_strategy(knobs)
         kwargs.update(found)
@@ -508,6 +563,11 @@ def describe(knobs: Knobs, names: Sequence[str] | None = None) -> list[str]:
                      "fsdp": "FSDP2 fully_shard per block and root, resharded after forward",
                      "fsdp-no-reshard": "FSDP2 fully_shard, parameters kept from forward to "
                                         "backward"},
+        "compile_scope": {"model": ("torch.compile of the whole model" if knobs.compile_mode
+                                    != "off" else "nothing compiled (eager)"),
+                          "blocks": ("each repeated block compiled on its own (regional "
+                                     "compilation), the rest eager" if knobs.compile_mode
+                                     != "off" else "nothing compiled (eager)")},
     }
     return [f"{k.name} = {getattr(knobs, k.name)}: {words[k.name][getattr(knobs, k.name)]}"
             for k in KNOBS[2:] if names is None or k.name in names]

@@ -15,7 +15,7 @@ from autotune.config import (
 )
 from autotune.device import backend_for
 from autotune.errors import ConfigError
-from autotune.knobs import KNOBS, device_skip_reason, parse_values
+from autotune.knobs import KNOBS, device_skip_reason, meaningful, parse_values
 
 
 def divisors(n: int) -> tuple[int, ...]:
@@ -122,8 +122,8 @@ def memory_classes(
         if m not in supported_m:
             skipped.append(f"compile mode {m} skipped: CUDA graphs need a CUDA device")
     base = base or Knobs()
-    classes = tuple(
-        base.with_(precision=p, compile_mode=m)
+    classes = tuple(  # a knob value that means nothing there (an eager scope) at its default
+        meaningful(base.with_(precision=p, compile_mode=m))
         for m in wanted_m if m in supported_m
         for p in wanted_p if p in supported_p
     )

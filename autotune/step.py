@@ -51,9 +51,20 @@ def set_matmul_precision(precision: str) -> None:
     torch.backends.cudnn.allow_tf32 = allow
 
 
-def compile_model(model: nn.Module, compile_mode: str, dynamic: bool | None = None
+def compile_model(model: nn.Module, compile_mode: str, dynamic: bool | None = None, *,
+                  scope: str = "model",
+                  blocks: Callable[[nn.Module], Sequence[nn.Module]] | None = None
                   ) -> nn.Module:
     """``torch.compile`` with the mode, or the model (``off``).
+
+    ``scope`` (``Knobs.compile_scope``): ``model`` wraps the whole model (after DDP/FSDP);
+    ``blocks`` compiles each repeated block's ``forward`` (``blocks``, else ``find_blocks``,
+    of the model under DDP's wrapper) in place and leaves the rest eager: the blocks share one
+    compiled graph (regional compilation), and the model returned is the one given, its
+    parameter names unchanged. A block checkpointed by ``apply_to_model`` (before) is compiled
+    with its checkpoint inside, as whole-model compile traces it; the module's hooks (FSDP2's
+    gathers and frees) stay eager around the compiled forward, as torchtitan's per-block
+    compile keeps them outside.
 
     ``dynamic`` (``TunedConfig.compile_dynamic``): None is torch's automatic dynamic shapes,
     in trials and delivered paths alike. Its first compile is static (dynamo assumes every
@@ -62,6 +73,16 @@ def compile_model(model: nn.Module, compile_mode: str, dynamic: bool | None = No
     would compile once per shape and, past ``recompile_limit`` shapes, run eager.
     """
     if compile_mode == "off":
+        return model
+    if scope == "blocks":
+        found = _blocks_of(unwrapped(model), blocks)
+        if len(found) < 2:
+            raise KnobUnsupported(KNOB["compile_scope"].needs("blocks", WorkloadTraits())
+                                  or "no blocks")
+        for block in found:
+            block.forward = torch.compile(  # type: ignore[method-assign]
+                block.forward, mode=None if compile_mode == "default" else compile_mode,
+                dynamic=dynamic)
         return model
 
     return torch.compile(model, mode=None if compile_mode == "default" else compile_mode,

@@ -340,7 +340,8 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: TrialM
         model = apply_parallel(model, knobs, workload.blocks, device)
     optimizer = apply_to_optimizer(built, knobs)
     scaler = grad_scaler(spec.precision, device.type)
-    stepped = compile_model(model, spec.compile_mode)
+    stepped = compile_model(model, spec.compile_mode, scope=knobs.compile_scope,
+                            blocks=workload.blocks)
 
     losses: list[torch.Tensor] = []
     num_skipped = 0

@@ -140,10 +140,14 @@ class Tuned:
         tuned memory format is; otherwise the batch itself."""
         return step.apply_to_batch(batch, self.knobs)
 
-    def compile(self, model: nn.Module) -> nn.Module:
+    def compile(self, model: nn.Module,
+                blocks: Callable[[nn.Module], Sequence[nn.Module]] | None = None) -> nn.Module:
         """``torch.compile(model, mode=..., dynamic=config.compile_dynamic)``, or the model when
-        ``off``. ``compile_dynamic`` None (the default) is torch's automatic dynamic shapes:
-        batches of varying length cost one more compile, not one per length. Should torch
+        ``off``; with ``compile_scope`` ``blocks``, each repeated block's forward compiled in
+        place (``blocks``: as for ``apply``; default the longest run of same-type modules) and
+        the model returned as given (regional compilation, ``step.compile_model``).
+        ``compile_dynamic`` None (the default) is torch's automatic dynamic shapes: batches
+        of varying length cost one more compile, not one per length. Should torch
         still hit its recompile limit (that code then runs eager), a warning says so in one
         line, with what to do.
 
@@ -151,7 +155,8 @@ class Tuned:
         """
         if self.compile_mode != "off":
             watch_recompile_limit()
-        return step.compile_model(model, self.compile_mode, self.config.compile_dynamic)
+        return step.compile_model(model, self.compile_mode, self.config.compile_dynamic,
+                                  scope=self.knobs.compile_scope, blocks=blocks)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The autocast context for the forward pass (a no-op for fp32 and tf32)."""
@@ -262,6 +267,14 @@ class Tuned:
         mode = None if self.compile_mode == "default" else self.compile_mode
         watch_recompile_limit()
         plugin = _dynamo_plugin(mode, self.config.compile_dynamic)
+        regional = self.knobs.compile_scope == "blocks"
+        if plugin is not None and regional and hasattr(plugin, "use_regional_compilation"):
+            # Accelerate's regional compilation compiles each block of a ModuleList of one
+            # class, and each other leaf module on its own (the search ran those eager).
+            plugin.use_regional_compilation = True
+        elif regional:
+            warnings.warn(knobs.scope_note(self.knobs, "the installed Accelerate")[0],
+                          stacklevel=2)
         if plugin is not None:
             kwargs["dynamo_plugin"] = plugin
         else:

@@ -103,7 +103,7 @@ from autotune.config import (
     WorkloadTraits,
     format_bytes,
 )
-from autotune.knobs import BASELINE, skip_reason
+from autotune.knobs import BASELINE, meaningful, skip_reason
 from autotune.runner import run_isolated
 from autotune.schema import SearchResult, TrialRecord
 from autotune.search import Candidate, SearchSettings
@@ -182,8 +182,9 @@ def default_settings(info: DeviceInfo) -> tuple[list[Knobs], list[str]]:
     precisions, not_timed = timed_precisions(info, None)
     classes, skipped = memory_classes(info, precisions, base=base)
     names = list(values)
-    settings = [cls.with_(**dict(zip(names, combo, strict=True)))
-                for cls in classes for combo in itertools.product(*values.values())]
+    settings = list(dict.fromkeys(  # an eager setting's scope means nothing: no duplicates
+        meaningful(cls.with_(**dict(zip(names, combo, strict=True))))
+        for cls in classes for combo in itertools.product(*values.values())))
     settings.sort(key=lambda k: k != BASELINE)
     return settings, [*skipped, *not_timed, *notes]
 
