@@ -142,7 +142,10 @@ class Tuned:
 
     def compile(self, model: nn.Module) -> nn.Module:
         """``torch.compile(model, mode=..., dynamic=config.compile_dynamic)``, or the model when
-        ``off``. ``compile_dynamic`` None (the default) is torch's automatic dynamic shapes:
+        ``off``; with checkpointing ``budget-0.5`` the compiler's recompute is set around the
+        compiled model's calls, as the search ran it (``step.apply_memory_budget``: other
+        models and eager code keep torch's default). ``compile_dynamic`` None (the default) is
+        torch's automatic dynamic shapes:
         batches of varying length cost one more compile, not one per length. Should torch
         still hit its recompile limit (that code then runs eager), a warning says so in one
         line, with what to do.
@@ -151,7 +154,8 @@ class Tuned:
         """
         if self.compile_mode != "off":
             watch_recompile_limit()
-        return step.compile_model(model, self.compile_mode, self.config.compile_dynamic)
+        return step.apply_memory_budget(
+            step.compile_model(model, self.compile_mode, self.config.compile_dynamic), self.knobs)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The autocast context for the forward pass (a no-op for fp32 and tf32)."""
