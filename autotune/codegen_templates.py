@@ -190,7 +190,7 @@ precision = $precision  # fp32, tf32, bf16 (autocast) or fp16 (autocast + GradSc
 compile_mode = $compile_mode  # off, default, reduce-overhead, max-autotune-no-cudagraphs, ...
 compile_dynamic = $compile_dynamic  # None: automatic dynamic shapes, True: dynamic, False: static
 checkpointing = $checkpointing  # off, blocks (every repeated block) or alternate (every second)
-# ... or budget-0.5: compiled modes only, the compiler recomputes to keep about half the activations
+# ... or budget-0.5 (compiled only): the compiler keeps about half the activations, recomputes
 optimizer_impl = $optimizer_impl  # default (as built), for-loop, foreach or fused
 memory_format = $memory_format  # contiguous, or channels_last (2-D convolutions, 4-D images)
 allocator = $allocator  # default, or expandable_segments (CUDA)
@@ -270,7 +270,7 @@ def compiler_recompute(model, setting):
 
     if not hasattr(functorch_config, "activation_memory_budget"):
         raise SystemExit(f"checkpointing {setting}: torch {torch.__version__} has no "
-                         "activation_memory_budget; set checkpointing = \"off\" above")
+                         "activation_memory_budget; set checkpointing = 'off' above")
     budget, forward = float(setting[len("budget-"):]), model.forward
 
     @functools.wraps(forward)
