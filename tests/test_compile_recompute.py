@@ -31,6 +31,7 @@ from autotune.knobs import (
     skip_reason,
     training_arguments,
 )
+from autotune.schema import read_tuned
 from autotune.space import compiled_values, knob_values, memory_classes
 from autotune.trial import run_trial
 from autotune.usage import Tuned
@@ -38,7 +39,7 @@ from autotune.workload import Workload, causal_lm_label_count, default_workload
 from tests.conftest import workload_target
 from tests.one_truth import BlockLM, GradRecorder, assert_same_grads, saved_bytes, token_batches
 from tests.test_codegen import script_for
-from tests.tuned_configs import small
+from tests.tuned_configs import small, write
 
 BUDGET = Knobs(compile_mode="default", checkpointing="budget-0.5")
 DEFAULT_BUDGET = functorch_config.activation_memory_budget  # torch's own (1.0)
@@ -258,6 +259,14 @@ def test_the_space_never_holds_a_budget_with_compile_off(modes: list[str],
         assert bool(notes) == ("budget-0.5" in values["checkpointing"])
     else:
         assert kept == values and not notes
+
+
+def test_a_file_pairing_a_budget_with_compile_off_is_refused_on_read(tmp_path: Path) -> None:
+    path = write(small(compile_mode="off", checkpointing="budget-0.5"), tmp_path / "a.json")
+    with pytest.raises(ConfigError, match=r"knobs\.checkpointing: got 'budget-0\.5': needs a "
+                                          r"compiled mode \(knobs\.compile_mode is off\)"):
+        read_tuned(path)
+    read_tuned(write(small(compile_mode="default", checkpointing="budget-0.5"), path))
 
 
 def _words(text: str) -> str:
