@@ -443,7 +443,8 @@ def estimate(
         "--device-memory", help="The device's memory, e.g. 24GiB or 80GB.")] = "24GiB",
     precision: Annotated[PrecisionChoice, typer.Option("--precision")] = PrecisionChoice.fp32,
     checkpointing: Annotated[str, typer.Option(
-        "--checkpointing", help="off, blocks or alternate: trace the step checkpointed.")] = "off",
+        "--checkpointing", help="off, blocks or alternate: trace the step checkpointed "
+        "(budget-0.5, the compiler's recompute, is traced as off, and said so).")] = "off",
     strategy: Annotated[str, typer.Option(
         "--strategy", help="none, ddp, ddp-bucket-view, fsdp or fsdp-no-reshard: trace one rank "
         "of a --world-size job (a fake process group in one process).")] = "none",

@@ -50,7 +50,7 @@ from torch import nn
 from autotune.boundary import Point, bracket, first_candidate, next_candidate
 from autotune.config import format_bytes
 from autotune.errors import ConfigError, UntraceableStepError, WorkloadError
-from autotune.knobs import BASELINE, KNOB, Knobs, KnobUnsupported
+from autotune.knobs import BASELINE, KNOB, Knobs, KnobUnsupported, memory_budget
 from autotune.step import (
     apply_parallel,
     apply_to_batch,
@@ -258,6 +258,13 @@ ESTIMATE_NOTE = (
     "counts live tensor bytes at the step's peak (fake-tensor trace of the eager step); not "
     "counted: CUDA context and library workspaces, allocator caching and fragmentation, "
     "kernels' internal scratch, CPU process overhead. The headroom is there for those")
+
+
+BUDGET_NOTE = (
+    "checkpointing {}: not modelled: the compiler picks what to recompute when the model "
+    "compiles, which a trace of the eager step cannot follow; traced as checkpointing off (the "
+    "eager step's activations, more than the compiled step keeps with the budget). A search's "
+    "measured peak of the setting (its calibration, `autotune check`) is the figure to trust")
 
 
 STRATEGY_NOTE = {
@@ -731,6 +738,8 @@ def estimate_report(workload: Workload, request: EstimateRequest) -> EstimateRep
         notes.append(f"one rank of {request.world_size} ({request.knobs.strategy}), traced in "
                      "one process with a fake process group (collectives do nothing): "
                      + STRATEGY_NOTE[request.knobs.strategy.split("-")[0]])
+    if memory_budget(request.knobs.checkpointing) is not None:
+        notes.append(BUDGET_NOTE.format(request.knobs.checkpointing))
     if request.calibration is not None:
         notes.append(f"peaks corrected by the search's measurement: "
                      f"{request.calibration.describe()}")

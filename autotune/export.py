@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError
+from autotune.knobs import BLOCK_CHECKPOINTING, budget_by_hand
 from autotune.schema import TunedConfig, read_tuned, write_json_atomic
 
 TARGETS = {"deepspeed": "ds_config.json", "torchtitan": "torchtitan.toml",
@@ -106,7 +107,7 @@ def _common_notes(config: TunedConfig, what: str) -> list[str]:
     if knobs.allocator != "default":
         notes.append(f"allocator={knobs.allocator}: set PYTORCH_CUDA_ALLOC_CONF="
                      "expandable_segments:True in the job's environment")
-    return notes
+    return notes + budget_by_hand(knobs, what)
 
 
 def deepspeed(config: TunedConfig) -> tuple[dict[str, Any], list[str]]:
@@ -135,7 +136,7 @@ def deepspeed(config: TunedConfig) -> tuple[dict[str, Any], list[str]]:
     if knobs.strategy == "ddp-bucket-view":
         notes.append("strategy=ddp-bucket-view: DeepSpeed's data parallelism has no "
                      "gradient_as_bucket_view; its ZeRO stage 0 buckets gradients its own way")
-    if knobs.checkpointing != "off":
+    if knobs.checkpointing in BLOCK_CHECKPOINTING:
         data["activation_checkpointing"] = {
             "partition_activations": False, "cpu_checkpointing": False,
             "contiguous_memory_optimization": False, "synchronize_checkpoint_boundary": False,
@@ -183,7 +184,8 @@ def torchtitan(config: TunedConfig) -> tuple[dict[str, dict[str, Any]], list[str
             "fsdp_reshard_after_forward": {"fsdp": "always", "fsdp-no-reshard": "never"}.get(
                 knobs.strategy, "default")},
         "activation_checkpoint": {"mode": {"off": "none", "blocks": "full",
-                                           "alternate": "selective"}[knobs.checkpointing]},
+                                           "alternate": "selective"}.get(
+                                               knobs.checkpointing, "none")},
         "compile": {"enable": knobs.compile_mode != "off", "components": ["model"]},
     }
     if knobs.checkpointing == "alternate":
@@ -238,11 +240,11 @@ def accelerate(config: TunedConfig) -> tuple[dict[str, Any], list[str]]:
         data["fsdp_config"] = {
             "fsdp_version": 2, "fsdp_reshard_after_forward": knobs.strategy == "fsdp",
             "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-            "fsdp_activation_checkpointing": knobs.checkpointing != "off"}
+            "fsdp_activation_checkpointing": knobs.checkpointing in BLOCK_CHECKPOINTING}
         if knobs.checkpointing == "alternate":
             notes.append("checkpointing=alternate: Accelerate's FSDP checkpoints every wrapped "
                          "block; for every second one call cfg.apply(model) instead")
-    elif knobs.checkpointing != "off":
+    elif knobs.checkpointing in BLOCK_CHECKPOINTING:
         notes.append(f"checkpointing={knobs.checkpointing}: call cfg.apply(model) before "
                      "accelerator.prepare (Accelerate's config switches it only under FSDP)")
     if knobs.strategy == "ddp-bucket-view":

@@ -10,8 +10,8 @@ micro-batch; the child's trial, the estimator and ``autotune.load`` apply it thr
 
 Adding a knob: a field of ``Knobs``, an entry of ``KNOBS``, how it applies (``step.py``, and
 its plain copy in the generated script's template) and its CLI option; nothing else spells
-its name. A value that means nothing beside another knob's (a compile scope without a compile)
-says why in ``Knob.inert``: the space then never holds it there.
+its name. A value only the compiler applies (a compile scope, a compiler recompute budget) is
+in ``Knob.compiled_only``: the space then never pairs it with compile mode ``off``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ Precision = Literal["fp32", "tf32", "bf16", "fp16"]
 CompileMode = Literal[
     "off", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"
 ]
-Checkpointing = Literal["off", "blocks", "alternate"]
+Checkpointing = Literal["off", "blocks", "alternate", "budget-0.5"]
 OptimizerImpl = Literal["default", "for-loop", "foreach", "fused"]
 MemoryFormat = Literal["contiguous", "channels_last"]
 Allocator = Literal["default", "expandable_segments"]
@@ -37,6 +37,8 @@ CompileScope = Literal["model", "blocks"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
 CUDA_GRAPH_MODES: tuple[str, ...] = ("reduce-overhead", "max-autotune")
+BLOCK_CHECKPOINTING: tuple[str, ...] = ("blocks", "alternate")
+"""The checkpointing values that wrap repeated blocks (``budget-*`` is the compiler's)."""
 
 _STRICT: dict[str, Any] = {"extra": "forbid", "strict": True}
 
@@ -59,7 +61,10 @@ class Knobs:
     checkpointing: Checkpointing = "off"
     """Activation checkpointing of the repeated blocks: ``blocks`` (every one) or
     ``alternate`` (every second): their activations are recomputed in backward instead of
-    kept, so a larger micro-batch fits, at about one more forward of those blocks."""
+    kept, so a larger micro-batch fits, at about one more forward of those blocks.
+    ``budget-0.5`` (compiled modes only): torch.compile's partitioner keeps about half the
+    activations it would keep and recomputes the cheapest of the rest
+    (``activation_memory_budget``, ``memory_budget``)."""
     optimizer_impl: OptimizerImpl = "default"
     """The workload's optimizer as built (``default``), or rebuilt with the same groups and
     hyper-parameters as ``for-loop``, ``foreach`` (fewer kernel launches, temporaries the
@@ -233,14 +238,16 @@ class Knob:
     in_graph: bool = True
     """Whether its value changes what ``torch.compile`` compiles (False: the optimizer, which
     runs eager, and the allocator)."""
-    inert: Callable[[Knobs], str | None] = lambda knobs: None
-    """Why its value means nothing beside the other knobs (None: it does mean something):
-    such a value runs as its default, so the space holds only the default there (no
-    duplicate runs) and the search skips it with this reason."""
+    compiled_only: tuple[str, ...] = ()
+    """Values that act only where the model is compiled (the compiler applies them): beside
+    compile_mode off such a value means nothing, so the space holds the knob's default there
+    (``meaningful``: no duplicate runs), the search skips it with the reason
+    (``skip_reason``) and a file pairing the two is refused."""
 
 
 def _ckpt_needs(value: str, traits: WorkloadTraits) -> str | None:
-    if value != "off" and traits.num_blocks < 2 and not traits.hf_checkpointing:
+    if value in BLOCK_CHECKPOINTING and traits.num_blocks < 2 \
+            and not traits.hf_checkpointing:
         return ("no repeated blocks to checkpoint (no ModuleList/Sequential of 2 or more "
                 "same-type modules; name them with Workload(blocks=...))")
     return None
@@ -269,12 +276,6 @@ def _scope_needs(value: str, traits: WorkloadTraits) -> str | None:
     return None
 
 
-def _scope_inert(knobs: Knobs) -> str | None:
-    if knobs.compile_scope != "model" and knobs.compile_mode == "off":
-        return "compile_mode off compiles nothing (the scope applies to compiled settings)"
-    return None
-
-
 KNOBS: tuple[Knob, ...] = (
     Knob(name="precision", tag="precision", option="--precisions", values=PRECISIONS,
          default="fp32", help="fp32, tf32 (CUDA), bf16 (autocast), fp16 (autocast + GradScaler): "
@@ -284,10 +285,11 @@ KNOBS: tuple[Knob, ...] = (
          "a compile cost"),
     Knob(name="checkpointing", tag="ckpt", option="--checkpointing",
          values=get_args(Checkpointing), default="off", needs=_ckpt_needs,
-         frees_memory=("blocks", "alternate"),
+         frees_memory=("blocks", "budget-0.5", "alternate"), compiled_only=("budget-0.5",),
          help="activation checkpointing of the repeated blocks (every one, or every second): "
          "frees their activations for a larger micro-batch, costs about one more forward of "
-         "them"),
+         "them; budget-0.5 (compiled modes only): torch.compile keeps about half the "
+         "activations and recomputes the cheapest rest (activation_memory_budget)"),
     Knob(name="optimizer_impl", tag="opt", option="--optimizer-impls",
          values=get_args(OptimizerImpl), default="default", needs=_opt_needs, in_graph=False,
          help="the workload's optimizer as built, or rebuilt for-loop, foreach (fewer "
@@ -310,7 +312,7 @@ KNOBS: tuple[Knob, ...] = (
          "and fsdp name both of their values"),
     Knob(name="compile_scope", tag="scope", option="--compile-scopes",
          values=get_args(CompileScope), default="model", needs=_scope_needs,
-         inert=_scope_inert,
+         compiled_only=("blocks",),
          help="what torch.compile compiles in a compiled setting: the whole model, or each "
          "repeated block on its own (regional compilation: the blocks share one graph, so a "
          "much shorter cold compile, the rest of the model eager)"),
@@ -325,10 +327,12 @@ class KnobUnsupported(Exception):
 
 
 def meaningful(knobs: Knobs) -> Knobs:
-    """The knobs with each value that means nothing beside the others (``Knob.inert``) at its
-    default: the setting that actually runs (``off`` with scope ``blocks`` is ``off``)."""
-    inert = {k.name: k.default for k in KNOBS
-             if getattr(knobs, k.name) != k.default and k.inert(knobs)}
+    """The knobs with each value that means nothing beside the others at its knob's default:
+    the setting that actually runs (a ``Knob.compiled_only`` value with compile mode ``off``:
+    eager with scope ``blocks`` is eager)."""
+    if knobs.compile_mode != "off":
+        return knobs
+    inert = {k.name: k.default for k in KNOBS if getattr(knobs, k.name) in k.compiled_only}
     return knobs.with_(**inert) if inert else knobs
 
 
@@ -355,6 +359,24 @@ def parse_values(knob: Knob, wanted: Sequence[str] | None) -> tuple[str, ...] | 
     return tuple(dict.fromkeys(v for w in wanted for v in knob.families.get(w, (w,))))
 
 
+def memory_budget(checkpointing: str) -> float | None:
+    """The ``torch._functorch.config.activation_memory_budget`` a checkpointing value sets
+    (``budget-0.5``: 0.5), or None for one that checkpoints blocks (or none)."""
+    prefix, _, share = checkpointing.partition("-")
+    return float(share) if prefix == "budget" else None
+
+
+def budget_by_hand(knobs: Knobs, target: str) -> list[str]:
+    """How to set the compiler's recompute where ``target`` has no switch for it."""
+    budget = memory_budget(knobs.checkpointing)
+    if budget is None:
+        return []
+    return [f"checkpointing={knobs.checkpointing}: {target} has no switch for the compiler's "
+            "recompute: set torch._functorch.config.activation_memory_budget = "
+            f"{budget} before the first step (read when the model compiles), or compile "
+            "with cfg.compile(model), which sets it around the compiled model's calls"]
+
+
 def child_environment(knobs: Knobs, base: dict[str, str]) -> dict[str, str]:
     """Environment variables a child sets before CUDA starts (the allocator), over ``base``."""
     if knobs.allocator != "expandable_segments":
@@ -365,11 +387,12 @@ def child_environment(knobs: Knobs, base: dict[str, str]) -> dict[str, str]:
 
 
 def skip_reason(knobs: Knobs, traits: WorkloadTraits | None) -> str | None:
-    """Why a workload with ``traits`` cannot run ``knobs`` (None: it can, or not known)."""
+    """Why a workload with ``traits`` cannot run ``knobs`` (None: it can, or not known); a
+    value that needs a compiled mode, eager, never runs (whatever the workload)."""
     for knob in KNOBS:
-        why = None if getattr(knobs, knob.name) == knob.default else knob.inert(knobs)
-        if why:
-            return f"{knob.name} {getattr(knobs, knob.name)}: {why}"
+        if getattr(knobs, knob.name) in knob.compiled_only and knobs.compile_mode == "off":
+            return (f"{knob.name} {getattr(knobs, knob.name)}: needs a compiled mode (the "
+                    "compiler applies it), and compile_mode is off")
     if traits is None:
         return None
     for knob in KNOBS:
@@ -406,8 +429,8 @@ def training_arguments(knobs: Knobs, device_type: str = "cuda"
         "torch_compile_mode": (knobs.compile_mode if compiled and knobs.compile_mode != "default"
                                else None),
     }
-    notes = []
-    checkpointed = knobs.checkpointing != "off"
+    checkpointed = knobs.checkpointing in BLOCK_CHECKPOINTING
+    notes = budget_by_hand(knobs, "Trainer")
     if _trainer_has_activation_checkpointing():  # transformers 5: every_n_layers, new names
         kwargs["activation_checkpointing"] = checkpointed
         if checkpointed:
@@ -512,7 +535,9 @@ def accelerator_kwargs(knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
         "mixed_precision": {"bf16": "bf16", "fp16": "fp16"}.get(knobs.precision, "no")}
     notes = [f"{name}={getattr(knobs, name)}: apply it with cfg.apply(model) / "
              "cfg.build_optimizer(...) (Accelerate has no switch for it)"
-             for name in knobs.changed() if name not in ("strategy", "compile_scope")]
+             for name in knobs.changed() if name not in ("strategy", "compile_scope")
+             and memory_budget(getattr(knobs, name)) is None]
+    notes += budget_by_hand(knobs, "Accelerate")
     if knobs.strategy not in ("none", "ddp"):
         found, why = _accelerate_strategy(knobs)
         kwargs.update(found)
@@ -548,7 +573,9 @@ def describe(knobs: Knobs, names: Sequence[str] | None = None) -> list[str]:
     words = {
         "checkpointing": {"off": "no activation checkpointing",
                           "blocks": "activation checkpointing of every repeated block",
-                          "alternate": "activation checkpointing of every second block"},
+                          "alternate": "activation checkpointing of every second block",
+                          "budget-0.5": "the compiler recomputes (activation_memory_budget "
+                                        "0.5: about half the activations kept)"},
         "optimizer_impl": {"default": "the workload's optimizer as built",
                            "for-loop": "optimizer rebuilt for-loop",
                            "foreach": "optimizer rebuilt foreach",

@@ -9,7 +9,8 @@ measured it::
 
 At ``setup``: TF32 on or off as tuned, checkpointing of the repeated blocks and the memory
 format (``cfg.apply``), ``torch.compile`` in place with the tuned mode and
-``compile_dynamic``, and the batch size (the module's or datamodule's ``batch_size``
+``compile_dynamic`` (checkpointing ``budget-F``: the compiler's recompute set until the fit's
+teardown), and the batch size (the module's or datamodule's ``batch_size``
 attribute, which your ``train_dataloader`` reads, as Lightning's BatchSizeFinder sets it). At
 ``on_fit_start``: the optimizers ``configure_optimizers`` built, rebuilt as the tuned
 implementation in place (the same objects, so the LR schedulers built on them still drive
@@ -19,11 +20,13 @@ them). Imported only when used (``autotune.lightning``): it needs ``pip install
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch import nn
 
+from autotune import step
 from autotune.errors import ConfigError, MissingDependencyError
 from autotune.usage import Tuned, watch_recompile_limit
 
@@ -62,6 +65,7 @@ class TunedCallback(Callback):
         self.cfg = cfg
         self.model = model
         self.blocks = blocks
+        self._budget = contextlib.ExitStack()
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         """Before the strategy wraps the module and builds the optimizers: the model's
@@ -81,8 +85,16 @@ class TunedCallback(Callback):
             watch_recompile_limit()
             target.compile(mode=None if cfg.compile_mode == "default" else cfg.compile_mode,
                            dynamic=cfg.config.compile_dynamic)
+            # checkpointing budget-F: the compiler's recompute, set for the fit (the in-place
+            # compile compiles at the first step), torch's own value again at its teardown
+            self._budget.enter_context(step.budget_patch(cfg.knobs))
         if lightning_hasattr(pl_module, "batch_size"):
             lightning_setattr(pl_module, "batch_size", cfg.micro_batch)
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """After the fit: torch's own ``activation_memory_budget`` again (``budget-F``)."""
+        if stage == "fit":
+            self._budget.close()
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         """The optimizers as the tuned implementation, before their first step."""

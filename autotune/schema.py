@@ -38,7 +38,7 @@ from autotune.config import (
     to_json_dict,
 )
 from autotune.errors import ConfigError, OutputExistsError
-from autotune.knobs import HasKnobs, Knobs
+from autotune.knobs import KNOBS, HasKnobs, Knobs
 from autotune.skip_sentences import Context, render
 
 SCHEMA_VERSION: Final = 3
@@ -685,6 +685,10 @@ def _rules(data: dict[str, Any]) -> list[str]:
     if ranks is not None and ranks > 1 and strategy == "none":
         problems.append(f"nproc_per_node: got {ranks}: ranks need knobs.strategy ddp or fsdp "
                         "(it is none)")
+    if isinstance(knobs, dict) and knobs.get("compile_mode") == "off":
+        problems += [f"knobs.{k.name}: got {_shown(knobs[k.name])}: needs a compiled mode "
+                     "(knobs.compile_mode is off)" for k in KNOBS
+                     if isinstance(knobs.get(k.name), str) and knobs[k.name] in k.compiled_only]
     memory = data.get("memory")
     if isinstance(memory, dict):
         budget, usable = _int(memory, "budget_bytes"), _int(memory, "usable_bytes")

@@ -122,7 +122,7 @@ def memory_classes(
         if m not in supported_m:
             skipped.append(f"compile mode {m} skipped: CUDA graphs need a CUDA device")
     base = base or Knobs()
-    classes = tuple(  # a knob value that means nothing there (an eager scope) at its default
+    classes = tuple(  # a value only the compiler applies, eager, at its knob's default
         meaningful(base.with_(precision=p, compile_mode=m))
         for m in wanted_m if m in supported_m
         for p in wanted_p if p in supported_p
@@ -137,6 +137,34 @@ def memory_classes(
         if p in supported_p and p == "bf16" and not device.native_bf16:
             skipped.append("bf16 is emulated on this device (no native bf16 units): expect it slow")
     return classes, tuple(skipped)
+
+
+def compiled_values(values: Mapping[str, tuple[str, ...]], classes: Sequence[Knobs]
+                    ) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
+    """The knob values without those that need a compiled mode where no class compiles (the
+    space never holds them), and a note on each left out.
+
+    Raises:
+        ConfigError: a knob left with no value (only compiled-only values were asked for).
+    """
+    if any(c.compile_mode != "off" for c in classes):
+        return dict(values), ()
+    kept, notes, problems = {}, [], []
+    for knob in KNOBS[2:]:
+        if knob.name not in values:
+            continue
+        gone = [v for v in values[knob.name] if v in knob.compiled_only]
+        kept[knob.name] = tuple(v for v in values[knob.name] if v not in gone)
+        if gone and not kept[knob.name]:
+            problems.append(f"{knob.option} {','.join(gone)}: needs a compiled mode, and "
+                            "--compile-modes compiles nothing here; add default to "
+                            "--compile-modes, or choose from "
+                            f"{','.join(v for v in knob.values if v not in knob.compiled_only)}")
+        notes += [f"{knob.name} {v} skipped: needs a compiled mode (none in the search)"
+                  for v in gone]
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return kept, tuple(notes)
 
 
 def timed_precisions(device: DeviceInfo, precisions: Sequence[str] | None

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from autotune.knobs import KNOB, Knobs, KnobUnsupported, WorkloadTraits
+from autotune.knobs import KNOB, Knobs, KnobUnsupported, WorkloadTraits, memory_budget
 from autotune.workload import Batch, Workload, check_loss
 
 
@@ -89,6 +89,51 @@ def compile_model(model: nn.Module, compile_mode: str, dynamic: bool | None = No
                          dynamic=dynamic)
 
 
+def budget_patch(knobs: Knobs) -> contextlib.AbstractContextManager[Any]:
+    """A context in which ``torch._functorch.config.activation_memory_budget`` is the knobs'
+    ``budget-F`` (a no-op for other checkpointing values); torch's value again after it.
+
+    Raises:
+        KnobUnsupported: compile_mode off (nothing compiles to read it), or a torch without
+            the setting.
+    """
+    budget = memory_budget(knobs.checkpointing)
+    if budget is None:
+        return contextlib.nullcontext()
+    if knobs.compile_mode == "off":
+        raise KnobUnsupported(f"checkpointing {knobs.checkpointing} needs a compiled mode (the "
+                              "compiler applies it), and compile_mode is off")
+    import torch._functorch.config as functorch_config
+
+    if not hasattr(functorch_config, "activation_memory_budget"):
+        raise KnobUnsupported(f"checkpointing {knobs.checkpointing}: torch {torch.__version__} "
+                              "has no torch._functorch.config.activation_memory_budget")
+    return functorch_config.patch(activation_memory_budget=budget)
+
+
+def apply_memory_budget(model: nn.Module, knobs: Knobs) -> nn.Module:
+    """The compiled model with the compiler's recompute of a ``budget-F`` checkpointing value:
+    ``activation_memory_budget`` F is set around each of its calls (``budget_patch``; the
+    partitioner reads it when a call compiles: the first, and any recompile), and only there:
+    eager code and other compiled models keep torch's default. Other values: the model.
+
+    Raises:
+        KnobUnsupported: as ``budget_patch``.
+    """
+    budget_patch(knobs)  # refused here, not at the first call
+    if memory_budget(knobs.checkpointing) is None:
+        return model
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def budgeted(*args: Any, **kwargs: Any) -> Any:
+        with budget_patch(knobs):
+            return forward(*args, **kwargs)
+
+    model.forward = budgeted  # type: ignore[method-assign]
+    return model
+
+
 def find_blocks(model: nn.Module) -> list[nn.Module]:
     """The model's repeated blocks: the longest run of consecutive same-type children (each
     with parameters) of any ``ModuleList`` or ``Sequential``; ties go to more parameters."""
@@ -125,7 +170,8 @@ def apply_checkpointing(model: nn.Module, setting: str,
     (``activation_checkpointing_enable``, or ``gradient_checkpointing_enable`` and each
     layer's ``gradient_checkpointing`` flag before transformers 5); other modules get their
     blocks' ``forward`` wrapped in ``torch.utils.checkpoint.checkpoint``, so parameter names
-    stay as they were.
+    stay as they were. A compiler budget (``budget-0.5``) changes no block: the compiled
+    model's calls carry it (``apply_memory_budget``).
 
     Returns:
         How many blocks are checkpointed.
@@ -133,7 +179,7 @@ def apply_checkpointing(model: nn.Module, setting: str,
     Raises:
         KnobUnsupported: no repeated blocks.
     """
-    if setting == "off":
+    if setting == "off" or memory_budget(setting) is not None:
         return 0
     found = _blocks_of(model, blocks)
     chosen = [b for i, b in enumerate(found) if setting == "blocks" or i % 2 == 0]

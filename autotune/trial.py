@@ -28,6 +28,7 @@ from autotune.device import TrialMemory, backend_for
 from autotune.errors import WorkloadError
 from autotune.knobs import KnobUnsupported
 from autotune.step import (  # train_step and loss_weights re-exported for callers of trial
+    apply_memory_budget,
     apply_parallel,
     apply_to_batch,
     apply_to_model,
@@ -340,8 +341,9 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: TrialM
         model = apply_parallel(model, knobs, workload.blocks, device)
     optimizer = apply_to_optimizer(built, knobs)
     scaler = grad_scaler(spec.precision, device.type)
-    stepped = compile_model(model, spec.compile_mode, scope=knobs.compile_scope,
-                            blocks=workload.blocks)
+    stepped = apply_memory_budget(compile_model(model, spec.compile_mode,
+                                                scope=knobs.compile_scope,
+                                                blocks=workload.blocks), knobs)
 
     losses: list[torch.Tensor] = []
     num_skipped = 0

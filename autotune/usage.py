@@ -145,9 +145,12 @@ class Tuned:
         """``torch.compile(model, mode=..., dynamic=config.compile_dynamic)``, or the model when
         ``off``; with ``compile_scope`` ``blocks``, each repeated block's forward compiled in
         place (``blocks``: as for ``apply``; default the longest run of same-type modules) and
-        the model returned as given (regional compilation, ``step.compile_model``).
-        ``compile_dynamic`` None (the default) is torch's automatic dynamic shapes: batches
-        of varying length cost one more compile, not one per length. Should torch
+        the model returned as given (regional compilation, ``step.compile_model``). With
+        checkpointing ``budget-0.5`` the compiler's recompute is set around the compiled
+        model's calls, as the search ran it (``step.apply_memory_budget``: other models and
+        eager code keep torch's default). ``compile_dynamic`` None (the default) is torch's
+        automatic dynamic shapes: batches of varying length cost one more compile, not one per
+        length. Should torch
         still hit its recompile limit (that code then runs eager), a warning says so in one
         line, with what to do.
 
@@ -155,8 +158,9 @@ class Tuned:
         """
         if self.compile_mode != "off":
             watch_recompile_limit()
-        return step.compile_model(model, self.compile_mode, self.config.compile_dynamic,
-                                  scope=self.knobs.compile_scope, blocks=blocks)
+        return step.apply_memory_budget(
+            step.compile_model(model, self.compile_mode, self.config.compile_dynamic,
+                               scope=self.knobs.compile_scope, blocks=blocks), self.knobs)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The autocast context for the forward pass (a no-op for fp32 and tf32)."""

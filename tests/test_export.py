@@ -22,7 +22,16 @@ from typer.testing import CliRunner
 from autotune.cli import app
 from autotune.errors import ConfigError
 from autotune.export import TARGETS, export_config, render
-from autotune.knobs import Allocator, Checkpointing, CompileMode, MemoryFormat, OptimizerImpl
+from autotune.knobs import (
+    BLOCK_CHECKPOINTING,
+    Allocator,
+    Checkpointing,
+    CompileMode,
+    Knobs,
+    MemoryFormat,
+    OptimizerImpl,
+    skip_reason,
+)
 from autotune.schema import TunedConfig
 from tests.tuned_configs import make_tuned, write
 
@@ -45,12 +54,14 @@ KNOBS = st.fixed_dictionaries({
     "memory_format": st.sampled_from(get_args(MemoryFormat)),
     "allocator": st.sampled_from(get_args(Allocator)),
     "strategy": st.sampled_from(["none", "ddp", "ddp-bucket-view", "fsdp", "fsdp-no-reshard"]),
-})
+}).filter(lambda k: skip_reason(Knobs(**k), None) is None)  # budget-F: compiled only
 
 CARRIED = {
     # Knob values each file carries in a field of its own (everything else must be a note).
     "deepspeed": lambda k: {"strategy"} if k.strategy in ("ddp", "fsdp") else set(),
-    "torchtitan": lambda k: ({"checkpointing", "optimizer_impl"}
+    "torchtitan": lambda k: ({"optimizer_impl"}
+                             | ({"checkpointing"} if k.checkpointing in BLOCK_CHECKPOINTING
+                                else set())
                              | ({"precision"} if k.precision == "bf16" else set())
                              | ({"compile_mode"} if k.compile_mode == "default" else set())
                              | ({"strategy"} if k.strategy in ("ddp", "fsdp", "fsdp-no-reshard")
@@ -102,7 +113,8 @@ def test_deepspeed_reads_the_exported_json(knobs: dict[str, str]) -> None:
     assert read.bfloat16_config.enabled == (config.precision == "bf16")
     assert read.float16_config.enabled == (config.precision == "fp16")
     assert read.zero_optimization_stage == (3 if config.knobs.strategy.startswith("fsdp") else 0)
-    assert ("activation_checkpointing" in data) == (config.knobs.checkpointing != "off")
+    assert ("activation_checkpointing" in data) == (
+        config.knobs.checkpointing in BLOCK_CHECKPOINTING)
 
 
 # --- Accelerate: its config loader and `accelerate launch`'s reading of it -----------------

@@ -185,7 +185,7 @@ def test_schema_1_problems_name_the_files_own_fields(tmp_path: Path) -> None:
     ("knobs.compile_mode", "warp", "knobs.compile_mode: got 'warp': Input should be 'off', "
                                    "'default'"),
     ("knobs.checkpointing", "sometimes", "knobs.checkpointing: got 'sometimes': Input should be "
-                                         "'off', 'blocks' or 'alternate'"),
+                                         "'off', 'blocks', 'alternate' or 'budget-0.5'"),
     ("knobs.optimizer_impl", "apex", "knobs.optimizer_impl: got 'apex': Input should be "
                                      "'default', 'for-loop', 'foreach' or 'fused'"),
     ("knobs.memory_format", 4, "knobs.memory_format: got 4: Input should be 'contiguous' or "
@@ -409,7 +409,8 @@ def test_schema_command_prints_the_json_schema() -> None:
                                     "type": "integer"}
     knobs = schema["$defs"]["Knobs"]["properties"]
     assert knobs["precision"]["enum"] == ["fp32", "tf32", "bf16", "fp16"]
-    assert knobs["checkpointing"] == {"default": "off", "enum": ["off", "blocks", "alternate"],
+    assert knobs["checkpointing"] == {"default": "off",
+                                      "enum": ["off", "blocks", "alternate", "budget-0.5"],
                                       "title": "Checkpointing", "type": "string"}
     assert schema["additionalProperties"] is False
     assert api.json_schema() == schema

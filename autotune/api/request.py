@@ -18,7 +18,7 @@ from autotune.config import (
 )
 from autotune.device import backend_for
 from autotune.errors import ConfigError
-from autotune.space import exact_target, knob_values, memory_classes
+from autotune.space import compiled_values, exact_target, knob_values, memory_classes
 from autotune.workload import split_factory
 
 
@@ -215,4 +215,5 @@ class TuneRequest:
         if problems:
             raise ConfigError("; ".join(problems))
         values, _, notes = extra
-        return target, budget, classes, values, (*skipped, *notes)
+        values, eager_notes = compiled_values(values, classes)  # budget-F: compiled only
+        return target, budget, classes, values, (*skipped, *notes, *eager_notes)

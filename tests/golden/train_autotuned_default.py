@@ -59,6 +59,7 @@ precision = "bf16"  # fp32, tf32, bf16 (autocast) or fp16 (autocast + GradScaler
 compile_mode = "default"  # off, default, reduce-overhead, max-autotune-no-cudagraphs, ...
 compile_dynamic = None  # None: automatic dynamic shapes, True: dynamic, False: static
 checkpointing = "off"  # off, blocks (every repeated block) or alternate (every second)
+# ... or budget-0.5 (compiled only): the compiler keeps about half the activations, recomputes
 optimizer_impl = "default"  # default (as built), for-loop, foreach or fused
 memory_format = "contiguous"  # contiguous, or channels_last (2-D convolutions, 4-D images)
 allocator = "default"  # default, or expandable_segments (CUDA)
@@ -181,7 +182,7 @@ def find_blocks(model):
 def checkpoint_blocks(model, setting, blocks=None):
     """Activation checkpointing of every repeated block ("blocks") or every second one
     ("alternate"): their activations are recomputed in backward instead of kept."""
-    if setting == "off":
+    if setting not in ("blocks", "alternate"):  # off, or the compiler's budget (below)
         return
     found = list(blocks(model)) if blocks is not None else find_blocks(model)
     if blocks is None and getattr(model, "supports_gradient_checkpointing", False):
@@ -202,6 +203,29 @@ def checkpoint_blocks(model, setting, blocks=None):
         if setting == "blocks" or i % 2 == 0:
             # Wrapping forward (not the module) keeps the parameter names as they were.
             block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+
+
+def compiler_recompute(model, setting):
+    """checkpointing "budget-F": torch.compile's partitioner keeps about F of the activations
+    and recomputes the cheapest rest in backward. It reads the budget when the model compiles
+    (at its first call, and any recompile), so it is set around each call of the compiled
+    model, and only there."""
+    if not setting.startswith("budget-"):
+        return model
+    import torch._functorch.config as functorch_config
+
+    if not hasattr(functorch_config, "activation_memory_budget"):
+        raise SystemExit(f"checkpointing {setting}: torch {torch.__version__} has no "
+                         "activation_memory_budget; set checkpointing = 'off' above")
+    budget, forward = float(setting[len("budget-"):]), model.forward
+
+    @functools.wraps(forward)
+    def budgeted(*args, **kwargs):
+        with functorch_config.patch(activation_memory_budget=budget):
+            return forward(*args, **kwargs)
+
+    model.forward = budgeted
+    return model
 
 
 def rebuild_optimizer(optimizer, impl):
@@ -592,7 +616,7 @@ def main():
     if compile_mode != "off":  # after the DDP/FSDP wrap, as autotune measured it
         mode = None if compile_mode == "default" else compile_mode
         logging.getLogger("torch._dynamo.convert_frame").addFilter(RecompileLimitNote())
-        model = compile_model(model, mode)
+        model = compiler_recompute(compile_model(model, mode), checkpointing)
     torch.manual_seed(args.seed + 1 + rank)  # a different data stream on each rank
 
     if master:
