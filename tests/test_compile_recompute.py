@@ -256,7 +256,8 @@ def test_the_space_never_holds_a_budget_with_compile_off(modes: list[str],
     budgets = [v for v in kept["checkpointing"] if memory_budget(v) is not None]
     if modes == ["off"]:
         assert not budgets
-        assert bool(notes) == ("budget-0.5" in values["checkpointing"])
+        assert any(n.startswith("checkpointing budget-0.5 skipped") for n in notes) == (
+            "budget-0.5" in values["checkpointing"])
     else:
         assert kept == values and not notes
 

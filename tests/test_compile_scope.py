@@ -231,8 +231,9 @@ def test_the_search_skips_the_blocks_scope_with_the_reason_where_it_means_nothin
                "one by one" in s for s in outcome.skipped), outcome.skipped
     outcome, records = scope_search(1.05, eager_wins=True)
     assert not any("scope=blocks" in r for r in records)
-    assert any("+scope=blocks not tried: compile_scope blocks: compile_mode off compiles "
-               "nothing" in s for s in outcome.skipped), outcome.skipped
+    assert any("+scope=blocks not tried: compile_scope blocks: needs a compiled mode (the "
+               "compiler applies it), and compile_mode is off" in s for s in outcome.skipped), \
+        outcome.skipped
 
 
 def test_the_lightning_callback_compiles_each_block_in_place() -> None:
