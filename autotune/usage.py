@@ -158,7 +158,8 @@ class Tuned:
         When the search saved its compiled artifacts beside ``autotune.json`` and they were
         saved by this torch, on this device, for this model and these settings, they are loaded
         first, so the first compile reads them (one line on the ``autotune.artifacts`` logger);
-        otherwise a warning says why not, in one line, and it compiles from nothing.
+        otherwise a warning says why not, in one line, and it compiles from nothing. Call
+        ``set_matmul_precision()`` before: the graphs' cache keys hold the TF32 flags.
 
         Save ``compiled._orig_mod.state_dict()`` (or the model you passed) for clean keys.
         """
@@ -175,10 +176,19 @@ class Tuned:
         device = str(first.device) if first is not None else "cpu"
         loaded, self.artifacts_note = load_artifacts(
             record, self.folder, model, graph_settings(self.config), device)
-        if loaded:
-            ARTIFACTS_LOG.info(self.artifacts_note)
-        else:
+        if not loaded:
             warnings.warn(self.artifacts_note, CompileArtifactsWarning, stacklevel=3)
+            return
+        ARTIFACTS_LOG.info(self.artifacts_note)
+        tf32 = self.precision == "tf32"  # inductor's cache keys hold both flags
+        flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        if flags != (tf32, tf32):
+            warnings.warn(
+                f"compiled artifacts loaded, but this process's TF32 flags (matmul {flags[0]}, "
+                f"cudnn {flags[1]}) are not the search's ({self.precision}: both {tf32}) and "
+                "inductor's cache keys hold them: call cfg.set_matmul_precision() before "
+                "cfg.compile(model), or the first compile misses the artifacts",
+                CompileArtifactsWarning, stacklevel=3)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The autocast context for the forward pass (a no-op for fp32 and tf32)."""
