@@ -65,8 +65,8 @@ def _artifacts_block(config: TunedConfig) -> str:
     """The compiled artifacts' record as literals (``autotune.artifacts``), and the settings
     their graphs key covers."""
     record = config.compile_artifacts
-    lines = [f"graph_settings = {'(' + ', '.join(map(_literal, GRAPH_SETTINGS)) + ')'}"
-             "  # what compile_artifacts' graphs_key covers"]
+    lines = ["# What compile_artifacts' graphs_key covers, beside the model's parameters:",
+             "graph_settings = (", *(f"    {_literal(name)}," for name in GRAPH_SETTINGS), ")"]
     if record is None:
         return "\n".join([*lines, "compile_artifacts = None  # no compiled artifacts were saved"])
     fields = ("file", "size_bytes", "sha256", "torch_version", "device_name", "graphs_key")

@@ -286,3 +286,29 @@ def test_a_compiled_search_writes_artifacts_an_eager_one_none(tmp_path: Path) ->
     assert eager.compile_artifacts is None
     assert not (tmp_path / "eager" / "autotune.compile-cache.bin").exists()
     codegen(tmp_path / "eager" / "autotune.json", out=tmp_path / "eager", force=True)
+
+
+def test_artifacts_that_cannot_be_written_leave_the_config_naming_none(tmp_path: Path) -> None:
+    from autotune.first_launch import Saved
+    from autotune.report import search_footer
+    from autotune.schema import SearchResult
+
+    data = b"entries"
+    record = CompileArtifacts(file="autotune.compile-cache.bin", size_bytes=len(data),
+                              sha256=hashlib.sha256(data).hexdigest(), torch_version="2.13.0",
+                              device_name="AMD EPYC", graphs_key="0" * 16,
+                              entries={"inductor": 2}, compile_s=3.0, cache_hits=2,
+                              cache_misses=0)
+    config = dataclasses.replace(small(compile_mode="default"), compile_artifacts=record)
+    footer = search_footer(SearchResult(config=config, path=None, probe=None))  # type: ignore[arg-type]
+    assert ("first launch: compiled artifacts autotune.compile-cache.bin (0.0 MiB, 2 cache "
+            "entries: inductor 2; saved in 3 s, 2 cache hits, 0 misses), loaded when torch "
+            "2.13.0 runs on AMD EPYC") in footer
+    (tmp_path / record.file).write_bytes(b"another search's")  # appeared while it ran
+    with pytest.warns(UserWarning, match="autotune.compile-cache.bin not written"):
+        write_outputs(config, tmp_path / "autotune.json", tmp_path / "train_autotuned.py",
+                      force=False, artifacts=Saved(data, record))
+    written = read_tuned(tmp_path / "autotune.json")
+    assert written.compile_artifacts is None
+    assert any(s.rule == "compile-artifacts" for s in written.skips)
+    assert (tmp_path / record.file).read_bytes() == b"another search's"
