@@ -80,6 +80,7 @@ def _save(request: dict[str, Any]) -> dict[str, Any]:
     """The child: the winner's step (compiled), then its cache entries to ``request["out"]``."""
     import torch
 
+    from autotune.step import apply_to_model
     from autotune.trial import run_trial
     from autotune.workload import load_workload
 
@@ -100,8 +101,9 @@ def _save(request: dict[str, Any]) -> dict[str, Any]:
     tmp = request["out"] + ".tmp"
     Path(tmp).write_bytes(data)
     os.replace(tmp, request["out"])
-    torch.manual_seed(spec.seed)  # the model as the run built it: its parameters' names
-    model = load_workload(spec.workload, spec.device).build_model()
+    torch.manual_seed(spec.seed)  # the model as the run compiled it: its parameters' names
+    workload = load_workload(spec.workload, spec.device)
+    model = apply_to_model(workload.build_model(), spec.knobs, workload.blocks)
     return {**reply, "torch_version": torch.__version__, "device_name": device_name(spec.device),
             "graphs_key": graphs_key(model, request["settings"]),
             "entries": {kind: len(keys) for kind, keys in info.artifacts.items() if keys},

@@ -141,8 +141,15 @@ def main() -> None:
     result = write_results(name, {"machine": m, "config": label, "rows": rows,
                                   "entries": saved.record.entries,
                                   "size_bytes": saved.record.size_bytes,
-                                  "command": " ".join(sys.argv)}, "\n".join(lines) + "\n")
+                                  "command": " ".join(sys.argv), "commit": _commit()},
+                           "\n".join(lines) + "\n")
     print(result.read_text())
+
+
+def _commit() -> str:
+    run = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
+                         text=True)
+    return run.stdout.strip() or "not recorded"
 
 
 if __name__ == "__main__":

@@ -226,7 +226,8 @@ def search(
     **fields: Any,
 ) -> SearchResult:
     """Probe memory per setting, time candidates (baseline first), screen the further knobs
-    on the leader, write ``autotune.json``.
+    on the leader, write ``autotune.json`` (and, for a compiled winner, its compiled artifacts
+    for the first launch beside it: docs/compile.md).
 
     Args:
         request: what to tune (a ``TuneRequest``; or its fields as keywords, with a workload
