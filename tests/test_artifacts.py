@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import autotune
 from autotune import api
-from autotune.api.deliver import codegen, with_compile_artifacts, write_outputs
+from autotune.api.deliver import with_compile_artifacts, write_outputs
 from autotune.artifacts import GRAPH_SETTINGS, graph_settings, graphs_key, load_artifacts
 from autotune.codegen import render_train_script
 from autotune.config import WorkloadSpec
@@ -272,21 +272,21 @@ def test_a_record_outside_the_folder_is_refused_on_read(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_compiled_search_writes_artifacts_an_eager_one_none(tmp_path: Path) -> None:
     fast = SearchSettings(num_timed_steps=3, min_timed_s=0.2, micro_batches_per_class=1,
-                          num_confirm=0)
-    result = api.search(TINY, target_batch=4, device="cpu", memory_budget="4GiB",
+                          num_confirm=0, cache=False)
+    fusable = WorkloadSpec(kind="file", target=f"{REPO / 'tests' / 'workloads.py'}:fusable")
+    config = api.search(fusable, target_batch=4, device="cpu", memory_budget="4GiB",
                         precisions=["fp32"], compile_modes=["off", "default"],
-                        out=tmp_path / "both", settings=fast)
-    config = result.config
-    if config.compile_mode != "off":
-        assert config.compile_artifacts is not None
-        assert (tmp_path / "both" / config.compile_artifacts.file).exists()
+                        out=tmp_path / "compiled", settings=fast).config
+    assert config.compile_mode == "default"  # fused, far faster than eager
+    record = config.compile_artifacts
+    assert record is not None and (tmp_path / "compiled" / record.file).exists()
+    assert record.cache_hits and not record.cache_misses  # the search's graphs, read back
     eager = api.search(TINY, target_batch=4, device="cpu", memory_budget="4GiB",
                        precisions=["fp32"], compile_modes=["off"], out=tmp_path / "eager",
                        settings=fast).config
     assert eager.compile_artifacts is None
     assert not (tmp_path / "eager" / "autotune.compile-cache.bin").exists()
-    codegen(tmp_path / "eager" / "autotune.json", out=tmp_path / "eager", force=True)
-
+    assert "compile_artifacts = None" in (tmp_path / "eager" / "train_autotuned.py").read_text()
 
 def test_artifacts_that_cannot_be_written_leave_the_config_naming_none(tmp_path: Path) -> None:
     from autotune.first_launch import Saved
