@@ -21,6 +21,7 @@ import string
 import textwrap
 from pathlib import Path
 
+from autotune.artifacts import GRAPH_SETTINGS
 from autotune.codegen_fallback import FALLBACK
 from autotune.codegen_templates import FILE, HF, HF_AUTO, HF_COUNTS, SCRIPT, TINY_GPT
 from autotune.config import format_bytes
@@ -54,9 +55,27 @@ def render_train_script(config: TunedConfig, *, script_dir: Path | None = None) 
         **{knob.name: _literal(getattr(config.knobs, knob.name)) for knob in KNOBS},
         compile_dynamic=_literal(config.compile_dynamic),
         world_size=_literal(config.world_size),
+        artifacts=_artifacts_block(config),
         workload=workload_code,
         fallback=FALLBACK.strip("\n"),
     )
+
+
+def _artifacts_block(config: TunedConfig) -> str:
+    """The compiled artifacts' record as literals (``autotune.artifacts``), and the settings
+    their graphs key covers."""
+    record = config.compile_artifacts
+    lines = ["# What compile_artifacts' graphs_key covers, beside the model's parameters:",
+             "graph_settings = (", *(f"    {_literal(name)}," for name in GRAPH_SETTINGS), ")"]
+    if record is None:
+        return "\n".join([*lines, "compile_artifacts = None  # no compiled artifacts were saved"])
+    fields = ("file", "size_bytes", "sha256", "torch_version", "device_name", "graphs_key")
+    return "\n".join([
+        *lines, "# The search's compiled artifacts, beside this script: loaded before the first",
+        "# compile when they match (load_compile_artifacts below).",
+        "compile_artifacts = {",
+        *(f"    {_literal(name)}: {_literal(getattr(record, name))}," for name in fields),
+        "}"])
 
 
 def _literal(value: str | int | bool | None) -> str:
@@ -229,8 +248,8 @@ _DEFAULT_SIZES = {
 
 def _workload_section(config: TunedConfig, script_dir: Path | None) -> tuple[str, str]:
     spec = config.workload
-    std = ["import argparse", "import errno", "import functools", "import gc", "import inspect",
-           "import logging", "import os", "import time"]
+    std = ["import argparse", "import errno", "import functools", "import gc", "import hashlib",
+           "import inspect", "import logging", "import os", "import platform", "import time"]
     third = ["import torch", "import torch.distributed as dist"]
     tail = ["from torch import nn",
             "from torch.distributed.checkpoint.state_dict import (\n    StateDictOptions,\n"

@@ -197,6 +197,7 @@ allocator = $allocator  # default, or expandable_segments (CUDA)
 strategy = $strategy  # none, ddp, ddp-bucket-view, fsdp or fsdp-no-reshard (under torchrun)
 compile_scope = $compile_scope  # model (the whole model) or blocks (each repeated block)
 tuned_world_size = $world_size  # devices the search assumed
+$artifacts
 
 if allocator == "expandable_segments":
     # Read when CUDA starts, not when torch is imported: set here, before any CUDA call.
@@ -368,6 +369,79 @@ class RecompileLimitNote(logging.Filter):
         return True
 
 
+def device_name(device):
+    """The device's name as the search recorded it for the compiled artifacts."""
+    if str(device).startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
+def graphs_key(model):
+    """Hash of what the compiled graphs depend on: the model's parameters and the settings."""
+    parts = [f"{name}:{tuple(p.shape)}:{p.dtype}" for name, p in model.named_parameters()]
+    parts += [f"{name}={globals().get(name)!r}" for name in graph_settings]
+    return hashlib.sha256("\\n".join(parts).encode()).hexdigest()[:16]
+
+
+def load_compile_artifacts(model, device):
+    """Load the search's compiled artifacts into torch's caches before the first compile, so
+    it reads what the search compiled; only when this torch, this device and these graphs are
+    the ones they were saved for, and the file is the one the search wrote (its sha256).
+    torch's loader unpickles the file: trust it like code. Returns the line saying what it did."""
+    where = os.path.join(os.path.dirname(os.path.abspath(__file__)), compile_artifacts["file"])
+    refused = f"note: compiled artifacts {where} not loaded: "
+    cold = "; compiling from nothing"
+    load = getattr(torch.compiler, "load_cache_artifacts", None)
+    if load is None:
+        return f"{refused}torch {torch.__version__} cannot load them (2.7 or later can){cold}"
+    if compile_artifacts["torch_version"] != torch.__version__:
+        return (f"{refused}saved by torch {compile_artifacts['torch_version']}, this is torch "
+                f"{torch.__version__}{cold}")
+    if compile_artifacts["device_name"] != device_name(device):
+        return (f"{refused}saved on {compile_artifacts['device_name']!r}, this is "
+                f"{device_name(device)!r}{cold}")
+    if compile_artifacts["graphs_key"] != graphs_key(model):
+        return (f"{refused}saved for other graphs (the model, micro_batch or a setting above "
+                f"changed){cold}")
+    try:
+        with open(where, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        return f"{refused}{exc.strerror or exc}{cold}"
+    if (len(data) != compile_artifacts["size_bytes"]
+            or hashlib.sha256(data).hexdigest() != compile_artifacts["sha256"]):
+        return f"{refused}not the file the search wrote (truncated, damaged or replaced){cold}"
+    try:
+        info = load(data)
+    except Exception as exc:  # torch's loader on a file it cannot take
+        return f"{refused}torch could not load it ({type(exc).__name__}: {exc}){cold}"
+    if info is None:
+        return f"{refused}torch could not read it{cold}"
+    entries = sum(len(keys) for keys in info.artifacts.values())
+    return f"compiled artifacts loaded from {where}: {entries} cache entries"
+
+
+def compile_cache_counts():
+    """Graphs read from inductor's caches, and graphs compiled, so far in this process."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return None
+    hits = counters["aot_autograd"]["autograd_cache_hit"] + counters["inductor"][
+        "fxgraph_cache_hit"]
+    misses = counters["aot_autograd"]["autograd_cache_miss"] + counters["inductor"][
+        "fxgraph_cache_miss"]
+    return hits, misses
+
+
 # ----------------------------------------------------------------------------------------------
 
 
@@ -479,6 +553,10 @@ def main():
     if compile_mode != "off":  # after the DDP/FSDP wrap, as autotune measured it
         mode = None if compile_mode == "default" else compile_mode
         logging.getLogger("torch._dynamo.convert_frame").addFilter(RecompileLimitNote())
+        if compile_artifacts is not None:
+            note = load_compile_artifacts(model, device)
+            if master:
+                print(note, flush=True)
         model = compiler_recompute(compile_model(model, mode), checkpointing)
     torch.manual_seed(args.seed + 1 + rank)  # a different data stream on each rank
 
@@ -507,6 +585,10 @@ def main():
         else:
             loss = train_step(model, optimizer, scaler, micro_batches, autocast)
         scheduler.step()  # once per optimizer step, not per micro-batch
+        if master and step == 1 and compile_mode != "off" and compile_cache_counts():
+            hits, misses = compile_cache_counts()
+            print(f"first optimizer step after {time.perf_counter() - start:.1f} s (compile "
+                  f"included); inductor caches: {hits} hits, {misses} misses", flush=True)
         if master and (step % args.log_every == 0 or step in (1, args.steps)):
             loss = loss.item()  # waits for the device: only when printing
             elapsed = time.perf_counter() - start

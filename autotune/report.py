@@ -198,6 +198,8 @@ def search_footer(result: SearchResult) -> list[str]:
     lines += skipped_lines(c.skips, page)
     if c.cost is not None:
         lines.append(f"search: {c.cost.describe()}")
+    if c.compile_artifacts is not None:  # docs/compile.md
+        lines.append(f"first launch: compiled artifacts {c.compile_artifacts.describe()}")
     lines += study_lines(c)
     if c.interrupted:
         lines.append(f"note: {result.stop_reason}")

@@ -145,6 +145,8 @@ def _summary(c: TunedConfig) -> str:
     ]
     if c.cost is not None:
         rows.append(("search", c.cost.describe()))
+    if c.compile_artifacts is not None:
+        rows.append(("first launch", f"compiled artifacts {c.compile_artifacts.describe()}"))
     banner = "".join(f"<p class=\"warn\">{_e(text)}</p>" for text in (
         c.stopped_early() if c.interrupted else "", not_reached_line(c)) if text)
     return ("<section id=\"summary\"><h2>The tuned config</h2>" + banner

@@ -278,6 +278,50 @@ def notes(*texts: str) -> tuple[SkipRecord, ...]:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CompileArtifacts:
+    """The winner's compiled artifacts, saved beside ``autotune.json`` for the user's first
+    launch (``torch.compiler.save_cache_artifacts``: inductor's and AOT autograd's cache
+    entries), and what they are valid for. ``train_autotuned.py`` and ``Tuned.compile`` load
+    them only when torch, the device and ``graphs_key`` match, and only a file whose size and
+    sha256 are these (docs/compile.md: trust it like code)."""
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = STRICT_FIELDS
+
+    file: Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$")]
+    """Its name, in the folder of ``autotune.json`` (a name, never a path)."""
+    size_bytes: Positive
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    torch_version: str
+    """``torch.__version__`` of the run that saved them: another torch never loads them."""
+    device_name: str
+    """The device's name as the loaders read it (CPU: /proc/cpuinfo's model name; CUDA:
+    ``torch.cuda.get_device_name``)."""
+    graphs_key: Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")]
+    """Hash of what the graphs depend on: the model's parameter names, shapes and dtypes, the
+    micro-batch, ``compile_dynamic`` and the knobs that change the graphs
+    (``autotune.artifacts.graphs_key``)."""
+    entries: dict[str, Count] = field(default_factory=dict)
+    """Cache entries saved, by kind (``inductor``, ``aot_autograd``, ...)."""
+    compile_s: Float | None = None
+    """The saving run's one optimizer step, compile included (from the search's warm cache)."""
+    cache_hits: Count | None = None
+    """Of the saving run's compiles, graphs read from inductor's caches (FX graph, AOT autograd)."""
+    cache_misses: Count | None = None
+
+    def describe(self) -> str:
+        """``autotune.compile-cache.bin (2.2 MiB, 6 cache entries: inductor 4, aot_autograd 2;
+        saved in 91 s, 6 cache hits, 0 misses), loaded when torch 2.13.0 runs on AMD EPYC``."""
+        entries = ", ".join(f"{kind} {n}" for kind, n in self.entries.items())
+        run = ("" if self.compile_s is None else f"; saved in {self.compile_s:,.0f} s"
+               + ("" if self.cache_hits is None else
+                  f", {self.cache_hits} cache hits, {self.cache_misses} misses"))
+        return (f"{self.file} ({self.size_bytes / 2**20:.1f} MiB, "
+                f"{sum(self.entries.values())} cache entries"
+                + (f": {entries}" if entries else "") + f"{run}), loaded when torch "
+                f"{self.torch_version} runs on {self.device_name}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class TunedConfig(HasKnobs):
     """The content of ``autotune.json``."""
 
@@ -348,6 +392,9 @@ class TunedConfig(HasKnobs):
     runs: tuple[RunRecord, ...] = ()
     """Every child run, in order, with those reused from the study store first (older files:
     none recorded)."""
+    compile_artifacts: CompileArtifacts | None = None
+    """A compiled winner's artifacts for the user's first launch (None: eager, not saved, or
+    an older file; ``skips`` says why a compiled winner has none)."""
 
     def effective_batch(self) -> int:
         """micro_batch x accumulate_steps x world_size."""
@@ -371,8 +418,9 @@ class TunedConfig(HasKnobs):
         return self.knobs.label()
 
 
-def write_json_atomic(path: Path, text: str, *, force: bool = False) -> None:
-    """Write ``text`` to ``path`` atomically, with the user's umask, never over another file.
+def write_json_atomic(path: Path, text: str | bytes, *, force: bool = False) -> None:
+    """Write ``text`` (or bytes) to ``path`` atomically, with the user's umask, never over
+    another file.
 
     The text goes to a temporary file beside ``path``, which then takes the name in one step: a
     hard link (fails if the name exists, also when another process wrote it after the check
@@ -389,7 +437,8 @@ def write_json_atomic(path: Path, text: str, *, force: bool = False) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
+            with (os.fdopen(fd, "wb") if isinstance(text, bytes) else
+                  os.fdopen(fd, "w", encoding="utf-8")) as f:
                 f.write(text)
             os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600
             if force:

@@ -13,12 +13,14 @@ import inspect
 import logging
 import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from autotune import knobs, step
+from autotune.artifacts import graph_settings, load_artifacts
 from autotune.errors import ConfigError, MissingDependencyError
 from autotune.fallback import OomFallback, is_sharded
 from autotune.knobs import Knobs
@@ -38,13 +40,19 @@ class Tuned:
         ...     cfg.train_step(model, optimizer, [cfg.batch(b) for b in micro_batches], workload)
     """
 
-    def __init__(self, config: TunedConfig, *, device_type: str | None = None) -> None:
+    def __init__(self, config: TunedConfig, *, device_type: str | None = None,
+                 folder: Path | None = None) -> None:
         """Args:
             config: the content of ``autotune.json``.
             device_type: ``cuda`` or ``cpu`` for autocast and the GradScaler (default: the
                 device the config was tuned on).
+            folder: the folder of ``autotune.json``, where its compiled artifacts lie (None:
+                ``compile`` loads none).
         """
         self.config = config
+        self.folder = folder
+        self.artifacts_note = ""
+        """What ``compile`` did with the compiled artifacts (loaded, or why not)."""
         self.device_type = device_type or config.device.device.split(":")[0]
         self._scaler: torch.amp.GradScaler | None = None
         self.fallback: OomFallback | None = None
@@ -154,13 +162,42 @@ class Tuned:
         still hit its recompile limit (that code then runs eager), a warning says so in one
         line, with what to do.
 
+        When the search saved its compiled artifacts beside ``autotune.json`` and they were
+        saved by this torch, on this device, for this model and these settings, they are loaded
+        first, so the first compile reads them (one line on the ``autotune.artifacts`` logger);
+        otherwise a warning says why not, in one line, and it compiles from nothing. Call
+        ``set_matmul_precision()`` before: the graphs' cache keys hold the TF32 flags.
+
         Save ``compiled._orig_mod.state_dict()`` (or the model you passed) for clean keys.
         """
         if self.compile_mode != "off":
             watch_recompile_limit()
+            self._load_artifacts(model)
         return step.apply_memory_budget(
             step.compile_model(model, self.compile_mode, self.config.compile_dynamic,
                                scope=self.knobs.compile_scope, blocks=blocks), self.knobs)
+
+    def _load_artifacts(self, model: nn.Module) -> None:
+        record = self.config.compile_artifacts
+        if record is None or self.folder is None:
+            return
+        first = next(model.parameters(), None)
+        device = str(first.device) if first is not None else "cpu"
+        loaded, self.artifacts_note = load_artifacts(
+            record, self.folder, model, graph_settings(self.config), device)
+        if not loaded:
+            warnings.warn(self.artifacts_note, CompileArtifactsWarning, stacklevel=3)
+            return
+        ARTIFACTS_LOG.info(self.artifacts_note)
+        tf32 = self.precision == "tf32"  # inductor's cache keys hold both flags
+        flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        if flags != (tf32, tf32):
+            warnings.warn(
+                f"compiled artifacts loaded, but this process's TF32 flags (matmul {flags[0]}, "
+                f"cudnn {flags[1]}) are not the search's ({self.precision}: both {tf32}) and "
+                "inductor's cache keys hold them: call cfg.set_matmul_precision() before "
+                "cfg.compile(model), or the first compile misses the artifacts",
+                CompileArtifactsWarning, stacklevel=3)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The autocast context for the forward pass (a no-op for fp32 and tf32)."""
@@ -379,6 +416,14 @@ class _RecompileLimitNote(logging.Filter):
             "compile), or raise torch._dynamo.config.recompile_limit", RecompileLimitWarning,
             stacklevel=2)
         return True
+
+
+class CompileArtifactsWarning(UserWarning):
+    """The compiled artifacts beside ``autotune.json`` were not loaded: the first compile
+    compiles from nothing (the message says why)."""
+
+
+ARTIFACTS_LOG = logging.getLogger("autotune.artifacts")
 
 
 class RecompileLimitWarning(UserWarning):

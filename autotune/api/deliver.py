@@ -9,17 +9,20 @@ from pathlib import Path
 from typing import Any
 
 from autotune.api.request import workload_file_here, workload_spec
+from autotune.artifacts import artifacts_name
 from autotune.codegen import SCRIPT_NAME, render_train_script
 from autotune.errors import AutotuneError, ConfigError, OutputExistsError
+from autotune.first_launch import Saved, save_compile_artifacts
 from autotune.report_html import render_html
 from autotune.schema import (
+    SkipRecord,
     TunedConfig,
     read_tuned,
     save_tuned,
     write_json_atomic,
 )
 from autotune.schema import json_schema as _json_schema
-from autotune.signals import guarded, interrupted_by
+from autotune.signals import SignalGuard, guarded, interrupted_by
 from autotune.usage import Tuned
 
 # ----------------------------------------------------------------------------------------------
@@ -65,7 +68,7 @@ def load(path: str | Path = "autotune.json", *, world_size: int | None = None,
             f"{config.micro_batch * config.accumulate_steps * world_size}, not "
             f"{config.target_batch}. Re-run `autotune search --target-batch "
             f"{config.target_batch} --world-size {world_size}`")
-    return Tuned(config, device_type=device_type)
+    return Tuned(config, device_type=device_type, folder=Path(path).absolute().parent)
 
 
 def write_train_script(config: TunedConfig, path: str | Path, *, force: bool = False) -> Path:
@@ -113,11 +116,46 @@ def json_schema() -> dict[str, Any]:
     return _json_schema()
 
 
-def write_outputs(config: TunedConfig, path: Path, script: Path, *, force: bool) -> None:
-    """Write autotune.json, train_autotuned.py and, beside the first, autotune.html, with
+def with_compile_artifacts(config: TunedConfig, path: Path, timeout_s: float | None,
+                           guard: SignalGuard) -> tuple[TunedConfig, Saved | None]:
+    """The config naming its winner's compiled artifacts, and their bytes, saved by one more
+    child run of the winner (``autotune.first_launch``); or, for a compiled winner without
+    them, the config with a skip that says why (eager: as it was).
+
+    Args:
+        config: the tuned config.
+        path: where ``autotune.json`` goes (the artifacts go beside it).
+        timeout_s: the run's limit (what the search's limits leave); None: none left.
+        guard: the search's signal guard: a signal ends the run, the result stays.
+    """
+    if config.compile_mode == "off":
+        return config, None
+    if timeout_s is None:
+        saved, why = None, "no compiled artifacts: the search's limits are spent"
+    else:
+        try:
+            with guard.armed():
+                saved, why = save_compile_artifacts(config, artifacts_name(path), timeout_s)
+        except KeyboardInterrupt as exc:  # the search is done: keep its result
+            name = getattr(exc, "signal_name", None)
+            stopped = f"interrupted ({'Ctrl-C' if name in (None, 'SIGINT') else name})"
+            config = replace(config, interrupted=True,
+                             stopped_by=f"{stopped} while saving compiled artifacts")
+            saved, why = None, f"no compiled artifacts: {stopped} while saving them"
+    if saved is None:
+        return replace(config, skips=(*config.skips, SkipRecord(
+            rule="compile-artifacts", text=why))), None
+    return replace(config, compile_artifacts=saved.record), saved
+
+
+def write_outputs(config: TunedConfig, path: Path, script: Path, *, force: bool,
+                  artifacts: Saved | None = None) -> None:
+    """Write autotune.json, train_autotuned.py and, beside the first, autotune.html and the
+    compiled ``artifacts`` (when given), with
     Ctrl-C and SIGTERM held until all are written (then acted on: ``Interrupted`` says what was
     written). Without ``force`` none replaces a file another process wrote meanwhile: this
-    search's result goes beside it, and the error says where.
+    search's result goes beside it, and the error says where. Artifacts that cannot be
+    written leave the config naming none (a warning says why).
 
     The page is a view of the config, rendered before anything is written: when it cannot be
     rendered (plotly missing, a bug in the page) or written (the disk filled), the config and
@@ -129,14 +167,16 @@ def write_outputs(config: TunedConfig, path: Path, script: Path, *, force: bool)
         ConfigError: the config or the script cannot be written (saying what was).
         Interrupted: a signal came while writing; the files were written.
     """
-    writers = [(path, "config", lambda at, f: save_tuned(config, at, force=f)),
-               (script, "script", lambda at, f: write_train_script(config, at, force=f))]
-    page = _render_page(config, path)
-    if page is not None:
-        writers.append((path.with_suffix(".html"), "report",
-                        lambda at, f: write_json_atomic(at, page, force=f)))
     written: list[Path] = []
     with guarded() as guard:
+        if artifacts is not None:  # first: the config names them only once they are there
+            config = _write_artifacts(config, path, artifacts, force, written)
+        writers = [(path, "config", lambda at, f: save_tuned(config, at, force=f)),
+                   (script, "script", lambda at, f: write_train_script(config, at, force=f))]
+        page = _render_page(config, path)
+        if page is not None:
+            writers.append((path.with_suffix(".html"), "report",
+                            lambda at, f: write_json_atomic(at, page, force=f)))
         for target, what, write in writers:
             try:
                 write(target, force)
@@ -163,6 +203,22 @@ def write_outputs(config: TunedConfig, path: Path, script: Path, *, force: bool)
         stopped = interrupted_by(guard.held[0])
         stopped.written = path  # type: ignore[attr-defined]
         raise stopped
+
+
+def _write_artifacts(config: TunedConfig, path: Path, artifacts: Saved, force: bool,
+                     written: list[Path]) -> TunedConfig:
+    """Write the compiled artifacts beside ``path``; the config without them (and a warning)
+    when they cannot be: an extra for the first launch never costs the result."""
+    target = path.with_name(artifacts.record.file)
+    try:
+        write_json_atomic(target, artifacts.data, force=force)
+    except AutotuneError as exc:  # another process wrote it meanwhile, the disk filled, ...
+        why = f"{target} not written: {exc}"
+        warnings.warn(f"{why}; the first launch compiles from nothing", stacklevel=3)
+        return replace(config, compile_artifacts=None, skips=(*config.skips, SkipRecord(
+            rule="compile-artifacts", text=f"no compiled artifacts: {why}")))
+    written.append(target)
+    return config
 
 
 def _render_page(config: TunedConfig, path: Path) -> str | None:

@@ -9,9 +9,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from autotune.api.deliver import write_outputs
+from autotune.api.deliver import with_compile_artifacts, write_outputs
 from autotune.api.fit import estimate
 from autotune.api.request import Budget, TuneRequest
+from autotune.artifacts import artifacts_name
 from autotune.config import (
     DeviceInfo,
     Knobs,
@@ -225,7 +226,8 @@ def search(
     **fields: Any,
 ) -> SearchResult:
     """Probe memory per setting, time candidates (baseline first), screen the further knobs
-    on the leader, write ``autotune.json``.
+    on the leader, write ``autotune.json`` (and, for a compiled winner, its compiled artifacts
+    for the first launch beside it: docs/compile.md).
 
     Args:
         request: what to tune (a ``TuneRequest``; or its fields as keywords, with a workload
@@ -254,6 +256,7 @@ def search(
         _check_writable(path, force)
         _check_writable(script, force)
         _check_writable(path.with_suffix(".html"), force)  # the report beside it
+        _check_writable(path.with_name(artifacts_name(path)), force)  # compiled artifacts
     # From here a signal ends a stage (the first one) or waits for the writes: once a run is
     # timed there is a result, and no Ctrl-C or SIGTERM may cost it (autotune.signals).
     with guarded() as guard:
@@ -275,7 +278,10 @@ def search(
                                     ranks=plan.nproc_per_node)
         config, stop_reason = _finish(report, outcome, settings, started, guard)
         if path is not None and script is not None:  # both checked before the search began
-            write_outputs(config, path, script, force=force)
+            runs_left = settings.max_trials - outcome.num_runs - len(config.memory.calibration)
+            config, saved = with_compile_artifacts(
+                config, path, _time_left(settings, started) if runs_left > 0 else None, guard)
+            write_outputs(config, path, script, force=force, artifacts=saved)
     if guard.held:  # a signal after the search: acted on now that the result is written
         stopped = interrupted_by(guard.held[0])
         stopped.written = path  # type: ignore[attr-defined]
