@@ -8,8 +8,9 @@ One section per lever, each a function that returns its rows (and the table that
   whole model compiled) against ``blocks`` (each repeated block compiled on its own, the rest
   eager). On CPU: the slow causal LM and masked LM of ``benchmarks/workloads.py`` (4 layers);
   on CUDA: the built-in workload, GPT-2 small (12 layers).
-- the first launch with and without the saved compile artifacts is `benchmarks/compile_first_launch.py`
-  (its own script: it needs a tuned config and fresh processes of the generated loop).
+- the first launch with and without the saved compile artifacts is
+  ``benchmarks/compile_first_launch.py`` (its own script: it needs a tuned config and fresh
+  processes of the generated loop).
 
 Run: ``python benchmarks/compile_cost.py --machine epyc [--device cpu] [--repeats N]`` ->
 ``results/compile-cost_<workload>-<machine>-<date>.{md,json}`` per workload.
