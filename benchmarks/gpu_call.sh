@@ -14,7 +14,12 @@
 # `gpu_suite.py --only oracle-gpt2-capped-rest --seconds 165 --search-from <the first call's
 # JSON>`: results/archive/gpu/h200-2026-11-26b.md). Next lease: the capped pass whole, in one call
 # (`TESTS_S=0 gpu_call.sh 580 oracle-gpt2-capped`, no search: ~560 s), for the cost ratio against
-# a complete pass.
+# a complete pass. Then issue 49's GPU figures (2026-11-28, CPU only so far): in a call after
+# the install line, `python3 benchmarks/compile_cost.py --machine h100 --device cuda` (cold
+# compile and step of compile_scope model vs blocks on GPT-2 small: 12 blocks, where regional
+# compilation should save more than the CPU's 4-layer 2.4-3.0x) and a default search's
+# artifacts loaded by a fresh `train_autotuned.py` (CUDA entries bundle Triton kernels; the
+# CPU's C++ kernels are rebuilt, 1.23x only).
 # Here first: `bash benchmarks/gpu_wheels.sh` (optuna and what the device lacks, into .whl/).
 # Then the device tool's run: command `bash benchmarks/gpu_call.sh`, carry [".whl"],
 # timeout_s 600. Results under $OUT/gpu (else benchmarks/results/gpu).
