@@ -31,6 +31,7 @@ OptimizerImpl = Literal["default", "for-loop", "foreach", "fused"]
 MemoryFormat = Literal["contiguous", "channels_last"]
 Allocator = Literal["default", "expandable_segments"]
 Strategy = Literal["none", "ddp", "ddp-bucket-view", "fsdp", "fsdp-no-reshard"]
+Shapes = Literal["max", "buckets", "dynamic"]
 
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
@@ -77,6 +78,13 @@ class Knobs:
     sharded over the ranks, parameters gathered per block and freed after its forward) or
     ``fsdp-no-reshard`` (parameters kept gathered from forward to backward: one all-gather
     less per block, the memory of unsharded parameters)."""
+    shapes: Shapes = "max"
+    """How batches of varying length run (a workload that declares ``lengths``): padded to the
+    worst case (``max``: one graph, compute spent on padding), to the next of a few bucket
+    lengths (``buckets``: one static graph per bucket, kept under the recompile limit) or at
+    their own length with the sequence dimension compiled dynamic (``dynamic``: one graph, no
+    padding beyond the batch's longest sample, kernels not specialized to one length). Memory
+    is the worst case's under every policy."""
 
     def label(self) -> str:
         """``bf16/default``, with every knob away from its default after it, e.g.
@@ -194,6 +202,8 @@ class WorkloadTraits:
     optimizer_default: str = ""
     """The implementation the optimizer as built runs (torch picks foreach for CUDA
     parameters and for-loop otherwise, unless the workload chose)."""
+    has_lengths: bool = False
+    """The workload declares real sequence lengths (``Workload.lengths``, ``--lengths``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -250,6 +260,21 @@ def _format_needs(value: str, traits: WorkloadTraits) -> str | None:
     return None
 
 
+def _shapes_needs(value: str, traits: WorkloadTraits) -> str | None:
+    if value != "max" and not traits.has_lengths:
+        return ("the workload declares no lengths (every batch has its worst-case shape); "
+                "declare Workload(lengths=...) or --lengths FILE")
+    return None
+
+
+def shapes_dynamic(knobs: Knobs, configured: bool | None = None) -> bool | None:
+    """``torch.compile``'s ``dynamic`` under the shape policy: ``buckets`` compiles one static
+    graph per bucket (False: automatic dynamic shapes would turn the second bucket into a
+    dynamic graph); the others keep ``configured`` (``TunedConfig.compile_dynamic``; ``dynamic``
+    marks the sequence dimension itself)."""
+    return False if knobs.shapes == "buckets" else configured
+
+
 KNOBS: tuple[Knob, ...] = (
     Knob(name="precision", tag="precision", option="--precisions", values=PRECISIONS,
          default="fp32", help="fp32, tf32 (CUDA), bf16 (autocast), fp16 (autocast + GradScaler): "
@@ -283,6 +308,13 @@ KNOBS: tuple[Knob, ...] = (
          "(FSDP2: parameters, gradients and optimizer state sharded over the ranks; "
          "fsdp-no-reshard: faster, parameters stay gathered from forward to backward); ddp "
          "and fsdp name both of their values"),
+    Knob(name="shapes", tag="shapes", option="--shapes", values=get_args(Shapes),
+         default="max", needs=_shapes_needs,
+         help="how batches of varying length run, where the workload declares lengths: max "
+         "(padded to the worst case: one graph, compute spent on padding), buckets (padded to "
+         "the next of a few lengths from the distribution: one static graph each, under the "
+         "recompile limit) or dynamic (the sequence dimension compiled dynamic: one graph, no "
+         "padding); memory is always the worst case's"),
 )
 """Every knob, precision and compile mode first (they form a label's base)."""
 KNOB = {k.name: k for k in KNOBS}
@@ -404,6 +436,9 @@ def training_arguments(knobs: Knobs, device_type: str = "cuda"
                      "runs plain DDP under torchrun, with one copy of the gradients more than "
                      "measured")
     notes += _fsdp_reduce_note(knobs, "Trainer")
+    if knobs.shapes == "buckets":
+        kwargs["group_by_length"] = True  # batches of alike lengths: less padding per bucket
+    notes += shapes_notes(knobs, "Trainer")
     return kwargs, notes
 
 
@@ -457,7 +492,8 @@ def accelerator_kwargs(knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
         "mixed_precision": {"bf16": "bf16", "fp16": "fp16"}.get(knobs.precision, "no")}
     notes = [f"{name}={getattr(knobs, name)}: apply it with cfg.apply(model) / "
              "cfg.build_optimizer(...) (Accelerate has no switch for it)"
-             for name in knobs.changed() if name != "strategy"]
+             for name in knobs.changed() if name not in ("strategy", "shapes")]
+    notes += shapes_notes(knobs, "Accelerate")
     if knobs.strategy not in ("none", "ddp"):
         found, why = _accelerate_strategy(knobs)
         kwargs.update(found)
@@ -508,6 +544,25 @@ def describe(knobs: Knobs, names: Sequence[str] | None = None) -> list[str]:
                      "fsdp": "FSDP2 fully_shard per block and root, resharded after forward",
                      "fsdp-no-reshard": "FSDP2 fully_shard, parameters kept from forward to "
                                         "backward"},
+        "shapes": {"max": "every batch padded to the worst-case length",
+                   "buckets": "batches padded to the next bucket length, one static graph each",
+                   "dynamic": "batches at their own length, sequence dimension compiled "
+                              "dynamic"},
     }
     return [f"{k.name} = {getattr(knobs, k.name)}: {words[k.name][getattr(knobs, k.name)]}"
             for k in KNOBS[2:] if names is None or k.name in names]
+
+
+def shapes_notes(knobs: Knobs, target: str) -> list[str]:
+    """What ``target`` (Trainer, Accelerate) needs by hand for the shape policy: its collate
+    (``Tuned.pad_to``; ``buckets``: ``DataCollatorWithPadding(pad_to_multiple_of=...)`` is the
+    nearest switch, one multiple for all lengths) and the dynamic marking."""
+    if knobs.shapes == "buckets":
+        return [f"shapes=buckets: pad each batch to cfg.pad_to(its longest length) in your "
+                f"collate (the tuned bucket lengths; {target}'s DataCollatorWithPadding has "
+                "only pad_to_multiple_of), and compile with dynamic=False"]
+    if knobs.shapes == "dynamic":
+        return [f"shapes=dynamic: pad each batch to its own longest sample only, and mark its "
+                f"sequence dimension with cfg.batch(batch) (torch._dynamo.mark_dynamic(t, 1)); "
+                f"{target} has no switch for it"]
+    return []

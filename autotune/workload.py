@@ -43,9 +43,11 @@ class Workload:
     """Shown in reports and stored in ``autotune.json``."""
     build_model: Callable[[], nn.Module]
     """Returns the model on the CPU; called inside the child process (never in the parent)."""
-    make_batch: Callable[[int], Batch]
+    make_batch: Callable[..., Batch]
     """Returns the WORST-CASE batch of ``micro_batch`` samples (max sequence length, largest
-    image): probes must see the largest memory the real data can ask for."""
+    image): probes must see the largest memory the real data can ask for. A workload that
+    declares ``lengths`` takes the length too, ``make_batch(micro_batch, length)``: a batch
+    whose sequence dimension (dim 1) is ``length``."""
     loss: Callable[[nn.Module, Batch], torch.Tensor] | None = None
     """Scalar mean loss of one micro-batch. Default: ``model(**batch).loss`` for dict batches
     (Hugging Face outputs), ``model(*batch).loss`` for tuples, ``model(batch).loss`` else."""
@@ -56,7 +58,13 @@ class Workload:
     micro-batch losses are weighted by their share of the whole effective batch, so a token
     loss is normalized once over all tokens of the optimizer step."""
     tokens_per_sample: int | None = None
-    """For tokens/s in reports (sequence length for language models)."""
+    """For tokens/s in reports (sequence length for language models). With ``lengths``, the
+    worst-case length (default: the longest length)."""
+    lengths: Sequence[int] | Callable[[], Sequence[int]] | None = None
+    """Real sequence lengths (a sample of the dataset's token counts, or a function returning
+    one, e.g. read from the dataset): batches vary in length, and the ``shapes`` knob tunes how
+    they are padded and compiled (``docs/shapes.md``). Memory is probed at the worst case;
+    speed on batches drawn from these lengths. None: every batch has the worst-case shape."""
     blocks: Callable[[nn.Module], Sequence[nn.Module]] | None = None
     """The model's repeated blocks, for activation checkpointing (and FSDP's per-block
     wrapping). Default: the longest run of same-type modules in a ``ModuleList`` or

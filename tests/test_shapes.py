@@ -1,0 +1,127 @@
+"""Variable-length batches (issue 48): the workload declares its lengths, the ``shapes`` knob
+pads or marks them, trials time batches drawn from the lengths (memory at the worst case), and
+a workload without lengths runs exactly as before."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch._dynamo
+
+from autotune.config import TrialSpec, WorkloadSpec
+from autotune.errors import WorkloadError
+from autotune.knobs import KNOB, Knobs, WorkloadTraits, shapes_dynamic, skip_reason
+from autotune.lengths import MAX_BUCKETS
+from autotune.shapes import batch_at, declared_lengths, worst_batch
+from autotune.trial import run_trial
+from tests import workloads
+from tests.conftest import workload_target
+
+
+@pytest.mark.parametrize(("factory", "said"), [
+    ("varlen_one_arg", "declares lengths, and its make_batch takes only the micro-batch; "
+                       r"define make_batch\(micro_batch, length\)"),
+    ("varlen_over_worst", "length 100 is over the workload's worst case of 64 tokens"),
+])
+def test_bad_lengths_are_a_workload_error_with_the_value_and_the_fix(factory: str,
+                                                                      said: str) -> None:
+    with pytest.raises(WorkloadError, match=said):
+        declared_lengths(getattr(workloads, factory)())
+
+
+@pytest.mark.parametrize(("lengths", "said"), [
+    ((), "no lengths"), ((4, 0), "length 0 is not positive"),
+    ((4, 2.5), r"2.5 \(float\) is not an integer"), ("128", "got str"),
+])
+def test_bad_declared_lengths_are_refused(lengths: Any, said: str) -> None:
+    with pytest.raises(WorkloadError, match=said):
+        declared_lengths(workloads.varlen(lengths=lengths))
+
+
+def test_a_lengths_function_is_called_and_a_failing_one_named() -> None:
+    found = declared_lengths(workloads.varlen_callable())
+    assert found is not None and found.values == workloads.VARLEN_LENGTHS
+    assert found.worst == workloads.VARLEN_WORST
+
+    def broken() -> list[int]:
+        raise FileNotFoundError("data.jsonl")
+
+    with pytest.raises(WorkloadError, match=r"lengths\(\) raised FileNotFoundError: data.jsonl"):
+        declared_lengths(workloads.varlen(lengths=broken))
+
+
+def test_a_make_batch_that_ignores_the_length_is_refused_naming_the_shapes() -> None:
+    workload = workloads.varlen_ignores_length()
+    with pytest.raises(WorkloadError, match=r"make_batch\(2, 9\) returned input_ids: \(2, 64\)"
+                                            r".*ignores the length"):
+        batch_at(workload, 2, 9)
+
+
+def test_the_worst_case_is_the_declared_worst_or_the_longest_length() -> None:
+    lengths = declared_lengths(workloads.varlen(tokens_per_sample=None))
+    assert lengths is not None and lengths.worst == max(workloads.VARLEN_LENGTHS)
+    assert worst_batch(workloads.varlen(), 3, declared_lengths(workloads.varlen()))[
+        "input_ids"].shape == (3, workloads.VARLEN_WORST)
+
+
+def test_shapes_beyond_max_apply_only_where_lengths_are_declared() -> None:
+    assert KNOB["shapes"].values == ("max", "buckets", "dynamic")
+    for value in ("buckets", "dynamic"):
+        assert "declares no lengths" in skip_reason(Knobs(shapes=value), WorkloadTraits())
+        assert skip_reason(Knobs(shapes=value), WorkloadTraits(has_lengths=True)) is None
+    assert skip_reason(Knobs(), WorkloadTraits()) is None
+    # The fixed-shape label and compile are as before; buckets compile static graphs.
+    assert Knobs().label() == "fp32/off" and Knobs(shapes="dynamic").label() == (
+        "fp32/off+shapes=dynamic")
+    assert Knobs.from_label("bf16/default+shapes=buckets").shapes == "buckets"
+    assert (shapes_dynamic(Knobs()), shapes_dynamic(Knobs(shapes="buckets")),
+            shapes_dynamic(Knobs(shapes="dynamic"), True)) == (None, False, True)
+
+
+def _trial(target: str, **fields: Any) -> Any:
+    torch._dynamo.reset()
+    spec = TrialSpec(workload=WorkloadSpec(kind="file", target=workload_target(target)),
+                     device="cpu", micro_batch=4, accumulate_steps=2,
+                     **{"num_timed_steps": 3, **fields})
+    return run_trial(spec)
+
+
+def test_a_fixed_shape_workload_runs_as_before() -> None:
+    result = _trial("tiny")
+    assert result.status == "ok", result.message
+    assert result.traits is not None and not result.traits.has_lengths
+    assert result.tokens_per_sample is None
+
+
+@pytest.mark.parametrize("shapes", ["max", "buckets", "dynamic"])
+def test_trials_time_the_drawn_lengths_and_count_real_tokens(shapes: str) -> None:
+    result = _trial("varlen", knobs=Knobs(shapes=shapes))
+    assert result.status == "ok", result.message
+    assert result.traits is not None and result.traits.has_lengths
+    # Real tokens per sample: the draw's mean length, well under the worst case, the same for
+    # every policy (one seeded draw for every candidate).
+    assert result.tokens_per_sample == _trial("varlen").tokens_per_sample
+    assert result.tokens_per_sample < workloads.VARLEN_WORST
+
+
+@pytest.mark.subprocess  # inductor's compiler
+@pytest.mark.parametrize(("shapes", "most_graphs"), [
+    ("max", 1), ("buckets", 1 + MAX_BUCKETS), ("dynamic", 1)])
+def test_a_compiled_trial_stays_within_its_policys_graphs(shapes: str,
+                                                          most_graphs: int) -> None:
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    result = _trial("varlen", knobs=Knobs(compile_mode="default", shapes=shapes))
+    assert result.status == "ok", result.message
+    assert result.num_graphs is not None and 1 <= result.num_graphs <= most_graphs
+
+
+def test_memory_is_probed_at_the_worst_case_under_every_policy() -> None:
+    peaks = {shapes: _trial("varlen", num_timed_steps=0, knobs=Knobs(shapes=shapes))
+             for shapes in ("max", "dynamic")}
+    assert all(r.status == "ok" for r in peaks.values())
+    # A probe runs the worst-case batch only: its fingerprint (batch shapes) is the same.
+    assert len({r.workload_fingerprint for r in peaks.values()}) == 1
