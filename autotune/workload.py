@@ -193,7 +193,8 @@ def load_workload(spec: WorkloadSpec, device: str = "cpu") -> Workload:
     if spec.kind == "default":
         return default_workload(device)
     if spec.kind == "hf":
-        return hf_workload(spec.target, seq_len=spec.seq_len, pretrained=spec.pretrained)
+        return hf_workload(spec.target, seq_len=spec.seq_len, pretrained=spec.pretrained,
+                           lengths=spec.lengths)
     path, factory_name = split_factory(spec.target)
     module = _import_file(path)
     factory = getattr(module, factory_name, None)
@@ -457,13 +458,15 @@ def masked_lm_label_count(batch: dict[str, torch.Tensor]) -> torch.Tensor:
 _MAX_DEFAULT_SEQ_LEN = 1024
 
 
-def hf_workload(name: str, *, seq_len: int | None = None, pretrained: bool = False) -> Workload:
+def hf_workload(name: str, *, seq_len: int | None = None, pretrained: bool = False,
+                lengths: Sequence[int] | None = None) -> Workload:
     """A Hugging Face causal-LM, masked-LM or sequence classifier, from its config.
 
     Args:
         name: a model id (needs the network or the local HF cache) or a local directory.
         seq_len: worst-case sequence length; default the model's maximum, capped at 1024.
         pretrained: load real weights (a download); random weights otherwise.
+        lengths: real sequence lengths (``--lengths``): batches are then built at a length.
 
     Raises:
         WorkloadError: the config cannot be found or the architecture is not supported.
@@ -490,8 +493,8 @@ def hf_workload(name: str, *, seq_len: int | None = None, pretrained: bool = Fal
             return auto.from_pretrained(name)
         return auto.from_config(config)
 
-    def make_batch(micro_batch: int) -> dict[str, torch.Tensor]:
-        ids = torch.randint(0, vocab_size, (micro_batch, seq))
+    def make_batch(micro_batch: int, length: int = seq) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, vocab_size, (micro_batch, length))
         batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         if task == "classifier":
             batch["labels"] = torch.randint(0, num_labels, (micro_batch,))
@@ -506,6 +509,7 @@ def hf_workload(name: str, *, seq_len: int | None = None, pretrained: bool = Fal
         make_batch=make_batch,
         count_loss_items=counts.get(task),
         tokens_per_sample=seq,
+        lengths=lengths,
     )
 
 

@@ -4,20 +4,31 @@ a workload without lengths runs exactly as before."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
 import torch
 import torch._dynamo
 
-from autotune.config import TrialSpec, WorkloadSpec
+from autotune.config import TrialResult, TrialSpec, WorkloadSpec
 from autotune.errors import WorkloadError
 from autotune.knobs import KNOB, Knobs, WorkloadTraits, shapes_dynamic, skip_reason
 from autotune.lengths import MAX_BUCKETS
+from autotune.search import run_search, tuned_config
 from autotune.shapes import batch_at, declared_lengths, worst_batch
 from autotune.trial import run_trial
 from tests import workloads
 from tests.conftest import workload_target
+from tests.test_search_stages import (
+    CLASSES,
+    SETTINGS,
+    TRAITS,
+    VALUES,
+    KnobDevice,
+    by_class,
+    plan,
+)
 
 
 @pytest.mark.parametrize(("factory", "said"), [
@@ -125,3 +136,46 @@ def test_memory_is_probed_at_the_worst_case_under_every_policy() -> None:
     assert all(r.status == "ok" for r in peaks.values())
     # A probe runs the worst-case batch only: its fingerprint (batch shapes) is the same.
     assert len({r.workload_fingerprint for r in peaks.values()}) == 1
+
+
+# ----------------------------------------------------------------------------------------------
+# The search: shapes is screened like every knob, and only where lengths are declared.
+
+
+@dataclass
+class ShapesDevice(KnobDevice):
+    """A scripted device on which each shape policy has its own speed."""
+
+    shapes_speed: dict[str, float] = field(default_factory=lambda: {
+        "max": 1.0, "buckets": 1.6, "dynamic": 1.3})
+
+    def __call__(self, spec: TrialSpec) -> TrialResult:
+        result = super().__call__(replace(spec, knobs=spec.knobs.with_(shapes="max")))
+        self.specs[-1] = spec
+        factor = self.shapes_speed[spec.knobs.shapes]
+        return replace(result, step_times_s=tuple(t / factor for t in result.step_times_s))
+
+
+def _runs(device: KnobDevice, values: dict[str, tuple[str, ...]]) -> list[str]:
+    outcome = run_search(plan(), CLASSES, SETTINGS, values=values, run=device)
+    device.outcome = outcome  # type: ignore[attr-defined]
+    return [f"{s.knobs.label()}/{s.micro_batch}/{s.num_timed_steps}" for s in device.specs]
+
+
+def test_a_fixed_shape_workload_gets_no_new_trials_from_the_shapes_knob() -> None:
+    speeds = by_class(100, 150, 160, 200, 300, 330)
+    before = _runs(KnobDevice(speeds), VALUES)
+    after = _runs(ShapesDevice(speeds), {**VALUES, "shapes": ("max", "buckets", "dynamic")})
+    assert after == before
+    assert not any("shapes=" in run for run in after)
+
+
+def test_where_lengths_are_declared_the_search_times_each_policy_and_picks_the_fastest(
+        ) -> None:
+    device = ShapesDevice(by_class(100, 150, 160, 200, 300, 330),
+                          traits=replace(TRAITS, has_lengths=True))
+    runs = _runs(device, {**VALUES, "shapes": ("max", "buckets", "dynamic")})
+    assert any("+shapes=buckets/" in r for r in runs)
+    assert any("+shapes=dynamic/" in r for r in runs)
+    tuned = tuned_config(plan(), device.outcome, SETTINGS)  # type: ignore[attr-defined]
+    assert tuned.knobs.shapes == "buckets"
