@@ -81,12 +81,15 @@ def _takes_length(make_batch: object) -> bool:
     return True
 
 
-def sequence_tensors(batch: Batch, length: int) -> list[torch.Tensor]:
-    """The batch's tensors whose dim 1 (the sequence dimension) is ``length``."""
+def _all_tensors(batch: Batch) -> list[torch.Tensor]:
     tensors = (batch.values() if isinstance(batch, dict) else
                batch if isinstance(batch, (tuple, list)) else [batch])
-    return [t for t in tensors if isinstance(t, torch.Tensor) and t.dim() >= 2
-            and t.shape[1] == length]
+    return [t for t in tensors if isinstance(t, torch.Tensor)]
+
+
+def sequence_tensors(batch: Batch, length: int) -> list[torch.Tensor]:
+    """The batch's tensors whose dim 1 (the sequence dimension) is ``length``."""
+    return [t for t in _all_tensors(batch) if t.dim() >= 2 and t.shape[1] == length]
 
 
 def batch_at(workload: Workload, micro_batch: int, length: int) -> Batch:
@@ -117,10 +120,16 @@ def worst_batch(workload: Workload, micro_batch: int, lengths: Lengths | None) -
     return batch_at(workload, micro_batch, lengths.worst)
 
 
-def mark_dynamic(batch: Batch, length: int) -> Batch:
+def mark_dynamic(batch: Batch, length: int | None = None) -> Batch:
     """The ``dynamic`` policy: the batch's sequence dimension marked dynamic for
     ``torch.compile`` (one graph for every length). Lengths 0 and 1, which dynamo always
-    specializes, are marked only as a hint."""
+    specializes, are marked only as a hint. ``length`` None: dim 1 of the batch's first tensor
+    of two or more dims."""
+    if length is None:
+        found = [t for t in _all_tensors(batch) if t.dim() >= 2]
+        if not found:
+            return batch
+        length = int(found[0].shape[1])
     mark = (torch._dynamo.mark_dynamic if length >= 2  # type: ignore[attr-defined]
             else torch._dynamo.maybe_mark_dynamic)  # type: ignore[attr-defined]
     for tensor in sequence_tensors(batch, length):
