@@ -235,6 +235,9 @@ class Knob:
     in_graph: bool = True
     """Whether its value changes what ``torch.compile`` compiles (False: the optimizer, which
     runs eager, and the allocator)."""
+    said_at_default: bool = True
+    """Whether the generated script's tuned block says it at its default (False: ``shapes``,
+    whose default is what a fixed-shape workload runs: its script stays as it was)."""
 
 
 def _ckpt_needs(value: str, traits: WorkloadTraits) -> str | None:
@@ -309,7 +312,7 @@ KNOBS: tuple[Knob, ...] = (
          "fsdp-no-reshard: faster, parameters stay gathered from forward to backward); ddp "
          "and fsdp name both of their values"),
     Knob(name="shapes", tag="shapes", option="--shapes", values=get_args(Shapes),
-         default="max", needs=_shapes_needs,
+         default="max", needs=_shapes_needs, said_at_default=False,
          help="how batches of varying length run, where the workload declares lengths: max "
          "(padded to the worst case: one graph, compute spent on padding), buckets (padded to "
          "the next of a few lengths from the distribution: one static graph each, under the "

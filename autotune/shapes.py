@@ -33,7 +33,7 @@ class Lengths:
 
     def buckets(self) -> tuple[int, ...]:
         """The bucket lengths of ``buckets`` (``lengths.bucket_lengths``)."""
-        return bucket_lengths(self.values, worst=self.worst)
+        return bucket_lengths(self.values)
 
     def pad(self, length: int, policy: str) -> int:
         """The length a batch whose longest sample is ``length`` runs at under ``policy``."""

@@ -76,3 +76,37 @@ def test_a_tuned_compiled_config_fed_30_random_lengths_stays_within_its_policys_
         compiles.per_frame)
     hits = [k for k in counters["unimplemented"] if "recompile limit" in k.lower()]
     assert not hits  # no frame fell back to eager
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize(("shapes", "compile_mode"), [
+    ("max", "off"), ("buckets", "off"), ("dynamic", "off"), ("buckets", "default")])
+def test_the_generated_script_trains_on_drawn_lengths_under_each_policy(
+        tmp_path, shapes: str, compile_mode: str) -> None:
+    import subprocess
+    import sys
+
+    from autotune.codegen import render_train_script
+    from tests.tuned_configs import subprocess_env
+
+    script = tmp_path / "train_autotuned.py"
+    script.write_text(render_train_script(_tuned(shapes, compile_mode).config))
+    text = script.read_text()
+    assert f'shapes = "{shapes}"' in text and "def pad_to(longest):" in text
+    done = subprocess.run([sys.executable, str(script), "--steps", "3", "--device", "cpu",
+                           "--out", str(tmp_path)], capture_output=True, text=True,
+                          env=subprocess_env(), timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "step 3/3" in done.stdout
+
+
+def test_the_scripts_bucket_lengths_are_the_librarys() -> None:
+    from autotune.codegen import render_train_script
+    from autotune.lengths import bucket_lengths
+
+    text = render_train_script(_tuned("buckets", "off").config)
+    start = text.index("def bucket_lengths_of(")
+    scope: dict[str, object] = {}
+    exec("import math\n" + text[start:text.index("\n\n\n", start)], scope)
+    for sample in ([5], [1, 2, 3], list(range(1, 300, 7)), [64] * 10 + [3, 900, 17]):
+        assert scope["bucket_lengths_of"](sample) == list(bucket_lengths(sample))
