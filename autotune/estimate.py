@@ -59,6 +59,7 @@ from autotune.step import (
     set_matmul_precision,
     train_step,
 )
+from autotune.shapes import declared_lengths, worst_batch
 from autotune.workload import Workload, check_batch, check_model, count_parameters
 
 Kernels = Literal["cuda", "cpu"]
@@ -591,7 +592,8 @@ def estimate_step(workload: Workload, micro_batch: int, *, knobs: Knobs = BASELI
 
 def _make_batches(workload: Workload, micro_batch: int, knobs: Knobs) -> list[Any]:
     """Two micro-batches as the knobs want them (what ``apply_to_batch`` replaced is freed)."""
-    batches = [workload.make_batch(micro_batch) for _ in range(2)]
+    lengths = declared_lengths(workload)  # memory at the worst case, whatever the policy
+    batches = [worst_batch(workload, micro_batch, lengths) for _ in range(2)]
     for batch in batches:
         check_batch(batch, micro_batch, workload.name)
     return [apply_to_batch(batch, knobs) for batch in batches]

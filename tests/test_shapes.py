@@ -179,3 +179,14 @@ def test_where_lengths_are_declared_the_search_times_each_policy_and_picks_the_f
     assert any("+shapes=dynamic/" in r for r in runs)
     tuned = tuned_config(plan(), device.outcome, SETTINGS)  # type: ignore[attr-defined]
     assert tuned.knobs.shapes == "buckets"
+
+
+def test_the_estimator_traces_the_worst_case_under_every_policy() -> None:
+    from autotune.estimate import estimate_step
+
+    fixed = workloads.varlen(lengths=None, make_batch=lambda micro_batch: (
+        workloads._varlen_batch(micro_batch, workloads.VARLEN_WORST)))
+    expected = estimate_step(fixed, 4).peak_bytes
+    for shapes in ("max", "buckets", "dynamic"):
+        assert estimate_step(workloads.varlen(), 4, knobs=Knobs(shapes=shapes)
+                             ).peak_bytes == expected
