@@ -51,6 +51,7 @@ from autotune.boundary import Point, bracket, first_candidate, next_candidate
 from autotune.config import format_bytes
 from autotune.errors import ConfigError, UntraceableStepError, WorkloadError
 from autotune.knobs import BASELINE, KNOB, Knobs, KnobUnsupported
+from autotune.shapes import declared_lengths, worst_batch
 from autotune.step import (
     apply_parallel,
     apply_to_batch,
@@ -59,7 +60,6 @@ from autotune.step import (
     set_matmul_precision,
     train_step,
 )
-from autotune.shapes import declared_lengths, worst_batch
 from autotune.workload import Workload, check_batch, check_model, count_parameters
 
 Kernels = Literal["cuda", "cpu"]

@@ -46,7 +46,8 @@ def declared_lengths(workload: Workload) -> Lengths | None:
 
     Raises:
         WorkloadError: the function raised; the lengths are empty, not integers, not positive or
-            over the worst case; or ``make_batch`` takes no length: each with the fix.
+            over the worst case; ``make_batch`` takes no length, or ignores it (a batch of one
+            sample at the shortest length is built to see): each with the fix.
     """
     raw = workload.lengths
     if raw is None:
@@ -68,7 +69,10 @@ def declared_lengths(workload: Workload) -> Lengths | None:
             f"workload {workload.name!r} declares lengths, and its make_batch takes only the "
             "micro-batch; define make_batch(micro_batch, length) returning a batch whose "
             "sequence dimension (dim 1) is that length")
-    return Lengths(values, workload.tokens_per_sample or max(values))
+    found = Lengths(values, workload.tokens_per_sample or max(values))
+    if min(values) < found.worst:  # one batch of a single sample: does make_batch obey it?
+        batch_at(workload, 1, min(values))
+    return found
 
 
 def _takes_length(make_batch: object) -> bool:

@@ -190,3 +190,75 @@ def test_the_estimator_traces_the_worst_case_under_every_policy() -> None:
     for shapes in ("max", "buckets", "dynamic"):
         assert estimate_step(workloads.varlen(), 4, knobs=Knobs(shapes=shapes)
                              ).peak_bytes == expected
+
+
+# ----------------------------------------------------------------------------------------------
+# The command line: --lengths FILE for --model, --shapes; bad input exits 2 saying what and how.
+
+
+def _cli(*args: str) -> Any:
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    result = CliRunner().invoke(app, list(args))
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("", "no lengths; give at least one sequence length"),
+    ("12\nlots\n", "line 2 is 'lots', not an integer"),
+    ("[12, 0]", "length 0 is not positive"),
+    ("[12, 80]", "length 80 is over the workload's worst case of 64 tokens; truncate"),
+])
+def test_a_bad_lengths_file_exits_2_naming_the_value_and_the_fix(tmp_path, text: str,
+                                                                  says: str) -> None:
+    path = tmp_path / "lengths.txt"
+    path.write_text(text)
+    result = _cli("search", "--device", "cpu", "--model", "gpt2", "--seq-len", "64",
+                  "--lengths", str(path))
+    assert result.exit_code == 2, result.output
+    assert says in " ".join(result.output.split())
+    assert f"--lengths {path}" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--lengths", "x.txt"], "--lengths x.txt applies to --model"),
+    (["--model", "gpt2", "--lengths", "missing.txt"], "cannot read it"),
+    (["--shapes", "padded"], "--shapes padded: not a value of shapes; choose from "
+                             "max,buckets,dynamic"),
+])
+def test_lengths_and_shapes_options_refuse_what_they_cannot_use(args: list[str],
+                                                                 says: str) -> None:
+    result = _cli("probe", "--device", "cpu", *args)
+    assert result.exit_code == 2, result.output
+    assert says in " ".join(result.output.split())
+
+
+def test_a_lengths_file_reaches_the_spec_and_the_child_builds_batches_at_a_length(
+        tmp_path) -> None:
+    from autotune import api
+    from autotune.workload import load_workload
+
+    path = tmp_path / "lengths.json"
+    path.write_text("[3, 7, 12]")
+    spec = api.workload_spec(model="gpt2", seq_len=16, lengths=path)
+    assert spec.lengths == (3, 7, 12)
+    workload = load_workload(spec)
+    lengths = declared_lengths(workload)
+    assert lengths is not None and (lengths.values, lengths.worst) == ((3, 7, 12), 16)
+    assert batch_at(workload, 2, 7)["input_ids"].shape == (2, 7)
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize(("factory", "says"), [
+    ("varlen_ignores_length", "ignores the length"),
+    ("varlen_over_worst", "length 100 is over the workload's worst case of 64 tokens"),
+])
+def test_a_workload_with_bad_lengths_exits_2(factory: str, says: str) -> None:
+    result = _cli("probe", "--target-batch", "1", "--device", "cpu", "--precisions", "fp32",
+                  "--compile-modes", "off", "--workload", workload_target(factory))
+    assert result.exit_code == 2, result.output
+    assert says in " ".join(result.output.split())
