@@ -189,12 +189,16 @@ lengths = $lengths
 worst_length = $worst
 
 
-def bucket_lengths_of(lengths, count=$count, multiple=$multiple):
-    """Up to `count` lengths, ascending, the last at least the longest: each quantile k/count
-    of the lengths rounded up to `multiple` (at most the longest): one static graph each."""
+def bucket_lengths_of(lengths, micro_batch, count=$count, multiple=$multiple):
+    """Up to `count` lengths, ascending, the last the longest: one static graph each. A batch
+    is padded to its longest sample: each bucket is a quantile k/count of that longest length
+    (the lengths' quantile (k/count) ** (1/micro_batch)), rounded up to `multiple`."""
     ordered = sorted(lengths)
-    return sorted({min(ordered[-1], -(-ordered[math.ceil(k * len(ordered) / count) - 1]
-                                      // multiple) * multiple) for k in range(1, count + 1)})
+    chosen = set()
+    for k in range(1, count + 1):
+        at = ordered[max(0, math.ceil((k / count) ** (1 / micro_batch) * len(ordered)) - 1)]
+        chosen.add(min(ordered[-1], -(-at // multiple) * multiple))
+    return sorted(chosen)
 
 
 def pad_to(longest):
@@ -207,7 +211,7 @@ def pad_to(longest):
 
 
 if lengths:
-    bucket_lengths = bucket_lengths_of(lengths)
+    bucket_lengths = bucket_lengths_of(lengths, micro_batch)
     if shapes == "buckets":
         compile_dynamic = False  # one static graph per bucket, under the recompile limit
     make_batch_at = get_batch

@@ -114,22 +114,24 @@ def check_lengths(values: object, source: str, worst: int | None = None) -> tupl
 
 
 def bucket_lengths(lengths: Sequence[int], max_count: int = MAX_BUCKETS,
-                   worst: int | None = None) -> tuple[int, ...]:
-    """The lengths ``buckets`` pads to: at most ``max_count``, ascending, the last one at
-    least the longest length (so every length has a bucket at least as long).
+                   micro_batch: int = 1) -> tuple[int, ...]:
+    """The lengths ``buckets`` pads to: at most ``max_count``, ascending, the last one the
+    longest length (so every length has a bucket at least as long).
 
-    A pure function of the sample: its quantiles at ``k / max_count``, each rounded up to a
-    multiple of ``BUCKET_MULTIPLE`` (never past ``worst``; without it, never past the longest
-    length).
+    A pure function of the sample and the micro-batch: a micro-batch is padded to its longest
+    sample, whose distribution is the lengths' to the power ``micro_batch``; the buckets are
+    its quantiles at ``k / max_count`` (the lengths' at ``(k / max_count) ** (1 /
+    micro_batch)``), each rounded up to a multiple of ``BUCKET_MULTIPLE`` but never past the
+    longest length.
     """
-    if not lengths or max_count < 1:
-        raise ValueError("bucket_lengths needs lengths and max_count >= 1")
+    if not lengths or max_count < 1 or micro_batch < 1:
+        raise ValueError("bucket_lengths needs lengths, max_count >= 1 and micro_batch >= 1")
     ordered = sorted(lengths)
-    cap = ordered[-1] if worst is None else max(worst, ordered[-1])
     chosen = set()
     for k in range(1, max_count + 1):  # k = max_count is the longest: every length fits
-        at = ordered[math.ceil(k * len(ordered) / max_count) - 1]
-        chosen.add(min(cap, -(-at // BUCKET_MULTIPLE) * BUCKET_MULTIPLE))
+        share = (k / max_count) ** (1 / micro_batch)
+        at = ordered[max(0, math.ceil(share * len(ordered)) - 1)]
+        chosen.add(min(ordered[-1], -(-at // BUCKET_MULTIPLE) * BUCKET_MULTIPLE))
     return tuple(sorted(chosen))
 
 

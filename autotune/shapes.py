@@ -31,14 +31,15 @@ class Lengths:
     worst: int
     """The worst-case length: ``Workload.tokens_per_sample``, else the longest length."""
 
-    def buckets(self) -> tuple[int, ...]:
-        """The bucket lengths of ``buckets`` (``lengths.bucket_lengths``)."""
-        return bucket_lengths(self.values)
+    def buckets(self, micro_batch: int = 1) -> tuple[int, ...]:
+        """The bucket lengths of ``buckets`` at this micro-batch (``lengths.bucket_lengths``)."""
+        return bucket_lengths(self.values, micro_batch=micro_batch)
 
-    def pad(self, length: int, policy: str) -> int:
-        """The length a batch whose longest sample is ``length`` runs at under ``policy``."""
+    def pad(self, length: int, policy: str, micro_batch: int = 1) -> int:
+        """The length a micro-batch whose longest sample is ``length`` runs at under
+        ``policy``."""
         return pad_length(length, policy, self.worst,
-                          self.buckets() if policy == "buckets" else ())
+                          self.buckets(micro_batch) if policy == "buckets" else ())
 
 
 def declared_lengths(workload: Workload) -> Lengths | None:
@@ -212,7 +213,7 @@ def drawn_steps(workload: Workload, lengths: Lengths, policy: str, *, micro_batc
     from autotune.workload import to_device
 
     draws = draw_batches(lengths.values, micro_batch, POOL_STEPS * accumulate_steps, seed)
-    padded = tuple(lengths.pad(max(draw), policy) for draw in draws)
+    padded = tuple(lengths.pad(max(draw), policy, micro_batch) for draw in draws)
     built = [shape_batch(to_device(batch_at(workload, micro_batch, n), device), policy, n)
              for n in padded]
     steps = [built[i:i + accumulate_steps] for i in range(0, len(built), accumulate_steps)]

@@ -163,9 +163,10 @@ class Tuned:
         return self._lengths
 
     def bucket_lengths(self) -> tuple[int, ...]:
-        """The lengths the ``buckets`` policy pads to (a pure function of the declared
-        lengths: ``autotune.lengths.bucket_lengths``), whatever the tuned policy."""
-        return self.lengths().buckets()
+        """The lengths the ``buckets`` policy pads to at the tuned micro-batch (a pure function
+        of the declared lengths and the micro-batch: ``autotune.lengths.bucket_lengths``),
+        whatever the tuned policy."""
+        return self.lengths().buckets(self.micro_batch)
 
     def pad_to(self, length: int) -> int:
         """The length to pad a batch to whose longest sample has ``length`` tokens, under the
@@ -180,7 +181,7 @@ class Tuned:
         if not 0 < length <= lengths.worst:
             raise ConfigError(f"pad_to({length}): a batch's longest sample must have 1 to "
                               f"{lengths.worst} tokens (the worst case tuned for); truncate it")
-        return lengths.pad(length, self.knobs.shapes)
+        return lengths.pad(length, self.knobs.shapes, self.micro_batch)
 
     def compile(self, model: nn.Module) -> nn.Module:
         """``torch.compile(model, mode=..., dynamic=config.compile_dynamic)``, or the model when

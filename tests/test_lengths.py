@@ -67,19 +67,26 @@ def test_an_unreadable_file_is_a_config_error(tmp_path) -> None:
     assert read_lengths(tmp_path / "l.txt") == (5, 7)
 
 
-@given(lengths_st, st.integers(1, 12), st.one_of(st.none(), st.integers(0, 600)))
+@given(lengths_st, st.integers(1, 12), st.integers(1, 64), st.integers(0, 600))
 def test_every_length_has_a_bucket_at_least_as_long_and_the_count_is_bounded(
-        lengths: list[int], max_count: int, extra: int | None) -> None:
-    worst = None if extra is None else max(lengths) + extra
-    buckets = bucket_lengths(lengths, max_count, worst)
+        lengths: list[int], max_count: int, micro_batch: int, extra: int) -> None:
+    worst = max(lengths) + extra
+    buckets = bucket_lengths(lengths, max_count, micro_batch)
     assert 1 <= len(buckets) <= max_count
     assert list(buckets) == sorted(set(buckets))
-    assert buckets[-1] >= max(lengths)
-    assert buckets[-1] <= (worst if worst is not None else max(lengths))
+    assert buckets[-1] == max(lengths)
     for n in lengths:
-        padded = pad_length(n, "buckets", worst or max(lengths), buckets)
+        padded = pad_length(n, "buckets", worst, buckets)
         assert padded >= n and padded in buckets
-    assert bucket_lengths(list(reversed(lengths)), max_count, worst) == buckets  # pure
+    assert bucket_lengths(list(reversed(lengths)), max_count, micro_batch) == buckets  # pure
+
+
+@given(lengths_st, st.integers(1, 12), st.integers(1, 32))
+def test_larger_micro_batches_move_the_buckets_toward_the_longest(
+        lengths: list[int], max_count: int, micro_batch: int) -> None:
+    # A micro-batch is padded to its longest sample: the more samples, the longer that is.
+    one, more = (bucket_lengths(lengths, max_count, m) for m in (micro_batch, micro_batch + 1))
+    assert min(more) >= min(one)
 
 
 @given(lengths_st)

@@ -40,7 +40,7 @@ def test_pad_to_pads_as_the_policy_says() -> None:
     assert _tuned("max", "off").pad_to(7) == worst
     assert _tuned("dynamic", "off").pad_to(7) == 7
     buckets = _tuned("buckets", "off").bucket_lengths()
-    assert 1 < len(buckets) <= MAX_BUCKETS and buckets[-1] == worst
+    assert 1 < len(buckets) <= MAX_BUCKETS and buckets[-1] == max(workloads.VARLEN_LENGTHS)
     for n in range(1, worst + 1):
         padded = _tuned("buckets", "off").pad_to(n)
         assert padded >= n and padded in buckets
@@ -109,4 +109,6 @@ def test_the_scripts_bucket_lengths_are_the_librarys() -> None:
     scope: dict[str, object] = {}
     exec("import math\n" + text[start:text.index("\n\n\n", start)], scope)
     for sample in ([5], [1, 2, 3], list(range(1, 300, 7)), [64] * 10 + [3, 900, 17]):
-        assert scope["bucket_lengths_of"](sample) == list(bucket_lengths(sample))
+        for micro_batch in (1, 2, 7, 64):
+            assert scope["bucket_lengths_of"](sample, micro_batch) == list(
+                bucket_lengths(sample, micro_batch=micro_batch))
