@@ -262,3 +262,12 @@ def test_a_workload_with_bad_lengths_exits_2(factory: str, says: str) -> None:
                   "--compile-modes", "off", "--workload", workload_target(factory))
     assert result.exit_code == 2, result.output
     assert says in " ".join(result.output.split())
+
+
+@pytest.mark.subprocess  # inductor's compiler
+def test_a_trial_that_hits_the_recompile_limit_is_named_so_never_timed_as_compiled() -> None:
+    with torch._dynamo.config.patch(recompile_limit=2):
+        result = _trial("varlen", knobs=Knobs(compile_mode="default", shapes="buckets"))
+    assert result.status == "compile_error"
+    assert "hit its recompile limit" in result.message and "shapes=buckets" in result.message
+    assert "not counted as a compiled trial" in result.message
