@@ -112,3 +112,17 @@ def test_the_scripts_bucket_lengths_are_the_librarys() -> None:
         for micro_batch in (1, 2, 7, 64):
             assert scope["bucket_lengths_of"](sample, micro_batch) == list(
                 bucket_lengths(sample, micro_batch=micro_batch))
+
+
+def test_hugging_face_adapters_map_the_policy_where_they_can_and_say_the_rest() -> None:
+    from autotune.knobs import accelerator_kwargs, training_arguments
+
+    kwargs, notes = training_arguments(Knobs(shapes="buckets"), "cpu")
+    assert kwargs["group_by_length"] is True
+    assert any("cfg.pad_to" in n and "pad_to_multiple_of" in n for n in notes)
+    kwargs, notes = training_arguments(Knobs(shapes="dynamic"), "cpu")
+    assert "group_by_length" not in kwargs and any("cfg.batch(batch)" in n for n in notes)
+    _, notes = accelerator_kwargs(Knobs(shapes="buckets"))
+    assert any("cfg.pad_to" in n for n in notes)
+    kwargs, notes = training_arguments(Knobs(), "cpu")  # max: as before
+    assert "group_by_length" not in kwargs and not any("shapes" in n for n in notes)
