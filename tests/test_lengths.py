@@ -108,3 +108,14 @@ def test_the_draw_is_a_function_of_its_seed(lengths: list[int], micro_batch: int
     first = draw_batches(lengths, micro_batch, 5, seed)
     assert first == draw_batches(lengths, micro_batch, 5, seed)
     assert all(len(b) == micro_batch and set(b) <= set(lengths) for b in first)
+
+
+@given(lengths_st, st.sampled_from([1, 2, 4, 8, 16]), st.integers(0, 10**6))
+def test_every_micro_batch_of_one_effective_batch_sees_the_same_samples(
+        lengths: list[int], micro_batch: int, seed: int) -> None:
+    # A trial draws POOL_STEPS x per-device samples whatever its micro-batch: the candidates of
+    # a search all time the same samples, grouped differently (the same real tokens).
+    per_device = 16
+    whole = [n for b in draw_batches(lengths, 1, per_device, seed) for n in b]
+    grouped = draw_batches(lengths, micro_batch, per_device // micro_batch, seed)
+    assert [n for b in grouped for n in b] == whole
