@@ -27,6 +27,7 @@ SUFFIX = ".compile-cache.bin"
 """``autotune.json``'s artifacts: ``autotune.compile-cache.bin`` beside it."""
 
 GRAPH_SETTINGS = ("micro_batch", "compile_dynamic", "precision", "compile_mode", "compile_scope",
+                  "shapes",
                   "checkpointing", "memory_format", "strategy")
 """The tuned values the compiled graphs depend on (beside the model): the generated script has
 a variable of each name, ``TunedConfig`` a field or a knob."""

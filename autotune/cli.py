@@ -61,6 +61,9 @@ SeqLenOpt = Annotated[Optional[int], typer.Option(
     "--seq-len", help="Worst-case sequence length for --model.")]
 PretrainedOpt = Annotated[bool, typer.Option(
     "--pretrained", help="Load real weights for --model (downloads them).")]
+LengthsOpt = Annotated[Optional[Path], typer.Option(
+    "--lengths", help="Real sequence lengths for --model (a file: one integer a line, or a JSON "
+    "list): batches vary in length and --shapes is tuned on them (docs/shapes.md).")]
 TargetOpt = Annotated[int, typer.Option(
     "--target-batch", min=1, max=MAX_BATCH,
     help="Effective batch size (samples per optimizer step, all devices).")]
@@ -95,6 +98,9 @@ MemoryFormatsOpt = Annotated[Optional[str], typer.Option(
     "--memory-formats", help=_knob_help("memory_format"))]
 AllocatorsOpt = Annotated[Optional[str], typer.Option(
     "--allocators", help=_knob_help("allocator"))]
+ShapesOpt = Annotated[Optional[str], typer.Option(
+    "--shapes", help=_knob_help("shapes") + ". Default: every value where the workload "
+    "declares lengths, max alone otherwise.")]
 StrategyOpt = Annotated[Optional[str], typer.Option(
     "--strategy", help=_knob_help("strategy")
     + " Default: none with one process, ddp with --nproc-per-node above 1.")]
@@ -178,7 +184,8 @@ def _split(text: str | None, option: str) -> list[str] | None:
 
 def _knob_values(checkpointing: str | None, optimizer_impls: str | None,
                  memory_formats: str | None, allocators: str | None,
-                 strategy: str | None = None, compile_scopes: str | None = None
+                 strategy: str | None = None, compile_scopes: str | None = None,
+                 shapes: str | None = None
                  ) -> dict[str, list[str] | None]:
     """The knob options as ``TuneRequest.knob_values`` (checked there, all at once)."""
     return {"checkpointing": _split(checkpointing, "--checkpointing"),
@@ -186,7 +193,8 @@ def _knob_values(checkpointing: str | None, optimizer_impls: str | None,
             "memory_format": _split(memory_formats, "--memory-formats"),
             "allocator": _split(allocators, "--allocators"),
             "strategy": _split(strategy, "--strategy"),
-            "compile_scope": _split(compile_scopes, "--compile-scopes")}
+            "compile_scope": _split(compile_scopes, "--compile-scopes"),
+            "shapes": _split(shapes, "--shapes")}
 
 
 def _seconds(text: str, option: str) -> float:
@@ -218,6 +226,7 @@ def probe(
     model: ModelOpt = None,
     seq_len: SeqLenOpt = None,
     pretrained: PretrainedOpt = False,
+    lengths: LengthsOpt = None,
     world_size: WorldOpt = 1,
     device: DeviceOpt = None,
     memory_budget: BudgetOpt = None,
@@ -230,6 +239,7 @@ def probe(
     allocators: AllocatorsOpt = None,
     strategy: StrategyOpt = None,
     compile_scopes: CompileScopesOpt = None,
+    shapes: ShapesOpt = None,
     nproc_per_node: NprocOpt = 1,
     trial_timeout: TrialTimeoutOpt = "15m",
     json_out: JsonOpt = False,
@@ -240,7 +250,7 @@ def probe(
         from autotune import api, report
 
         spec = api.workload_spec(workload=workload, model=model, seq_len=seq_len,
-                                 pretrained=pretrained)
+                                 pretrained=pretrained, lengths=lengths)
         with err.status(Text("probing memory with real training steps...")) as status:
             def on_step(knobs, step):
                 err.print(report.probe_step_line(knobs.label(), step), highlight=False)
@@ -253,7 +263,7 @@ def probe(
                 precisions=_split(precisions, "--precisions"),
                 compile_modes=_split(compile_modes, "--compile-modes"),
                 knob_values=_knob_values(checkpointing, optimizer_impls, memory_formats,
-                                         allocators, strategy, compile_scopes),
+                                         allocators, strategy, compile_scopes, shapes),
                 nproc_per_node=nproc_per_node)
             result = api.probe(request, timeout_s=_seconds(trial_timeout, "--trial-timeout"),
                                on_step=on_step)
@@ -273,6 +283,7 @@ def search(
     model: ModelOpt = None,
     seq_len: SeqLenOpt = None,
     pretrained: PretrainedOpt = False,
+    lengths: LengthsOpt = None,
     world_size: WorldOpt = 1,
     device: DeviceOpt = None,
     memory_budget: BudgetOpt = None,
@@ -285,6 +296,7 @@ def search(
     allocators: AllocatorsOpt = None,
     strategy: StrategyOpt = None,
     compile_scopes: CompileScopesOpt = None,
+    shapes: ShapesOpt = None,
     nproc_per_node: NprocOpt = 1,
     out: Annotated[Path, typer.Option("--out", help="Folder for autotune.json.")] = Path("."),
     force: Annotated[bool, typer.Option(
@@ -368,7 +380,7 @@ def search(
         err.print(report.start_line(workload or model or "the built-in GPT", device, target_batch),
                   highlight=False)  # at once: the progress bar shows nowhere off a terminal
         spec = api.workload_spec(workload=workload, model=model, seq_len=seq_len,
-                                 pretrained=pretrained)
+                                 pretrained=pretrained, lengths=lengths)
         with _progress() as progress:
             task = progress.add_task("probing memory", total=None)
 
@@ -389,7 +401,7 @@ def search(
                 precisions=_split(precisions, "--precisions"),
                 compile_modes=_split(compile_modes, "--compile-modes"),
                 knob_values=_knob_values(checkpointing, optimizer_impls, memory_formats,
-                                         allocators, strategy, compile_scopes),
+                                         allocators, strategy, compile_scopes, shapes),
                 nproc_per_node=nproc_per_node, allow_inexact=allow_inexact)
             result = api.search(request, out=out, force=force, settings=settings,
                                 on_step=on_step, on_trial=on_trial)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from autotune.artifacts import GRAPH_SETTINGS
 from autotune.codegen_fallback import FALLBACK
-from autotune.codegen_templates import FILE, HF, HF_AUTO, HF_COUNTS, SCRIPT, TINY_GPT
+from autotune.codegen_templates import FILE, HF, HF_AUTO, HF_COUNTS, SCRIPT, SHAPES, TINY_GPT
 from autotune.config import format_bytes
 from autotune.hf_configs import known_config
 from autotune.knobs import KNOBS, describe
@@ -58,6 +58,7 @@ def render_train_script(config: TunedConfig, *, script_dir: Path | None = None) 
         artifacts=_artifacts_block(config),
         workload=workload_code,
         fallback=FALLBACK.strip("\n"),
+        shapes_block=_shapes_block(config),
     )
 
 
@@ -203,6 +204,8 @@ def _knob_reasons(config: TunedConfig) -> list[tuple[str, str]]:
     for knob, line in zip(KNOBS[2:], describe(knobs), strict=True):
         name, why = line.split(": ", 1)
         value = getattr(knobs, knob.name)
+        if not knob.said_at_default and value == knob.default:
+            continue
         without = knobs.with_(**{knob.name: knob.default}).label()
         if value in knob.frees_memory and fits.get(knobs.label()) and fits.get(without):
             why += (f"; the largest micro-batch that fit: {fits[knobs.label()]} with it, "
@@ -277,8 +280,30 @@ def _workload_section(config: TunedConfig, script_dir: Path | None) -> tuple[str
             path=_path_expr(Path(path_text), script_dir), factory=_literal(factory))
         std = sorted([*std, "import importlib.util", "import sys"])
         std_from.append("from pathlib import Path")
+    if _shapes_block(config):
+        std = sorted([*std, "import math", "import random"])
     imports = "\n".join([*std, *std_from, "", *third, *tail])
     return imports, code.strip("\n")
+
+
+def _shapes_block(config: TunedConfig) -> str:
+    """The shape policy's lines (``codegen_templates.SHAPES``) for a workload that declares
+    lengths (``--lengths``; a file workload's own, read when the script runs); nothing for a
+    fixed-shape workload: its script is as before."""
+    from autotune.lengths import BUCKET_MULTIPLE, MAX_BUCKETS
+
+    spec = config.workload
+    if spec.kind == "default" or (spec.kind == "hf" and not spec.lengths):
+        return ""
+    if spec.kind == "hf":
+        body = textwrap.wrap(", ".join(map(str, spec.lengths or ())), _WIDTH - 4)
+        lengths, worst = "[\n" + "".join(f"    {line}\n" for line in body) + "]", "seq_len"
+    else:
+        lengths = ("workload.lengths() if callable(workload.lengths) else workload.lengths")
+        worst = "workload.tokens_per_sample or (max(lengths) if lengths else None)"
+    return string.Template(SHAPES.lstrip("\n")).substitute(
+        shapes=_literal(config.knobs.shapes), lengths=lengths, worst=worst,
+        count=MAX_BUCKETS, multiple=BUCKET_MULTIPLE) + "\n"
 
 
 def _shipped_config(name: str) -> str:

@@ -192,6 +192,10 @@ class WorkloadSpec:
     """Worst-case sequence length for ``hf`` models (defaults to the model's maximum, capped)."""
     pretrained: bool = False
     """Load real weights for ``hf`` models (downloads them); random weights otherwise."""
+    lengths: tuple[Annotated[int, Ge(1)], ...] | None = None
+    """Real sequence lengths for ``hf`` models (``--lengths FILE``): batches vary in length and
+    the ``shapes`` knob is tuned on them (``docs/shapes.md``); None: every batch at the worst
+    case."""
 
     def label(self) -> str:
         """A short human-readable name."""

@@ -51,6 +51,7 @@ from autotune.boundary import Point, bracket, first_candidate, next_candidate
 from autotune.config import format_bytes
 from autotune.errors import ConfigError, UntraceableStepError, WorkloadError
 from autotune.knobs import BASELINE, KNOB, Knobs, KnobUnsupported, memory_budget
+from autotune.shapes import declared_lengths, worst_batch
 from autotune.step import (
     apply_parallel,
     apply_to_batch,
@@ -598,7 +599,8 @@ def estimate_step(workload: Workload, micro_batch: int, *, knobs: Knobs = BASELI
 
 def _make_batches(workload: Workload, micro_batch: int, knobs: Knobs) -> list[Any]:
     """Two micro-batches as the knobs want them (what ``apply_to_batch`` replaced is freed)."""
-    batches = [workload.make_batch(micro_batch) for _ in range(2)]
+    lengths = declared_lengths(workload)  # memory at the worst case, whatever the policy
+    batches = [worst_batch(workload, micro_batch, lengths) for _ in range(2)]
     for batch in batches:
         check_batch(batch, micro_batch, workload.name)
     return [apply_to_batch(batch, knobs) for batch in batches]

@@ -33,6 +33,7 @@ MemoryFormat = Literal["contiguous", "channels_last"]
 Allocator = Literal["default", "expandable_segments"]
 Strategy = Literal["none", "ddp", "ddp-bucket-view", "fsdp", "fsdp-no-reshard"]
 CompileScope = Literal["model", "blocks"]
+Shapes = Literal["max", "buckets", "dynamic"]
 
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
@@ -90,6 +91,13 @@ class Knobs:
     PyTorch's "regional compilation"): the blocks share one compiled graph, so the cold
     compile is about one block's instead of the whole model's; the eager rest (embeddings,
     head, loss) can make a step slower."""
+    shapes: Shapes = "max"
+    """How batches of varying length run (a workload that declares ``lengths``): padded to the
+    worst case (``max``: one graph, compute spent on padding), to the next of a few bucket
+    lengths (``buckets``: one static graph per bucket, kept under the recompile limit) or at
+    their own length with the sequence dimension compiled dynamic (``dynamic``: one graph, no
+    padding beyond the batch's longest sample, kernels not specialized to one length). Memory
+    is the worst case's under every policy."""
 
     def label(self) -> str:
         """``bf16/default``, with every knob away from its default after it, e.g.
@@ -207,6 +215,8 @@ class WorkloadTraits:
     optimizer_default: str = ""
     """The implementation the optimizer as built runs (torch picks foreach for CUDA
     parameters and for-loop otherwise, unless the workload chose)."""
+    has_lengths: bool = False
+    """The workload declares real sequence lengths (``Workload.lengths``, ``--lengths``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -243,6 +253,9 @@ class Knob:
     compile_mode off such a value means nothing, so the space holds the knob's default there
     (``meaningful``: no duplicate runs), the search skips it with the reason
     (``skip_reason``) and a file pairing the two is refused."""
+    said_at_default: bool = True
+    """Whether the generated script's tuned block says it at its default (False: ``shapes``,
+    whose default is what a fixed-shape workload runs: its script stays as it was)."""
 
 
 def _ckpt_needs(value: str, traits: WorkloadTraits) -> str | None:
@@ -274,6 +287,21 @@ def _scope_needs(value: str, traits: WorkloadTraits) -> str | None:
         return ("no repeated blocks to compile one by one (no ModuleList/Sequential of 2 or "
                 "more same-type modules; name them with Workload(blocks=...))")
     return None
+
+
+def _shapes_needs(value: str, traits: WorkloadTraits) -> str | None:
+    if value != "max" and not traits.has_lengths:
+        return ("the workload declares no lengths (every batch has its worst-case shape); "
+                "declare Workload(lengths=...) or --lengths FILE")
+    return None
+
+
+def shapes_dynamic(knobs: Knobs, configured: bool | None = None) -> bool | None:
+    """``torch.compile``'s ``dynamic`` under the shape policy: ``buckets`` compiles one static
+    graph per bucket (False: automatic dynamic shapes would turn the second bucket into a
+    dynamic graph); the others keep ``configured`` (``TunedConfig.compile_dynamic``; ``dynamic``
+    marks the sequence dimension itself)."""
+    return False if knobs.shapes == "buckets" else configured
 
 
 KNOBS: tuple[Knob, ...] = (
@@ -316,6 +344,13 @@ KNOBS: tuple[Knob, ...] = (
          help="what torch.compile compiles in a compiled setting: the whole model, or each "
          "repeated block on its own (regional compilation: the blocks share one graph, so a "
          "much shorter cold compile, the rest of the model eager)"),
+    Knob(name="shapes", tag="shapes", option="--shapes", values=get_args(Shapes),
+         default="max", needs=_shapes_needs, said_at_default=False,
+         help="how batches of varying length run, where the workload declares lengths: max "
+         "(padded to the worst case: one graph, compute spent on padding), buckets (padded to "
+         "the next of a few lengths from the distribution: one static graph each, under the "
+         "recompile limit) or dynamic (the sequence dimension compiled dynamic: one graph, no "
+         "padding); memory is always the worst case's"),
 )
 """Every knob, precision and compile mode first (they form a label's base)."""
 KNOB = {k.name: k for k in KNOBS}
@@ -471,6 +506,9 @@ def training_arguments(knobs: Knobs, device_type: str = "cuda"
                      "measured")
     notes += _fsdp_reduce_note(knobs, "Trainer")
     notes += scope_note(knobs, "Trainer")
+    if knobs.shapes == "buckets":
+        kwargs["group_by_length"] = True  # batches of alike lengths: less padding per bucket
+    notes += shapes_notes(knobs, "Trainer")
     return kwargs, notes
 
 
@@ -535,9 +573,10 @@ def accelerator_kwargs(knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
         "mixed_precision": {"bf16": "bf16", "fp16": "fp16"}.get(knobs.precision, "no")}
     notes = [f"{name}={getattr(knobs, name)}: apply it with cfg.apply(model) / "
              "cfg.build_optimizer(...) (Accelerate has no switch for it)"
-             for name in knobs.changed() if name not in ("strategy", "compile_scope")
+             for name in knobs.changed() if name not in ("strategy", "compile_scope", "shapes")
              and memory_budget(getattr(knobs, name)) is None]
     notes += budget_by_hand(knobs, "Accelerate")
+    notes += shapes_notes(knobs, "Accelerate")
     if knobs.strategy not in ("none", "ddp"):
         found, why = _accelerate_strategy(knobs)
         kwargs.update(found)
@@ -595,6 +634,25 @@ def describe(knobs: Knobs, names: Sequence[str] | None = None) -> list[str]:
                           "blocks": ("each repeated block compiled on its own (regional "
                                      "compilation), the rest eager" if knobs.compile_mode
                                      != "off" else "nothing compiled (eager)")},
+        "shapes": {"max": "every batch padded to the worst-case length",
+                   "buckets": "batches padded to the next bucket length, one static graph each",
+                   "dynamic": "batches at their own length, sequence dimension compiled "
+                              "dynamic"},
     }
     return [f"{k.name} = {getattr(knobs, k.name)}: {words[k.name][getattr(knobs, k.name)]}"
             for k in KNOBS[2:] if names is None or k.name in names]
+
+
+def shapes_notes(knobs: Knobs, target: str) -> list[str]:
+    """What ``target`` (Trainer, Accelerate) needs by hand for the shape policy: its collate
+    (``Tuned.pad_to``; ``buckets``: ``DataCollatorWithPadding(pad_to_multiple_of=...)`` is the
+    nearest switch, one multiple for all lengths) and the dynamic marking."""
+    if knobs.shapes == "buckets":
+        return [f"shapes=buckets: pad each batch to cfg.pad_to(its longest length) in your "
+                f"collate (the tuned bucket lengths; {target}'s DataCollatorWithPadding has "
+                "only pad_to_multiple_of), and compile with dynamic=False"]
+    if knobs.shapes == "dynamic":
+        return [f"shapes=dynamic: pad each batch to its own longest sample only, and mark its "
+                f"sequence dimension with cfg.batch(batch) (torch._dynamo.mark_dynamic(t, 1)); "
+                f"{target} has no switch for it"]
+    return []

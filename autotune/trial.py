@@ -26,7 +26,14 @@ from autotune.config import (
 )
 from autotune.device import TrialMemory, backend_for
 from autotune.errors import WorkloadError
-from autotune.knobs import KnobUnsupported
+from autotune.knobs import KnobUnsupported, shapes_dynamic
+from autotune.shapes import (
+    declared_lengths,
+    drawn_steps,
+    shape_batch,
+    watch_compiles,
+    worst_batch,
+)
 from autotune.step import (  # train_step and loss_weights re-exported for callers of trial
     apply_memory_budget,
     apply_parallel,
@@ -314,22 +321,27 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: TrialM
     knobs = spec.knobs
     model.train()  # from_pretrained builds in eval mode: no dropout, and HF never checkpoints
     built = workload.make_optimizer(model.parameters())
+    lengths = declared_lengths(workload)
     torch.manual_seed(spec.seed + 1)
     batches = []
     for _ in range(max(spec.warmup_micro_batches(), spec.accumulate_steps)):
-        batch = workload.make_batch(spec.micro_batch)
+        batch = worst_batch(workload, spec.micro_batch, lengths)
         check_batch(batch, spec.micro_batch, workload.name)
         batches.append(to_device(batch, device))
     # What the knobs need of the workload, read before they change it: a knob value that
     # cannot apply is an ``unsupported`` outcome, never a failure of the workload.
-    info["traits"] = workload_traits(model, built, batches[0], workload.blocks)
+    info["traits"] = dataclasses.replace(workload_traits(
+        model, built, batches[0], workload.blocks), has_lengths=lengths is not None)
     apply_to_model(model, knobs, workload.blocks)
     batches = [apply_to_batch(b, knobs) for b in batches]
+    if lengths is not None:  # memory at the worst case, under the policy's compile
+        batches = [shape_batch(b, knobs.shapes, lengths.worst) for b in batches]
     # A probe warms up with 2 micro-batches (its memory worst case); the timed steps run the
     # config's own accumulation.
     warmup_batches = batches[:spec.warmup_micro_batches()]
     timed_batches = batches[:spec.accumulate_steps]
-    info["workload_fingerprint"] = fingerprint(model, warmup_batches[0])
+    info["workload_fingerprint"] = fingerprint(model, warmup_batches[0], (
+        f"lengths:{lengths.values}" if lengths is not None else ""))
     if knobs.strategy.startswith("fsdp"):
         # fully_shard swaps the parameters for shards: the optimizer is built over those,
         # and the full ones (freed) no longer count in this rank's memory.
@@ -341,9 +353,16 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: TrialM
         model = apply_parallel(model, knobs, workload.blocks, device)
     optimizer = apply_to_optimizer(built, knobs)
     scaler = grad_scaler(spec.precision, device.type)
-    stepped = apply_memory_budget(compile_model(model, spec.compile_mode,
+    stepped = apply_memory_budget(compile_model(model, spec.compile_mode, shapes_dynamic(knobs),
                                                 scope=knobs.compile_scope,
                                                 blocks=workload.blocks), knobs)
+    drawn = None
+    if lengths is not None and spec.num_timed_steps:  # speed on the real lengths
+        drawn = drawn_steps(workload, lengths, knobs.shapes, micro_batch=spec.micro_batch,
+                            accumulate_steps=spec.accumulate_steps, seed=spec.seed + 3,
+                            device=device)
+        drawn.steps = [[apply_to_batch(b, knobs) for b in step] for step in drawn.steps]
+        info["tokens_per_sample"] = round(drawn.real_tokens / drawn.samples)
 
     losses: list[torch.Tensor] = []
     num_skipped = 0
@@ -378,21 +397,36 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: TrialM
         info["num_optimizer_steps"] = len(losses)
         return elapsed
 
+    def one_pass() -> float:
+        """A timed unit of drawn lengths: one step of each (their mean time, their mean
+        update share)."""
+        assert drawn is not None
+        times = [one_step(step) for step in drawn.steps]
+        shares = updates[-len(times):]
+        del updates[-len(times):]
+        updates.append(statistics.fmean(shares))
+        return statistics.fmean(times)
+
     torch.manual_seed(spec.seed + 2)  # the reference sees the first step's dropout draws
-    warmup = [one_step(warmup_batches) for _ in range(max(1, spec.num_warmup_steps))]
+    with watch_compiles() as compiles:
+        warmup = [one_step(warmup_batches) for _ in range(max(1, spec.num_warmup_steps))]
+        if drawn is not None:  # every length the draw pads to, compiled before timing
+            warmup += [one_step(step) for step in drawn.steps]
     info["warmup_s"] = sum(warmup)
     timed: list[float] = []
     timing_start = time.perf_counter()
-    while spec.num_timed_steps > 0:
-        step_s, elapsed_s = _agreed(
-            [one_step(timed_batches), time.perf_counter() - timing_start], device)
-        timed.append(step_s)
-        why = stop_reason(timed, max_steps=spec.num_timed_steps, elapsed_s=elapsed_s,
-                          min_elapsed_s=spec.min_timed_s, max_elapsed_s=spec.max_timed_s,
-                          precision=spec.timing_precision, stop_above_s=spec.stop_above_step_s)
-        if why is not None:
-            info["timing_stop"] = why
-            break
+    with watch_compiles() as recompiles:
+        while spec.num_timed_steps > 0:
+            step_s, elapsed_s = _agreed([one_pass() if drawn is not None else one_step(
+                timed_batches), time.perf_counter() - timing_start], device)
+            timed.append(step_s)
+            why = stop_reason(timed, max_steps=spec.num_timed_steps, elapsed_s=elapsed_s,
+                              min_elapsed_s=spec.min_timed_s, max_elapsed_s=spec.max_timed_s,
+                              precision=spec.timing_precision,
+                              stop_above_s=spec.stop_above_step_s)
+            if why is not None:
+                info["timing_stop"] = why
+                break
     info["step_times_s"] = tuple(timed)
     shares = updates[len(warmup):]
     info["update_times_s"] = tuple(t * share for t, share in zip(timed, shares, strict=True))
@@ -408,6 +442,15 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: TrialM
             return TrialResult(status="compile_error", message=(
                 "torch.compile produced no graph: the step silently ran eager (recompile limit "
                 "or graph breaks everywhere); not counted as a compiled trial"), **info), []
+        if hit := compiles.hit_limit or recompiles.hit_limit:
+            return TrialResult(status="compile_error", message=(
+                f"torch.compile hit its recompile limit ({hit}): part of the step ran eager, "
+                f"not counted as a compiled trial (shapes={knobs.shapes})"), **info), []
+        if recompiles.graphs and drawn is not None:  # every drawn shape compiled in warm-up
+            return TrialResult(status="compile_error", message=(
+                f"torch.compile compiled {recompiles.graphs} graph(s) while the steps were "
+                f"timed (shapes={knobs.shapes}): the timings hold compiles, not counted as a "
+                "compiled trial"), **info), []
     if not all(math.isfinite(v) for v in values):
         bad = next(i for i, v in enumerate(values) if not math.isfinite(v))
         return TrialResult(status="non_finite", message=(
@@ -428,9 +471,11 @@ def _warm_step_s(timed: Sequence[float], update_s: Sequence[float], spec: TrialS
     return spec.warmup_micro_batches() * per_micro_batch + update
 
 
-def fingerprint(model: nn.Module, batch: Batch) -> str:
-    """Hash of the model's parameter names, shapes and dtypes and the batch's tensor shapes."""
+def fingerprint(model: nn.Module, batch: Batch, extra: str = "") -> str:
+    """Hash of the model's parameter names, shapes and dtypes and the batch's tensor shapes
+    (and ``extra``: the declared lengths, whose draw the timings ran on)."""
     parts = [f"{n}:{tuple(p.shape)}:{p.dtype}" for n, p in model.named_parameters()]
+    parts += [extra] if extra else []
     tensors = batch.values() if isinstance(batch, dict) else (
         batch if isinstance(batch, (tuple, list)) else [batch])
     parts += [f"batch:{tuple(t.shape[1:])}:{t.dtype}" for t in tensors]

@@ -25,7 +25,8 @@ from autotune.errors import ConfigError, MissingDependencyError
 from autotune.fallback import OomFallback, is_sharded
 from autotune.knobs import Knobs
 from autotune.schema import TunedConfig
-from autotune.workload import Batch, Workload
+from autotune.shapes import Lengths, declared_lengths, mark_dynamic
+from autotune.workload import Batch, Workload, load_workload
 
 
 class Tuned:
@@ -55,6 +56,7 @@ class Tuned:
         """What ``compile`` did with the compiled artifacts (loaded, or why not)."""
         self.device_type = device_type or config.device.device.split(":")[0]
         self._scaler: torch.amp.GradScaler | None = None
+        self._lengths: Lengths | None = None
         self.fallback: OomFallback | None = None
         """The out-of-memory fallback's state (``train_step(..., oom_fallback=True)``): its
         ``micro_batch`` now (None: as given) and ``fallbacks`` so far."""
@@ -145,8 +147,49 @@ class Tuned:
 
     def batch(self, batch: Any) -> Any:
         """A (device) batch as the knobs want it: 4-D float tensors channels-last when the
-        tuned memory format is; otherwise the batch itself."""
-        return step.apply_to_batch(batch, self.knobs)
+        tuned memory format is; its sequence dimension (dim 1) marked dynamic for
+        ``torch.compile`` when the tuned shape policy is ``dynamic``; otherwise the batch
+        itself."""
+        batch = step.apply_to_batch(batch, self.knobs)
+        return mark_dynamic(batch) if self.knobs.shapes == "dynamic" else batch
+
+    def lengths(self) -> Lengths:
+        """The workload's declared lengths and worst case (read once from the workload
+        ``autotune.json`` names: ``--lengths``, or the factory's ``Workload.lengths``).
+
+        Raises:
+            ConfigError: the workload declares no lengths (every batch is the worst case).
+        """
+        if self._lengths is None:
+            found = declared_lengths(load_workload(self.config.workload))
+            if found is None:
+                raise ConfigError(
+                    f"workload {self.config.workload_name!r} declares no lengths: its batches "
+                    "have one shape, nothing to pad; declare Workload(lengths=...) or --lengths "
+                    "FILE and search again")
+            self._lengths = found
+        return self._lengths
+
+    def bucket_lengths(self) -> tuple[int, ...]:
+        """The lengths the ``buckets`` policy pads to at the tuned micro-batch (a pure function
+        of the declared lengths and the micro-batch: ``autotune.lengths.bucket_lengths``),
+        whatever the tuned policy."""
+        return self.lengths().buckets(self.micro_batch)
+
+    def pad_to(self, length: int) -> int:
+        """The length to pad a batch to whose longest sample has ``length`` tokens, under the
+        tuned shape policy: the worst case (``max``), the next bucket length (``buckets``), or
+        ``length`` itself (``dynamic``). Use it in your collate function, e.g.
+        ``tokenizer.pad(samples, padding="max_length", max_length=cfg.pad_to(longest))``.
+
+        Raises:
+            ConfigError: the workload declares no lengths, or ``length`` is over its worst case.
+        """
+        lengths = self.lengths()
+        if not 0 < length <= lengths.worst:
+            raise ConfigError(f"pad_to({length}): a batch's longest sample must have 1 to "
+                              f"{lengths.worst} tokens (the worst case tuned for); truncate it")
+        return lengths.pad(length, self.knobs.shapes, self.micro_batch)
 
     def compile(self, model: nn.Module,
                 blocks: Callable[[nn.Module], Sequence[nn.Module]] | None = None) -> nn.Module:
@@ -173,8 +216,9 @@ class Tuned:
         if self.compile_mode != "off":
             watch_recompile_limit()
             self._load_artifacts(model)
+        dynamic = knobs.shapes_dynamic(self.knobs, self.config.compile_dynamic)
         return step.apply_memory_budget(
-            step.compile_model(model, self.compile_mode, self.config.compile_dynamic,
+            step.compile_model(model, self.compile_mode, dynamic,
                                scope=self.knobs.compile_scope, blocks=blocks), self.knobs)
 
     def _load_artifacts(self, model: nn.Module) -> None:
@@ -307,7 +351,8 @@ class Tuned:
             return kwargs
         mode = None if self.compile_mode == "default" else self.compile_mode
         watch_recompile_limit()
-        plugin = _dynamo_plugin(mode, self.config.compile_dynamic)
+        plugin = _dynamo_plugin(mode, knobs.shapes_dynamic(self.knobs,
+                                                           self.config.compile_dynamic))
         regional = self.knobs.compile_scope == "blocks"
         if plugin is not None and regional and hasattr(plugin, "use_regional_compilation"):
             # Accelerate's regional compilation compiles each block of a ModuleList of one

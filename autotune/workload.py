@@ -43,9 +43,11 @@ class Workload:
     """Shown in reports and stored in ``autotune.json``."""
     build_model: Callable[[], nn.Module]
     """Returns the model on the CPU; called inside the child process (never in the parent)."""
-    make_batch: Callable[[int], Batch]
+    make_batch: Callable[..., Batch]
     """Returns the WORST-CASE batch of ``micro_batch`` samples (max sequence length, largest
-    image): probes must see the largest memory the real data can ask for."""
+    image): probes must see the largest memory the real data can ask for. A workload that
+    declares ``lengths`` takes the length too, ``make_batch(micro_batch, length)``: a batch
+    whose sequence dimension (dim 1) is ``length``."""
     loss: Callable[[nn.Module, Batch], torch.Tensor] | None = None
     """Scalar mean loss of one micro-batch. Default: ``model(**batch).loss`` for dict batches
     (Hugging Face outputs), ``model(*batch).loss`` for tuples, ``model(batch).loss`` else."""
@@ -56,7 +58,13 @@ class Workload:
     micro-batch losses are weighted by their share of the whole effective batch, so a token
     loss is normalized once over all tokens of the optimizer step."""
     tokens_per_sample: int | None = None
-    """For tokens/s in reports (sequence length for language models)."""
+    """For tokens/s in reports (sequence length for language models). With ``lengths``, the
+    worst-case length (default: the longest length)."""
+    lengths: Sequence[int] | Callable[[], Sequence[int]] | None = None
+    """Real sequence lengths (a sample of the dataset's token counts, or a function returning
+    one, e.g. read from the dataset): batches vary in length, and the ``shapes`` knob tunes how
+    they are padded and compiled (``docs/shapes.md``). Memory is probed at the worst case;
+    speed on batches drawn from these lengths. None: every batch has the worst-case shape."""
     blocks: Callable[[nn.Module], Sequence[nn.Module]] | None = None
     """The model's repeated blocks, for activation checkpointing (and FSDP's per-block
     wrapping). Default: the longest run of same-type modules in a ``ModuleList`` or
@@ -185,7 +193,8 @@ def load_workload(spec: WorkloadSpec, device: str = "cpu") -> Workload:
     if spec.kind == "default":
         return default_workload(device)
     if spec.kind == "hf":
-        return hf_workload(spec.target, seq_len=spec.seq_len, pretrained=spec.pretrained)
+        return hf_workload(spec.target, seq_len=spec.seq_len, pretrained=spec.pretrained,
+                           lengths=spec.lengths)
     path, factory_name = split_factory(spec.target)
     module = _import_file(path)
     factory = getattr(module, factory_name, None)
@@ -449,13 +458,15 @@ def masked_lm_label_count(batch: dict[str, torch.Tensor]) -> torch.Tensor:
 _MAX_DEFAULT_SEQ_LEN = 1024
 
 
-def hf_workload(name: str, *, seq_len: int | None = None, pretrained: bool = False) -> Workload:
+def hf_workload(name: str, *, seq_len: int | None = None, pretrained: bool = False,
+                lengths: Sequence[int] | None = None) -> Workload:
     """A Hugging Face causal-LM, masked-LM or sequence classifier, from its config.
 
     Args:
         name: a model id (needs the network or the local HF cache) or a local directory.
         seq_len: worst-case sequence length; default the model's maximum, capped at 1024.
         pretrained: load real weights (a download); random weights otherwise.
+        lengths: real sequence lengths (``--lengths``): batches are then built at a length.
 
     Raises:
         WorkloadError: the config cannot be found or the architecture is not supported.
@@ -482,8 +493,8 @@ def hf_workload(name: str, *, seq_len: int | None = None, pretrained: bool = Fal
             return auto.from_pretrained(name)
         return auto.from_config(config)
 
-    def make_batch(micro_batch: int) -> dict[str, torch.Tensor]:
-        ids = torch.randint(0, vocab_size, (micro_batch, seq))
+    def make_batch(micro_batch: int, length: int = seq) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, vocab_size, (micro_batch, length))
         batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         if task == "classifier":
             batch["labels"] = torch.randint(0, num_labels, (micro_batch,))
@@ -498,6 +509,7 @@ def hf_workload(name: str, *, seq_len: int | None = None, pretrained: bool = Fal
         make_batch=make_batch,
         count_loss_items=counts.get(task),
         tokens_per_sample=seq,
+        lengths=lengths,
     )
 
 

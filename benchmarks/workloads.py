@@ -275,3 +275,36 @@ at 32; bf16 eager: 115.1 at 8, 195.1 at 16, 355.6 at 32; fp32 eager with
 ``checkpointing=blocks`` (capped): 222.0 at 16, oom at 32. So fp32 eager fits 8, bf16 eager
 16, checkpointing 16 (by 9% only). fp32 eager at 8 (capped): 2.55-2.59 s per step of 64
 samples."""
+
+
+# A variable-length causal LM (issue 48): real lengths from a skewed (log-normal) distribution,
+# most batches well under the worst case.
+VARLEN_SEQ = 256
+VARLEN_VOCAB = 1024
+
+
+def varlen_lengths(count: int = 2000, seed: int = 48) -> list[int]:
+    """``count`` lengths, log-normal (median 48 tokens, sigma 0.8), clipped to 8..256."""
+    import random
+
+    rng = random.Random(seed)
+    return [min(VARLEN_SEQ, max(8, round(rng.lognormvariate(3.87, 0.8)))) for _ in range(count)]
+
+
+def _varlen_batch(micro_batch: int, length: int) -> dict[str, torch.Tensor]:
+    ids = torch.randint(0, VARLEN_VOCAB, (micro_batch, length))
+    return {"input_ids": ids, "labels": ids}
+
+
+def varlen_gpt() -> autotune.Workload:
+    """A GPT in plain torch (4 layers, width 256, 4 heads, 256 tokens at worst, vocab 1024)
+    fed batches whose lengths follow ``varlen_lengths``."""
+    from autotune.workload import TinyGPT, causal_lm_label_count
+
+    return autotune.Workload(
+        name="varlen-gpt",
+        build_model=lambda: TinyGPT(vocab_size=VARLEN_VOCAB, seq_len=VARLEN_SEQ, dim=256,
+                                    num_layers=4, num_heads=4),
+        make_batch=_varlen_batch, loss=lambda model, batch: model(**batch),
+        count_loss_items=causal_lm_label_count, tokens_per_sample=VARLEN_SEQ,
+        lengths=varlen_lengths)

@@ -114,8 +114,9 @@ def test_every_knob_is_a_literal_the_script_uses() -> None:
     """Each knob of ``autotune.knobs.KNOBS`` is assigned once, as a literal, and read."""
     tuned = Knobs(precision="fp16", compile_mode="max-autotune", checkpointing="alternate",
                   optimizer_impl="fused", memory_format="channels_last",
-                  allocator="expandable_segments", strategy="fsdp")
-    tree = ast.parse(render_train_script(make_tuned(knobs=tuned)))
+                  allocator="expandable_segments", strategy="fsdp", shapes="buckets")
+    lengths = WorkloadSpec(kind="hf", target="gpt2", lengths=(9, 70, 300))  # shapes: its lines
+    tree = ast.parse(render_train_script(make_tuned(knobs=tuned, workload=lengths)))
     assigned = {node.targets[0].id: node.value for node in tree.body
                 if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)}
     read = {node.id for node in ast.walk(tree)
@@ -204,6 +205,11 @@ def _variants() -> dict[str, object]:
                                      allocator="expandable_segments"),
         "fsdp_two_ranks": make_tuned(strategy="fsdp-no-reshard", world_size=2,
                                      target_batch=128),
+        "hf_lengths_buckets": make_tuned(
+            workload=WorkloadSpec(kind="hf", target="some/model", seq_len=64,
+                                  lengths=tuple(range(1, 65)) * 3), shapes="buckets",
+            workload_name="some/model (causal-lm, seq 64)"),
+        "file_lengths_dynamic": make_tuned(workload=my_workload_spec(), shapes="dynamic"),
     }
 
 

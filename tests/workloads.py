@@ -499,3 +499,48 @@ class Fusable(nn.Module):
 def fusable() -> Workload:
     """``Fusable`` on the tiny MLP's batches: compiled is much faster than eager."""
     return Workload(name="fusable", build_model=Fusable, make_batch=_batch, loss=_loss)
+# ----------------------------------------------------------------------------------------------
+# Variable-length batches (issue 48): lengths declared, make_batch(micro_batch, length).
+
+VARLEN_WORST = 64
+VARLEN_LENGTHS = (5, 9, 12, 17, 20, 23, 31, 40, 52, 64)
+
+
+def _varlen_gpt() -> nn.Module:
+    from autotune.workload import TinyGPT
+
+    return TinyGPT(vocab_size=64, seq_len=VARLEN_WORST, dim=32, num_layers=2, num_heads=2)
+
+
+def _varlen_batch(micro_batch: int, length: int) -> dict[str, torch.Tensor]:
+    ids = torch.randint(0, 64, (micro_batch, length))
+    return {"input_ids": ids, "labels": ids}
+
+
+def varlen(**changes: object) -> Workload:
+    """A tiny causal LM whose real batches vary in length (declared lengths up to 64)."""
+    fields: dict[str, object] = dict(
+        name="varlen-tiny-gpt", build_model=_varlen_gpt, make_batch=_varlen_batch,
+        loss=lambda model, batch: model(**batch), tokens_per_sample=VARLEN_WORST,
+        lengths=VARLEN_LENGTHS)
+    return Workload(**{**fields, **changes})  # type: ignore[arg-type]
+
+
+def varlen_callable() -> Workload:
+    """The lengths from a function (as read from a dataset)."""
+    return varlen(lengths=lambda: list(VARLEN_LENGTHS))
+
+
+def varlen_ignores_length() -> Workload:
+    """make_batch takes the length and builds the worst case anyway."""
+    return varlen(make_batch=lambda micro_batch, length: _varlen_batch(micro_batch, VARLEN_WORST))
+
+
+def varlen_one_arg() -> Workload:
+    """Lengths declared, and a make_batch that takes none."""
+    return varlen(make_batch=lambda micro_batch: _varlen_batch(micro_batch, VARLEN_WORST))
+
+
+def varlen_over_worst() -> Workload:
+    """A declared length over the worst case."""
+    return varlen(lengths=(8, 100))

@@ -18,16 +18,19 @@ from autotune.config import (
 )
 from autotune.device import backend_for
 from autotune.errors import ConfigError
+from autotune.lengths import check_lengths, read_lengths
 from autotune.space import compiled_values, exact_target, knob_values, memory_classes
 from autotune.workload import split_factory
 
 
 def workload_spec(*, workload: str | None = None, model: str | None = None,
-                  seq_len: int | None = None, pretrained: bool = False) -> WorkloadSpec:
+                  seq_len: int | None = None, pretrained: bool = False,
+                  lengths: str | Path | None = None) -> WorkloadSpec:
     """Name a workload the CLI way: nothing (the default), ``--model`` or ``--workload``.
 
     Raises:
-        ConfigError: both given, a bad ``file.py:factory``, a missing file or a bad seq len.
+        ConfigError: both given, a bad ``file.py:factory``, a missing file, a bad seq len,
+            or a bad ``--lengths`` file (``lengths.read_lengths``) or one without ``--model``.
     """
     for flag, value, form in (("--workload", workload, "a FILE.py:FACTORY"),
                               ("--model", model, "a model id")):
@@ -38,12 +41,19 @@ def workload_spec(*, workload: str | None = None, model: str | None = None,
         raise ConfigError("give either --workload FILE.py:FACTORY or --model NAME, not both")
     if seq_len is not None and seq_len <= 0:
         raise ConfigError(f"--seq-len must be a positive number of tokens, got {seq_len}")
+    if lengths is not None and not model:
+        raise ConfigError(f"--lengths {lengths} applies to --model; a --workload declares its "
+                          "lengths itself (autotune.Workload(lengths=...)), and the built-in "
+                          "workload has a fixed shape")
     if workload:
         path, factory = split_factory(workload)
         # Absolute, so autotune.json works from any folder (check, codegen, load).
         return WorkloadSpec(kind="file", target=f"{path.resolve()}:{factory}")
     if model:
-        return WorkloadSpec(kind="hf", target=model, seq_len=seq_len, pretrained=pretrained)
+        found = None if lengths is None else check_lengths(
+            read_lengths(lengths), f"--lengths {lengths}", seq_len)
+        return WorkloadSpec(kind="hf", target=model, seq_len=seq_len, pretrained=pretrained,
+                            lengths=found)
     if seq_len is not None:
         raise ConfigError("--seq-len applies to --model; the default workload has a fixed shape")
     return WorkloadSpec()

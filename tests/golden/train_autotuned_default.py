@@ -75,6 +75,7 @@ graph_settings = (
     "precision",
     "compile_mode",
     "compile_scope",
+    "shapes",
     "checkpointing",
     "memory_format",
     "strategy",

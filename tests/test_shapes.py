@@ -1,0 +1,273 @@
+"""Variable-length batches (issue 48): the workload declares its lengths, the ``shapes`` knob
+pads or marks them, trials time batches drawn from the lengths (memory at the worst case), and
+a workload without lengths runs exactly as before."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pytest
+import torch
+import torch._dynamo
+
+from autotune.config import TrialResult, TrialSpec, WorkloadSpec
+from autotune.errors import WorkloadError
+from autotune.knobs import KNOB, Knobs, WorkloadTraits, shapes_dynamic, skip_reason
+from autotune.lengths import MAX_BUCKETS
+from autotune.search import run_search, tuned_config
+from autotune.shapes import batch_at, declared_lengths, worst_batch
+from autotune.trial import run_trial
+from tests import workloads
+from tests.conftest import workload_target
+from tests.test_search_stages import (
+    CLASSES,
+    SETTINGS,
+    TRAITS,
+    VALUES,
+    KnobDevice,
+    by_class,
+    plan,
+)
+
+
+@pytest.mark.parametrize(("factory", "said"), [
+    ("varlen_one_arg", "declares lengths, and its make_batch takes only the micro-batch; "
+                       r"define make_batch\(micro_batch, length\)"),
+    ("varlen_over_worst", "length 100 is over the workload's worst case of 64 tokens"),
+])
+def test_bad_lengths_are_a_workload_error_with_the_value_and_the_fix(factory: str,
+                                                                      said: str) -> None:
+    with pytest.raises(WorkloadError, match=said):
+        declared_lengths(getattr(workloads, factory)())
+
+
+@pytest.mark.parametrize(("lengths", "said"), [
+    ((), "no lengths"), ((4, 0), "length 0 is not positive"),
+    ((4, 2.5), r"2.5 \(float\) is not an integer"), ("128", "got str"),
+])
+def test_bad_declared_lengths_are_refused(lengths: Any, said: str) -> None:
+    with pytest.raises(WorkloadError, match=said):
+        declared_lengths(workloads.varlen(lengths=lengths))
+
+
+def test_a_lengths_function_is_called_and_a_failing_one_named() -> None:
+    found = declared_lengths(workloads.varlen_callable())
+    assert found is not None and found.values == workloads.VARLEN_LENGTHS
+    assert found.worst == workloads.VARLEN_WORST
+
+    def broken() -> list[int]:
+        raise FileNotFoundError("data.jsonl")
+
+    with pytest.raises(WorkloadError, match=r"lengths\(\) raised FileNotFoundError: data.jsonl"):
+        declared_lengths(workloads.varlen(lengths=broken))
+
+
+def test_a_make_batch_that_ignores_the_length_is_refused_naming_the_shapes() -> None:
+    workload = workloads.varlen_ignores_length()
+    with pytest.raises(WorkloadError, match=r"make_batch\(2, 9\) returned input_ids: \(2, 64\)"
+                                            r".*ignores the length"):
+        batch_at(workload, 2, 9)
+
+
+def test_the_worst_case_is_the_declared_worst_or_the_longest_length() -> None:
+    lengths = declared_lengths(workloads.varlen(tokens_per_sample=None))
+    assert lengths is not None and lengths.worst == max(workloads.VARLEN_LENGTHS)
+    assert worst_batch(workloads.varlen(), 3, declared_lengths(workloads.varlen()))[
+        "input_ids"].shape == (3, workloads.VARLEN_WORST)
+
+
+def test_shapes_beyond_max_apply_only_where_lengths_are_declared() -> None:
+    assert KNOB["shapes"].values == ("max", "buckets", "dynamic")
+    for value in ("buckets", "dynamic"):
+        assert "declares no lengths" in skip_reason(Knobs(shapes=value), WorkloadTraits())
+        assert skip_reason(Knobs(shapes=value), WorkloadTraits(has_lengths=True)) is None
+    assert skip_reason(Knobs(), WorkloadTraits()) is None
+    # The fixed-shape label and compile are as before; buckets compile static graphs.
+    assert Knobs().label() == "fp32/off" and Knobs(shapes="dynamic").label() == (
+        "fp32/off+shapes=dynamic")
+    assert Knobs.from_label("bf16/default+shapes=buckets").shapes == "buckets"
+    assert (shapes_dynamic(Knobs()), shapes_dynamic(Knobs(shapes="buckets")),
+            shapes_dynamic(Knobs(shapes="dynamic"), True)) == (None, False, True)
+
+
+def _trial(target: str, **fields: Any) -> Any:
+    torch._dynamo.reset()
+    spec = TrialSpec(workload=WorkloadSpec(kind="file", target=workload_target(target)),
+                     device="cpu", micro_batch=4, accumulate_steps=2,
+                     **{"num_timed_steps": 3, **fields})
+    return run_trial(spec)
+
+
+def test_a_fixed_shape_workload_runs_as_before() -> None:
+    result = _trial("tiny")
+    assert result.status == "ok", result.message
+    assert result.traits is not None and not result.traits.has_lengths
+    assert result.tokens_per_sample is None
+
+
+@pytest.mark.parametrize("shapes", ["max", "buckets", "dynamic"])
+def test_trials_time_the_drawn_lengths_and_count_real_tokens(shapes: str) -> None:
+    result = _trial("varlen", knobs=Knobs(shapes=shapes))
+    assert result.status == "ok", result.message
+    assert result.traits is not None and result.traits.has_lengths
+    # Real tokens per sample: the draw's mean length, well under the worst case, the same for
+    # every policy (one seeded draw for every candidate).
+    assert result.tokens_per_sample == _trial("varlen").tokens_per_sample
+    assert result.tokens_per_sample < workloads.VARLEN_WORST
+
+
+@pytest.mark.subprocess  # inductor's compiler
+@pytest.mark.parametrize(("shapes", "most_graphs"), [
+    ("max", 1), ("buckets", 1 + MAX_BUCKETS), ("dynamic", 1)])
+def test_a_compiled_trial_stays_within_its_policys_graphs(shapes: str,
+                                                          most_graphs: int) -> None:
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    result = _trial("varlen", knobs=Knobs(compile_mode="default", shapes=shapes))
+    assert result.status == "ok", result.message
+    assert result.num_graphs is not None and 1 <= result.num_graphs <= most_graphs
+
+
+def test_memory_is_probed_at_the_worst_case_under_every_policy() -> None:
+    peaks = {shapes: _trial("varlen", num_timed_steps=0, knobs=Knobs(shapes=shapes))
+             for shapes in ("max", "dynamic")}
+    assert all(r.status == "ok" for r in peaks.values())
+    # A probe runs the worst-case batch only: its fingerprint (batch shapes) is the same.
+    assert len({r.workload_fingerprint for r in peaks.values()}) == 1
+
+
+# ----------------------------------------------------------------------------------------------
+# The search: shapes is screened like every knob, and only where lengths are declared.
+
+
+@dataclass
+class ShapesDevice(KnobDevice):
+    """A scripted device on which each shape policy has its own speed."""
+
+    shapes_speed: dict[str, float] = field(default_factory=lambda: {
+        "max": 1.0, "buckets": 1.6, "dynamic": 1.3})
+
+    def __call__(self, spec: TrialSpec) -> TrialResult:
+        result = super().__call__(replace(spec, knobs=spec.knobs.with_(shapes="max")))
+        self.specs[-1] = spec
+        factor = self.shapes_speed[spec.knobs.shapes]
+        return replace(result, step_times_s=tuple(t / factor for t in result.step_times_s))
+
+
+def _runs(device: KnobDevice, values: dict[str, tuple[str, ...]]) -> list[str]:
+    outcome = run_search(plan(), CLASSES, SETTINGS, values=values, run=device)
+    device.outcome = outcome  # type: ignore[attr-defined]
+    return [f"{s.knobs.label()}/{s.micro_batch}/{s.num_timed_steps}" for s in device.specs]
+
+
+def test_a_fixed_shape_workload_gets_no_new_trials_from_the_shapes_knob() -> None:
+    speeds = by_class(100, 150, 160, 200, 300, 330)
+    before = _runs(KnobDevice(speeds), VALUES)
+    after = _runs(ShapesDevice(speeds), {**VALUES, "shapes": ("max", "buckets", "dynamic")})
+    assert after == before
+    assert not any("shapes=" in run for run in after)
+
+
+def test_where_lengths_are_declared_the_search_times_each_policy_and_picks_the_fastest(
+        ) -> None:
+    device = ShapesDevice(by_class(100, 150, 160, 200, 300, 330),
+                          traits=replace(TRAITS, has_lengths=True))
+    runs = _runs(device, {**VALUES, "shapes": ("max", "buckets", "dynamic")})
+    assert any("+shapes=buckets/" in r for r in runs)
+    assert any("+shapes=dynamic/" in r for r in runs)
+    tuned = tuned_config(plan(), device.outcome, SETTINGS)  # type: ignore[attr-defined]
+    assert tuned.knobs.shapes == "buckets"
+
+
+def test_the_estimator_traces_the_worst_case_under_every_policy() -> None:
+    from autotune.estimate import estimate_step
+
+    fixed = workloads.varlen(lengths=None, make_batch=lambda micro_batch: (
+        workloads._varlen_batch(micro_batch, workloads.VARLEN_WORST)))
+    expected = estimate_step(fixed, 4).peak_bytes
+    for shapes in ("max", "buckets", "dynamic"):
+        assert estimate_step(workloads.varlen(), 4, knobs=Knobs(shapes=shapes)
+                             ).peak_bytes == expected
+
+
+# ----------------------------------------------------------------------------------------------
+# The command line: --lengths FILE for --model, --shapes; bad input exits 2 saying what and how.
+
+
+def _cli(*args: str) -> Any:
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    result = CliRunner().invoke(app, list(args))
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("", "no lengths; give at least one sequence length"),
+    ("12\nlots\n", "line 2 is 'lots', not an integer"),
+    ("[12, 0]", "length 0 is not positive"),
+    ("[12, 80]", "length 80 is over the workload's worst case of 64 tokens; truncate"),
+])
+def test_a_bad_lengths_file_exits_2_naming_the_value_and_the_fix(tmp_path, text: str,
+                                                                  says: str) -> None:
+    path = tmp_path / "lengths.txt"
+    path.write_text(text)
+    result = _cli("search", "--device", "cpu", "--model", "gpt2", "--seq-len", "64",
+                  "--lengths", str(path))
+    assert result.exit_code == 2, result.output
+    assert says in " ".join(result.output.split())
+    assert f"--lengths {path}" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--lengths", "x.txt"], "--lengths x.txt applies to --model"),
+    (["--model", "gpt2", "--lengths", "missing.txt"], "cannot read it"),
+    (["--shapes", "padded"], "--shapes padded: not a value of shapes; choose from "
+                             "max,buckets,dynamic"),
+])
+def test_lengths_and_shapes_options_refuse_what_they_cannot_use(args: list[str],
+                                                                 says: str) -> None:
+    result = _cli("probe", "--device", "cpu", *args)
+    assert result.exit_code == 2, result.output
+    assert says in " ".join(result.output.split())
+
+
+def test_a_lengths_file_reaches_the_spec_and_the_child_builds_batches_at_a_length(
+        tmp_path) -> None:
+    from autotune import api
+    from autotune.workload import load_workload
+
+    path = tmp_path / "lengths.json"
+    path.write_text("[3, 7, 12]")
+    spec = api.workload_spec(model="gpt2", seq_len=16, lengths=path)
+    assert spec.lengths == (3, 7, 12)
+    workload = load_workload(spec)
+    lengths = declared_lengths(workload)
+    assert lengths is not None and (lengths.values, lengths.worst) == ((3, 7, 12), 16)
+    assert batch_at(workload, 2, 7)["input_ids"].shape == (2, 7)
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize(("factory", "says"), [
+    ("varlen_ignores_length", "ignores the length"),
+    ("varlen_over_worst", "length 100 is over the workload's worst case of 64 tokens"),
+])
+def test_a_workload_with_bad_lengths_exits_2(factory: str, says: str) -> None:
+    result = _cli("probe", "--target-batch", "1", "--device", "cpu", "--precisions", "fp32",
+                  "--compile-modes", "off", "--workload", workload_target(factory))
+    assert result.exit_code == 2, result.output
+    assert says in " ".join(result.output.split())
+
+
+@pytest.mark.subprocess  # inductor's compiler
+def test_a_trial_that_hits_the_recompile_limit_is_named_so_never_timed_as_compiled() -> None:
+    with torch._dynamo.config.patch(recompile_limit=2):
+        result = _trial("varlen", knobs=Knobs(compile_mode="default", shapes="buckets"))
+    assert result.status == "compile_error"
+    assert "hit its recompile limit" in result.message and "shapes=buckets" in result.message
+    assert "not counted as a compiled trial" in result.message
