@@ -217,6 +217,10 @@ class WorkloadTraits:
     parameters and for-loop otherwise, unless the workload chose)."""
     has_lengths: bool = False
     """The workload declares real sequence lengths (``Workload.lengths``, ``--lengths``)."""
+    padding_ceiling: float = 1.0
+    """The worst-case length over the declared lengths' mean: the most any shape policy can
+    gain over padding every batch to the worst case (it cannot do less work than the real
+    tokens); 1.0 where no lengths are declared."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -253,6 +257,10 @@ class Knob:
     compile_mode off such a value means nothing, so the space holds the knob's default there
     (``meaningful``: no duplicate runs), the search skips it with the reason
     (``skip_reason``) and a file pairing the two is refused."""
+    per_class: bool = False
+    """Whether its best value depends on the memory class (``shapes``: padding and recompiles
+    cost eager and compiled code differently): besides the leader, the knobs stage screens it
+    on each other class's best setting that could still win with it."""
     said_at_default: bool = True
     """Whether the generated script's tuned block says it at its default (False: ``shapes``,
     whose default is what a fixed-shape workload runs: its script stays as it was)."""
@@ -345,7 +353,7 @@ KNOBS: tuple[Knob, ...] = (
          "repeated block on its own (regional compilation: the blocks share one graph, so a "
          "much shorter cold compile, the rest of the model eager)"),
     Knob(name="shapes", tag="shapes", option="--shapes", values=get_args(Shapes),
-         default="max", needs=_shapes_needs, said_at_default=False,
+         default="max", needs=_shapes_needs, said_at_default=False, per_class=True,
          help="how batches of varying length run, where the workload declares lengths: max "
          "(padded to the worst case: one graph, compute spent on padding), buckets (padded to "
          "the next of a few lengths from the distribution: one static graph each, under the "

@@ -148,6 +148,10 @@ TEMPLATES: Mapping[str, str] = {
         "{drift:.0%} two runs of {config} drifted apart here"),
     "rounds": _ROUNDS + "{share_1:.2f}x, {share_2:.2f}x" + _ROUNDS_END,
     "rounds:three": _ROUNDS + "{share_1:.2f}x, {share_2:.2f}x, {share_3:.2f}x" + _ROUNDS_END,
+    "per-class": (
+        "{knob} not screened on {target}: that class's best is {share:.2f}x the leader's "
+        "({leader}), and the most {knob} can gain ({gain:.2f}x: the worst-case length over "
+        "the mean length) leaves it behind by more than the noise ({noise:.0%})"),
     "rescreen": (
         "{knobs} screened again on {target}: the leader changed after it was screened (on "
         "{on}), and a knob's best value can depend on another's"),

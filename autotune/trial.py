@@ -331,7 +331,9 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: TrialM
     # What the knobs need of the workload, read before they change it: a knob value that
     # cannot apply is an ``unsupported`` outcome, never a failure of the workload.
     info["traits"] = dataclasses.replace(workload_traits(
-        model, built, batches[0], workload.blocks), has_lengths=lengths is not None)
+        model, built, batches[0], workload.blocks), has_lengths=lengths is not None,
+        padding_ceiling=(lengths.worst * len(lengths.values) / sum(lengths.values)
+                         if lengths is not None else 1.0))
     apply_to_model(model, knobs, workload.blocks)
     batches = [apply_to_batch(b, knobs) for b in batches]
     if lengths is not None:  # memory at the worst case, under the policy's compile

@@ -181,6 +181,45 @@ def test_where_lengths_are_declared_the_search_times_each_policy_and_picks_the_f
     assert tuned.knobs.shapes == "buckets"
 
 
+@dataclass
+class ClassShapesDevice(ShapesDevice):
+    """Padding costs eager code little here and compiled code much: buckets gain 1.6x compiled,
+    1.02x eager (a compiled class behind the eager leader at max wins with buckets)."""
+
+    def __call__(self, spec: TrialSpec) -> TrialResult:
+        factor = ({"max": 1.0, "buckets": 1.6, "dynamic": 1.3} if spec.knobs.compile_mode
+                  != "off" else {"max": 1.0, "buckets": 1.02, "dynamic": 1.01})[spec.knobs.shapes]
+        base = spec.knobs.with_(shapes="max", checkpointing="off", optimizer_impl="default",
+                                memory_format="contiguous").label()
+        speed = self.speed[base]
+        self.speed[base] = speed * factor  # the device's early stop sees the policy's speed
+        try:
+            result = KnobDevice.__call__(self, replace(spec, knobs=spec.knobs.with_(shapes="max")))
+        finally:
+            self.speed[base] = speed
+        self.specs[-1] = spec
+        return result
+
+
+def test_a_class_behind_the_leader_at_max_is_screened_for_shapes_where_it_could_win() -> None:
+    # bf16 eager leads at max; bf16/default is 0.93x there but 1.6x with buckets. The knob is
+    # screened on each class whose best times the padding ceiling (2.0) could reach the
+    # leader (rule per-class); fp32 eager, at 0.33x, cannot, and is said so.
+    device = ClassShapesDevice(by_class(100, 150, 160, 300, 280, 270),
+                               traits=replace(TRAITS, has_lengths=True, padding_ceiling=2.0))
+    runs = _runs(device, {**VALUES, "shapes": ("max", "buckets", "dynamic")})
+    tuned = tuned_config(plan(), device.outcome, SETTINGS)  # type: ignore[attr-defined]
+    assert (tuned.knobs.compile_mode, tuned.knobs.shapes) == ("default", "buckets"), runs
+    per_class = [s for s in device.outcome.skips if s.rule == "per-class"]  # type: ignore[attr-defined]
+    assert [s.target for s in per_class] == ["fp32/off"]
+    assert not any(r.startswith("fp32/off+shapes=") for r in runs)
+    # with no room to gain (lengths all at the worst case) no other class is screened
+    device = ClassShapesDevice(by_class(100, 150, 160, 300, 280, 270),
+                               traits=replace(TRAITS, has_lengths=True, padding_ceiling=1.0))
+    runs = _runs(device, {**VALUES, "shapes": ("max", "buckets", "dynamic")})
+    assert not any("default+" in r and "shapes=" in r for r in runs)
+
+
 def test_the_estimator_traces_the_worst_case_under_every_policy() -> None:
     from autotune.estimate import estimate_step
 

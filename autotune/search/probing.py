@@ -139,8 +139,13 @@ class Prober:
             leader = self.ev.leader()
             if leader is None:
                 return
-            if knobs_after := self.screen_knob(knob, leader, lowered):
-                after[knob.name] = knobs_after
+            knobs_after = self.screen_knob(knob, leader, lowered)
+            if knobs_after and len(self.plan.values.get(knob.name, ())) > 1:
+                after[knob.name] = knobs_after  # (a knob of one value screens nothing)
+        if not timing_only:
+            for knob in KNOBS[2:]:
+                if knob.per_class:
+                    self.screen_per_class(knob)
         self.probe_lowered(lowered)
         final = self.ev.leader()
         stale = {name: on for name, on in after.items() if final is not None
@@ -157,6 +162,39 @@ class Prober:
                 self.ev.skips.append(skip(
                     "rescreen", final.key(), "" if len(stale) == 1 else "several",
                     knobs=", ".join(stale), on=on.knobs.label()))
+
+    def screen_per_class(self, knob: Knob) -> None:
+        """A knob whose best value depends on the class (``Knob.per_class``) on each other
+        class's best setting, where it could make that class win: that class's best times the
+        most the knob can gain (``WorkloadTraits.padding_ceiling``: the worst-case length over
+        the mean length, no policy does less work than the real tokens) reaches the leader's
+        score within the noise (rule ``per-class``)."""
+        leader = self.ev.leader()
+        if leader is None or not any(
+                v != knob.default and skip_reason(leader.knobs.with_(**{knob.name: v}),
+                                                  self.ev.traits) is None
+                for v in self.plan.values.get(knob.name, ())):
+            return  # no value beyond its default applies here (a fixed-shape workload)
+        top = self.ev.score(leader) or 0.0
+        gain = max(1.0, self.ev.traits.padding_ceiling if self.ev.traits else 1.0)
+        for cls in self.plan.classes:
+            if (cls.precision, cls.compile_mode) == (leader.knobs.precision,
+                                                     leader.knobs.compile_mode):
+                continue
+            timed = [(s, c) for c in self.ev.results if c.knobs.precision == cls.precision
+                     and c.knobs.compile_mode == cls.compile_mode
+                     and getattr(c.knobs, knob.name) == knob.default
+                     and (s := self.ev.score(c, full=True)) is not None]
+            if not timed or not top:
+                continue
+            score, best = max(timed, key=lambda t: t[0])
+            noise = self.ev.noise(best, leader)
+            if score * gain < top * (1 - noise):
+                self.ev.skips.append(skip(
+                    "per-class", best.knobs.label(), knob=knob.name, share=score / top,
+                    leader=leader.key(), gain=gain, noise=noise))
+                continue
+            self.screen_knob(knob, best, [])
 
     def screen_knob(self, knob: Knob, leader: Candidate,
                     lowered: list[tuple[str, str, Candidate]]) -> Candidate | None:

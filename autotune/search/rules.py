@@ -45,6 +45,8 @@ RULES: Mapping[str, str] = {
     "within-drift": "timed once within the drift two runs of one config showed",
     "rounds": "interleaved rounds decide a gap within the drift",
     "rescreen": "knobs screened again after the leader changed",
+    "per-class": "a knob whose best value depends on the class is screened on another class's "
+                 "best only where the most it can gain could make that class win",
     "recheck": "a stored timing is re-checked before it picks",
     "stored-pick": "picked on a stored timing alone (stopped before its re-check)",
     # first launch (a compiled winner must fit compiled afresh)
