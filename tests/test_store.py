@@ -353,3 +353,30 @@ def test_a_repeat_stopped_before_its_re_checks_says_its_pick_is_a_stored_timing(
     assert two.interrupted
     assert f"{winner(two)}: picked on its stored timing alone (a search before measured it): " \
            "this one stopped before re-checking it" in two.skipped
+
+
+def test_a_stored_trial_from_before_a_knob_existed_reads_as_that_knob_at_its_default() -> None:
+    """A store written by an autotune without ``compile_scope`` and ``shapes`` holds trials
+    whose parameters lack them: they ran the whole model compiled at the worst-case shape, so
+    they answer for those knobs' defaults instead of being dropped (and re-measured)."""
+    import json
+
+    from autotune.config import TrialResult, to_json_dict
+    from autotune.knobs import Knobs
+    from autotune.search._records import Candidate
+    from autotune.search._study import completed
+
+    study = optuna.create_study(direction="maximize")
+    older = {"precision": "bf16", "compile_mode": "default", "checkpointing": "off",
+             "optimizer_impl": "fused", "memory_format": "contiguous", "allocator": "default",
+             "strategy": "none", "micro_batch": 32}
+    result = TrialResult(status="ok", step_times_s=(0.1,) * 5, samples_per_step=32)
+    study.add_trial(optuna.trial.create_trial(
+        params=older, value=320.0, user_attrs={"result": json.dumps(to_json_dict(result))},
+        distributions={k: optuna.distributions.CategoricalDistribution([v])
+                       for k, v in older.items()}))
+    done, runs = completed(study)
+    key = Candidate(knobs=Knobs(precision="bf16", compile_mode="default",
+                                optimizer_impl="fused"), micro_batch=32)
+    assert list(done) == [key] and runs == {key: 1}
+    assert (key.knobs.compile_scope, key.knobs.shapes) == ("model", "max")

@@ -198,9 +198,11 @@ def _check_identity(study: optuna.Study, name: str | None, shown: str | None,
 
 
 def _candidate(params: dict[str, object]) -> Candidate | None:
-    """The candidate an Optuna trial's parameters name (None: not one of ours)."""
+    """The candidate an Optuna trial's parameters name (None: not one of ours). A knob newer
+    than the trial is at its default there: that is what the trial ran."""
     try:
-        knobs = Knobs(**{k.name: params[k.name] for k in KNOBS})  # type: ignore[arg-type]
+        knobs = Knobs(**{k.name: params.get(k.name, k.default)  # type: ignore[arg-type]
+                         for k in KNOBS})
         return Candidate(knobs=knobs, micro_batch=int(params["micro_batch"]))  # type: ignore[arg-type]
     except (KeyError, TypeError, ValueError):
         return None
