@@ -106,7 +106,11 @@ def test_a_fixed_shape_workload_runs_as_before() -> None:
     assert result.tokens_per_sample is None
 
 
-@pytest.mark.parametrize("shapes", ["max", "buckets", "dynamic"])
+SLOW = pytest.mark.slow  # the other policies' runs of a test whose buckets run stays default
+
+
+@pytest.mark.parametrize("shapes", [pytest.param("max", marks=SLOW), "buckets",
+                                    pytest.param("dynamic", marks=SLOW)])
 def test_trials_time_the_drawn_lengths_and_count_real_tokens(shapes: str) -> None:
     result = _trial("varlen", knobs=Knobs(shapes=shapes))
     assert result.status == "ok", result.message
@@ -119,7 +123,8 @@ def test_trials_time_the_drawn_lengths_and_count_real_tokens(shapes: str) -> Non
 
 @pytest.mark.subprocess  # inductor's compiler
 @pytest.mark.parametrize(("shapes", "most_graphs"), [
-    ("max", 1), ("buckets", 1 + MAX_BUCKETS), ("dynamic", 1)])
+    pytest.param("max", 1, marks=SLOW), ("buckets", 1 + MAX_BUCKETS),
+    pytest.param("dynamic", 1, marks=SLOW)])
 def test_a_compiled_trial_stays_within_its_policys_graphs(shapes: str,
                                                           most_graphs: int) -> None:
     from torch._dynamo.utils import counters

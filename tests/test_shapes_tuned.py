@@ -52,8 +52,8 @@ def test_pad_to_pads_as_the_policy_says() -> None:
 
 
 @pytest.mark.subprocess  # inductor's compiler
-@pytest.mark.parametrize(("shapes", "bound"), [
-    ("max", 1), ("buckets", MAX_BUCKETS), ("dynamic", 1)])
+@pytest.mark.parametrize(("shapes", "bound"), [  # max (one shape) with the slow tests
+    pytest.param("max", 1, marks=pytest.mark.slow), ("buckets", MAX_BUCKETS), ("dynamic", 1)])
 def test_a_tuned_compiled_config_fed_30_random_lengths_stays_within_its_policys_bound(
         compiles: _Compiles, shapes: str, bound: int) -> None:  # noqa: F811
     cfg = _tuned(shapes)
