@@ -27,10 +27,11 @@ SUFFIX = ".compile-cache.bin"
 """``autotune.json``'s artifacts: ``autotune.compile-cache.bin`` beside it."""
 
 GRAPH_SETTINGS = ("micro_batch", "compile_dynamic", "precision", "compile_mode", "compile_scope",
-                  "shapes",
                   "checkpointing", "memory_format", "strategy")
 """The tuned values the compiled graphs depend on (beside the model): the generated script has
-a variable of each name, ``TunedConfig`` a field or a knob."""
+a variable of each name, ``TunedConfig`` a field or a knob. Not ``shapes``: a fixed-shape
+workload's script does not say it (its policy is ``max``); a policy changed by hand there makes
+the first compile miss the artifacts, nothing worse."""
 
 
 def artifacts_name(config_path: Path) -> str:

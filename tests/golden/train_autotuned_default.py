@@ -75,7 +75,6 @@ graph_settings = (
     "precision",
     "compile_mode",
     "compile_scope",
-    "shapes",
     "checkpointing",
     "memory_format",
     "strategy",
