@@ -146,6 +146,7 @@ def test_tf32_flags_unlike_the_searchs_are_said_when_loading(
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow  # in the default run: test_no_damaged_file_is_loaded_or_raises, in process
 @pytest.mark.parametrize("damage", ["truncated", "random-bytes"])
 def test_a_damaged_file_is_ignored_with_a_warning_and_the_run_completes(
         folder: Path, tmp_path: Path, damage: str) -> None:
@@ -158,6 +159,7 @@ def test_a_damaged_file_is_ignored_with_a_warning_and_the_run_completes(
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow  # the refusal's reasons are tested in process (test_a_mismatch_is_refused...)
 def test_the_script_refuses_artifacts_for_another_micro_batch(folder: Path,
                                                               tmp_path: Path) -> None:
     script = folder / "train_autotuned.py"

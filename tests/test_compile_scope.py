@@ -274,7 +274,8 @@ def test_a_generated_script_with_the_blocks_scope_trains_and_saves_plain_keys(tm
 
 
 @pytest.mark.subprocess
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", [  # ddp with the slow tests
+    pytest.param("ddp", marks=pytest.mark.slow), "fsdp"])
 def test_blocks_scope_composes_with_checkpointing_under_ddp_and_fsdp(strategy: str) -> None:
     """A trial of 2 gloo ranks: checkpointed blocks, sharded (FSDP2) or replicated (DDP),
     each compiled on its own: one graph for both blocks, no graph break (FSDP's hooks stay

@@ -52,8 +52,10 @@ def test_pad_to_pads_as_the_policy_says() -> None:
 
 
 @pytest.mark.subprocess  # inductor's compiler
-@pytest.mark.parametrize(("shapes", "bound"), [  # max (one shape) with the slow tests
-    pytest.param("max", 1, marks=pytest.mark.slow), ("buckets", MAX_BUCKETS), ("dynamic", 1)])
+@pytest.mark.parametrize(("shapes", "bound"), [  # max and buckets with the slow tests (the
+    # buckets bound of a compiled trial: test_shapes.py's test_a_compiled_trial_stays_...)
+    pytest.param("max", 1, marks=pytest.mark.slow),
+    pytest.param("buckets", MAX_BUCKETS, marks=pytest.mark.slow), ("dynamic", 1)])
 def test_a_tuned_compiled_config_fed_30_random_lengths_stays_within_its_policys_bound(
         compiles: _Compiles, shapes: str, bound: int) -> None:  # noqa: F811
     cfg = _tuned(shapes)
@@ -80,7 +82,8 @@ def test_a_tuned_compiled_config_fed_30_random_lengths_stays_within_its_policys_
 
 @pytest.mark.subprocess
 @pytest.mark.parametrize(("shapes", "compile_mode"), [
-    ("max", "off"), ("buckets", "off"), ("dynamic", "off"), ("buckets", "default")])
+    pytest.param("max", "off", marks=pytest.mark.slow), ("buckets", "off"),
+    pytest.param("dynamic", "off", marks=pytest.mark.slow), ("buckets", "default")])
 def test_the_generated_script_trains_on_drawn_lengths_under_each_policy(
         tmp_path, shapes: str, compile_mode: str) -> None:
     import subprocess
