@@ -22,7 +22,7 @@ from pathlib import Path
 from oracle import machine, run_side_by_side, write_results
 from search_quality import fresh_inductor_cache, log
 
-from autotune import api
+from autotune import api, report
 from autotune.config import Knobs, WorkloadSpec
 from autotune.search import SearchSettings
 
@@ -35,6 +35,16 @@ def _tokens_per_s(result, per_device: int) -> float | None:
     if not median or not result.tokens_per_sample:
         return None
     return per_device / median * result.tokens_per_sample
+
+
+def _log_probe(knobs, step) -> None:  # the search's runs, as `autotune search` prints them
+    if not step.timed:
+        log(report.probe_step_line(knobs.label(), step))
+
+
+def _log_trial(num_runs, stage, candidate, record) -> None:
+    if record is not None:
+        log(report.trial_line(record, stage))
 
 
 def main() -> int:
@@ -51,6 +61,8 @@ def main() -> int:
                         help="with --pick: how long that search took")
     parser.add_argument("--timed-steps", type=int, default=10,
                         help="timed units per side-by-side run (each a pass over the draw)")
+    parser.add_argument("--load-note", default="Other jobs shared the machine's 2 cores.",
+                        help="what else ran on the machine meanwhile (said in the table)")
     args = parser.parse_args()
     fresh_inductor_cache()
     start = time.perf_counter()
@@ -68,13 +80,16 @@ def main() -> int:
     else:
         log(f"search: {args.target} samples, fp32, compile {args.modes}, shapes "
             f"{','.join(POLICIES)}")
-        pick = api.search(request, out=None, settings=SearchSettings(cache=False)).config
+        pick = api.search(request, out=None, settings=SearchSettings(cache=False),
+                          on_step=_log_probe, on_trial=_log_trial).config
         search_s = time.perf_counter() - start
         pick_key, pick_micro_batch = f"{pick.knobs.label()}/{pick.micro_batch}", pick.micro_batch
         search_tps, search_sps = pick.tokens_per_s, pick.samples_per_s
         trials = [{"key": f"{t.knobs.label()}/{t.micro_batch}", "verdict": t.verdict,
                    "tokens_per_s": t.tokens_per_s, "samples_per_s": t.samples_per_s,
                    "num_graphs": t.num_graphs, "reason": t.reason} for t in pick.trials]
+        from rich.console import Console
+        Console(stderr=True, width=160).print(report.search_table(pick, width=160))
     log(f"search pick {pick_key} ({search_s or 0:.0f} s)")
     contenders = [(Knobs(compile_mode=m, shapes=p), pick_micro_batch)  # type: ignore[arg-type]
                   for m in modes for p in POLICIES]
@@ -104,7 +119,7 @@ def main() -> int:
         "best_side_by_side": best["key"],
         "pick_over_best": (picked["median_tokens_per_s"] / best["median_tokens_per_s"]
                            if picked and picked["median_tokens_per_s"] else None),
-        "rows": rows, "wall_s": time.perf_counter() - start,
+        "rows": rows, "wall_s": time.perf_counter() - start, "load": args.load_note,
         "trials": trials,
     }
     name = args.name or f"shapes_varlen-gpt-{args.machine}-{time.strftime('%Y-%m-%d')}"
@@ -117,8 +132,7 @@ def render(out: dict) -> str:
     lines = [
         "# Shape policies on variable-length data: varlen-gpt", "",
         f"{m['date']}; {m.get('cpu_model') or m['processor']}, {m['cpus']} CPUs; torch "
-        f"{m['torch']}. Run {out['wall_s']:.0f} s: `{out['command']}`. Other jobs shared the "
-        "machine's 2 cores.", "",
+        f"{m['torch']}. Run {out['wall_s']:.0f} s: `{out['command']}`. {out['load']}", "",
         f"Lengths log-normal (median 50, worst 256 tokens); target batch {out['target_batch']}. "
         f"The search ({out['search_s'] or 0:.0f} s) picked **{out['pick']}**"
         + (f" at {out['search_tokens_per_s']:,.0f} real tokens/s" if out["search_tokens_per_s"]
@@ -135,6 +149,16 @@ def render(out: dict) -> str:
     ratio = out["pick_over_best"]
     lines += ["", f"Best side by side: {out['best_side_by_side']}; the pick runs at "
               + (f"{ratio:.2f}x its real tokens/s." if ratio else "(not among the rows).")]
+    if out["trials"]:
+        lines += ["", "The search's runs (its own figures, in the order it ran them):", "",
+                  "| run | verdict | real tokens/s | samples/s | graphs | reason |",
+                  "|---|---|---|---|---|---|"]
+        for t in out["trials"]:
+            tps = f"{t['tokens_per_s']:,.0f}" if t["tokens_per_s"] else "-"
+            sps = f"{t['samples_per_s']:,.1f}" if t["samples_per_s"] else "-"
+            graphs = "-" if t["num_graphs"] is None else str(t["num_graphs"])
+            reason = (t["reason"] or "").replace("|", "/")[:160]
+            lines.append(f"| {t['key']} | {t['verdict']} | {tps} | {sps} | {graphs} | {reason} |")
     notes = [msg for r in out["rows"] for msg in r["messages"]]
     if notes:
         lines += ["", "Messages:", *[f"- {n}" for n in notes]]
