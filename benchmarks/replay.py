@@ -75,7 +75,8 @@ from autotune.config import ProbeReport, TrialResult, TrialSpec
 from autotune.errors import AutotuneError
 from autotune.knobs import BASELINE
 from autotune.search import SearchSettings, run_search
-from autotune.search._records import Candidate, pick_winner
+from autotune.search._records import Candidate
+from autotune.search.pick import pick_winner
 from autotune.space import knob_values, memory_classes, timed_precisions
 from autotune.timing import stop_reason
 

@@ -33,7 +33,8 @@ from autotune.config import (
 from autotune.errors import WorkloadError
 from autotune.schema import TrialRecord
 from autotune.search import SearchSettings, run_search, tuned_config
-from autotune.search._records import Candidate, pick_winner
+from autotune.search._records import Candidate
+from autotune.search.pick import pick_winner
 from autotune.timing import MIN_STEPS_TO_STOP, stop_reason
 
 GPU = DeviceInfo(device="cuda:0", name="scripted GPU", total_memory_bytes=2000 * MIB,
@@ -693,7 +694,7 @@ def test_a_lead_settled_on_one_run_each_says_the_drift_between_runs_is_not_in_it
                             "--confirm-within re-measures leads up to that share")
     # A winner timed twice (e.g. its first-launch run) beside a runner-up timed once: the
     # runner-up's single run is what the interval leaves out.
-    from autotune.search._records import _why
+    from autotune.search.pick import _why
     records = tuple(replace(r, num_runs=2) if r.verdict == "winner" else r
                     for r in config.trials)
     winner = next(r for r in records if r.verdict == "winner")

@@ -6,9 +6,10 @@ The search is stated once in ``docs/search.md``; its modules, top down: ``driver
 stages, named), ``racing`` (the race and the first launch), ``policy`` (who races, when a race
 stops), ``bounds`` (one function per rule: can it still win?) and ``executor`` (one child
 run: limits, the study, cost), ``evidence`` (every run, the leader, the intervals), ``plan``
-(the space and its relations), ``rules`` (the rule ids and the typed ``Skip``); ``_records``
-the verdict on each run, ``_study`` the study, ``_ledger`` the one seam through which a search
-touches it (a store that fails costs the cache, not the search), ``_store`` the local store.
+(the space and its relations), ``rules`` (the rule ids and the typed ``Skip``), ``pick``
+(the winner and its ``autotune.json``); ``_records`` the verdict on each run, ``_study`` the
+study, ``_ledger`` the one seam through which a search touches it (a store that fails costs
+the cache, not the search), ``_store`` the local store.
 """
 
 from autotune.search._ledger import Ledger, recall, remember
@@ -17,13 +18,10 @@ from autotune.search._records import (
     Candidate,
     SearchOutcome,
     SearchSettings,
-    break_even_steps,
     classify,
     flops_per_sample,
     objective,
-    pick_winner,
     score,
-    tuned_config,
 )
 from autotune.search._store import (
     cache_dir,
@@ -34,6 +32,7 @@ from autotune.search._store import (
 from autotune.search._study import CONSTRAINT, completed, open_study, probed, redact
 from autotune.search.driver import interrupt_name, run_search
 from autotune.search.executor import OnTrial
+from autotune.search.pick import break_even_steps, pick_winner, tuned_config
 
 __all__ = [
     "CONSTRAINT",

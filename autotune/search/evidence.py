@@ -21,9 +21,9 @@ from autotune.search._records import (
     Candidate,
     SearchSettings,
     classify,
-    pick_winner,
     score,
 )
+from autotune.search.pick import pick_winner
 from autotune.search.plan import Plan, memory_class
 from autotune.search.rules import Skip
 from autotune.timing import MIN_STEPS_TO_STOP
