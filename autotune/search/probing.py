@@ -181,10 +181,12 @@ class Prober:
             if (cls.precision, cls.compile_mode) == (leader.knobs.precision,
                                                      leader.knobs.compile_mode):
                 continue
+            # A run stopped early behind the leader counts: at the default value a class that
+            # could win with another is often clearly behind (its few steps are its speed).
             timed = [(s, c) for c in self.ev.results if c.knobs.precision == cls.precision
                      and c.knobs.compile_mode == cls.compile_mode
                      and getattr(c.knobs, knob.name) == knob.default
-                     and (s := self.ev.score(c, full=True)) is not None]
+                     and (s := self.ev.score(c)) is not None]
             if not timed or not top:
                 continue
             score, best = max(timed, key=lambda t: t[0])
