@@ -19,7 +19,10 @@
 # compile and step of compile_scope model vs blocks on GPT-2 small: 12 blocks, where regional
 # compilation should save more than the CPU's 4-layer 2.4-3.0x) and a default search's
 # artifacts loaded by a fresh `train_autotuned.py` (CUDA entries bundle Triton kernels; the
-# CPU's C++ kernels are rebuilt, 1.23x only).
+# CPU's C++ kernels are rebuilt, 1.23x only). And issue 48's: the shape policies on the
+# variable-length GPT, searched and side by side, `python3 benchmarks/shapes.py --device cuda
+# --precision bf16 --machine h100 --target 64 --rounds 2 --timed-steps 10 --load-note 'GPU.'
+# && cp benchmarks/results/shapes_varlen-gpt-h100-* "$OUT"/` (only $OUT comes back).
 # Here first: `bash benchmarks/gpu_wheels.sh` (optuna and what the device lacks, into .whl/).
 # Then the device tool's run: command `bash benchmarks/gpu_call.sh`, carry [".whl"],
 # timeout_s 600. Results under $OUT/gpu (else benchmarks/results/gpu).

@@ -8,7 +8,8 @@ interleaved rounds, each in a fresh child as the search times it: real tokens/s 
 not padding), samples/s and the graphs each compiled.
 
 Run: ``python benchmarks/shapes.py --target 16 --rounds 3``; writes
-``benchmarks/results/shapes_varlen-gpt-<machine>-<date>.{json,md}``.
+``benchmarks/results/shapes_varlen-gpt-<machine>-<date>.{json,md}``. On a GPU (the GPU suite's
+entry, ``gpu_call.sh``): ``--device cuda --precision bf16 --machine h100``.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--machine", default="epyc")
     parser.add_argument("--modes", default="off,default")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16", "tf32"),
+                        help="the one precision searched and run side by side")
     parser.add_argument("--name", default=None)
     parser.add_argument("--pick", default=None,
                         help="a search's pick (label/micro_batch) from an earlier run of this "
@@ -61,7 +65,7 @@ def main() -> int:
                         help="with --pick: how long that search took")
     parser.add_argument("--timed-steps", type=int, default=10,
                         help="timed units per side-by-side run (each a pass over the draw)")
-    parser.add_argument("--load-note", default="Other jobs shared the machine's 2 cores.",
+    parser.add_argument("--load-note", default="",
                         help="what else ran on the machine meanwhile (said in the table)")
     args = parser.parse_args()
     fresh_inductor_cache()
@@ -69,7 +73,8 @@ def main() -> int:
     workload = WorkloadSpec(kind="file", target=f"{HERE / 'workloads.py'}:varlen_gpt")
     modes = args.modes.split(",")
     request = api.TuneRequest(
-        workload=workload, target_batch=args.target, device="cpu", precisions=["fp32"],
+        workload=workload, target_batch=args.target, device=args.device,
+        precisions=[args.precision],
         compile_modes=modes, knob_values={"shapes": list(POLICIES), "checkpointing": ["off"],
                                           "optimizer_impl": ["default"]})
     trials: list[dict] = []
@@ -78,8 +83,8 @@ def main() -> int:
         pick_key, pick_micro_batch = args.pick, int(micro_batch)
         search_s, search_tps, search_sps = args.search_s, None, None
     else:
-        log(f"search: {args.target} samples, fp32, compile {args.modes}, shapes "
-            f"{','.join(POLICIES)}")
+        log(f"search: {args.target} samples, {args.precision} on {args.device}, compile "
+            f"{args.modes}, shapes {','.join(POLICIES)}")
         pick = api.search(request, out=None, settings=SearchSettings(cache=False),
                           on_step=_log_probe, on_trial=_log_trial).config
         search_s = time.perf_counter() - start
@@ -91,9 +96,10 @@ def main() -> int:
         from rich.console import Console
         Console(stderr=True, width=160).print(report.search_table(pick, width=160))
     log(f"search pick {pick_key} ({search_s or 0:.0f} s)")
-    contenders = [(Knobs(compile_mode=m, shapes=p), pick_micro_batch)  # type: ignore[arg-type]
+    contenders = [(Knobs(precision=args.precision, compile_mode=m,  # type: ignore[arg-type]
+                         shapes=p), pick_micro_batch)
                   for m in modes for p in POLICIES]
-    runs = run_side_by_side(workload, "cpu", args.target, contenders, rounds=args.rounds,
+    runs = run_side_by_side(workload, args.device, args.target, contenders, rounds=args.rounds,
                             budget_bytes=None, num_timed_steps=args.timed_steps, log=log)
     rows = []
     for (knobs, micro_batch), (key, results) in zip(contenders, runs.items(), strict=True):
@@ -131,7 +137,8 @@ def render(out: dict) -> str:
     m = out["machine"]
     lines = [
         "# Shape policies on variable-length data: varlen-gpt", "",
-        f"{m['date']}; {m.get('cpu_model') or m['processor']}, {m['cpus']} CPUs; torch "
+        f"{m['date']}; " + (f"{m['gpu']} (CUDA {m['cuda']}), " if m.get("gpu") else "")
+        + f"{m.get('cpu_model') or m['processor']}, {m['cpus']} CPUs; torch "
         f"{m['torch']}. Run {out['wall_s']:.0f} s: `{out['command']}`. {out['load']}", "",
         f"Lengths log-normal (median 50, worst 256 tokens); target batch {out['target_batch']}. "
         f"The search ({out['search_s'] or 0:.0f} s) picked **{out['pick']}**"
