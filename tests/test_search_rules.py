@@ -200,3 +200,47 @@ def test_sibling_ratio_walks_a_compiled_setting_down_only_on_evidence() -> None:
                   bf16_default_32=run(400, 32))
     why = bounds.sibling_ratio(ev, COMPILED, [32], 16)
     assert why is not None and "0.95x" in why.text
+
+
+# ----------------------------------------------------------------------------------------------
+# A batch of proposed runs: its results are taken in any order.
+
+_BATCH = [at(Knobs(precision=p, compile_mode=m), mb)
+          for p, m, mb in (("fp32", "off", 32), ("bf16", "off", 64), ("bf16", "default", 32),
+                           ("bf16", "default", 16))]
+
+
+@given(st.lists(st.tuples(st.floats(50, 500), st.floats(50, 500), st.booleans(),
+                          st.booleans(), st.booleans()), min_size=2, max_size=len(_BATCH)),
+       st.randoms(use_true_random=False))
+def test_a_batch_of_proposed_runs_leaves_the_same_evidence_whatever_order_they_end_in(
+        runs: list[tuple[float, float, bool, bool, bool]], rng) -> None:
+    # Each candidate: its first run's and its run again's samples/s, whether the run again
+    # ran out of memory, whether its first timing came from the study store (a re-check) and
+    # whether the run again compiled afresh (a first launch; compiled, not stored, only).
+    from autotune.search.executor import Executor, Proposal
+
+    def state(order: list[int]) -> tuple:
+        ev = evidence()
+        ex = Executor(ev, run=lambda spec: TrialResult(status="crash"), on_trial=None,
+                      on_step=None)
+        batch = []
+        for key, (first, again, oom, stored, cold) in zip(_BATCH, runs, strict=False):
+            ev.results[key] = run(first, key.micro_batch, jitter=0.02)
+            if stored:
+                ev.stored.add(key)
+            cold = cold and not stored and key.knobs.compile_mode != "off"
+            result = TrialResult(status="oom", peak_bytes=2 * BUDGET) if oom else run(
+                again, key.micro_batch, jitter=0.03)
+            batch.append((Proposal(key, ex.spec(key, early_stop=False), cold=cold,
+                                   recheck=stored), result))
+        for i in order:
+            proposal, result = batch[i]
+            ex.tell(proposal, result, ev.record(proposal.candidate, result))
+        return (ev.results, ev.runs, ev.drift, ev.cold, ev.stored,
+                sorted(s.text for s in ev.skips), ev.ranked())
+
+    order = list(range(len(runs)))
+    shuffled = order[:]
+    rng.shuffle(shuffled)
+    assert state(order) == state(shuffled)

@@ -21,6 +21,7 @@ from autotune.search._records import (
     Candidate,
     SearchSettings,
     classify,
+    keep_better,
     score,
 )
 from autotune.search.pick import pick_winner
@@ -94,6 +95,23 @@ class Evidence:
                 not result.fits(self.usable)
                 or (result.peak_bytes or 0) > (known.peak_bytes or 0))):
             self.cold[key] = result
+
+    def remeasured(self, key: Candidate, again: TrialResult, *, cold: bool = False) -> None:
+        """A contender's run again, in full (``cold``: compiled afresh, a first launch): its
+        count, the drift between its runs, and its better run kept. A stored timing re-checked
+        is left to ``policy.rechecked``. Results of one batch of proposals can come in any
+        order: each touches only its own candidate's entries."""
+        self.runs[key] = self.runs.get(key, 1) + 1
+        before = self.results[key]
+        if cold:
+            self.cold[key] = again  # compiled afresh, whatever its counters say
+            if not again.ok:
+                return
+        # A stored run is another session's: its gap is not this one's drift. Compiling
+        # afresh does not slow the steps after it (benchmarks/cold_vs_cached.py).
+        if cold or key not in self.stored:
+            self.note_drift(key, before, again)
+        self.results[key] = keep_better(before, again)
 
     def release_held(self) -> None:
         """The stored runs this search did not ask for join the race."""

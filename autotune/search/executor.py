@@ -12,13 +12,13 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from autotune.config import Knobs, TrialResult, TrialSpec
 from autotune.memory import OnStep, probe_spec
 from autotune.schema import RunKind, RunRecord, StudyRecord, TrialRecord
 from autotune.search._ledger import Ledger
-from autotune.search._records import Candidate, classify, keep_better, run_record
+from autotune.search._records import Candidate, classify, run_record
 from autotune.search._store import open_local, study_key
 from autotune.search._study import open_study, redact, study_identity
 from autotune.search.evidence import Evidence
@@ -34,6 +34,19 @@ _SPACE_SETTINGS = frozenset((
     "refine_within", "slower_factor", "stop_margin", "num_confirm", "confirm_within",
     "timeout_s"))
 """Settings that change what a search measures: part of the local store's key."""
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A run the policy asks for beside others (the confirm stage's batch): a contender again
+    in full, or compiled afresh as a first launch compiles (``cold``), or a stored timing
+    re-checked (``recheck``). Its spec is built from the evidence when it is proposed; its
+    limits (``--max-trials``, ``--time-budget``) are read when it starts."""
+
+    candidate: Candidate
+    spec: TrialSpec
+    cold: bool = False
+    recheck: bool = False
 
 
 class Stop(Exception):
@@ -217,79 +230,90 @@ class Executor:
         return result
 
     def remeasure(self, keys: Sequence[Candidate], *, cold_first: bool = True,
-                   in_round: bool = False) -> dict[Candidate, TrialResult]:
+                  in_round: bool = False) -> dict[Candidate, TrialResult]:
         """The confirm stage's runs: each of ``keys`` once more, keeping its better run; the
         first (the leader) compiled afresh where its first launch is unchecked (``cold_first``). One
         re-measured before (a resumed search) is not run again, unless ``in_round``.
-        The runs made, in order."""
+        The runs made, in order: proposed at once (``proposals``), run one after another,
+        each told to the evidence as it ends (``tell``: in any order, one worker or several)."""
         ran: dict[Candidate, TrialResult] = {}
+        for proposal in self.proposals(keys, cold_first=cold_first, in_round=in_round):
+            again, rec = self.run_proposal(proposal)
+            self.tell(proposal, again, rec)
+            ran[proposal.candidate] = again
+        return ran
+
+    def proposals(self, keys: Sequence[Candidate], *, cold_first: bool = True,
+                  in_round: bool = False) -> list[Proposal]:
+        """``keys`` as one batch of runs, each spec built from the evidence now (``remeasure``)."""
+        batch: list[Proposal] = []
         for key in keys:
             recheck = key in self.ev.stored
             if self.ev.runs.get(key, 1) >= 2 and not (recheck or in_round):
                 continue  # re-measured before a resume
+            spec = self.spec(key, early_stop=False)
             if cold_first and key == keys[0] and not recheck and \
                     self.ev.unchecked_launch(key):
                 # The leader's re-measure compiles afresh: it is also the first-launch check that it
                 # fits a first launch, where the leader is most often the winner.
-                ran[key] = self.cold_run(key)
+                batch.append(Proposal(key, replace(spec, cold_compile=True), cold=True))
                 continue
-            candidate = key
-            spec = self.spec(candidate, early_stop=False)
             if recheck:
                 spec = replace(spec, timing_precision=self.settings.rank_precision)
-            spec = self.limited(spec)
-            self.progress(candidate, None)
-            with self.study.running(candidate, self.plan.micro_batches) as trial:
-                again = self.run_child(spec, "re-measure")
-                rec, value = classify(candidate, again, self.ev.results, self.ev.baseline,
-                                      self.plan.report, self.settings)
-                self.study.tell(trial, again, value, kind="re-measure")
-            self.ev.runs[key] = self.ev.runs.get(key, 1) + 1
-            self.progress(candidate, rec)  # the re-run's own figures
-            stored = self.ev.results[key]
-            if recheck and again.ok and stored.workload_fingerprint and \
-                    again.workload_fingerprint not in ("", stored.workload_fingerprint):
-                raise Stale(
-                    f"stored runs not reused: the workload changed since they were measured "
-                    f"(re-check of {key.key()}: fingerprint {again.workload_fingerprint}, "
-                    f"stored {stored.workload_fingerprint}: its parameter or batch shapes "
-                    "differ); every candidate was measured again")
-            if not recheck:  # a stored run is another session's: its gap is not this one's drift
-                self.ev.note_drift(key, stored, again)
-            self.ev.results[key] = keep_better(stored, again)
-            if recheck:
-                self.ev.stored.discard(key)
-                keep_fresh, note = rechecked(key, stored, again, self.settings)
-                if keep_fresh:
-                    self.ev.results[key] = again
-                self.ev.skips.append(note)
-            ran[key] = again
-        return ran
+            batch.append(Proposal(key, spec, recheck=recheck))
+        assert len({p.candidate for p in batch}) == len(batch), "one run per candidate a batch"
+        return batch
+
+    def run_proposal(self, proposal: Proposal) -> tuple[TrialResult, TrialRecord]:
+        """One proposed run in a child, its limits read as it starts, told to the study."""
+        key = proposal.candidate
+        try:
+            spec = self.limited(proposal.spec)
+        except Stop as stop:
+            if proposal.cold:
+                self.ev.skips.append(unchecked(key, str(stop)))
+            raise
+        self.progress(key, None)
+        with self.study.running(key, self.plan.micro_batches) as trial:
+            again = self.run_child(spec, "re-measure")
+            rec, value = classify(key, again, self.ev.results, self.ev.baseline,
+                                  self.plan.report, self.settings)
+            self.study.tell(trial, again, value, kind="re-measure")
+        return again, rec
+
+    def tell(self, proposal: Proposal, again: TrialResult, rec: TrialRecord) -> None:
+        """A proposed run's result into the evidence (``Evidence.remeasured``); a stored timing
+        re-checked keeps the fresh run where the stored one is stale (``policy.rechecked``).
+
+        Raises:
+            Stale: a re-check ran another model than the stored runs did.
+        """
+        key = proposal.candidate
+        self.progress(key, rec)  # the re-run's own figures
+        before = self.ev.results[key]
+        if proposal.recheck and again.ok and before.workload_fingerprint and \
+                again.workload_fingerprint not in ("", before.workload_fingerprint):
+            raise Stale(
+                f"stored runs not reused: the workload changed since they were measured "
+                f"(re-check of {key.key()}: fingerprint {again.workload_fingerprint}, "
+                f"stored {before.workload_fingerprint}: its parameter or batch shapes "
+                "differ); every candidate was measured again")
+        self.ev.remeasured(key, again, cold=proposal.cold)
+        if proposal.recheck:
+            self.ev.stored.discard(key)
+            keep_fresh, note = rechecked(key, before, again, self.settings)
+            if keep_fresh:
+                self.ev.results[key] = again
+            self.ev.skips.append(note)
 
     def cold_run(self, winner: Candidate) -> TrialResult:
         """The winner run as its timed runs were, every step, with an empty inductor cache of
         its own: its peak is a first launch's, its timing one more run of it (each candidate
         keeps its better run). Over the budget, it is out (``racing``)."""
-        spec = replace(self.spec(winner, early_stop=False), cold_compile=True)
-        try:
-            spec = self.limited(spec)
-        except Stop as stop:
-            self.ev.skips.append(unchecked(winner, str(stop)))
-            raise
-        self.progress(winner, None)
-        with self.study.running(winner, self.plan.micro_batches) as trial:
-            cold = self.run_child(spec, "re-measure")
-            rec, value = classify(winner, cold, self.ev.results, self.ev.baseline,
-                                  self.plan.report,
-                                  self.settings)
-            self.study.tell(trial, cold, value, kind="re-measure")
-        self.ev.runs[winner] = self.ev.runs.get(winner, 1) + 1
-        self.progress(winner, rec)
-        self.ev.cold[winner] = cold  # compiled afresh, whatever its counters say
-        if cold.ok:
-            # compiling afresh does not slow the steps after it (benchmarks/cold_vs_cached.py)
-            self.ev.note_drift(winner, self.ev.results[winner], cold)
-            self.ev.results[winner] = keep_better(self.ev.results[winner], cold)
+        proposal = Proposal(winner, replace(self.spec(winner, early_stop=False),
+                                            cold_compile=True), cold=True)
+        cold, rec = self.run_proposal(proposal)
+        self.tell(proposal, cold, rec)
         return cold
 
     def progress(self, candidate: Candidate, rec: TrialRecord | None) -> None:
