@@ -2,7 +2,8 @@
 and what the search picks.
 
 A variable-length causal LM (``workloads.py:varlen_gpt``: lengths log-normal, median 50 of 256
-tokens) is searched with ``--shapes max,buckets,dynamic`` (fp32, compile off and default), then
+tokens) is searched with ``--shapes max,buckets,dynamic`` (fp32, compile off and default; the
+other knobs held at their defaults, as the side-by-side runs them), then
 the three policies (compiled, and eager) run side by side at the pick's micro-batch in
 interleaved rounds, each in a fresh child as the search times it: real tokens/s (tokens that are
 not padding), samples/s and the graphs each compiled.
@@ -76,7 +77,8 @@ def main() -> int:
         workload=workload, target_batch=args.target, device=args.device,
         precisions=[args.precision],
         compile_modes=modes, knob_values={"shapes": list(POLICIES), "checkpointing": ["off"],
-                                          "optimizer_impl": ["default"]})
+                                          "optimizer_impl": ["default"],
+                                          "compile_scope": ["model"]})
     trials: list[dict] = []
     if args.pick:
         micro_batch = args.pick.rpartition("/")[2]
@@ -99,6 +101,9 @@ def main() -> int:
     contenders = [(Knobs(precision=args.precision, compile_mode=m,  # type: ignore[arg-type]
                          shapes=p), pick_micro_batch)
                   for m in modes for p in POLICIES]
+    picked = Knobs.from_label(pick_key.rpartition("/")[0])
+    if all(k != picked for k, _ in contenders):  # another knob won too (e.g. compile_scope)
+        contenders.append((picked, pick_micro_batch))
     runs = run_side_by_side(workload, args.device, args.target, contenders, rounds=args.rounds,
                             budget_bytes=None, num_timed_steps=args.timed_steps, log=log)
     rows = []
