@@ -273,9 +273,9 @@ class TrialSpec(HasKnobs):
     seed: int = 0
     max_timed_s: float | None = None
     """Stop timing early once this many seconds were spent timing (at least one timed step):
-    a candidate already far slower than the best needs no more evidence. Set per optimizer
-    step's worth of timing: where a timed unit is a pass over drawn lengths (several optimizer
-    steps, ``shapes.POOL_STEPS``), the trial allows that many times as long."""
+    a candidate already far slower than the best needs no more evidence. The search sets it
+    from the leader's window, counting each timed unit's optimizer steps (a pass over drawn
+    lengths is ``lengths.POOL_STEPS`` of them)."""
     stop_above_step_s: float | None = None
     """Sequential stopping: stop timing once ``MIN_STEPS_TO_STOP`` timed steps were all slower
     than this (the leader's median step time plus the noise): even the fastest of them loses,

@@ -17,6 +17,11 @@ from pathlib import Path
 
 from autotune.errors import ConfigError
 
+POOL_STEPS = 4
+"""Optimizer steps of drawn lengths a trial cycles through: each timed unit is one pass, so
+every candidate's figure averages the same mix of lengths (and a unit takes this many steps'
+time: the search's time limit on a trial counts them, ``search.executor``)."""
+
 RECOMPILE_LIMIT = 8
 """``torch._dynamo.config.recompile_limit``'s default: past it a frame runs eager."""
 MAX_BUCKETS = RECOMPILE_LIMIT - 2

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from autotune.errors import ConfigError, WorkloadError
-from autotune.lengths import bucket_lengths, check_lengths, pad_length
+from autotune.lengths import POOL_STEPS, bucket_lengths, check_lengths, pad_length
 from autotune.workload import Batch, Workload, check_batch, user_traceback
 
 
@@ -180,11 +180,6 @@ def watch_compiles() -> Iterator[CompileCount]:
     finally:
         logger.removeFilter(note)
         count.graphs = int(counters["stats"].get("unique_graphs", 0)) - before
-
-
-POOL_STEPS = 4
-"""Optimizer steps of drawn lengths a trial cycles through: each timed unit is one pass, so
-every candidate's figure averages the same mix of lengths."""
 
 
 @dataclass

@@ -416,10 +416,6 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: TrialM
             warmup += [one_step(step) for step in drawn.steps]
     info["warmup_s"] = sum(warmup)
     timed: list[float] = []
-    # A timed unit of drawn lengths runs every step of the draw: the limit on timing's wall
-    # time, set per optimizer step (the leader's window), scales by the steps of a unit.
-    steps_per_unit = len(drawn.steps) if drawn is not None else 1
-    max_elapsed_s = spec.max_timed_s * steps_per_unit if spec.max_timed_s is not None else None
     timing_start = time.perf_counter()
     with watch_compiles() as recompiles:
         while spec.num_timed_steps > 0:
@@ -427,7 +423,7 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: TrialM
                 timed_batches), time.perf_counter() - timing_start], device)
             timed.append(step_s)
             why = stop_reason(timed, max_steps=spec.num_timed_steps, elapsed_s=elapsed_s,
-                              min_elapsed_s=spec.min_timed_s, max_elapsed_s=max_elapsed_s,
+                              min_elapsed_s=spec.min_timed_s, max_elapsed_s=spec.max_timed_s,
                               precision=spec.timing_precision,
                               stop_above_s=spec.stop_above_step_s)
             if why is not None:

@@ -14,9 +14,9 @@ import torch._dynamo
 from autotune.config import TrialResult, TrialSpec, WorkloadSpec
 from autotune.errors import WorkloadError
 from autotune.knobs import KNOB, Knobs, WorkloadTraits, shapes_dynamic, skip_reason
-from autotune.lengths import MAX_BUCKETS
+from autotune.lengths import MAX_BUCKETS, POOL_STEPS
 from autotune.search import run_search, tuned_config
-from autotune.shapes import POOL_STEPS, batch_at, declared_lengths, worst_batch
+from autotune.shapes import batch_at, declared_lengths, worst_batch
 from autotune.trial import run_trial
 from tests import workloads
 from tests.conftest import workload_target
@@ -121,21 +121,6 @@ def test_trials_time_the_drawn_lengths_and_count_real_tokens(shapes: str) -> Non
     assert result.tokens_per_sample < workloads.VARLEN_WORST
 
 
-def test_the_time_limit_of_a_timed_unit_of_drawn_lengths_counts_each_of_its_steps() -> None:
-    # The search limits a candidate's timing to twice the leader's window, per optimizer step
-    # (``max_timed_s``). A timed unit of drawn lengths is POOL_STEPS optimizer steps: measured
-    # against one step's window, a candidate as fast as the leader ran out of time after half
-    # its timed units and was called "clearly behind" (the varlen benchmark's eager buckets at
-    # 18.7 samples/s, the leader at 17.3).
-    free = _trial("varlen", knobs=Knobs(shapes="buckets"), num_timed_steps=6)
-    assert free.status == "ok" and len(free.step_times_s) == 6, free.message
-    window_s = max(free.step_times_s) * 6  # the leader's window: 6 steps (its slowest)
-    limited = _trial("varlen", knobs=Knobs(shapes="buckets"), num_timed_steps=6,
-                     max_timed_s=2 * window_s)
-    assert (limited.timing_stop, len(limited.step_times_s)) == ("steps", 6)
-    assert POOL_STEPS > 2  # else the limit above would not have cut the runs before
-
-
 @pytest.mark.subprocess  # inductor's compiler
 @pytest.mark.parametrize(("shapes", "most_graphs"), [
     pytest.param("max", 1, marks=SLOW), ("buckets", 1 + MAX_BUCKETS),
@@ -199,6 +184,25 @@ def test_where_lengths_are_declared_the_search_times_each_policy_and_picks_the_f
     assert any("+shapes=dynamic/" in r for r in runs)
     tuned = tuned_config(plan(), device.outcome, SETTINGS)  # type: ignore[attr-defined]
     assert tuned.knobs.shapes == "buckets"
+
+
+def test_a_timed_unit_of_drawn_lengths_gets_the_time_limit_of_its_steps() -> None:
+    # The search stops a trial far behind the leader once its timing took twice the leader's
+    # window (``max_timed_s``). A timed unit of drawn lengths is POOL_STEPS optimizer steps;
+    # counted as one, a candidate as fast as the leader ran out of time after half its units
+    # and was called "clearly behind" (the varlen benchmark: eager buckets at 18.7 samples/s,
+    # the leader at 17.3).
+    settings = replace(SETTINGS, min_timed_s=0.0)
+    limits = {}
+    for has_lengths in (False, True):
+        device = ShapesDevice(by_class(100, 150, 160, 200, 300, 330),
+                              traits=replace(TRAITS, has_lengths=has_lengths))
+        run_search(plan(), CLASSES, settings, run=device,
+                   values={**VALUES, "shapes": ("max", "buckets", "dynamic")})
+        first = next(s for s in device.specs if s.max_timed_s is not None)
+        limits[has_lengths] = (f"{first.knobs.label()}/{first.micro_batch}", first.max_timed_s)
+    assert limits[True][0] == limits[False][0]  # the same run, the same leader before it
+    assert limits[True][1] == pytest.approx(POOL_STEPS * limits[False][1])
 
 
 @dataclass

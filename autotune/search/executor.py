@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from autotune.config import Knobs, TrialResult, TrialSpec
+from autotune.lengths import POOL_STEPS
 from autotune.memory import OnStep, probe_spec
 from autotune.schema import RunKind, RunRecord, StudyRecord, TrialRecord
 from autotune.search._ledger import Ledger
@@ -137,7 +138,11 @@ class Executor:
         if is_base_class or not medians:
             return spec
         best_s = min(m for m in medians if m is not None)
-        best_window_s = max(best_s * self.settings.num_timed_steps, self.settings.min_timed_s)
+        # A timed unit of drawn lengths (a workload that declares them) is POOL_STEPS optimizer
+        # steps, each median a step's: the leader's window in wall time counts them.
+        units = POOL_STEPS if self.ev.traits is not None and self.ev.traits.has_lengths else 1
+        best_window_s = max(best_s * self.settings.num_timed_steps * units,
+                            self.settings.min_timed_s)
         spec = replace(spec, max_timed_s=self.settings.slower_factor * best_window_s)
         if self.settings.train_steps:  # compile time counts too: a slow step may still win
             return spec
