@@ -24,10 +24,13 @@ from autotune.search._store import open_local, study_key
 from autotune.search._study import open_study, redact, study_identity
 from autotune.search.evidence import Evidence
 from autotune.search.policy import rechecked, unchecked
+from autotune.search.rules import Skip, skip
 
 Runner = Callable[[TrialSpec], TrialResult]
 OnTrial = Callable[[int, str, Candidate, TrialRecord | None], None]
 """Progress: (runs so far, stage, candidate, its record when done or None when starting)."""
+ROUNDS_ATTR = "autotune_rounds"
+"""The study's record of the confirm stage's interleaved rounds (``Executor.remember_rounds``)."""
 MIN_CHILD_S = 1.0
 """A child run needs at least this much of the time budget left to be started."""
 _SPACE_SETTINGS = frozenset((
@@ -77,6 +80,7 @@ class Executor:
         ev.stored = set(ev.held) if self.study.record.name.startswith("autotune-") else set()
         for key, result in [*ev.probe_runs.items(), *ev.held.items()]:
             ev.note_cold(key, result)
+        self.restore_rounds(self.study.recall(ROUNDS_ATTR))
         self.num_runs = 0
         self.cost: dict[str, float] = {"child_s": 0.0, "compile_s": 0.0, "timed_s": 0.0}
         self.compiles = [0, 0]
@@ -320,6 +324,35 @@ class Executor:
         cold, rec = self.run_proposal(proposal)
         self.tell(proposal, cold, rec)
         return cold
+
+    def remember_rounds(self, note: Skip) -> None:
+        """The confirm stage's interleaved rounds, kept in the study (``restore_rounds``)."""
+        self.study.remember(ROUNDS_ATTR, {
+            "shares": {k.key(): list(v) for k, v in self.ev.round_shares.items()},
+            "note": {"target": note.target, "variant": note.variant,
+                     "figures": dict(note.figures)}})
+
+    def restore_rounds(self, raw: object) -> None:
+        """A resumed search's interleaved rounds, as the search before ran them: their runs
+        answer from the study, drift is noted only between runs made now, so the rounds would
+        not run again and the pick would fall back to the best runs (a resumed search that
+        measured nothing picked the other of the two). Not for timings of the local store
+        (re-checked, they race afresh); a value that does not read as rounds of two stored
+        candidates is left out (the store is a cache)."""
+        if not isinstance(raw, dict):
+            return
+        by_key = {c.key(): c for c in self.ev.held if c not in self.ev.stored}
+        try:
+            shares = {by_key[k]: tuple(float(s) for s in v) for k, v in raw["shares"].items()}
+            said = raw["note"]
+            note = skip("rounds", str(said["target"]), str(said["variant"]), **said["figures"])
+            note.text  # noqa: B018 (its figures fill its sentence)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+            return
+        if len(shares) != 2 or not all(len(v) in (2, 3) for v in shares.values()):
+            return
+        self.ev.round_shares.update(shares)
+        self.ev.skips.append(note)
 
     def progress(self, candidate: Candidate, rec: TrialRecord | None) -> None:
         if self.on_trial is not None:

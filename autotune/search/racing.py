@@ -105,11 +105,13 @@ def interleave(ex: Executor, first: Mapping[Candidate, TrialResult]) -> None:
     ahead = sum(s > 1 for s in shares)
     picked = challenger if ahead * 2 > len(shares) else leader
     assert len(shares) in (2, 3), shares  # ``another_round``: two, a third where they split
-    ex.ev.skips.append(skip(
+    note = skip(
         "rounds", picked.key(), "three" if len(shares) == 3 else "",
         challenger=challenger.key(), leader=leader.key(), config=config.key(), ahead=ahead,
         rounds=len(shares), drift=drift, gap=gap,
-        **{f"share_{i}": s for i, s in enumerate(shares, 1)}))
+        **{f"share_{i}": s for i, s in enumerate(shares, 1)})
+    ex.ev.skips.append(note)
+    ex.remember_rounds(note)  # a resumed search gets the rounds' runs from the study alone
 
 
 def fit_cold(ex: Executor) -> None:
