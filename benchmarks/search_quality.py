@@ -344,6 +344,15 @@ def _stored_oracle(name: str, bench: Bench, target: int) -> tuple[dict, dict, st
         raise SystemExit(f"--oracle-from {name}: measured on {then.get('cpu_model')} with "
                          f"{then.get('cpus')} CPUs, this is {here.get('cpu_model')} with "
                          f"{here.get('cpus')}: its times do not compare with a search here")
+    from autotune.device import describe_device
+
+    native = describe_device("cpu").native_bf16
+    if out.get("native_bf16", native) != native:  # one model name, another CPU (Zen 3, Zen 4)
+        raise SystemExit(f"--oracle-from {name}: measured on a {then.get('cpu_model')} CPU "
+                         f"{'with' if out['native_bf16'] else 'without'} native bf16, this one "
+                         f"{'has' if native else 'has not'}: another CPU under the same name, "
+                         "its times do not compare with a search here (and its space lacks "
+                         "the bf16 settings this one searches)")
     candidates = row["oracle"]["candidates"]
     runs = {c["key"]: stored_runs(c) for c in candidates if c["statuses"]}
     left_out = {c["label"]: c["excluded"] for c in candidates if c["excluded"]}

@@ -266,6 +266,20 @@ def test_oracle_from_several_files_takes_per_candidate_the_one_with_more_runs(
     write("C", [cand(2, 1)], cpu="another CPU")
     with pytest.raises(SystemExit, match="measured on another CPU"):
         stored_oracle("A,C", bench, 64)
+    # One model name, another CPU: a Zen 3 EPYC (no native bf16) and a Zen 4 one (native bf16)
+    # both say "AMD EPYC" in a VM; the file's native_bf16 tells them apart.
+    from autotune.device import describe_device
+
+    native = describe_device("cpu").native_bf16
+    other = json.loads((tmp_path / "results" / "B.json").read_text()) | {
+        "native_bf16": not native}
+    (tmp_path / "results" / "D.json").write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match=(
+            f"--oracle-from D: measured on a this CPU CPU {'without' if native else 'with'} "
+            f"native bf16, this one {'has' if native else 'has not'}: another CPU")):
+        stored_oracle("A,D", bench, 64)
+    (tmp_path / "results" / "D.json").write_text(json.dumps(other | {"native_bf16": native}))
+    assert stored_oracle("A,D", bench, 64)[0]
 
 
 def test_side_by_side_interleaves_the_contenders_and_a_busy_round_weighs_on_all_alike():
