@@ -91,18 +91,25 @@ def _load_json(path: Path):
 
 
 def _machine_of(data, text: str, stem: str) -> str:
+    """The machine a file was measured on: its recorded ``machine`` and ``device`` first, then
+    the machine its name carries (the naming rule), then its first lines (which may also name
+    another machine's oracle it is compared with)."""
+    recorded = ""
     if isinstance(data, dict):
         machine = data.get("machine") or {}
         if isinstance(machine, dict):
-            text = " ".join(str(v) for v in machine.values()) + " " + text
+            recorded = " ".join(str(v) for v in machine.values())
         device = data.get("device")
         if isinstance(device, dict):
-            text = f"{device.get('name', '')} {device.get('device', '')} " + text
+            recorded = f"{device.get('name', '')} {device.get('device', '')} " + recorded
     for needle, name in MACHINES:
-        if needle in text:
+        if needle in recorded:
             return name
     for token, name in NAME_MACHINES:
         if token in stem.lower().replace("_", "-").split("-"):
+            return name
+    for needle, name in MACHINES:
+        if needle in text:
             return name
     if isinstance(data, dict) and isinstance(data.get("device"), dict) and \
             data["device"].get("device") == "cpu":

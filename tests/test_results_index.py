@@ -78,3 +78,20 @@ def test_a_line_reads_date_machine_commit_command_and_headline_from_the_file(tmp
     assert second["headline"] == ("cnn: tuned bf16/default/64, pick quality 0.98, cost 0.20, "
                                   "1.50x fp32 eager")
     assert "\\|" in results_index._cell(second["command"])  # a pipe cannot break the table
+
+
+def test_the_machine_is_the_one_a_file_was_measured_on_not_another_it_names():
+    """A file measured here that names another machine's oracle (a side by side with a Xeon's
+    best configs) is this machine's: its recorded ``machine`` first, then the machine its
+    name carries, then its first lines; with neither, the first lines (GPU before CPU)."""
+    compared = "the two best configs of the Xeon oracle, timed here"
+    assert results_index._machine_of({"machine": {"cpu_model": "AMD EPYC"},
+                                      "concurrency": compared}, compared,
+                                     "side_by_side_slow-cnn-epyc-2026-11-28") == "AMD EPYC"
+    text = f"# A live search, AMD EPYC 2 CPUs\n# {compared}\n"
+    assert results_index._machine_of(None, text, "search_slow-cnn-epyc-2026-11-28-live") == \
+        "AMD EPYC"
+    assert results_index._machine_of(None, text, "search_slow-cnn-2026-11-28") == "Intel Xeon"
+    assert results_index._machine_of({"machine": {"cpu_model": "Intel Xeon"},
+                                      "device": {"name": "NVIDIA H200"}}, "",
+                                     "gpu_suite-x") == "NVIDIA H200"
