@@ -116,14 +116,14 @@ class Ledger:
         self.note(line)
         warnings.warn(f"study store {line}", stacklevel=3)
 
-    def completed(self) -> tuple[dict[Candidate, TrialResult], dict[Candidate, int]]:
+    def completed(self) -> dict[Candidate, list[TrialResult]]:
         """``_study.completed``, or nothing once the store failed."""
         if self._study is not None:
             try:
                 return _study.completed(self._study)
             except Exception as exc:  # any store failure: not cached
                 self._failed("reading its runs", exc)
-        return {}, {}
+        return {}
 
     def probed(self) -> dict[Candidate, TrialResult]:
         """``_study.probed``, or nothing once the store failed."""

@@ -22,7 +22,7 @@ from autotune.config import ProbeReport, TrialResult, WorkloadSpec, from_json_di
 from autotune.errors import ConfigError
 from autotune.knobs import KNOBS, Knobs
 from autotune.schema import RunRecord
-from autotune.search._records import Candidate, SearchSettings, keep_better, run_record
+from autotune.search._records import Candidate, SearchSettings, run_record
 
 if TYPE_CHECKING:
     import optuna
@@ -208,19 +208,17 @@ def _candidate(params: dict[str, object]) -> Candidate | None:
         return None
 
 
-def completed(study: optuna.Study) -> tuple[dict[Candidate, TrialResult], dict[Candidate, int]]:
-    """Timed runs already in the study, each candidate's better run (a re-measured one has
-    two: the faster kept, as the search keeps it), and how many runs each had."""
-    done: dict[Candidate, TrialResult] = {}
-    runs: dict[Candidate, int] = {}
+def completed(study: optuna.Study) -> dict[Candidate, list[TrialResult]]:
+    """Timed runs already in the study, per candidate in the order they ended (a re-measured
+    one has two or more: a resumed search answers each ask with the next)."""
+    done: dict[Candidate, list[TrialResult]] = {}
     for t in study.get_trials(deepcopy=False, states=(_optuna().trial.TrialState.COMPLETE,)):
         key = _candidate(t.params)
         if "result" not in t.user_attrs or key is None:
             continue
-        result = from_json_dict(TrialResult, json.loads(t.user_attrs["result"]))
-        runs[key] = runs.get(key, 0) + 1
-        done[key] = keep_better(done[key], result) if key in done else result
-    return done, runs
+        done.setdefault(key, []).append(
+            from_json_dict(TrialResult, json.loads(t.user_attrs["result"])))
+    return done
 
 
 def probed(study: optuna.Study) -> dict[Candidate, TrialResult]:

@@ -104,8 +104,9 @@ class Search:
     def stages(self) -> None:
         """The stages in order (the module docstring, ``docs/search.md``)."""
         self.ex.stage = "stored"  # what the study holds, said before it answers the stages
-        for key, result in list(self.ev.held.items()):
-            self.ex.progress(key, classify(key, result, self.ev.held, None, self.plan.report,
+        best = {k: self.ev.held_best(k) for k in self.ev.held}
+        for key, result in best.items():
+            self.ex.progress(key, classify(key, result, best, None, self.plan.report,
                                          self.ev.settings)[0])
         self.ex.stage = "probe"
         first = self.plan.first_classes()

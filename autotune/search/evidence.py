@@ -36,20 +36,23 @@ class Evidence:
 
     plan: Plan
     settings: SearchSettings
-    held: dict[Candidate, TrialResult] = field(default_factory=dict)
-    """Timed runs the study holds that this search has not asked for yet: each answers when
-    asked, so a resumed search decides on what the first one had seen at that point and
-    takes the same path; those it never asks for (another search's, in a shared study) join
-    the race (``release_held``)."""
+    held: dict[Candidate, list[TrialResult]] = field(default_factory=dict)
+    """Timed runs the study holds that this search has not asked for yet, per candidate in the
+    order they were made: each answers one ask, the first its first timing and the next each
+    re-measure (``answer``), so a resumed search decides on what the first one had seen at
+    that point and takes the same path, its rounds included; those it never asks for
+    (another search's, in a shared study) join the race (``release_held``)."""
     results: dict[Candidate, TrialResult] = field(default_factory=dict)
     """Timed runs this search asked for (run now, or answered from ``held``): the better of a
     candidate's runs."""
     probe_runs: dict[Candidate, TrialResult] = field(default_factory=dict)
     """Memory probes that timed nothing (bisection points)."""
     runs: dict[Candidate, int] = field(default_factory=dict)
-    """Runs of each candidate (2 once re-measured), stored ones included."""
+    """Runs of each candidate this search has (2 once re-measured), answered from the study or
+    run now."""
     stored: set[Candidate] = field(default_factory=set)
-    """Candidates whose timing came from the local study store: re-checked before they pick."""
+    """Candidates whose timing came from the local study store: re-checked before they pick
+    (their ``held`` is their better run, their ``runs`` the store's count)."""
     reached: set[Candidate] = field(default_factory=set)
     """Candidates this search asked for: a probe starts from those of its setting."""
     cold: dict[Candidate, TrialResult] = field(default_factory=dict)
@@ -113,11 +116,35 @@ class Evidence:
             self.note_drift(key, before, again)
         self.results[key] = keep_better(before, again)
 
-    def release_held(self) -> None:
-        """The stored runs this search did not ask for join the race."""
-        for key, result in self.held.items():
-            self.results.setdefault(key, result)
-        self.held.clear()
+    def answer(self, key: Candidate) -> TrialResult | None:
+        """The study's next run of ``key`` not yet asked for (a resumed search), or None."""
+        rest = self.held.get(key)
+        if not rest:
+            return None
+        result = rest.pop(0)
+        if not rest:
+            del self.held[key]
+        return result
+
+    def release_held(self, *, asked: bool = False) -> None:
+        """The stored runs of candidates this search never asked for join the race, each its
+        better run (the race's re-measures of those asked for answer from the rest); with
+        ``asked``, the rest too (the search ends: it picks from all the study holds)."""
+        for key in [k for k in self.held if asked or k not in self.results]:
+            best, rest = self.held_best(key), self.held.pop(key)
+            if key in self.results:
+                self.runs[key] = self.runs.get(key, 1) + len(rest)
+                best = keep_better(self.results[key], best)
+            else:  # the local store's count, or the runs held
+                self.runs.setdefault(key, len(rest))
+            self.results[key] = best
+
+    def held_best(self, key: Candidate) -> TrialResult:
+        """The better of the study's runs of ``key`` not yet asked for (``keep_better``)."""
+        first, *rest = self.held[key]
+        for result in rest:
+            first = keep_better(first, result)
+        return first
 
     # -- scores -----------------------------------------------------------------------------
 

@@ -24,13 +24,10 @@ from autotune.search._store import open_local, study_key
 from autotune.search._study import open_study, redact, study_identity
 from autotune.search.evidence import Evidence
 from autotune.search.policy import rechecked, unchecked
-from autotune.search.rules import Skip, skip
 
 Runner = Callable[[TrialSpec], TrialResult]
 OnTrial = Callable[[int, str, Candidate, TrialRecord | None], None]
 """Progress: (runs so far, stage, candidate, its record when done or None when starting)."""
-ROUNDS_ATTR = "autotune_rounds"
-"""The study's record of the confirm stage's interleaved rounds (``Executor.remember_rounds``)."""
 MIN_CHILD_S = 1.0
 """A child run needs at least this much of the time budget left to be started."""
 _SPACE_SETTINGS = frozenset((
@@ -45,12 +42,14 @@ class Proposal:
     """A run the policy asks for beside others (the confirm stage's batch): a contender again
     in full, or compiled afresh as a first launch compiles (``cold``), or a stored timing
     re-checked (``recheck``). Its spec is built from the evidence when it is proposed; its
-    limits (``--max-trials``, ``--time-budget``) are read when it starts."""
+    limits (``--max-trials``, ``--time-budget``) are read when it starts. A resumed search
+    answers it with the study's next run of the candidate (``stored``): no child runs."""
 
     candidate: Candidate
     spec: TrialSpec
     cold: bool = False
     recheck: bool = False
+    stored: TrialResult | None = None
 
 
 class Stop(Exception):
@@ -72,15 +71,17 @@ class Executor:
         self.ev, self.plan, self.settings = ev, ev.plan, ev.settings
         self.run, self.on_trial, self.on_step, self.clock = run, on_trial, on_step, clock
         self.study = open_search_study(ev)
-        done, runs = self.study.completed()
-        ev.held = {c: r for c, r in done.items() if self.plan.allowed(c.knobs)}
+        ev.held = {c: r for c, r in self.study.completed().items() if self.plan.allowed(c.knobs)}
         ev.probe_runs = self.study.probed()
-        ev.traits = next((r.traits for r in ev.held.values() if r.traits is not None), None)
-        ev.runs = {k: n for k, n in runs.items() if k in ev.held}
-        ev.stored = set(ev.held) if self.study.record.name.startswith("autotune-") else set()
-        for key, result in [*ev.probe_runs.items(), *ev.held.items()]:
+        held = [(k, r) for k, runs in ev.held.items() for r in runs]
+        ev.traits = next((r.traits for _, r in held if r.traits is not None), None)
+        if self.study.record.name.startswith("autotune-"):  # the local store: a cache whose
+            # timings are re-checked, not replayed: each candidate's better run answers its
+            # first ask, and a re-measure runs afresh
+            ev.stored, ev.runs = set(ev.held), {k: len(v) for k, v in ev.held.items()}
+            ev.held = {k: [ev.held_best(k)] for k in ev.held}
+        for key, result in [*ev.probe_runs.items(), *held]:
             ev.note_cold(key, result)
-        self.restore_rounds(self.study.recall(ROUNDS_ATTR))
         self.num_runs = 0
         self.cost: dict[str, float] = {"child_s": 0.0, "compile_s": 0.0, "timed_s": 0.0}
         self.compiles = [0, 0]
@@ -166,8 +167,8 @@ class Executor:
         candidate = key = Candidate.of(spec)
         timed = spec.num_timed_steps > 0
         self.ev.reached.add(key)
-        if key in self.ev.held:  # asked for, as the search that ran it had
-            self.ev.results[key] = self.ev.held.pop(key)
+        if key not in self.ev.results and (stored := self.ev.answer(key)) is not None:
+            self.ev.results[key] = stored  # its first run, as the search that ran it had it
             self.begin(key.knobs)
         if key in self.ev.results:  # a trial answers a memory probe too
             return self.ev.results[key]
@@ -238,29 +239,31 @@ class Executor:
                         "(stopped): best so far")
         return result
 
-    def remeasure(self, keys: Sequence[Candidate], *, cold_first: bool = True,
-                  in_round: bool = False) -> dict[Candidate, TrialResult]:
+    def remeasure(self, keys: Sequence[Candidate], *,
+                  cold_first: bool = True) -> dict[Candidate, TrialResult]:
         """The confirm stage's runs: each of ``keys`` once more, keeping its better run; the
-        first (the leader) compiled afresh where its first launch is unchecked (``cold_first``). One
-        re-measured before (a resumed search) is not run again, unless ``in_round``.
+        first (the leader) compiled afresh where its first launch is unchecked (``cold_first``).
         The runs made, in order: proposed at once (``proposals``), run one after another,
-        each told to the evidence as it ends (``tell``: in any order, one worker or several)."""
+        each told to the evidence as it ends (``tell``: in any order, one worker or several);
+        a resumed search answers each from the study's runs in the order they were made."""
         ran: dict[Candidate, TrialResult] = {}
-        for proposal in self.proposals(keys, cold_first=cold_first, in_round=in_round):
+        for proposal in self.proposals(keys, cold_first=cold_first):
             again, rec = self.run_proposal(proposal)
             self.tell(proposal, again, rec)
             ran[proposal.candidate] = again
         return ran
 
-    def proposals(self, keys: Sequence[Candidate], *, cold_first: bool = True,
-                  in_round: bool = False) -> list[Proposal]:
+    def proposals(self, keys: Sequence[Candidate], *,
+                  cold_first: bool = True) -> list[Proposal]:
         """``keys`` as one batch of runs, each spec built from the evidence now (``remeasure``)."""
         batch: list[Proposal] = []
         for key in keys:
             recheck = key in self.ev.stored
-            if self.ev.runs.get(key, 1) >= 2 and not (recheck or in_round):
-                continue  # re-measured before a resume
             spec = self.spec(key, early_stop=False)
+            if not recheck and (stored := self.ev.answer(key)) is not None:
+                cold = cold_first and key == keys[0] and self.ev.unchecked_launch(key)
+                batch.append(Proposal(key, spec, cold=cold, stored=stored))
+                continue
             if cold_first and key == keys[0] and not recheck and \
                     self.ev.unchecked_launch(key):
                 # The leader's re-measure compiles afresh: it is also the first-launch check that it
@@ -274,8 +277,14 @@ class Executor:
         return batch
 
     def run_proposal(self, proposal: Proposal) -> tuple[TrialResult, TrialRecord]:
-        """One proposed run in a child, its limits read as it starts, told to the study."""
+        """One proposed run in a child, its limits read as it starts, told to the study (or
+        the study's answer to it)."""
         key = proposal.candidate
+        if proposal.stored is not None:
+            self.begin(key.knobs)
+            rec, _ = classify(key, proposal.stored, self.ev.results, self.ev.baseline,
+                              self.plan.report, self.settings)
+            return proposal.stored, rec
         try:
             spec = self.limited(proposal.spec)
         except Stop as stop:
@@ -298,7 +307,8 @@ class Executor:
             Stale: a re-check ran another model than the stored runs did.
         """
         key = proposal.candidate
-        self.progress(key, rec)  # the re-run's own figures
+        if proposal.stored is None:  # the re-run's own figures (the study's were said first)
+            self.progress(key, rec)
         before = self.ev.results[key]
         if proposal.recheck and again.ok and before.workload_fingerprint and \
                 again.workload_fingerprint not in ("", before.workload_fingerprint):
@@ -320,39 +330,11 @@ class Executor:
         its own: its peak is a first launch's, its timing one more run of it (each candidate
         keeps its better run). Over the budget, it is out (``racing``)."""
         proposal = Proposal(winner, replace(self.spec(winner, early_stop=False),
-                                            cold_compile=True), cold=True)
+                                            cold_compile=True), cold=True,
+                            stored=self.ev.answer(winner))
         cold, rec = self.run_proposal(proposal)
         self.tell(proposal, cold, rec)
         return cold
-
-    def remember_rounds(self, note: Skip) -> None:
-        """The confirm stage's interleaved rounds, kept in the study (``restore_rounds``)."""
-        self.study.remember(ROUNDS_ATTR, {
-            "shares": {k.key(): list(v) for k, v in self.ev.round_shares.items()},
-            "note": {"target": note.target, "variant": note.variant,
-                     "figures": dict(note.figures)}})
-
-    def restore_rounds(self, raw: object) -> None:
-        """A resumed search's interleaved rounds, as the search before ran them: their runs
-        answer from the study, drift is noted only between runs made now, so the rounds would
-        not run again and the pick would fall back to the best runs (a resumed search that
-        measured nothing picked the other of the two). Not for timings of the local store
-        (re-checked, they race afresh); a value that does not read as rounds of two stored
-        candidates is left out (the store is a cache)."""
-        if not isinstance(raw, dict):
-            return
-        by_key = {c.key(): c for c in self.ev.held if c not in self.ev.stored}
-        try:
-            shares = {by_key[k]: tuple(float(s) for s in v) for k, v in raw["shares"].items()}
-            said = raw["note"]
-            note = skip("rounds", str(said["target"]), str(said["variant"]), **said["figures"])
-            note.text  # noqa: B018 (its figures fill its sentence)
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError):
-            return
-        if len(shares) != 2 or not all(len(v) in (2, 3) for v in shares.values()):
-            return
-        self.ev.round_shares.update(shares)
-        self.ev.skips.append(note)
 
     def progress(self, candidate: Candidate, rec: TrialRecord | None) -> None:
         if self.on_trial is not None:

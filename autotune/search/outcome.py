@@ -15,7 +15,7 @@ from autotune.search.rules import Skip, skip
 
 def outcome(ev: Evidence, ex: Executor, interrupted: bool, stop_reason: str) -> SearchOutcome:
     """What the search hands back: every record, the skips, the cost and the run log."""
-    ev.release_held()  # a search stopped early picks from all it knows too
+    ev.release_held(asked=True)  # a search stopped early picks from all it knows too
     if ev.baseline is None:  # stopped while probing it: its largest fit timed so far
         ev.baseline = ev.known_baseline()
     stored_pick = ev.winner() if interrupted else None

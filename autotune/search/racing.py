@@ -92,7 +92,7 @@ def interleave(ex: Executor, first: Mapping[Candidate, TrialResult]) -> None:
     else:  # not run back to back (or one run failed): two rounds of their own
         order = [leader, challenger]
     while another_round(shares):
-        runs = ex.remeasure(order, cold_first=False, in_round=True)
+        runs = ex.remeasure(order, cold_first=False)
         ratio = _ratio(runs.get(challenger), runs.get(leader))
         if ratio is None:  # a run failed (out of memory: that candidate is out)
             break
@@ -111,7 +111,6 @@ def interleave(ex: Executor, first: Mapping[Candidate, TrialResult]) -> None:
         rounds=len(shares), drift=drift, gap=gap,
         **{f"share_{i}": s for i, s in enumerate(shares, 1)})
     ex.ev.skips.append(note)
-    ex.remember_rounds(note)  # a resumed search gets the rounds' runs from the study alone
 
 
 def fit_cold(ex: Executor) -> None:
