@@ -259,20 +259,19 @@ class Executor:
         batch: list[Proposal] = []
         for key in keys:
             recheck = key in self.ev.stored
+            # The leader's re-measure compiles afresh where its first launch is unchecked: it is
+            # also the first-launch check, where the leader is most often the winner.
+            cold = cold_first and key == keys[0] and not recheck and self.ev.unchecked_launch(key)
             spec = self.spec(key, early_stop=False)
             if not recheck and (stored := self.ev.answer(key)) is not None:
-                cold = cold_first and key == keys[0] and self.ev.unchecked_launch(key)
                 batch.append(Proposal(key, spec, cold=cold, stored=stored))
-                continue
-            if cold_first and key == keys[0] and not recheck and \
-                    self.ev.unchecked_launch(key):
-                # The leader's re-measure compiles afresh: it is also the first-launch check that it
-                # fits a first launch, where the leader is most often the winner.
+            elif cold:
                 batch.append(Proposal(key, replace(spec, cold_compile=True), cold=True))
-                continue
-            if recheck:
-                spec = replace(spec, timing_precision=self.settings.rank_precision)
-            batch.append(Proposal(key, spec, recheck=recheck))
+            elif recheck:
+                batch.append(Proposal(key, replace(
+                    spec, timing_precision=self.settings.rank_precision), recheck=True))
+            else:
+                batch.append(Proposal(key, spec))
         assert len({p.candidate for p in batch}) == len(batch), "one run per candidate a batch"
         return batch
 
