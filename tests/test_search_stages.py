@@ -431,20 +431,22 @@ def _spiky(run: Callable[[TrialSpec], TrialResult], seed: int) -> Callable[
     return spiky
 
 
-@pytest.mark.parametrize(("seed", "slow"), [(2, True), (8, False), (9, False), (16, True)])
+@pytest.mark.parametrize("seed", [0, 5, 12, 14])
 def test_a_resumed_search_answers_each_ask_with_the_stored_runs_in_the_order_they_were_made(
-        tmp_path, seed: int, slow: bool) -> None:
+        tmp_path, seed: int) -> None:
     # A first search on a busy machine (some runs slowed by a spike, drawn from the seed), then
     # a resumed one on the same study. Each ask is answered with the study's next run of the
     # candidate (its first run at its first timing, the next at each re-measure), so every
     # decision sees what the first search had seen then: the resumed search runs nothing and
     # picks as the first did, its records the same (re-measures and rounds included).
-    settings = replace(replace(SLOW, confirm_within=0.03) if slow else SETTINGS,
-                       storage=f"sqlite:///{tmp_path / 'study.db'}", study_name="s")
-    speeds = by_class(100, 150, 160, 200, 300, 330)
+    settings = replace(SETTINGS, storage=f"sqlite:///{tmp_path / 'study.db'}", study_name="s")
+    speeds = by_class(100, 150, 160, 200, 300, 310)
     memory = {"off": 1.0, "alternate": 0.9, "blocks": 0.8}
     first = run_search(plan(), CLASSES, settings, values=VALUES,
                        run=_spiky(KnobDevice(speeds, ckpt_memory=memory), seed))
+    # Each first search re-measured (two of them ran interleaved rounds): the resumed one must
+    # answer those re-measures from the study too.
+    assert any(r.num_runs > 1 for r in first.records)
     again_device = KnobDevice(speeds, ckpt_memory=memory)
     again = run_search(plan(), CLASSES, settings, values=VALUES, run=again_device)
     assert again_device.runs() == [] and again.num_runs == 0
