@@ -347,6 +347,9 @@ def _stored_oracle(name: str, bench: Bench, target: int) -> tuple[dict, dict, st
     from autotune.device import describe_device
 
     native = describe_device("cpu").native_bf16
+    if not isinstance(out.get("native_bf16", native), bool):
+        raise SystemExit(f"--oracle-from {name}: native_bf16 in {path} is "
+                         f"{out['native_bf16']!r}, not true or false: a damaged results file")
     if out.get("native_bf16", native) != native:  # one model name, another CPU (Zen 3, Zen 4)
         raise SystemExit(f"--oracle-from {name}: measured on a {then.get('cpu_model')} CPU "
                          f"{'with' if out['native_bf16'] else 'without'} native bf16, this one "

@@ -278,6 +278,10 @@ def test_oracle_from_several_files_takes_per_candidate_the_one_with_more_runs(
             f"--oracle-from D: measured on a this CPU CPU {'without' if native else 'with'} "
             f"native bf16, this one {'has' if native else 'has not'}: another CPU")):
         stored_oracle("A,D", bench, 64)
+    (tmp_path / "results" / "D.json").write_text(json.dumps(other | {"native_bf16": "yes"}))
+    with pytest.raises(SystemExit, match=(
+            r"--oracle-from D: native_bf16 in .*D\.json is 'yes', not true or false")):
+        stored_oracle("A,D", bench, 64)
     (tmp_path / "results" / "D.json").write_text(json.dumps(other | {"native_bf16": native}))
     assert stored_oracle("A,D", bench, 64)[0]
 
