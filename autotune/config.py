@@ -60,6 +60,24 @@ class Pattern:
         return {**handler(source), "pattern": self.regex}
 
 
+CONTROL_CHARACTERS = r"\x00-\x1f\x7f-\x9f\u2028\u2029"
+"""What a text field of ``autotune.json`` may not hold, as a regex class's inside: C0 and C1
+control characters (tab, line breaks, escape, NEL) and Unicode's line and paragraph
+separators (line breaks to YAML). Any of them would end a comment line in a file made from
+the text, and what follows would be read as configuration or code."""
+
+TEXT_PATTERN = f"^[^{CONTROL_CHARACTERS}]*$"
+Text = Annotated[str, Pattern(TEXT_PATTERN)]
+"""A text field of ``autotune.json``: one line, no control character."""
+
+
+def control_character(text: str) -> str | None:
+    """The first control character in ``text`` and where, e.g. ``'\\n' at character 4``
+    (``CONTROL_CHARACTERS``), or None when it has none."""
+    found = re.search(f"[{CONTROL_CHARACTERS}]", text)
+    return None if found is None else f"{found.group()!r} at character {found.start()}"
+
+
 GIB = 1024**3
 MIB = 1024**2
 
@@ -186,7 +204,7 @@ class WorkloadSpec:
     kind: Literal["default", "hf", "file"] = "default"
     """``default``: the built-in model sized to the device; ``hf``: a Hugging Face model id or
     local directory built from its config; ``file``: ``path/to/file.py:factory``."""
-    target: str = ""
+    target: Text = ""
     """The HF model name or directory, or ``path.py:factory``; empty for the default."""
     seq_len: Annotated[int, Ge(1)] | None = None
     """Worst-case sequence length for ``hf`` models (defaults to the model's maximum, capped)."""
@@ -213,7 +231,7 @@ class DeviceInfo:
 
     device: Annotated[str, Pattern(r"^(cpu|cuda:[0-9]{1,4})$")]
     """``cpu`` or ``cuda:N``."""
-    name: str
+    name: Text
     total_memory_bytes: int
     """Physical memory of the device (RAM on CPU)."""
     available_memory_bytes: int
@@ -223,10 +241,10 @@ class DeviceInfo:
     supports_tf32: bool
     native_bf16: bool = False
     """bf16 runs on dedicated units (Ampere+ GPU, or AVX512-BF16/AMX CPU); else it is emulated."""
-    torch_version: str = ""
-    cuda_version: str | None = None
-    compute_capability: str | None = None
-    notes: tuple[str, ...] = ()
+    torch_version: Text = ""
+    cuda_version: Text | None = None
+    compute_capability: Text | None = None
+    notes: tuple[Text, ...] = ()
 
     @property
     def is_cuda(self) -> bool:

@@ -5,7 +5,9 @@ DeepSpeed's JSON (``deepspeed.initialize(config=...)``), torchtitan's job TOML
 Each carries what the tool has a field for; every tuned value it has none for is said, with
 what to do instead: in a comment at the top of the TOML and YAML files, and as notes the CLI
 prints (JSON has no comments). Written atomically, never over a file without ``force``.
-Values come from a validated ``autotune.json`` only, and enter the files as literals.
+Values come from a validated ``autotune.json`` only, and enter the files as literals; every
+text, in the comments too, is escaped as the format's strings are (``_escaped``), so no text
+can become a line of configuration.
 """
 
 from __future__ import annotations
@@ -257,16 +259,41 @@ def accelerate(config: TunedConfig) -> tuple[dict[str, Any], list[str]]:
 
 
 def _comment(lines: list[str]) -> str:
-    return "".join(f"# {line}\n" for line in lines) + "\n"
+    """Comment lines of the TOML or YAML file, each escaped as the body's strings are: no
+    text (a workload name is free text) can end a comment and start configuration."""
+    return "".join(f"# {_escaped(line)}\n" for line in lines) + "\n"
+
+
+def _escaped(text: str) -> str:
+    """``text`` as the inside of a TOML basic string and of a YAML double-quoted scalar: the
+    only way text enters a TOML or YAML file. Printable ASCII stays as it is but for ``"``
+    and ``\\``; every other character is a ``\\uXXXX`` or ``\\UXXXXXXXX`` escape, which both
+    formats read as that character (JSON's surrogate pairs are not TOML). So a line break,
+    another control character or YAML's NEL and U+2028 never reaches the file as such. A
+    lone surrogate (no character: TOML cannot hold it) is written as U+FFFD."""
+    out = []
+    for char in text:
+        code = ord(char)
+        if char in '"\\':
+            out.append("\\" + char)
+        elif 0x20 <= code < 0x7F:
+            out.append(char)
+        elif 0xD800 <= code < 0xE000:
+            out.append("\\uFFFD")
+        else:
+            out.append(f"\\u{code:04X}" if code <= 0xFFFF else f"\\U{code:08X}")
+    return "".join(out)
 
 
 def _scalar(value: Any) -> str:
-    """A TOML/YAML literal: booleans lower-case, strings quoted (JSON's quoting is valid in
-    both), lists of them."""
+    """A TOML/YAML literal: booleans lower-case, numbers as JSON writes them, strings
+    quoted and escaped (``_escaped``), lists of them."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, list):
         return "[" + ", ".join(_scalar(v) for v in value) + "]"
+    if isinstance(value, str):
+        return f'"{_escaped(value)}"'
     return json.dumps(value)
 
 

@@ -28,12 +28,16 @@ from typing import Annotated, Any, ClassVar, Final, Literal
 from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError
 
 from autotune.config import (
+    CONTROL_CHARACTERS,
     MAX_BATCH,
     STRICT_FIELDS,
+    TEXT_PATTERN,
     DeviceInfo,
     ProbeReport,
+    Text,
     TrialStatus,
     WorkloadSpec,
+    control_character,
     not_a_file,
     to_json_dict,
 )
@@ -87,7 +91,7 @@ class TrialRecord(HasKnobs):
     budget minus headroom: a memory probe's miss); ``unsupported`` (a knob value the workload
     cannot take, e.g. ``fused`` for an optimizer without it); or the failure status of the
     child."""
-    reason: str = ""
+    reason: Text = ""
     """Why it lost or failed, in words."""
     is_baseline: bool = False
     median_step_s: Float | None = None
@@ -152,14 +156,14 @@ class MemoryRecord:
     """Budget minus headroom: the winner's peak stays under this."""
     peak_bytes: Count | None
     """The winner's measured peak."""
-    max_micro_batch: dict[str, Count] = field(default_factory=dict)
+    max_micro_batch: dict[Text, Count] = field(default_factory=dict)
     """Largest fitting micro-batch per setting of the knobs probed (``Knobs.label()``, e.g.
     ``bf16/default`` or ``fp32/off+ckpt=blocks``)."""
-    calibration: dict[str, dict[str, Count]] = field(default_factory=dict)
+    calibration: dict[Text, dict[Text, Count]] = field(default_factory=dict)
     """Per ``Knobs.label()``: ``measured_peak_bytes`` and the estimator's ``estimate_bytes`` for
     the same config, so ``autotune check`` can scale a later estimate."""
-    allocator: str = ""
-    peak_definition: str = ""
+    allocator: Text = ""
+    peak_definition: Text = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,10 +199,10 @@ class StudyRecord:
 
     __pydantic_config__: ClassVar[dict[str, Any]] = STRICT_FIELDS
 
-    storage: str = ""
+    storage: Text = ""
     """Its storage URL (the local study store, or ``--storage``); empty: kept in memory only."""
-    name: str = ""
-    note: str = ""
+    name: Text = ""
+    note: Text = ""
     """What the store said: why it was not used, or a damaged file moved aside."""
 
 
@@ -230,7 +234,7 @@ class RunRecord(HasKnobs):
     """Of that, compiling (compiled runs)."""
     timed_s: Float = 0.0
     """Of that, timed steps."""
-    stored_at: str | None = None
+    stored_at: Text | None = None
     """A run reused from the study store: when it was measured (ISO 8601, UTC); None for a
     run of this search."""
 
@@ -253,12 +257,12 @@ class SkipRecord:
     __pydantic_config__: ClassVar[dict[str, Any]] = STRICT_FIELDS
 
     rule: RuleId = "note"
-    target: str = ""
+    target: Text = ""
     """The setting's label or the candidate's key it is about ("" for the search)."""
-    text: str
+    text: Text
     """The sentence as it was said (``skip_sentences.render``), for readers of the JSON; read
     back, ``sentence`` makes it again from the figures where the rule has a template."""
-    figures: dict[str, int | Float | str] = field(default_factory=dict)
+    figures: dict[Text, int | Float | Text] = field(default_factory=dict)
     """The bound's figures (e.g. ``share``: its samples/s over the leader's); an int stays
     one (a micro-batch, bytes)."""
     variant: VariantId = ""
@@ -291,16 +295,16 @@ class CompileArtifacts:
     """Its name, in the folder of ``autotune.json`` (a name, never a path)."""
     size_bytes: Positive
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
-    torch_version: str
+    torch_version: Text
     """``torch.__version__`` of the run that saved them: another torch never loads them."""
-    device_name: str
+    device_name: Text
     """The device's name as the loaders read it (CPU: /proc/cpuinfo's model name; CUDA:
     ``torch.cuda.get_device_name``)."""
     graphs_key: Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")]
     """Hash of what the graphs depend on: the model's parameter names, shapes and dtypes, the
     micro-batch, ``compile_dynamic`` and the knobs that change the graphs
     (``autotune.artifacts.graphs_key``)."""
-    entries: dict[str, Count] = field(default_factory=dict)
+    entries: dict[Text, Count] = field(default_factory=dict)
     """Cache entries saved, by kind (``inductor``, ``aot_autograd``, ...)."""
     compile_s: Float | None = None
     """The saving run's one optimizer step, compile included (from the search's warm cache)."""
@@ -328,11 +332,11 @@ class TunedConfig(HasKnobs):
     __pydantic_config__: ClassVar[dict[str, Any]] = STRICT_FIELDS
 
     schema: Literal[3] = SCHEMA_VERSION
-    autotune_version: str
-    created_at: str
+    autotune_version: Text
+    created_at: Text
     workload: WorkloadSpec
-    workload_name: str
-    workload_fingerprint: str
+    workload_name: Text
+    workload_fingerprint: Text
     target_batch: Batch
     """Effective batch tuned for: samples per optimizer step over all devices."""
     requested_batch: Batch | None = None
@@ -354,7 +358,7 @@ class TunedConfig(HasKnobs):
     trials' graphs at their one shape; a dim that changes compiles once more, dynamic: data of
     varying length costs one recompile, not one per length); true, dynamic from the first
     compile; false, one static graph per shape (more than ``recompile_limit`` shapes run eager)."""
-    extras: dict[str, str] = field(default_factory=dict)
+    extras: dict[Text, Text] = field(default_factory=dict)
     memory: MemoryRecord
     device: DeviceInfo
     objective: Literal["throughput", "time_to_train"] = "throughput"
@@ -370,7 +374,7 @@ class TunedConfig(HasKnobs):
     speedup: Float | None = None
     break_even_steps: Float | None = None
     """Optimizer steps after which the compiled winner's compile time has paid for itself."""
-    reason: str = ""
+    reason: Text = ""
     """One line: why the winner won."""
     trials: tuple[TrialRecord, ...] = ()
     skips: tuple[SkipRecord, ...] = ()
@@ -378,10 +382,10 @@ class TunedConfig(HasKnobs):
     sentences alone)."""
     interrupted: bool = False
     """True when the search stopped early (a limit, Ctrl-C or SIGTERM): best so far."""
-    stopped_by: str = ""
+    stopped_by: Text = ""
     """What stopped it early, e.g. ``--max-trials reached (60 child runs)`` or ``interrupted
     (Ctrl-C)``; empty when it ran to its end (and in files written before it was recorded)."""
-    not_reached: tuple[str, ...] = ()
+    not_reached: tuple[Text, ...] = ()
     """A search stopped early: the stages and knobs it never began, e.g. ``knob screening
     (checkpointing, optimizer_impl)``, ``the re-measure of the leaders`` (empty when it ran
     to its end)."""
@@ -486,12 +490,27 @@ def _umask() -> int:
 def save_tuned(config: TunedConfig, path: Path, *, force: bool = False) -> None:
     """Write ``autotune.json`` atomically (never a half-written file, never over another one
     without ``force``), a file workload's path relative to it where they travel together
-    (``stored_workload_target``)."""
+    (``stored_workload_target``), a control character in its text escaped
+    (``_escape_controls``)."""
     data = to_json_dict(config)
     if config.workload.kind == "file":
         data["workload"]["target"] = stored_workload_target(config.workload.target,
                                                             Path(path).absolute().parent)
-    write_json_atomic(path, json.dumps(data, indent=2) + "\n", force=force)
+    write_json_atomic(path, json.dumps(_escape_controls(data), indent=2) + "\n", force=force)
+
+
+def _escape_controls(data: Any) -> Any:
+    """JSON data with each control character in its text as its escape (a tab as ``\\t``):
+    the reader refuses them (``Text``), and the search records text it did not choose (the
+    first line of an error, which may hold a tab or a colour code). The names a user gives
+    are refused before a search starts (``Workload``, ``--workload``, ``--model``)."""
+    if isinstance(data, str):
+        return re.sub(f"[{CONTROL_CHARACTERS}]", lambda c: repr(c.group())[1:-1], data)
+    if isinstance(data, dict):
+        return {_escape_controls(k): _escape_controls(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_escape_controls(v) for v in data]
+    return data
 
 
 def stored_workload_target(target: str, folder: Path) -> str:
@@ -674,6 +693,8 @@ def _dotted(loc: tuple[int | str, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
+        elif part == "[key]":  # pydantic's mark for a dict's key (the part before names it)
+            out += " (the key)"
         elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part):
             out += f".{part}" if out else part
         else:
@@ -710,6 +731,10 @@ def _problem(error: Any, version: int = SCHEMA_VERSION) -> str:
         return f"{where}: {_REASONS['missing']}"
     reason = (_REASONS[error["type"]].format(version=version) if error["type"] in _REASONS
               else _MEANINGS.get(where, error["msg"]))
+    if error.get("ctx", {}).get("pattern") == TEXT_PATTERN:
+        reason = (f"holds the control character {control_character(error['input'])}, which "
+                  "no text field may (in a file made from it, what follows would become "
+                  "configuration or code): remove it")
     return f"{where}: got {_shown(error.get('input'))}: {reason}"
 
 

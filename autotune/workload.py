@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from autotune.config import WorkloadSpec, not_a_file
+from autotune.config import WorkloadSpec, control_character, not_a_file
 from autotune.errors import ConfigError, WorkloadError
 
 Batch = Any  # a tensor, a tuple/list of tensors, or a dict of tensors
@@ -69,6 +69,20 @@ class Workload:
     """The model's repeated blocks, for activation checkpointing (and FSDP's per-block
     wrapping). Default: the longest run of same-type modules in a ``ModuleList`` or
     ``Sequential`` (``knobs.find_blocks``)."""
+
+    def __post_init__(self) -> None:
+        """Refuse a name with a control character: it is stored in ``autotune.json`` and
+        written into the files made from it (comments of ``autotune export``'s TOML and YAML,
+        the script's header), where a line break would start configuration or code.
+
+        Raises:
+            ConfigError: the name holds a control character (a line break, a tab, ...).
+        """
+        bad = control_character(self.name) if isinstance(self.name, str) else None
+        if bad is not None:
+            raise ConfigError(f"Workload(name={self.name!r}) holds the control character "
+                              f"{bad}: a workload's name is one line of text; pass a name "
+                              "without line breaks, tabs or escapes")
 
     def compute_loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         """The workload's loss on one micro-batch."""

@@ -194,6 +194,11 @@ def test_a_bad_option_is_said_before_an_existing_output(tmp_path: Path,
 @pytest.mark.parametrize(("args", "said"), [
     (["--workload", ""], "--workload is empty (got ''): name a FILE.py:FACTORY"),
     (["--model", " "], "--model is empty (got ' '): name a model id"),
+    (["--model", "gpt2\n[x]"], "--model 'gpt2\\n[x]' holds the control character '\\n' at "
+                               "character 4: it is stored in autotune.json, whose text is one "
+                               "line; name a model id without control characters"),
+    (["--workload", "w\x1b.py:f"], "--workload 'w\\x1b.py:f' holds the control character "
+                                   "'\\x1b' at character 1"),
 ])
 def test_an_empty_workload_or_model_is_refused_not_taken_for_the_default(
         tmp_path: Path, args: list[str], said: str) -> None:

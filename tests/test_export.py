@@ -272,3 +272,43 @@ def test_export_into_a_folder_uses_the_tools_file_name(tmp_path: Path) -> None:
     assert path == tmp_path / "torchtitan.toml" and path.read_text() == result.text
     with pytest.raises(ConfigError, match="exists"):
         export_config(source, "torchtitan", tmp_path)
+
+
+# --- text that reaches a file: never configuration (issue 61 item 1) -------------------------
+
+EVIL = {  # each ends its line with "#": what the header says after the name is a comment
+    "torchtitan": 'x\n[experimental]\ncustom_import = "evil_module"\n#',
+    "accelerate": "x\nmain_process_ip: 6.6.6.6\nmain_process_port: 1234\n#"}
+
+
+def parsed(config: TunedConfig, target: str) -> dict[str, Any]:
+    """The exported file as its tool's own format reads it (a real TOML or YAML parser)."""
+    yaml = pytest.importorskip("yaml")  # PyYAML: Accelerate reads its config with it
+    text = render(config, target).text
+    return tomllib.loads(text) if target == "torchtitan" else yaml.safe_load(text)
+
+
+@pytest.mark.parametrize("target", ["torchtitan", "accelerate"])
+def test_a_workload_name_with_line_breaks_stays_in_its_comment(target: str) -> None:
+    """A name with line breaks, built in memory (the reader refuses such a file): its header
+    comment wrote ``[experimental] custom_import`` (torchtitan imports that module) and
+    ``main_process_ip`` into the file; the name is escaped there as the body's strings are."""
+    clean = parsed(job("ddp", precision="bf16"), target)
+    evil = parsed(job("ddp", precision="bf16", workload_name=EVIL[target]), target)
+    assert "experimental" not in evil and "main_process_ip" not in evil
+    assert evil == clean
+    line = render(job(workload_name=EVIL[target]), target).text.splitlines()[0]
+    assert line.startswith("# autotune export --to " + target + ": x\\u000A"
+                           + EVIL[target][2:].replace('"', '\\"').replace("\n", "\\u000A"))
+
+
+NAMES = st.text(alphabet=st.characters(codec="utf-8"), max_size=40) | st.sampled_from(
+    ["\x85key: 1", "\u2028key: 1", "\r[a]\rb = 1", '"\\', "\x00\x1b[31m", "\ud800", "😀"])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=NAMES, target=st.sampled_from(["torchtitan", "accelerate"]))
+def test_any_text_in_the_header_parses_to_the_same_data(name: str, target: str) -> None:
+    """Whatever text the header carries (control characters, YAML's NEL and line separators,
+    quotes, lone surrogates), the TOML and YAML read back as with a plain name."""
+    assert parsed(job(workload_name=name), target) == parsed(job(), target)

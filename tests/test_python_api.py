@@ -67,6 +67,23 @@ def test_search_refuses_bad_input_before_running_anything(kwargs: dict, words: s
         autotune.search(**{"target_batch": 8, **kwargs})
 
 
+@pytest.mark.parametrize(("name", "said"), [
+    ('x\n[experimental]\ncustom_import = "evil_module"', "'\\n' at character 1"),
+    ("tab\there", "'\\t' at character 3"), ("\x1b[2J", "'\\x1b' at character 0"),
+    ("line\u2028separator", "'\\u2028' at character 4"),
+])
+def test_a_workload_name_with_a_control_character_is_refused(name: str, said: str) -> None:
+    """Issue 61: the name is stored in autotune.json and written into the files made from it
+    (comments of the exported TOML and YAML), where a line break started configuration."""
+    with pytest.raises(ConfigError) as info:
+        autotune.Workload(name=name, build_model=lambda: None, make_batch=lambda m: None)
+    assert str(info.value) == (f"Workload(name={name!r}) holds the control character {said}: "
+                               "a workload's name is one line of text; pass a name without "
+                               "line breaks, tabs or escapes")
+    assert autotune.Workload(name="caf\u00e9 \U0001f600", build_model=lambda: None,
+                             make_batch=lambda m: None).name == "caf\u00e9 \U0001f600"
+
+
 @pytest.mark.subprocess
 def test_search_from_python_returns_the_tuned_config_and_reports_progress_by_callback(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

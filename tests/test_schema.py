@@ -209,6 +209,21 @@ def test_schema_1_problems_name_the_files_own_fields(tmp_path: Path) -> None:
     ("trials", {"0": {}}, "trials: got {'0': {}}: Input should be a valid array"),
     ("micro_batch_size", 3, "micro_batch_size: got 3: unknown field"),
     ("workload_name", None, "workload_name: got None: Input should be a valid string"),
+    # Issue 61: a text field with a control character (a line break became configuration in
+    # an exported file); each named with the character and where it is.
+    ("workload_name", 'x\n[experimental]\ncustom_import = "evil_module"',
+     "workload_name: got 'x\\n[experimental]\\ncustom_import = \"evil_module\"': holds the "
+     "control character '\\n' at character 1, which no text field may (in a file made from "
+     "it, what follows would become configuration or code): remove it"),
+    ("trials.0.reason", "ValueError:\tbad", "trials[0].reason: got 'ValueError:\\tbad': holds "
+                                            "the control character '\\t' at character 11"),
+    ("device.notes", ["ok", "\x1b[2J"], "device.notes[1]: got '\\x1b[2J': holds the control "
+                                        "character '\\x1b' at character 0"),
+    ("extras", {"key\u2028": "v"}, "extras['key\\u2028'] (the key): got 'key\\u2028': holds "
+                                   "the control character '\\u2028' at character 3"),
+    ("workload.target", "gpt2\x85", "workload.target: got 'gpt2\\x85': holds the control "
+                                    "character '\\x85' at character 4"),
+    ("workload_name", "caf\u00e9 \U0001f600 \u00a0tab-free", None),
 ])
 def test_bad_field_is_named_with_value_and_reason(tmp_path: Path, field: str, value: Any,
                                                   expected: str | None) -> None:
@@ -229,6 +244,33 @@ def test_bad_field_is_named_with_value_and_reason(tmp_path: Path, field: str, va
     assert message.startswith(f"{path} {INVALID} (")
     assert message.endswith("Fix these fields, or re-run `autotune search` to write a fresh file")
     assert any(p.startswith(expected) for p in _problems(message)), message
+
+
+def test_a_control_character_in_a_name_is_refused_by_every_command(tmp_path: Path) -> None:
+    """Issue 61: autotune.json is committed and shared; a name with line breaks became
+    ``[experimental] custom_import`` in ``autotune export --to torchtitan``'s file."""
+    data = _json(make_tuned(workload_name='x\n[experimental]\ncustom_import = "evil_module"'))
+    path = _write_json(data, tmp_path / "autotune.json")
+    for command in (["export", str(path), "--to", "torchtitan", "-o", str(tmp_path)],
+                    ["codegen", str(path), "--out", str(tmp_path)], ["check", str(path)]):
+        result = runner.invoke(app, command)
+        assert result.exit_code == 2, result.output
+        assert (f"{INVALID} (1 problem): workload_name: got 'x\\n[experimental]\\n"
+                "custom_import = \"evil_module\"': holds the control character '\\n' at "
+                "character 1") in _words(result.output)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["autotune.json"]
+
+
+def test_text_a_search_records_is_written_so_that_it_reads_back(tmp_path: Path) -> None:
+    """The first line of an error may hold a tab or a colour code: written escaped, so the
+    reader that refuses control characters reads what the search wrote."""
+    trial = replace(make_tuned().trials[0], reason="ValueError:\tbad \x1b[31mred\x1b[0m")
+    config = replace(make_tuned(), trials=(trial, *make_tuned().trials[1:]),
+                     stopped_by="a\u2028b")
+    save_tuned(config, tmp_path / "autotune.json")
+    read = read_tuned(tmp_path / "autotune.json")
+    assert read.trials[0].reason == "ValueError:\\tbad \\x1b[31mred\\x1b[0m"
+    assert read.stopped_by == "a\\u2028b"
 
 
 def test_all_problems_at_once_with_dotted_paths(tmp_path: Path) -> None:

@@ -35,6 +35,10 @@ CASES: dict[tuple[str | int, ...], list[Any]] = {
     ("trials", 0, "verdict"): ["winner", "ok", "oom", "unsupported", "lost", "OK"],
     ("trials", 0, "micro_batch"): [1, 64, 0, -3, "1", 1.0],
     ("trials", 0, "samples_per_s"): [1.5, 0, "inf", "-inf", "nan", "fast", None],
+    # Text: one line, no control character (C0, DEL, C1, U+2028/9), any other character.
+    ("workload_name",): ["gpt2", "", "caf\u00e9 \U0001f600", "a\nb", "a\tb", "\x1b[31m", "\x7f",
+                         "\x85", "\x9f", "\xa0", "\u2028", "\u2029", "a\r"],
+    ("trials", 0, "reason"): ["fastest", "line\n", "\x00"],
 }
 OTHER = [None, True, "x", -1, 0.5, [], {}]
 

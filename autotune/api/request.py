@@ -12,6 +12,7 @@ from autotune.config import (
     DeviceInfo,
     Knobs,
     WorkloadSpec,
+    control_character,
     format_bytes,
     not_a_file,
     parse_budget,
@@ -37,6 +38,10 @@ def workload_spec(*, workload: str | None = None, model: str | None = None,
         if value is not None and not value.strip():
             raise ConfigError(f"{flag} is empty (got {value!r}): name {form}, or leave it out "
                               "to tune the built-in workload")
+        if value is not None and (bad := control_character(value)) is not None:
+            raise ConfigError(f"{flag} {value!r} holds the control character {bad}: it is "
+                              "stored in autotune.json, whose text is one line; name "
+                              f"{form} without control characters (line breaks, tabs)")
     if workload and model:
         raise ConfigError("give either --workload FILE.py:FACTORY or --model NAME, not both")
     if seq_len is not None and seq_len <= 0:
