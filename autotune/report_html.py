@@ -19,7 +19,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from autotune.config import format_bytes
-from autotune.errors import MissingDependencyError, OutputExistsError
+from autotune.errors import MissingDependencyError
 from autotune.knobs import Knobs
 from autotune.report import not_reached_line, summary_lines
 from autotune.report_plots import (
@@ -29,7 +29,7 @@ from autotune.report_plots import (
     throughput_plot,
     timeline_plot,
 )
-from autotune.schema import TunedConfig, write_json_atomic
+from autotune.schema import TunedConfig, check_output, write_json_atomic
 
 
 def render_html(config: TunedConfig) -> str:
@@ -88,8 +88,7 @@ def write_html(config: TunedConfig, path: str | Path, *, force: bool = False) ->
     """
     path = Path(path)
     force = force or is_page_of(path, config)
-    if path.exists() and not force:  # before rendering: say so at once
-        raise OutputExistsError(path)
+    check_output(path, force=force)  # before rendering: say so at once
     write_json_atomic(path, render_html(config), force=force)
     return path
 
@@ -97,6 +96,8 @@ def write_html(config: TunedConfig, path: str | Path, *, force: bool = False) ->
 def is_page_of(path: Path, config: TunedConfig) -> bool:
     """Whether ``path`` is an ``autotune.html`` written for this very config (the same search:
     its ``created_at`` and workload fingerprint, in the page's ``autotune-config`` meta tag)."""
+    if not path.is_file():  # never opened: a FIFO there would wait for a writer forever
+        return False
     try:
         with path.open("rb") as f:
             head = f.read(4096).decode("utf-8", errors="replace")

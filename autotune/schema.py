@@ -20,6 +20,7 @@ import functools
 import json
 import os
 import re
+import stat
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -422,9 +423,40 @@ class TunedConfig(HasKnobs):
         return self.knobs.label()
 
 
+def check_output(path: Path, *, force: bool = False) -> None:
+    """Refuse to write an output at ``path``: the one check of every output autotune writes
+    (``write_json_atomic``; a search checks its outputs with it before it starts).
+
+    Raises:
+        OutputExistsError: a file is there and ``force`` is False.
+        ConfigError: something else than a regular file is there (a folder, a FIFO, a device,
+            a link to one), ``force`` or not: a rename over it would replace the device node
+            or the pipe itself; or a folder above ``path`` is a file.
+    """
+    path = Path(path)
+    kind = not_a_file(path)
+    if kind is not None:
+        link = f" (a link to {os.readlink(path)})" if path.is_symlink() else ""
+        raise ConfigError(f"{path}{link} is {kind}, not a regular file: autotune writes its "
+                          "outputs as files and replaces nothing else, also with --force; "
+                          "choose another path")
+    if path.exists() and not force:
+        raise OutputExistsError(path)
+    for folder in path.parents:  # the nearest one that exists must be a folder
+        try:
+            if stat.S_ISDIR(folder.stat().st_mode):
+                return
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # not there (yet), or under a file: its parent says
+        except (OSError, ValueError):
+            return  # unreadable: writing it says why
+        raise ConfigError(f"cannot write {path}: {folder} is a file, not a folder; choose "
+                          "another --out folder, or move the file")
+
+
 def write_json_atomic(path: Path, text: str | bytes, *, force: bool = False) -> None:
     """Write ``text`` (or bytes) to ``path`` atomically, with the user's umask, never over
-    another file.
+    another file, and over nothing but a regular file (``check_output``).
 
     The text goes to a temporary file beside ``path``, which then takes the name in one step: a
     hard link (fails if the name exists, also when another process wrote it after the check
@@ -432,11 +464,10 @@ def write_json_atomic(path: Path, text: str | bytes, *, force: bool = False) -> 
 
     Raises:
         OutputExistsError: ``path`` exists and ``force`` is False.
-        ConfigError: the folder is not writable.
+        ConfigError: not a regular file at ``path``, a file above it, the folder not writable.
     """
     path = Path(path)
-    if path.exists() and not force:
-        raise OutputExistsError(path)
+    check_output(path, force=force)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -446,6 +477,7 @@ def write_json_atomic(path: Path, text: str | bytes, *, force: bool = False) -> 
                 f.write(text)
             os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600
             if force:
+                check_output(path, force=True)  # again: the write took a while
                 os.replace(tmp, path)
             else:
                 _link_exclusive(tmp, path)

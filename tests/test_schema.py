@@ -490,6 +490,66 @@ def test_existing_file_is_never_replaced_without_force(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["autotune.json"]  # no temp file
 
 
+@pytest.mark.parametrize("force", [False, True])
+@pytest.mark.parametrize(("make", "said"), [
+    (os.mkfifo, "is a FIFO (named pipe)"),
+    (lambda at: os.symlink("/dev/null", at), "(a link to /dev/null) is a character device"),
+    (lambda at: os.symlink("sub", at), "(a link to sub) is a directory"),
+    (os.mkdir, "is a directory"),
+])
+def test_what_is_not_a_regular_file_is_never_replaced(tmp_path: Path, make: Any, said: str,
+                                                      force: bool) -> None:
+    """Issue 61: ``export -o /dev/full --force`` as root made the device node a JSON file.
+    Whatever is not a regular file stays, with --force too (a link stays a link)."""
+    (tmp_path / "sub").mkdir()
+    path = tmp_path / "out.json"
+    make(path)
+    before = os.lstat(path)
+    with pytest.raises(ConfigError) as info:
+        write_json_atomic(path, "{}", force=force)
+    assert not isinstance(info.value, OutputExistsError)
+    assert str(info.value) == (f"{path} {said}, not a regular file: autotune writes its "
+                               "outputs as files and replaces nothing else, also with --force; "
+                               "choose another path")
+    after = os.lstat(path)
+    assert (after.st_mode, after.st_ino) == (before.st_mode, before.st_ino)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json", "sub"]  # no temp file
+
+
+@pytest.mark.parametrize("under", ["some_file", "some_file/deeper"])
+def test_an_output_under_a_file_says_the_file_is_not_a_folder(tmp_path: Path,
+                                                               under: str) -> None:
+    """``-o some_file/autotune.json`` said "File exists"."""
+    (tmp_path / "some_file").write_text("mine")
+    path = tmp_path / under / "autotune.json"
+    with pytest.raises(ConfigError) as info:
+        write_json_atomic(path, "{}", force=True)
+    assert str(info.value) == (f"cannot write {path}: {tmp_path / 'some_file'} is a file, not "
+                               "a folder; choose another --out folder, or move the file")
+    assert (tmp_path / "some_file").read_text() == "mine"
+
+
+def test_export_and_search_refuse_a_fifo_as_output_with_force(tmp_path: Path) -> None:
+    """Every output goes through the one writer: export says so with exit 2; a search says
+    so before it starts (no child run)."""
+    source = write(make_tuned(), tmp_path / "autotune.json")
+    fifo = tmp_path / "out.toml"
+    os.mkfifo(fifo)
+    result = runner.invoke(app, ["export", str(source), "--to", "torchtitan", "-o", str(fifo),
+                                 "--force"])
+    assert result.exit_code == 2 and f"{fifo} is a FIFO (named pipe), not a regular file" in (
+        _words(result.output)), result.output
+    (tmp_path / "out").mkdir()
+    os.mkfifo(tmp_path / "out" / "autotune.html")
+    result = runner.invoke(app, ["search", "--device", "cpu", "--target-batch", "4",
+                                 "--out", str(tmp_path / "out"), "--force"])
+    assert result.exit_code == 2, result.output
+    assert (f"{tmp_path / 'out' / 'autotune.html'} is a FIFO (named pipe), not a regular file"
+            in _words(result.output))
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["autotune.html"]
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
 def test_file_appearing_after_the_check_is_not_replaced(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Two searches into one --out: the other one writes between our check and our write."""

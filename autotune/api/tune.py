@@ -29,7 +29,6 @@ from autotune.errors import (
     ConfigError,
     Interrupted,
     NoFeasibleConfigError,
-    OutputExistsError,
     WorkloadError,
     error_for_status,
 )
@@ -40,6 +39,7 @@ from autotune.schema import (
     SearchResult,
     SkipRecord,
     TunedConfig,
+    check_output,
 )
 from autotune.search import (
     Candidate,
@@ -394,8 +394,7 @@ def _calibrate(report: ProbeReport, config: TunedConfig, timeout_s: float, runs_
 
 
 def _check_writable(path: Path, force: bool) -> None:
-    if path.exists() and not force:
-        raise OutputExistsError(path)
+    check_output(path, force=force)  # what writing it would refuse, said before the search
     folder = path.parent
     existing = folder if folder.exists() else next(
         (p for p in folder.parents if p.exists()), Path("."))
