@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from autotune.config import read_regular_file
 from autotune.schema import CompileArtifacts, TunedConfig
 
 SUFFIX = ".compile-cache.bin"
@@ -119,8 +120,8 @@ def load_artifacts(record: CompileArtifacts, folder: Path, model: Any,
         return False, (f"{refused}saved for other graphs (key {record.graphs_key}; this model "
                        f"and its settings give {key}: the model, the micro-batch or a knob "
                        f"changed){cold}")
-    try:
-        data = path.read_bytes()
+    try:  # a regular file only: a FIFO there would wait for a writer forever
+        data = read_regular_file(path)
     except OSError as exc:
         return False, f"{refused}{exc.strerror or exc}{cold}"
     digest = hashlib.sha256(data).hexdigest()

@@ -7,8 +7,10 @@ so it can be written to JSON and read back (``to_json_dict`` / ``from_json_dict`
 from __future__ import annotations
 
 import dataclasses
+import errno
 import itertools
 import math
+import os
 import re
 import stat
 import statistics
@@ -117,12 +119,34 @@ def not_a_file(path: Path) -> str | None:
         mode = path.stat().st_mode
     except (OSError, ValueError):  # missing, unreadable, or a NUL in the name
         return None
+    return _kind(mode)
+
+
+def _kind(mode: int) -> str | None:
+    """What a file of this ``st_mode`` is in words, or None for a regular file."""
     kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
              (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
              (stat.S_ISBLK, "a block device"))
     if stat.S_ISREG(mode):
         return None
     return next((what for test, what in kinds if test(mode)), "not a regular file")
+
+
+def read_regular_file(path: Path) -> bytes:
+    """The bytes of ``path``, read only when it is a regular file: a FIFO opened to read
+    waits for a writer forever, a device such as ``/dev/zero`` never ends. It is opened
+    without waiting and checked on the open file (nothing can swap it in between).
+
+    Raises:
+        OSError: missing or unreadable, or not a regular file (``strerror`` says what is
+            there).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with open(fd, "rb") as f:
+        kind = _kind(os.fstat(fd).st_mode)
+        if kind is not None:
+            raise OSError(errno.EINVAL, f"it is {kind}, not a regular file")
+        return f.read()
 
 
 def parse_bytes(text: str) -> int:

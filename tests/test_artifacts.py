@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -185,6 +186,23 @@ def test_a_mismatch_is_refused_with_its_reason(handmade: Path, field: str, value
         cfg.compile(WideMLP())
     assert reason in str(seen[0].message) and "compiling from nothing" in str(seen[0].message)
     assert len(str(seen[0].message).splitlines()) == 1
+
+
+@pytest.mark.timeout(30)  # it waited for a writer forever
+@pytest.mark.parametrize("make", [os.mkfifo, lambda at: os.symlink("/dev/null", at)])
+def test_a_fifo_or_device_in_place_of_the_file_is_never_read(handmade: Path,
+                                                          make: Callable[[Path], None]) -> None:
+    """Issue 61: a FIFO (or a link to a device) in place of the artifacts: not
+    loaded, one line saying what is there, a normal compile."""
+    path = handmade / "autotune.compile-cache.bin"
+    path.unlink()
+    make(path)
+    cfg = autotune.load(handmade / "autotune.json")
+    with pytest.warns(CompileArtifactsWarning) as seen:
+        cfg.compile(WideMLP())
+    kind = "a FIFO (named pipe)" if path.is_fifo() else "a character device"
+    assert str(seen[0].message) == (f"compiled artifacts {path} not loaded: it is {kind}, not "
+                                    "a regular file; compiling from nothing")
 
 
 def test_another_model_is_refused_and_the_handmade_one_reaches_the_file(handmade: Path) -> None:

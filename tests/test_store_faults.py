@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import os
 import sqlite3
+import stat
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -230,6 +232,30 @@ def test_a_folder_at_the_store_path_is_left_and_cache_clear_removes_it() -> None
     assert not path.exists() and not aside.exists()
     again = run_search(plan(), CLASSES, SETTINGS, run=ScriptedDevice(SPEEDS))
     assert again.study is not None and again.study.storage == f"sqlite:///{path}"
+
+
+@pytest.mark.timeout(30)  # it waited for a writer forever, with signals held
+@pytest.mark.parametrize("name", ["studies.db", "studies.db.lock"])
+def test_a_fifo_at_the_store_path_is_never_opened(name: str) -> None:
+    """Issue 61: a FIFO in place of the store (or its lock) is left as it is, the search runs
+    without a store and says why, and `autotune cache list` says what is there."""
+    fifo = store_path().with_name(name)
+    fifo.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(fifo)
+    outcome = run_search(plan(), CLASSES, SETTINGS, run=ScriptedDevice(SPEEDS))
+    assert winner(outcome) == "bf16/default/32" and outcome.study is not None
+    assert outcome.study.storage == ""
+    assert outcome.study.note == ((
+        f"study store not used: {store_path()} is a FIFO (named pipe), not autotune's store: "
+        "left untouched, runs are not kept (set AUTOTUNE_CACHE_DIR to another folder, or "
+        "remove it: `autotune cache clear` does)") if name == "studies.db" else (
+        f"study store not used: cannot lock {store_path()}: {fifo} is a FIFO (named pipe), "
+        "not a regular file; runs are not kept"))
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    if name == "studies.db":
+        listed = CliRunner().invoke(app, ["cache", "list"])
+        assert listed.exit_code == 2 and "is a FIFO (named pipe), not autotune's store" in (
+            " ".join(listed.output.split())), listed.output
 
 
 def test_the_estimators_figures_are_kept_for_a_repeat_and_a_failed_store_keeps_none() -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from autotune import __version__
+from autotune.config import not_a_file
 from autotune.errors import ConfigError
 from autotune.search._ledger import inner_error, store_trouble
 from autotune.search._study import budget_moved
@@ -152,7 +153,12 @@ def _lock(path: Path) -> IO[str]:
     """
     import fcntl
 
-    f = path.open("a")
+    kind = not_a_file(path)
+    if kind is not None:  # a FIFO would wait for a reader forever
+        raise OSError(f"{path} is {kind}, not a regular file")
+    # Without waiting: a FIFO put there since fails to open (ENXIO) instead of blocking.
+    f = os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK,
+                          0o666), "a")
     deadline = time.monotonic() + LOCK_WAIT_S
     while True:
         try:
@@ -192,11 +198,14 @@ def _in_memory(direction: str) -> optuna.Study:
 
 def _foreign(path: Path) -> str:
     """What is at the store's path when it is not autotune's to touch ('' when it is: none,
-    an empty file, an Optuna store, or a damaged file SQLite cannot read): a folder, or an
-    SQLite database of something else (tables, but not Optuna's ``version_info``), which
-    Optuna would add its tables to."""
+    an empty file, an Optuna store, or a damaged file SQLite cannot read): a folder, anything
+    else that is not a regular file (a FIFO, a device: never opened), or an SQLite database
+    of something else (tables, but not Optuna's ``version_info``), which Optuna would add its
+    tables to."""
     if path.is_dir():
         return "a folder"
+    if (kind := not_a_file(path)) is not None:  # a FIFO: opening it would wait forever
+        return kind
     if not path.is_file() or not _is_sqlite(path):
         return ""
     try:
