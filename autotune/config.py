@@ -99,6 +99,12 @@ def not_a_file(path: Path) -> str | None:
         mode = path.stat().st_mode
     except (OSError, ValueError):  # missing, unreadable, or a NUL in the name
         return None
+    return file_kind(mode)
+
+
+def file_kind(mode: int) -> str | None:
+    """What a file of ``st_mode`` ``mode`` is when it is not a regular file (``a directory``,
+    ``a FIFO (named pipe)``, ``a character device``, ...); None for a regular file."""
     kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
              (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
              (stat.S_ISBLK, "a block device"))

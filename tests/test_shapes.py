@@ -294,6 +294,33 @@ def test_a_bad_lengths_file_exits_2_naming_the_value_and_the_fix(tmp_path, text:
     assert f"--lengths {path}" in " ".join(result.output.split())
 
 
+@pytest.mark.timeout(60)  # a regression waits on the FIFO: fail, do not hang the suite
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "folder", "over the bound"])
+def test_a_lengths_path_that_is_no_small_file_exits_2_unread(tmp_path, kind: str) -> None:
+    import os
+
+    from autotune.lengths import MAX_LENGTHS_FILE_BYTES
+
+    path = {"/dev/zero": "/dev/zero"}.get(kind, str(tmp_path / "lengths"))
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        os.mkdir(path)
+    elif kind == "over the bound":
+        with open(path, "wb") as file:  # sparse
+            file.truncate(MAX_LENGTHS_FILE_BYTES + 1)
+    result = _cli("search", "--device", "cpu", "--model", "gpt2", "--seq-len", "64",
+                  "--out", str(tmp_path / "out"), "--lengths", path)
+    assert result.exit_code == 2, result.output
+    words = " ".join(result.output.split())
+    says = {"fifo": "is a FIFO (named pipe), not a regular file",
+            "/dev/zero": "is a character device, not a regular file",
+            "folder": "is a directory, not a regular file",
+            "over the bound": f"over the limit of {MAX_LENGTHS_FILE_BYTES:,} bytes"}[kind]
+    assert f"--lengths {path}: {path} " in words and says in words, words
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(("args", "says"), [
     (["--lengths", "x.txt"], "--lengths x.txt applies to --model"),
     (["--model", "gpt2", "--lengths", "missing.txt"], "cannot read it"),
