@@ -154,13 +154,18 @@ class OomFallback:
             except PeerOutOfMemory as exc:
                 failure = str(exc)
             except Exception as exc:
-                # Not memory; in the update (a smaller micro-batch does not help); or in the
-                # last backward under DDP, whose all-reduce the other ranks wait in: re-raised.
+                # Not memory; or in the last backward under DDP, whose all-reduce the other
+                # ranks wait in: re-raised.
                 in_all_reduce = self.checks == len(batches) and isinstance(
                     getattr(model, "_orig_mod", model), DDP)
-                if not is_out_of_memory(exc) or self.checks > len(batches) or in_all_reduce:
+                if not is_out_of_memory(exc) or in_all_reduce:
                     raise
                 failure = f"{type(exc).__name__}: {str(exc).strip()[:200]}".splitlines()[0]
+                if self.checks > len(batches):  # every rank passed the last check: the update
+                    raise SystemExit(
+                        f"out of memory in the optimizer's update, which a smaller micro-batch "
+                        f"does not shrink ({failure}): free memory elsewhere, or shard the "
+                        "optimizer state (strategy fsdp)") from exc
                 reduce_over_ranks(1, dist.ReduceOp.MAX, self.device)  # the others leave too
             else:
                 self.in_a_row = 0

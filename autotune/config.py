@@ -119,11 +119,12 @@ def not_a_file(path: Path) -> str | None:
         mode = path.stat().st_mode
     except (OSError, ValueError):  # missing, unreadable, or a NUL in the name
         return None
-    return _kind(mode)
+    return file_kind(mode)
 
 
-def _kind(mode: int) -> str | None:
-    """What a file of this ``st_mode`` is in words, or None for a regular file."""
+def file_kind(mode: int) -> str | None:
+    """What a file of ``st_mode`` ``mode`` is when it is not a regular file (``a directory``,
+    ``a FIFO (named pipe)``, ``a character device``, ...); None for a regular file."""
     kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
              (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
              (stat.S_ISBLK, "a block device"))
@@ -143,7 +144,7 @@ def read_regular_file(path: Path) -> bytes:
     """
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     with open(fd, "rb") as f:
-        kind = _kind(os.fstat(fd).st_mode)
+        kind = file_kind(os.fstat(fd).st_mode)
         if kind is not None:
             raise OSError(errno.EINVAL, f"it is {kind}, not a regular file")
         return f.read()

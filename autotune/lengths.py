@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import json
 import math
+import operator
+import os
 import random
 from collections.abc import Sequence
 from pathlib import Path
 
+from autotune.config import file_kind, format_bytes
 from autotune.errors import ConfigError
 
 POOL_STEPS = 4
@@ -31,6 +34,10 @@ BUCKET_MULTIPLE = 8
 """Bucket lengths are rounded up to a multiple of this (tensor-core and vector friendly),
 never past the worst case."""
 POLICIES = ("max", "buckets", "dynamic")
+MAX_LENGTHS_FILE_BYTES = 128 * 2**20
+"""The largest ``--lengths`` file read (128 MiB): ten million lengths of up to twelve
+characters a line. A sample of the lengths is all a search needs, and the file is read whole:
+past this it is refused unread, never read until memory runs out."""
 
 
 def parse_lengths(text: str, source: str) -> tuple[int, ...]:
@@ -67,17 +74,50 @@ def parse_lengths(text: str, source: str) -> tuple[int, ...]:
 
 
 def read_lengths(path: str | Path, source: str | None = None) -> tuple[int, ...]:
-    """The lengths in a file (``parse_lengths``).
+    """The lengths in a file (``parse_lengths``): a regular file of at most
+    ``MAX_LENGTHS_FILE_BYTES``.
 
     Raises:
-        ConfigError: the file cannot be read, or holds no valid lengths.
+        ConfigError: the path is not a regular file (a FIFO, a device such as ``/dev/zero``,
+            a folder: said what it is), is over the bound (its size, the bound and what to
+            do), cannot be read, or holds no valid lengths.
     """
     source = source or f"--lengths {path}"
+    fix = "give a text file with one integer a line, or a JSON list"
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{source}: cannot read it ({type(exc).__name__}: {exc}); give a "
-                          "text file with one integer a line, or a JSON list") from None
+        # Not blocking: opening a FIFO waits for a writer otherwise. What is there is asked
+        # of the open file itself, so nothing can be swapped in between the check and the read.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{source}: cannot read it ({type(exc).__name__}: {exc}); "
+                          f"{fix}") from None
+    info = os.fstat(fd)
+    kind = file_kind(info.st_mode)
+    if kind is not None:
+        os.close(fd)
+        raise ConfigError(f"{source}: {path} is {kind}, not a regular file; {fix}")
+    with os.fdopen(fd, "rb") as file:
+        try:
+            # One byte past the bound: a file that grows while read (or a /proc file, whose
+            # size says 0) is caught as well.
+            data = file.read(MAX_LENGTHS_FILE_BYTES + 1) if (
+                info.st_size <= MAX_LENGTHS_FILE_BYTES) else b""
+        except OSError as exc:
+            raise ConfigError(f"{source}: cannot read it ({type(exc).__name__}: {exc}); "
+                              f"{fix}") from None
+    if max(info.st_size, len(data)) > MAX_LENGTHS_FILE_BYTES:
+        size = (f"{info.st_size:,} bytes, over" if info.st_size > MAX_LENGTHS_FILE_BYTES
+                else "more than")  # it grew while read, or its size says 0 (procfs)
+        raise ConfigError(
+            f"{source}: {path} holds {size} the limit of "
+            f"{MAX_LENGTHS_FILE_BYTES:,} bytes ({format_bytes(MAX_LENGTHS_FILE_BYTES)}); a "
+            "random sample of the lengths is enough to stand for their distribution: give "
+            f"one, e.g. shuf -n 1000000 {path} > lengths-sample.txt")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{source}: cannot read it (UnicodeDecodeError: {exc}); "
+                          f"{fix}") from None
     return parse_lengths(text, source)
 
 
@@ -96,26 +136,46 @@ def check_lengths(values: object, source: str, worst: int | None = None) -> tupl
         ConfigError: not a sequence, empty, an item that is not an integer, one that is not
             positive, or one over the worst case: each with the value seen and the fix.
     """
+    if getattr(values, "ndim", None) == 1:  # a numpy array (or a tensor): a dataset's column
+        values = list(values)  # type: ignore[call-overload]
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-        raise ConfigError(f"{source}: got {type(values).__name__}; give a list of integers "
-                          "(the token lengths of real samples)")
+        shape = getattr(values, "shape", None)
+        got = f"{type(values).__name__} of shape {tuple(shape)}" if shape is not None else (
+            type(values).__name__)
+        raise ConfigError(f"{source}: got {got}; give a list of integers (the token lengths "
+                          "of real samples)")
     if not values:
         raise ConfigError(f"{source}: no lengths; give at least one sequence length (the token "
                           "lengths of real samples, e.g. read from your dataset)")
-    bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int)]
-    if bad:
-        raise ConfigError(f"{source}: {bad[0]!r} ({type(bad[0]).__name__}) is not an integer; "
-                          "every length is a whole number of tokens")
-    low = min(values)
+    numbers = []
+    for value in values:
+        number = _integer(value)
+        if number is None:
+            raise ConfigError(f"{source}: {value!r} ({type(value).__name__}) is not an "
+                              "integer; every length is a whole number of tokens")
+        numbers.append(number)
+    low = min(numbers)
     if low <= 0:
         raise ConfigError(f"{source}: length {low} is not positive; every length is at least "
                           "1 token (drop empty samples)")
-    high = max(values)
+    high = max(numbers)
     if worst is not None and high > worst:
         raise ConfigError(f"{source}: length {high} is over the workload's worst case of "
                           f"{worst} tokens; truncate the samples to {worst}, or raise the worst "
                           "case (--seq-len, or Workload.tokens_per_sample)")
-    return tuple(int(v) for v in values)
+    return tuple(numbers)
+
+
+def _integer(value: object) -> int | None:
+    """``value`` as an int when it is an integer: a Python int or an integral numpy (or torch)
+    scalar, through ``__index__``; None for anything else, a bool or a float with nothing after
+    the point included (a length is a count of tokens, as the file parser reads it)."""
+    if isinstance(value, bool) or "bool" in str(getattr(value, "dtype", "")):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
 
 
 def bucket_lengths(lengths: Sequence[int], max_count: int = MAX_BUCKETS,

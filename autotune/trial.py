@@ -26,7 +26,7 @@ from autotune.config import (
 )
 from autotune.device import TrialMemory, backend_for
 from autotune.errors import WorkloadError
-from autotune.knobs import KnobUnsupported, shapes_dynamic
+from autotune.knobs import KNOB, KnobUnsupported, shapes_dynamic
 from autotune.shapes import (
     declared_lengths,
     drawn_steps,
@@ -334,6 +334,9 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: TrialM
         model, built, batches[0], workload.blocks), has_lengths=lengths is not None,
         padding_ceiling=(lengths.worst * len(lengths.values) / sum(lengths.values)
                          if lengths is not None else 1.0))
+    why = KNOB["shapes"].needs(knobs.shapes, info["traits"])
+    if why:  # without lengths every policy runs max's batches: never timed as a copy of it
+        raise KnobUnsupported(f"shapes {knobs.shapes}: {why}")
     apply_to_model(model, knobs, workload.blocks)
     batches = [apply_to_batch(b, knobs) for b in batches]
     if lengths is not None:  # memory at the worst case, under the policy's compile

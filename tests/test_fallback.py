@@ -371,6 +371,23 @@ def test_the_script_stops_after_its_fallbacks_in_a_row(tmp_path: Path) -> None:
     assert not (tmp_path / "ck.pt").exists()
 
 
+@pytest.mark.subprocess
+def test_the_script_says_what_to_do_when_the_update_runs_out_of_memory(tmp_path: Path) -> None:
+    """Out of memory in the optimizer's update: a smaller micro-batch does not shrink it, so
+    the script stops at once, exit 1 with the library's message (``OutOfMemoryFallbackError``),
+    never a traceback, nothing half-written (issue 61)."""
+    result = run_script(tmp_path, 4, env={"OOM_IN_UPDATE": "1"})
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    said = result.stderr.strip().splitlines()[-1]
+    assert said.startswith(
+        "out of memory in the optimizer's update, which a smaller micro-batch does not shrink "
+        "(RuntimeError: [enforce fail at alloc_cpu.cpp"), said
+    assert said.endswith("): free memory elsewhere, or shard the optimizer state (strategy "
+                         "fsdp)"), said
+    assert "redoing the step" not in result.stdout and not (tmp_path / "ck.pt").exists()
+
+
 @pytest.mark.slow  # two gloo ranks: about 15 s each on a 2-core machine
 @pytest.mark.parametrize("grow_from", ["16", "20"], ids=["first-micro-batch", "last-micro-batch"])
 def test_two_ranks_move_together_when_one_runs_out_of_memory(tmp_path: Path,

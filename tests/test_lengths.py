@@ -4,7 +4,11 @@ validation, the bucket lengths and the pad length of each shape policy (issue 48
 from __future__ import annotations
 
 import json
+import os
+import re
+from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -12,6 +16,7 @@ from hypothesis import strategies as st
 from autotune.errors import ConfigError
 from autotune.lengths import (
     MAX_BUCKETS,
+    MAX_LENGTHS_FILE_BYTES,
     bucket_lengths,
     check_lengths,
     draw_batches,
@@ -65,6 +70,111 @@ def test_an_unreadable_file_is_a_config_error(tmp_path) -> None:
         read_lengths(tmp_path / "missing.txt")
     (tmp_path / "l.txt").write_text("5\n7\n")
     assert read_lengths(tmp_path / "l.txt") == (5, 7)
+
+
+# A --lengths path that is not a small regular file is refused before it is read: a FIFO
+# would wait for a writer forever, /dev/zero never ends (issue 61).
+
+
+@pytest.mark.timeout(20)  # a regression waits on the FIFO: fail, do not hang the suite
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
+    fifo = tmp_path / "lengths.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError) as info:
+        read_lengths(fifo)
+    assert str(info.value).startswith(
+        f"--lengths {fifo}: {fifo} is a FIFO (named pipe), not a regular file; give a text "
+        "file with one integer a line, or a JSON list")
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize(("path", "kind"), [
+    ("/dev/zero", "a character device"), ("folder", "a directory")])
+def test_a_device_or_a_folder_is_refused_naming_what_is_there(tmp_path: Path, path: str,
+                                                               kind: str) -> None:
+    where = Path(path) if path.startswith("/") else tmp_path / path
+    where.mkdir(exist_ok=True) if kind == "a directory" else None
+    with pytest.raises(ConfigError, match=f"{where} is {kind}, not a regular file"):
+        read_lengths(where)
+
+
+def test_a_file_over_the_bound_is_refused_with_its_size_the_bound_and_the_fix(
+        tmp_path: Path) -> None:
+    big = tmp_path / "lengths.txt"
+    with open(big, "wb") as file:  # sparse: costs no disk and, refused unread, no memory
+        file.truncate(MAX_LENGTHS_FILE_BYTES + 1)
+    with pytest.raises(ConfigError) as info:
+        read_lengths(big)
+    said = str(info.value)
+    assert said.startswith(f"--lengths {big}: {big} holds {MAX_LENGTHS_FILE_BYTES + 1:,} "
+                           f"bytes, over the limit of {MAX_LENGTHS_FILE_BYTES:,} bytes ")
+    assert said.endswith("(128.00 MiB); a random sample of the lengths is enough to stand for "
+                         f"their distribution: give one, e.g. shuf -n 1000000 {big} > "
+                         "lengths-sample.txt")
+
+
+def test_the_bound_is_on_the_bytes_read_too(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("autotune.lengths.MAX_LENGTHS_FILE_BYTES", 8)
+    (tmp_path / "at.txt").write_text("1\n22\n333\n")  # 9 bytes
+    with pytest.raises(ConfigError, match="holds 9 bytes, over the limit of 8 bytes"):
+        read_lengths(tmp_path / "at.txt")
+    (tmp_path / "at.txt").write_text("1\n22\n33\n")  # 8 bytes: read
+    assert read_lengths(tmp_path / "at.txt") == (1, 22, 33)
+    # A file whose size says 0 (procfs) and holds more: stopped one byte past the bound.
+    with pytest.raises(ConfigError, match="status holds more than the limit of 8 bytes"):
+        read_lengths("/proc/self/status")
+
+
+def test_the_bound_holds_ten_million_lengths() -> None:
+    assert 10_000_000 * len("12345,\n") <= MAX_LENGTHS_FILE_BYTES
+
+
+# Integers from numpy are integers (issue 61): a length array read from a dataset's column.
+
+integral_dtypes = st.sampled_from([np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
+                                   np.uint32, np.uint64])
+
+
+@given(st.lists(st.integers(1, 127), min_size=1, max_size=50), integral_dtypes,
+       st.sampled_from(["array", "list of scalars", "tuple of scalars"]))
+def test_numpy_integers_are_integers(lengths: list[int], dtype: type, form: str) -> None:
+    array = np.array(lengths, dtype=dtype)
+    values = {"array": array, "list of scalars": list(array),
+              "tuple of scalars": tuple(array)}[form]
+    got = check_lengths(values, "Workload.lengths", worst=127)
+    assert got == tuple(lengths) and all(type(n) is int for n in got)
+
+
+@given(st.lists(st.integers(1, 100), min_size=1, max_size=20), st.integers(0, 19),
+       st.sampled_from([np.float32(3.5), np.float64(7.25), 2.5, np.bool_(True), True,
+                        np.array([5]), "7", np.int64(0), np.int32(-4), -3]))
+def test_fractions_bools_and_non_positive_values_are_still_refused(
+        lengths: list[int], at: int, bad: object) -> None:
+    values: list[object] = list(np.array(lengths, dtype=np.int64))
+    values.insert(min(at, len(values)), bad)
+    said = (f"length {int(bad)} is not positive" if isinstance(bad, (int, np.integer))
+            and not isinstance(bad, bool) else f"({type(bad).__name__}) is not an integer")
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        check_lengths(values, "Workload.lengths")
+
+
+@pytest.mark.parametrize(("bad", "said"), [
+    (np.array([2.0, 3.5]), "np.float64(2.0) (float64) is not an integer"),
+    (np.array([True, False]), "np.True_ (bool) is not an integer"),
+    (np.array([[1, 2]]), "got ndarray of shape (1, 2); give a list of integers"),
+    (np.array([4, 0], dtype=np.int64), "length 0 is not positive"),
+    (np.array([], dtype=np.int64), "no lengths"),
+])
+def test_arrays_of_fractions_bools_zeros_or_two_dimensions_are_refused(bad: np.ndarray,
+                                                                       said: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        check_lengths(bad, "Workload.lengths")
+
+
+def test_whole_floats_stay_refused_as_the_file_parser_refuses_them() -> None:
+    with pytest.raises(ConfigError, match=r"np.float64\(4.0\) \(float64\) is not an integer"):
+        check_lengths([np.float64(4.0)], "Workload.lengths")
 
 
 @given(lengths_st, st.integers(1, 12), st.integers(1, 64), st.integers(0, 600))

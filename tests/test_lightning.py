@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -135,8 +137,129 @@ def test_the_callback_refuses_a_loader_of_another_batch_size(tmp_path: Path) -> 
     cfg = tuned()
     module = LitLM(samples())
     loader = torch.utils.data.DataLoader(samples(), batch_size=4)
-    with pytest.raises(ConfigError, match="batch_size is 4, the tuned micro-batch is 2"):
+    with pytest.raises(ConfigError, match=r"the train loader has batch_size 4, the tuned "
+                                          r"micro-batch is 2: build it with batch_size=cfg\."):
         trainer(cfg, tmp_path).fit(module, train_dataloaders=loader)
+
+
+class LitAnyLoaders(LitLM):
+    """Takes what a dict or a list of train loaders gives (Lightning's CombinedLoader shapes:
+    a batch of the same structure), the loss summed over its parts."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        def parts(part: Any) -> list[dict[str, torch.Tensor]]:
+            if isinstance(part, dict) and "input_ids" in part:
+                return [part]
+            inner = part.values() if isinstance(part, dict) else (
+                part if isinstance(part, (list, tuple)) else ())
+            return [p for item in inner for p in parts(item)]
+
+        found = parts(batch)
+        assert found, f"a training step on a batch without samples: {batch!r}"
+        loss = sum(self.model(**p) for p in found)
+        self.losses.append(loss.detach())
+        return loss
+
+
+class IndexBatches(torch.utils.data.Sampler):
+    """A batch sampler without a ``batch_size`` attribute: runs of ``size`` indices."""
+
+    def __init__(self, count: int, size: int) -> None:
+        self.count, self.size = count, size
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter([list(range(i, min(i + self.size, self.count)))
+                     for i in range(0, self.count, self.size)])
+
+    def __len__(self) -> int:
+        return -(-self.count // self.size)
+
+
+class PreBatched(torch.utils.data.IterableDataset):
+    """A dataset that yields whole batches of ``size`` (a DataLoader with batch_size=None)."""
+
+    def __init__(self, size: int, tensors: bool = True) -> None:
+        self.size, self.tensors = size, tensors
+
+    def __iter__(self) -> Iterator[Any]:
+        data = samples()
+        for i in range(0, len(data), self.size):
+            batch = torch.utils.data.default_collate(data[i:i + self.size])
+            yield batch if self.tensors else {"text": ["a sample"] * self.size}
+
+
+def loader(size: int | None = None, *, sampler: str = "") -> torch.utils.data.DataLoader:
+    """A DataLoader of ``size`` samples a batch: from its batch_size, a BatchSampler, a batch
+    sampler without batch_size, or a dataset of whole batches."""
+    data = samples()
+    if sampler == "BatchSampler":
+        return torch.utils.data.DataLoader(data, batch_sampler=torch.utils.data.BatchSampler(
+            torch.utils.data.SequentialSampler(data), batch_size=size, drop_last=False))
+    if sampler == "IndexBatches":
+        return torch.utils.data.DataLoader(data, batch_sampler=IndexBatches(len(data), size))
+    if sampler in ("pre-batched", "strings"):
+        return torch.utils.data.DataLoader(PreBatched(size, sampler == "pre-batched"),
+                                           batch_size=None)
+    return torch.utils.data.DataLoader(data, batch_size=size)
+
+
+def fit(cfg: Tuned, tmp_path: Path, loaders: Any) -> LitAnyLoaders:
+    module = LitAnyLoaders(samples())
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*(num_workers|does not have many workers|"
+                                "has no `__len__`|Total length of).*")
+        pl.Trainer(**cfg.lightning_trainer_kwargs(), callbacks=[TunedCallback(cfg)],
+                   max_steps=1, logger=False, enable_checkpointing=False,
+                   enable_progress_bar=False, enable_model_summary=False,
+                   default_root_dir=tmp_path).fit(module, train_dataloaders=loaders)
+    return module
+
+
+@pytest.mark.parametrize(("loaders", "says"), [
+    (lambda: loader(4, sampler="BatchSampler"),
+     "the train loader's batch_sampler (BatchSampler) has batch_size 4, the tuned micro-batch "
+     "is 2"),
+    (lambda: {"text": loader(2), "more": loader(4)},
+     "the train loader ['more'] has batch_size 4, the tuned micro-batch is 2"),
+    (lambda: [loader(2), loader(4)], "the train loader [1] has batch_size 4, the tuned "
+                                     "micro-batch is 2"),
+    (lambda: {"a": [loader(2), {"b": loader(4, sampler="BatchSampler")}]},
+     "the train loader ['a'][1]['b']'s batch_sampler (BatchSampler) has batch_size 4"),
+    (lambda: loader(4, sampler="IndexBatches"),
+     "the train loader declares no batch size (its batch_sampler, IndexBatches, has no "
+     "batch_size), and its first batch holds 4 samples (the first dimension of its first "
+     "tensor), the tuned micro-batch is 2"),
+    (lambda: {"text": loader(2), "more": loader(4, sampler="pre-batched")},
+     "the train loader ['more'] declares no batch size (batch_size=None: it yields what its "
+     "dataset gives), and its first batch holds 4 samples"),
+    (lambda: loader(2, sampler="strings"),
+     "the train loader's batch size cannot be checked: it declares none (batch_size=None: it "
+     "yields what its dataset gives), and its first batch holds no tensor"),
+], ids=["batch-sampler", "dict", "list", "nested", "sampler-without-size", "pre-batched",
+        "no-tensor"])
+def test_every_train_loader_of_another_or_unknown_batch_size_is_refused(
+        tmp_path: Path, loaders: Callable[[], Any], says: str) -> None:
+    """Issue 61: only ``DataLoader.batch_size`` was read, so a batch sampler, a dict or a list
+    of loaders trained at another micro-batch (the effective batch doubled). Each loader is
+    found, nested ones too, and refused before a training step, naming it and the fix."""
+    with pytest.raises(ConfigError) as info:
+        fit(tuned(), tmp_path, loaders())
+    said = str(info.value)
+    assert said.startswith(says), said
+    assert said.endswith("build it with batch_size=cfg.micro_batch (a batch sampler's "
+                         "batch_size too), or give the LightningModule or DataModule a "
+                         "batch_size attribute that train_dataloader() reads (the callback "
+                         "sets it)"), said
+
+
+@pytest.mark.parametrize("loaders", [
+    lambda: {"a": loader(2, sampler="BatchSampler"), "b": [loader(2, sampler="IndexBatches")]},
+    lambda: [loader(2), loader(2, sampler="pre-batched")],
+], ids=["dict-of-samplers", "list-with-pre-batched"])
+def test_loaders_of_the_tuned_micro_batch_train(tmp_path: Path,
+                                                loaders: Callable[[], Any]) -> None:
+    module = fit(tuned(), tmp_path, loaders())
+    assert len(module.losses) == ACCUMULATE  # one optimizer step of tuned micro-batches
 
 
 @pytest.mark.parametrize(("knobs", "expected"), [

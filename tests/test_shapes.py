@@ -294,6 +294,33 @@ def test_a_bad_lengths_file_exits_2_naming_the_value_and_the_fix(tmp_path, text:
     assert f"--lengths {path}" in " ".join(result.output.split())
 
 
+@pytest.mark.timeout(60)  # a regression waits on the FIFO: fail, do not hang the suite
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "folder", "over the bound"])
+def test_a_lengths_path_that_is_no_small_file_exits_2_unread(tmp_path, kind: str) -> None:
+    import os
+
+    from autotune.lengths import MAX_LENGTHS_FILE_BYTES
+
+    path = {"/dev/zero": "/dev/zero"}.get(kind, str(tmp_path / "lengths"))
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        os.mkdir(path)
+    elif kind == "over the bound":
+        with open(path, "wb") as file:  # sparse
+            file.truncate(MAX_LENGTHS_FILE_BYTES + 1)
+    result = _cli("search", "--device", "cpu", "--model", "gpt2", "--seq-len", "64",
+                  "--out", str(tmp_path / "out"), "--lengths", path)
+    assert result.exit_code == 2, result.output
+    words = " ".join(result.output.split())
+    says = {"fifo": "is a FIFO (named pipe), not a regular file",
+            "/dev/zero": "is a character device, not a regular file",
+            "folder": "is a directory, not a regular file",
+            "over the bound": f"over the limit of {MAX_LENGTHS_FILE_BYTES:,} bytes"}[kind]
+    assert f"--lengths {path}: {path} " in words and says in words, words
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(("args", "says"), [
     (["--lengths", "x.txt"], "--lengths x.txt applies to --model"),
     (["--model", "gpt2", "--lengths", "missing.txt"], "cannot read it"),
@@ -305,6 +332,60 @@ def test_lengths_and_shapes_options_refuse_what_they_cannot_use(args: list[str],
     result = _cli("probe", "--device", "cpu", *args)
     assert result.exit_code == 2, result.output
     assert says in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    ([], "--shapes buckets: the built-in workload declares no lengths (every batch has one "
+         "shape), so buckets would time the same batches as max; shapes other than max need "
+         "declared lengths: --model NAME --lengths FILE, or a --workload whose "
+         "Workload(lengths=...) declares them; or leave --shapes out"),
+    (["--model", "gpt2"], "--shapes buckets: --model gpt2 declares no lengths without "
+                          "--lengths FILE (every batch is --seq-len tokens long), so buckets "
+                          "would time the same batches as max; shapes other than max need "
+                          "declared lengths: add --lengths FILE (one integer a line, or a "
+                          "JSON list), or leave --shapes out"),
+])
+def test_shapes_beyond_max_without_declared_lengths_exit_2_before_any_run(
+        tmp_path, args: list[str], says: str) -> None:
+    """Issue 61: ``--shapes buckets`` without lengths timed a trial identical to max (and
+    could write it as the winner)."""
+    for command in ("search", "probe"):
+        result = _cli(command, "--device", "cpu", "--target-batch", "4", *args,
+                      *(["--out", str(tmp_path / "out")] if command == "search" else []),
+                      "--shapes", "buckets" if command == "search" else "max,buckets")
+        assert result.exit_code == 2, result.output
+        words = " ".join(result.output.split())
+        expected = says if command == "search" else says.replace("--shapes buckets",
+                                                                 "--shapes max,buckets")
+        assert expected in words, words
+        assert " trial " not in words and not (tmp_path / "out").exists()  # no child ran
+
+
+def test_shapes_beyond_max_pass_where_lengths_are_declared_or_not_known_yet(tmp_path) -> None:
+    from autotune import api
+    from autotune.device import describe_device
+
+    path = tmp_path / "lengths.txt"
+    path.write_text("3\n7\n")
+    cpu = describe_device("cpu")
+    for spec in (api.workload_spec(model="gpt2", seq_len=16, lengths=path),
+                 WorkloadSpec(kind="file", target=workload_target("varlen"))):
+        request = api.TuneRequest(workload=spec, target_batch=4, device="cpu",
+                                  knob_values={"shapes": ["buckets", "dynamic"]})
+        assert request.validate(cpu)[3]["shapes"] == ("buckets", "dynamic")
+
+
+def test_a_trial_of_shapes_beyond_max_without_lengths_is_unsupported_not_a_copy_of_max(
+        ) -> None:
+    """A file workload's lengths are known only in its child: there a policy other than max
+    is ``unsupported`` with the fix, never timed as a copy of max (issue 61)."""
+    for shapes in ("buckets", "dynamic"):
+        result = _trial("tiny", knobs=Knobs(shapes=shapes))
+        assert result.status == "unsupported", (result.status, result.message)
+        assert result.message == (
+            f"shapes {shapes}: the workload declares no lengths (every batch has its "
+            "worst-case shape); declare Workload(lengths=...) or --lengths FILE")
+        assert result.traits is not None and not result.traits.has_lengths
 
 
 def test_a_lengths_file_reaches_the_spec_and_the_child_builds_batches_at_a_length(

@@ -10,6 +10,8 @@ the forward.
 
 ``OOM_IN_BACKWARD`` (environment): long micro-batches fail in their backward instead (the
 CPU allocator's error, whatever the cap).
+``OOM_IN_UPDATE`` (environment): the optimizer's step asks for more state than any machine
+holds (the CPU allocator's error, in the update: a smaller micro-batch does not help).
 ``OOM_CAP_MIB`` (environment): address space allowed above the baseline, set by
 ``build_model`` as RLIMIT_AS once torch's thread pool and lazy imports are in the baseline.
 """
@@ -64,6 +66,13 @@ class _BackwardNeedsMore(torch.autograd.Function):
         return grad
 
 
+class _StateTooLarge(torch.optim.SGD):
+    """SGD whose update allocates state no machine holds (``OOM_IN_UPDATE``)."""
+
+    def step(self, closure: object = None) -> None:  # type: ignore[override]
+        torch.empty(1 << 62, dtype=torch.uint8)
+
+
 def _vm_size() -> int:
     with open("/proc/self/status") as status:
         line = next(ln for ln in status if ln.startswith("VmSize:"))
@@ -101,4 +110,6 @@ def make_batch(micro_batch: int) -> torch.Tensor:
 def workload() -> Workload:
     return Workload(name="growing", build_model=build_model, make_batch=make_batch,
                     loss=lambda model, ids: model(ids),
-                    build_optimizer=lambda params: torch.optim.SGD(params, lr=0.1))
+                    build_optimizer=lambda params: (
+                        _StateTooLarge if os.environ.get("OOM_IN_UPDATE") else torch.optim.SGD
+                    )(params, lr=0.1))

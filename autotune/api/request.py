@@ -19,6 +19,7 @@ from autotune.config import (
 )
 from autotune.device import backend_for
 from autotune.errors import ConfigError
+from autotune.knobs import KNOB
 from autotune.lengths import check_lengths, read_lengths
 from autotune.space import compiled_values, exact_target, knob_values, memory_classes
 from autotune.workload import split_factory
@@ -192,6 +193,33 @@ class TuneRequest:
             raise ConfigError("; ".join(problems))
         return values
 
+    def _shapes_apply(self) -> None:
+        """Refuse shape policies other than ``max`` for a workload known here to declare no
+        lengths (the built-in one; ``--model`` without ``--lengths``): each would time the
+        very batches ``max`` times. A ``--workload`` declares its lengths in its own code,
+        read only in a child: there such a run is ``unsupported`` (``KNOB["shapes"].needs``).
+
+        Raises:
+            ConfigError: naming the values, why they cannot apply and how to declare lengths.
+        """
+        asked = [v for v in self.knob_values.get("shapes") or () if v in KNOB["shapes"].values]
+        spec = self.workload
+        if spec.kind == "file" or spec.lengths or all(v == "max" for v in asked):
+            return
+        said = f"--shapes {','.join(asked)}"
+        beyond = ",".join(v for v in asked if v != "max")
+        if spec.kind == "default":
+            raise ConfigError(
+                f"{said}: the built-in workload declares no lengths (every batch has one "
+                f"shape), so {beyond} would time the same batches as max; shapes other than "
+                "max need declared lengths: --model NAME --lengths FILE, or a --workload whose "
+                "Workload(lengths=...) declares them; or leave --shapes out")
+        raise ConfigError(
+            f"{said}: --model {spec.target} declares no lengths without --lengths FILE (every "
+            f"batch is --seq-len tokens long), so {beyond} would time the same batches as max; "
+            "shapes other than max need declared lengths: add --lengths FILE (one integer a "
+            "line, or a JSON list), or leave --shapes out")
+
     def validate(self, device: DeviceInfo) -> tuple[int, Budget, tuple[Knobs, ...],
                                                     dict[str, tuple[str, ...]], tuple[str, ...]]:
         """Check every field against the device; all problems are reported together.
@@ -209,13 +237,14 @@ class TuneRequest:
             lambda: exact_target(self.target_batch, self.world_size, self.allow_inexact),
             lambda: resolve_budget(device, self.memory_budget, self.headroom),
             lambda: knob_values(device, self._job(device)),
+            self._shapes_apply,
         ):
             try:
                 results.append(check())
             except ConfigError as exc:
                 problems.append(str(exc))
                 results.append(None)
-        target, budget, extra = results
+        target, budget, extra, _ = results
         try:  # read at each child's start: a bad value must not wait for the first one
             start_method()
         except ConfigError as exc:
