@@ -252,7 +252,8 @@ _DEFAULT_SIZES = {
 def _workload_section(config: TunedConfig, script_dir: Path | None) -> tuple[str, str]:
     spec = config.workload
     std = ["import argparse", "import errno", "import functools", "import gc", "import hashlib",
-           "import inspect", "import logging", "import os", "import platform", "import time"]
+           "import inspect", "import logging", "import os", "import platform", "import stat",
+           "import time"]
     third = ["import torch", "import torch.distributed as dist"]
     tail = ["from torch import nn",
             "from torch.distributed.checkpoint.state_dict import (\n    StateDictOptions,\n"

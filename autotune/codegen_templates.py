@@ -465,9 +465,11 @@ def load_compile_artifacts(model, device):
     if compile_artifacts["graphs_key"] != graphs_key(model):
         return (f"{refused}saved for other graphs (the model, micro_batch or a setting above "
                 f"changed){cold}")
-    try:
-        with open(where, "rb") as f:
-            data = f.read()
+    try:  # without waiting: a FIFO opened to read waits for a writer forever
+        with open(os.open(where, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return f"{refused}it is not a regular file (a FIFO, device or folder){cold}"
+            data = f.read(compile_artifacts["size_bytes"] + 1)
     except OSError as exc:
         return f"{refused}{exc.strerror or exc}{cold}"
     if (len(data) != compile_artifacts["size_bytes"]

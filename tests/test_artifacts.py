@@ -205,6 +205,23 @@ def test_a_fifo_or_device_in_place_of_the_file_is_never_read(handmade: Path,
                                     "a regular file; compiling from nothing")
 
 
+@pytest.mark.timeout(30)  # it waited for a writer forever
+@pytest.mark.parametrize("make", [os.mkfifo, lambda at: os.symlink("/dev/zero", at)])
+def test_the_script_never_reads_a_fifo_or_device_in_place_of_the_file(
+        handmade: Path, make: Callable[[Path], None]) -> None:
+    """Issue 61: ``train_autotuned.py``'s own check (it does not import autotune) opens the
+    file without waiting and reads it only when it is a regular file."""
+    path = handmade / "autotune.compile-cache.bin"
+    path.unlink()
+    make(path)
+    script = handmade / "train_autotuned.py"
+    namespace: dict[str, object] = {"__name__": "generated", "__file__": str(script)}
+    exec(compile(script.read_text(), str(script), "exec"), namespace)  # defines, runs nothing
+    line = namespace["load_compile_artifacts"](WideMLP(), "cpu")  # type: ignore[operator]
+    assert line == (f"note: compiled artifacts {path} not loaded: it is not a regular file (a "
+                    "FIFO, device or folder); compiling from nothing")
+
+
 def test_another_model_is_refused_and_the_handmade_one_reaches_the_file(handmade: Path) -> None:
     cfg = autotune.load(handmade / "autotune.json")
     with pytest.warns(CompileArtifactsWarning, match="saved for other graphs"):
