@@ -31,6 +31,7 @@ from rich.text import Text
 from autotune.config import MAX_BATCH
 from autotune.errors import AutotuneError, ConfigError, Interrupted
 from autotune.knobs import KNOB, Knobs
+from autotune.names import FLAGS
 
 app = typer.Typer(
     help="Find the fastest way to train your model at the effective batch size you want.",
@@ -250,7 +251,7 @@ def probe(
         from autotune import api, report
 
         spec = api.workload_spec(workload=workload, model=model, seq_len=seq_len,
-                                 pretrained=pretrained, lengths=lengths)
+                                 pretrained=pretrained, lengths=lengths, name=FLAGS)
         with err.status(Text("probing memory with real training steps...")) as status:
             def on_step(knobs, step):
                 err.print(report.probe_step_line(knobs.label(), step), highlight=False)
@@ -266,7 +267,7 @@ def probe(
                                          allocators, strategy, compile_scopes, shapes),
                 nproc_per_node=nproc_per_node)
             result = api.probe(request, timeout_s=_seconds(trial_timeout, "--trial-timeout"),
-                               on_step=on_step)
+                               on_step=on_step, name=FLAGS)
         if json_out:
             print(report.to_json(result))
             return
@@ -356,16 +357,8 @@ def search(
     implementation, memory format and allocator on the leader, write the tuned autotune.json."""
     with _exits() as done:
         from autotune import api, errors, report
-        from autotune.search import SearchSettings, redact
+        from autotune.search import SearchSettings
 
-        if not 0.0 <= rank_precision <= 1.0:
-            raise errors.ConfigError(
-                f"--rank-precision must be a share from 0 to 1 (e.g. 0.05: stop timing once the "
-                f"median is known within 5%; 0 times every run in full), got {rank_precision:g}")
-        if fresh and storage is not None:
-            raise errors.ConfigError(
-                "--fresh applies to the local study store, not to --storage "
-                f"{redact(storage)!r}: name another --study-name to start that study afresh")
         if micro_batches != "all" and not micro_batches.isdigit():
             raise errors.ConfigError(
                 f"--micro-batches must be a number or 'all', got {micro_batches!r}")
@@ -380,7 +373,7 @@ def search(
         err.print(report.start_line(workload or model or "the built-in GPT", device, target_batch),
                   highlight=False)  # at once: the progress bar shows nowhere off a terminal
         spec = api.workload_spec(workload=workload, model=model, seq_len=seq_len,
-                                 pretrained=pretrained, lengths=lengths)
+                                 pretrained=pretrained, lengths=lengths, name=FLAGS)
         with _progress() as progress:
             task = progress.add_task("probing memory", total=None)
 
@@ -404,7 +397,7 @@ def search(
                                          allocators, strategy, compile_scopes, shapes),
                 nproc_per_node=nproc_per_node, allow_inexact=allow_inexact)
             result = api.search(request, out=out, force=force, settings=settings,
-                                on_step=on_step, on_trial=on_trial)
+                                on_step=on_step, on_trial=on_trial, name=FLAGS)
             done.written = result.path  # a signal from here on: the files are written
         if json_out:
             print(report.to_json(result.config))
@@ -488,7 +481,7 @@ def estimate(
     with _exits():
         from autotune import api, report
 
-        spec = api.workload_spec(workload=workload, model=model, seq_len=seq_len)
+        spec = api.workload_spec(workload=workload, model=model, seq_len=seq_len, name=FLAGS)
         with err.status(Text("tracing the training step under fake tensors...")):
             result = api.estimate(
                 spec, micro_batch=micro_batch, device_memory=device_memory,
@@ -497,7 +490,7 @@ def estimate(
                                     strategy=strategy),
                 headroom=headroom, target_batch=target_batch, world_size=world_size,
                 kernels=kernels.value if kernels else None, device=device,
-                any_micro_batch=True, timeout_s=_seconds(timeout, "--timeout"))
+                any_micro_batch=True, timeout_s=_seconds(timeout, "--timeout"), name=FLAGS)
         if json_out:
             print(report.to_json(result))
         else:
@@ -525,7 +518,7 @@ def check(
     with _exits():
         from autotune import api
 
-        spec = api.workload_spec(workload=workload) if workload is not None else None
+        spec = api.workload_spec(workload=workload, name=FLAGS) if workload is not None else None
         with err.status(Text("checking the tuned config's memory...")):
             result = api.check(path, measure=measure, workload=spec,
                                timeout_s=_seconds(timeout, "--timeout"))
@@ -550,7 +543,8 @@ def codegen(
     with _exits():
         from autotune import api
 
-        path = api.codegen(config_path, workload=workload, out=out_dir, force=force)
+        spec = api.workload_spec(workload=workload, name=FLAGS) if workload is not None else None
+        path = api.codegen(config_path, workload=spec, out=out_dir, force=force)
         err.print(f"wrote {path}", highlight=False, markup=False, emoji=False)
         out.print(f"python {path} --steps 100", highlight=False, markup=False, emoji=False)
 

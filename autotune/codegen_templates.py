@@ -563,6 +563,8 @@ def main():
                         help="on out of memory, redo the step with a smaller micro-batch, at most "
                         "this many times in a row (0: off; default: 3, off under FSDP)")
     args = parser.parse_args()
+    if args.oom_fallbacks is not None and args.oom_fallbacks < 0:
+        parser.error(f"--oom-fallbacks must be 0 (off) or more, got {args.oom_fallbacks}")
 
     distributed = int(os.environ.get("WORLD_SIZE", 1)) > 1  # launched by torchrun
     if distributed:

@@ -395,12 +395,12 @@ class CUDABackend(DeviceBackend):
         index = int(device.strip().partition(":")[2] or "0")
         if not torch.cuda.is_available():
             raise ConfigError(
-                f"--device {device!r}: no CUDA device is available here "
-                f"(torch {torch.__version__}, CUDA build: {torch.version.cuda}); use --device cpu"
+                f"device {device!r}: no CUDA device is available here "
+                f"(torch {torch.__version__}, CUDA build: {torch.version.cuda}); use cpu"
             )
         count = torch.cuda.device_count()
         if index >= count:
-            raise ConfigError(f"--device {device!r}: only {count} CUDA device(s) are visible")
+            raise ConfigError(f"device {device!r}: only {count} CUDA device(s) are visible")
         return f"cuda:{index}"
 
     def describe(self, device: str) -> DeviceInfo:

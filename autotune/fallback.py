@@ -185,9 +185,11 @@ class OomFallback:
 
     def __init__(self, max_in_a_row: int = 3, log: Callable[[str], object] | None = None
                  ) -> None:
-        if max_in_a_row < 1:
-            raise ConfigError(f"max_oom_fallbacks must be at least 1, got {max_in_a_row}: pass "
-                              "oom_fallback=False to turn the fallback off")
+        if isinstance(max_in_a_row, bool) or not isinstance(max_in_a_row, int) or (
+                max_in_a_row < 1):
+            raise ConfigError(f"max_oom_fallbacks must be a whole number of at least 1, got "
+                              f"{max_in_a_row!r}: pass oom_fallback=False to turn the fallback "
+                              "off")
         self.max_in_a_row = max_in_a_row
         self.micro_batch: int | None = None  # None: the micro-batches as given
         self.in_a_row = 0
@@ -250,20 +252,36 @@ class OomFallback:
             smaller = smallest_of_ranks(smaller_micro_batch(per_device, size, must_divide),
                                         device)
             self.in_a_row += 1
-            if self.in_a_row > self.max_in_a_row or smaller == 0:
-                why = (f"{self.max_in_a_row} fallback{'s' if self.max_in_a_row > 1 else ''} "
-                       "in a row" if smaller else "no smaller micro-batch")
+            if smaller == 0:
                 raise OutOfMemoryFallbackError(
-                    f"out of memory at micro-batch {size} ({failure}) after {why}: the step "
-                    f"of {per_device} samples per device does not fit; lower the target batch, "
-                    "free memory (checkpointing, a smaller precision) or re-run autotune "
-                    "search under the memory you have")
+                    f"out of memory at micro-batch {size} ({failure}) after no smaller "
+                    f"micro-batch: the step of {per_device} samples per device does not fit; "
+                    "lower the target batch, free memory (checkpointing, a smaller precision) "
+                    "or re-run autotune search under the memory you have")
+            if self.in_a_row > self.max_in_a_row:  # the limit, not the memory, ends it
+                left = [d for d in range(size - 1, 0, -1)
+                        if per_device % d == 0 and all(s % d == 0 for s in must_divide)]
+                raise OutOfMemoryFallbackError(
+                    f"out of memory at micro-batch {size} ({failure}): "
+                    f"{used_up(self.max_in_a_row, left, 'max_oom_fallbacks', '=')}, or lower the "
+                    "micro-batch you split the batch into")
             self.micro_batch = smaller
             self.fallbacks += 1
             self.log(f"out of memory at micro-batch {size} ({failure}): redoing the step "
                      f"with micro-batch {smaller} x {per_device // smaller} accumulation "
                      f"(effective batch unchanged; fallback {self.in_a_row} of "
                      f"{self.max_in_a_row} in a row)")
+
+
+def used_up(limit: int, left: Sequence[int], name: str, sep: str) -> str:
+    """Why the fallback stopped while smaller micro-batches were ``left`` (largest first):
+    its ``limit`` of fallbacks in a row, not the memory; raising ``name`` (written
+    ``name{sep}value``) would have gone on. The generated script says the same of
+    ``--oom-fallbacks``."""
+    shown = ", ".join(map(str, left[:4])) + (", ..." if len(left) > 4 else "")
+    return (f"{limit} fallback{'s' if limit > 1 else ''} in a row used up ({name}{sep}{limit}) "
+            f"with smaller micro-batches left to try ({shown}): raise {name} "
+            f"({name}{sep}{limit + len(left)} tries them all)")
 
 
 def is_sharded(model: torch.nn.Module) -> bool:

@@ -386,8 +386,14 @@ def device_skip_reason(knob: Knob, value: str, is_cuda: bool) -> str | None:
     return None
 
 
-def parse_values(knob: Knob, wanted: Sequence[str] | None) -> tuple[str, ...] | None:
+def parse_values(knob: Knob, wanted: Sequence[str] | None, option: str | None = None
+                 ) -> tuple[str, ...] | None:
     """A user's subset of a knob's values, checked.
+
+    Args:
+        knob: the knob.
+        wanted: the values asked for (None: not restricted).
+        option: how the user named the setting (default: the knob's flag).
 
     Raises:
         ConfigError: an unknown value (named, with the ones there are).
@@ -397,8 +403,8 @@ def parse_values(knob: Knob, wanted: Sequence[str] | None) -> tuple[str, ...] | 
     unknown = [v for v in wanted if v not in knob.values and v not in knob.families]
     if unknown:
         names = [*knob.values, *(f for f in knob.families if f not in knob.values)]
-        raise ConfigError(f"{knob.option} {','.join(unknown)}: not a value of {knob.name}; "
-                          f"choose from {','.join(names)}")
+        raise ConfigError(f"{option or knob.option} {','.join(unknown)}: not a value of "
+                          f"{knob.name}; choose from {','.join(names)}")
     return tuple(dict.fromkeys(v for w in wanted for v in knob.families.get(w, (w,))))
 
 

@@ -9,7 +9,8 @@ range against the dataclasses below (strict: no coercion, no unknown field), the
 that tie fields together. Every problem is reported at once, each with its dotted path.
 A field's range or pattern is in its type, never only in a rule, so the JSON Schema that
 ``autotune schema`` prints (``json_schema``, from the same types) says what the reader accepts;
-beyond it are only the rules between fields (``_rules``).
+beyond it are only the rules between fields (``_rules``), which it says in ``$comment``s
+(``READ_RULES``: JSON Schema cannot state a product of fields).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from autotune.config import (
 )
 from autotune.errors import ConfigError, OutputExistsError
 from autotune.knobs import KNOBS, HasKnobs, Knobs
+from autotune.names import FLAGS, Names
 from autotune.skip_sentences import Context, render
 
 SCHEMA_VERSION: Final = 3
@@ -51,6 +53,9 @@ SCHEMA_VERSION: Final = 3
 and its figures) instead of sentences (``skipped``); schema 2 files are read with each sentence
 a ``note`` (``_from_schema_2``). 2: precision and compile mode moved into ``knobs`` with the
 other knobs; schema 1 files are read by moving them there (``_from_schema_1``)."""
+_READS_OLDER: Final = (1, 2)
+_READS: Final = (*_READS_OLDER, SCHEMA_VERSION)
+"""Schema versions this autotune reads: its own, and 1 and 2 (moved into it on read)."""
 
 Verdict = Literal[
     "winner", "ok", "slower", "numerics", "over_budget", "oom", "compile_error", "non_finite",
@@ -423,7 +428,7 @@ class TunedConfig(HasKnobs):
         return self.knobs.label()
 
 
-def check_output(path: Path, *, force: bool = False) -> None:
+def check_output(path: Path, *, force: bool = False, name: Names = FLAGS) -> None:
     """Refuse to write an output at ``path``: the one check of every output autotune writes
     (``write_json_atomic``; a search checks its outputs with it before it starts).
 
@@ -432,16 +437,20 @@ def check_output(path: Path, *, force: bool = False) -> None:
         ConfigError: something else than a regular file is there (a folder, a FIFO, a device,
             a link to one), ``force`` or not: a rename over it would replace the device node
             or the pipe itself; or a folder above ``path`` is a file.
+
+    ``name`` says the settings the user's way (``--force`` or ``force=True``).
     """
     path = Path(path)
     kind = not_a_file(path)
     if kind is not None:
         link = f" (a link to {os.readlink(path)})" if path.is_symlink() else ""
         raise ConfigError(f"{path}{link} is {kind}, not a regular file: autotune writes its "
-                          "outputs as files and replaces nothing else, also with --force; "
-                          "choose another path")
+                          f"outputs as files and replaces nothing else, also with "
+                          f"{name.given('force', True)}; choose another path")
     if path.exists() and not force:
-        raise OutputExistsError(path)
+        raise OutputExistsError(path, f"{path} already exists and was not overwritten: pass "
+                                f"{name.given('force', True)} to replace it, or choose "
+                                f"another {name('out')} folder")
     for folder in path.parents:  # the nearest one that exists must be a folder
         try:
             if stat.S_ISDIR(folder.stat().st_mode):
@@ -451,7 +460,7 @@ def check_output(path: Path, *, force: bool = False) -> None:
         except (OSError, ValueError):
             return  # unreadable: writing it says why
         raise ConfigError(f"cannot write {path}: {folder} is a file, not a folder; choose "
-                          "another --out folder, or move the file")
+                          f"another {name('out')} folder, or move the file")
 
 
 def write_json_atomic(path: Path, text: str | bytes, *, force: bool = False) -> None:
@@ -572,10 +581,41 @@ def _resolve_workload(config: TunedConfig, path: Path) -> TunedConfig:
     return replace(config, workload=replace(config.workload, target=f"{file}:{factory}"))
 
 
+READ_RULES: Final = {
+    ("schema",): f"files of schema {' and '.join(map(str, _READS_OLDER))} are read too (moved "
+                 f"to schema {SCHEMA_VERSION} on read)",
+    ("target_batch",): "micro_batch x accumulate_steps x world_size must equal target_batch",
+    ("nproc_per_node",): "world_size must be a multiple of nproc_per_node (nodes x ranks per "
+                         "node); above 1, knobs.strategy must not be none",
+    ("knobs",): "a knob value only the compiler applies ("
+                + ", ".join(f"{k.name} {v}" for k in KNOBS for v in k.compiled_only)
+                + ") needs knobs.compile_mode other than off",
+    ("memory", "usable_bytes"): "must not exceed memory.budget_bytes",
+    ("workload", "target"): "with workload.kind file: 'path/to/file.py:factory' (the factory "
+                            "a Python identifier)",
+}
+"""What the reader checks beyond each field's own type (``_from_schema_*``, ``_rules``), by
+the field it is said at: ``json_schema`` writes each as a ``$comment`` there (JSON Schema
+cannot state a product of fields)."""
+
+
 def json_schema() -> dict[str, Any]:
     """The JSON Schema of ``autotune.json`` (what ``autotune schema`` prints): generated from
-    the types ``read_tuned`` validates with, so their ranges, enums and patterns are its own."""
-    return _adapter().json_schema()
+    the types ``read_tuned`` validates with, so their ranges, enums and patterns are its own;
+    ``schema`` required as the reader requires it (``_check_schema_field``: it has a default
+    in the type, never in a file), and the rules between fields (``READ_RULES``) said
+    where they apply."""
+    schema = _adapter().json_schema()
+    schema["required"] = ["schema", *(f for f in schema["required"] if f != "schema")]
+    for path, rule in READ_RULES.items():
+        node = schema
+        for key in path[:-1]:  # the field's own node, not a definition others share
+            node = node["properties"][key]
+            node = schema["$defs"][node["$ref"].rsplit("/", 1)[1]] if "$ref" in node else node
+        node["properties"][path[-1]]["$comment"] = rule
+    schema["$comment"] = "What the reader checks beyond each field's type: " + "; ".join(
+        f"{'.'.join(path)}: {rule}" for path, rule in READ_RULES.items())
+    return schema
 
 
 def read_tuned(path: str | Path) -> TunedConfig:
@@ -637,8 +677,6 @@ def _adapter() -> TypeAdapter[TunedConfig]:
     return TypeAdapter(TunedConfig)
 
 
-_READS = (1, 2, SCHEMA_VERSION)
-"""Schema versions this autotune reads: its own, and 1 and 2 (moved into it on read)."""
 
 
 def _check_schema_field(path: Path, data: Any) -> int:

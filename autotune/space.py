@@ -16,6 +16,7 @@ from autotune.config import (
 from autotune.device import backend_for
 from autotune.errors import ConfigError
 from autotune.knobs import KNOBS, device_skip_reason, meaningful, parse_values
+from autotune.names import KEYWORDS, Names
 
 
 def divisors(n: int) -> tuple[int, ...]:
@@ -24,37 +25,41 @@ def divisors(n: int) -> tuple[int, ...]:
     return tuple(sorted(set(small + [n // d for d in small])))
 
 
-def per_device_batch(target_batch: int, world_size: int) -> int:
+def per_device_batch(target_batch: int, world_size: int, name: Names = KEYWORDS) -> int:
     """``target_batch / world_size``: the samples one device contributes per optimizer step.
+
+    Args:
+        name: how the user wrote the settings (``FLAGS`` on the command line).
 
     Raises:
         ConfigError: a non-positive target or world size, or a target that does not split
             evenly over the devices.
     """
-    _check_counts(target_batch, world_size)
+    _check_counts(target_batch, world_size, name)
     if target_batch % world_size:
         raise ConfigError(
-            f"--target-batch {target_batch} does not split evenly over --world-size {world_size}; "
-            f"use a multiple of {world_size}"
-        )
+            f"{name.given('target_batch', target_batch)} does not split evenly over "
+            f"{name.given('world_size', world_size)}; use a multiple of {world_size}")
     return target_batch // world_size
 
 
-def _check_counts(target_batch: int, world_size: int) -> None:
+def _check_counts(target_batch: int, world_size: int, name: Names) -> None:
     """Raises ConfigError when the target or the world is not positive, or over ``MAX_BATCH``
     (its divisors, and every other sum on it, then stay quick)."""
     problems = []
     if target_batch <= 0:
-        problems.append(f"--target-batch must be a positive number of samples, got {target_batch}")
+        problems.append(f"{name('target_batch')} must be a positive number of samples, got "
+                        f"{target_batch}")
     if world_size <= 0:
-        problems.append(f"--world-size must be at least 1, got {world_size}")
-    problems += filter(None, (batch_limit_problem("--target-batch", target_batch),
-                              batch_limit_problem("--world-size", world_size, "devices")))
+        problems.append(f"{name('world_size')} must be at least 1, got {world_size}")
+    problems += filter(None, (batch_limit_problem(name("target_batch"), target_batch),
+                              batch_limit_problem(name("world_size"), world_size, "devices")))
     if problems:
         raise ConfigError("; ".join(problems))
 
 
-def exact_target(target_batch: int, world_size: int, allow_inexact: bool = False) -> int:
+def exact_target(target_batch: int, world_size: int, allow_inexact: bool = False,
+                 name: Names = KEYWORDS) -> int:
     """The effective batch to tune for: the target, or with ``allow_inexact`` the nearest
     multiple of the world size when the target does not split evenly over the devices.
 
@@ -62,18 +67,19 @@ def exact_target(target_batch: int, world_size: int, allow_inexact: bool = False
         ConfigError: bad numbers, or an uneven split without ``allow_inexact`` (the message
             names the nearest exact targets).
     """
-    _check_counts(target_batch, world_size)
+    _check_counts(target_batch, world_size, name)
     if target_batch % world_size:
         below = target_batch // world_size * world_size
         above = below + world_size
         if not allow_inexact:
             nearby = ", ".join(str(t) for t in (below, above) if t)
             raise ConfigError(
-                f"--target-batch {target_batch} does not split evenly over --world-size "
-                f"{world_size}: exact targets nearby are {nearby}; "
-                "use one, or pass --allow-inexact to tune the nearest and report the deviation")
+                f"{name.given('target_batch', target_batch)} does not split evenly over "
+                f"{name.given('world_size', world_size)}: exact targets nearby are {nearby}; "
+                f"use one, or pass {name.given('allow_inexact', True)} to tune the nearest and "
+                "report the deviation")
         exact = below if below and target_batch - below <= above - target_batch else above
-        _check_counts(exact, world_size)
+        _check_counts(exact, world_size, name)
         return exact
     return target_batch
 
@@ -139,8 +145,8 @@ def memory_classes(
     return classes, tuple(skipped)
 
 
-def compiled_values(values: Mapping[str, tuple[str, ...]], classes: Sequence[Knobs]
-                    ) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
+def compiled_values(values: Mapping[str, tuple[str, ...]], classes: Sequence[Knobs],
+                    name: Names = KEYWORDS) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
     """The knob values without those that need a compiled mode where no class compiles (the
     space never holds them), and a note on each left out.
 
@@ -156,9 +162,9 @@ def compiled_values(values: Mapping[str, tuple[str, ...]], classes: Sequence[Kno
         gone = [v for v in values[knob.name] if v in knob.compiled_only]
         kept[knob.name] = tuple(v for v in values[knob.name] if v not in gone)
         if gone and not kept[knob.name]:
-            problems.append(f"{knob.option} {','.join(gone)}: needs a compiled mode, and "
-                            "--compile-modes compiles nothing here; add default to "
-                            "--compile-modes, or choose from "
+            problems.append(f"{name.given(knob.name, gone)}: needs a compiled mode, and "
+                            f"{name('compile_modes')} compiles nothing here; add default to "
+                            f"{name('compile_modes')}, or choose from "
                             f"{','.join(v for v in knob.values if v not in knob.compiled_only)}")
         notes += [f"{knob.name} {v} skipped: needs a compiled mode (none in the search)"
                   for v in gone]
@@ -185,7 +191,8 @@ def is_cuda_graph_mode(mode: str) -> bool:
     return mode in CUDA_GRAPH_MODES
 
 
-def knob_values(device: DeviceInfo, wanted: Mapping[str, Sequence[str] | None] | None = None
+def knob_values(device: DeviceInfo, wanted: Mapping[str, Sequence[str] | None] | None = None,
+                name: Names = KEYWORDS
                 ) -> tuple[dict[str, tuple[str, ...]], Knobs, tuple[str, ...]]:
     """The values of each knob beyond precision and compile mode that a search may try on
     ``device``, the setting its first stage runs them at, and notes on what was skipped.
@@ -193,6 +200,7 @@ def knob_values(device: DeviceInfo, wanted: Mapping[str, Sequence[str] | None] |
     Args:
         device: what the device runs (CUDA-only values are skipped elsewhere, said so).
         wanted: per knob name, the user's subset (None or missing: every value).
+        name: how the user wrote the settings (``FLAGS`` on the command line).
 
     Returns:
         (values per knob name, the base setting: each knob's default when allowed, else the
@@ -208,7 +216,7 @@ def knob_values(device: DeviceInfo, wanted: Mapping[str, Sequence[str] | None] |
     problems: list[str] = []
     for knob in KNOBS[2:]:
         try:
-            asked = parse_values(knob, wanted.get(knob.name))
+            asked = parse_values(knob, wanted.get(knob.name), name(knob.name))
         except ConfigError as exc:
             problems.append(str(exc))
             continue
@@ -220,8 +228,8 @@ def knob_values(device: DeviceInfo, wanted: Mapping[str, Sequence[str] | None] |
             else:
                 kept.append(value)
         if not kept:
-            problems.append(f"{knob.option} {','.join(asked or ())}: nothing runs on "
-                            f"{device.device}; leave the option out")
+            problems.append(f"{name.given(knob.name, asked or ())}: nothing runs on "
+                            f"{device.device}; leave it out")
             continue
         values[knob.name] = tuple(kept)
         base[knob.name] = knob.default if knob.default in kept else kept[0]

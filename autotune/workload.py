@@ -22,6 +22,7 @@ from torch import nn
 
 from autotune.config import WorkloadSpec, control_character, not_a_file
 from autotune.errors import ConfigError, WorkloadError
+from autotune.names import KEYWORDS, Names
 
 Batch = Any  # a tensor, a tuple/list of tensors, or a dict of tensors
 
@@ -232,32 +233,36 @@ def load_workload(spec: WorkloadSpec, device: str = "cpu") -> Workload:
     return workload
 
 
-def split_factory(target: str) -> tuple[Path, str]:
+def split_factory(target: str, name: Names = KEYWORDS) -> tuple[Path, str]:
     """Split ``path/to/file.py:factory`` and check the file exists.
+
+    Args:
+        target: the workload as given.
+        name: how the user wrote the setting (``--workload`` or ``workload=``).
 
     Raises:
         ConfigError: no ``:factory`` part, or the file does not exist.
     """
-    path_text, sep, name = target.rpartition(":")
-    if not sep or not path_text or not name.isidentifier():
+    given = name.given("workload", target)
+    path_text, sep, factory = target.rpartition(":")
+    if not sep or not path_text or not factory.isidentifier():
         raise ConfigError(
-            f"--workload {target!r} must look like path/to/file.py:factory "
+            f"{given} must look like path/to/file.py:factory "
             "(a Python file and the function in it that returns autotune.Workload)"
         )
     path = Path(path_text)
     if path.is_dir():
         raise ConfigError(
-            f"workload file {path_text!r} is a directory, not a Python file (from --workload "
-            f"{target!r}): name the .py file that defines {name}, e.g. {path_text}/model.py")
+            f"workload file {path_text!r} is a directory, not a Python file (from {given}): "
+            f"name the .py file that defines {factory}, e.g. {path_text}/model.py")
     kind = not_a_file(path)
     if kind is not None:
         raise ConfigError(
-            f"workload file {path_text!r} is {kind}, not a regular file (from --workload "
-            f"{target!r}): name the .py file that defines {name}")
+            f"workload file {path_text!r} is {kind}, not a regular file (from {given}): name "
+            f"the .py file that defines {factory}")
     if not path.is_file():
-        raise ConfigError(
-            f"workload file {path_text!r} does not exist (from --workload {target!r})")
-    return path, name
+        raise ConfigError(f"workload file {path_text!r} does not exist (from {given})")
+    return path, factory
 
 
 def _import_file(path: Path) -> Any:

@@ -130,7 +130,10 @@ def _table(schema: dict, fields: dict[str, str]) -> list[str]:
     required = set(schema.get("required", ()))
     lines = ["| field | type | required | limits | meaning |", "|---|---|---|---|---|"]
     for name, spec in schema.get("properties", {}).items():
-        meaning = (fields.get(name) or spec.get("description") or "").replace("|", "\\|")
+        meaning = " ".join(filter(None, (fields.get(name) or spec.get("description"),
+                                         spec.get("$comment") and
+                                         f"Also checked: {spec['$comment']}.")))
+        meaning = meaning.replace("|", "\\|")
         lines.append(f"| `{name}` | {_type(spec)} | {'yes' if name in required else 'no'} | "
                      f"{_limits(spec)} | {meaning} |")
     return lines

@@ -25,6 +25,8 @@ from autotune.codegen import SCRIPT_NAME, render_train_script
 from autotune.config import WorkloadSpec
 from autotune.errors import ConfigError
 from autotune.knobs import Knobs
+from autotune.names import FLAGS
+from autotune.schema import read_tuned
 from autotune.usage import Tuned
 from autotune.workload import (
     TinyGPT,
@@ -797,7 +799,8 @@ def test_hostile_workload_name_stays_text(tmp_path: Path, name: str) -> None:
     assert result.exit_code == 0, result.output
     source = (tmp_path / SCRIPT_NAME).read_text()
     tree = ast.parse(source)
-    assert f"\nWorkload: {name}\n" in ast.get_docstring(tree, clean=False)
+    stored = read_tuned(config).workload_name  # control characters are escaped on save
+    assert f"\nWorkload: {stored}\n" in ast.get_docstring(tree, clean=False)
     assert [type(node).__name__ for node in tree.body[:4]] == ["Expr", "Import", "Import",
                                                                 "Import"]
     run = subprocess.run([sys.executable, SCRIPT_NAME, "--help"], cwd=tmp_path,
@@ -877,7 +880,7 @@ def test_directory_as_workload_file_is_said(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         api.workload_spec(workload=f"{tmp_path}:workload")
     assert str(info.value).startswith(
-        f"workload file '{tmp_path}' is a directory, not a Python file (from --workload")
+        f"workload file '{tmp_path}' is a directory, not a Python file (from workload='")
 
 
 def test_a_fifo_as_workload_file_is_said_never_opened(tmp_path: Path) -> None:
@@ -885,10 +888,13 @@ def test_a_fifo_as_workload_file_is_said_never_opened(tmp_path: Path) -> None:
     fifo = tmp_path / "model.py"
     os.mkfifo(fifo)
     expected = (f"workload file '{fifo}' is a FIFO (named pipe), not a regular file (from "
-                f"--workload '{fifo}:workload'): name the .py file that defines workload")
+                f"--workload {fifo}:workload): name the .py file that defines workload")
     with pytest.raises(ConfigError) as info:
-        api.workload_spec(workload=f"{fifo}:workload")
+        api.workload_spec(workload=f"{fifo}:workload", name=FLAGS)
     assert str(info.value) == expected
+    with pytest.raises(ConfigError) as info:  # from Python: named as passed there
+        api.workload_spec(workload=f"{fifo}:workload")
+    assert f"(from workload='{fifo}:workload')" in str(info.value)
     result = CliRunner().invoke(app, ["probe", "--workload", f"{fifo}:workload",
                                       "--target-batch", "1", "--device", "cpu"])
     assert result.exit_code == 2 and expected in " ".join(result.output.split()), result.output

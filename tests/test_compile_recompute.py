@@ -31,6 +31,7 @@ from autotune.knobs import (
     skip_reason,
     training_arguments,
 )
+from autotune.names import FLAGS
 from autotune.schema import read_tuned
 from autotune.space import compiled_values, knob_values, memory_classes
 from autotune.trial import run_trial
@@ -250,7 +251,7 @@ def test_the_space_never_holds_a_budget_with_compile_off(modes: list[str],
     if modes == ["off"] and only_budget:
         with pytest.raises(ConfigError, match=r"--checkpointing budget-0\.5: needs a "
                                               r"compiled mode.*choose from off,blocks,alternate"):
-            compiled_values(values, classes)
+            compiled_values(values, classes, FLAGS)
         return
     kept, notes = compiled_values(values, classes)
     budgets = [v for v in kept["checkpointing"] if memory_budget(v) is not None]

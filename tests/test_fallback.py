@@ -275,8 +275,73 @@ def test_an_out_of_memory_error_in_the_update_is_not_retried() -> None:
 def test_a_batch_without_tensors_and_a_bad_limit_are_said() -> None:
     with pytest.raises(WorkloadError, match="a batch of type dict holds none"):
         fallback.batch_size({"text": ["a", "b"]})
-    with pytest.raises(ConfigError, match="max_oom_fallbacks must be at least 1, got 0"):
-        fallback.OomFallback(0)
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(ConfigError, match=re.escape(
+                f"max_oom_fallbacks must be a whole number of at least 1, got {bad!r}")):
+            fallback.OomFallback(bad)  # type: ignore[arg-type]
+
+
+def test_the_fallbacks_used_up_are_said_with_the_setting_that_goes_on() -> None:
+    """Issue 61: after N fallbacks in a row with smaller micro-batches still left, the error
+    blamed the memory ("does not fit; lower the target batch") where raising N would have
+    worked. It names the limit, the micro-batches left and the value that tries them all;
+    that value does."""
+    workload = grows_above(1)  # fits only at micro-batch 1: 6 -> 4 -> 3 -> 2 -> 1
+    tuned = Tuned(small(target_batch=PER_DEVICE, micro_batch=6, accumulate_steps=2))
+    model = TinyLM().double()
+    batches = split(samples(PER_DEVICE), 6)
+    with pytest.raises(OutOfMemoryFallbackError) as info:
+        tuned.train_step(model, GradRecorder(model), batches, workload, oom_fallback=True,
+                         max_oom_fallbacks=1)
+    message = str(info.value)
+    assert message.startswith("out of memory at micro-batch 4 (RuntimeError: ")
+    assert message.endswith(
+        "1 fallback in a row used up (max_oom_fallbacks=1) with smaller micro-batches left to "
+        "try (3, 2, 1): raise max_oom_fallbacks (max_oom_fallbacks=4 tries them all), or lower "
+        "the micro-batch you split the batch into"), message
+    assert "does not fit" not in message and "--oom-fallbacks" not in message
+    tuned.train_step(model, GradRecorder(model), batches, workload, oom_fallback=True,
+                     max_oom_fallbacks=4)
+    assert tuned.fallback is not None and tuned.fallback.micro_batch == 1
+
+
+def test_the_scripts_fallbacks_used_up_are_said_with_its_flag(script: ModuleType,
+                                                              monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    """The generated script says the same of its own flag, ``--oom-fallbacks``."""
+    workload = grows_above(1)
+    monkeypatch.setattr(script, "compute_loss", workload.compute_loss)
+    monkeypatch.setattr(script, "count_loss_items", causal_lm_label_count)
+    monkeypatch.setattr(script, "micro_batch", 6)
+    model = TinyLM().double()
+    batches = split(samples(PER_DEVICE), 6)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    with pytest.raises(SystemExit) as info:
+        script.OomFallback(1, "cpu", master=True).train_step(
+            model, GradRecorder(model), scaler, batches, torch.autocast("cpu", enabled=False))
+    message = str(info.value.code)
+    assert message.startswith("out of memory at micro-batch 4 (RuntimeError: ")
+    assert message.endswith(
+        "1 fallback in a row used up (--oom-fallbacks 1) with smaller micro-batches left to "
+        "try (3, 2, 1): raise --oom-fallbacks (--oom-fallbacks 4 tries them all), or lower "
+        "micro_batch at the top of this script"), message
+    enough = script.OomFallback(4, "cpu", master=False)
+    enough.train_step(model, GradRecorder(model), scaler, batches,
+                      torch.autocast("cpu", enabled=False))
+    assert enough.micro_batch == 1
+
+
+def test_the_script_refuses_a_negative_oom_fallbacks(script: ModuleType,
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 61: ``--oom-fallbacks -1`` ran without the fallback, where the library refuses a
+    limit under 1: refused by its argument parser (exit 2) before anything starts."""
+    monkeypatch.setattr(sys, "argv", ["train_autotuned.py", "--oom-fallbacks", "-1"])
+    monkeypatch.setattr(script, "build_model", lambda: pytest.fail("the run started"))
+    with pytest.raises(SystemExit) as info:
+        script.main()
+    assert info.value.code == 2
+    assert "--oom-fallbacks must be 0 (off) or more, got -1" in capsys.readouterr().err
 
 
 def test_the_fallback_refuses_fsdp_at_once() -> None:
@@ -367,7 +432,9 @@ def test_the_script_stops_after_its_fallbacks_in_a_row(tmp_path: Path) -> None:
     assert result.returncode == 1, result.stdout + result.stderr
     assert ("out of memory at micro-batch 2 (RuntimeError: [enforce fail at alloc_cpu.cpp"
             in result.stderr), result.stderr
-    assert "after 1 in a row: the step of 8 samples per device does not fit" in result.stderr
+    assert ("1 fallback in a row used up (--oom-fallbacks 1) with smaller micro-batches left to "
+            "try (1): raise --oom-fallbacks (--oom-fallbacks 2 tries them all)"
+            in " ".join(result.stderr.split())), result.stderr
     assert not (tmp_path / "ck.pt").exists()
 
 

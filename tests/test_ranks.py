@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from autotune import api
 from autotune.config import MIB, DeviceInfo, Knobs, TrialSpec, WorkloadSpec
 from autotune.errors import ConfigError
+from autotune.names import FLAGS
 from autotune.runner import merge_ranks, run_isolated
 from tests.conftest import workload_target
 from tests.test_cli import _invoke, _words
@@ -136,10 +137,11 @@ def test_any_failed_or_missing_rank_fails_the_job(ranks: list[tuple[str, int] | 
 # -- what a request of ranks may ask (no processes) --------------------------------------------
 
 def _validate(**fields: object):
+    """The request's validation, its messages naming the CLI's flags."""
     fields.setdefault("target_batch", 64)
     fields.setdefault("precisions", ["fp32"])
     fields.setdefault("compile_modes", ["off"])
-    return api.TuneRequest(**fields).validate(CPU)  # type: ignore[arg-type]
+    return api.TuneRequest(**fields).validate(CPU, FLAGS)  # type: ignore[arg-type]
 
 
 def test_ranks_default_to_ddp_and_the_world_to_the_ranks() -> None:

@@ -3,10 +3,12 @@ reader exactly when the printed JSON Schema allows it (ranges, enums, patterns, 
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,16 @@ from typer.testing import CliRunner
 from autotune.cli import app
 from autotune.config import to_json_dict
 from autotune.errors import ConfigError
-from autotune.schema import read_tuned
+from autotune.knobs import Knobs
+from autotune.schema import (
+    READ_RULES,
+    CompileArtifacts,
+    RunRecord,
+    SearchCost,
+    SkipRecord,
+    StudyRecord,
+    read_tuned,
+)
 from tests.tuned_configs import make_tuned
 
 CASES: dict[tuple[str | int, ...], list[Any]] = {
@@ -132,3 +143,112 @@ def test_the_reader_accepts_a_value_exactly_when_the_printed_schema_allows_it(
 def test_any_drawn_value_is_accepted_exactly_when_the_schema_allows_it(
         path: tuple[str | int, ...], value: Any) -> None:
     assert _reader_accepts(_document(path, value)) == _allows(_node(SCHEMA, path), value)
+
+
+# ----------------------------------------------------------------------------------------------
+# What the reader requires is what the printed schema requires (issue 61: `schema` was not).
+
+
+def _full_document() -> dict[str, Any]:
+    """A file this autotune writes, with every kind of object it can hold filled in."""
+    config = replace(
+        make_tuned(),
+        cost=SearchCost(num_runs=5, child_s=10.0, compile_s=2.0, timed_s=4.0),
+        study=StudyRecord(storage="sqlite:///autotune.db", name="autotune"),
+        runs=(RunRecord(number=0, kind="probe", knobs=Knobs(), micro_batch=16, status="ok"),),
+        skips=(SkipRecord(text="fp16 skipped: not supported on this device"),),
+        compile_artifacts=CompileArtifacts(file="autotune.artifacts", size_bytes=1,
+                                           sha256="0" * 64, torch_version="2.9.0",
+                                           device_name="cpu", graphs_key="0" * 16))
+    return to_json_dict(config)
+
+
+def _objects(value: Any, path: tuple[str | int, ...] = ()
+             ) -> list[tuple[tuple[str | int, ...], dict[str, Any]]]:
+    """Every JSON object in the document, with its path, whose schema names its fields (not
+    the maps: ``extras``, ``memory.max_micro_batch``, ...)."""
+    found = []
+    if isinstance(value, dict) and "properties" in _object_node(path):
+        found.append((path, value))
+        for key, item in value.items():
+            found += _objects(item, (*path, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found += _objects(item, (*path, i))
+    return found
+
+
+def _object_node(path: tuple[str | int, ...]) -> dict[str, Any]:
+    """The schema of the object at ``path``, through ``$ref``s and optional (``anyOf`` with
+    null) fields."""
+    node = SCHEMA
+    for key in path:
+        node = _deref(node)
+        node = next((_deref(n) for n in node.get("anyOf", ()) if _deref(n).get("type") != "null"),
+                    node)
+        if isinstance(key, int):
+            node = node.get("items", {})
+        else:
+            node = node.get("properties", {}).get(key, {})
+    node = _deref(node)
+    return next((_deref(n) for n in node.get("anyOf", ()) if "properties" in _deref(n)), node)
+
+
+def test_the_schema_requires_exactly_the_fields_the_reader_refuses_a_file_without() -> None:
+    """Each field of each object is left out once: the reader refuses the file exactly when
+    the printed schema lists the field as required there (no list here to drift)."""
+    full = _full_document()
+    assert _reader_accepts(full)
+    objects = _objects(full)
+    assert {path for path, _ in objects} >= {(), ("memory",), ("device",), ("knobs",),
+                                              ("workload",), ("trials", 0), ("runs", 0),
+                                              ("skips", 0), ("cost",), ("study",),
+                                              ("compile_artifacts",)}
+    for path, holder in objects:
+        required = _object_node(path).get("required", [])
+        for key in holder:
+            data = copy.deepcopy(full)
+            target = data
+            for step in path:
+                target = target[step]
+            del target[key]
+            assert (not _reader_accepts(data)) == (key in required), (path, key, required)
+
+
+def test_a_file_without_its_schema_field_is_refused_and_invalid_under_the_schema() -> None:
+    data = _full_document()
+    del data["schema"]
+    assert not _reader_accepts(data)
+    assert "schema" in SCHEMA["required"]
+
+
+@pytest.mark.parametrize(("path", "change", "problem"), [
+    (("target_batch",), {"accumulate_steps": 2}, "must equal target_batch"),
+    (("nproc_per_node",), {"world_size": 3, "nproc_per_node": 2, "target_batch": 96},
+     "world_size (3) must be a multiple of it"),
+    (("knobs",), {"knobs": {"checkpointing": "budget-0.5", "compile_mode": "off"}},
+     "needs a compiled mode"),
+    (("memory", "usable_bytes"), {"memory": {"usable_bytes": 2**40}},
+     "must not exceed memory.budget_bytes"),
+    (("workload", "target"), {"workload": {"kind": "file", "target": "model.py"}},
+     "a file workload must be 'path/to/file.py:factory'"),
+])
+def test_each_rule_between_fields_is_said_in_the_printed_schema_where_it_applies(
+        path: tuple[str, ...], change: dict[str, Any], problem: str, tmp_path: Path) -> None:
+    """The reader refuses a file that breaks a rule between fields (its types all fine); the
+    printed schema, which cannot express the rule, says it in a ``$comment`` at that field
+    and in its top-level ``$comment``."""
+    data = _full_document()
+    for key, value in change.items():
+        data[key] = {**data[key], **value} if isinstance(value, dict) else value
+    file = tmp_path / "autotune.json"
+    file.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=re.escape(problem)):
+        read_tuned(file)
+    holder = SCHEMA if len(path) == 1 else _object_node(path[:-1])
+    rule = holder["properties"][path[-1]]["$comment"]
+    assert rule == READ_RULES[path] and rule in SCHEMA["$comment"]
+    words = {"target_batch": "micro_batch x accumulate_steps x world_size",
+             "nproc_per_node": "multiple of nproc_per_node", "knobs": "compile_mode",
+             "usable_bytes": "budget_bytes", "target": "path/to/file.py:factory"}
+    assert words[path[-1]] in rule

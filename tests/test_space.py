@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from autotune.config import GIB, MAX_BATCH, DeviceInfo, Knobs
 from autotune.errors import ConfigError
+from autotune.names import FLAGS, KEYWORDS
 from autotune.space import (
     divisors,
     exact_target,
@@ -48,16 +49,22 @@ def test_per_device_batch() -> None:
     assert per_device_batch(64, 4) == 16
 
 
-@pytest.mark.parametrize(("target", "world", "says"), [
-    (0, 1, "--target-batch must be a positive number of samples, got 0"),
-    (-8, 1, "got -8"),
-    (8, 0, "--world-size must be at least 1, got 0"),
-    (10, 4, "--target-batch 10 does not split evenly over --world-size 4"),
+@pytest.mark.parametrize(("target", "world", "says", "from_python"), [
+    (0, 1, "--target-batch must be a positive number of samples, got 0",
+     "target_batch must be a positive number of samples, got 0"),
+    (-8, 1, "got -8", "got -8"),
+    (8, 0, "--world-size must be at least 1, got 0", "world_size must be at least 1, got 0"),
+    (10, 4, "--target-batch 10 does not split evenly over --world-size 4",
+     "target_batch=10 does not split evenly over world_size=4"),
 ])
-def test_per_device_batch_errors(target: int, world: int, says: str) -> None:
+def test_per_device_batch_errors(target: int, world: int, says: str, from_python: str) -> None:
+    """Each names the setting as the user wrote it: the CLI's flag, the API's keyword."""
     with pytest.raises(ConfigError) as info:
-        per_device_batch(target, world)
+        per_device_batch(target, world, FLAGS)
     assert says in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        per_device_batch(target, world, KEYWORDS)
+    assert from_python in str(info.value) and "--" not in str(info.value)
 
 
 def _labels(classes: tuple[Knobs, ...]) -> list[str]:
@@ -124,8 +131,10 @@ def test_exact_target_picks_the_nearest_multiple_only_when_allowed(
     assert exact_target(target, world, allow_inexact=True) == expected
     if target % world:
         with pytest.raises(ConfigError, match="--allow-inexact") as info:
-            exact_target(target, world)
+            exact_target(target, world, name=FLAGS)
         assert str(expected) in str(info.value)
+        with pytest.raises(ConfigError, match="pass allow_inexact=True to tune the nearest"):
+            exact_target(target, world)
     else:
         assert exact_target(target, world) == target
 
@@ -162,10 +171,10 @@ def test_the_largest_target_is_tuned_and_one_more_is_refused() -> None:
     with pytest.raises(ConfigError, match=(
             f"--target-batch {MAX_BATCH + 1} is over the limit of {MAX_BATCH} \\(2\\*\\*20\\) "
             f"samples per optimizer step autotune tunes for; use at most {MAX_BATCH}")):
-        per_device_batch(MAX_BATCH + 1, 1)
+        per_device_batch(MAX_BATCH + 1, 1, FLAGS)
     with pytest.raises(ConfigError, match="over the limit"):
         exact_target(MAX_BATCH, 7, allow_inexact=True)  # the nearest exact one is over it
-    with pytest.raises(ConfigError, match="--target-batch a number of 301 digits"):
+    with pytest.raises(ConfigError, match="target_batch a number of 301 digits"):
         per_device_batch(10**300, 1)
 
 

@@ -1,8 +1,9 @@
 """The pipeline, one function per user action: probe, search, load, estimate, check, codegen.
 
 The CLI and library users call these; everything below them is internal. Public modules:
-``request`` (what to tune: ``TuneRequest``), ``tune`` (probe, search), ``fit`` (estimate,
-check), ``deliver`` (load, the generated script, the written files). Importing this package
+``request`` (what to tune: ``TuneRequest``), ``settings`` (the one check of every setting's
+type, before anything starts), ``tune`` (probe, search), ``fit`` (estimate, check),
+``deliver`` (load, the generated script, the written files). Importing this package
 imports torch but not optuna: the search imports it when a search starts.
 """
 

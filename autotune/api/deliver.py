@@ -11,6 +11,7 @@ from typing import Any
 from autotune.api.request import workload_file_here, workload_spec
 from autotune.artifacts import artifacts_name
 from autotune.codegen import SCRIPT_NAME, render_train_script
+from autotune.config import WorkloadSpec
 from autotune.errors import AutotuneError, ConfigError, OutputExistsError
 from autotune.first_launch import Saved, save_compile_artifacts
 from autotune.report_html import render_html
@@ -89,14 +90,14 @@ def write_train_script(config: TunedConfig, path: str | Path, *, force: bool = F
     return path
 
 
-def codegen(config_path: str | Path, *, workload: str | None = None, out: str | Path = ".",
-            force: bool = False) -> Path:
+def codegen(config_path: str | Path, *, workload: str | WorkloadSpec | None = None,
+            out: str | Path = ".", force: bool = False) -> Path:
     """Write ``train_autotuned.py`` from an ``autotune.json`` (``autotune codegen``).
 
     Args:
         config_path: the ``autotune.json`` to read.
-        workload: ``path/to/file.py:factory`` to use instead of the one the file names (e.g.
-            when the script moved to another machine).
+        workload: ``path/to/file.py:factory`` (or its ``WorkloadSpec``) to use instead of the
+            one the file names (e.g. when the script moved to another machine).
         out: folder for the script.
         force: overwrite an existing script.
 
@@ -106,7 +107,8 @@ def codegen(config_path: str | Path, *, workload: str | None = None, out: str | 
     """
     config = read_tuned(config_path)
     if workload is not None:
-        config = replace(config, workload=workload_spec(workload=workload))
+        config = replace(config, workload=workload if isinstance(workload, WorkloadSpec) else
+                         workload_spec(workload=workload))
     workload_file_here(config.workload, config_path)
     return write_train_script(config, Path(out) / SCRIPT_NAME, force=force)
 

@@ -25,6 +25,7 @@ from autotune.errors import (
 from autotune.estimate import Calibration, EstimateReport, EstimateRequest, estimate_report
 from autotune.knobs import KNOBS, Knobs
 from autotune.memory import probe_spec
+from autotune.names import KEYWORDS, Names
 from autotune.runner import run_in_child, run_isolated
 from autotune.schema import (
     TunedConfig,
@@ -57,6 +58,7 @@ def estimate(
     any_micro_batch: bool = False,
     also_trace: tuple[int, ...] = (),
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    name: Names = KEYWORDS,
 ) -> EstimateReport:
     """Estimate one training step's memory and the largest micro-batch that fits.
 
@@ -87,6 +89,8 @@ def estimate(
             of any size that fits (``any_max_micro_batch``), apart from the target's divisors.
         also_trace: further micro-batches to trace (reported in ``traced``).
         timeout_s: for the child process that builds and traces the workload.
+        name: how the user wrote the settings, for the messages (``names.FLAGS`` on the
+            command line).
 
     Raises:
         ConfigError: bad settings. WorkloadError: the workload fails, hangs, exits or crashes
@@ -106,17 +110,17 @@ def estimate(
         try:
             kernels = kernels or backend_for(device or default_device()).kernels
         except ConfigError as exc:
-            problems.append(f"--device {device!r}: {str(exc).split(': ', 1)[-1]}")
+            problems.append(f"{name.given('device', device)}: {str(exc).split(': ', 1)[-1]}")
     if kernels not in ("cuda", "cpu"):
         problems.append(f"kernels {kernels!r} must be cuda or cpu")
     if micro_batch < 1:
         problems.append(f"micro-batch must be at least 1, got {micro_batch}")
     if world_size < 1:
         problems.append(f"world size must be at least 1, got {world_size}")
-    problems += filter(None, (batch_limit_problem("--micro-batch", micro_batch),
-                              batch_limit_problem("--world-size", world_size, "devices")))
+    problems += filter(None, (batch_limit_problem(name("micro_batch"), micro_batch),
+                              batch_limit_problem(name("world_size"), world_size, "devices")))
     if target_batch is not None:
-        problems += filter(None, (batch_limit_problem("--target-batch", target_batch),))
+        problems += filter(None, (batch_limit_problem(name("target_batch"), target_batch),))
     if not 0 <= headroom < 1:
         problems.append(f"headroom must be a fraction in [0, 1) such as 0.1, got {headroom}")
     if timeout_s <= 0:
@@ -126,7 +130,7 @@ def estimate(
     total = device_memory if isinstance(device_memory, int) else parse_bytes(device_memory)
     candidates = None
     if target_batch is not None:
-        candidates = divisors(per_device_batch(target_batch, world_size))
+        candidates = divisors(per_device_batch(target_batch, world_size, name))
     if knobs is None:
         knobs = Knobs(precision=precision or "fp32")  # type: ignore[arg-type]
     request = EstimateRequest(

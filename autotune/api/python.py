@@ -13,9 +13,11 @@ from typing import Any, Literal
 
 from autotune import report
 from autotune.api.request import TuneRequest, workload_spec
+from autotune.api.settings import check_settings
 from autotune.api.tune import search as run_pipeline
 from autotune.config import Knobs, ProbeStep, WorkloadSpec
 from autotune.errors import ConfigError
+from autotune.names import KEYWORDS
 from autotune.schema import TrialRecord
 from autotune.search import Candidate, SearchSettings
 from autotune.usage import Tuned
@@ -101,19 +103,18 @@ def search(
         NoFeasibleConfigError: nothing fits the memory budget.
         Interrupted: Ctrl-C or SIGTERM (the best so far written to ``out`` first).
     """
-    settings = settings or SearchSettings()
-    if time_budget_s is not None:
-        if not time_budget_s > 0:
-            raise ConfigError(f"time_budget_s must be a positive number of seconds, got "
-                              f"{time_budget_s!r}")
-        settings = replace(settings, time_budget_s=float(time_budget_s))
-    if max_trials is not None:
-        if not isinstance(max_trials, int) or max_trials < 1:
-            raise ConfigError(f"max_trials must be a whole number of at least 1, got "
-                              f"{max_trials!r}")
-        settings = replace(settings, max_trials=max_trials)
+    limits = {k: v for k, v in (("time_budget_s", time_budget_s), ("max_trials", max_trials))
+              if v is not None}  # None: the settings' own
+    check_settings(  # before anything starts, every problem at once, named as passed here
+        KEYWORDS, settings if isinstance(settings, SearchSettings) else None,
+        request_fields={} if isinstance(workload, TuneRequest) else fields,
+        **({} if workload is None or isinstance(workload, (str, TuneRequest)) else
+           {"workload": workload}),
+        target_batch=target_batch, model=model, seq_len=seq_len, out=out, force=force,
+        progress=progress, settings=settings, **limits)
+    settings = replace(settings or SearchSettings(), **limits)
     request = _request(workload, target_batch, model, seq_len, fields)
-    result = run_pipeline(request, out=out, force=force, settings=settings,
+    result = run_pipeline(request, out=out, force=force, settings=settings, name=KEYWORDS,
                           **_callbacks(progress))
     return Tuned(result.config)
 
@@ -125,19 +126,9 @@ def _request(workload: str | WorkloadSpec | TuneRequest | None, target_batch: in
             raise ConfigError("give a TuneRequest or its fields (model, seq_len, device, ...), "
                               f"not both (got {sorted(fields) + (['model'] if model else [])})")
         return workload
-    if isinstance(workload, WorkloadSpec):
-        spec = workload
-    elif workload is None or isinstance(workload, str):
-        spec = workload_spec(workload=workload, model=model, seq_len=seq_len)
-    else:
-        raise ConfigError(
-            f"workload must be 'file.py:factory', a WorkloadSpec or a TuneRequest, got a "
-            f"{type(workload).__name__}: the search runs it in child processes, which import "
-            "it by file and factory name (put the factory in a file)")
-    try:
-        return TuneRequest(workload=spec, target_batch=target_batch, **fields)
-    except TypeError as exc:
-        raise ConfigError(f"not a search setting: {exc}") from None
+    spec = workload if isinstance(workload, WorkloadSpec) else workload_spec(
+        workload=workload, model=model, seq_len=seq_len, name=KEYWORDS)
+    return TuneRequest(workload=spec, target_batch=target_batch, **fields)
 
 
 def _callbacks(progress: OnProgress | None) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.api.settings import check_settings
 from autotune.child import start_method
 from autotune.config import (
     DeviceInfo,
@@ -21,47 +22,53 @@ from autotune.device import backend_for
 from autotune.errors import ConfigError
 from autotune.knobs import KNOB
 from autotune.lengths import check_lengths, read_lengths
+from autotune.names import KEYWORDS, Names
 from autotune.space import compiled_values, exact_target, knob_values, memory_classes
 from autotune.workload import split_factory
 
 
 def workload_spec(*, workload: str | None = None, model: str | None = None,
                   seq_len: int | None = None, pretrained: bool = False,
-                  lengths: str | Path | None = None) -> WorkloadSpec:
+                  lengths: str | Path | None = None, name: Names = KEYWORDS) -> WorkloadSpec:
     """Name a workload the CLI way: nothing (the default), ``--model`` or ``--workload``.
+
+    Args:
+        name: how the user wrote the settings (``FLAGS`` on the command line).
 
     Raises:
         ConfigError: both given, a bad ``file.py:factory``, a missing file, a bad seq len,
             or a bad ``--lengths`` file (``lengths.read_lengths``) or one without ``--model``.
     """
-    for flag, value, form in (("--workload", workload, "a FILE.py:FACTORY"),
-                              ("--model", model, "a model id")):
+    for setting, value, form in (("workload", workload, "a FILE.py:FACTORY"),
+                                 ("model", model, "a model id")):
         if value is not None and not value.strip():
-            raise ConfigError(f"{flag} is empty (got {value!r}): name {form}, or leave it out "
-                              "to tune the built-in workload")
+            raise ConfigError(f"{name(setting)} is empty (got {value!r}): name {form}, or leave "
+                              "it out to tune the built-in workload")
         if value is not None and (bad := control_character(value)) is not None:
-            raise ConfigError(f"{flag} {value!r} holds the control character {bad}: it is "
-                              "stored in autotune.json, whose text is one line; name "
+            raise ConfigError(f"{name(setting)} {value!r} holds the control character {bad}: "
+                              "it is stored in autotune.json, whose text is one line; name "
                               f"{form} without control characters (line breaks, tabs)")
     if workload and model:
-        raise ConfigError("give either --workload FILE.py:FACTORY or --model NAME, not both")
+        raise ConfigError(f"give either {name.given('workload', 'FILE.py:FACTORY')} or "
+                          f"{name.given('model', 'NAME')}, not both")
     if seq_len is not None and seq_len <= 0:
-        raise ConfigError(f"--seq-len must be a positive number of tokens, got {seq_len}")
+        raise ConfigError(f"{name('seq_len')} must be a positive number of tokens, got {seq_len}")
     if lengths is not None and not model:
-        raise ConfigError(f"--lengths {lengths} applies to --model; a --workload declares its "
-                          "lengths itself (autotune.Workload(lengths=...)), and the built-in "
-                          "workload has a fixed shape")
+        raise ConfigError(f"{name.given('lengths', str(lengths))} applies to {name('model')}; a "
+                          f"{name('workload')} declares its lengths itself (autotune.Workload("
+                          "lengths=...)), and the built-in workload has a fixed shape")
     if workload:
-        path, factory = split_factory(workload)
+        path, factory = split_factory(workload, name)
         # Absolute, so autotune.json works from any folder (check, codegen, load).
         return WorkloadSpec(kind="file", target=f"{path.resolve()}:{factory}")
     if model:
         found = None if lengths is None else check_lengths(
-            read_lengths(lengths), f"--lengths {lengths}", seq_len)
+            read_lengths(lengths), name.given("lengths", str(lengths)), seq_len)
         return WorkloadSpec(kind="hf", target=model, seq_len=seq_len, pretrained=pretrained,
                             lengths=found)
     if seq_len is not None:
-        raise ConfigError("--seq-len applies to --model; the default workload has a fixed shape")
+        raise ConfigError(f"{name('seq_len')} applies to {name('model')}; the default workload "
+                          "has a fixed shape")
     return WorkloadSpec()
 
 
@@ -97,16 +104,19 @@ class Budget:
 
 
 def resolve_budget(device: DeviceInfo, memory_budget: str | int | None,
-                   headroom: float) -> Budget:
+                   headroom: float, name: Names = KEYWORDS) -> Budget:
     """The budget: the user's (``2GiB``, ``80%``) or what the device has free.
+
+    Args:
+        name: how the user wrote the settings (``FLAGS`` on the command line).
 
     Raises:
         ConfigError: an unparsable budget, a headroom outside [0, 1), or a budget larger than
             the device.
     """
     if not 0 <= headroom < 1:
-        raise ConfigError(
-            f"--headroom must be a fraction in [0, 1) such as 0.1 for 10%, got {headroom}")
+        raise ConfigError(f"{name('headroom')} must be a fraction in [0, 1) such as 0.1 for "
+                          f"10%, got {headroom}")
     if memory_budget is None:
         budget = device.available_memory_bytes
     elif isinstance(memory_budget, int):
@@ -115,7 +125,7 @@ def resolve_budget(device: DeviceInfo, memory_budget: str | int | None,
         budget = parse_budget(memory_budget, device.total_memory_bytes)
     if budget > device.total_memory_bytes:
         raise ConfigError(
-            f"--memory-budget {memory_budget} ({format_bytes(budget)}) is more than "
+            f"{name.given('memory_budget', memory_budget)} ({format_bytes(budget)}) is more than "
             f"{device.device} has ({format_bytes(device.total_memory_bytes)})")
     return Budget(budget_bytes=budget, usable_bytes=int(budget * (1 - headroom)),
                   headroom=headroom)
@@ -153,7 +163,7 @@ class TuneRequest:
                 self.nproc_per_node > 1):
             object.__setattr__(self, "world_size", self.nproc_per_node)
 
-    def _job(self, device: DeviceInfo) -> dict[str, Sequence[str] | None]:
+    def _job(self, device: DeviceInfo, name: Names) -> dict[str, Sequence[str] | None]:
         """The knob values with the strategy's settled: ``none`` for one process, DDP's
         values when ranks are asked for without a strategy.
 
@@ -163,37 +173,38 @@ class TuneRequest:
         """
         values = dict(self.knob_values)
         ranks, problems = self.nproc_per_node, []
-        if not isinstance(ranks, int) or ranks < 1:
-            raise ConfigError(f"--nproc-per-node must be a whole number of at least 1, got "
-                              f"{ranks!r}")
+        if ranks < 1:
+            raise ConfigError(f"{name('nproc_per_node')} must be a whole number of at least 1, "
+                              f"got {ranks!r}")
         most = backend_for(device.device).max_ranks()
         if ranks > most:
             problems.append(
-                f"--nproc-per-node {ranks} is more than this machine runs: "
+                f"{name.given('nproc_per_node', ranks)} is more than this machine runs: "
                 + (f"{most} CUDA device(s)" if device.is_cuda else
                    f"{most} CPU core(s) (a CPU rank needs a core of its own, or its timings "
-                   "are another rank's)") + f"; use at most {most}, and --world-size for the "
-                "whole job on several nodes")
+                   "are another rank's)") + f"; use at most {most}, and {name('world_size')} "
+                "for the whole job on several nodes")
         if self.world_size % ranks:
             problems.append(
-                f"--world-size {self.world_size} is not a multiple of --nproc-per-node {ranks}: "
-                "the world is nodes x ranks per node")
+                f"{name.given('world_size', self.world_size)} is not a multiple of "
+                f"{name.given('nproc_per_node', ranks)}: the world is nodes x ranks per node")
         strategy = values.get("strategy")
         if strategy is None:
             values["strategy"] = ["none"] if ranks == 1 else ["ddp"]
         elif ranks > 1 and "none" in strategy:
             problems.append(
-                f"--strategy {','.join(strategy)} with --nproc-per-node {ranks}: ranks need a "
-                "strategy to share the work; use --strategy ddp or fsdp (or both)")
+                f"{name.given('strategy', strategy)} with {name.given('nproc_per_node', ranks)}: "
+                f"ranks need a strategy to share the work; use {name.given('strategy', ['ddp'])}"
+                " or fsdp (or both)")
         elif "none" in strategy and len(strategy) > 1:
             problems.append(
-                f"--strategy {','.join(strategy)}: none is one process, the others a job of "
+                f"{name.given('strategy', strategy)}: none is one process, the others a job of "
                 "ranks; give none alone, or ddp/fsdp")
         if problems:
             raise ConfigError("; ".join(problems))
         return values
 
-    def _shapes_apply(self) -> None:
+    def _shapes_apply(self, name: Names) -> None:
         """Refuse shape policies other than ``max`` for a workload known here to declare no
         lengths (the built-in one; ``--model`` without ``--lengths``): each would time the
         very batches ``max`` times. A ``--workload`` declares its lengths in its own code,
@@ -206,23 +217,31 @@ class TuneRequest:
         spec = self.workload
         if spec.kind == "file" or spec.lengths or all(v == "max" for v in asked):
             return
-        said = f"--shapes {','.join(asked)}"
+        said = name.given("shapes", asked)
         beyond = ",".join(v for v in asked if v != "max")
         if spec.kind == "default":
             raise ConfigError(
                 f"{said}: the built-in workload declares no lengths (every batch has one "
                 f"shape), so {beyond} would time the same batches as max; shapes other than "
-                "max need declared lengths: --model NAME --lengths FILE, or a --workload whose "
-                "Workload(lengths=...) declares them; or leave --shapes out")
+                f"max need declared lengths: {name.given('model', 'NAME')} "
+                f"{name.given('lengths', 'FILE')}, or a {name('workload')} whose "
+                f"Workload(lengths=...) declares them; or leave {name('shapes')} out")
         raise ConfigError(
-            f"{said}: --model {spec.target} declares no lengths without --lengths FILE (every "
-            f"batch is --seq-len tokens long), so {beyond} would time the same batches as max; "
-            "shapes other than max need declared lengths: add --lengths FILE (one integer a "
-            "line, or a JSON list), or leave --shapes out")
+            f"{said}: {name.given('model', spec.target)} declares no lengths without "
+            f"{name.given('lengths', 'FILE')} (every batch is {name('seq_len')} tokens long), "
+            f"so {beyond} would time the same batches as max; shapes other than max need "
+            f"declared lengths: add {name.given('lengths', 'FILE')} (one integer a line, or a "
+            f"JSON list), or leave {name('shapes')} out")
 
-    def validate(self, device: DeviceInfo) -> tuple[int, Budget, tuple[Knobs, ...],
-                                                    dict[str, tuple[str, ...]], tuple[str, ...]]:
-        """Check every field against the device; all problems are reported together.
+    def validate(self, device: DeviceInfo, name: Names = KEYWORDS
+                 ) -> tuple[int, Budget, tuple[Knobs, ...], dict[str, tuple[str, ...]],
+                            tuple[str, ...]]:
+        """Check every field's value against the device; all problems are reported together
+        (their types first: ``check_settings``).
+
+        Args:
+            device: the device the request is for.
+            name: how the user wrote the settings (``FLAGS`` on the command line).
 
         Returns:
             (the exact target batch, the budget, the (precision, compile mode) settings, the
@@ -231,13 +250,14 @@ class TuneRequest:
         Raises:
             ConfigError: each problem, with the value seen and what to do.
         """
+        check_settings(name, self)  # a value of the wrong type is not judged further
         problems: list[str] = []
         results: list[Any] = []
         for check in (
-            lambda: exact_target(self.target_batch, self.world_size, self.allow_inexact),
-            lambda: resolve_budget(device, self.memory_budget, self.headroom),
-            lambda: knob_values(device, self._job(device)),
-            self._shapes_apply,
+            lambda: exact_target(self.target_batch, self.world_size, self.allow_inexact, name),
+            lambda: resolve_budget(device, self.memory_budget, self.headroom, name),
+            lambda: knob_values(device, self._job(device, name), name),
+            lambda: self._shapes_apply(name),
         ):
             try:
                 results.append(check())
@@ -259,5 +279,5 @@ class TuneRequest:
         if problems:
             raise ConfigError("; ".join(problems))
         values, _, notes = extra
-        values, eager_notes = compiled_values(values, classes)  # budget-F: compiled only
+        values, eager_notes = compiled_values(values, classes, name)  # budget-F: compiled only
         return target, budget, classes, values, (*skipped, *notes, *eager_notes)

@@ -12,6 +12,7 @@ from typing import Any
 from autotune.api.deliver import with_compile_artifacts, write_outputs
 from autotune.api.fit import estimate
 from autotune.api.request import Budget, TuneRequest
+from autotune.api.settings import check_settings
 from autotune.artifacts import artifacts_name
 from autotune.config import (
     DeviceInfo,
@@ -34,6 +35,7 @@ from autotune.errors import (
 )
 from autotune.knobs import BASELINE, KNOBS, device_skip_reason, job_baseline
 from autotune.memory import OnStep, hint_for, probe_memory, probe_spec
+from autotune.names import KEYWORDS, Names
 from autotune.runner import allocator_notes, run_isolated
 from autotune.schema import (
     SearchResult,
@@ -63,6 +65,7 @@ def probe(
     timeout_s: float = 900.0,
     on_step: OnStep | None = None,
     include_baseline: bool = False,
+    name: Names = KEYWORDS,
     **fields: Any,
 ) -> ProbeReport:
     """Probe the largest micro-batch that fits for each (precision, compile mode) setting.
@@ -73,15 +76,18 @@ def probe(
         timeout_s: per child process.
         on_step: progress callback after each probe.
         include_baseline: also probe fp32 eager (the search's baseline) when restricted out.
+        name: how the user wrote the settings, for the messages (``names.FLAGS`` on the
+            command line).
         **fields: ``TuneRequest`` fields when ``request`` is not one.
 
     Raises:
         ConfigError: bad settings (all reported at once). WorkloadError: the workload fails.
         NoFeasibleConfigError: not even the smallest micro-batch fits in any setting.
     """
-    request = as_request(request, fields)
+    request = as_request(request, fields, name, timeout_s=timeout_s, on_step=on_step,
+                         include_baseline=include_baseline)
     info = describe_device(request.device)
-    plan, classes, budget, values = _plan(request, info, include_baseline)
+    plan, classes, budget, values = _plan(request, info, include_baseline, name)
     # Each strategy asked for is a job of its own: probe every one (DDP's and FSDP's largest
     # micro-batch side by side).
     classes = tuple(dict.fromkeys(c.with_(strategy=s) for c in classes
@@ -96,34 +102,42 @@ def probe(
             ranks=plan.nproc_per_node))
         if _broken_eager(probes[-1]):  # broken under every other setting too: say so now
             raise _nothing_fits(plan.workload, info, budget, probes[-1], timeout_s,
-                                ranks=plan.nproc_per_node)
+                                ranks=plan.nproc_per_node, name=name)
     if not any(p.max_micro_batch for p in probes):
         raise _nothing_fits(plan.workload, info, budget, probes[0], timeout_s,
-                            ranks=plan.nproc_per_node)
+                            ranks=plan.nproc_per_node, name=name)
     return replace(plan, probes=tuple(probes))
 
 
-def as_request(request: TuneRequest | WorkloadSpec | None, fields: dict[str, Any]) -> TuneRequest:
-    """A ``TuneRequest``: the one given, or one made of a workload spec and keyword fields.
+def as_request(request: TuneRequest | WorkloadSpec | None, fields: dict[str, Any],
+               name: Names = KEYWORDS, **settings: Any) -> TuneRequest:
+    """A ``TuneRequest``: the one given, or one made of a workload spec and keyword fields;
+    checked with the other ``settings`` first (``check_settings``: before anything starts,
+    every problem at once).
 
     Raises:
-        ConfigError: fields given beside a request, or a field that is not one.
+        ConfigError: a setting of the wrong type or out of range, a field that is none, or
+            fields given beside a request.
     """
-    if isinstance(request, TuneRequest):
+    given = isinstance(request, TuneRequest)
+    search = settings.pop("settings", None)
+    check_settings(name, request if given else None,
+                   search if isinstance(search, SearchSettings) else None,
+                   request_fields=fields, **settings,
+                   **({"settings": search} if search is not None else {}),
+                   **({} if given else {"workload": request or WorkloadSpec()}))
+    if given:
         if fields:
             raise ConfigError(f"give a TuneRequest or its fields, not both ({sorted(fields)})")
         return request
-    try:
-        return TuneRequest(workload=request or WorkloadSpec(), **fields)
-    except TypeError as exc:
-        raise ConfigError(f"not a TuneRequest field: {exc}") from None
+    return TuneRequest(workload=request or WorkloadSpec(), **fields)
 
 
-def _plan(request: TuneRequest, info: DeviceInfo, include_baseline: bool
+def _plan(request: TuneRequest, info: DeviceInfo, include_baseline: bool, name: Names
           ) -> tuple[ProbeReport, tuple[Knobs, ...], Budget, dict[str, tuple[str, ...]]]:
     """What to probe: the report without probes, the settings in order, the budget, and the
     further knobs' values."""
-    target_batch, budget, classes, values, skipped = request.validate(info)
+    target_batch, budget, classes, values, skipped = request.validate(info, name)
     baseline = job_baseline(values["strategy"][0])
     if include_baseline and baseline not in classes:
         classes = (baseline, *classes)
@@ -142,7 +156,7 @@ def _nothing_fits(workload: WorkloadSpec, info: DeviceInfo, budget: Budget,
                   first: MemoryProbe, timeout_s: float | None,
                   results: dict[str, TrialResult] | None = None,
                   scope: str = "with any precision or compile mode tried",
-                  ranks: int = 1) -> AutotuneError:
+                  ranks: int = 1, name: Names = KEYWORDS) -> AutotuneError:
     """Why not even the smallest micro-batch fits: a memory verdict (exit 1) with what the
     budget would have to be, or the workload's own failure (exit 2) when that is the cause."""
     smallest = first.candidates[0]
@@ -156,7 +170,8 @@ def _nothing_fits(workload: WorkloadSpec, info: DeviceInfo, budget: Budget,
             f"{timed.num_optimizer_steps} optimizer steps: {leak}. A larger budget only "
             "delays it: fix the workload")  # type: ignore[union-attr]
     if step is not None and step.status in BROKEN:
-        return error_for_status(step.status, _broken(smallest, label, step.status, step.message))
+        return error_for_status(step.status, _broken(smallest, label, step.status, step.message,
+                                                     name=name))
     if timeout_s is None:
         return NoFeasibleConfigError(
             f"micro-batch {smallest} does not fit in {format_bytes(budget.usable_bytes)} "
@@ -168,7 +183,8 @@ def _nothing_fits(workload: WorkloadSpec, info: DeviceInfo, budget: Budget,
         # It fails without the cap too (a crash under the cap can be the cap's doing: a
         # stack that cannot grow is a SIGSEGV): the workload is broken.
         return error_for_status(result.status, _broken(
-            smallest, label, result.status, result.message, " (also without the memory cap)"))
+            smallest, label, result.status, result.message, " (also without the memory cap)",
+            name))
     if result.ok and result.peak_bytes is not None:
         need = (f"it needs {format_bytes(result.peak_bytes)} at its peak "
                 f"({label}), so the budget would have to be at least "
@@ -180,9 +196,9 @@ def _nothing_fits(workload: WorkloadSpec, info: DeviceInfo, budget: Budget,
     return NoFeasibleConfigError(
         f"micro-batch {smallest} does not fit in {format_bytes(budget.usable_bytes)} usable "
         f"(budget {format_bytes(budget.budget_bytes)} minus {budget.headroom:.0%} headroom) "
-        f"{scope}: {need}. Try a larger --memory-budget, "
-        f"--precisions bf16 (halves activations), {_freeing(info)} (if it was left out), "
-        "or a shorter --seq-len."
+        f"{scope}: {need}. Try a larger {name('memory_budget')}, "
+        f"{name.given('precisions', ['bf16'])} (halves activations), {_freeing(info, name)} "
+        f"(if it was left out), or a shorter {name('seq_len')}."
     )
 
 
@@ -193,20 +209,22 @@ def _broken_eager(probe: MemoryProbe) -> bool:
         s.status in BROKEN and s.micro_batch == probe.candidates[0] for s in probe.steps)
 
 
-def _freeing(info: DeviceInfo) -> str:
-    """The knob values that free memory on this device, as options: what to try next."""
-    return " or ".join(f"{k.option} {value}" for k in KNOBS for value in k.frees_memory[:1]
+def _freeing(info: DeviceInfo, name: Names) -> str:
+    """The knob values that free memory on this device, as settings: what to try next."""
+    return " or ".join(name.given(k.name, [value]) for k in KNOBS
+                       for value in k.frees_memory[:1]
                        if device_skip_reason(k, value, info.is_cuda) is None)
 
 
-def _broken(micro_batch: int, label: str, status: str, message: str, where: str = "") -> str:
+def _broken(micro_batch: int, label: str, status: str, message: str, where: str = "",
+            name: Names = KEYWORDS) -> str:
     what = {"non_finite": "its loss is not finite", "timeout": "it hung (no result in time)",
             "crash": "its process died", "compile_error": "torch.compile failed",
             "error": "it raised an error", "workload_error": "the workload raised an error"}
     return (f"the workload is broken, not too big: at micro-batch {micro_batch} ({label}){where} "
             f"{what.get(status, status)} [{status}]: {message.strip() or 'no message'}. "
-            "No memory budget changes that: fix the workload (or raise --trial-timeout if it "
-            "is only slow)")
+            f"No memory budget changes that: fix the workload (or raise {name('timeout_s')} if "
+            "it is only slow)")
 
 
 def env(device: str | None = None) -> DeviceInfo:
@@ -223,6 +241,7 @@ def search(
     settings: SearchSettings | None = None,
     on_step: OnStep | None = None,
     on_trial: OnTrial | None = None,
+    name: Names = KEYWORDS,
     **fields: Any,
 ) -> SearchResult:
     """Probe memory per setting, time candidates (baseline first), screen the further knobs
@@ -237,6 +256,8 @@ def search(
         settings: trial counts, time budget, objective, Optuna storage.
         on_step: progress after each memory probe.
         on_trial: progress before and after each timed trial.
+        name: how the user wrote the settings, for the messages (``names.FLAGS`` on the
+            command line).
         **fields: ``TuneRequest`` fields when ``request`` is not one.
 
     Raises:
@@ -244,19 +265,20 @@ def search(
         WorkloadError: the workload fails.
         NoFeasibleConfigError: nothing fits, or no candidate ran.
     """
-    request = as_request(request, fields)
+    request = as_request(request, fields, name, settings=settings, out=out, force=force,
+                         on_step=on_step, on_trial=on_trial)
     settings = settings or SearchSettings()
     started = time.monotonic()
     path = Path(out) / "autotune.json" if out is not None else None
     script = Path(out) / "train_autotuned.py" if out is not None else None
     info = describe_device(request.device)
     precisions, not_timed = timed_precisions(info, request.precisions)
-    plan, classes, budget, values = _plan(replace(request, precisions=precisions), info, True)
+    plan, classes, budget, values = _plan(replace(request, precisions=precisions), info, True,
+                                          name)
     if path is not None and script is not None:  # after the request's own problems, all said
-        _check_writable(path, force)
-        _check_writable(script, force)
-        _check_writable(path.with_suffix(".html"), force)  # the report beside it
-        _check_writable(path.with_name(artifacts_name(path)), force)  # compiled artifacts
+        for output in (path, script, path.with_suffix(".html"),  # the report beside it
+                       path.with_name(artifacts_name(path))):  # compiled artifacts
+            _check_writable(output, force, name)
     # From here a signal ends a stage (the first one) or waits for the writes: once a run is
     # timed there is a result, and no Ctrl-C or SIGTERM may cost it (autotune.signals).
     with guarded() as guard:
@@ -269,13 +291,13 @@ def search(
             if outcome.interrupted:  # a limit, not a memory verdict
                 raise ConfigError(
                     f"{outcome.stop_reason.split(':')[0]} before fp32 eager (the baseline) was "
-                    "measured: nothing to compare with; allow more --time-budget or "
-                    "--max-trials")
+                    f"measured: nothing to compare with; allow more {name('time_budget_s')} or "
+                    f"{name('max_trials')}")
             with guard.armed():  # it may run one more child: nothing to keep if stopped
                 raise _nothing_fits(plan.workload, info, budget, outcome.probes[0],
                                     _time_left(settings, started), outcome.results,
                                     scope="in fp32 eager (the baseline, measured first)",
-                                    ranks=plan.nproc_per_node)
+                                    ranks=plan.nproc_per_node, name=name)
         config, stop_reason = _finish(report, outcome, settings, started, guard)
         if path is not None and script is not None:  # both checked before the search began
             runs_left = settings.max_trials - outcome.num_runs - len(config.memory.calibration)
@@ -393,10 +415,11 @@ def _calibrate(report: ProbeReport, config: TunedConfig, timeout_s: float, runs_
     return calibration, notes
 
 
-def _check_writable(path: Path, force: bool) -> None:
-    check_output(path, force=force)  # what writing it would refuse, said before the search
+def _check_writable(path: Path, force: bool, name: Names) -> None:
+    check_output(path, force=force, name=name)  # what writing it refuses, said before the search
     folder = path.parent
     existing = folder if folder.exists() else next(
         (p for p in folder.parents if p.exists()), Path("."))
     if not existing.is_dir() or not os.access(existing, os.W_OK):
-        raise ConfigError(f"--out {folder} is not writable; choose a folder you can write to")
+        raise ConfigError(f"{name.given('out', str(folder))} is not writable; choose a folder "
+                          "you can write to")

@@ -29,7 +29,14 @@ from autotune.search._store import (
     list_studies,
     store_path,
 )
-from autotune.search._study import CONSTRAINT, completed, open_study, probed, redact
+from autotune.search._study import (
+    CONSTRAINT,
+    check_storage,
+    completed,
+    open_study,
+    probed,
+    redact,
+)
 from autotune.search.driver import interrupt_name, run_search
 from autotune.search.executor import OnTrial
 from autotune.search.pick import break_even_steps, pick_winner, tuned_config
@@ -44,6 +51,7 @@ __all__ = [
     "SearchSettings",
     "break_even_steps",
     "cache_dir",
+    "check_storage",
     "classify",
     "clear_studies",
     "completed",

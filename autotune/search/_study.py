@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import json
 import re
 from collections.abc import Sequence
@@ -21,6 +22,7 @@ from urllib.parse import unquote
 from autotune.config import ProbeReport, TrialResult, WorkloadSpec, from_json_dict, to_json_dict
 from autotune.errors import ConfigError
 from autotune.knobs import KNOBS, Knobs
+from autotune.names import KEYWORDS, Names
 from autotune.schema import RunRecord
 from autotune.search._records import Candidate, SearchSettings, run_record
 
@@ -107,11 +109,17 @@ def redact_text(text: str, url: str | None) -> str:
     return text
 
 
-def check_storage(storage: str | None) -> None:
-    """Refuse a storage URL that cannot keep a study (an in-memory SQLite database).
+def check_storage(storage: str | None, name: Names = KEYWORDS) -> None:
+    """Refuse a storage URL that cannot keep a study (an in-memory SQLite database), or whose
+    database driver is not installed (said before any child runs, not after the probes).
+
+    Args:
+        storage: the URL (None: the local study store).
+        name: how the user wrote the setting (``--storage`` or ``storage=``).
 
     Raises:
-        ConfigError: ``sqlite://``, ``sqlite:///`` or ``sqlite:///:memory:``.
+        ConfigError: ``sqlite://``, ``sqlite:///`` or ``sqlite:///:memory:``; a driver module
+            that does not import (named, with the pip command that installs it).
     """
     if storage is None:
         return
@@ -120,8 +128,43 @@ def check_storage(storage: str | None) -> None:
         path = rest[1:] if rest.startswith("/") else rest
         if path.split("?")[0] in ("", ":memory:"):
             raise ConfigError(
-                f"--storage {redact(storage)!r} is an in-memory SQLite database: nothing would "
-                "be kept to resume; name a file, e.g. sqlite:///autotune.db")
+                f"{name.given('storage', redact(storage))} is an in-memory SQLite "
+                "database: nothing would be kept to resume; name a file, e.g. "
+                "sqlite:///autotune.db")
+    module = _missing_driver(storage)
+    if module is not None:
+        dialect = scheme.split("+")[0]
+        others = [f"{dialect}+{d.lower()}://" for d, m in _DRIVERS.items()
+                  if d != module and m[1] == dialect and importlib.util.find_spec(d)]
+        raise ConfigError(
+            f"{name.given('storage', redact(storage))} needs the database driver module "
+            f"{module!r}, which is not installed here: pip install "
+            f"{_DRIVERS.get(module, (module,))[0]}"
+            + (f", or name a driver that is installed in the URL ({', '.join(others)})"
+               if others else ""))
+
+
+_DRIVERS = {"psycopg2": ("psycopg2-binary", "postgresql"),
+            "psycopg": ("'psycopg[binary]'", "postgresql"), "pg8000": ("pg8000", "postgresql"),
+            "pymysql": ("PyMySQL", "mysql"), "MySQLdb": ("mysqlclient", "mysql")}
+"""Database driver modules SQLAlchemy imports: the pip package and the dialect of each."""
+
+
+def _missing_driver(storage: str) -> str | None:
+    """The driver module ``storage``'s dialect imports when it does not import; None when it
+    does, or when the URL is not one SQLAlchemy reads (opening it says what is wrong)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        dialect = make_url(storage).get_dialect()
+    except (ArgumentError, NoSuchModuleError, ValueError):
+        return None
+    try:
+        dialect.import_dbapi()
+    except ImportError as exc:  # ModuleNotFoundError, or a module blocked or half-installed
+        return (exc.name or "").split(".")[0] or dialect.driver
+    return None
 
 
 BUDGET_TOLERANCE = 0.05

@@ -637,13 +637,23 @@ class OomFallback:
             smaller = reduce_over_ranks(smaller_micro_batch(per_device, size, must_divide),
                                         dist.ReduceOp.MIN, self.device)
             self.in_a_row += 1
-            if self.in_a_row > self.max_in_a_row or smaller == 0:
-                why = f"{self.max_in_a_row} in a row" if smaller else "no smaller micro-batch"
+            if smaller == 0:
                 raise SystemExit(
-                    f"out of memory at micro-batch {size} ({failure}) after {why}: the step of "
-                    f"{per_device} samples per device does not fit; lower target_batch, free "
-                    "memory (checkpointing, a smaller precision) or re-run autotune search "
-                    "under the memory you have")
+                    f"out of memory at micro-batch {size} ({failure}) after no smaller "
+                    f"micro-batch: the step of {per_device} samples per device does not fit; "
+                    "lower target_batch, free memory (checkpointing, a smaller precision) or "
+                    "re-run autotune search under the memory you have")
+            if self.in_a_row > self.max_in_a_row:  # the limit, not the memory, ends it
+                left = [d for d in range(size - 1, 0, -1)
+                        if per_device % d == 0 and all(s % d == 0 for s in must_divide)]
+                shown = ", ".join(map(str, left[:4])) + (", ..." if len(left) > 4 else "")
+                limit = self.max_in_a_row
+                raise SystemExit(
+                    f"out of memory at micro-batch {size} ({failure}): {limit} fallback"
+                    f"{'s' if limit > 1 else ''} in a row used up (--oom-fallbacks {limit}) "
+                    f"with smaller micro-batches left to try ({shown}): raise --oom-fallbacks "
+                    f"(--oom-fallbacks {limit + len(left)} tries them all), or lower "
+                    "micro_batch at the top of this script")
             self.micro_batch = smaller
             if self.master:
                 print(f"out of memory at micro-batch {size} ({failure}): redoing the step with "
@@ -665,6 +675,8 @@ def main():
                         help="on out of memory, redo the step with a smaller micro-batch, at most "
                         "this many times in a row (0: off; default: 3, off under FSDP)")
     args = parser.parse_args()
+    if args.oom_fallbacks is not None and args.oom_fallbacks < 0:
+        parser.error(f"--oom-fallbacks must be 0 (off) or more, got {args.oom_fallbacks}")
 
     distributed = int(os.environ.get("WORLD_SIZE", 1)) > 1  # launched by torchrun
     if distributed:
