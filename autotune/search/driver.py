@@ -25,7 +25,7 @@ from autotune.memory import OnStep
 from autotune.runner import run_isolated
 from autotune.search import bounds, racing
 from autotune.search._records import Candidate, SearchOutcome, SearchSettings, classify
-from autotune.search.evidence import Evidence
+from autotune.search.evidence import Evidence, Interval
 from autotune.search.executor import Executor, OnTrial, Runner, Stale, Stop
 from autotune.search.outcome import outcome
 from autotune.search.plan import Plan
@@ -186,7 +186,8 @@ class Search:
                 before, now = self.ev.score(best), self.ev.score(key)
                 noise = self.ev.noise(key, best)
                 best_m = best.micro_batch
-                if now is None or (before is not None and now <= before * (1 + noise)):
+                if now is None or (before is not None
+                                   and not Interval(before, noise).beaten_by(now)):
                     later = list(fitting[i + 1:])
                     if later and self.time_the_other_end(knobs, later[-1], len(walked) + 1):
                         later = later[:-1]

@@ -25,9 +25,45 @@ from autotune.search._records import (
     score,
 )
 from autotune.search.pick import pick_winner
-from autotune.search.plan import Plan, memory_class
+from autotune.search.plan import Plan, memory_class, recompute_twin
 from autotune.search.rules import Skip
 from autotune.timing import MIN_STEPS_TO_STOP
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A figure (a score, a speed, a ratio) with the noise around it, relative: another figure
+    differs from it only outside ``[low, high]``. Every bound, cut and race of the search
+    compares through it ("beats the leader beyond the noise", ``docs/search.md``), so what the
+    noise is, and how it widens the figure, is said here once."""
+
+    value: float
+    noise: float
+
+    @property
+    def low(self) -> float:
+        """The figure's pessimistic end."""
+        return self.value * (1 - self.noise)
+
+    @property
+    def high(self) -> float:
+        """The figure's optimistic end."""
+        return self.value * (1 + self.noise)
+
+    def beats(self, other: float) -> bool:
+        """Whether this figure beats ``other`` beyond the noise (``other`` under its low end)."""
+        return other < self.low
+
+    def beaten_by(self, other: float) -> bool:
+        """Whether ``other`` beats this figure beyond the noise (``other`` over its high end)."""
+        return other > self.high
+
+
+def noise_of(settings: SearchSettings, *results: TrialResult) -> float:
+    """Relative gap runs need before it counts: ``confirm_within`` (the run-to-run noise of a
+    machine), or the 95% interval of the runs' ratio when wider (their medians' half-widths in
+    quadrature: a short or noisy timing says less)."""
+    return max(settings.confirm_within, math.hypot(*(r.halfwidth() or 0.0 for r in results)))
 
 
 @dataclass
@@ -160,11 +196,9 @@ class Evidence:
         return score(value, self.settings)
 
     def noise(self, *keys: Candidate) -> float:
-        """Relative gap two runs need before it counts: ``confirm_within`` (the run-to-run
-        noise of a machine), or the 95% interval of the runs' ratio when wider (their medians'
-        half-widths in quadrature: a short or noisy timing says less)."""
-        widths = [r.halfwidth() or 0.0 for k in keys if (r := self.results.get(k)) is not None]
-        return max(self.settings.confirm_within, math.hypot(*widths))
+        """``noise_of`` the candidates' runs (those that ran)."""
+        return noise_of(self.settings, *(r for k in keys if (r := self.results.get(k))
+                                         is not None))
 
     def class_best(self, knobs: Knobs) -> float | None:
         scores = [self.score(Candidate(knobs=knobs, micro_batch=m))
@@ -262,7 +296,7 @@ class Evidence:
         compiled afresh (eager code compiles nothing). 0: none known, or no checkpointing."""
         if knobs.checkpointing == "off":
             return 0
-        twin = knobs.with_(checkpointing="off")
+        twin = recompute_twin(knobs)
 
         def first_launch_fits(key: Candidate) -> bool:
             cold = self.cold.get(key)

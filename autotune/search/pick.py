@@ -4,7 +4,7 @@ that describes it with every trial and skip."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
 
@@ -29,16 +29,29 @@ def pick_winner(records: tuple[TrialRecord, ...], settings: SearchSettings) -> T
     if settings.train_steps:
         return min(feasible, key=lambda r: r.time_to_train_s or math.inf)
     best = max(feasible, key=lambda r: r.samples_per_s or 0.0)
-    if best.round_shares and not won_rounds(best):
+    if best.round_shares and not won_rounds(best.round_shares):
         # Its best run is the fastest, but run back to back with the other of the confirm stage's
         # interleaved rounds it was behind in most: the rounds decide between the two.
-        return next((r for r in feasible if r is not best and won_rounds(r)), best)
+        return next((r for r in feasible if r is not best and won_rounds(r.round_shares)),
+                    best)
     return best
 
 
-def won_rounds(record: TrialRecord) -> bool:
-    """Whether a candidate of the confirm stage's interleaved rounds was ahead in most of them."""
-    return sum(s > 1 for s in record.round_shares) * 2 > len(record.round_shares)
+def rounds_ahead(shares: Sequence[float]) -> int:
+    """In how many interleaved rounds a candidate was ahead (``shares``: its samples/s over the
+    other's in each round)."""
+    return sum(s > 1 for s in shares)
+
+
+def won_rounds(shares: Sequence[float]) -> bool:
+    """The race's majority rule: whether a candidate of the interleaved rounds was ahead in
+    most of them."""
+    return rounds_ahead(shares) * 2 > len(shares)
+
+
+def split_rounds(shares: Sequence[float]) -> bool:
+    """Whether the interleaved rounds so far split evenly (neither ahead in most)."""
+    return rounds_ahead(shares) * 2 == len(shares)
 
 
 def break_even_steps(winner: TrialRecord, baseline: TrialRecord) -> float | None:
@@ -132,7 +145,7 @@ def _rounds(record: TrialRecord) -> str:
     shares = record.round_shares
     return (f"run back to back with it in {len(shares)} interleaved rounds, "
             + ", ".join(f"{s:.2f}x" for s in shares)
-            + f" its samples/s: ahead in {sum(s > 1 for s in shares)} of {len(shares)}")
+            + f" its samples/s: ahead in {rounds_ahead(shares)} of {len(shares)}")
 
 
 def _why(winner: TrialRecord, baseline: TrialRecord, records: tuple[TrialRecord, ...],

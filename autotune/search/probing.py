@@ -18,8 +18,9 @@ from autotune.knobs import KNOBS, Knob, skip_reason
 from autotune.memory import hint_for, probe_memory
 from autotune.search import bounds
 from autotune.search._records import Candidate
-from autotune.search.evidence import Evidence
+from autotune.search.evidence import Evidence, Interval
 from autotune.search.executor import Executor
+from autotune.search.plan import recompute_twin
 from autotune.search.rules import Skip, skip
 from autotune.skip_sentences import Context
 
@@ -191,7 +192,7 @@ class Prober:
                 continue
             score, best = max(timed, key=lambda t: t[0])
             noise = self.ev.noise(best, leader)
-            if score * gain < top * (1 - noise):
+            if Interval(top, noise).beats(score * gain):
                 self.ev.skips.append(skip(
                     "per-class", best.knobs.label(), knob=knob.name, share=score / top,
                     leader=leader.key(), gain=gain, noise=noise))
@@ -242,7 +243,7 @@ class Prober:
         run there. The probe starts at the next micro-batch up, timed; where that does not
         fit either, the value fits nothing that could win, and is left out of the probes (its
         smaller micro-batches were never tried: "fits none" would be wrong), with the reason."""
-        twin = knobs.with_(checkpointing="off")
+        twin = recompute_twin(knobs)
         usable = self.plan.usable
         # A fit under memory pressure (allocator retries) is no floor: there, freeing memory
         # can make a step faster.

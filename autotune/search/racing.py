@@ -14,6 +14,8 @@ from autotune.config import TrialResult
 from autotune.knobs import skip_reason
 from autotune.search._records import OUT_OF_MEMORY, Candidate
 from autotune.search.executor import Executor
+from autotune.search.pick import rounds_ahead, won_rounds
+from autotune.search.plan import recompute_twin
 from autotune.search.policy import (
     ROUNDS,
     another_round,
@@ -102,8 +104,8 @@ def interleave(ex: Executor, first: Mapping[Candidate, TrialResult]) -> None:
         return
     ex.ev.round_shares[challenger] = tuple(shares)
     ex.ev.round_shares[leader] = tuple(1 / s for s in shares)
-    ahead = sum(s > 1 for s in shares)
-    picked = challenger if ahead * 2 > len(shares) else leader
+    ahead = rounds_ahead(shares)
+    picked = challenger if won_rounds(shares) else leader
     assert len(shares) in (2, 3), shares  # ``another_round``: two, a third where they split
     note = skip(
         "rounds", picked.key(), "three" if len(shares) == 3 else "",
@@ -164,8 +166,7 @@ def _time_below_out(ex: Executor, out: Candidate, speed: float | None) -> None:
     after = ex.ev.winner()
     if key in ex.ev.results or (after is not None and (ex.ev.score(after) or 0.0) >= speed):
         return
-    twin_key = Candidate(knobs=out.knobs.with_(checkpointing="off"),
-                         micro_batch=key.micro_batch)
+    twin_key = Candidate(knobs=recompute_twin(out.knobs), micro_batch=key.micro_batch)
     if out.knobs.checkpointing != "off" and twin_key not in ex.ev.results and \
             ex.ev.recompute_floor(out.knobs) < key.micro_batch and \
             skip_reason(twin_key.knobs, ex.ev.traits) is None:
@@ -175,7 +176,7 @@ def _time_below_out(ex: Executor, out: Candidate, speed: float | None) -> None:
         ex.measure(replace(ex.spec(twin_key, early_stop=False), cold_compile=True))
     floor = ex.ev.recompute_floor(out.knobs)
     if floor >= key.micro_batch:
-        twin = out.knobs.with_(checkpointing="off")
+        twin = recompute_twin(out.knobs)
         ex.ev.skips.append(skip(
             "recompute-twin", key.knobs.label(), "first-launch", candidate=key.key(),
             out=out.key(), twin=twin.label(), largest=floor))
