@@ -32,6 +32,7 @@ from autotune.config import (
     STRICT_FIELDS,
     DeviceInfo,
     ProbeReport,
+    StopReason,
     TrialStatus,
     WorkloadSpec,
     not_a_file,
@@ -775,4 +776,4 @@ class SearchResult:
     path: Path | None
     """Where ``autotune.json`` was written (None when not written)."""
     probe: ProbeReport
-    stop_reason: str = ""
+    stop_reason: StopReason = field(default_factory=StopReason)

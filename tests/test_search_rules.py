@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from autotune.config import Knobs, TrialResult
+from autotune.config import Knobs, StopReason, TrialResult
+from autotune.errors import Interrupted
 from autotune.search import bounds
 from autotune.search._records import Candidate, SearchSettings
 from autotune.search.evidence import Evidence
@@ -244,3 +245,28 @@ def test_a_batch_of_proposed_runs_leaves_the_same_evidence_whatever_order_they_e
     shuffled = order[:]
     rng.shuffle(shuffled)
     assert state(order) == state(shuffled)
+
+
+# ----------------------------------------------------------------------------------------------
+# Why a search ended: a value, said in the words autotune.json and the footer wrote before it.
+
+@pytest.mark.parametrize(("stop", "stopped_by", "said"), [
+    (StopReason(), "", "every class was tried or pruned with a reason"),
+    (StopReason("max-trials", "5"), "--max-trials reached (5 child runs)",
+     "--max-trials reached (5 child runs): best so far"),
+    (StopReason("time-budget"), "--time-budget reached", "--time-budget reached: best so far"),
+    (StopReason("time-budget", "fp32/off/1"),
+     "--time-budget reached during a run of fp32/off/1 (stopped)",
+     "--time-budget reached during a run of fp32/off/1 (stopped): best so far"),
+    (StopReason.signal(KeyboardInterrupt()), "interrupted (Ctrl-C)",
+     "interrupted (Ctrl-C): best so far"),
+    (StopReason.signal(Interrupted("SIGTERM", 15), "calibrating"),
+     "interrupted (SIGTERM) while calibrating",
+     "interrupted (SIGTERM) while calibrating: best config kept"),
+])
+def test_a_stop_reason_is_said_as_the_files_before_it_said_it(
+        stop: StopReason, stopped_by: str, said: str) -> None:
+    assert (stop.stopped_by, str(stop)) == (stopped_by, said)
+    assert stop.interrupted == bool(stopped_by)
+    assert stop.by_signal == stopped_by.startswith("interrupted")
+    assert stop.exit_code == (143 if "SIGTERM" in said else 130)

@@ -349,7 +349,7 @@ def test_max_trials_keeps_the_best_so_far() -> None:
     device = ScriptedDevice(by_class(100, 150, 160, 200, 300, 330))
     outcome, _ = search(device, replace(SETTINGS, max_trials=5))
     assert outcome.interrupted and len(device.specs) == outcome.num_runs == 5
-    assert outcome.stop_reason == "--max-trials reached (5 child runs): best so far"
+    assert str(outcome.stop_reason) == "--max-trials reached (5 child runs): best so far"
     assert outcome.baseline is not None and outcome.baseline.key() == "fp32/off/32"
 
 
@@ -408,7 +408,7 @@ def test_a_resumed_search_interrupted_before_it_asked_for_every_stored_run_picks
     again = run_search(plan(), CLASSES, replace(settings, refine_within=0.0), values=VALUES,
                        run=Interrupted(speeds, ckpt_memory=memory))
     assert again.interrupted and again.num_runs == 0
-    assert again.stop_reason == "interrupted (Ctrl-C): best so far"
+    assert str(again.stop_reason) == "interrupted (Ctrl-C): best so far"
     keys = sorted(f"{r.knobs.label()}/{r.micro_batch}" for r in again.records)
     assert keys == sorted(f"{r.knobs.label()}/{r.micro_batch}" for r in first.records)
     assert tuned_config(plan(), again, settings).knobs == tuned_config(
@@ -466,7 +466,7 @@ def test_ctrl_c_during_a_run_fails_its_trial_and_keeps_the_rest(tmp_path) -> Non
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     device = Interrupted(by_class(100, 150, 160, 200, 300, 330))
     outcome, records = search(device, replace(SETTINGS, storage=storage, study_name="s"))
-    assert outcome.interrupted and outcome.stop_reason == "interrupted (Ctrl-C): best so far"
+    assert outcome.interrupted and str(outcome.stop_reason) == "interrupted (Ctrl-C): best so far"
     assert "fp32/off/32" in records and "bf16/default/32" not in records
     # The study shows every run as it ended: none left running, the interrupted one failed.
     study = optuna.load_study(study_name="s", storage=storage)
@@ -506,7 +506,7 @@ def test_max_trials_counts_the_re_measurements_too() -> None:
                                         fresh=True))
     # Every run before the close race, then one of its two re-measurements: the limit holds.
     assert len(device.specs) == outcome.num_runs == runs_before_confirm + 1
-    assert outcome.interrupted and outcome.stop_reason.startswith("--max-trials reached")
+    assert outcome.interrupted and str(outcome.stop_reason).startswith("--max-trials reached")
 
 
 def test_every_child_ends_within_the_time_budget() -> None:
@@ -517,7 +517,7 @@ def test_every_child_ends_within_the_time_budget() -> None:
 
     device = Slow(by_class(100, 150, 160, 200, 300, 330))
     outcome, _ = search(device, replace(SETTINGS, time_budget_s=1.5, timeout_s=900.0))
-    assert outcome.interrupted and outcome.stop_reason == "--time-budget reached: best so far"
+    assert outcome.interrupted and str(outcome.stop_reason) == "--time-budget reached: best so far"
     # Each child's timeout is what was left of the budget when it started, never the 900 s.
     assert all(s.timeout_s <= 1.5 for s in device.specs)
     assert [s.timeout_s for s in device.specs] == sorted(
@@ -538,7 +538,7 @@ def test_a_run_cut_by_the_time_budget_stops_the_search_and_is_not_a_timeout_verd
     outcome, records = search(device, replace(SETTINGS, time_budget_s=60.0, storage=storage,
                                               study_name="s"))
     assert outcome.interrupted
-    assert outcome.stop_reason.startswith("--time-budget reached during a run of fp32/off/1")
+    assert str(outcome.stop_reason).startswith("--time-budget reached during a run of fp32/off/1")
     assert all(r.verdict != "timeout" for r in records.values())
     study = optuna.load_study(study_name="s", storage=storage)
     assert study.trials[-1].state.name == "FAIL"  # not stored as the candidate's timeout
@@ -1511,7 +1511,7 @@ def test_ctrl_c_during_the_run_below_an_out_winner_keeps_the_best_so_far_said_un
         return device(spec)
 
     outcome = run_search(replace(plan(), device=CPU), CLASSES, SETTINGS, run=interrupted)
-    assert outcome.interrupted and outcome.stop_reason == "interrupted (Ctrl-C): best so far"
+    assert outcome.interrupted and str(outcome.stop_reason) == "interrupted (Ctrl-C): best so far"
     assert device.cold_runs() == ["bf16/max-autotune/32"]
     winner = pick_winner_record(outcome)
     assert (winner.knobs.label(), winner.micro_batch) == ("bf16/default", 32)
@@ -1955,7 +1955,7 @@ def test_ctrl_c_during_the_interleaved_rounds_keeps_the_best_so_far_and_no_parti
         return busy(spec)
 
     outcome = run_search(plan(), CLASSES, settings, run=run)
-    assert outcome.interrupted and outcome.stop_reason == "interrupted (Ctrl-C): best so far"
+    assert outcome.interrupted and str(outcome.stop_reason) == "interrupted (Ctrl-C): best so far"
     assert not any(r.round_shares for r in outcome.records)
     assert not [s for s in outcome.skipped if "interleaved rounds" in s]
     assert tuned_config(plan(), outcome, settings).reason.startswith(

@@ -280,7 +280,7 @@ def test_an_interrupted_search_keeps_every_run_it_finished_for_the_next() -> Non
 
     cut = CtrlC(SPEEDS)
     stopped = search(cut)
-    assert stopped.interrupted and stopped.stop_reason.startswith("interrupted (Ctrl-C)")
+    assert stopped.interrupted and str(stopped.stop_reason).startswith("interrupted (Ctrl-C)")
     done = cut.runs()[:5]
     again = ScriptedDevice(SPEEDS)
     two = search(again)

@@ -30,7 +30,7 @@ from autotune.search._store import (
     store_path,
 )
 from autotune.search._study import CONSTRAINT, completed, open_study, probed, redact
-from autotune.search.driver import interrupt_name, run_search
+from autotune.search.driver import run_search
 from autotune.search.executor import OnTrial
 from autotune.search.pick import break_even_steps, pick_winner, tuned_config
 
@@ -48,7 +48,6 @@ __all__ = [
     "clear_studies",
     "completed",
     "flops_per_sample",
-    "interrupt_name",
     "list_studies",
     "objective",
     "open_study",

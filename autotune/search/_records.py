@@ -11,6 +11,7 @@ from autotune.config import (
     Knobs,
     MemoryProbe,
     ProbeReport,
+    StopReason,
     TrialResult,
     TrialSpec,
     format_bytes,
@@ -123,7 +124,7 @@ class SearchOutcome:
     skips: tuple[Skip, ...]
     """What was not run, each with its rule id, figures and sentence (``rules``)."""
     interrupted: bool
-    stop_reason: str
+    stop_reason: StopReason
     not_reached: tuple[str, ...] = ()
     """A search stopped early: the stages and knobs it never began (``TunedConfig``)."""
     num_runs: int = 0

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from autotune.config import Knobs, MemoryProbe, ProbeReport
+from autotune.config import Knobs, MemoryProbe, ProbeReport, StopReason
 from autotune.memory import OnStep
 from autotune.runner import run_isolated
 from autotune.search import bounds, racing
@@ -65,7 +65,7 @@ def run_search(report: ProbeReport, classes: Sequence[Knobs], settings: SearchSe
     plan = Plan.of(report, classes, values)
     assert plan.base in plan.classes, "fp32 eager is the baseline: the api adds it"
     search = Search(plan, settings, run, on_trial, on_step, clock)
-    interrupted, stop_reason = False, "every class was tried or pruned with a reason"
+    stop_reason = StopReason()
     try:
         with (guard or SignalGuard()).armed():
             try:
@@ -78,16 +78,10 @@ def run_search(report: ProbeReport, classes: Sequence[Knobs], settings: SearchSe
                 search.ex.study.note(str(stale))
                 search.stages()
     except Stop as stop:
-        interrupted, stop_reason = True, str(stop)
+        stop_reason = stop.reason
     except KeyboardInterrupt as exc:
-        interrupted, stop_reason = True, f"interrupted ({interrupt_name(exc)}): best so far"
-    return search.outcome(interrupted, stop_reason)
-
-
-def interrupt_name(exc: BaseException) -> str:
-    """``Ctrl-C``, or the signal that ended the search (e.g. ``SIGTERM``)."""
-    name = getattr(exc, "signal_name", None)
-    return "Ctrl-C" if name in (None, "SIGINT") else name
+        stop_reason = StopReason.signal(exc)
+    return search.outcome(stop_reason)
 
 
 class Search:
@@ -231,5 +225,5 @@ class Search:
         self.ex.measure(self.ex.spec(Candidate(knobs=knobs, micro_batch=smallest)))
         return True
 
-    def outcome(self, interrupted: bool, stop_reason: str) -> SearchOutcome:
-        return outcome(self.ev, self.ex, interrupted, stop_reason)
+    def outcome(self, stop: StopReason) -> SearchOutcome:
+        return outcome(self.ev, self.ex, stop)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from autotune.config import Knobs, TrialResult, TrialSpec
+from autotune.config import Knobs, StopReason, TrialResult, TrialSpec
 from autotune.lengths import POOL_STEPS
 from autotune.memory import OnStep, probe_spec
 from autotune.schema import RunKind, RunRecord, StudyRecord, TrialRecord
@@ -54,6 +54,10 @@ class Proposal:
 
 class Stop(Exception):
     """A limit ended the search early: the best so far stands."""
+
+    def __init__(self, reason: StopReason) -> None:
+        super().__init__(str(reason))
+        self.reason = reason
 
 
 class Stale(Exception):
@@ -196,12 +200,12 @@ class Executor:
         """The spec with a timeout that ends within the time budget; a ``_Stop`` when a limit
         (``--max-trials``, ``--time-budget``) allows no further child run."""
         if self.num_runs >= self.settings.max_trials:
-            raise Stop(f"--max-trials reached ({self.num_runs} child runs): best so far")
+            raise Stop(StopReason("max-trials", str(self.num_runs)))
         timeout_s = self.settings.timeout_s
         if self.settings.time_budget_s is not None:
             left = self.settings.time_budget_s - (self.clock() - self.start)
             if left < MIN_CHILD_S:
-                raise Stop("--time-budget reached: best so far")
+                raise Stop(StopReason("time-budget"))
             timeout_s = min(timeout_s, left)
         self.begin(spec.knobs)
         return replace(spec, timeout_s=timeout_s)
@@ -235,8 +239,7 @@ class Executor:
         self.ev.note_cold(key, result)
         self.ev.timed_s[key] = self.ev.timed_s.get(key, 0.0) + timed_s
         if result.status == "timeout" and spec.timeout_s < self.settings.timeout_s:
-            raise Stop(f"--time-budget reached during a run of {Candidate.of(spec).key()} "
-                        "(stopped): best so far")
+            raise Stop(StopReason("time-budget", Candidate.of(spec).key()))
         return result
 
     def remeasure(self, keys: Sequence[Candidate], *,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from autotune.config import StopReason
 from autotune.knobs import KNOBS, skip_reason
 from autotune.schema import SearchCost
 from autotune.search._records import SearchOutcome
@@ -13,8 +14,9 @@ from autotune.search.policy import unchecked
 from autotune.search.rules import Skip, skip
 
 
-def outcome(ev: Evidence, ex: Executor, interrupted: bool, stop_reason: str) -> SearchOutcome:
+def outcome(ev: Evidence, ex: Executor, stop: StopReason) -> SearchOutcome:
     """What the search hands back: every record, the skips, the cost and the run log."""
+    interrupted = stop.interrupted
     ev.release_held(asked=True)  # a search stopped early picks from all it knows too
     if ev.baseline is None:  # stopped while probing it: its largest fit timed so far
         ev.baseline = ev.known_baseline()
@@ -25,7 +27,7 @@ def outcome(ev: Evidence, ex: Executor, interrupted: bool, stop_reason: str) -> 
         winner = ev.winner()
         if winner is not None and winner.knobs.compile_mode != "off" and not (
                 winner in ev.cold and ev.cold[winner].ok):
-            ev.skips.append(unchecked(winner, stop_reason))
+            ev.skips.append(unchecked(winner, str(stop)))
     traits = ev.traits
     if (traits is not None and traits.num_blocks < 2 and any(
             k.knobs.strategy.startswith("fsdp") for k in ev.results)):
@@ -42,7 +44,7 @@ def outcome(ev: Evidence, ex: Executor, interrupted: bool, stop_reason: str) -> 
                          first_launch=ev.first_launch(), drift=dict(ev.drift),
                          probes=tuple(ev.probes.values()),
                          skips=skips,
-                         interrupted=interrupted, stop_reason=stop_reason,
+                         interrupted=interrupted, stop_reason=stop,
                          not_reached=not_reached(ev, ex) if interrupted else (),
                          num_runs=ex.num_runs,
                          runs=tuple(ex.run_log), study=ex.study.record,
