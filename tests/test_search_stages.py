@@ -736,7 +736,7 @@ def test_a_lead_settled_on_one_run_each_says_the_drift_between_runs_is_not_in_it
                             "--confirm-within re-measures leads up to that share")
     # A winner timed twice (e.g. its first-launch run) beside a runner-up timed once: the
     # runner-up's single run is what the interval leaves out.
-    from autotune.search.pick import _why
+    from autotune.search.outcome import _why
     records = tuple(replace(r, num_runs=2) if r.verdict == "winner" else r
                     for r in config.trials)
     winner = next(r for r in records if r.verdict == "winner")

@@ -16,7 +16,6 @@ from autotune.search._ledger import Ledger, recall, remember
 from autotune.search._records import (
     LOSS_TOLERANCE,
     Candidate,
-    SearchOutcome,
     SearchSettings,
     classify,
     flops_per_sample,
@@ -32,7 +31,8 @@ from autotune.search._store import (
 from autotune.search._study import CONSTRAINT, completed, open_study, probed, redact
 from autotune.search.driver import run_search
 from autotune.search.executor import OnTrial
-from autotune.search.pick import break_even_steps, pick_winner, tuned_config
+from autotune.search.outcome import SearchOutcome, tuned_config
+from autotune.search.pick import break_even_steps, pick_winner
 
 __all__ = [
     "CONSTRAINT",

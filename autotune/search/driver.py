@@ -24,10 +24,10 @@ from autotune.config import Knobs, MemoryProbe, ProbeReport, StopReason
 from autotune.memory import OnStep
 from autotune.runner import run_isolated
 from autotune.search import bounds, racing
-from autotune.search._records import Candidate, SearchOutcome, SearchSettings, classify
+from autotune.search._records import Candidate, SearchSettings, classify
 from autotune.search.evidence import Evidence, Interval
 from autotune.search.executor import Executor, OnTrial, Runner, Stale, Stop
-from autotune.search.outcome import outcome
+from autotune.search.outcome import SearchOutcome, outcome
 from autotune.search.plan import Plan
 from autotune.search.probing import Prober
 from autotune.search.rules import skip
