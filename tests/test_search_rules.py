@@ -43,10 +43,10 @@ def evidence(**runs: TrialResult) -> Evidence:
     ev = Evidence(Plan.of(plan(), CLASSES, {}), SETTINGS)
     for name, result in runs.items():
         precision, mode, micro_batch = name.split("_")
-        ev.results[Candidate(knobs=Knobs(precision=precision, compile_mode=mode),
-                             micro_batch=int(micro_batch))] = result
+        ev.took(Candidate(knobs=Knobs(precision=precision, compile_mode=mode),
+                          micro_batch=int(micro_batch)), result)
     base = Knobs(precision="fp32", compile_mode="off")
-    ev.baseline = next((c for c in ev.results if c.knobs == base), None)
+    ev.name_baseline(next((c for c in ev.results if c.knobs == base), None))
     return ev
 
 
@@ -219,6 +219,7 @@ def test_a_batch_of_proposed_runs_leaves_the_same_evidence_whatever_order_they_e
     # Each candidate: its first run's and its run again's samples/s, whether the run again
     # ran out of memory, whether its first timing came from the study store (a re-check) and
     # whether the run again compiled afresh (a first launch; compiled, not stored, only).
+    from autotune.search import racing
     from autotune.search.executor import Executor, Proposal
 
     def state(order: list[int]) -> tuple:
@@ -227,7 +228,7 @@ def test_a_batch_of_proposed_runs_leaves_the_same_evidence_whatever_order_they_e
                       on_step=None)
         batch = []
         for key, (first, again, oom, stored, cold) in zip(_BATCH, runs, strict=False):
-            ev.results[key] = run(first, key.micro_batch, jitter=0.02)
+            ev.took(key, run(first, key.micro_batch, jitter=0.02))
             if stored:
                 ev.stored.add(key)
             cold = cold and not stored and key.knobs.compile_mode != "off"
@@ -237,7 +238,7 @@ def test_a_batch_of_proposed_runs_leaves_the_same_evidence_whatever_order_they_e
                                    recheck=stored), result))
         for i in order:
             proposal, result = batch[i]
-            ex.tell(proposal, result, ev.record(proposal.candidate, result))
+            racing.tell(ex, proposal, result, ev.record(proposal.candidate, result))
         return (ev.results, ev.runs, ev.drift, ev.cold, ev.stored,
                 sorted(s.text for s in ev.skips), ev.ranked())
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from autotune.config import (
@@ -130,7 +131,8 @@ def score(value: float | None, settings: SearchSettings) -> float | None:
     return 1.0 / value if settings.train_steps else value
 
 
-def classify(candidate: Candidate, result: TrialResult, results: dict[Candidate, TrialResult],
+def classify(candidate: Candidate, result: TrialResult,
+             results: Mapping[Candidate, TrialResult],
              baseline: Candidate | None, report: ProbeReport,
              settings: SearchSettings) -> tuple[TrialRecord, float | None]:
     """The record of one run: its figures, and a verdict before the winner is known."""

@@ -113,14 +113,15 @@ class Search:
             if knobs == self.plan.base:
                 base = self.ev.probes[self.plan.base]
                 if base.max_micro_batch:
-                    self.ev.baseline = Candidate(knobs=knobs, micro_batch=base.max_micro_batch)
+                    self.ev.name_baseline(Candidate(knobs=knobs,
+                                                    micro_batch=base.max_micro_batch))
                 elif not self.prober.rescue_baseline():
                     return  # no baseline: the api says what it would take
         for knobs in self.plan.refining_classes():
             why_not = bounds.mode(self.ev, knobs)
             if why_not:
-                self.ex.considered.add((knobs.precision, knobs.compile_mode))
-                self.ev.skips.append(why_not)
+                self.ex.reach.considered.add((knobs.precision, knobs.compile_mode))
+                self.ev.decide(why_not)
             else:
                 self.prober.probe(knobs)
         self.ex.stage = "knobs"
@@ -153,7 +154,7 @@ class Search:
         fitting = sorted(probe.fitting(), reverse=True)
         why_not = bounds.compiled_whole_batch(self.ev, knobs, fitting)
         if why_not and per_class:
-            self.ev.skips.append(why_not)
+            self.ev.decide(why_not)
             return
         walked: list[int] = []  # largest first, each measured
         for i, m in enumerate(fitting):
@@ -161,17 +162,17 @@ class Search:
             rest = ", ".join(str(x) for x in fitting[i:])
             if key not in self.ev.results:
                 if per_class and len(walked) >= per_class:
-                    self.ev.skips.append(skip("micro-batch-limit", label, context="not-timed",
+                    self.ev.decide(skip("micro-batch-limit", label, context="not-timed",
                                               untimed=rest, per_class=per_class))
                     return
                 share = self.ev.share(self.ev.class_best(knobs))
                 if per_class and (share is None or share < self.ev.settings.refine_within):
-                    self.ev.skips.append(bounds.behind(self.ev, label, share).within(
+                    self.ev.decide(bounds.behind(self.ev, label, share).within(
                         "not-timed", label, untimed=rest))
                     return
                 why_not = bounds.sibling_ratio(self.ev, knobs, walked, m) if per_class else None
                 if why_not:
-                    self.ev.skips.append(why_not.within("not-timed", label, untimed=rest))
+                    self.ev.decide(why_not.within("not-timed", label, untimed=rest))
                     return
                 self.ex.measure(self.ex.spec(key))
             if walked and per_class:
@@ -186,7 +187,7 @@ class Search:
                     if later and self.time_the_other_end(knobs, later[-1], len(walked) + 1):
                         later = later[:-1]
                     if later:
-                        self.ev.skips.append(skip(
+                        self.ev.decide(skip(
                             "walk-not-faster", label, context="not-timed",
                             untimed=", ".join(map(str, later)), micro_batch=m, best=best_m,
                             noise=noise))
@@ -220,7 +221,7 @@ class Search:
         why_not = None if always else bounds.line_predicts_loss(self.ev, knobs, smallest,
                                                                 must_gain=compiled)
         if why_not:  # the leader's own eager setting is timed anyway: the pick is decided there
-            self.ev.skips.append(why_not)
+            self.ev.decide(why_not)
             return False
         self.ex.measure(self.ex.spec(Candidate(knobs=knobs, micro_batch=smallest)))
         return True

@@ -21,6 +21,7 @@ from autotune.schema import (
     TrialRecord,
     TunedConfig,
 )
+from autotune.search import fits
 from autotune.search._ledger import Ledger
 from autotune.search._records import Candidate, SearchSettings, flops_per_sample
 from autotune.search.evidence import Evidence
@@ -74,19 +75,19 @@ def outcome(ev: Evidence, ex: Executor, stop: StopReason) -> SearchOutcome:
     interrupted = stop.interrupted
     ev.release_held(asked=True)  # a search stopped early picks from all it knows too
     if ev.baseline is None:  # stopped while probing it: its largest fit timed so far
-        ev.baseline = ev.known_baseline()
+        ev.name_baseline(fits.known_baseline(ev))
     stored_pick = ev.winner() if interrupted else None
     if stored_pick is not None and stored_pick in ev.stored:
-        ev.skips.append(skip("stored-pick", stored_pick.key()))
+        ev.decide(skip("stored-pick", stored_pick.key()))
     if interrupted and ev.plan.compile_in_peak:
         winner = ev.winner()
         if winner is not None and winner.knobs.compile_mode != "off" and not (
                 winner in ev.cold and ev.cold[winner].ok):
-            ev.skips.append(unchecked(winner, str(stop)))
+            ev.decide(unchecked(winner, str(stop)))
     traits = ev.traits
     if (traits is not None and traits.num_blocks < 2 and any(
             k.knobs.strategy.startswith("fsdp") for k in ev.results)):
-        ev.skips.append(skip("fsdp-root", ""))
+        ev.decide(skip("fsdp-root", ""))
     first: dict[str, Skip] = {}
     for one in ev.skips:  # each sentence once, where it was first said
         first.setdefault(one.text, one)
@@ -96,25 +97,25 @@ def outcome(ev: Evidence, ex: Executor, stop: StopReason) -> SearchOutcome:
                 timed_s=ev.timed_s.get(k) or None)
         for i, (k, r) in enumerate(ev.results.items()))
     return SearchOutcome(records=records, results=ev.results, baseline=ev.baseline,
-                         first_launch=ev.first_launch(), drift=dict(ev.drift),
+                         first_launch=fits.first_launch(ev), drift=dict(ev.drift),
                          probes=tuple(ev.probes.values()),
                          skips=skips,
                          interrupted=interrupted, stop_reason=stop,
                          not_reached=not_reached(ev, ex) if interrupted else (),
-                         num_runs=ex.num_runs,
-                         runs=tuple(ex.run_log), study=ex.study.record,
+                         num_runs=ex.tally.num_runs,
+                         runs=tuple(ex.tally.run_log), study=ex.study.record,
                          ledger=ex.study,
-                         cost=SearchCost(num_runs=ex.num_runs, **ex.cost,
-                                         num_compiled_runs=ex.compiles[0],
-                                         num_cached_compiles=ex.compiles[1]))
+                         cost=SearchCost(num_runs=ex.tally.num_runs, **ex.tally.cost,
+                                         num_compiled_runs=ex.tally.compiles[0],
+                                         num_cached_compiles=ex.tally.compiles[1]))
 
 
 def not_reached(ev: Evidence, ex: Executor) -> tuple[str, ...]:
     """What a search stopped early never began: the settings not probed, the knobs not
     screened, each later stage not entered (``TunedConfig.not_reached``)."""
     probes = [k.label() for k in ev.plan.classes
-              if (k.precision, k.compile_mode) not in ex.considered]
-    knobs = [k.name for k in KNOBS[2:] if k.name not in ex.screened and any(
+              if (k.precision, k.compile_mode) not in ex.reach.considered]
+    knobs = [k.name for k in KNOBS[2:] if k.name not in ex.reach.screened and any(
         v != getattr(ev.plan.base, k.name) and skip_reason(  # one the workload could use
             ev.plan.base.with_(**{k.name: v}), ev.traits) is None
         for v in ev.plan.values.get(k.name, ()))]
@@ -126,7 +127,7 @@ def not_reached(ev: Evidence, ex: Executor) -> tuple[str, ...]:
                "confirm": "the re-measure of the leaders",
                "first launch": "the first-launch check" if first_launch else ""}
     # The stage it stopped in (the last entered) counts only where a run of it began.
-    reached = set(ex.entered[:-1]) | (set(ex.entered[-1:]) & ex.ran_in)
+    reached = set(ex.reach.entered[:-1]) | (set(ex.reach.entered[-1:]) & ex.reach.ran_in)
     return tuple(text for stage, text in planned.items() if text and (
         stage in ("probe", "knobs") or stage not in reached))
 

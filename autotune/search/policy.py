@@ -72,7 +72,7 @@ def contenders(ev: Evidence) -> list[Candidate]:
     if not close:
         runner_up = ranked[1]
         share = (ev.score(runner_up, full=True) or 0.0) / top
-        ev.skips.append(skip(
+        ev.decide(skip(
             "clear-lead", leader.key(), runner_up=runner_up.key(), share=share,
             noise=noise(runner_up), confirm_within=ev.settings.confirm_within))
     return [leader, *close[:ev.settings.num_confirm]]
@@ -94,7 +94,7 @@ def within_drift(ev: Evidence) -> list[Candidate]:
                   key=lambda k: -(ev.score(k) or 0.0))[:ev.settings.num_confirm]
     for key in once:
         share = (ev.score(key) or 0.0) / top
-        ev.skips.append(skip("within-drift", key.key(), share=share, leader=leader.key(),
+        ev.decide(skip("within-drift", key.key(), share=share, leader=leader.key(),
                              drift=drift, config=config.key()))
     return once
 

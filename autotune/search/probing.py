@@ -16,7 +16,7 @@ from autotune.config import Knobs, MemoryProbe
 from autotune.errors import BROKEN
 from autotune.knobs import KNOBS, Knob, skip_reason
 from autotune.memory import hint_for, probe_memory
-from autotune.search import bounds
+from autotune.search import bounds, fits
 from autotune.search._records import Candidate
 from autotune.search.evidence import Evidence, Interval
 from autotune.search.executor import Executor
@@ -74,7 +74,7 @@ class Prober:
             # load of its graphs, where the timed steps alone cost seconds.
             if may_be_largest or knobs.compile_mode == "off":
                 return may_be_largest
-            return 0 < self.ev.largest_fit(knobs) < micro_batch
+            return 0 < fits.largest_fit(self.ev, knobs) < micro_batch
 
         considered = [m for m in self.plan.micro_batches if m > above]
         probe = probe_memory(
@@ -88,12 +88,13 @@ class Prober:
             known={c.micro_batch: r for c, r in [*self.ev.probe_runs.items(),
                                                  *self.ev.results.items()]
                    if c.knobs == knobs and c in self.ev.reached})
-        self.ev.probes[knobs] = probe
-        self.ev.skips += [stopped.get(n) or _probe_note(knobs.label(), n) for n in probe.notes
-                          if n.startswith(("micro-batches above", "micro-batches below"))]
+        self.ev.found(probe)
+        for note in probe.notes:
+            if note.startswith(("micro-batches above", "micro-batches below")):
+                self.ev.decide(stopped.get(note) or _probe_note(knobs.label(), note))
         if not probe.max_micro_batch and any(n.startswith("micro-batches below")
                                              for n in probe.notes):
-            del self.ev.probes[knobs]  # its smaller micro-batches were never tried: not "none"
+            self.ev.unfound(knobs)  # its smaller micro-batches were never tried: not "none"
         if probe.max_micro_batch:
             self.ex.measure(self.ex.spec(candidate(probe.max_micro_batch)))  # reused when timed
         return probe
@@ -114,13 +115,14 @@ class Prober:
                 knobs = self.plan.base.with_(**{knob.name: value})
                 why = skip_reason(knobs, self.ev.traits)
                 if why:
-                    self.ev.skips.append(skip("not-applicable", knobs.label(),
+                    self.ev.decide(skip("not-applicable", knobs.label(),
                                               context="not-tried", reason=why))
                     continue
                 probe = self.probe(knobs)
                 if probe.max_micro_batch:
-                    self.ev.baseline = Candidate(knobs=knobs, micro_batch=probe.max_micro_batch)
-                    self.ev.skips.append(skip(
+                    self.ev.name_baseline(Candidate(knobs=knobs,
+                                                    micro_batch=probe.max_micro_batch))
+                    self.ev.decide(skip(
                         "baseline-rescued", self.ev.baseline.key(),
                         base=self.plan.base.label(), usable=self.plan.usable))
                     return True
@@ -160,7 +162,7 @@ class Prober:
             self.screen(timing_only=True)
             if len(self.ev.results) > known:
                 on = next(iter(stale.values()))
-                self.ev.skips.append(skip(
+                self.ev.decide(skip(
                     "rescreen", final.key(), "" if len(stale) == 1 else "several",
                     knobs=", ".join(stale), on=on.knobs.label()))
 
@@ -193,7 +195,7 @@ class Prober:
             score, best = max(timed, key=lambda t: t[0])
             noise = self.ev.noise(best, leader)
             if Interval(top, noise).beats(score * gain):
-                self.ev.skips.append(skip(
+                self.ev.decide(skip(
                     "per-class", best.knobs.label(), knob=knob.name, share=score / top,
                     leader=leader.key(), gain=gain, noise=noise))
                 continue
@@ -219,7 +221,7 @@ class Prober:
             if why is None and recompute:
                 why = bounds.recompute(self.ev, leader)
             if why:
-                self.ev.skips.append(why.within("not-tried", knobs.label()))
+                self.ev.decide(why.within("not-tried", knobs.label()))
             elif recompute:
                 self.probe_recompute(knobs)
             elif value in knob.frees_memory:
@@ -228,11 +230,11 @@ class Prober:
                 result = self.ex.measure(self.ex.spec(timed_here))
                 if result.status == "oom":  # it needs more memory than the leader's
                     self.probe(knobs)
-                elif self.ev.lower_peak(leader, timed_here):
+                elif fits.lower_peak(self.ev, leader, timed_here):
                     # its boundary may be above the leader's
                     lowered.append((knob.name, value, timed_here))
         now = self.ev.leader()
-        self.ex.screened.add(knob.name)
+        self.ex.reach.screened.add(knob.name)
         return None if knob.frees_memory else now
 
     def probe_recompute(self, knobs: Knobs) -> None:
@@ -247,28 +249,28 @@ class Prober:
         usable = self.plan.usable
         # A fit under memory pressure (allocator retries) is no floor: there, freeing memory
         # can make a step faster.
-        fit = self.ev.largest_fit(twin, calm=True)
+        fit = fits.largest_fit(self.ev, twin, calm=True)
         if not fit:  # nothing known to fit without it: the whole range is open
             self.probe(knobs)
             return
         if fit >= self.plan.per_device:
-            self.ev.skips.append(skip(
+            self.ev.decide(skip(
                 "recompute-twin", knobs.label(), "whole-batch", context="not-tried",
                 twin=twin.label(), per_device=self.plan.per_device, largest=fit))
             return
         probe = self.probe(knobs, above=fit)
         if probe.max_micro_batch:
-            self.ev.skips.append(skip("recompute-twin", knobs.label(), "below-fit",
+            self.ev.decide(skip("recompute-twin", knobs.label(), "below-fit",
                                       twin=twin.label(), largest=fit))
             return
-        del self.ev.probes[knobs]
+        self.ev.unfound(knobs)
         first = probe.steps[0] if probe.steps else None
         seen: dict[str, int | str] = {} if first is None else {"first": first.micro_batch} | (
             {"first_peak": _bytes(first.peak_bytes), "usable": usable}
             if first.status == "ok" else {"status": first.status})
         variant = ("fits-none" if first is None else
                    "fits-none-peak" if first.status == "ok" else "fits-none-status")
-        self.ev.skips.append(skip("recompute-twin", knobs.label(), variant, twin=twin.label(),
+        self.ev.decide(skip("recompute-twin", knobs.label(), variant, twin=twin.label(),
                                   largest=fit, **seen))
 
     def probe_lowered(self, lowered: Sequence[tuple[str, str, Candidate]]) -> None:
@@ -280,7 +282,7 @@ class Prober:
         lowest-peak value of each knob is first timed together on the leader at its
         micro-batch (unless that setting ran already: one of them became the leader, and the
         next was timed on it). Then, lowest peak first, each is probed above where the next
-        micro-batch may fit by the growth per sample (``Evidence.growth``); one whose peak is
+        micro-batch may fit by the growth per sample (``fits.growth``); one whose peak is
         not below
         a setting whose probe fit nothing larger is not (it would end in an out-of-memory
         too). The gain ceiling still decides each step of a probe (``bounds.larger``)."""
@@ -298,21 +300,21 @@ class Prober:
                 and together.knobs not in self.ev.probes \
                 and skip_reason(together.knobs, self.ev.traits) is None:
             self.ex.measure(self.ex.spec(together))
-            if self.ev.lower_peak(leader, together):
+            if fits.lower_peak(self.ev, leader, together):
                 peak[together] = self.ev.results[together].peak_bytes or 0
         pool = [c for c in peak if c.knobs not in self.ev.probes]
         none_above: Candidate | None = None  # the lowest peak whose probe fit nothing larger
         for c in sorted(pool, key=peak.__getitem__):
             m = c.micro_batch
             above = next(x for x in self.plan.micro_batches if x > m)
-            growth = self.ev.growth(c.knobs, m)
+            growth = fits.growth(self.ev, c.knobs, m)
             need = None if growth is None else peak[c] + growth * (above - m)
             if none_above is not None:
-                self.ev.skips.append(skip(
+                self.ev.decide(skip(
                     "peak-not-below", c.knobs.label(), micro_batch=m, peak=peak[c],
                     other=none_above.knobs.label(), other_peak=peak[none_above]))
             elif need is not None and need > self.plan.usable:
-                self.ev.skips.append(skip(
+                self.ev.decide(skip(
                     "growth-over-budget", c.knobs.label(), micro_batch=m, peak=peak[c],
                     need=int(need), above=above, growth=int(growth or 0),
                     usable=self.plan.usable))
