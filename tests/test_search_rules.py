@@ -219,8 +219,8 @@ def test_a_batch_of_proposed_runs_leaves_the_same_evidence_whatever_order_they_e
     # Each candidate: its first run's and its run again's samples/s, whether the run again
     # ran out of memory, whether its first timing came from the study store (a re-check) and
     # whether the run again compiled afresh (a first launch; compiled, not stored, only).
-    from autotune.search import racing
     from autotune.search.executor import Executor, Proposal
+    from autotune.search.stages import race
 
     def state(order: list[int]) -> tuple:
         ev = evidence()
@@ -238,7 +238,7 @@ def test_a_batch_of_proposed_runs_leaves_the_same_evidence_whatever_order_they_e
                                    recheck=stored), result))
         for i in order:
             proposal, result = batch[i]
-            racing.tell(ex, proposal, result, ev.record(proposal.candidate, result))
+            race.tell(ex, proposal, result, ev.record(proposal.candidate, result))
         return (ev.results, ev.runs, ev.drift, ev.cold, ev.stored,
                 sorted(s.text for s in ev.skips), ev.ranked())
 

@@ -172,7 +172,7 @@ def compiled_whole_batch(ev: Evidence, knobs: Knobs, fitting: list[int]) -> Skip
 
 
 def sibling_ratio(ev: Evidence, knobs: Knobs, walked: Sequence[int],
-                     micro_batch: int) -> Skip | None:
+                  micro_batch: int) -> Skip | None:
     """Why stepping a setting near the leader down to ``micro_batch`` cannot pay, if it
     cannot: another setting timed at both ``micro_batch`` and this one's best so far went no
     faster at ``micro_batch`` (its own walk down), so this one, scaled by the sibling's
@@ -197,7 +197,7 @@ def sibling_ratio(ev: Evidence, knobs: Knobs, walked: Sequence[int],
             knobs == ev.leaders_setting() and not compiled):
         return None
     best_m = max(walked, key=lambda x: ev.score(Candidate(knobs=knobs,
-                                                             micro_batch=x)) or 0.0)
+                                                          micro_batch=x)) or 0.0)
     best = Candidate(knobs=knobs, micro_batch=best_m)
     best_result = ev.results.get(best)
     if best_result is None or best_result.num_alloc_retries or not ev.score(best) or (

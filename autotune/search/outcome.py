@@ -11,7 +11,6 @@ from datetime import datetime, timezone
 from autotune import __version__
 from autotune.config import MemoryProbe, ProbeReport, StopReason, TrialResult
 from autotune.errors import NoFeasibleConfigError, WorkloadError
-from autotune.knobs import KNOBS, skip_reason
 from autotune.schema import (
     MemoryRecord,
     RunRecord,
@@ -70,8 +69,10 @@ class SearchOutcome:
         return tuple(s.text for s in self.skips)
 
 
-def outcome(ev: Evidence, ex: Executor, stop: StopReason) -> SearchOutcome:
-    """What the search hands back: every record, the skips, the cost and the run log."""
+def outcome(ev: Evidence, ex: Executor, stop: StopReason,
+            not_reached: tuple[str, ...] = ()) -> SearchOutcome:
+    """What the search hands back: every record, the skips, the cost and the run log, and
+    (stopped early) what it never began (``driver.not_reached``)."""
     interrupted = stop.interrupted
     ev.release_held(asked=True)  # a search stopped early picks from all it knows too
     if ev.baseline is None:  # stopped while probing it: its largest fit timed so far
@@ -101,35 +102,13 @@ def outcome(ev: Evidence, ex: Executor, stop: StopReason) -> SearchOutcome:
                          probes=tuple(ev.probes.values()),
                          skips=skips,
                          interrupted=interrupted, stop_reason=stop,
-                         not_reached=not_reached(ev, ex) if interrupted else (),
+                         not_reached=not_reached,
                          num_runs=ex.tally.num_runs,
                          runs=tuple(ex.tally.run_log), study=ex.study.record,
                          ledger=ex.study,
                          cost=SearchCost(num_runs=ex.tally.num_runs, **ex.tally.cost,
                                          num_compiled_runs=ex.tally.compiles[0],
                                          num_cached_compiles=ex.tally.compiles[1]))
-
-
-def not_reached(ev: Evidence, ex: Executor) -> tuple[str, ...]:
-    """What a search stopped early never began: the settings not probed, the knobs not
-    screened, each later stage not entered (``TunedConfig.not_reached``)."""
-    probes = [k.label() for k in ev.plan.classes
-              if (k.precision, k.compile_mode) not in ex.reach.considered]
-    knobs = [k.name for k in KNOBS[2:] if k.name not in ex.reach.screened and any(
-        v != getattr(ev.plan.base, k.name) and skip_reason(  # one the workload could use
-            ev.plan.base.with_(**{k.name: v}), ev.traits) is None
-        for v in ev.plan.values.get(k.name, ()))]
-    first_launch = ev.plan.compile_in_peak and any(
-        k.compile_mode != "off" for k in ev.plan.classes)
-    planned = {"probe": f"the memory probes of {', '.join(probes)}" if probes else "",
-               "knobs": f"knob screening ({', '.join(knobs)})" if knobs else "",
-               "refine": "the smaller micro-batches",
-               "confirm": "the re-measure of the leaders",
-               "first launch": "the first-launch check" if first_launch else ""}
-    # The stage it stopped in (the last entered) counts only where a run of it began.
-    reached = set(ex.reach.entered[:-1]) | (set(ex.reach.entered[-1:]) & ex.reach.ran_in)
-    return tuple(text for stage, text in planned.items() if text and (
-        stage in ("probe", "knobs") or stage not in reached))
 
 
 def tuned_config(report: ProbeReport, outcome: SearchOutcome,

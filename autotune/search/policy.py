@@ -95,7 +95,7 @@ def within_drift(ev: Evidence) -> list[Candidate]:
     for key in once:
         share = (ev.score(key) or 0.0) / top
         ev.decide(skip("within-drift", key.key(), share=share, leader=leader.key(),
-                             drift=drift, config=config.key()))
+                       drift=drift, config=config.key()))
     return once
 
 

@@ -1,8 +1,14 @@
-"""The race and the first launch: re-measure the leader and its close contenders, decide
-close gaps in interleaved rounds, and check that a compiled winner fits a first launch.
+"""The race and its first-launch check, stages 4 and 5, one loop: re-measure the leader and
+its close contenders, decide close gaps in interleaved rounds, and check that a compiled
+winner fits a first launch; where it does not, it is out and the next pick is re-checked and
+checked in turn.
 
-Who races and when a race stops is the policy's (``policy``); this module makes the runs
-through the executor. ``docs/search.md`` states the algorithm once.
+One loop because each feeds the other: the leader's re-measure, compiled afresh, is also its
+first-launch check (a run that does not fit rules it out during the race), and a winner ruled
+out hands the pick to the next, whose stored timing is re-checked before its own first launch
+is checked. Who races and when a race stops is the policy's (``policy``); this module makes
+the runs through the executor and tells the evidence what they found. ``docs/search.md``
+states the algorithm once.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ def confirm(ex: Executor) -> None:
 
     A clear leader, compiled and not yet run as a first launch compiles it, has the first-launch
     check's run made here: it is a second run of the leader too, so the drift between its two
-    runs is known before the race is settled (``_within_drift``, ``_interleave``)."""
+    runs is known before the race is settled (``policy.within_drift``, ``interleave``)."""
     keys = contenders(ex.ev)
     if not keys or (len(keys) < 2 and keys[0] not in ex.ev.stored
                     and not fits.unchecked_launch(ex.ev, keys[0])):
@@ -67,7 +73,7 @@ def confirm(ex: Executor) -> None:
 def recheck_stored_pick(ex: Executor) -> None:
     """A stored timing never picks alone: while the pick would be a candidate timed only
     by a search before (the local study store), not run in this one, it is re-checked
-    (``_remeasure``; its fresh run counts where the stored one is stale) and the pick
+    (``remeasure``; its fresh run counts where the stored one is stale) and the pick
     made again. The two leaders' re-checks can drop both behind a third known only from
     the store; each round re-runs one candidate, so it ends."""
     while (winner := ex.ev.winner()) is not None and winner in ex.ev.stored:
@@ -116,14 +122,20 @@ def interleave(ex: Executor, first: Mapping[Candidate, TrialResult]) -> None:
     ex.ev.raced(leader, challenger, shares, note)
 
 
-def fit_cold(ex: Executor) -> None:
-    """The first-launch stage (``docs/search.md``): check that the compiled winner fits as a
-    first launch compiles it, on a device whose peak counts the compile."""
-    if not ex.plan.compile_in_peak:
-        return
+def run(ex: Executor) -> None:
+    """Stages 4 and 5 (``docs/search.md``), one loop: the race (``confirm``), then, until the
+    pick stands, its stored timing re-checked (``recheck_stored_pick``) and, on a device whose
+    peak counts the compile, its fit as a first launch: vouched for by a sibling's run
+    afresh, or run afresh itself; one that does not fit is out (``_rule_out``) and the next
+    pick goes round again."""
+    ex.ev.release_held()
+    confirm(ex)
     usable = ex.plan.usable
     while True:
         recheck_stored_pick(ex)  # the next pick after one ruled out: re-checked first
+        ex.stage = "first launch"
+        if not ex.plan.compile_in_peak:
+            return
         winner = ex.ev.winner()
         if winner is None or winner.knobs.compile_mode == "off":
             return
