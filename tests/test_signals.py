@@ -19,7 +19,7 @@ from autotune.config import TrialResult, TrialSpec, WorkloadSpec
 from autotune.errors import Interrupted
 from autotune.signals import SignalGuard, guarded
 from tests.conftest import workload_target
-from tests.test_search_stages import CLASSES, SETTINGS, ScriptedDevice, by_class, plan
+from tests.scripted import CLASSES, SETTINGS, ScriptedDevice, by_class, plan
 
 
 @pytest.fixture(autouse=True)
