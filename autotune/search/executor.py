@@ -23,7 +23,7 @@ from autotune.search._ledger import Ledger
 from autotune.search._records import Candidate, SearchSettings, classify, run_record
 from autotune.search._store import open_local, study_key
 from autotune.search._study import open_study, redact, study_identity
-from autotune.search.evidence import Evidence
+from autotune.search.evidence import Evidence, Interval
 from autotune.search.plan import Plan
 
 Runner = Callable[[TrialSpec], TrialResult]
@@ -106,9 +106,17 @@ class Reach:
         """A run of ``knobs`` begins (or the study answers for one): its stage, its setting
         and, in the knobs stage, the knobs it changes count as reached."""
         self.ran_in.add(self.stage)
-        self.considered.add((knobs.precision, knobs.compile_mode))
+        self.consider(knobs)
         if self.stage == "knobs":
             self.screened.update(knobs.changed())
+
+    def consider(self, knobs: Knobs) -> None:
+        """A setting a run began on, or that a bound ruled out, counts as reached."""
+        self.considered.add((knobs.precision, knobs.compile_mode))
+
+    def screen(self, name: str) -> None:
+        """A knob's screening ran a value or ended: it counts as reached."""
+        self.screened.add(name)
 
 
 class Executor:
@@ -189,7 +197,8 @@ class Executor:
         spec = replace(spec, max_timed_s=self.settings.slower_factor * best_window_s)
         if self.settings.train_steps:  # compile time counts too: a slow step may still win
             return spec
-        return replace(spec, stop_above_step_s=best_s * (1 + self.stop_margin()))
+        # Its fastest step slower than the leader's median beyond the noise: it is behind.
+        return replace(spec, stop_above_step_s=Interval(best_s, self.stop_margin()).high)
 
     def stop_margin(self) -> float:
         """How much slower than the leader's median a candidate's fastest steps must be to

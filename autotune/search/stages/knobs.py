@@ -136,7 +136,7 @@ def screen_knob(ex: Executor, knob: Knob, leader: Candidate,
                 # its boundary may be above the leader's
                 lowered.append((knob.name, value, timed_here))
     now = ex.ev.leader()
-    ex.reach.screened.add(knob.name)
+    ex.reach.screen(knob.name)
     return None if knob.frees_memory else now
 
 

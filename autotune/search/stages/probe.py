@@ -42,7 +42,7 @@ def run(ex: Executor) -> bool:
     for knobs in plan.refining_classes():
         why_not = bounds.mode(ev, knobs)
         if why_not:
-            ex.reach.considered.add((knobs.precision, knobs.compile_mode))
+            ex.reach.consider(knobs)
             ev.decide(why_not)
         else:
             probe_setting(ex, knobs)
