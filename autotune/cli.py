@@ -406,8 +406,8 @@ def search(
             out_console.print(report.search_table(result.config, width=out_console.width))
             for line in report.search_footer(result):
                 out_console.print(line, highlight=False)
-        if result.config.interrupted and result.stop_reason.startswith("interrupted"):
-            raise typer.Exit(143 if "SIGTERM" in result.stop_reason else 130)
+        if result.config.interrupted and result.stop_reason.by_signal:
+            raise typer.Exit(result.stop_reason.exit_code)
 
 
 def out_for_tables() -> Console:

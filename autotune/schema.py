@@ -36,6 +36,7 @@ from autotune.config import (
     TEXT_PATTERN,
     DeviceInfo,
     ProbeReport,
+    StopReason,
     Text,
     TrialStatus,
     WorkloadSpec,
@@ -870,4 +871,4 @@ class SearchResult:
     path: Path | None
     """Where ``autotune.json`` was written (None when not written)."""
     probe: ProbeReport
-    stop_reason: str = ""
+    stop_reason: StopReason = field(default_factory=StopReason)

@@ -3,7 +3,7 @@
 ``base``: the search as it is; ``band``: no interleaved rounds where the leader and its
 challenger are within 3% (the practical-equality band: either would do); ``norounds``: no
 interleaved rounds at all; ``nodrift``: no re-measure of candidates within the drift. Each
-replaces one policy decision of ``autotune.search.racing`` in this process only, and prints the
+replaces one policy decision of ``autotune.search.stages.race`` in this process only, and prints the
 replay's summary (tuning and held-out apart) and a line per table.
 
 Run: ``python benchmarks/replay_variants.py base|band|norounds|nodrift [SEEDS]``.
@@ -16,7 +16,8 @@ import sys
 
 import replay
 
-from autotune.search import policy, racing
+from autotune.search import policy
+from autotune.search.stages import race
 
 BAND = 0.03
 
@@ -40,7 +41,7 @@ def main(argv: list[str]) -> int:
         print(f"usage: replay_variants.py {'|'.join(VARIANTS)} [SEEDS]", file=sys.stderr)
         return 2
     for name, fn in VARIANTS[argv[0]].items():
-        setattr(racing, name, fn)
+        setattr(race, name, fn)
     seeds = int(argv[1]) if len(argv) > 1 else 30
     results = [replay.score(t, seeds) for t in replay.all_tables()]
     print(argv[0], json.dumps(replay.summary(results)))

@@ -173,13 +173,13 @@ def test_adapters_carry_the_blocks_scope_or_say_they_cannot() -> None:
 
 
 def scope_search(scope_speed: float, *, num_blocks: int = 4, eager_wins: bool = False):
-    """A scripted search (``tests/test_search_stages``' device) where ``blocks`` scope runs
+    """A scripted search (``tests/scripted.py``'s device) where ``blocks`` scope runs
     ``scope_speed`` times the whole-model compile's speed, and ``compile_scope`` is offered
     with both values, as it is by default."""
     from dataclasses import dataclass, replace
 
     from autotune.search import run_search
-    from tests.test_search_stages import (
+    from tests.scripted import (
         CLASSES,
         SETTINGS,
         TRAITS,
@@ -213,7 +213,7 @@ def test_the_search_times_the_blocks_scope_on_a_compiled_leader(scope_speed: flo
     """Screened on the compiled leader like any knob: timed at its micro-batch, and kept only
     where it is faster."""
     from autotune.search import tuned_config
-    from tests.test_search_stages import SETTINGS, plan
+    from tests.scripted import SETTINGS, plan
 
     outcome, records = scope_search(scope_speed)
     assert any(r.startswith("bf16/max-autotune+") and r.endswith("+scope=blocks/32")

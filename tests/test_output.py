@@ -117,8 +117,7 @@ SKIPPED = (
 
 
 def _footer(config: TunedConfig, path: Path | None = None) -> list[str]:
-    return report.search_footer(SearchResult(config=config, path=path, probe=None,
-                                             stop_reason=""))
+    return report.search_footer(SearchResult(config=config, path=path, probe=None))
 
 
 def test_fifteen_long_skipped_reasons_print_as_a_few_short_grouped_lines() -> None:
@@ -237,7 +236,7 @@ def test_a_ctrl_c_while_the_search_prints_names_what_was_written(
     path = write(realistic(), tmp_path / "autotune.json")
 
     def searched(*args, **kwargs):
-        return SearchResult(config=realistic(), path=path, probe=None, stop_reason="")
+        return SearchResult(config=realistic(), path=path, probe=None)
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

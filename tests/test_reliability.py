@@ -376,7 +376,7 @@ def test_ctrl_c_while_calibrating_keeps_and_writes_the_result(tmp_path: Path,
                         precisions=["fp32"], compile_modes=["off"], out=tmp_path,
                         settings=SearchSettings(num_timed_steps=3, min_timed_s=0.1,
                                                 micro_batches_per_class=1, num_confirm=0))
-    assert result.stop_reason == "interrupted (Ctrl-C) while calibrating: best config kept"
+    assert str(result.stop_reason) == "interrupted (Ctrl-C) while calibrating: best config kept"
     config = json.loads((tmp_path / "autotune.json").read_text())
     assert config["interrupted"] and config["memory"]["calibration"] == {}
     assert any(t["verdict"] == "winner" for t in config["trials"])

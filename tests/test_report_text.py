@@ -23,7 +23,7 @@ from rich.text import Text
 from typer.testing import CliRunner
 
 from autotune import cli, report
-from autotune.config import MemoryProbe, ProbeReport, ProbeStep, WorkloadSpec
+from autotune.config import MemoryProbe, ProbeReport, ProbeStep, StopReason, WorkloadSpec
 from autotune.errors import ConfigError, WorkloadError
 from autotune.estimate import EstimateReport, StepEstimate
 from autotune.knobs import Knobs
@@ -86,7 +86,7 @@ def _search_result(text: str) -> SearchResult:
         reason=text, interrupted=True,
         study=StudyRecord(storage=f"sqlite:///{text}/studies.db", name=text, note=text))
     return SearchResult(config=config, path=Path(text) / "autotune.json",
-                        probe=_probe_report(text), stop_reason=text)
+                        probe=_probe_report(text), stop_reason=StopReason("time-budget", text))
 
 
 def _estimate(text: str) -> EstimateReport:

@@ -13,14 +13,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from autotune.config import Knobs, TrialResult
+from autotune.config import MIB, Knobs, StopReason, TrialResult
+from autotune.errors import Interrupted
 from autotune.search import bounds
 from autotune.search._records import Candidate, SearchSettings
 from autotune.search.evidence import Evidence
 from autotune.search.plan import Plan
 from autotune.search.policy import ROUNDS, another_round, rechecked
 from autotune.search.rules import RULES, Skip
-from tests.test_search_stages import BUDGET, CLASSES, MIB, plan
+from tests.scripted import BUDGET, CLASSES, plan
 
 SETTINGS = SearchSettings(num_timed_steps=5, cache=False)
 EAGER = Knobs(precision="bf16", compile_mode="off")
@@ -42,10 +43,10 @@ def evidence(**runs: TrialResult) -> Evidence:
     ev = Evidence(Plan.of(plan(), CLASSES, {}), SETTINGS)
     for name, result in runs.items():
         precision, mode, micro_batch = name.split("_")
-        ev.results[Candidate(knobs=Knobs(precision=precision, compile_mode=mode),
-                             micro_batch=int(micro_batch))] = result
+        ev.took(Candidate(knobs=Knobs(precision=precision, compile_mode=mode),
+                          micro_batch=int(micro_batch)), result)
     base = Knobs(precision="fp32", compile_mode="off")
-    ev.baseline = next((c for c in ev.results if c.knobs == base), None)
+    ev.name_baseline(next((c for c in ev.results if c.knobs == base), None))
     return ev
 
 
@@ -219,6 +220,7 @@ def test_a_batch_of_proposed_runs_leaves_the_same_evidence_whatever_order_they_e
     # ran out of memory, whether its first timing came from the study store (a re-check) and
     # whether the run again compiled afresh (a first launch; compiled, not stored, only).
     from autotune.search.executor import Executor, Proposal
+    from autotune.search.stages import race
 
     def state(order: list[int]) -> tuple:
         ev = evidence()
@@ -226,7 +228,7 @@ def test_a_batch_of_proposed_runs_leaves_the_same_evidence_whatever_order_they_e
                       on_step=None)
         batch = []
         for key, (first, again, oom, stored, cold) in zip(_BATCH, runs, strict=False):
-            ev.results[key] = run(first, key.micro_batch, jitter=0.02)
+            ev.took(key, run(first, key.micro_batch, jitter=0.02))
             if stored:
                 ev.stored.add(key)
             cold = cold and not stored and key.knobs.compile_mode != "off"
@@ -236,7 +238,7 @@ def test_a_batch_of_proposed_runs_leaves_the_same_evidence_whatever_order_they_e
                                    recheck=stored), result))
         for i in order:
             proposal, result = batch[i]
-            ex.tell(proposal, result, ev.record(proposal.candidate, result))
+            race.tell(ex, proposal, result, ev.record(proposal.candidate, result))
         return (ev.results, ev.runs, ev.drift, ev.cold, ev.stored,
                 sorted(s.text for s in ev.skips), ev.ranked())
 
@@ -244,3 +246,28 @@ def test_a_batch_of_proposed_runs_leaves_the_same_evidence_whatever_order_they_e
     shuffled = order[:]
     rng.shuffle(shuffled)
     assert state(order) == state(shuffled)
+
+
+# ----------------------------------------------------------------------------------------------
+# Why a search ended: a value, said in the words autotune.json and the footer wrote before it.
+
+@pytest.mark.parametrize(("stop", "stopped_by", "said"), [
+    (StopReason(), "", "every class was tried or pruned with a reason"),
+    (StopReason("max-trials", "5"), "--max-trials reached (5 child runs)",
+     "--max-trials reached (5 child runs): best so far"),
+    (StopReason("time-budget"), "--time-budget reached", "--time-budget reached: best so far"),
+    (StopReason("time-budget", "fp32/off/1"),
+     "--time-budget reached during a run of fp32/off/1 (stopped)",
+     "--time-budget reached during a run of fp32/off/1 (stopped): best so far"),
+    (StopReason.signal(KeyboardInterrupt()), "interrupted (Ctrl-C)",
+     "interrupted (Ctrl-C): best so far"),
+    (StopReason.signal(Interrupted("SIGTERM", 15), "calibrating"),
+     "interrupted (SIGTERM) while calibrating",
+     "interrupted (SIGTERM) while calibrating: best config kept"),
+])
+def test_a_stop_reason_is_said_as_the_files_before_it_said_it(
+        stop: StopReason, stopped_by: str, said: str) -> None:
+    assert (stop.stopped_by, str(stop)) == (stopped_by, said)
+    assert stop.interrupted == bool(stopped_by)
+    assert stop.by_signal == stopped_by.startswith("interrupted")
+    assert stop.exit_code == (143 if "SIGTERM" in said else 130)

@@ -20,7 +20,7 @@ from autotune.shapes import batch_at, declared_lengths, worst_batch
 from autotune.trial import run_trial
 from tests import workloads
 from tests.conftest import workload_target
-from tests.test_search_stages import (
+from tests.scripted import (
     CLASSES,
     SETTINGS,
     TRAITS,

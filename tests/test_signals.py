@@ -19,7 +19,7 @@ from autotune.config import TrialResult, TrialSpec, WorkloadSpec
 from autotune.errors import Interrupted
 from autotune.signals import SignalGuard, guarded
 from tests.conftest import workload_target
-from tests.test_search_stages import CLASSES, SETTINGS, ScriptedDevice, by_class, plan
+from tests.scripted import CLASSES, SETTINGS, ScriptedDevice, by_class, plan
 
 
 @pytest.fixture(autouse=True)
@@ -121,7 +121,7 @@ def test_a_second_signal_while_the_first_is_handled_keeps_the_search_s_result() 
     device = TwoSignals(by_class(100, 150, 160, 200, 300, 330))
     with guarded() as guard:
         outcome = run_search(plan(), CLASSES, SETTINGS, run=device, guard=guard)
-    assert outcome.interrupted and outcome.stop_reason == "interrupted (Ctrl-C): best so far"
+    assert outcome.interrupted and str(outcome.stop_reason) == "interrupted (Ctrl-C): best so far"
     assert guard.raised == [signal.SIGINT] and guard.held == [signal.SIGTERM]
     assert outcome.baseline is not None and outcome.baseline in outcome.results
 
@@ -154,7 +154,8 @@ def test_a_signal_after_the_last_run_waits_for_the_writes(
         assert exc.exit_code == 143
         assert exc.written == tmp_path / "autotune.json"  # type: ignore[attr-defined]
     else:  # held until the calibration, which it ended at once
-        assert result.stop_reason == "interrupted (SIGTERM) while calibrating: best config kept"
+        assert str(result.stop_reason) == \
+            "interrupted (SIGTERM) while calibrating: best config kept"
     config = json.loads((tmp_path / "autotune.json").read_text())
     assert any(t["verdict"] == "winner" for t in config["trials"])
     assert (tmp_path / "train_autotuned.py").is_file()

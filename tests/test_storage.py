@@ -36,8 +36,8 @@ from autotune.errors import ConfigError
 from autotune.report import study_lines, to_json
 from autotune.search import SearchSettings, open_study, redact, run_search, tuned_config
 from autotune.search._study import study_identity
-from tests.test_search_stages import CLASSES, ScriptedDevice, plan
-from tests.test_search_stages import SETTINGS as IN_MEMORY
+from tests.scripted import CLASSES, ScriptedDevice, plan
+from tests.scripted import SETTINGS as IN_MEMORY
 from tests.test_store import SPEEDS, winner
 
 ROOT = Path(__file__).resolve().parent.parent

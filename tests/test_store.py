@@ -1,7 +1,7 @@
 """The local study store: a repeated search reuses its runs and re-checks the leaders; a
 changed budget, ``--fresh``, ``--no-cache``, a damaged store and two searches at once.
 
-The scripted device of test_search_stages stands in for the runner (each test has a store of
+The scripted device of tests/scripted.py stands in for the runner (each test has a store of
 its own: conftest's ``AUTOTUNE_CACHE_DIR``).
 """
 
@@ -21,8 +21,8 @@ from autotune.cli import app
 from autotune.config import MIB
 from autotune.errors import ConfigError
 from autotune.search import SearchSettings, list_studies, run_search, store_path, tuned_config
-from tests.test_search_stages import CLASSES, ScriptedDevice, by_class, plan
-from tests.test_search_stages import SETTINGS as IN_MEMORY
+from tests.scripted import CLASSES, ScriptedDevice, by_class, plan
+from tests.scripted import SETTINGS as IN_MEMORY
 
 SETTINGS = replace(IN_MEMORY, cache=True)
 """The scripted tests' settings, with the local study store these tests are about."""
@@ -280,7 +280,7 @@ def test_an_interrupted_search_keeps_every_run_it_finished_for_the_next() -> Non
 
     cut = CtrlC(SPEEDS)
     stopped = search(cut)
-    assert stopped.interrupted and stopped.stop_reason.startswith("interrupted (Ctrl-C)")
+    assert stopped.interrupted and str(stopped.stop_reason).startswith("interrupted (Ctrl-C)")
     done = cut.runs()[:5]
     again = ScriptedDevice(SPEEDS)
     two = search(again)

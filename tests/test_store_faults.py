@@ -4,7 +4,7 @@ A store removed or replaced mid-search (``autotune cache clear`` from another sh
 disk (SQLite's own SQLITE_FULL, made real with ``PRAGMA max_page_count``), a damaged file, a
 folder or another program's SQLite database at its path: the search finishes with its winner
 and says once what happened. Real Optuna on real SQLite; the scripted device of
-test_search_stages stands in for the child runs (each test has a store of its own:
+tests/scripted.py stands in for the child runs (each test has a store of its own:
 conftest's ``AUTOTUNE_CACHE_DIR``).
 """
 
@@ -39,7 +39,7 @@ from autotune.search import (
 )
 from autotune.search._ledger import store_trouble
 from tests.conftest import workload_target
-from tests.test_search_stages import CLASSES, ScriptedDevice, plan
+from tests.scripted import CLASSES, ScriptedDevice, plan
 from tests.test_store import SETTINGS, SPEEDS, winner
 
 

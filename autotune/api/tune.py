@@ -19,6 +19,7 @@ from autotune.config import (
     Knobs,
     MemoryProbe,
     ProbeReport,
+    StopReason,
     TrialResult,
     WorkloadSpec,
     format_bytes,
@@ -49,7 +50,6 @@ from autotune.search import (
     OnTrial,
     SearchOutcome,
     SearchSettings,
-    interrupt_name,
     recall,
     remember,
     run_search,
@@ -286,11 +286,11 @@ def search(
                              on_step=on_step, guard=guard)
         report = replace(plan, probes=outcome.probes, skipped=plan.skipped + not_timed)
         if outcome.baseline is None or outcome.baseline not in outcome.results:
-            if outcome.interrupted and outcome.stop_reason.startswith("interrupted"):
+            if outcome.interrupted and outcome.stop_reason.by_signal:
                 raise Interrupted(*_signal_of(outcome.stop_reason))
             if outcome.interrupted:  # a limit, not a memory verdict
                 raise ConfigError(
-                    f"{outcome.stop_reason.split(':')[0]} before fp32 eager (the baseline) was "
+                    f"{outcome.stop_reason.stopped_by} before fp32 eager (the baseline) was "
                     f"measured: nothing to compare with; allow more {name('time_budget_s')} or "
                     f"{name('max_trials')}")
             with guard.armed():  # it may run one more child: nothing to keep if stopped
@@ -312,18 +312,18 @@ def search(
 
 
 def _finish(report: ProbeReport, outcome: SearchOutcome, settings: SearchSettings,
-            started: float, guard: SignalGuard) -> tuple[TunedConfig, str]:
+            started: float, guard: SignalGuard) -> tuple[TunedConfig, StopReason]:
     """The tuned config of a search's outcome, calibrated for ``autotune check`` where the
     limits leave room (a signal ends the calibration only), and the reason the search ended."""
     config = tuned_config(report, outcome, settings)
     stop_reason = outcome.stop_reason
     if outcome.interrupted:  # a limit or a signal: say which, not "interrupted" for both
-        config = replace(config, stopped_by=stop_reason.removesuffix(": best so far"))
+        config = replace(config, stopped_by=stop_reason.stopped_by)
     timeout_s = _time_left(settings, started)
     runs_left = settings.max_trials - outcome.num_runs
     if (outcome.interrupted or timeout_s is None or runs_left <= 0
             or config.knobs.strategy != "none"):
-        why = ("the search was interrupted" if stop_reason.startswith("interrupted") else
+        why = ("the search was interrupted" if stop_reason.by_signal else
                f"the search stopped early: {config.stopped_by}" if outcome.interrupted else
                "the time budget is spent" if timeout_s is None else
                "--max-trials reached" if runs_left <= 0 else
@@ -338,16 +338,15 @@ def _finish(report: ProbeReport, outcome: SearchOutcome, settings: SearchSetting
                                                  for n in notes)),
                          study=outcome.ledger.record if outcome.ledger else config.study)
     except KeyboardInterrupt as exc:  # the search is done: keep its result
-        stop_reason = f"interrupted ({interrupt_name(exc)}) while calibrating: best config kept"
-        config = replace(config, interrupted=True, stopped_by=stop_reason.removesuffix(
-            ": best config kept"), skips=(
+        stop_reason = StopReason.signal(exc, "calibrating")
+        config = replace(config, interrupted=True, stopped_by=stop_reason.stopped_by, skips=(
                 *config.skips, SkipRecord(rule="calibration",
                                                 text="no estimator calibration: interrupted")))
     return config, stop_reason
 
 
-def _signal_of(stop_reason: str) -> tuple[str, int]:
-    name = stop_reason.partition("(")[2].partition(")")[0]
+def _signal_of(stop_reason: StopReason) -> tuple[str, int]:
+    name = stop_reason.detail
     number = getattr(signal, name, signal.SIGINT) if name.startswith("SIG") else signal.SIGINT
     return signal.Signals(number).name, int(number)
 

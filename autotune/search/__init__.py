@@ -2,21 +2,23 @@
 
 The only package that imports optuna: its study records every run, so an interrupted search
 resumes (completed runs are reused) and several processes can share one (``--storage``).
-The search is stated once in ``docs/search.md``; its modules, top down: ``driver`` (the
-stages, named), ``racing`` (the race and the first launch), ``policy`` (who races, when a race
-stops), ``bounds`` (one function per rule: can it still win?) and ``executor`` (one child
-run: limits, the study, cost), ``evidence`` (every run, the leader, the intervals), ``plan``
-(the space and its relations), ``rules`` (the rule ids and the typed ``Skip``), ``pick``
-(the winner and its ``autotune.json``); ``_records`` the verdict on each run, ``_study`` the
-study, ``_ledger`` the one seam through which a search touches it (a store that fails costs
-the cache, not the search), ``_store`` the local store.
+The search is stated once in ``docs/search.md``; its modules, top down: ``driver`` (the table
+of contents: ``STAGES``, each named with its body and what a search stopped before it never
+began), ``stages/`` (``probe``, ``knobs``, ``refine``, ``race``: the race and its first-launch
+check, one loop), ``outcome`` (``SearchOutcome`` and the ``autotune.json`` content),
+``policy`` (who races, when a race stops), ``bounds`` (one function per rule: can it still
+win?), ``fits`` (what the evidence says of memory) and ``executor`` (one child run: limits,
+the study, cost), ``evidence`` (every run, the decisions beside them, the leader, the
+``Interval``), ``plan`` (the space and its relations), ``rules`` (the rule ids and the typed
+``Skip``), ``pick`` (the winner, the rounds' majority rule); ``_records`` the verdict on each
+run, ``_study`` the study, ``_ledger`` the one seam through which a search touches it (a store
+that fails costs the cache, not the search), ``_store`` the local store.
 """
 
 from autotune.search._ledger import Ledger, recall, remember
 from autotune.search._records import (
     LOSS_TOLERANCE,
     Candidate,
-    SearchOutcome,
     SearchSettings,
     classify,
     flops_per_sample,
@@ -37,9 +39,10 @@ from autotune.search._study import (
     probed,
     redact,
 )
-from autotune.search.driver import interrupt_name, run_search
+from autotune.search.driver import run_search
 from autotune.search.executor import OnTrial
-from autotune.search.pick import break_even_steps, pick_winner, tuned_config
+from autotune.search.outcome import SearchOutcome, tuned_config
+from autotune.search.pick import break_even_steps, pick_winner
 
 __all__ = [
     "CONSTRAINT",
@@ -56,7 +59,6 @@ __all__ = [
     "clear_studies",
     "completed",
     "flops_per_sample",
-    "interrupt_name",
     "list_studies",
     "objective",
     "open_study",

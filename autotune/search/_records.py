@@ -1,15 +1,13 @@
-"""What a search works with: candidates, settings, outcomes, and the verdict on each run."""
+"""What a search works with: candidates, settings, and the verdict on each run."""
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
 
 from autotune.config import (
     Knobs,
-    MemoryProbe,
     ProbeReport,
     TrialResult,
     TrialSpec,
@@ -19,14 +17,8 @@ from autotune.device import backend_for
 from autotune.schema import (
     RunKind,
     RunRecord,
-    SearchCost,
-    StudyRecord,
     TrialRecord,
 )
-from autotune.search.rules import Skip
-
-if TYPE_CHECKING:
-    from autotune.search._ledger import Ledger
 
 # Numerics guard: allowed relative distance of the first loss from fp32 eager's, per precision.
 LOSS_TOLERANCE = {"fp32": 0.01, "tf32": 0.01, "bf16": 0.05, "fp16": 0.05}
@@ -110,44 +102,6 @@ class SearchSettings:
     than the noise stands without a second run."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class SearchOutcome:
-    """What the driver hands back to the api."""
-
-    records: tuple[TrialRecord, ...]
-    results: dict[Candidate, TrialResult]
-    baseline: Candidate | None
-    """fp32 eager at its largest fitting micro-batch; None when fp32 eager fits nothing."""
-    probes: tuple[MemoryProbe, ...]
-    """The knob settings probed, in the order they were."""
-    skips: tuple[Skip, ...]
-    """What was not run, each with its rule id, figures and sentence (``rules``)."""
-    interrupted: bool
-    stop_reason: str
-    not_reached: tuple[str, ...] = ()
-    """A search stopped early: the stages and knobs it never began (``TunedConfig``)."""
-    num_runs: int = 0
-    """Child processes this search started (stored results it reused not counted)."""
-    cost: SearchCost | None = None
-    runs: tuple[RunRecord, ...] = ()
-    """Every child run, stored ones first (``schema.RunRecord``)."""
-    study: StudyRecord | None = None
-    ledger: Ledger | None = field(default=None, repr=False, compare=False)
-    """The study itself, still open: the estimator's calibration keeps its figures in it."""
-    first_launch: Mapping[Candidate, str] = field(default_factory=dict)
-    """Compiled candidates on a device whose peak counts the compile (CPU) that no run showed
-    fitting as a first launch compiles them, each with what is known: all their runs loaded
-    their graphs from inductor's cache, or the run that compiled them did not fit."""
-    drift: Mapping[Candidate, float] = field(default_factory=dict)
-    """Candidates this search timed twice (a close race's re-measure, a first-launch check),
-    each with how far apart its two runs' medians were (0.3: the slower 30% slower)."""
-
-    @property
-    def skipped(self) -> tuple[str, ...]:
-        """What was not run, each as its sentence (``skip_sentences.render``)."""
-        return tuple(s.text for s in self.skips)
-
-
 def run_record(number: int, kind: RunKind, candidate: Candidate, result: TrialResult,
                usable_bytes: int, *, start_s: float = 0.0, compiled: bool,
                stored_at: str | None = None) -> RunRecord:
@@ -177,7 +131,8 @@ def score(value: float | None, settings: SearchSettings) -> float | None:
     return 1.0 / value if settings.train_steps else value
 
 
-def classify(candidate: Candidate, result: TrialResult, results: dict[Candidate, TrialResult],
+def classify(candidate: Candidate, result: TrialResult,
+             results: Mapping[Candidate, TrialResult],
              baseline: Candidate | None, report: ProbeReport,
              settings: SearchSettings) -> tuple[TrialRecord, float | None]:
     """The record of one run: its figures, and a verdict before the winner is known."""

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from autotune.config import Knobs, TrialResult
 from autotune.search._records import Candidate
-from autotune.search.evidence import Evidence
+from autotune.search.evidence import Evidence, Interval
 from autotune.search.plan import alike
 from autotune.search.rules import Skip, skip
 from autotune.timing import (
@@ -73,7 +73,7 @@ def larger(ev: Evidence, timed: Candidate, *, own_pair: bool = False) -> Skip | 
     ratio = (ev.score(at_large) or 0.0) / (ev.score(at_small) or 1.0)
     ceiling = gain_ceiling(ratio, small, large, timed.micro_batch, ev.plan.per_device)
     noise = ev.noise(timed, leader, at_small, at_large)
-    if ceiling is None or sps * ceiling >= top * (1 - noise):
+    if ceiling is None or not Interval(top, noise).beats(sps * ceiling):
         return None
     return skip(
         "gain-ceiling", timed.knobs.label(), micro_batch=timed.micro_batch, sps=sps,
@@ -104,7 +104,7 @@ def below(ev: Evidence, over: Candidate) -> Skip | None:
     if not sps or not top:
         return None
     noise = ev.noise(over, leader)
-    if sps * (1 + noise) >= top * ev.settings.refine_within:
+    if Interval(sps, noise).high >= top * ev.settings.refine_within:
         return None
     return skip(
         "over-budget-below", over.knobs.label(), micro_batch=over.micro_batch, sps=sps,
@@ -172,7 +172,7 @@ def compiled_whole_batch(ev: Evidence, knobs: Knobs, fitting: list[int]) -> Skip
 
 
 def sibling_ratio(ev: Evidence, knobs: Knobs, walked: Sequence[int],
-                     micro_batch: int) -> Skip | None:
+                  micro_batch: int) -> Skip | None:
     """Why stepping a setting near the leader down to ``micro_batch`` cannot pay, if it
     cannot: another setting timed at both ``micro_batch`` and this one's best so far went no
     faster at ``micro_batch`` (its own walk down), so this one, scaled by the sibling's
@@ -197,7 +197,7 @@ def sibling_ratio(ev: Evidence, knobs: Knobs, walked: Sequence[int],
             knobs == ev.leaders_setting() and not compiled):
         return None
     best_m = max(walked, key=lambda x: ev.score(Candidate(knobs=knobs,
-                                                             micro_batch=x)) or 0.0)
+                                                          micro_batch=x)) or 0.0)
     best = Candidate(knobs=knobs, micro_batch=best_m)
     best_result = ev.results.get(best)
     if best_result is None or best_result.num_alloc_retries or not ev.score(best) or (
@@ -222,7 +222,7 @@ def sibling_ratio(ev: Evidence, knobs: Knobs, walked: Sequence[int],
     sibling, (at, at_best) = max(siblings, key=lambda t: alike(t[0], knobs))
     ratio = (ev.score(at, full=True) or 0.0) / (ev.score(at_best, full=True) or 1.0)
     noise = ev.noise(best, at, at_best)
-    if ratio > 1 + noise:
+    if Interval(1.0, noise).beaten_by(ratio):
         return None
     predicted = (best_result.samples_per_s() or 0.0) * ratio
     return skip("sibling-ratio", knobs.label(), predicted=predicted, micro_batch=micro_batch,
@@ -262,12 +262,13 @@ def line_predicts_loss(ev: Evidence, knobs: Knobs, micro_batch: int, *,
               for r in timed.values()]
     spread = (prediction_halfwidth(points, widths, micro_batch, ev.plan.per_device) or 0.0
               if must_gain else 0.0)
-    if predicted > best_sps * (1 + max(noise, spread)) or (
-            not must_gain and predicted >= best_sps * (1 - noise)):
+    at_best = Interval(best_sps, noise)
+    if Interval(best_sps, max(noise, spread)).beaten_by(predicted) or (
+            not must_gain and not at_best.beats(predicted)):
         return None
-    if predicted < best_sps * (1 - noise):
+    if at_best.beats(predicted):
         verdict = ""  # behind by more than the noise
-    elif predicted > best_sps * (1 + noise):
+    elif at_best.beaten_by(predicted):
         verdict = "within-interval"
     else:
         verdict = "within-noise"

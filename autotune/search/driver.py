@@ -1,37 +1,74 @@
-"""The driver: the search as an order of stages, each a walk of proposals through the policy.
+"""The driver: the table of contents of a search, its stages in order (``STAGES``).
 
-The stages, named (``docs/search.md`` states the algorithm and every rule once):
-
-- **probe**: each memory class (precision x compile mode), fp32 eager (the baseline) first,
-  its largest fitting micro-batch found and timed; the compile modes beyond default only for
-  a precision near the leader (``bounds.mode``);
-- **knobs**: each further knob screened on the leader, one at a time (``screen``);
-- **refine**: smaller micro-batches of the settings near the leader, while each is faster;
-- **confirm**: the race (``racing.confirm``): the leader and its close contenders again;
-- **first launch**: a compiled winner must fit compiled afresh (``racing.fit_cold``).
-
-Every run goes through the executor; every decision not to run something is a ``Skip`` of a
-rule in ``bounds`` or ``policy``, kept in the evidence and said in the outcome.
+Each stage is named (the name each run's progress says), has a body in ``stages/`` and says
+what a search stopped before it never began (``TunedConfig.not_reached``);
+``docs/search.md`` states the algorithm and every rule once. Every run goes through the
+executor; every decision not to run something is a ``Skip`` of a rule in ``bounds`` or
+``policy``, kept in the evidence and said in the outcome.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from autotune.config import Knobs, MemoryProbe, ProbeReport
+from autotune.config import Knobs, ProbeReport, StopReason
+from autotune.knobs import KNOBS, skip_reason
 from autotune.memory import OnStep
 from autotune.runner import run_isolated
-from autotune.search import bounds, racing
-from autotune.search._records import Candidate, SearchOutcome, SearchSettings, classify
+from autotune.search._records import SearchSettings, classify
 from autotune.search.evidence import Evidence
-from autotune.search.executor import Executor, OnTrial, Runner, Stale, Stop
-from autotune.search.outcome import outcome
+from autotune.search.executor import Executor, OnTrial, Reach, Runner, Stale, Stop
+from autotune.search.outcome import SearchOutcome, outcome
 from autotune.search.plan import Plan
-from autotune.search.probing import Prober
-from autotune.search.rules import skip
+from autotune.search.stages import knobs, probe, race, refine
 from autotune.signals import SignalGuard
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the search."""
+
+    name: str
+    """Said with each run's progress, and counted as reached (``Reach``)."""
+    body: Callable[[Executor], bool | None] | None
+    """Runs the stage (False: the search ends there); None: it runs in the loop of the stage
+    before it."""
+    not_reached: Callable[[Evidence, Reach], str]
+    """What a search stopped before the stage began says it never did ("": nothing to say)."""
+    partial: bool = False
+    """Whether ``not_reached`` lists what is left of the stage even where it began (settings
+    not probed, knobs not screened)."""
+
+
+def _probes_left(ev: Evidence, reach: Reach) -> str:
+    left = [k.label() for k in ev.plan.classes
+            if (k.precision, k.compile_mode) not in reach.considered]
+    return f"the memory probes of {', '.join(left)}" if left else ""
+
+
+def _knobs_left(ev: Evidence, reach: Reach) -> str:
+    left = [k.name for k in KNOBS[2:] if k.name not in reach.screened and any(
+        v != getattr(ev.plan.base, k.name) and skip_reason(  # one the workload could use
+            ev.plan.base.with_(**{k.name: v}), ev.traits) is None
+        for v in ev.plan.values.get(k.name, ()))]
+    return f"knob screening ({', '.join(left)})" if left else ""
+
+
+def _first_launch(ev: Evidence, reach: Reach) -> str:
+    checked = ev.plan.compile_in_peak and any(k.compile_mode != "off" for k in ev.plan.classes)
+    return "the first-launch check" if checked else ""
+
+
+STAGES = (
+    Stage("probe", probe.run, _probes_left, partial=True),
+    Stage("knobs", knobs.run, _knobs_left, partial=True),
+    Stage("refine", refine.run, lambda ev, reach: "the smaller micro-batches"),
+    Stage("confirm", race.run, lambda ev, reach: "the re-measure of the leaders"),
+    Stage("first launch", None, _first_launch),  # one loop with the race (stages/race.py)
+)
+"""The stages in order (``docs/search.md``)."""
 
 
 def run_search(report: ProbeReport, classes: Sequence[Knobs], settings: SearchSettings,
@@ -64,171 +101,47 @@ def run_search(report: ProbeReport, classes: Sequence[Knobs], settings: SearchSe
     """
     plan = Plan.of(report, classes, values)
     assert plan.base in plan.classes, "fp32 eager is the baseline: the api adds it"
-    search = Search(plan, settings, run, on_trial, on_step, clock)
-    interrupted, stop_reason = False, "every class was tried or pruned with a reason"
+    ex = Executor(Evidence(plan, settings), run, on_trial, on_step, clock)
+    stop_reason = StopReason()
     try:
         with (guard or SignalGuard()).armed():
             try:
-                search.stages()
+                stages(ex)
             except Stale as stale:  # the stored runs measured another model: afresh
-                gave_up = search.ex.study
-                search = Search(plan, replace(settings, fresh=True), run, on_trial, on_step,
-                                clock, before=search)
-                search.ex.study.note(gave_up.record.note if not gave_up.ok else "")
-                search.ex.study.note(str(stale))
-                search.stages()
+                gave_up = ex.study
+                ex = Executor(Evidence(plan, replace(settings, fresh=True)), run, on_trial,
+                              on_step, clock, before=ex)
+                ex.study.note(gave_up.record.note if not gave_up.ok else "")
+                ex.study.note(str(stale))
+                stages(ex)
     except Stop as stop:
-        interrupted, stop_reason = True, str(stop)
+        stop_reason = stop.reason
     except KeyboardInterrupt as exc:
-        interrupted, stop_reason = True, f"interrupted ({interrupt_name(exc)}): best so far"
-    return search.outcome(interrupted, stop_reason)
+        stop_reason = StopReason.signal(exc)
+    return outcome(ex.ev, ex, stop_reason,
+                   not_reached(ex.ev, ex.reach) if stop_reason.interrupted else ())
 
 
-def interrupt_name(exc: BaseException) -> str:
-    """``Ctrl-C``, or the signal that ended the search (e.g. ``SIGTERM``)."""
-    name = getattr(exc, "signal_name", None)
-    return "Ctrl-C" if name in (None, "SIGINT") else name
+
+def stages(ex: Executor) -> None:
+    """What the study holds, said first; then the stages in order (``STAGES``)."""
+    ex.stage = "stored"  # what the study holds, said before it answers the stages
+    best = {k: ex.ev.held_best(k) for k in ex.ev.held}
+    for key, result in best.items():
+        ex.progress(key, classify(key, result, best, None, ex.plan.report,
+                                  ex.settings)[0])
+    for stage in STAGES:
+        if stage.body is None:
+            continue
+        ex.stage = stage.name
+        if stage.body(ex) is False:
+            return  # no baseline: the api says what it would take
 
 
-class Search:
-    """One search: its evidence, its executor, and the stages that propose its runs."""
-
-    def __init__(self, plan: Plan, settings: SearchSettings, run: Runner,
-                 on_trial: OnTrial | None, on_step: OnStep | None,
-                 clock: Callable[[], float], *, before: Search | None = None) -> None:
-        self.plan, self.ev = plan, Evidence(plan, settings)
-        self.ex = Executor(self.ev, run, on_trial, on_step, clock,
-                           before=before.ex if before is not None else None)
-        self.prober = Prober(self.ev, self.ex)
-
-    def stages(self) -> None:
-        """The stages in order (the module docstring, ``docs/search.md``)."""
-        self.ex.stage = "stored"  # what the study holds, said before it answers the stages
-        best = {k: self.ev.held_best(k) for k in self.ev.held}
-        for key, result in best.items():
-            self.ex.progress(key, classify(key, result, best, None, self.plan.report,
-                                         self.ev.settings)[0])
-        self.ex.stage = "probe"
-        first = self.plan.first_classes()
-        for i, knobs in enumerate(first):
-            if knobs.compile_mode != "off":  # the most promising precision first (its eager
-                # run's speed): a strong leader early lets the probes after it stop sooner
-                first[i:] = sorted(first[i:], key=lambda c: -self.ev.precision_best(c.precision))
-                knobs = first[i]
-            self.prober.probe(knobs)
-            if knobs == self.plan.base:
-                base = self.ev.probes[self.plan.base]
-                if base.max_micro_batch:
-                    self.ev.baseline = Candidate(knobs=knobs, micro_batch=base.max_micro_batch)
-                elif not self.prober.rescue_baseline():
-                    return  # no baseline: the api says what it would take
-        for knobs in self.plan.refining_classes():
-            why_not = bounds.mode(self.ev, knobs)
-            if why_not:
-                self.ex.considered.add((knobs.precision, knobs.compile_mode))
-                self.ev.skips.append(why_not)
-            else:
-                self.prober.probe(knobs)
-        self.ex.stage = "knobs"
-        self.prober.screen()
-        self.ex.stage = "refine"
-        screened = self.ev.leader()
-        # Eager settings first, best first: their steps cost no compile, and their walks are
-        # the evidence a compiled setting is walked down on (``bounds.sibling_ratio``).
-        for probe in sorted(self.ev.probes.values(), key=lambda p: (
-                p.knobs.compile_mode != "off", -(self.ev.class_best(p.knobs) or 0.0))):
-            self.refine(probe)
-        if self.ev.leader() != screened:  # the knobs were screened at another micro-batch
-            self.ex.stage = "knobs"
-            self.prober.screen(timing_only=True)
-        self.ev.release_held()
-        self.ex.stage = "confirm"
-        racing.confirm(self.ex)
-        racing.recheck_stored_pick(self.ex)
-        self.ex.stage = "first launch"
-        racing.fit_cold(self.ex)
-
-    def refine(self, probe: MemoryProbe) -> None:
-        """Time smaller micro-batches of one class, largest first, while each is faster than
-        the class's best by more than the noise (one run's luck is no trend to follow).
-
-        Micro-batches already measured (a resumed study) are walked through the same rule, so
-        a resumed search stops where the first one did."""
-        knobs, per_class = probe.knobs, self.ev.settings.micro_batches_per_class
-        label = knobs.label()
-        fitting = sorted(probe.fitting(), reverse=True)
-        why_not = bounds.compiled_whole_batch(self.ev, knobs, fitting)
-        if why_not and per_class:
-            self.ev.skips.append(why_not)
-            return
-        walked: list[int] = []  # largest first, each measured
-        for i, m in enumerate(fitting):
-            key = Candidate(knobs=knobs, micro_batch=m)
-            rest = ", ".join(str(x) for x in fitting[i:])
-            if key not in self.ev.results:
-                if per_class and len(walked) >= per_class:
-                    self.ev.skips.append(skip("micro-batch-limit", label, context="not-timed",
-                                              untimed=rest, per_class=per_class))
-                    return
-                share = self.ev.share(self.ev.class_best(knobs))
-                if per_class and (share is None or share < self.ev.settings.refine_within):
-                    self.ev.skips.append(bounds.behind(self.ev, label, share).within(
-                        "not-timed", label, untimed=rest))
-                    return
-                why_not = bounds.sibling_ratio(self.ev, knobs, walked, m) if per_class else None
-                if why_not:
-                    self.ev.skips.append(why_not.within("not-timed", label, untimed=rest))
-                    return
-                self.ex.measure(self.ex.spec(key))
-            if walked and per_class:
-                best = max((Candidate(knobs=knobs, micro_batch=x) for x in walked),
-                           key=lambda c: self.ev.score(c) or 0)
-                before, now = self.ev.score(best), self.ev.score(key)
-                noise = self.ev.noise(key, best)
-                best_m = best.micro_batch
-                if now is None or (before is not None and now <= before * (1 + noise)):
-                    later = list(fitting[i + 1:])
-                    if later and self.time_the_other_end(knobs, later[-1], len(walked) + 1):
-                        later = later[:-1]
-                    if later:
-                        self.ev.skips.append(skip(
-                            "walk-not-faster", label, context="not-timed",
-                            untimed=", ".join(map(str, later)), micro_batch=m, best=best_m,
-                            noise=noise))
-                    return
-            walked.append(m)
-
-    def time_the_other_end(self, knobs: Knobs, smallest: int, num_timed: int) -> bool:
-        """A walk down stopped at a micro-batch that was not faster: time the smallest that fits
-        too, once, for the leader's setting when it runs eager, and for any other eager setting
-        near the leader where the line through its timed micro-batches predicts the smallest
-        could win (speed is not always monotone in the micro-batch: on a CPU a small one can
-        stay in cache, and one noisy middle point must not hide the range's other end).
-
-        A compiled setting (the leader's too) pays a compile of its own for that run, and in
-        the committed oracles a compiled setting's smallest micro-batch beat its walked best
-        once in 214 walks (by 1.10x, where its line said 0.82x), never where its line
-        predicted a tie (5 walks) or a gain (2), while eager ones did 32 times in 330, by up to
-        2.4x (``benchmarks/rule_checks.py`` (5)): it is timed only where the line predicts it
-        ahead by more than the noise and by more than that prediction's own interval (each
-        timed point's error carried along the line: ``timing.prediction_halfwidth``), not for
-        a predicted tie.
-        False when it is not worth a run (the setting is behind the leader by more than
-        ``--refine-within``, not predicted to gain, or ``--micro-batches`` allows no more)."""
-        per_class = self.ev.settings.micro_batches_per_class
-        share = self.ev.share(self.ev.class_best(knobs))
-        if (share is None or share < self.ev.settings.refine_within
-                or (per_class and num_timed >= per_class)):
-            return False
-        compiled = knobs.compile_mode != "off"
-        always = knobs == self.ev.leaders_setting() and not compiled
-        why_not = None if always else bounds.line_predicts_loss(self.ev, knobs, smallest,
-                                                                must_gain=compiled)
-        if why_not:  # the leader's own eager setting is timed anyway: the pick is decided there
-            self.ev.skips.append(why_not)
-            return False
-        self.ex.measure(self.ex.spec(Candidate(knobs=knobs, micro_batch=smallest)))
-        return True
-
-    def outcome(self, interrupted: bool, stop_reason: str) -> SearchOutcome:
-        return outcome(self.ev, self.ex, interrupted, stop_reason)
+def not_reached(ev: Evidence, reach: Reach) -> tuple[str, ...]:
+    """What a search stopped early never began: the settings not probed, the knobs not
+    screened, each later stage not entered (``TunedConfig.not_reached``)."""
+    # The stage it stopped in (the last entered) counts only where a run of it began.
+    reached = set(reach.entered[:-1]) | (set(reach.entered[-1:]) & reach.ran_in)
+    return tuple(text for stage in STAGES if (text := stage.not_reached(ev, reach)) and (
+        stage.partial or stage.name not in reached))

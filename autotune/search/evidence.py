@@ -2,19 +2,21 @@
 
 ``Evidence`` is the one state of a search (no other module keeps runs): timed runs, memory
 probes, the runs per candidate, those that compiled their graphs afresh (a first launch's
-peak), the drift between two runs of one config, the interleaved rounds, and the decisions
-made (``skips``). Its queries are what every rule reads: a candidate's score and interval, the
-leader, the ranking, a setting's largest fit, its growth per sample, its first-launch fit.
+peak), the drift between two runs of one config, the interleaved rounds; and beside what was
+measured, the decisions made (``skips``, the candidates ruled out as a first launch). Other
+modules read its fields and write only through its methods (``took``, ``remeasured``,
+``decide``, ``rule_out``...). Its queries are what every rule reads: a candidate's score and
+``Interval``, the leader, the ranking (what it says of memory: ``fits``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from autotune.boundary import Point, fit_line
-from autotune.config import Knobs, MemoryProbe, TrialResult, WorkloadTraits, format_bytes
+from autotune.config import Knobs, MemoryProbe, TrialResult, WorkloadTraits
 from autotune.schema import TrialRecord
 from autotune.search._records import (
     OUT_OF_MEMORY,
@@ -25,9 +27,45 @@ from autotune.search._records import (
     score,
 )
 from autotune.search.pick import pick_winner
-from autotune.search.plan import Plan, memory_class
+from autotune.search.plan import Plan
 from autotune.search.rules import Skip
 from autotune.timing import MIN_STEPS_TO_STOP
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A figure (a score, a speed, a ratio) with the noise around it, relative: another figure
+    differs from it only outside ``[low, high]``. Every bound, cut and race of the search
+    compares through it ("beats the leader beyond the noise", ``docs/search.md``), so what the
+    noise is, and how it widens the figure, is said here once."""
+
+    value: float
+    noise: float
+
+    @property
+    def low(self) -> float:
+        """The figure's pessimistic end."""
+        return self.value * (1 - self.noise)
+
+    @property
+    def high(self) -> float:
+        """The figure's optimistic end."""
+        return self.value * (1 + self.noise)
+
+    def beats(self, other: float) -> bool:
+        """Whether this figure beats ``other`` beyond the noise (``other`` under its low end)."""
+        return other < self.low
+
+    def beaten_by(self, other: float) -> bool:
+        """Whether ``other`` beats this figure beyond the noise (``other`` over its high end)."""
+        return other > self.high
+
+
+def noise_of(settings: SearchSettings, *results: TrialResult) -> float:
+    """Relative gap runs need before it counts: ``confirm_within`` (the run-to-run noise of a
+    machine), or the 95% interval of the runs' ratio when wider (their medians' half-widths in
+    quadrature: a short or noisy timing says less)."""
+    return max(settings.confirm_within, math.hypot(*(r.halfwidth() or 0.0 for r in results)))
 
 
 @dataclass
@@ -42,9 +80,9 @@ class Evidence:
     re-measure (``answer``), so a resumed search decides on what the first one had seen at
     that point and takes the same path, its rounds included; those it never asks for
     (another search's, in a shared study) join the race (``release_held``)."""
-    results: dict[Candidate, TrialResult] = field(default_factory=dict)
+    measured: dict[Candidate, TrialResult] = field(default_factory=dict)
     """Timed runs this search asked for (run now, or answered from ``held``): the better of a
-    candidate's runs."""
+    candidate's runs, as measured (``results`` says them as judged)."""
     probe_runs: dict[Candidate, TrialResult] = field(default_factory=dict)
     """Memory probes that timed nothing (bisection points)."""
     runs: dict[Candidate, int] = field(default_factory=dict)
@@ -69,12 +107,113 @@ class Evidence:
     traits: WorkloadTraits | None = None
     """What the workload allows (blocks, convolutions, optimizer), from any run."""
     skips: list[Skip] = field(default_factory=list)
+    """The decisions not to run something, in the order they were made (``decide``)."""
+    out: dict[Candidate, Skip] = field(default_factory=dict)
+    """Compiled candidates ruled out as a first launch (``rule_out``): their run compiled
+    afresh did not fit."""
+    judged: dict[Candidate, TrialResult] = field(default_factory=dict, repr=False)
+    """``results``, kept as the runs are taken."""
 
     # -- the runs ---------------------------------------------------------------------------
 
     @property
+    def results(self) -> Mapping[Candidate, TrialResult]:
+        """Each candidate's better run as the search judges it: as measured, or for one ruled
+        out as a first launch (``out``), out of memory with its rule's words. Every rule
+        reads these."""
+        return self.judged
+
+    def _keep(self, key: Candidate, result: TrialResult) -> None:
+        """``result`` as ``key``'s better run so far (``measured``), and as judged."""
+        self.measured[key] = result
+        out = self.out.get(key)
+        self.judged[key] = result if out is None else replace(
+            result, status="oom", message=out.text.removeprefix(f"{key.key()}: "))
+
+    @property
     def usable(self) -> int:
         return self.plan.usable
+
+    def hold(self, completed: Mapping[Candidate, list[TrialResult]],
+             probed: dict[Candidate, TrialResult], *, local: bool) -> None:
+        """What the study holds as the search starts: its timed runs in this search's space
+        (``held``), its memory probes, the workload's traits from any run, and each run
+        that compiled afresh (``note_cold``). ``local``: the local store, a cache whose
+        timings are re-checked, not replayed: each candidate's better run answers its first
+        ask, and a re-measure runs afresh (``stored``)."""
+        self.held = {c: r for c, r in completed.items() if self.plan.allowed(c.knobs)}
+        self.probe_runs = probed
+        held = [(k, r) for k, runs in self.held.items() for r in runs]
+        self.traits = next((r.traits for _, r in held if r.traits is not None), None)
+        if local:
+            self.stored, self.runs = set(self.held), {k: len(v) for k, v in self.held.items()}
+            self.held = {k: [self.held_best(k)] for k in self.held}
+        for key, result in [*self.probe_runs.items(), *held]:
+            self.note_cold(key, result)
+
+    def asked(self, key: Candidate) -> None:
+        """The search asked for a run of ``key`` (``reached``)."""
+        self.reached.add(key)
+
+    def took(self, key: Candidate, result: TrialResult) -> None:
+        """A candidate's first timing, run now or answered from the study."""
+        self._keep(key, result)
+
+    def probed_at(self, key: Candidate, result: TrialResult) -> None:
+        """A memory probe's run that timed nothing (a bisection point)."""
+        self.probe_runs[key] = result
+
+    def ran(self, key: Candidate, result: TrialResult) -> None:
+        """A child run ended: its seconds of timed steps, and its first-launch peak where it
+        compiled afresh (``note_cold``)."""
+        self.note_cold(key, result)
+        self.timed_s[key] = self.timed_s.get(key, 0.0) + sum(result.step_times_s)
+
+    def learned(self, result: TrialResult) -> None:
+        """What the workload allows, from the first run that says it."""
+        if self.traits is None and result.traits is not None:
+            self.traits = result.traits
+
+    def found(self, probe: MemoryProbe) -> None:
+        """A setting's memory probe (its boundary)."""
+        self.probes[probe.knobs] = probe
+
+    def unfound(self, knobs: Knobs) -> None:
+        """A setting's probe that says nothing of its boundary (its smaller micro-batches were
+        never tried): not "fits none"."""
+        del self.probes[knobs]
+
+    def name_baseline(self, key: Candidate | None) -> None:
+        """What an untuned user runs: fp32 eager at its largest fit (or what rescued it)."""
+        self.baseline = key
+
+    def decide(self, skip: Skip) -> None:
+        """A decision not to run something, said with its rule (``skips``)."""
+        self.skips.append(skip)
+
+    def rule_out(self, key: Candidate, why: Skip) -> None:
+        """A compiled candidate is out: its run compiled afresh, as a first launch compiles it,
+        did not fit (``why``, also said in ``skips``). Its run stays as measured; it is judged
+        out of memory."""
+        self.out[key] = why
+        self._keep(key, self.measured[key])
+        self.decide(why)
+
+    def raced(self, leader: Candidate, challenger: Candidate, shares: Sequence[float],
+              note: Skip) -> None:
+        """Interleaved rounds decided between two candidates (``shares``: the challenger's
+        samples/s over the leader's in each round), said in ``note``."""
+        self.round_shares[challenger] = tuple(shares)
+        self.round_shares[leader] = tuple(1 / s for s in shares)
+        self.decide(note)
+
+    def rechecked(self, key: Candidate, again: TrialResult, *, fresh: bool, note: Skip) -> None:
+        """A stored timing re-checked (after ``remeasured``): no longer a stored one; with
+        ``fresh`` (the stored run is stale) the fresh run alone counts."""
+        self.stored.discard(key)
+        if fresh:
+            self._keep(key, again)
+        self.decide(note)
 
     def note_drift(self, key: Candidate, one: TrialResult, two: TrialResult) -> None:
         """How far apart two full timings of one candidate landed (``drift``)."""
@@ -102,10 +241,10 @@ class Evidence:
     def remeasured(self, key: Candidate, again: TrialResult, *, cold: bool = False) -> None:
         """A contender's run again, in full (``cold``: compiled afresh, a first launch): its
         count, the drift between its runs, and its better run kept. A stored timing re-checked
-        is left to ``policy.rechecked``. Results of one batch of proposals can come in any
-        order: each touches only its own candidate's entries."""
+        is left to ``rechecked``. Results of one batch of proposals can come in any order:
+        each touches only its own candidate's entries."""
         self.runs[key] = self.runs.get(key, 1) + 1
-        before = self.results[key]
+        before = self.measured[key]
         if cold:
             self.cold[key] = again  # compiled afresh, whatever its counters say
             if not again.ok:
@@ -114,7 +253,7 @@ class Evidence:
         # afresh does not slow the steps after it (benchmarks/cold_vs_cached.py).
         if cold or key not in self.stored:
             self.note_drift(key, before, again)
-        self.results[key] = keep_better(before, again)
+        self._keep(key, keep_better(before, again))
 
     def answer(self, key: Candidate) -> TrialResult | None:
         """The study's next run of ``key`` not yet asked for (a resumed search), or None."""
@@ -134,10 +273,10 @@ class Evidence:
             best, rest = self.held_best(key), self.held.pop(key)
             if key in self.results:
                 self.runs[key] = self.runs.get(key, 1) + len(rest)
-                best = keep_better(self.results[key], best)
+                best = keep_better(self.measured[key], best)
             else:  # the local store's count, or the runs held
                 self.runs.setdefault(key, len(rest))
-            self.results[key] = best
+            self._keep(key, best)
 
     def held_best(self, key: Candidate) -> TrialResult:
         """The better of the study's runs of ``key`` not yet asked for (``keep_better``)."""
@@ -160,11 +299,9 @@ class Evidence:
         return score(value, self.settings)
 
     def noise(self, *keys: Candidate) -> float:
-        """Relative gap two runs need before it counts: ``confirm_within`` (the run-to-run
-        noise of a machine), or the 95% interval of the runs' ratio when wider (their medians'
-        half-widths in quadrature: a short or noisy timing says less)."""
-        widths = [r.halfwidth() or 0.0 for k in keys if (r := self.results.get(k)) is not None]
-        return max(self.settings.confirm_within, math.hypot(*widths))
+        """``noise_of`` the candidates' runs (those that ran)."""
+        return noise_of(self.settings, *(r for k in keys if (r := self.results.get(k))
+                                         is not None))
 
     def class_best(self, knobs: Knobs) -> float | None:
         scores = [self.score(Candidate(knobs=knobs, micro_batch=m))
@@ -212,117 +349,3 @@ class Evidence:
         records = {k: self.record(k, r) for k, r in self.results.items()}
         best = pick_winner(tuple(records.values()), self.settings)
         return next((k for k, rec in records.items() if rec is best), None)
-
-    # -- memory -----------------------------------------------------------------------------
-
-    def largest_fit(self, knobs: Knobs, *, calm: bool = False) -> int:
-        """The largest micro-batch of ``knobs`` known to fit (its probes' and timed runs'), 0
-        when none; ``calm``: only runs without allocator retries count."""
-        return max((c.micro_batch for c, r in [*self.probe_runs.items(), *self.results.items()]
-                    if c.knobs == knobs and r.fits(self.usable)
-                    and not (calm and r.num_alloc_retries)), default=0)
-
-    def lower_peak(self, leader: Candidate, timed: Candidate) -> bool:
-        """Whether memory binds the leader (a larger micro-batch exists that it does not run)
-        and ``timed``, run at the leader's micro-batch, peaked below it there."""
-        ran, led = self.results.get(timed), self.results.get(leader)
-        return (timed.micro_batch == leader.micro_batch < self.plan.per_device
-                and ran is not None and ran.ok and led is not None and bool(ran.peak_bytes)
-                and bool(led.peak_bytes) and (ran.peak_bytes or 0) < (led.peak_bytes or 0))
-
-    def growth(self, knobs: Knobs, micro_batch: int) -> float | None:
-        """Peak bytes per sample above ``micro_batch`` for ``knobs``, or None (not known).
-
-        Measured on a setting of the same memory class at two or more micro-batches that
-        completed, the slope of the line through them (``boundary.fit_line``); else a lower
-        bound from the class's probe that stopped at ``micro_batch``: its run above failed, so
-        its peak there exceeded the budget (or is the measured one)."""
-        cls = memory_class(knobs)
-        bound = None
-        for k, probe in self.probes.items():
-            if memory_class(k) != cls:
-                continue
-            points = sorted({s.micro_batch: s.peak_bytes for s in probe.steps
-                             if s.status == "ok" and s.peak_bytes}.items())
-            line = fit_line([Point(micro_batch=m, peak_bytes=b, fits=True) for m, b in points])
-            if line is not None:
-                return max(0.0, line[0])
-            over = min((s for s in probe.steps if s.micro_batch > micro_batch and not s.fits),
-                       key=lambda s: s.micro_batch, default=None)
-            if points and points[-1][0] == micro_batch and over is not None:
-                end = over.peak_bytes if over.status == "ok" and over.peak_bytes else \
-                    self.plan.report.budget_bytes
-                bound = max(0.0, (end - points[-1][1]) / (over.micro_batch - micro_batch))
-        return bound
-
-    def recompute_floor(self, knobs: Knobs) -> int:
-        """For a checkpointed setting, the largest micro-batch its setting without
-        checkpointing is known to fit as a user's first launch runs it: a timed run without
-        allocator retries within the usable budget that, compiled, also fit with its graphs
-        compiled afresh (eager code compiles nothing). 0: none known, or no checkpointing."""
-        if knobs.checkpointing == "off":
-            return 0
-        twin = knobs.with_(checkpointing="off")
-
-        def first_launch_fits(key: Candidate) -> bool:
-            cold = self.cold.get(key)
-            return key.knobs.compile_mode == "off" or (cold is not None
-                                                       and cold.fits(self.usable))
-
-        return max((c.micro_batch for c, r in self.results.items()
-                    if c.knobs == twin and r.fits(self.usable) and r.step_times_s
-                    and not r.num_alloc_retries and first_launch_fits(c)), default=0)
-
-    def sibling_bound(self, key: Candidate) -> tuple[int, int, Candidate] | None:
-        """Where a run of the same graphs (another optimizer implementation on its setting)
-        compiled them afresh and ran: the candidate's own peak, that run's peak and the
-        sibling. That run's peak holds its compile's memory, so the two peaks' sum bounds the
-        candidate's peak as a first launch. None without such a run."""
-        own = self.results[key].peak_bytes if key in self.results else None
-        siblings = [(cold.peak_bytes, other) for other, cold in self.cold.items()
-                    if other.graph() == key.graph() and cold.ok and cold.peak_bytes is not None]
-        if own is None or not siblings:
-            return None
-        peak, sibling = min(siblings, key=lambda s: s[0])
-        return own, peak, sibling
-
-    def vouched_by_sibling(self, key: Candidate) -> bool:
-        """Whether ``sibling_bound`` puts the candidate's first launch within budget."""
-        bound = self.sibling_bound(key)
-        return bound is not None and bound[0] + bound[1] <= self.usable
-
-    def unchecked_launch(self, key: Candidate) -> bool:
-        """Whether a compiled candidate's fit as a first launch is still to check: on a device
-        whose peak counts the compile, no run of it compiled its graphs afresh, and no
-        sibling's run afresh bounds it within the usable budget (``sibling_bound``)."""
-        if not (key.knobs.compile_mode != "off" and key not in self.cold
-                and self.plan.compile_in_peak):
-            return False
-        return not self.vouched_by_sibling(key)
-
-    def first_launch(self) -> dict[Candidate, str]:
-        """``SearchOutcome.first_launch``: what is unknown or against each compiled
-        candidate's fit as a first launch (on a device whose peak counts the compile)."""
-        if not self.plan.compile_in_peak:
-            return {}
-        notes = {}
-        for key in self.results:
-            cold = self.cold.get(key)
-            if key.knobs.compile_mode == "off" or (cold is not None and cold.fits(self.usable)):
-                continue
-            if cold is None and self.vouched_by_sibling(key):
-                continue
-            notes[key] = ("unchecked (its runs loaded their compiled graphs from inductor's "
-                          "cache, which lowers the peak)" if cold is None else
-                          "it does not fit (compiled afresh it "
-                          + (f"peaked at {format_bytes(cold.peak_bytes or 0)}"
-                             if cold.ok else f"ended {cold.status}")
-                          + f", over the {format_bytes(self.usable)} usable)")
-        return notes
-
-    def known_baseline(self) -> Candidate | None:
-        """fp32 eager at the largest micro-batch timed so far that fits: the baseline of a
-        search stopped before the baseline's memory probe ended."""
-        fits = [c for c, r in self.results.items()
-                if c.knobs == self.plan.base and r.fits(self.usable)]
-        return max(fits, key=lambda c: c.micro_batch, default=None)

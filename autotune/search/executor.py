@@ -1,29 +1,30 @@
 """The executor: one child run at a time, its limits, the study's ask/tell, cost and progress.
 
-Every run a search makes goes through ``Executor.measure`` (a probe or a first timing),
-``remeasure`` (a contender again, in full) or ``cold_run`` (compiled afresh, as a user's first
-launch compiles): each is limited by ``--max-trials`` and ``--time-budget`` (read from the
-clock the replay sets), told to the study (a resumed search answers from it), counted in the
-cost and said through ``on_trial``. What it learns lands in the ``Evidence``.
+Every run a search makes goes through ``Executor.measure`` (a probe or a first timing) or
+``run_proposal`` (a run the race proposes: a contender again in full, or compiled afresh as a
+user's first launch compiles): each is limited by ``--max-trials`` and ``--time-budget`` (read
+from the clock the replay sets), told to the study (a resumed search answers from it), counted
+(``Tally``, ``Reach``) and said through ``on_trial``. What it measures lands in the
+``Evidence``; it judges nothing (the stages and the policy do).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
-from autotune.config import Knobs, TrialResult, TrialSpec
+from autotune.config import Knobs, StopReason, TrialResult, TrialSpec
 from autotune.lengths import POOL_STEPS
 from autotune.memory import OnStep, probe_spec
 from autotune.schema import RunKind, RunRecord, StudyRecord, TrialRecord
 from autotune.search._ledger import Ledger
-from autotune.search._records import Candidate, classify, run_record
+from autotune.search._records import Candidate, SearchSettings, classify, run_record
 from autotune.search._store import open_local, study_key
 from autotune.search._study import open_study, redact, study_identity
-from autotune.search.evidence import Evidence
-from autotune.search.policy import rechecked, unchecked
+from autotune.search.evidence import Evidence, Interval
+from autotune.search.plan import Plan
 
 Runner = Callable[[TrialSpec], TrialResult]
 OnTrial = Callable[[int, str, Candidate, TrialRecord | None], None]
@@ -55,9 +56,67 @@ class Proposal:
 class Stop(Exception):
     """A limit ended the search early: the best so far stands."""
 
+    def __init__(self, reason: StopReason, *, cut: bool = False) -> None:
+        super().__init__(str(reason))
+        self.reason = reason
+        self.cut = cut
+        """Whether it cut a run short (a limit reached before a run began: False)."""
+
 
 class Stale(Exception):
     """A re-check ran another model than the stored runs did (its fingerprint differs)."""
+
+
+@dataclass
+class Tally:
+    """What a search spent, from its start: child runs, their cost and every run's record."""
+
+    start: float
+    num_runs: int = 0
+    cost: dict[str, float] = field(default_factory=lambda: {
+        "child_s": 0.0, "compile_s": 0.0, "timed_s": 0.0})
+    compiles: list[int] = field(default_factory=lambda: [0, 0])
+    """Compiled runs, and those whose graphs all came from inductor's on-disk cache."""
+    run_log: list[RunRecord] = field(default_factory=list)
+    """Every child run: the study's stored ones first, then this search's, in order."""
+
+
+@dataclass
+class Reach:
+    """How far a search got: what one stopped early never reached is said in
+    ``TunedConfig.not_reached`` (``driver.not_reached``)."""
+
+    stage: str = ""
+    """The stage running now (said with each run's progress)."""
+    entered: list[str] = field(default_factory=list)
+    """The stages entered, in order."""
+    ran_in: set[str] = field(default_factory=set)
+    """The stages where a run began (``begin``)."""
+    considered: set[tuple[str, str]] = field(default_factory=set)
+    """(precision, compile mode) of the settings a run began on, or ruled out."""
+    screened: set[str] = field(default_factory=set)
+    """The knobs whose screening ran a value or ended."""
+
+    def enter(self, name: str) -> None:
+        self.stage = name
+        if name not in self.entered:
+            self.entered.append(name)
+
+    def begin(self, knobs: Knobs) -> None:
+        """A run of ``knobs`` begins (or the study answers for one): its stage, its setting
+        and, in the knobs stage, the knobs it changes count as reached."""
+        self.ran_in.add(self.stage)
+        self.consider(knobs)
+        if self.stage == "knobs":
+            self.screened.update(knobs.changed())
+
+    def consider(self, knobs: Knobs) -> None:
+        """A setting a run began on, or that a bound ruled out, counts as reached."""
+        self.considered.add((knobs.precision, knobs.compile_mode))
+
+    def screen(self, name: str) -> None:
+        """A knob's screening ran a value or ended: it counts as reached."""
+        self.screened.add(name)
 
 
 class Executor:
@@ -68,52 +127,39 @@ class Executor:
                  before: Executor | None = None) -> None:
         """``before``: the executor of a search given up (its stored runs were stale); its
         runs, cost and clock carry over, so the limits and the record cover both."""
-        self.ev, self.plan, self.settings = ev, ev.plan, ev.settings
+        self.ev = ev
         self.run, self.on_trial, self.on_step, self.clock = run, on_trial, on_step, clock
         self.study = open_search_study(ev)
-        ev.held = {c: r for c, r in self.study.completed().items() if self.plan.allowed(c.knobs)}
-        ev.probe_runs = self.study.probed()
-        held = [(k, r) for k, runs in ev.held.items() for r in runs]
-        ev.traits = next((r.traits for _, r in held if r.traits is not None), None)
-        if self.study.record.name.startswith("autotune-"):  # the local store: a cache whose
-            # timings are re-checked, not replayed: each candidate's better run answers its
-            # first ask, and a re-measure runs afresh
-            ev.stored, ev.runs = set(ev.held), {k: len(v) for k, v in ev.held.items()}
-            ev.held = {k: [ev.held_best(k)] for k in ev.held}
-        for key, result in [*ev.probe_runs.items(), *held]:
-            ev.note_cold(key, result)
-        self.num_runs = 0
-        self.cost: dict[str, float] = {"child_s": 0.0, "compile_s": 0.0, "timed_s": 0.0}
-        self.compiles = [0, 0]
-        """Compiled runs, and those whose graphs all came from inductor's on-disk cache."""
-        self.run_log: list[RunRecord] = self.study.stored_runs(self.plan.usable)
-        """Every child run: the study's stored ones first, then this search's, in order."""
-        self.entered: list[str] = []
-        """The stages entered, in order, and those where a run began (``begin``): what a
-        search stopped early never reached is said in ``TunedConfig.not_reached``."""
-        self.ran_in: set[str] = set()
-        self.considered: set[tuple[str, str]] = set()
-        """(precision, compile mode) of the settings a run began on, or ruled out."""
-        self.screened: set[str] = set()
-        """The knobs whose screening ran a value or ended."""
-        self.stage = "probe"
-        self.start = clock()
+        ev.hold(self.study.completed(), self.study.probed(),
+                # the local store: a cache whose timings are re-checked, not replayed
+                local=self.study.record.name.startswith("autotune-"))
+        self.tally = Tally(clock(), run_log=self.study.stored_runs(self.plan.usable))
+        self.reach = Reach()
+        self.reach.enter("probe")
         if before is not None:
-            self.num_runs, self.start = before.num_runs, before.start
-            self.cost, self.compiles = dict(before.cost), list(before.compiles)
-            self.run_log += [replace(r, number=len(self.run_log) + i) for i, r in enumerate(
-                r for r in before.run_log if r.stored_at is None)]
+            old = before.tally
+            self.tally.num_runs, self.tally.start = old.num_runs, old.start
+            self.tally.cost, self.tally.compiles = dict(old.cost), list(old.compiles)
+            self.tally.run_log += [replace(r, number=len(self.tally.run_log) + i)
+                                   for i, r in enumerate(
+                                       r for r in old.run_log if r.stored_at is None)]
+
+    @property
+    def plan(self) -> Plan:
+        return self.ev.plan
+
+    @property
+    def settings(self) -> SearchSettings:
+        return self.ev.settings
 
     @property
     def stage(self) -> str:
         """The stage running now (said with each run's progress)."""
-        return self._stage
+        return self.reach.stage
 
     @stage.setter
     def stage(self, name: str) -> None:
-        self._stage = name
-        if name not in self.entered:
-            self.entered.append(name)
+        self.reach.enter(name)
 
     def spec(self, candidate: Candidate, *, early_stop: bool = True,
              timed: bool = True) -> TrialSpec:
@@ -151,7 +197,8 @@ class Executor:
         spec = replace(spec, max_timed_s=self.settings.slower_factor * best_window_s)
         if self.settings.train_steps:  # compile time counts too: a slow step may still win
             return spec
-        return replace(spec, stop_above_step_s=best_s * (1 + self.stop_margin()))
+        # Its fastest step slower than the leader's median beyond the noise: it is behind.
+        return replace(spec, stop_above_step_s=Interval(best_s, self.stop_margin()).high)
 
     def stop_margin(self) -> float:
         """How much slower than the leader's median a candidate's fastest steps must be to
@@ -166,10 +213,10 @@ class Executor:
         """Run a spec in a child (or reuse the study's result for it) and record it."""
         candidate = key = Candidate.of(spec)
         timed = spec.num_timed_steps > 0
-        self.ev.reached.add(key)
+        self.ev.asked(key)
         if key not in self.ev.results and (stored := self.ev.answer(key)) is not None:
-            self.ev.results[key] = stored  # its first run, as the search that ran it had it
-            self.begin(key.knobs)
+            self.ev.took(key, stored)  # its first run, as the search that ran it had it
+            self.reach.begin(key.knobs)
         if key in self.ev.results:  # a trial answers a memory probe too
             return self.ev.results[key]
         if not timed and key in self.ev.probe_runs:
@@ -178,13 +225,12 @@ class Executor:
         self.progress(candidate, None)
         with self.study.running(candidate, self.plan.micro_batches) as trial:
             result = self.run_child(spec, "trial" if timed else "probe")
-            if self.ev.traits is None and result.traits is not None:
-                self.ev.traits = result.traits
+            self.ev.learned(result)
             if not timed:  # its line comes from the probe's on_step
                 self.study.tell(trial, result, None, kind="probe")
-                self.ev.probe_runs[key] = result
+                self.ev.probed_at(key, result)
                 return result
-            self.ev.results[key] = result
+            self.ev.took(key, result)
             rec, value = classify(candidate, result, self.ev.results, self.ev.baseline,
                                   self.plan.report,
                                   self.settings)
@@ -195,101 +241,50 @@ class Executor:
     def limited(self, spec: TrialSpec) -> TrialSpec:
         """The spec with a timeout that ends within the time budget; a ``_Stop`` when a limit
         (``--max-trials``, ``--time-budget``) allows no further child run."""
-        if self.num_runs >= self.settings.max_trials:
-            raise Stop(f"--max-trials reached ({self.num_runs} child runs): best so far")
+        if self.tally.num_runs >= self.settings.max_trials:
+            raise Stop(StopReason("max-trials", str(self.tally.num_runs)))
         timeout_s = self.settings.timeout_s
         if self.settings.time_budget_s is not None:
-            left = self.settings.time_budget_s - (self.clock() - self.start)
+            left = self.settings.time_budget_s - (self.clock() - self.tally.start)
             if left < MIN_CHILD_S:
-                raise Stop("--time-budget reached: best so far")
+                raise Stop(StopReason("time-budget"))
             timeout_s = min(timeout_s, left)
-        self.begin(spec.knobs)
+        self.reach.begin(spec.knobs)
         return replace(spec, timeout_s=timeout_s)
-
-    def begin(self, knobs: Knobs) -> None:
-        """A run of ``knobs`` begins (or the study answers for one): its stage, its setting
-        and, in the knobs stage, the knobs it changes count as reached (``outcome.not_reached``)."""
-        self.ran_in.add(self.stage)
-        self.considered.add((knobs.precision, knobs.compile_mode))
-        if self.stage == "knobs":
-            self.screened.update(knobs.changed())
 
     def run_child(self, spec: TrialSpec, kind: RunKind) -> TrialResult:
         """Run one limited spec. A run the time budget cut short says nothing of its
         candidate: it ends the search (its Optuna trial fails) instead of being recorded."""
-        start_s = self.clock() - self.start
+        tally = self.tally
+        start_s = self.clock() - tally.start
         result = self.run(spec)
-        self.num_runs += 1
-        timed_s = sum(result.step_times_s)
-        self.run_log.append(run_record(
-            len(self.run_log), kind, Candidate.of(spec), result, self.plan.usable,
+        tally.num_runs += 1
+        tally.run_log.append(run_record(
+            len(tally.run_log), kind, Candidate.of(spec), result, self.plan.usable,
             start_s=start_s, compiled=spec.compile_mode != "off"))
-        self.cost["child_s"] += result.wall_s or 0.0
-        self.cost["compile_s"] += (result.compile_s or 0.0) if spec.compile_mode != "off" else 0.0
-        self.cost["timed_s"] += timed_s
+        tally.cost["child_s"] += result.wall_s or 0.0
+        tally.cost["compile_s"] += (result.compile_s or 0.0) if spec.compile_mode != "off" \
+            else 0.0
+        tally.cost["timed_s"] += sum(result.step_times_s)
         if result.compile_cache_hits is not None:
-            self.compiles[0] += 1
-            self.compiles[1] += bool(result.compile_cache_hits
-                                     and not result.compile_cache_misses)
-        key = Candidate.of(spec)
-        self.ev.note_cold(key, result)
-        self.ev.timed_s[key] = self.ev.timed_s.get(key, 0.0) + timed_s
+            tally.compiles[0] += 1
+            tally.compiles[1] += bool(result.compile_cache_hits
+                                      and not result.compile_cache_misses)
+        self.ev.ran(Candidate.of(spec), result)
         if result.status == "timeout" and spec.timeout_s < self.settings.timeout_s:
-            raise Stop(f"--time-budget reached during a run of {Candidate.of(spec).key()} "
-                        "(stopped): best so far")
+            raise Stop(StopReason("time-budget", Candidate.of(spec).key()), cut=True)
         return result
-
-    def remeasure(self, keys: Sequence[Candidate], *,
-                  cold_first: bool = True) -> dict[Candidate, TrialResult]:
-        """The confirm stage's runs: each of ``keys`` once more, keeping its better run; the
-        first (the leader) compiled afresh where its first launch is unchecked (``cold_first``).
-        The runs made, in order: proposed at once (``proposals``), run one after another,
-        each told to the evidence as it ends (``tell``: in any order, one worker or several);
-        a resumed search answers each from the study's runs in the order they were made."""
-        ran: dict[Candidate, TrialResult] = {}
-        for proposal in self.proposals(keys, cold_first=cold_first):
-            again, rec = self.run_proposal(proposal)
-            self.tell(proposal, again, rec)
-            ran[proposal.candidate] = again
-        return ran
-
-    def proposals(self, keys: Sequence[Candidate], *,
-                  cold_first: bool = True) -> list[Proposal]:
-        """``keys`` as one batch of runs, each spec built from the evidence now (``remeasure``)."""
-        batch: list[Proposal] = []
-        for key in keys:
-            recheck = key in self.ev.stored
-            # The leader's re-measure compiles afresh where its first launch is unchecked: it is
-            # also the first-launch check, where the leader is most often the winner.
-            cold = cold_first and key == keys[0] and not recheck and self.ev.unchecked_launch(key)
-            spec = self.spec(key, early_stop=False)
-            if not recheck and (stored := self.ev.answer(key)) is not None:
-                batch.append(Proposal(key, spec, cold=cold, stored=stored))
-            elif cold:
-                batch.append(Proposal(key, replace(spec, cold_compile=True), cold=True))
-            elif recheck:
-                batch.append(Proposal(key, replace(
-                    spec, timing_precision=self.settings.rank_precision), recheck=True))
-            else:
-                batch.append(Proposal(key, spec))
-        assert len({p.candidate for p in batch}) == len(batch), "one run per candidate a batch"
-        return batch
 
     def run_proposal(self, proposal: Proposal) -> tuple[TrialResult, TrialRecord]:
         """One proposed run in a child, its limits read as it starts, told to the study (or
-        the study's answer to it)."""
+        the study's answer to it). What it says is the race's to take (``race.tell``)."""
         key = proposal.candidate
         if proposal.stored is not None:
-            self.begin(key.knobs)
+            self.reach.begin(key.knobs)
             rec, _ = classify(key, proposal.stored, self.ev.results, self.ev.baseline,
                               self.plan.report, self.settings)
             return proposal.stored, rec
-        try:
-            spec = self.limited(proposal.spec)
-        except Stop as stop:
-            if proposal.cold:
-                self.ev.skips.append(unchecked(key, str(stop)))
-            raise
+        spec = self.limited(proposal.spec)
         self.progress(key, None)
         with self.study.running(key, self.plan.micro_batches) as trial:
             again = self.run_child(spec, "re-measure")
@@ -298,46 +293,9 @@ class Executor:
             self.study.tell(trial, again, value, kind="re-measure")
         return again, rec
 
-    def tell(self, proposal: Proposal, again: TrialResult, rec: TrialRecord) -> None:
-        """A proposed run's result into the evidence (``Evidence.remeasured``); a stored timing
-        re-checked keeps the fresh run where the stored one is stale (``policy.rechecked``).
-
-        Raises:
-            Stale: a re-check ran another model than the stored runs did.
-        """
-        key = proposal.candidate
-        if proposal.stored is None:  # the re-run's own figures (the study's were said first)
-            self.progress(key, rec)
-        before = self.ev.results[key]
-        if proposal.recheck and again.ok and before.workload_fingerprint and \
-                again.workload_fingerprint not in ("", before.workload_fingerprint):
-            raise Stale(
-                f"stored runs not reused: the workload changed since they were measured "
-                f"(re-check of {key.key()}: fingerprint {again.workload_fingerprint}, "
-                f"stored {before.workload_fingerprint}: its parameter or batch shapes "
-                "differ); every candidate was measured again")
-        self.ev.remeasured(key, again, cold=proposal.cold)
-        if proposal.recheck:
-            self.ev.stored.discard(key)
-            keep_fresh, note = rechecked(key, before, again, self.settings)
-            if keep_fresh:
-                self.ev.results[key] = again
-            self.ev.skips.append(note)
-
-    def cold_run(self, winner: Candidate) -> TrialResult:
-        """The winner run as its timed runs were, every step, with an empty inductor cache of
-        its own: its peak is a first launch's, its timing one more run of it (each candidate
-        keeps its better run). Over the budget, it is out (``racing``)."""
-        proposal = Proposal(winner, replace(self.spec(winner, early_stop=False),
-                                            cold_compile=True), cold=True,
-                            stored=self.ev.answer(winner))
-        cold, rec = self.run_proposal(proposal)
-        self.tell(proposal, cold, rec)
-        return cold
-
     def progress(self, candidate: Candidate, rec: TrialRecord | None) -> None:
         if self.on_trial is not None:
-            self.on_trial(self.num_runs, self.stage, candidate, rec)
+            self.on_trial(self.tally.num_runs, self.stage, candidate, rec)
 
 
 def open_search_study(ev: Evidence) -> Ledger:

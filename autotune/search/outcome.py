@@ -1,35 +1,94 @@
-"""The outcome of a search: its records, skips, cost and run log, and what it never reached."""
+"""The outcome of a search, built where it is: its records, skips, cost and run log, what it
+never reached (``SearchOutcome``), and the ``autotune.json`` content that describes its pick
+with every trial and skip (``tuned_config``)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 
-from autotune.knobs import KNOBS, skip_reason
-from autotune.schema import SearchCost
-from autotune.search._records import SearchOutcome
+from autotune import __version__
+from autotune.config import MemoryProbe, ProbeReport, StopReason, TrialResult
+from autotune.errors import NoFeasibleConfigError, WorkloadError
+from autotune.schema import (
+    MemoryRecord,
+    RunRecord,
+    SearchCost,
+    SkipRecord,
+    StudyRecord,
+    TrialRecord,
+    TunedConfig,
+)
+from autotune.search import fits
+from autotune.search._ledger import Ledger
+from autotune.search._records import Candidate, SearchSettings, flops_per_sample
 from autotune.search.evidence import Evidence
 from autotune.search.executor import Executor
+from autotune.search.pick import break_even_steps, pick_winner, rounds_ahead
 from autotune.search.policy import unchecked
 from autotune.search.rules import Skip, skip
+from autotune.timing import Lead, lead
 
 
-def outcome(ev: Evidence, ex: Executor, interrupted: bool, stop_reason: str) -> SearchOutcome:
-    """What the search hands back: every record, the skips, the cost and the run log."""
+@dataclass(frozen=True, kw_only=True)
+class SearchOutcome:
+    """What the driver hands back to the api."""
+
+    records: tuple[TrialRecord, ...]
+    results: dict[Candidate, TrialResult]
+    baseline: Candidate | None
+    """fp32 eager at its largest fitting micro-batch; None when fp32 eager fits nothing."""
+    probes: tuple[MemoryProbe, ...]
+    """The knob settings probed, in the order they were."""
+    skips: tuple[Skip, ...]
+    """What was not run, each with its rule id, figures and sentence (``rules``)."""
+    interrupted: bool
+    stop_reason: StopReason
+    not_reached: tuple[str, ...] = ()
+    """A search stopped early: the stages and knobs it never began (``TunedConfig``)."""
+    num_runs: int = 0
+    """Child processes this search started (stored results it reused not counted)."""
+    cost: SearchCost | None = None
+    runs: tuple[RunRecord, ...] = ()
+    """Every child run, stored ones first (``schema.RunRecord``)."""
+    study: StudyRecord | None = None
+    ledger: Ledger | None = field(default=None, repr=False, compare=False)
+    """The study itself, still open: the estimator's calibration keeps its figures in it."""
+    first_launch: Mapping[Candidate, str] = field(default_factory=dict)
+    """Compiled candidates on a device whose peak counts the compile (CPU) that no run showed
+    fitting as a first launch compiles them, each with what is known: all their runs loaded
+    their graphs from inductor's cache, or the run that compiled them did not fit."""
+    drift: Mapping[Candidate, float] = field(default_factory=dict)
+    """Candidates this search timed twice (a close race's re-measure, a first-launch check),
+    each with how far apart its two runs' medians were (0.3: the slower 30% slower)."""
+
+    @property
+    def skipped(self) -> tuple[str, ...]:
+        """What was not run, each as its sentence (``skip_sentences.render``)."""
+        return tuple(s.text for s in self.skips)
+
+
+def outcome(ev: Evidence, ex: Executor, stop: StopReason,
+            not_reached: tuple[str, ...] = ()) -> SearchOutcome:
+    """What the search hands back: every record, the skips, the cost and the run log, and
+    (stopped early) what it never began (``driver.not_reached``)."""
+    interrupted = stop.interrupted
     ev.release_held(asked=True)  # a search stopped early picks from all it knows too
     if ev.baseline is None:  # stopped while probing it: its largest fit timed so far
-        ev.baseline = ev.known_baseline()
+        ev.name_baseline(fits.known_baseline(ev))
     stored_pick = ev.winner() if interrupted else None
     if stored_pick is not None and stored_pick in ev.stored:
-        ev.skips.append(skip("stored-pick", stored_pick.key()))
+        ev.decide(skip("stored-pick", stored_pick.key()))
     if interrupted and ev.plan.compile_in_peak:
         winner = ev.winner()
         if winner is not None and winner.knobs.compile_mode != "off" and not (
                 winner in ev.cold and ev.cold[winner].ok):
-            ev.skips.append(unchecked(winner, stop_reason))
+            ev.decide(unchecked(winner, str(stop)))
     traits = ev.traits
     if (traits is not None and traits.num_blocks < 2 and any(
             k.knobs.strategy.startswith("fsdp") for k in ev.results)):
-        ev.skips.append(skip("fsdp-root", ""))
+        ev.decide(skip("fsdp-root", ""))
     first: dict[str, Skip] = {}
     for one in ev.skips:  # each sentence once, where it was first said
         first.setdefault(one.text, one)
@@ -39,36 +98,156 @@ def outcome(ev: Evidence, ex: Executor, interrupted: bool, stop_reason: str) -> 
                 timed_s=ev.timed_s.get(k) or None)
         for i, (k, r) in enumerate(ev.results.items()))
     return SearchOutcome(records=records, results=ev.results, baseline=ev.baseline,
-                         first_launch=ev.first_launch(), drift=dict(ev.drift),
+                         first_launch=fits.first_launch(ev), drift=dict(ev.drift),
                          probes=tuple(ev.probes.values()),
                          skips=skips,
-                         interrupted=interrupted, stop_reason=stop_reason,
-                         not_reached=not_reached(ev, ex) if interrupted else (),
-                         num_runs=ex.num_runs,
-                         runs=tuple(ex.run_log), study=ex.study.record,
+                         interrupted=interrupted, stop_reason=stop,
+                         not_reached=not_reached,
+                         num_runs=ex.tally.num_runs,
+                         runs=tuple(ex.tally.run_log), study=ex.study.record,
                          ledger=ex.study,
-                         cost=SearchCost(num_runs=ex.num_runs, **ex.cost,
-                                         num_compiled_runs=ex.compiles[0],
-                                         num_cached_compiles=ex.compiles[1]))
+                         cost=SearchCost(num_runs=ex.tally.num_runs, **ex.tally.cost,
+                                         num_compiled_runs=ex.tally.compiles[0],
+                                         num_cached_compiles=ex.tally.compiles[1]))
 
 
-def not_reached(ev: Evidence, ex: Executor) -> tuple[str, ...]:
-    """What a search stopped early never began: the settings not probed, the knobs not
-    screened, each later stage not entered (``TunedConfig.not_reached``)."""
-    probes = [k.label() for k in ev.plan.classes
-              if (k.precision, k.compile_mode) not in ex.considered]
-    knobs = [k.name for k in KNOBS[2:] if k.name not in ex.screened and any(
-        v != getattr(ev.plan.base, k.name) and skip_reason(  # one the workload could use
-            ev.plan.base.with_(**{k.name: v}), ev.traits) is None
-        for v in ev.plan.values.get(k.name, ()))]
-    first_launch = ev.plan.compile_in_peak and any(
-        k.compile_mode != "off" for k in ev.plan.classes)
-    planned = {"probe": f"the memory probes of {', '.join(probes)}" if probes else "",
-               "knobs": f"knob screening ({', '.join(knobs)})" if knobs else "",
-               "refine": "the smaller micro-batches",
-               "confirm": "the re-measure of the leaders",
-               "first launch": "the first-launch check" if first_launch else ""}
-    # The stage it stopped in (the last entered) counts only where a run of it began.
-    reached = set(ex.entered[:-1]) | (set(ex.entered[-1:]) & ex.ran_in)
-    return tuple(text for stage, text in planned.items() if text and (
-        stage in ("probe", "knobs") or stage not in reached))
+def tuned_config(report: ProbeReport, outcome: SearchOutcome,
+                 settings: SearchSettings) -> TunedConfig:
+    """Pick the winner and describe it, with every trial, as ``autotune.json`` content.
+
+    Raises:
+        NoFeasibleConfigError: no candidate ran to the end with sound numerics.
+    """
+    assert outcome.baseline is not None, "search() refuses an outcome without a baseline"
+    winner = pick_winner(outcome.records, settings)
+    if winner is None:
+        seen = ", ".join(f"{r.label()}: {r.verdict}" for r in outcome.records) or "none ran"
+        leaks = [(key.key(), note) for key, r in outcome.results.items()
+                 if (r.ok or r.status == "oom") and (note := r.leak_note())]
+        if leaks:
+            key, note = leaks[0]
+            raise WorkloadError(
+                f"no candidate completed its timed steps ({seen}): they fit their warm-up steps, "
+                f"then ran out of memory or grew at every step; {key}: {note}. A larger budget "
+                "only delays it: fix the workload")
+        raise NoFeasibleConfigError(f"no candidate completed its timed steps ({seen})")
+    baseline = next(r for r in outcome.records if r.is_baseline)
+    records = tuple(replace(r, verdict="winner", reason="fastest") if r is winner else
+                    _lost(r, winner) for r in outcome.records)
+    result = outcome.results[Candidate(knobs=winner.knobs, micro_batch=winner.micro_batch)]
+    memory = MemoryRecord(
+        device_total_bytes=report.device.total_memory_bytes, budget_bytes=report.budget_bytes,
+        headroom=report.headroom, usable_bytes=report.usable_bytes(),
+        peak_bytes=winner.peak_bytes,
+        max_micro_batch={p.knobs.label(): p.max_micro_batch for p in report.probes},
+        allocator=report.allocator,
+        peak_definition=("max_memory_reserved + CUDA context" if report.device.is_cuda else
+                         "address-space growth of the child over its baseline"),
+    )
+    return TunedConfig(
+        autotune_version=__version__, created_at=datetime.now(timezone.utc).isoformat(),
+        workload=report.workload, workload_name=result.workload_name,
+        workload_fingerprint=result.workload_fingerprint, target_batch=report.target_batch,
+        requested_batch=report.requested_batch,
+        world_size=report.world_size, nproc_per_node=report.nproc_per_node,
+        micro_batch=winner.micro_batch,
+        accumulate_steps=winner.accumulate_steps, knobs=winner.knobs, memory=memory,
+        device=report.device,
+        objective="time_to_train" if settings.train_steps else "throughput",
+        train_steps=settings.train_steps, median_step_s=winner.median_step_s,
+        samples_per_s=winner.samples_per_s, tokens_per_s=winner.tokens_per_s,
+        flops_per_sample=flops_per_sample(outcome.results.get(outcome.baseline)),
+        mfu=winner.mfu,
+        baseline_samples_per_s=baseline.samples_per_s, speedup=winner.speedup,
+        break_even_steps=break_even_steps(winner, baseline),
+        reason=_why(winner, baseline, records, outcome.first_launch, outcome.drift),
+        trials=records,
+        skips=skip_records(report.skipped, outcome), interrupted=outcome.interrupted,
+        not_reached=outcome.not_reached,
+        cost=outcome.cost, runs=outcome.runs, study=outcome.study,
+    )
+
+
+def skip_records(notes: tuple[str, ...], outcome: SearchOutcome) -> tuple[SkipRecord, ...]:
+    """The file's typed skips: the space's notes (rule ``space``), then the search's own, each
+    with its rule id, figures, variant and context, and its sentence as rendered (for readers
+    of the JSON)."""
+    return (*(SkipRecord(rule="space", text=text) for text in notes),
+            *(SkipRecord(rule=s.rule, target=s.target, text=s.text, figures=dict(s.figures),
+                         variant=s.variant, context=s.context)
+              for s in outcome.skips))
+
+
+def _lost(record: TrialRecord, winner: TrialRecord) -> TrialRecord:
+    if record.verdict != "ok" or not record.samples_per_s or not winner.samples_per_s:
+        return record
+    ratio = record.samples_per_s / winner.samples_per_s
+    if record.round_shares and winner.round_shares:
+        return replace(record, reason=f"{ratio:.2f}x the winner's samples/s; {_rounds(record)}")
+    return replace(record, reason=f"{ratio:.2f}x the winner's samples/s")
+
+
+def _rounds(record: TrialRecord) -> str:
+    """A candidate of the confirm stage's interleaved rounds against the other, in words."""
+    shares = record.round_shares
+    return (f"run back to back with it in {len(shares)} interleaved rounds, "
+            + ", ".join(f"{s:.2f}x" for s in shares)
+            + f" its samples/s: ahead in {rounds_ahead(shares)} of {len(shares)}")
+
+
+def _why(winner: TrialRecord, baseline: TrialRecord, records: tuple[TrialRecord, ...],
+         first_launch: Mapping[Candidate, str],
+         drift: Mapping[Candidate, float] | None = None) -> str:
+    """The winner against the baseline and the runner-up (with what is unknown of its fit as
+    a first launch: "either would do" must not send a user to a config that may not fit).
+
+    The lead's interval is the two runs' own spread, widened to the widest ``drift`` this
+    search saw between two runs of one candidate: runs of one config drift further apart than
+    their steps do on a shared machine. Without such a pair, a lead that stands on a single
+    run says so."""
+    text = f"{winner.label()} won at {winner.samples_per_s:,.1f} samples/s"
+    if winner.is_baseline:
+        text += " (it is the baseline: nothing tried beat fp32 eager)"
+    elif winner.speedup:
+        noise = max(winner.spread or 0.0, baseline.spread or 0.0)
+        text += f", {winner.speedup:.2f}x the baseline ({baseline.label()})"
+        if winner.speedup - 1 < noise:
+            text += f", within the measured noise ({noise:.0%} spread)"
+    others = [r for r in records if r.verdict == "ok" and r.samples_per_s]
+    if not others or not winner.samples_per_s:
+        return text
+    runner_up = max(others, key=lambda r: r.samples_per_s or 0.0)
+    paired = next((r for r in others if r.round_shares), None)
+    if winner.round_shares and paired is not None:
+        # the confirm stage's rounds decided between the two: the lead is theirs, not the best runs'
+        runner_up = paired
+        text += (f"; the runner-up {runner_up.label()} (best run {runner_up.samples_per_s:,.1f}"
+                 f" samples/s): {_rounds(winner)} (two runs of one config here drifted "
+                 f"further apart than their gap)")
+    elif winner.time_to_train_s is not None:  # the objective is not samples/s: no lead in it
+        text += f"; runner-up {runner_up.label()} ({runner_up.reason})"
+    else:
+        ahead = lead(winner.samples_per_s, winner.halfwidth, runner_up.samples_per_s or 0.0,
+                     runner_up.halfwidth)
+        apart = ""
+        if drift and ahead.halfwidth is not None:
+            key, widest = max(drift.items(), key=lambda kv: kv[1])
+            if widest > ahead.halfwidth:
+                ahead = Lead(gap=ahead.gap, halfwidth=widest)
+                apart = f": two runs of {key.key()} here were {widest:.0%} apart"
+        sure = ("beyond the noise" if ahead.is_clear else "within the noise: either would do"
+                if ahead.halfwidth is not None else "") + apart
+        if not drift and ahead.is_clear and min(winner.num_runs, runner_up.num_runs) < 2:
+            # The interval is each run's own spread. Between two runs of one config a shared
+            # machine drifts further (the committed oracles' passes: a median 1.6-23% apart,
+            # `benchmarks/rule_checks.py` (7)), and a lead this wide was not re-measured.
+            once = "the winner" if winner.num_runs < 2 else "the runner-up"
+            sure = (f"beyond the spread within each run, but {once} ran once: the drift "
+                    "between runs of a shared machine is not in that; --confirm-within "
+                    "re-measures leads up to that share")
+        text += (f"; ahead of the runner-up {runner_up.label()} by {ahead.describe()}"
+                 f"{f' ({sure})' if sure else ''}")
+    unknown = first_launch.get(Candidate(knobs=runner_up.knobs, micro_batch=runner_up.micro_batch))
+    if unknown:
+        text += f"; the runner-up's fit as a first launch: {unknown}"
+    return text

@@ -1,24 +1,13 @@
-"""The pick: the winner among a search's runs, why it won, and the ``autotune.json`` content
-that describes it with every trial and skip."""
+"""The pick: the winner among a search's runs, the race's majority rule, and when a compiled
+winner's compile is paid back."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import replace
-from datetime import datetime, timezone
+from collections.abc import Sequence
 
-from autotune import __version__
-from autotune.config import ProbeReport
-from autotune.errors import NoFeasibleConfigError, WorkloadError
-from autotune.schema import MemoryRecord, SkipRecord, TrialRecord, TunedConfig
-from autotune.search._records import (
-    Candidate,
-    SearchOutcome,
-    SearchSettings,
-    flops_per_sample,
-)
-from autotune.timing import Lead, lead
+from autotune.schema import TrialRecord
+from autotune.search._records import SearchSettings
 
 
 def pick_winner(records: tuple[TrialRecord, ...], settings: SearchSettings) -> TrialRecord | None:
@@ -29,16 +18,29 @@ def pick_winner(records: tuple[TrialRecord, ...], settings: SearchSettings) -> T
     if settings.train_steps:
         return min(feasible, key=lambda r: r.time_to_train_s or math.inf)
     best = max(feasible, key=lambda r: r.samples_per_s or 0.0)
-    if best.round_shares and not won_rounds(best):
+    if best.round_shares and not won_rounds(best.round_shares):
         # Its best run is the fastest, but run back to back with the other of the confirm stage's
         # interleaved rounds it was behind in most: the rounds decide between the two.
-        return next((r for r in feasible if r is not best and won_rounds(r)), best)
+        return next((r for r in feasible if r is not best and won_rounds(r.round_shares)),
+                    best)
     return best
 
 
-def won_rounds(record: TrialRecord) -> bool:
-    """Whether a candidate of the confirm stage's interleaved rounds was ahead in most of them."""
-    return sum(s > 1 for s in record.round_shares) * 2 > len(record.round_shares)
+def rounds_ahead(shares: Sequence[float]) -> int:
+    """In how many interleaved rounds a candidate was ahead (``shares``: its samples/s over the
+    other's in each round)."""
+    return sum(s > 1 for s in shares)
+
+
+def won_rounds(shares: Sequence[float]) -> bool:
+    """The race's majority rule: whether a candidate of the interleaved rounds was ahead in
+    most of them."""
+    return rounds_ahead(shares) * 2 > len(shares)
+
+
+def split_rounds(shares: Sequence[float]) -> bool:
+    """Whether the interleaved rounds so far split evenly (neither ahead in most)."""
+    return rounds_ahead(shares) * 2 == len(shares)
 
 
 def break_even_steps(winner: TrialRecord, baseline: TrialRecord) -> float | None:
@@ -49,145 +51,3 @@ def break_even_steps(winner: TrialRecord, baseline: TrialRecord) -> float | None
     if saved <= 0:
         return math.inf
     return (winner.compile_s or 0.0) / saved
-
-
-def tuned_config(report: ProbeReport, outcome: SearchOutcome,
-                 settings: SearchSettings) -> TunedConfig:
-    """Pick the winner and describe it, with every trial, as ``autotune.json`` content.
-
-    Raises:
-        NoFeasibleConfigError: no candidate ran to the end with sound numerics.
-    """
-    assert outcome.baseline is not None, "search() refuses an outcome without a baseline"
-    winner = pick_winner(outcome.records, settings)
-    if winner is None:
-        seen = ", ".join(f"{r.label()}: {r.verdict}" for r in outcome.records) or "none ran"
-        leaks = [(key.key(), note) for key, r in outcome.results.items()
-                 if (r.ok or r.status == "oom") and (note := r.leak_note())]
-        if leaks:
-            key, note = leaks[0]
-            raise WorkloadError(
-                f"no candidate completed its timed steps ({seen}): they fit their warm-up steps, "
-                f"then ran out of memory or grew at every step; {key}: {note}. A larger budget "
-                "only delays it: fix the workload")
-        raise NoFeasibleConfigError(f"no candidate completed its timed steps ({seen})")
-    baseline = next(r for r in outcome.records if r.is_baseline)
-    records = tuple(replace(r, verdict="winner", reason="fastest") if r is winner else
-                    _lost(r, winner) for r in outcome.records)
-    result = outcome.results[Candidate(knobs=winner.knobs, micro_batch=winner.micro_batch)]
-    memory = MemoryRecord(
-        device_total_bytes=report.device.total_memory_bytes, budget_bytes=report.budget_bytes,
-        headroom=report.headroom, usable_bytes=report.usable_bytes(),
-        peak_bytes=winner.peak_bytes,
-        max_micro_batch={p.knobs.label(): p.max_micro_batch for p in report.probes},
-        allocator=report.allocator,
-        peak_definition=("max_memory_reserved + CUDA context" if report.device.is_cuda else
-                         "address-space growth of the child over its baseline"),
-    )
-    return TunedConfig(
-        autotune_version=__version__, created_at=datetime.now(timezone.utc).isoformat(),
-        workload=report.workload, workload_name=result.workload_name,
-        workload_fingerprint=result.workload_fingerprint, target_batch=report.target_batch,
-        requested_batch=report.requested_batch,
-        world_size=report.world_size, nproc_per_node=report.nproc_per_node,
-        micro_batch=winner.micro_batch,
-        accumulate_steps=winner.accumulate_steps, knobs=winner.knobs, memory=memory,
-        device=report.device,
-        objective="time_to_train" if settings.train_steps else "throughput",
-        train_steps=settings.train_steps, median_step_s=winner.median_step_s,
-        samples_per_s=winner.samples_per_s, tokens_per_s=winner.tokens_per_s,
-        flops_per_sample=flops_per_sample(outcome.results.get(outcome.baseline)),
-        mfu=winner.mfu,
-        baseline_samples_per_s=baseline.samples_per_s, speedup=winner.speedup,
-        break_even_steps=break_even_steps(winner, baseline),
-        reason=_why(winner, baseline, records, outcome.first_launch, outcome.drift),
-        trials=records,
-        skips=skip_records(report.skipped, outcome), interrupted=outcome.interrupted,
-        not_reached=outcome.not_reached,
-        cost=outcome.cost, runs=outcome.runs, study=outcome.study,
-    )
-
-
-def skip_records(notes: tuple[str, ...], outcome: SearchOutcome) -> tuple[SkipRecord, ...]:
-    """The file's typed skips: the space's notes (rule ``space``), then the search's own, each
-    with its rule id, figures, variant and context, and its sentence as rendered (for readers
-    of the JSON)."""
-    return (*(SkipRecord(rule="space", text=text) for text in notes),
-            *(SkipRecord(rule=s.rule, target=s.target, text=s.text, figures=dict(s.figures),
-                         variant=s.variant, context=s.context)
-              for s in outcome.skips))
-
-
-def _lost(record: TrialRecord, winner: TrialRecord) -> TrialRecord:
-    if record.verdict != "ok" or not record.samples_per_s or not winner.samples_per_s:
-        return record
-    ratio = record.samples_per_s / winner.samples_per_s
-    if record.round_shares and winner.round_shares:
-        return replace(record, reason=f"{ratio:.2f}x the winner's samples/s; {_rounds(record)}")
-    return replace(record, reason=f"{ratio:.2f}x the winner's samples/s")
-
-
-def _rounds(record: TrialRecord) -> str:
-    """A candidate of the confirm stage's interleaved rounds against the other, in words."""
-    shares = record.round_shares
-    return (f"run back to back with it in {len(shares)} interleaved rounds, "
-            + ", ".join(f"{s:.2f}x" for s in shares)
-            + f" its samples/s: ahead in {sum(s > 1 for s in shares)} of {len(shares)}")
-
-
-def _why(winner: TrialRecord, baseline: TrialRecord, records: tuple[TrialRecord, ...],
-         first_launch: Mapping[Candidate, str],
-         drift: Mapping[Candidate, float] | None = None) -> str:
-    """The winner against the baseline and the runner-up (with what is unknown of its fit as
-    a first launch: "either would do" must not send a user to a config that may not fit).
-
-    The lead's interval is the two runs' own spread, widened to the widest ``drift`` this
-    search saw between two runs of one candidate: runs of one config drift further apart than
-    their steps do on a shared machine. Without such a pair, a lead that stands on a single
-    run says so."""
-    text = f"{winner.label()} won at {winner.samples_per_s:,.1f} samples/s"
-    if winner.is_baseline:
-        text += " (it is the baseline: nothing tried beat fp32 eager)"
-    elif winner.speedup:
-        noise = max(winner.spread or 0.0, baseline.spread or 0.0)
-        text += f", {winner.speedup:.2f}x the baseline ({baseline.label()})"
-        if winner.speedup - 1 < noise:
-            text += f", within the measured noise ({noise:.0%} spread)"
-    others = [r for r in records if r.verdict == "ok" and r.samples_per_s]
-    if not others or not winner.samples_per_s:
-        return text
-    runner_up = max(others, key=lambda r: r.samples_per_s or 0.0)
-    paired = next((r for r in others if r.round_shares), None)
-    if winner.round_shares and paired is not None:
-        # the confirm stage's rounds decided between the two: the lead is theirs, not the best runs'
-        runner_up = paired
-        text += (f"; the runner-up {runner_up.label()} (best run {runner_up.samples_per_s:,.1f}"
-                 f" samples/s): {_rounds(winner)} (two runs of one config here drifted "
-                 f"further apart than their gap)")
-    elif winner.time_to_train_s is not None:  # the objective is not samples/s: no lead in it
-        text += f"; runner-up {runner_up.label()} ({runner_up.reason})"
-    else:
-        ahead = lead(winner.samples_per_s, winner.halfwidth, runner_up.samples_per_s or 0.0,
-                     runner_up.halfwidth)
-        apart = ""
-        if drift and ahead.halfwidth is not None:
-            key, widest = max(drift.items(), key=lambda kv: kv[1])
-            if widest > ahead.halfwidth:
-                ahead = Lead(gap=ahead.gap, halfwidth=widest)
-                apart = f": two runs of {key.key()} here were {widest:.0%} apart"
-        sure = ("beyond the noise" if ahead.is_clear else "within the noise: either would do"
-                if ahead.halfwidth is not None else "") + apart
-        if not drift and ahead.is_clear and min(winner.num_runs, runner_up.num_runs) < 2:
-            # The interval is each run's own spread. Between two runs of one config a shared
-            # machine drifts further (the committed oracles' passes: a median 1.6-23% apart,
-            # `benchmarks/rule_checks.py` (7)), and a lead this wide was not re-measured.
-            once = "the winner" if winner.num_runs < 2 else "the runner-up"
-            sure = (f"beyond the spread within each run, but {once} ran once: the drift "
-                    "between runs of a shared machine is not in that; --confirm-within "
-                    "re-measures leads up to that share")
-        text += (f"; ahead of the runner-up {runner_up.label()} by {ahead.describe()}"
-                 f"{f' ({sure})' if sure else ''}")
-    unknown = first_launch.get(Candidate(knobs=runner_up.knobs, micro_batch=runner_up.micro_batch))
-    if unknown:
-        text += f"; the runner-up's fit as a first launch: {unknown}"
-    return text

@@ -8,11 +8,10 @@ verdict on a stored timing re-checked. ``docs/search.md`` states the rules once.
 
 from __future__ import annotations
 
-import math
-
 from autotune.config import TrialResult
 from autotune.search._records import Candidate, SearchSettings
-from autotune.search.evidence import Evidence
+from autotune.search.evidence import Evidence, Interval, noise_of
+from autotune.search.pick import split_rounds
 from autotune.search.rules import Skip, skip
 
 ROUNDS = 2
@@ -27,10 +26,10 @@ def rechecked(key: Candidate, stored: TrialResult, again: TrialResult,
     before, now = stored.samples_per_s(), again.samples_per_s()
     if not again.ok or now is None or before is None:
         return True, skip("recheck", key.key(), "ended", status=again.status)
-    noise = max(settings.confirm_within, math.hypot(
-        stored.halfwidth() or 0.0, again.halfwidth() or 0.0))
-    fresh = now < before * (1 - noise)
-    verdict = "slower" if fresh else "faster" if now > before * (1 + noise) else "within"
+    noise = noise_of(settings, stored, again)
+    fresh = Interval(before, noise).beats(now)
+    verdict = "slower" if fresh else "faster" if Interval(before, noise).beaten_by(now) else \
+        "within"
     return fresh, skip("recheck", key.key(), verdict, stored=before, now=now, noise=noise)
 
 
@@ -42,7 +41,7 @@ def unchecked(winner: Candidate, why: str) -> Skip:
 def another_round(shares: list[float]) -> bool:
     """Whether interleaved rounds go on: two rounds, a third where they split."""
     return len(shares) < ROUNDS or (
-        len(shares) < ROUNDS + 1 and sum(s > 1 for s in shares) * 2 == len(shares))
+        len(shares) < ROUNDS + 1 and split_rounds(shares))
 
 
 def contenders(ev: Evidence) -> list[Candidate]:
@@ -67,13 +66,13 @@ def contenders(ev: Evidence) -> list[Candidate]:
         return ev.noise(key, leader)
 
     close = [k for k in ranked[1:]
-             if (ev.score(k, full=True) or 0.0) >= top * (1 - noise(k))]
+             if not Interval(top, noise(k)).beats(ev.score(k, full=True) or 0.0)]
     if not close and ev.stored & {leader, ranked[1]}:
         close = ranked[1:2]  # a stored timing never picks alone: re-check the two
     if not close:
         runner_up = ranked[1]
         share = (ev.score(runner_up, full=True) or 0.0) / top
-        ev.skips.append(skip(
+        ev.decide(skip(
             "clear-lead", leader.key(), runner_up=runner_up.key(), share=share,
             noise=noise(runner_up), confirm_within=ev.settings.confirm_within))
     return [leader, *close[:ev.settings.num_confirm]]
@@ -90,13 +89,13 @@ def within_drift(ev: Evidence) -> list[Candidate]:
         return []
     top, (config, drift) = ev.score(leader, full=True) or 0.0, widest
     once = sorted((k for k in ev.results if k != leader and ev.runs.get(k, 1) < 2
-                   and k not in ev.stored and (ev.score(k) or 0.0) >= top * (
-                       1 - drift)),
+                   and k not in ev.stored
+                   and not Interval(top, drift).beats(ev.score(k) or 0.0)),
                   key=lambda k: -(ev.score(k) or 0.0))[:ev.settings.num_confirm]
     for key in once:
         share = (ev.score(key) or 0.0) / top
-        ev.skips.append(skip("within-drift", key.key(), share=share, leader=leader.key(),
-                             drift=drift, config=config.key()))
+        ev.decide(skip("within-drift", key.key(), share=share, leader=leader.key(),
+                       drift=drift, config=config.key()))
     return once
 
 
@@ -114,6 +113,6 @@ def round_pair(ev: Evidence) -> tuple[Candidate, Candidate, Candidate, float] | 
     if len(ranked) < 2 or ranked[0] != ev.leader():
         return None
     top, second = (ev.score(k, full=True) or 0.0 for k in ranked[:2])
-    if not top or second < top * (1 - widest[1]):
+    if not top or Interval(top, widest[1]).beats(second):
         return None
     return ranked[0], ranked[1], *widest

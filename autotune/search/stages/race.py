@@ -1,23 +1,34 @@
-"""The race and the first launch: re-measure the leader and its close contenders, decide
-close gaps in interleaved rounds, and check that a compiled winner fits a first launch.
+"""The race and its first-launch check, stages 4 and 5, one loop: re-measure the leader and
+its close contenders, decide close gaps in interleaved rounds, and check that a compiled
+winner fits a first launch; where it does not, it is out and the next pick is re-checked and
+checked in turn.
 
-Who races and when a race stops is the policy's (``policy``); this module makes the runs
-through the executor. ``docs/search.md`` states the algorithm once.
+One loop because each feeds the other: the leader's re-measure, compiled afresh, is also its
+first-launch check (a run that does not fit rules it out during the race), and a winner ruled
+out hands the pick to the next, whose stored timing is re-checked before its own first launch
+is checked. Who races and when a race stops is the policy's (``policy``); this module makes
+the runs through the executor and tells the evidence what they found. ``docs/search.md``
+states the algorithm once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from autotune.config import TrialResult
 from autotune.knobs import skip_reason
+from autotune.schema import TrialRecord
+from autotune.search import fits
 from autotune.search._records import OUT_OF_MEMORY, Candidate
-from autotune.search.executor import Executor
+from autotune.search.executor import Executor, Proposal, Stale, Stop
+from autotune.search.pick import rounds_ahead, won_rounds
+from autotune.search.plan import recompute_twin
 from autotune.search.policy import (
     ROUNDS,
     another_round,
     contenders,
+    rechecked,
     round_pair,
     unchecked,
     within_drift,
@@ -39,34 +50,34 @@ def confirm(ex: Executor) -> None:
 
     A clear leader, compiled and not yet run as a first launch compiles it, has the first-launch
     check's run made here: it is a second run of the leader too, so the drift between its two
-    runs is known before the race is settled (``_within_drift``, ``_interleave``)."""
+    runs is known before the race is settled (``policy.within_drift``, ``interleave``)."""
     keys = contenders(ex.ev)
     if not keys or (len(keys) < 2 and keys[0] not in ex.ev.stored
-                    and not ex.ev.unchecked_launch(keys[0])):
+                    and not fits.unchecked_launch(ex.ev, keys[0])):
         return
     if all(k in ex.ev.stored for k in keys):
         # A repeated search: its first confirmed the race; the re-check only asks whether
         # the two leaders still run as stored, timed until their medians are known.
         keys = keys[:2]
-    ran = ex.remeasure(keys)
+    ran = remeasure(ex, keys)
     cold = ex.ev.cold.get(keys[0])
     if keys[0] in ran and cold is not None and not cold.fits(ex.plan.usable):
         # Its run compiled afresh, as a first launch does, did not fit: the first-launch stage now.
         ex.stage = "first launch"
         _rule_out(ex, keys[0], cold)
         return
-    ran.update(ex.remeasure(within_drift(ex.ev), cold_first=False))
+    ran.update(remeasure(ex, within_drift(ex.ev), cold_first=False))
     interleave(ex, ran)
 
 
 def recheck_stored_pick(ex: Executor) -> None:
     """A stored timing never picks alone: while the pick would be a candidate timed only
     by a search before (the local study store), not run in this one, it is re-checked
-    (``_remeasure``; its fresh run counts where the stored one is stale) and the pick
+    (``remeasure``; its fresh run counts where the stored one is stale) and the pick
     made again. The two leaders' re-checks can drop both behind a third known only from
     the store; each round re-runs one candidate, so it ends."""
     while (winner := ex.ev.winner()) is not None and winner in ex.ev.stored:
-        ex.remeasure([winner], cold_first=False)
+        remeasure(ex, [winner], cold_first=False)
 
 
 def interleave(ex: Executor, first: Mapping[Candidate, TrialResult]) -> None:
@@ -92,7 +103,7 @@ def interleave(ex: Executor, first: Mapping[Candidate, TrialResult]) -> None:
     else:  # not run back to back (or one run failed): two rounds of their own
         order = [leader, challenger]
     while another_round(shares):
-        runs = ex.remeasure(order, cold_first=False)
+        runs = remeasure(ex, order, cold_first=False)
         ratio = _ratio(runs.get(challenger), runs.get(leader))
         if ratio is None:  # a run failed (out of memory: that candidate is out)
             break
@@ -100,33 +111,37 @@ def interleave(ex: Executor, first: Mapping[Candidate, TrialResult]) -> None:
         order.reverse()
     if len(shares) < ROUNDS:  # a run failed: the best runs stand (an out one is out)
         return
-    ex.ev.round_shares[challenger] = tuple(shares)
-    ex.ev.round_shares[leader] = tuple(1 / s for s in shares)
-    ahead = sum(s > 1 for s in shares)
-    picked = challenger if ahead * 2 > len(shares) else leader
+    ahead = rounds_ahead(shares)
+    picked = challenger if won_rounds(shares) else leader
     assert len(shares) in (2, 3), shares  # ``another_round``: two, a third where they split
     note = skip(
         "rounds", picked.key(), "three" if len(shares) == 3 else "",
         challenger=challenger.key(), leader=leader.key(), config=config.key(), ahead=ahead,
         rounds=len(shares), drift=drift, gap=gap,
         **{f"share_{i}": s for i, s in enumerate(shares, 1)})
-    ex.ev.skips.append(note)
+    ex.ev.raced(leader, challenger, shares, note)
 
 
-def fit_cold(ex: Executor) -> None:
-    """The first-launch stage (``docs/search.md``): check that the compiled winner fits as a
-    first launch compiles it, on a device whose peak counts the compile."""
-    if not ex.plan.compile_in_peak:
-        return
+def run(ex: Executor) -> None:
+    """Stages 4 and 5 (``docs/search.md``), one loop: the race (``confirm``), then, until the
+    pick stands, its stored timing re-checked (``recheck_stored_pick``) and, on a device whose
+    peak counts the compile, its fit as a first launch: vouched for by a sibling's run
+    afresh, or run afresh itself; one that does not fit is out (``_rule_out``) and the next
+    pick goes round again."""
+    ex.ev.release_held()
+    confirm(ex)
     usable = ex.plan.usable
     while True:
         recheck_stored_pick(ex)  # the next pick after one ruled out: re-checked first
+        ex.stage = "first launch"
+        if not ex.plan.compile_in_peak:
+            return
         winner = ex.ev.winner()
         if winner is None or winner.knobs.compile_mode == "off":
             return
         if winner not in ex.ev.cold and _fits_by_sibling(ex, winner):
             return
-        cold = ex.ev.cold.get(winner) or ex.cold_run(winner)
+        cold = ex.ev.cold.get(winner) or cold_run(ex, winner)
         if cold.fits(usable) or not _rule_out(ex, winner, cold):
             return
 
@@ -137,8 +152,7 @@ def _rule_out(ex: Executor, winner: Candidate, cold: TrialResult) -> bool:
     (``_time_below_out``). False where that run ended otherwise (it says nothing of
     memory: the winner stands, said unchecked)."""
     if not (cold.ok or cold.status in OUT_OF_MEMORY):
-        ex.ev.skips.append(unchecked(
-            winner, f"its run compiled afresh ended {cold.status}"))
+        ex.ev.decide(unchecked(winner, f"its run compiled afresh ended {cold.status}"))
         return False
     speed = ex.ev.results[winner].samples_per_s()
     _out_cold(ex, winner, cold)
@@ -154,7 +168,7 @@ def _time_below_out(ex: Executor, out: Candidate, speed: float | None) -> None:
     it could still win: a smaller micro-batch adds accumulation steps, so the out winner's
     speed bounds it, and the next pick must be behind that. A checkpointed setting is not
     timed where its setting without checkpointing fits as a first launch
-    (``Evidence.recompute_floor``): it recomputes, so there it runs no faster, and a lead it shows
+    (``fits.recompute_floor``): it recomputes, so there it runs no faster, and a lead it shows
     there is noise; where that is not known, the setting without checkpointing is timed
     there first, compiled afresh (it may be the faster of the two)."""
     smaller = [m for m in ex.plan.micro_batches if m < out.micro_batch]
@@ -164,19 +178,18 @@ def _time_below_out(ex: Executor, out: Candidate, speed: float | None) -> None:
     after = ex.ev.winner()
     if key in ex.ev.results or (after is not None and (ex.ev.score(after) or 0.0) >= speed):
         return
-    twin_key = Candidate(knobs=out.knobs.with_(checkpointing="off"),
-                         micro_batch=key.micro_batch)
+    twin_key = Candidate(knobs=recompute_twin(out.knobs), micro_batch=key.micro_batch)
     if out.knobs.checkpointing != "off" and twin_key not in ex.ev.results and \
-            ex.ev.recompute_floor(out.knobs) < key.micro_batch and \
+            fits.recompute_floor(ex.ev, out.knobs) < key.micro_batch and \
             skip_reason(twin_key.knobs, ex.ev.traits) is None:
         # Its setting without checkpointing first (never timed there: a knob screened on
         # the checkpointed leader): where that fits as a first launch it is the faster of
         # the two (checkpointing recomputes), and the checkpointed one is not run.
         ex.measure(replace(ex.spec(twin_key, early_stop=False), cold_compile=True))
-    floor = ex.ev.recompute_floor(out.knobs)
+    floor = fits.recompute_floor(ex.ev, out.knobs)
     if floor >= key.micro_batch:
-        twin = out.knobs.with_(checkpointing="off")
-        ex.ev.skips.append(skip(
+        twin = recompute_twin(out.knobs)
+        ex.ev.decide(skip(
             "recompute-twin", key.knobs.label(), "first-launch", candidate=key.key(),
             out=out.key(), twin=twin.label(), largest=floor))
         return
@@ -184,12 +197,12 @@ def _time_below_out(ex: Executor, out: Candidate, speed: float | None) -> None:
 
 
 def _fits_by_sibling(ex: Executor, winner: Candidate) -> bool:
-    """``Evidence.vouched_by_sibling``, said in ``skipped`` when it holds."""
-    bound = ex.ev.sibling_bound(winner)
-    if bound is None or not ex.ev.vouched_by_sibling(winner):
+    """``fits.vouched_by_sibling``, said in ``skipped`` when it holds."""
+    bound = fits.sibling_bound(ex.ev, winner)
+    if bound is None or not fits.vouched_by_sibling(ex.ev, winner):
         return False
     own, peak, sibling = bound
-    ex.ev.skips.append(skip(
+    ex.ev.decide(skip(
         "first-launch-sibling", winner.key(), sibling=sibling.key(), sibling_peak=peak,
         own=own, peak=own + peak, usable=ex.plan.usable))
     return True
@@ -206,6 +219,89 @@ def _out_cold(ex: Executor, winner: Candidate, cold: TrialResult) -> None:
                    message=first)
     else:
         out = skip("first-launch-out", winner.key(), "ended", status=cold.status)
-    why = out.text.removeprefix(f"{winner.key()}: ")  # the run's message: the same words
-    ex.ev.results[winner] = replace(ex.ev.results[winner], status="oom", message=why)
-    ex.ev.skips.append(out)
+    ex.ev.rule_out(winner, out)  # judged out of memory, in the rule's words
+
+
+def remeasure(ex: Executor, keys: Sequence[Candidate], *,
+              cold_first: bool = True) -> dict[Candidate, TrialResult]:
+    """The race's runs: each of ``keys`` once more, keeping its better run; the first (the
+    leader) compiled afresh where its first launch is unchecked (``cold_first``). The runs
+    made, in order: proposed at once (``proposals``), run one after another, each told to the
+    evidence as it ends (``tell``: in any order, one worker or several); a resumed search
+    answers each from the study's runs in the order they were made."""
+    ran: dict[Candidate, TrialResult] = {}
+    for proposal in proposals(ex, keys, cold_first=cold_first):
+        again, rec = _run(ex, proposal)
+        tell(ex, proposal, again, rec)
+        ran[proposal.candidate] = again
+    return ran
+
+
+def proposals(ex: Executor, keys: Sequence[Candidate], *,
+              cold_first: bool = True) -> list[Proposal]:
+    """``keys`` as one batch of runs, each spec built from the evidence now (``remeasure``)."""
+    batch: list[Proposal] = []
+    for key in keys:
+        recheck = key in ex.ev.stored
+        # The leader's re-measure compiles afresh where its first launch is unchecked: it is
+        # also the first-launch check, where the leader is most often the winner.
+        cold = cold_first and key == keys[0] and not recheck and fits.unchecked_launch(ex.ev,
+                                                                                       key)
+        spec = ex.spec(key, early_stop=False)
+        if not recheck and (stored := ex.ev.answer(key)) is not None:
+            batch.append(Proposal(key, spec, cold=cold, stored=stored))
+        elif cold:
+            batch.append(Proposal(key, replace(spec, cold_compile=True), cold=True))
+        elif recheck:
+            batch.append(Proposal(key, replace(
+                spec, timing_precision=ex.settings.rank_precision), recheck=True))
+        else:
+            batch.append(Proposal(key, spec))
+    assert len({p.candidate for p in batch}) == len(batch), "one run per candidate a batch"
+    return batch
+
+
+def _run(ex: Executor, proposal: Proposal) -> tuple[TrialResult, TrialRecord]:
+    """``Executor.run_proposal``; a first-launch check that a limit stops before it runs
+    says the winner unchecked."""
+    try:
+        return ex.run_proposal(proposal)
+    except Stop as stop:
+        if proposal.cold and not stop.cut:
+            ex.ev.decide(unchecked(proposal.candidate, str(stop)))
+        raise
+
+
+def tell(ex: Executor, proposal: Proposal, again: TrialResult, rec: TrialRecord) -> None:
+    """A proposed run's result into the evidence (``Evidence.remeasured``); a stored timing
+    re-checked keeps the fresh run where the stored one is stale (``policy.rechecked``).
+
+    Raises:
+        Stale: a re-check ran another model than the stored runs did.
+    """
+    key = proposal.candidate
+    if proposal.stored is None:  # the re-run's own figures (the study's were said first)
+        ex.progress(key, rec)
+    before = ex.ev.results[key]
+    if proposal.recheck and again.ok and before.workload_fingerprint and \
+            again.workload_fingerprint not in ("", before.workload_fingerprint):
+        raise Stale(
+            f"stored runs not reused: the workload changed since they were measured "
+            f"(re-check of {key.key()}: fingerprint {again.workload_fingerprint}, "
+            f"stored {before.workload_fingerprint}: its parameter or batch shapes "
+            "differ); every candidate was measured again")
+    ex.ev.remeasured(key, again, cold=proposal.cold)
+    if proposal.recheck:
+        fresh, note = rechecked(key, before, again, ex.settings)
+        ex.ev.rechecked(key, again, fresh=fresh, note=note)
+
+
+def cold_run(ex: Executor, winner: Candidate) -> TrialResult:
+    """The winner run as its timed runs were, every step, with an empty inductor cache of
+    its own: its peak is a first launch's, its timing one more run of it (each candidate
+    keeps its better run). Over the budget, it is out (``_rule_out``)."""
+    proposal = Proposal(winner, replace(ex.spec(winner, early_stop=False), cold_compile=True),
+                        cold=True, stored=ex.ev.answer(winner))
+    cold, rec = _run(ex, proposal)
+    tell(ex, proposal, cold, rec)
+    return cold

@@ -1,0 +1,135 @@
+"""What the evidence says of memory: a setting's largest fit, whether a value lowered the
+leader's peak, the growth per sample, the recompute floor, and each compiled candidate's fit
+as a first launch (its own run compiled afresh, or a sibling's bounding it).
+
+Pure queries of ``Evidence``: nothing here runs or records anything.
+"""
+
+from __future__ import annotations
+
+from autotune.boundary import Point, fit_line
+from autotune.config import Knobs, format_bytes
+from autotune.search._records import Candidate
+from autotune.search.evidence import Evidence
+from autotune.search.plan import memory_class, recompute_twin
+
+
+def largest_fit(ev: Evidence, knobs: Knobs, *, calm: bool = False) -> int:
+    """The largest micro-batch of ``knobs`` known to fit (its probes' and timed runs'), 0
+    when none; ``calm``: only runs without allocator retries count."""
+    return max((c.micro_batch for c, r in [*ev.probe_runs.items(), *ev.results.items()]
+                if c.knobs == knobs and r.fits(ev.usable)
+                and not (calm and r.num_alloc_retries)), default=0)
+
+
+def lower_peak(ev: Evidence, leader: Candidate, timed: Candidate) -> bool:
+    """Whether memory binds the leader (a larger micro-batch exists that it does not run)
+    and ``timed``, run at the leader's micro-batch, peaked below it there."""
+    ran, led = ev.results.get(timed), ev.results.get(leader)
+    return (timed.micro_batch == leader.micro_batch < ev.plan.per_device
+            and ran is not None and ran.ok and led is not None and bool(ran.peak_bytes)
+            and bool(led.peak_bytes) and (ran.peak_bytes or 0) < (led.peak_bytes or 0))
+
+
+def growth(ev: Evidence, knobs: Knobs, micro_batch: int) -> float | None:
+    """Peak bytes per sample above ``micro_batch`` for ``knobs``, or None (not known).
+
+    Measured on a setting of the same memory class at two or more micro-batches that
+    completed, the slope of the line through them (``boundary.fit_line``); else a lower
+    bound from the class's probe that stopped at ``micro_batch``: its run above failed, so
+    its peak there exceeded the budget (or is the measured one)."""
+    cls = memory_class(knobs)
+    bound = None
+    for k, probe in ev.probes.items():
+        if memory_class(k) != cls:
+            continue
+        points = sorted({s.micro_batch: s.peak_bytes for s in probe.steps
+                         if s.status == "ok" and s.peak_bytes}.items())
+        line = fit_line([Point(micro_batch=m, peak_bytes=b, fits=True) for m, b in points])
+        if line is not None:
+            return max(0.0, line[0])
+        over = min((s for s in probe.steps if s.micro_batch > micro_batch and not s.fits),
+                   key=lambda s: s.micro_batch, default=None)
+        if points and points[-1][0] == micro_batch and over is not None:
+            end = over.peak_bytes if over.status == "ok" and over.peak_bytes else \
+                ev.plan.report.budget_bytes
+            bound = max(0.0, (end - points[-1][1]) / (over.micro_batch - micro_batch))
+    return bound
+
+
+def recompute_floor(ev: Evidence, knobs: Knobs) -> int:
+    """For a checkpointed setting, the largest micro-batch its setting without
+    checkpointing is known to fit as a user's first launch runs it: a timed run without
+    allocator retries within the usable budget that, compiled, also fit with its graphs
+    compiled afresh (eager code compiles nothing). 0: none known, or no checkpointing."""
+    if knobs.checkpointing == "off":
+        return 0
+    twin = recompute_twin(knobs)
+
+    def first_launch_fits(key: Candidate) -> bool:
+        cold = ev.cold.get(key)
+        return key.knobs.compile_mode == "off" or (cold is not None
+                                                   and cold.fits(ev.usable))
+
+    return max((c.micro_batch for c, r in ev.results.items()
+                if c.knobs == twin and r.fits(ev.usable) and r.step_times_s
+                and not r.num_alloc_retries and first_launch_fits(c)), default=0)
+
+
+def sibling_bound(ev: Evidence, key: Candidate) -> tuple[int, int, Candidate] | None:
+    """Where a run of the same graphs (another optimizer implementation on its setting)
+    compiled them afresh and ran: the candidate's own peak, that run's peak and the
+    sibling. That run's peak holds its compile's memory, so the two peaks' sum bounds the
+    candidate's peak as a first launch. None without such a run."""
+    own = ev.results[key].peak_bytes if key in ev.results else None
+    siblings = [(cold.peak_bytes, other) for other, cold in ev.cold.items()
+                if other.graph() == key.graph() and cold.ok and cold.peak_bytes is not None]
+    if own is None or not siblings:
+        return None
+    peak, sibling = min(siblings, key=lambda s: s[0])
+    return own, peak, sibling
+
+
+def vouched_by_sibling(ev: Evidence, key: Candidate) -> bool:
+    """Whether ``sibling_bound`` puts the candidate's first launch within budget."""
+    bound = sibling_bound(ev, key)
+    return bound is not None and bound[0] + bound[1] <= ev.usable
+
+
+def unchecked_launch(ev: Evidence, key: Candidate) -> bool:
+    """Whether a compiled candidate's fit as a first launch is still to check: on a device
+    whose peak counts the compile, no run of it compiled its graphs afresh, and no
+    sibling's run afresh bounds it within the usable budget (``sibling_bound``)."""
+    if not (key.knobs.compile_mode != "off" and key not in ev.cold
+            and ev.plan.compile_in_peak):
+        return False
+    return not vouched_by_sibling(ev, key)
+
+
+def first_launch(ev: Evidence) -> dict[Candidate, str]:
+    """``SearchOutcome.first_launch``: what is unknown or against each compiled
+    candidate's fit as a first launch (on a device whose peak counts the compile)."""
+    if not ev.plan.compile_in_peak:
+        return {}
+    notes = {}
+    for key in ev.results:
+        cold = ev.cold.get(key)
+        if key.knobs.compile_mode == "off" or (cold is not None and cold.fits(ev.usable)):
+            continue
+        if cold is None and vouched_by_sibling(ev, key):
+            continue
+        notes[key] = ("unchecked (its runs loaded their compiled graphs from inductor's "
+                      "cache, which lowers the peak)" if cold is None else
+                      "it does not fit (compiled afresh it "
+                      + (f"peaked at {format_bytes(cold.peak_bytes or 0)}"
+                         if cold.ok else f"ended {cold.status}")
+                      + f", over the {format_bytes(ev.usable)} usable)")
+    return notes
+
+
+def known_baseline(ev: Evidence) -> Candidate | None:
+    """fp32 eager at the largest micro-batch timed so far that fits: the baseline of a
+    search stopped before the baseline's memory probe ended."""
+    fits = [c for c, r in ev.results.items()
+            if c.knobs == ev.plan.base and r.fits(ev.usable)]
+    return max(fits, key=lambda c: c.micro_batch, default=None)

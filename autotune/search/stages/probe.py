@@ -1,0 +1,158 @@
+"""The probe stage: each memory class's largest fitting micro-batch, found and timed.
+
+fp32 eager (the baseline) first: its largest fit is what an untuned user runs; where it fits
+nothing, the first value that frees memory is the baseline (``rescue_baseline``). The compiled
+classes follow, the most promising precision first, and the compile modes beyond default only
+for a precision near the leader (``bounds.mode``). ``probe_setting`` finds a setting's
+boundary (``memory.probe_memory``), stopped early where a bound says the rest cannot win
+(``bounds.larger`` above, ``bounds.below`` below); the knobs stage probes with it too.
+``docs/search.md`` states the rules once.
+"""
+
+from __future__ import annotations
+
+from autotune.config import Knobs, MemoryProbe
+from autotune.errors import BROKEN
+from autotune.knobs import KNOBS, skip_reason
+from autotune.memory import hint_for, probe_memory
+from autotune.search import bounds, fits
+from autotune.search._records import Candidate
+from autotune.search.executor import Executor
+from autotune.search.rules import Skip, skip
+from autotune.skip_sentences import Context
+
+
+def run(ex: Executor) -> bool:
+    """The stage (``docs/search.md``); False where fp32 eager fits nothing and no value that
+    frees memory rescues it: no baseline, the search ends (the api says what it would take)."""
+    ev, plan = ex.ev, ex.plan
+    first = plan.first_classes()
+    for i, knobs in enumerate(first):
+        if knobs.compile_mode != "off":  # the most promising precision first (its eager
+            # run's speed): a strong leader early lets the probes after it stop sooner
+            first[i:] = sorted(first[i:], key=lambda c: -ev.precision_best(c.precision))
+            knobs = first[i]
+        probe_setting(ex, knobs)
+        if knobs == plan.base:
+            base = ev.probes[plan.base]
+            if base.max_micro_batch:
+                ev.name_baseline(Candidate(knobs=knobs, micro_batch=base.max_micro_batch))
+            elif not rescue_baseline(ex):
+                return False
+    for knobs in plan.refining_classes():
+        why_not = bounds.mode(ev, knobs)
+        if why_not:
+            ex.reach.consider(knobs)
+            ev.decide(why_not)
+        else:
+            probe_setting(ex, knobs)
+    return True
+
+
+def probe_setting(ex: Executor, knobs: Knobs, *, above: int = 0) -> MemoryProbe:
+    """Find the setting's largest fitting micro-batch, and time it.
+
+    A probe that may be the largest fit times its config in the same run; bisection
+    points only measure memory. When the boundary turns out to be such a point, it is
+    timed afterwards. ``above``: only larger micro-batches are considered (the probe
+    starts at the next one up: the smaller ones cannot win, ``probe_recompute``)."""
+
+    def candidate(micro_batch: int) -> Candidate:
+        return Candidate(knobs=knobs, micro_batch=micro_batch)
+
+    def free(micro_batch: int) -> bool:
+        # The baseline always finds its boundary; a run already measured (a resumed study)
+        # costs nothing: the probe goes on as the first search's did.
+        key = candidate(micro_batch)
+        return knobs == ex.plan.base or key in ex.ev.results or key in ex.ev.held \
+            or key in ex.ev.probe_runs
+
+    # ``probe_memory`` says a stop in its words ("micro-batches above 8 not probed: " and
+    # the bound's sentence); each note keeps the typed skip behind it, said in that context.
+    stopped: dict[str, Skip] = {}
+
+    def said(why: Skip | None, context: Context, **where: int) -> str | None:
+        if why is None:
+            return None
+        said_in = why.within(context, knobs.label(), **where)
+        stopped[said_in.text.removeprefix(f"{knobs.label()}: ")] = said_in
+        return why.text
+
+    def stop_above(fit: int, above: int) -> str | None:
+        return None if free(above) else said(bounds.larger(ex.ev, candidate(fit)),
+                                             "above-not-probed", probed_above=fit)
+
+    def stop_below(over: int, below: int) -> str | None:
+        return None if free(below) else said(bounds.below(ex.ev, candidate(over)),
+                                             "below-not-probed", probed_below=over)
+
+    def timed(micro_batch: int, may_be_largest: bool) -> bool:
+        # A compiled setting's probe above its largest fit so far times its config too:
+        # should it fit, timing it in a run of its own costs another child and another
+        # load of its graphs, where the timed steps alone cost seconds.
+        if may_be_largest or knobs.compile_mode == "off":
+            return may_be_largest
+        return 0 < fits.largest_fit(ex.ev, knobs) < micro_batch
+
+    considered = [m for m in ex.plan.micro_batches if m > above]
+    probe = probe_memory(
+        ex.plan.report.workload, ex.plan.report.device.device, knobs, considered,
+        budget_bytes=ex.plan.report.budget_bytes, usable_bytes=ex.plan.usable,
+        timeout_s=ex.ev.settings.timeout_s,
+        hint=considered[0] if above else hint_for(knobs, ex.ev.probes.values()),
+        run=ex.measure, on_step=ex.on_step, stop_above=stop_above,
+        stop_below=stop_below,
+        make_spec=lambda m, largest: ex.spec(candidate(m), timed=timed(m, largest)),
+        known={c.micro_batch: r for c, r in [*ex.ev.probe_runs.items(),
+                                             *ex.ev.results.items()]
+               if c.knobs == knobs and c in ex.ev.reached})
+    ex.ev.found(probe)
+    for note in probe.notes:
+        if note.startswith(("micro-batches above", "micro-batches below")):
+            ex.ev.decide(stopped.get(note) or _probe_note(knobs.label(), note))
+    if not probe.max_micro_batch and any(n.startswith("micro-batches below")
+                                         for n in probe.notes):
+        ex.ev.unfound(knobs)  # its smaller micro-batches were never tried: not "none"
+    if probe.max_micro_batch:
+        ex.measure(ex.spec(candidate(probe.max_micro_batch)))  # reused when timed
+    return probe
+
+
+def rescue_baseline(ex: Executor) -> bool:
+    """fp32 eager fits nothing: try the values that free memory on it, most first; the
+    first that fits is the baseline (what fits with the least change). False when none
+    does (the api then says what the budget would need), and at once when fp32 eager
+    failed at the smallest micro-batch in a way no memory changes (``BROKEN``: a hang,
+    a non-finite loss; the api names the workload's failure)."""
+    if any(s.status in BROKEN and s.micro_batch == ex.plan.micro_batches[0]
+           for s in ex.ev.probes[ex.plan.base].steps):
+        return False
+    for knob in KNOBS[2:]:
+        for value in knob.frees_memory:
+            if value not in ex.plan.values.get(knob.name, ()):
+                continue
+            knobs = ex.plan.base.with_(**{knob.name: value})
+            why = skip_reason(knobs, ex.ev.traits)
+            if why:
+                ex.ev.decide(skip("not-applicable", knobs.label(),
+                                  context="not-tried", reason=why))
+                continue
+            probe = probe_setting(ex, knobs)
+            if probe.max_micro_batch:
+                ex.ev.name_baseline(Candidate(knobs=knobs,
+                                              micro_batch=probe.max_micro_batch))
+                ex.ev.decide(skip(
+                    "baseline-rescued", ex.ev.baseline.key(),
+                    base=ex.plan.base.label(), usable=ex.plan.usable))
+                return True
+    return False
+
+
+def _probe_note(target: str, note: str) -> Skip:
+    """A memory probe's stop note said in its words (``memory.probe_memory`` made it: the
+    line through the peaks), under the rule it came from."""
+    if note.startswith("micro-batches below"):
+        rule = "over-budget-below"
+    else:
+        rule = "peak-line" if "the line through the peaks" in note else "gain-ceiling"
+    return skip(rule, target, "" if rule == "peak-line" else "probe-note", note=note)
