@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import sys
 import time
@@ -69,6 +70,20 @@ def crash() -> Workload:
         return model(*batch)  # pragma: no cover
 
     return Workload(name="crash", build_model=WideMLP, make_batch=_batch, loss=loss)
+
+
+def removes_its_folder() -> Workload:
+    """At micro-batch 1 the child's temporary folder (its request, output and result) is
+    removed while it trains, as a $TMPDIR cleaner or another job would; other micro-batches
+    train as ``tiny``."""
+
+    def make_batch(micro_batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if micro_batch == 1:
+            shutil.rmtree(os.path.dirname(sys.argv[2]), ignore_errors=True)
+        return _batch(micro_batch)
+
+    return Workload(name="removes-its-folder", build_model=WideMLP, make_batch=make_batch,
+                    loss=_loss)
 
 
 def hang() -> Workload:
