@@ -91,8 +91,10 @@ def probe_footer(report: ProbeReport) -> list[str]:
 
 
 def probe_step_line(label: str, step: ProbeStep) -> str:
-    """One progress line for a finished probe."""
-    verdict = "fits" if step.fits else "does not fit"
+    """One progress line for a finished probe: it fits, does not fit (ran over the usable
+    budget, or out of memory), or failed otherwise, which says nothing of its memory."""
+    verdict = ("fits" if step.fits else "does not fit" if step.status in ("ok", "oom") else
+               "no memory verdict")
     seconds = f", {step.wall_s:.1f} s" if step.wall_s is not None else ""
     return (f"{label:<32} micro-batch {step.micro_batch:>5}: {step.status:<13} "
             f"peak {format_bytes(step.peak_bytes):>10}  {verdict}{seconds}")

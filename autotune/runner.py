@@ -354,7 +354,7 @@ def _launch(ranks: int, module: str, request_path: str, result_path: str) -> int
             {str(rank): f.exitcode for rank, f in exc.failures.items()}))
         failures = sorted(exc.failures.items(), key=lambda rf: (rf[1].exitcode == -15, rf[0]))
         print(f"{_SUMMARY}the job of {ranks} ranks failed: " + "; ".join(
-            f"rank {rank} {_how(f.exitcode)}" for rank, f in failures), flush=True)
+            f"rank {rank} of {ranks} {_how(f.exitcode)}" for rank, f in failures), flush=True)
         return 1
     return 0
 

@@ -141,6 +141,9 @@ class SearchOutcome:
     drift: Mapping[Candidate, float] = field(default_factory=dict)
     """Candidates this search timed twice (a close race's re-measure, a first-launch check),
     each with how far apart its two runs' medians were (0.3: the slower 30% slower)."""
+    uncapped: TrialResult | None = None
+    """fp32 eager's smallest micro-batch without the memory cap, where it crashed under it
+    (``Evidence.uncapped``): the api names the workload's failure from it."""
 
     @property
     def skipped(self) -> tuple[str, ...]:

@@ -65,6 +65,9 @@ class Evidence:
     timed_s: dict[Candidate, float] = field(default_factory=dict)
     """Seconds of timed steps per candidate, over its runs in this search."""
     probes: dict[Knobs, MemoryProbe] = field(default_factory=dict)
+    uncapped: TrialResult | None = None
+    """fp32 eager's smallest micro-batch run once more without the memory cap, when it crashed
+    under it: whether the crash was the cap's doing (``Prober.rescue_baseline``)."""
     baseline: Candidate | None = None
     traits: WorkloadTraits | None = None
     """What the workload allows (blocks, convolutions, optimizer), from any run."""

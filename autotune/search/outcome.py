@@ -40,6 +40,7 @@ def outcome(ev: Evidence, ex: Executor, interrupted: bool, stop_reason: str) -> 
         for i, (k, r) in enumerate(ev.results.items()))
     return SearchOutcome(records=records, results=ev.results, baseline=ev.baseline,
                          first_launch=ev.first_launch(), drift=dict(ev.drift),
+                         uncapped=ev.uncapped,
                          probes=tuple(ev.probes.values()),
                          skips=skips,
                          interrupted=interrupted, stop_reason=stop_reason,

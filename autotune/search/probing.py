@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from autotune.config import Knobs, MemoryProbe
 from autotune.errors import BROKEN
 from autotune.knobs import KNOBS, Knob, skip_reason
-from autotune.memory import hint_for, probe_memory
+from autotune.memory import broken_uncapped, hint_for, probe_memory
 from autotune.search import bounds
 from autotune.search._records import Candidate
 from autotune.search.evidence import Evidence
@@ -102,10 +102,21 @@ class Prober:
         first that fits is the baseline (what fits with the least change). False when none
         does (the api then says what the budget would need), and at once when fp32 eager
         failed at the smallest micro-batch in a way no memory changes (``BROKEN``: a hang,
-        a non-finite loss; the api names the workload's failure)."""
-        if any(s.status in BROKEN and s.micro_batch == self.plan.micro_batches[0]
-               for s in self.ev.probes[self.plan.base].steps):
+        a non-finite loss; or a crash, of its process or of one rank of its job, that the
+        same run without the memory cap shows is not the cap's doing,
+        ``memory.broken_uncapped``: the api names the workload's failure)."""
+        smallest = self.plan.micro_batches[0]
+        first = [s.status for s in self.ev.probes[self.plan.base].steps
+                 if s.micro_batch == smallest]
+        if any(status in BROKEN for status in first):
             return False
+        if "crash" in first:
+            # A crash under the cap can be the cap's doing (a stack that cannot grow): one
+            # run without it says which, before any setting that frees memory is tried.
+            self.ev.uncapped = self.ex.uncapped(Candidate(knobs=self.plan.base,
+                                                          micro_batch=smallest))
+            if broken_uncapped(self.ev.uncapped, self.plan.usable):
+                return False
         for knob in KNOBS[2:]:
             for value in knob.frees_memory:
                 if value not in self.plan.values.get(knob.name, ()):
