@@ -424,6 +424,10 @@ def study_lines(c: TunedConfig) -> list[str]:
         when = stored[0] if stored[0] == stored[-1] else f"{stored[0]} to {stored[-1]}"
         lines.append(f"study store: reused {len(stored)} stored run(s) measured {when} "
                      f"({where}, study {c.study.name}); --fresh measures everything again")
+    elif where and c.study.failed:
+        lines.append(f"study store: runs were recorded in {where} (study {c.study.name}) only "
+                     "until it failed: a repeated search reuses what it still holds and "
+                     "measures the rest again")
     elif where:
         lines.append(f"study store: runs recorded in {where} (study {c.study.name}): a "
                      "repeated search reuses them (--no-cache: keep none)")
