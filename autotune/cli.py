@@ -7,7 +7,6 @@ Logs and progress go to stderr, results to stdout.
 from __future__ import annotations
 
 import contextlib
-import signal
 import sys
 import traceback
 import warnings
@@ -29,9 +28,10 @@ from rich.progress import (
 from rich.text import Text
 
 from autotune.config import MAX_BATCH
-from autotune.errors import AutotuneError, ConfigError, Interrupted
+from autotune.errors import AutotuneError, ConfigError
 from autotune.knobs import KNOB, Knobs
 from autotune.names import FLAGS
+from autotune.signals import command, ending, take_process_signals
 
 app = typer.Typer(
     help="Find the fastest way to train your model at the effective batch size you want.",
@@ -138,20 +138,22 @@ def _exits() -> Iterator[_Done]:
     """Turn what ends a command into its exit code (DESIGN.md section 10): a library error's
     own (2 bad input or broken workload, 1 does not fit), 130 for Ctrl-C and 143 for SIGTERM
     (saying what was written: the exception's ``written``, else the command's ``_Done``), 3
-    for a bug of autotune's own (with its traceback). A warning prints as one line."""
+    for a bug of autotune's own (with its traceback). A warning prints as one line. In the
+    ``autotune`` process the command's signals are ``signals.command``'s: once it ends, every
+    later one is ignored while it says why and exits."""
     done = _Done()
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), command():
             warnings.showwarning = _show_warning
             yield done
     except AutotuneError as exc:
         # The message may quote a file's values or a workload's error: printed as typed.
-        err.print(Text.assemble(("error:", "bold red"), " ", str(exc)))
+        _last().print(Text.assemble(("error:", "bold red"), " ", str(exc)))
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt as exc:
         written = getattr(exc, "written", None) or done.written
         name = "Ctrl-C" if getattr(exc, "signal_name", "SIGINT") == "SIGINT" else exc.signal_name
-        err.print(f"interrupted ({name}): " + (
+        _last().print(f"interrupted ({name}): " + (
             f"wrote {written}, its train_autotuned.py"
             + (" and autotune.html" if Path(written).with_suffix(".html").exists() else "")
             + " first" if written else
@@ -160,11 +162,19 @@ def _exits() -> Iterator[_Done]:
     except (typer.Exit, typer.Abort, SystemExit):
         raise
     except Exception as exc:
-        err.print("".join(traceback.format_exception(exc)), highlight=False, markup=False)
-        err.print(f"internal error: {type(exc).__name__}: {exc}. This is a bug in autotune, not "
-                  "in your input: please report it with the traceback above",
-                  highlight=False, markup=False)
+        last = _last()
+        last.print("".join(traceback.format_exception(exc)), highlight=False, markup=False)
+        last.print(f"internal error: {type(exc).__name__}: {exc}. This is a bug in autotune, not "
+                   "in your input: please report it with the traceback above",
+                   highlight=False, markup=False)
         raise typer.Exit(3) from None
+
+
+def _last() -> Console:
+    """A console for a command's last line, onto ``err``'s file: a new one, as a signal that
+    raised inside one of ``err``'s prints (between the halves of rich's buffer bookkeeping)
+    leaves ``err`` holding every later print back, and the line would never show."""
+    return plain_console(file=err.file)
 
 
 def _split(text: str | None, option: str) -> list[str] | None:
@@ -650,16 +660,16 @@ def cache_clear() -> None:
                       markup=False)
 
 
-def _terminate(signum: int, _frame: object) -> None:
-    """SIGTERM (``timeout``, a CI cancel, ``docker stop``) ends autotune the way Ctrl-C does:
-    the running child is killed with its process group, the best so far kept."""
-    raise Interrupted(signal.Signals(signum).name, signum)
-
-
 def main() -> None:
-    """Console-script entry point."""
-    signal.signal(signal.SIGTERM, _terminate)
-    app(prog_name="autotune")
+    """The CLI, under the autotune process's signal policy (``signals.take_process_signals``;
+    the ``autotune`` command's entry point, ``autotune.__main__``, takes it before this module
+    is imported): SIGTERM (``timeout``, a CI cancel, ``docker stop``) ends autotune the way
+    Ctrl-C does, the running child killed with its process group, the best so far kept."""
+    take_process_signals()
+    try:
+        app(prog_name="autotune")
+    finally:
+        ending()
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from autotune.config import (
     PRECISIONS,
     DeviceInfo,
     TrialSpec,
+    format_bytes,
     peak_tflops,
 )
 from autotune.errors import ConfigError
@@ -44,6 +45,7 @@ Kernels = Literal["cpu", "cuda"]
 # (per-thread arenas reserve 64 MiB heaps; freed blocks stay in the heap): one arena and an
 # immediate trim make the measured peak repeat to about 1 MiB. A user's own MALLOC_* wins.
 CPU_ALLOCATOR = {"MALLOC_ARENA_MAX": "1", "MALLOC_TRIM_THRESHOLD_": "0"}
+_MAPPED_STEP = 64 * 1024**2
 AT_CAP_SHARE = 0.02
 """A CPU run that failed with its peak within this share of its cap ran out of memory."""
 
@@ -96,6 +98,11 @@ class DeviceBackend(abc.ABC):
 
     def peak_tflops(self, device_name: str, precision: str) -> float | None:
         """Dense peak TFLOP/s of the device in ``precision`` (for MFU), or None if unknown."""
+        return None
+
+    def budget_limit(self) -> tuple[int, str] | None:
+        """The largest memory budget a child's cap can hold here besides the device's memory,
+        and a clause that says what sets it; None when only the device's memory does."""
         return None
 
     @abc.abstractmethod
@@ -186,6 +193,23 @@ class CPUBackend(DeviceBackend):
 
     def open_memory(self, spec: TrialSpec, model: nn.Module) -> TrialMemory:
         return _CPUMemory(spec, model)
+
+    def budget_limit(self) -> tuple[int, str] | None:
+        """What a hard address-space limit (``ulimit -v``) leaves a child above what it maps
+        before its training (about what this process maps with torch loaded): the cap, set
+        over that baseline, cannot rise over the hard limit."""
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if hard == resource.RLIM_INFINITY:
+            return None
+        import torch  # noqa: F401  (mapped here as in a child before its baseline)
+
+        # Rounded up to 64 MiB: two processes (a search, then a check of its config) that map
+        # a little more or less here find the same room.
+        mapped = -(-_proc_status()["VmSize"] // _MAPPED_STEP) * _MAPPED_STEP
+        room = max(hard - mapped, 0)
+        return room, (f"the hard address-space limit (ulimit -v) is {format_bytes(hard)}, and a "
+                      f"child maps about {format_bytes(mapped)} before it trains (torch "
+                      f"loaded), which leaves {format_bytes(room)}")
 
     def max_ranks(self) -> int:
         """One rank per core: ranks sharing a core time each other's work."""
@@ -292,7 +316,7 @@ class _CPUMemory(TrialMemory):
         import torch
 
         self.device = torch.device(spec.device)
-        self.budget = spec.memory_budget_bytes
+        self.budget = self.asked = spec.memory_budget_bytes
         # The model is already built: its parameters and buffers count exactly (their bytes),
         # while what building it cost the process (lazy imports of its code, Python objects)
         # stays in the baseline, as it is host memory on a GPU.
@@ -316,10 +340,7 @@ class _CPUMemory(TrialMemory):
         self._padding = _pad_to_high_water()
         self.baseline = _proc_status()["VmPeak"]
         self.uncapped = resource.getrlimit(resource.RLIMIT_AS)
-        if self.budget is not None:
-            _, hard = resource.getrlimit(resource.RLIMIT_AS)
-            allowed = max(self.budget - self.model_bytes, 0)
-            resource.setrlimit(resource.RLIMIT_AS, (self.baseline + allowed, hard))
+        self._cap()
 
     def rebase(self, model: nn.Module, batch_bytes: int) -> None:
         """Count from here: the sharded model's bytes and the batches exactly, the cap over
@@ -328,10 +349,20 @@ class _CPUMemory(TrialMemory):
         reports that earlier high-water mark, an over-count that errs on the safe side."""
         self.model_bytes = tensor_bytes(model) + batch_bytes
         self.baseline = _proc_status()["VmSize"]
-        if self.budget is not None:
-            _, hard = resource.getrlimit(resource.RLIMIT_AS)
-            allowed = max(self.budget - self.model_bytes, 0)
-            resource.setrlimit(resource.RLIMIT_AS, (self.baseline + allowed, hard))
+        self._cap()
+
+    def _cap(self) -> None:
+        """RLIMIT_AS at the baseline plus what the budget leaves beside the model; at most the
+        hard limit (``ulimit -v``), which is then the cap: ``budget`` becomes what it leaves,
+        so a run that fails there ran out of memory (``at_cap``)."""
+        if self.asked is None:
+            return
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        cap = self.baseline + max(self.asked - self.model_bytes, 0)
+        if hard != resource.RLIM_INFINITY and cap > hard:
+            cap = hard
+        self.budget = max(cap - self.baseline + self.model_bytes, 0)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
 
     def release(self) -> None:
         """The address-space limit the child had before the cap."""
@@ -415,7 +446,7 @@ class _CUDAMemory(TrialMemory):
         import torch
 
         self.device = torch.device(spec.device)
-        self.budget = spec.memory_budget_bytes
+        self.budget = self.asked = spec.memory_budget_bytes
         self.index = self.device.index or 0
         # NVML reads the device's use without a CUDA context: before this child has one, so
         # the context (hundreds of MiB) counts. torch's own mem_get_info would create the

@@ -54,7 +54,8 @@ def save_compile_artifacts(config: TunedConfig, file: str, timeout_s: float
                      micro_batch=config.micro_batch, accumulate_steps=config.accumulate_steps,
                      knobs=config.knobs, num_warmup_steps=1, num_timed_steps=0,
                      memory_budget_bytes=config.memory.budget_bytes, timeout_s=timeout_s)
-    with tempfile.TemporaryDirectory(prefix="autotune-artifacts-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="autotune-artifacts-",
+                                     ignore_cleanup_errors=True) as tmp:
         out = Path(tmp, "artifacts.bin")
         run = run_in_child("autotune.first_launch", {
             "spec": to_json_dict(spec), "out": str(out), "settings": graph_settings(config)},
@@ -68,7 +69,11 @@ def save_compile_artifacts(config: TunedConfig, file: str, timeout_s: float
                           f"{result.status}: {first}")
         if data.get("unsaved"):
             return None, f"no compiled artifacts: {data['unsaved']}"
-        payload = out.read_bytes()
+        try:
+            payload = out.read_bytes()
+        except OSError:  # its folder was removed meanwhile (a $TMPDIR cleaner)
+            return None, (f"no compiled artifacts: their file {out} was removed before it "
+                          "was read (its temporary folder went)")
     return Saved(payload, CompileArtifacts(
         file=file, size_bytes=len(payload), sha256=hashlib.sha256(payload).hexdigest(),
         torch_version=data["torch_version"], device_name=data["device_name"],

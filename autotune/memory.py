@@ -29,7 +29,7 @@ from autotune.config import (
     WorkloadSpec,
     format_bytes,
 )
-from autotune.errors import WorkloadError
+from autotune.errors import MEMORY_STATUS, WorkloadError
 from autotune.runner import run_isolated
 
 Runner = Callable[[TrialSpec], TrialResult]
@@ -55,6 +55,14 @@ def probe_spec(workload: WorkloadSpec, device: str, knobs: Knobs, micro_batch: i
         memory_budget_bytes=budget_bytes,
         timeout_s=timeout_s, count_flops=count_flops, ranks=ranks,
     )
+
+
+def broken_uncapped(uncapped: TrialResult, usable_bytes: int) -> bool:
+    """Whether a crash under the memory cap is the workload's, by the same run without the cap
+    (``uncapped``): it fails there too other than by running out of memory, or it fits in the
+    budget there (then the cap did not cause it). Else it needed more than the cap: the cap's
+    doing, and a setting that frees memory may fit."""
+    return uncapped.status not in ("ok", MEMORY_STATUS) or uncapped.fits(usable_bytes)
 
 
 def hint_for(knobs: Knobs, probes: Iterable[MemoryProbe]) -> int | None:

@@ -91,8 +91,10 @@ def probe_footer(report: ProbeReport) -> list[str]:
 
 
 def probe_step_line(label: str, step: ProbeStep) -> str:
-    """One progress line for a finished probe."""
-    verdict = "fits" if step.fits else "does not fit"
+    """One progress line for a finished probe: it fits, does not fit (ran over the usable
+    budget, or out of memory), or failed otherwise, which says nothing of its memory."""
+    verdict = ("fits" if step.fits else "does not fit" if step.status in ("ok", "oom") else
+               "no memory verdict")
     seconds = f", {step.wall_s:.1f} s" if step.wall_s is not None else ""
     return (f"{label:<32} micro-batch {step.micro_batch:>5}: {step.status:<13} "
             f"peak {format_bytes(step.peak_bytes):>10}  {verdict}{seconds}")
@@ -422,6 +424,10 @@ def study_lines(c: TunedConfig) -> list[str]:
         when = stored[0] if stored[0] == stored[-1] else f"{stored[0]} to {stored[-1]}"
         lines.append(f"study store: reused {len(stored)} stored run(s) measured {when} "
                      f"({where}, study {c.study.name}); --fresh measures everything again")
+    elif where and c.study.failed:
+        lines.append(f"study store: runs were recorded in {where} (study {c.study.name}) only "
+                     "until it failed: a repeated search reuses what it still holds and "
+                     "measures the rest again")
     elif where:
         lines.append(f"study store: runs recorded in {where} (study {c.study.name}): a "
                      "repeated search reuses them (--no-cache: keep none)")

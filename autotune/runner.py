@@ -213,20 +213,23 @@ def run_in_child(module: str, request: dict[str, Any], *, timeout_s: float,
         ``ok`` with the handler's result in ``data``; ``timeout``; or ``crash`` (the child did
         not start, died without a result, or its handler raised: ``data["child_error"]``).
     """
-    with tempfile.TemporaryDirectory(prefix="autotune-child-") as tmp:
+    # Its folder may go while the child runs (a $TMPDIR cleaner, another job): what the
+    # child left there is then missing, and so is the folder its cleanup would remove.
+    with tempfile.TemporaryDirectory(prefix="autotune-child-",
+                                     ignore_cleanup_errors=True) as tmp:
         request_path, result_path = Path(tmp, "request.json"), Path(tmp, "result.json")
         output_path = Path(tmp, "output.txt")
-        request_path.write_text(json.dumps(request))
-        output_path.write_bytes(b"")
         args = [str(request_path), str(result_path)]
         if ranks:
             module, args = "autotune.runner", [_LAUNCH, str(ranks), module, *args]
         start = time.perf_counter()
         try:
+            request_path.write_text(json.dumps(request))
+            output_path.write_bytes(b"")
             env = {**child_environment(device), **(extra_env or {}), PARENT_PID: str(os.getpid())}
             proc = child.start(module, args, env=env, output=str(output_path),
                                preload=preload)
-        except OSError as exc:  # EACCES, ENOMEM, EAGAIN, a missing interpreter
+        except OSError as exc:  # EACCES, ENOMEM, EAGAIN, a missing interpreter, no folder
             return ChildRun(status="crash", wall_s=time.perf_counter() - start, message=(
                 f"could not start the child process: {type(exc).__name__}: {exc}"))
         try:
@@ -240,21 +243,31 @@ def run_in_child(module: str, request: dict[str, Any], *, timeout_s: float,
             proc.kill()
             raise
         wall_s = time.perf_counter() - start
+        output = _read(output_path)  # made before the child started: gone, its folder went
+        if output is None:
+            return ChildRun(status="crash", wall_s=wall_s, message=(
+                f"the child's temporary folder {tmp} was removed while it ran (a $TMPDIR "
+                "cleaner, another job?): its result and output are lost"))
         if ranks:
-            output = output_path.read_text(errors="replace")
             summary = [line.removeprefix(_SUMMARY) for line in output.splitlines()
                        if line.startswith(_SUMMARY)]
             how = ("" if returncode == 0 else "\n".join(
                 [*summary[-1:], output[-_OUTPUT_TAIL_CHARS:]]).strip())
             return _ranks_run(result_path, ranks, ChildRun(status="crash", wall_s=wall_s,
                                                            message=how))
-        if result_path.exists():
-            data = json.loads(result_path.read_text())
+        tail = output[-_OUTPUT_TAIL_CHARS:]
+        text = _read(result_path)
+        if text is not None:
+            try:
+                data = json.loads(text)
+            except ValueError:  # written atomically by the child: someone else's file
+                return ChildRun(status="crash", wall_s=wall_s, message=(
+                    f"the child's result {result_path} is not JSON (replaced while it ran?)"
+                    f"\n{tail}").strip())
             if isinstance(data, dict) and "child_error" in data:
                 return ChildRun(status="crash", data=data, wall_s=wall_s,
                                 message=f"the child failed: {data['child_error']}")
             return ChildRun(status="ok", data=data, wall_s=wall_s)
-        tail = output_path.read_text(errors="replace")[-_OUTPUT_TAIL_CHARS:]
         if returncode < 0:
             name = signal.Signals(-returncode).name
             how = f"killed by {name}"
@@ -268,18 +281,34 @@ def run_in_child(module: str, request: dict[str, Any], *, timeout_s: float,
 def _ranks_run(result_path: Path, ranks: int, failed: ChildRun) -> ChildRun:
     """The ranks' results of a job (``run_in_child`` with ``ranks``), or ``failed`` when no
     rank wrote one."""
-    found: list[dict[str, Any] | None] = []
-    for rank in range(ranks):
-        path = _rank_path(str(result_path), rank)
-        found.append(json.loads(Path(path).read_text()) if os.path.exists(path) else None)
+    found = [_read_json(Path(_rank_path(str(result_path), rank))) for rank in range(ranks)]
     if not any(d is not None for d in found):
         return replace(failed, message=failed.message or "no rank wrote a result")
-    exits_path = Path(f"{result_path}{_EXITS}")
-    exits = json.loads(exits_path.read_text()) if exits_path.exists() else {}
+    exits = _read_json(Path(f"{result_path}{_EXITS}")) or {}
     stopped = [rank for rank in range(ranks) if found[rank] is None
                and exits.get(str(rank)) == -signal.SIGTERM]
     return ChildRun(status="ok", data={"ranks": found, "stopped": stopped},
                     wall_s=failed.wall_s, message=failed.message)
+
+
+def _read(path: Path) -> str | None:
+    """A file a child wrote (or was to write) in its folder; None when it is not there: never
+    written, or its folder was removed meanwhile."""
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return None
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object a child wrote in its folder (``_read``); None when it is not there or not
+    an object (someone else's file)."""
+    text = _read(path)
+    try:
+        data = json.loads(text) if text is not None else None
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _rank_path(result_path: str, rank: int) -> str:
@@ -325,7 +354,7 @@ def _launch(ranks: int, module: str, request_path: str, result_path: str) -> int
             {str(rank): f.exitcode for rank, f in exc.failures.items()}))
         failures = sorted(exc.failures.items(), key=lambda rf: (rf[1].exitcode == -15, rf[0]))
         print(f"{_SUMMARY}the job of {ranks} ranks failed: " + "; ".join(
-            f"rank {rank} {_how(f.exitcode)}" for rank, f in failures), flush=True)
+            f"rank {rank} of {ranks} {_how(f.exitcode)}" for rank, f in failures), flush=True)
         return 1
     return 0
 

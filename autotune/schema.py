@@ -212,6 +212,16 @@ class StudyRecord:
     note: Text = ""
     """What the store said: why it was not used, or a damaged file moved aside."""
 
+    @property
+    def failed(self) -> bool:
+        """Whether the store failed during the search (its note says so, ``STORE_FAILED``):
+        the runs from then on are not recorded."""
+        return self.note.startswith(STORE_FAILED) or f"; {STORE_FAILED}" in self.note
+
+
+STORE_FAILED = "failed while "
+"""How the study's note says the store failed during the search (``search._ledger``)."""
+
 
 RunKind = Literal["probe", "trial", "re-measure"]
 """A memory ``probe`` (timed nothing), a timed ``trial``, or the ``re-measure`` of a contender."""

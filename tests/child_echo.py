@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from typing import Any
@@ -11,8 +12,11 @@ from autotune.runner import child_main
 
 
 def handle(request: dict[str, Any]) -> dict[str, Any]:
-    """``echo`` the value back, ``raise``, ``exit`` with a code, ``os_exit``, or ``sleep``."""
+    """``echo`` the value back, ``raise``, ``exit`` with a code, ``os_exit``, ``sleep``, or
+    ``rmdir``: remove the folder the child's files are in (a $TMPDIR cleaner), then return."""
     action = request["do"]
+    if action == "rmdir":
+        shutil.rmtree(os.path.dirname(sys.argv[2]), ignore_errors=True)
     if action == "raise":
         raise ValueError("the handler failed on purpose")
     if action == "exit":

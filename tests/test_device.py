@@ -112,3 +112,72 @@ def test_no_room_for_the_reservation_counts_from_the_mark_as_before(
 
     monkeypatch.setattr(device.mmap, "mmap", no_room)
     assert device._pad_to_high_water() is None
+
+
+_UNDER_A_HARD_LIMIT = """
+import json, resource
+from autotune.api import resolve_budget
+from autotune.names import FLAGS
+from autotune.config import GIB, TrialSpec, WorkloadSpec
+from autotune.device import describe_device
+from autotune.errors import ConfigError
+from autotune.runner import run_isolated
+from tests.conftest import workload_target
+
+info = describe_device("cpu")
+said = {"hard": resource.getrlimit(resource.RLIMIT_AS)[1], "free": info.available_memory_bytes,
+        "total": info.total_memory_bytes}
+default = resolve_budget(info, None, 0.1)
+said.update(budget=default.budget_bytes, note=default.note)
+try:
+    resolve_budget(info, "4GiB", 0.1, FLAGS)
+except ConfigError as exc:
+    said["refused"] = str(exc)
+# A child asked for more than the hard limit allows (as the check of micro-batch 1 without the
+# cap asks for all that is free): its cap is the hard limit, never a ValueError.
+said["run"] = run_isolated(TrialSpec(
+    workload=WorkloadSpec(kind="file", target=workload_target("tiny")), device="cpu",
+    micro_batch=1, memory_budget_bytes=8 * GIB, timeout_s=120.0)).status
+print(json.dumps(said))
+"""
+
+
+@pytest.mark.subprocess
+def test_a_hard_address_space_limit_bounds_the_budget_and_names_itself() -> None:
+    """Under a hard ``ulimit -v`` every child failed with "ValueError: current limit exceeds
+    maximum limit", blamed on the workload: the default budget is now what the hard limit
+    leaves above what a child maps, a larger one is refused naming the limit, and a child's
+    cap never rises over it."""
+    import json
+    import resource
+    import subprocess
+    import sys
+
+    from autotune.config import GIB, format_bytes
+    from tests.conftest import ROOT
+
+    hard = 3 * GIB
+
+    def lower() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+
+    proc = subprocess.run([sys.executable, "-c", _UNDER_A_HARD_LIMIT], cwd=ROOT, text=True,
+                          capture_output=True, preexec_fn=lower, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = json.loads(proc.stdout.splitlines()[-1])
+    assert said["hard"] == hard
+    if said["free"] < hard or said["total"] < 4 * GIB:
+        pytest.skip("this machine has less memory than the limit under test")
+    room = said["budget"]  # what the limit leaves above the mapped bytes, rounded up to 64 MiB
+    assert 1 * GIB < room < hard and (hard - room) % (64 * MIB) == 0, room
+    limit = (f"the hard address-space limit (ulimit -v) is {format_bytes(hard)}, and a child "
+             f"maps about {format_bytes(hard - room)} before it trains (torch loaded), which "
+             f"leaves {format_bytes(room)}")
+    assert said["note"] == (f"memory budget {format_bytes(room)}, less than the "
+                            f"{format_bytes(said['free'])} free: {limit}")
+    assert said["refused"] == (
+        f"--memory-budget 4GiB (4.00 GiB) is more than a child process's memory cap can be "
+        f"here: {limit}. Give --memory-budget {room // MIB}MiB or less, or raise the hard "
+        "limit where it is set (the ulimit -v of the shell or job script, the container's or "
+        "scheduler's limit)")
+    assert said["run"] == "ok"

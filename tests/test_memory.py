@@ -213,3 +213,68 @@ def test_stop_below_is_not_asked_below_an_out_of_memory_or_once_a_micro_batch_fi
                          run=_scripted(lambda m: 100 + 20 * m, 1000, ran),
                          stop_below=lambda over, below: asked.append((over, below)) or "no")
     assert ran[0] == 64 and probe.max_micro_batch == 32 and asked == []
+
+
+# -- why nothing fits: a memory verdict, or the workload's failure, never "does not fit" for a
+# run that failed otherwise (no child runs here: the run without the cap is given) -----------
+
+def _crashed_at_1(usable: int = 100 * MIB) -> tuple[object, object]:
+    from autotune.api.request import Budget
+    from autotune.config import MemoryProbe, ProbeStep
+
+    probe = MemoryProbe(knobs=FP32, max_micro_batch=0, peak_bytes=None, budget_bytes=usable,
+                        usable_bytes=usable, candidates=(1, 2), steps=(ProbeStep(
+                            micro_batch=1, status="crash", peak_bytes=None, fits=False,
+                            message="child killed by SIGSEGV"),))
+    return probe, Budget(budget_bytes=usable, usable_bytes=usable, headroom=0.0)
+
+
+@pytest.mark.parametrize(("uncapped", "says"), [
+    # Without the cap it fit the budget: the cap did not cause the crash.
+    (TrialResult(status="ok", peak_bytes=40 * MIB), "the workload is broken, not too big: at "
+     "micro-batch 1 (fp32/off) (under the memory cap; without it the run fit, at a peak of "
+     "40.00 MiB: a crash that does not always happen) its process died [crash]: child killed "
+     "by SIGSEGV"),
+    # No run left to tell (the limits spent): the crash is said, not a memory verdict.
+    (None, "at micro-batch 1 (fp32/off) the process died under the memory cap [crash]: child "
+     "killed by SIGSEGV. No run was left (--time-budget or --max-trials spent) to run it "
+     "without the cap and tell whether the cap caused it"),
+])
+def test_a_crash_at_micro_batch_1_is_named_never_does_not_fit(
+        uncapped: TrialResult | None, says: str) -> None:
+    from autotune.api.nothing_fits import nothing_fits
+    from autotune.device import describe_device
+    from autotune.names import FLAGS
+
+    probe, budget = _crashed_at_1()
+    error = nothing_fits(TINY, describe_device("cpu"), budget, probe,  # type: ignore[arg-type]
+                         None, uncapped=uncapped, name=FLAGS)
+    assert error.exit_code == 2 and str(error).startswith(says), str(error)
+    assert "does not fit" not in str(error)
+
+
+def test_a_crash_under_the_cap_that_needs_more_without_it_is_a_memory_verdict() -> None:
+    from autotune.api.nothing_fits import nothing_fits
+    from autotune.device import describe_device
+
+    probe, budget = _crashed_at_1()
+    error = nothing_fits(TINY, describe_device("cpu"), budget, probe,  # type: ignore[arg-type]
+                         None, uncapped=TrialResult(status="ok", peak_bytes=300 * MIB))
+    assert error.exit_code == 1
+    assert str(error).startswith("micro-batch 1 does not fit in 100.00 MiB usable"), str(error)
+    assert "it needs 300.00 MiB at its peak (fp32/off)" in str(error)
+
+
+@pytest.mark.parametrize(("status", "fits", "verdict"), [
+    ("ok", True, "fits"), ("ok", False, "does not fit"), ("oom", False, "does not fit"),
+    ("crash", False, "no memory verdict"), ("timeout", False, "no memory verdict"),
+    ("non_finite", False, "no memory verdict"),
+])
+def test_a_probes_progress_line_says_does_not_fit_only_of_memory(status: str, fits: bool,
+                                                                 verdict: str) -> None:
+    from autotune.config import ProbeStep
+    from autotune.report import probe_step_line
+
+    line = probe_step_line("fp32/off", ProbeStep(micro_batch=1, status=status,  # type: ignore[arg-type]
+                                                 peak_bytes=None, fits=fits, wall_s=2.0))
+    assert line.endswith(f"  {verdict}, 2.0 s"), line

@@ -223,7 +223,7 @@ def test_a_job_of_ranks_leaves_nothing_in_the_temporary_folder(
 
 @pytest.mark.subprocess
 @pytest.mark.parametrize(("workload", "status", "cause"), [
-    ("rank_killed", "crash", "rank 1 killed by SIGKILL"),
+    ("rank_killed", "crash", "rank 1 of 2 killed by SIGKILL"),
     # slow: a rank's OOM named as the job's cause runs everyday in test_the_cause_wins_over_its_
     # echoes, a fault that leaves no rank behind in the case above
     pytest.param("rank_oom", "oom", "rank 1 of 2: RuntimeError", marks=pytest.mark.slow),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -99,33 +100,53 @@ def test_a_faulty_workload_gets_its_exit_code_and_is_named(
     assert not (tmp_path / "autotune.json").exists()
 
 
+RANKS = ["--target-batch", "2", "--nproc-per-node", "2", "--strategy", "ddp"]
+
+
 @pytest.mark.parametrize(("name", "extra", "cause"), [
-    ("deep_nan", [], "its loss is not finite [non_finite]"),
-    ("deep_hang", ["--trial-timeout", "6s"], "it hung (no result in time) [timeout]"),
+    ("deep_nan", [], "(fp32/off) its loss is not finite [non_finite]"),
+    ("deep_hang", ["--trial-timeout", "6s"], "(fp32/off) it hung (no result in time) [timeout]"),
+    # A crash under the cap can be the cap's doing: run once without it, it dies there too.
+    ("deep_crash", [], "(fp32/off) (also without the memory cap) its process died [crash]: "
+                       "child killed by SIGKILL"),
+    # Rank 1 dies; rank 0, stopped by the launcher or failing on the broken connection first
+    # (its own result: an echo), is never the cause.
+    pytest.param("rank_crash", RANKS, re.compile(
+        r"\(fp32/off\+dp=ddp\) \(also without the memory cap\) its process died \[crash\]: "
+        r"(rank 1 of 2 left no result \(killed, or its process died\): )?the job of 2 ranks "
+        r"failed: (rank 0 of 2 exited with code 3 \(its result says why\); )?rank 1 of 2 "
+        r"killed by SIGKILL"), id="rank_crash"),
 ])
 def test_a_baseline_broken_at_micro_batch_1_ends_the_search_at_once(
-        name: str, extra: list[str], cause: str, tmp_path: Path) -> None:
+        name: str, extra: list[str], cause: str | re.Pattern[str], tmp_path: Path) -> None:
     """Broken at the smallest micro-batch, the workload is broken under every knob: no setting
-    that frees memory is tried (each would cost a child run, a hang a whole timeout), and the
-    limits that would end those tries are not blamed."""
+    that frees memory is tried (each would cost a child run, a hang a whole timeout), the
+    limits that would end those tries are not blamed, and nothing is said not to fit."""
     result, text = _run(*SEARCH, "--workload", workload_target(name), *extra,
                         "--max-trials", "2", "--out", str(tmp_path))
     assert result.exit_code == 2, text
-    assert "the workload is broken, not too big: at micro-batch 1 (fp32/off)" in text, text
-    assert cause in text, text
+    head = "the workload is broken, not too big: at micro-batch 1 "
+    assert (re.search(re.escape(head) + cause.pattern, text) if isinstance(cause, re.Pattern)
+            else head + cause in text), text
     assert "ckpt=" not in text and "--max-trials" not in text, text
+    assert "does not fit" not in text, text
     assert not (tmp_path / "autotune.json").exists()
 
 
-def test_probe_stops_at_a_baseline_broken_at_micro_batch_1() -> None:
+@pytest.mark.parametrize(("name", "cause"), [
+    ("deep_nan", "its loss is not finite [non_finite]"),
+    ("deep_crash", "(also without the memory cap) its process died [crash]"),
+])
+def test_probe_stops_at_a_baseline_broken_at_micro_batch_1(name: str, cause: str) -> None:
     """fp32 eager broken at micro-batch 1: the other settings are not probed (each would
-    cost a child run, a hang a whole timeout); the exit says why."""
+    cost a child run, a hang a whole timeout); the exit says why, and no line says that
+    micro-batch does not fit."""
     result, text = _run("probe", "--target-batch", "1", "--device", "cpu", "--precisions",
                         "fp32,bf16", "--compile-modes", "off", "--memory-budget", "2GiB",
-                        "--workload", workload_target("deep_nan"))
+                        "--workload", workload_target(name))
     assert result.exit_code == 2, text
-    assert "the workload is broken, not too big: at micro-batch 1 (fp32/off)" in text, text
-    assert "bf16/off" not in text, text
+    assert f"the workload is broken, not too big: at micro-batch 1 (fp32/off) {cause}" in text
+    assert "bf16/off" not in text and "does not fit" not in text, text
 
 
 def test_a_module_that_exits_at_import_is_a_broken_workload() -> None:

@@ -283,6 +283,19 @@ def test_run_in_child_never_takes_an_exit_for_a_result(do: str, request_: dict[s
     assert run.message.startswith(says), run.message
 
 
+@pytest.mark.parametrize("ranks", [0, 2], ids=["one process", "a job of 2 ranks"])
+def test_a_child_whose_folder_is_removed_while_it_runs_is_a_crash_said_in_one_line(
+        ranks: int) -> None:
+    """A $TMPDIR cleaner removes the child's folder (request, output, result) while it runs:
+    the run is a crash saying so, never an error of the parent's own."""
+    run = run_in_child("tests.child_echo", {"do": "rmdir"}, timeout_s=120.0, ranks=ranks)
+    assert run.status == "crash" and run.data is None
+    assert re.fullmatch(
+        r"the child's temporary folder \S+/autotune-child-\w+ was removed while it ran \(a "
+        r"\$TMPDIR cleaner, another job\?\): its result and output are lost",
+        run.message), run.message
+
+
 def test_run_in_child_times_out() -> None:
     run = _child("sleep", timeout_s=1.0, seconds=60)
     assert run.status == "timeout" and run.data is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -218,6 +219,30 @@ def test_ctrl_c_keeps_and_writes_the_best_so_far(tmp_path: Path) -> None:
     assert any(t.verdict == "winner" for t in config.trials)
     assert "interrupted (Ctrl-C)" in stdout
     json.loads((tmp_path / "autotune.json").read_text())
+
+
+@pytest.mark.subprocess
+def test_a_run_whose_folder_is_removed_is_a_crash_and_the_search_keeps_its_runs(
+        tmp_path: Path) -> None:
+    """A $TMPDIR cleaner removes a child's folder mid-run (at micro-batch 1 here, after 2 was
+    measured): that run is a crash said in one line, and the search goes on to its winner
+    with every run it measured."""
+    spec = WorkloadSpec(kind="file", target=str(ROOT / "tests" / "workloads.py")
+                        + ":removes_its_folder")
+    result = api.search(spec, target_batch=2, device="cpu", memory_budget="2GiB",
+                        precisions=["fp32"], compile_modes=["off"],
+                        knob_values={"optimizer_impl": ["default"]}, out=tmp_path,
+                        settings=dataclasses.replace(FAST, num_confirm=0))
+    config = read_tuned(tmp_path / "autotune.json")
+    [lost] = [t for t in config.trials if t.micro_batch == 1]
+    assert lost.verdict == "crash"
+    assert re.fullmatch(r"the child's temporary folder \S+/autotune-child-\w+ was removed while "
+                        r"it ran \(a \$TMPDIR cleaner, another job\?\): its result and output "
+                        r"are lost", lost.reason), lost.reason
+    assert (config.micro_batch, config.accumulate_steps) == (2, 1)
+    assert result.config.trials == config.trials
+    assert [r.status for r in config.runs if r.micro_batch == 2] == ["ok"]
+    assert (tmp_path / "train_autotuned.py").is_file()
 
 
 @pytest.mark.subprocess

@@ -107,7 +107,15 @@ def test_a_store_removed_or_replaced_mid_search_costs_the_cache_not_the_search(
     assert note.startswith("failed while ") and "removed or replaced meanwhile" in note
     assert "the search goes on without it" in note
     assert said == [f"study store {note}"]  # one warning, once
-    assert any(line == f"study store: {note}" for line in study_lines(config))
+    assert study_lines(config) == [f"study store: {note}", *_recorded_until_it_failed(config)]
+
+
+def _recorded_until_it_failed(config) -> list[str]:  # type: ignore[no-untyped-def]
+    """The footer's line of a store that failed mid-search: never that the runs are recorded
+    and reused (those after the failure are not)."""
+    return [f"study store: runs were recorded in {store_path()} (study {config.study.name}) "
+            "only until it failed: a repeated search reuses what it still holds and measures "
+            "the rest again"]
 
 
 @contextlib.contextmanager
@@ -134,6 +142,9 @@ def test_a_full_disk_mid_search_is_said_as_full_and_the_search_finishes() -> Non
     assert outcome.study is not None
     assert "the disk is full (OperationalError: database or disk is full)" in outcome.study.note
     assert "damaged" not in outcome.study.note and len(said) == 1
+    config = tuned_config(plan(), outcome, SETTINGS)
+    assert study_lines(config) == [f"study store: {outcome.study.note}",
+                                   *_recorded_until_it_failed(config)]
     assert store_path().is_file() and not list(store_path().parent.glob("*.corrupt-*"))
 
 

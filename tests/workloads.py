@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import sys
 import time
@@ -69,6 +70,20 @@ def crash() -> Workload:
         return model(*batch)  # pragma: no cover
 
     return Workload(name="crash", build_model=WideMLP, make_batch=_batch, loss=loss)
+
+
+def removes_its_folder() -> Workload:
+    """At micro-batch 1 the child's temporary folder (its request, output and result) is
+    removed while it trains, as a $TMPDIR cleaner or another job would; other micro-batches
+    train as ``tiny``."""
+
+    def make_batch(micro_batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if micro_batch == 1:
+            shutil.rmtree(os.path.dirname(sys.argv[2]), ignore_errors=True)
+        return _batch(micro_batch)
+
+    return Workload(name="removes-its-folder", build_model=WideMLP, make_batch=make_batch,
+                    loss=_loss)
 
 
 def hang() -> Workload:
@@ -319,6 +334,17 @@ def deep_hang() -> Workload:
     return Workload(name="deep-hang", build_model=DeepMLP, make_batch=_batch, loss=loss)
 
 
+def deep_crash() -> Workload:
+    """Repeated blocks (so checkpointing could free memory) and a process that dies (SIGKILL)
+    in its first loss, whatever the micro-batch and the memory cap."""
+
+    def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        os.kill(os.getpid(), signal.SIGKILL)
+        return model(*batch)  # pragma: no cover
+
+    return Workload(name="deep-crash", build_model=DeepMLP, make_batch=_batch, loss=loss)
+
+
 def blocks_raise() -> Workload:
     """Workload.blocks raises: user code the knobs run."""
     def blocks(model: nn.Module) -> list[nn.Module]:
@@ -397,6 +423,19 @@ def rank_raises_peer_busy() -> Workload:
 
     return Workload(name="rank-raises-peer-busy", build_model=WideMLP, make_batch=_batch,
                     loss=loss)
+
+
+def rank_crash() -> Workload:
+    """Repeated blocks (so checkpointing could free memory), and rank 1 of a job dies
+    (SIGKILL) at its first micro-batch, whatever the micro-batch and the memory cap: a crash
+    of one rank that no memory setting changes."""
+
+    def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        if os.environ.get("RANK") == "1":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return model(*batch)
+
+    return Workload(name="rank-crash", build_model=DeepMLP, make_batch=_batch, loss=loss)
 
 
 def rank_hang() -> Workload:

@@ -381,12 +381,21 @@ def _measure(target: CheckTarget, timeout_s: float) -> int | None:
     """
     device = "cpu" if target.device == "cpu" else "cuda:0"
     ranks = target.nproc_per_node if target.knobs.strategy != "none" else 1
-    here = backend_for(device).max_ranks()
+    backend = backend_for(device)
+    here = backend.max_ranks()
     if ranks > here:
         raise ConfigError(
             f"measuring this config needs a job of {ranks} ranks ({target.knobs.strategy}), and "
             f"this machine runs {here}: check it without --measure (the estimator traces one "
             "rank of the job) or on a machine with as many devices")
+    limit = backend.budget_limit()
+    if limit is not None and target.device_memory_bytes > limit[0]:
+        raise ConfigError(
+            f"measuring this config caps its step at the config's memory budget "
+            f"({format_bytes(target.device_memory_bytes)}), more than a child process's cap "
+            f"can be here: {limit[1]}. Check it without --measure, or raise the hard limit "
+            "where it is set (the ulimit -v of the shell or job script, the container's or "
+            "scheduler's limit)")
     result = run_isolated(probe_spec(target.workload, device, target.knobs,
                                      target.micro_batch, target.device_memory_bytes, timeout_s,
                                      ranks=ranks))

@@ -10,6 +10,7 @@ from typing import Any
 from autotune.api.settings import check_settings
 from autotune.child import start_method
 from autotune.config import (
+    MIB,
     DeviceInfo,
     Knobs,
     WorkloadSpec,
@@ -101,24 +102,33 @@ class Budget:
     usable_bytes: int
     """Budget minus headroom: a fitting peak stays under this."""
     headroom: float
+    note: str = ""
+    """Why a default budget is less than what the device has free (a hard limit), else ""."""
 
 
 def resolve_budget(device: DeviceInfo, memory_budget: str | int | None,
                    headroom: float, name: Names = KEYWORDS) -> Budget:
-    """The budget: the user's (``2GiB``, ``80%``) or what the device has free.
+    """The budget: the user's (``2GiB``, ``80%``) or what the device has free, within what a
+    child's cap can hold here (``DeviceBackend.budget_limit``: on CPU a hard ``ulimit -v``).
 
     Args:
         name: how the user wrote the settings (``FLAGS`` on the command line).
 
     Raises:
-        ConfigError: an unparsable budget, a headroom outside [0, 1), or a budget larger than
-            the device.
+        ConfigError: an unparsable budget, a headroom outside [0, 1), a budget larger than
+            the device or than a child's cap can hold, or no room left for one.
     """
     if not 0 <= headroom < 1:
         raise ConfigError(f"{name('headroom')} must be a fraction in [0, 1) such as 0.1 for "
                           f"10%, got {headroom}")
+    limit = backend_for(device.device).budget_limit()
+    note = ""
     if memory_budget is None:
         budget = device.available_memory_bytes
+        if limit is not None and limit[0] < budget:
+            budget = limit[0]
+            note = (f"memory budget {format_bytes(budget)}, less than the "
+                    f"{format_bytes(device.available_memory_bytes)} free: {limit[1]}")
     elif isinstance(memory_budget, int):
         budget = memory_budget
     else:
@@ -127,8 +137,19 @@ def resolve_budget(device: DeviceInfo, memory_budget: str | int | None,
         raise ConfigError(
             f"{name.given('memory_budget', memory_budget)} ({format_bytes(budget)}) is more than "
             f"{device.device} has ({format_bytes(device.total_memory_bytes)})")
+    room, why = limit if limit is not None else (budget, "")
+    if limit is not None and (budget > room or (memory_budget is None and budget < MIB)):
+        what = ("no memory budget is left for training" if memory_budget is None else
+                f"{name.given('memory_budget', memory_budget)} ({format_bytes(budget)}) is "
+                "more than a "
+                "child process's memory cap can be here")
+        raise ConfigError(
+            f"{what}: {why}. " + (f"Give --memory-budget {room // MIB}MiB or less, or "
+                                  if room >= MIB else "")
+            + "raise the hard limit where it is set (the ulimit -v of the shell or job "
+            "script, the container's or scheduler's limit)")
     return Budget(budget_bytes=budget, usable_bytes=int(budget * (1 - headroom)),
-                  headroom=headroom)
+                  headroom=headroom, note=note)
 
 
 
@@ -280,4 +301,5 @@ class TuneRequest:
             raise ConfigError("; ".join(problems))
         values, _, notes = extra
         values, eager_notes = compiled_values(values, classes, name)  # budget-F: compiled only
-        return target, budget, classes, values, (*skipped, *notes, *eager_notes)
+        return target, budget, classes, values, (
+            *filter(None, [budget.note]), *skipped, *notes, *eager_notes)

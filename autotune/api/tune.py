@@ -11,6 +11,7 @@ from typing import Any
 
 from autotune.api.deliver import with_compile_artifacts, write_outputs
 from autotune.api.fit import estimate
+from autotune.api.nothing_fits import failed_eager, nothing_fits, uncapped_run
 from autotune.api.request import Budget, TuneRequest
 from autotune.api.settings import check_settings
 from autotune.artifacts import artifacts_name
@@ -22,22 +23,17 @@ from autotune.config import (
     StopReason,
     TrialResult,
     WorkloadSpec,
-    format_bytes,
 )
 from autotune.device import describe_device
 from autotune.errors import (
-    BROKEN,
     AutotuneError,
     ConfigError,
     Interrupted,
-    NoFeasibleConfigError,
-    WorkloadError,
-    error_for_status,
 )
-from autotune.knobs import BASELINE, KNOBS, device_skip_reason, job_baseline
-from autotune.memory import OnStep, hint_for, probe_memory, probe_spec
+from autotune.knobs import BASELINE, job_baseline
+from autotune.memory import OnStep, broken_uncapped, hint_for, probe_memory
 from autotune.names import KEYWORDS, Names
-from autotune.runner import allocator_notes, run_isolated
+from autotune.runner import allocator_notes
 from autotune.schema import (
     SearchResult,
     SkipRecord,
@@ -45,7 +41,6 @@ from autotune.schema import (
     check_output,
 )
 from autotune.search import (
-    Candidate,
     Ledger,
     OnTrial,
     SearchOutcome,
@@ -94,18 +89,24 @@ def probe(
                                   for s in values["strategy"]))
     candidates = divisors(plan.per_device_batch())
     probes: list[MemoryProbe] = []
+    uncapped: dict[Knobs, TrialResult] = {}
     for knobs in classes:
         probes.append(probe_memory(
             plan.workload, info.device, knobs, candidates,
             budget_bytes=budget.budget_bytes, usable_bytes=budget.usable_bytes,
             timeout_s=timeout_s, hint=hint_for(knobs, probes), on_step=on_step,
             ranks=plan.nproc_per_node))
-        if _broken_eager(probes[-1]):  # broken under every other setting too: say so now
-            raise _nothing_fits(plan.workload, info, budget, probes[-1], timeout_s,
-                                ranks=plan.nproc_per_node, name=name)
+        if not uncapped and failed_eager(probes[-1], ("crash",)):  # the cap's doing? one run
+            uncapped[knobs] = uncapped_run(plan.workload, info, knobs, candidates[0],
+                                           timeout_s, plan.nproc_per_node)
+        if failed_eager(probes[-1]) or (knobs in uncapped and broken_uncapped(
+                uncapped[knobs], budget.usable_bytes)):  # broken whatever is tried: say so now
+            raise nothing_fits(plan.workload, info, budget, probes[-1], timeout_s,
+                               ranks=plan.nproc_per_node, uncapped=uncapped.get(knobs), name=name)
     if not any(p.max_micro_batch for p in probes):
-        raise _nothing_fits(plan.workload, info, budget, probes[0], timeout_s,
-                            ranks=plan.nproc_per_node, name=name)
+        raise nothing_fits(plan.workload, info, budget, probes[0], timeout_s,
+                           ranks=plan.nproc_per_node, uncapped=uncapped.get(probes[0].knobs),
+                           name=name)
     return replace(plan, probes=tuple(probes))
 
 
@@ -150,81 +151,6 @@ def _plan(request: TuneRequest, info: DeviceInfo, include_baseline: bool, name: 
                        requested_batch=(request.target_batch
                                         if request.target_batch != target_batch else None))
     return plan, classes, budget, values
-
-
-def _nothing_fits(workload: WorkloadSpec, info: DeviceInfo, budget: Budget,
-                  first: MemoryProbe, timeout_s: float | None,
-                  results: dict[str, TrialResult] | None = None,
-                  scope: str = "with any precision or compile mode tried",
-                  ranks: int = 1, name: Names = KEYWORDS) -> AutotuneError:
-    """Why not even the smallest micro-batch fits: a memory verdict (exit 1) with what the
-    budget would have to be, or the workload's own failure (exit 2) when that is the cause."""
-    smallest = first.candidates[0]
-    label = first.knobs.label()
-    step = next((s for s in first.steps if s.micro_batch == smallest), None)
-    timed = (results or {}).get(Candidate(knobs=first.knobs, micro_batch=smallest))
-    leak = timed.leak_note() if timed is not None and timed.status == "oom" else None
-    if leak:
-        return WorkloadError(
-            f"micro-batch {smallest} ({label}) ran out of memory after "
-            f"{timed.num_optimizer_steps} optimizer steps: {leak}. A larger budget only "
-            "delays it: fix the workload")  # type: ignore[union-attr]
-    if step is not None and step.status in BROKEN:
-        return error_for_status(step.status, _broken(smallest, label, step.status, step.message,
-                                                     name=name))
-    if timeout_s is None:
-        return NoFeasibleConfigError(
-            f"micro-batch {smallest} does not fit in {format_bytes(budget.usable_bytes)} "
-            f"usable {scope} (the time budget is spent: what it needs was not measured)")
-    # Measure what the smallest micro-batch needs, capped only by what the device has free.
-    result = run_isolated(probe_spec(workload, info.device, first.knobs, smallest,
-                                     info.available_memory_bytes, timeout_s, ranks=ranks))
-    if result.status not in ("ok", "oom"):
-        # It fails without the cap too (a crash under the cap can be the cap's doing: a
-        # stack that cannot grow is a SIGSEGV): the workload is broken.
-        return error_for_status(result.status, _broken(
-            smallest, label, result.status, result.message, " (also without the memory cap)",
-            name))
-    if result.ok and result.peak_bytes is not None:
-        need = (f"it needs {format_bytes(result.peak_bytes)} at its peak "
-                f"({label}), so the budget would have to be at least "
-                f"{format_bytes(result.peak_bytes / (1 - budget.headroom))} with "
-                f"{budget.headroom:.0%} headroom")
-    else:
-        need = (f"it did not fit in all {format_bytes(info.available_memory_bytes)} free on "
-                f"{info.device} either ({result.status})")
-    return NoFeasibleConfigError(
-        f"micro-batch {smallest} does not fit in {format_bytes(budget.usable_bytes)} usable "
-        f"(budget {format_bytes(budget.budget_bytes)} minus {budget.headroom:.0%} headroom) "
-        f"{scope}: {need}. Try a larger {name('memory_budget')}, "
-        f"{name.given('precisions', ['bf16'])} (halves activations), {_freeing(info, name)} "
-        f"(if it was left out), or a shorter {name('seq_len')}."
-    )
-
-
-def _broken_eager(probe: MemoryProbe) -> bool:
-    """Whether fp32 eager failed at the smallest micro-batch in a way no memory changes
-    (``BROKEN``: a hang, a non-finite loss): the workload is broken, whatever else is tried."""
-    return (probe.knobs.precision, probe.knobs.compile_mode) == ("fp32", "off") and any(
-        s.status in BROKEN and s.micro_batch == probe.candidates[0] for s in probe.steps)
-
-
-def _freeing(info: DeviceInfo, name: Names) -> str:
-    """The knob values that free memory on this device, as settings: what to try next."""
-    return " or ".join(name.given(k.name, [value]) for k in KNOBS
-                       for value in k.frees_memory[:1]
-                       if device_skip_reason(k, value, info.is_cuda) is None)
-
-
-def _broken(micro_batch: int, label: str, status: str, message: str, where: str = "",
-            name: Names = KEYWORDS) -> str:
-    what = {"non_finite": "its loss is not finite", "timeout": "it hung (no result in time)",
-            "crash": "its process died", "compile_error": "torch.compile failed",
-            "error": "it raised an error", "workload_error": "the workload raised an error"}
-    return (f"the workload is broken, not too big: at micro-batch {micro_batch} ({label}){where} "
-            f"{what.get(status, status)} [{status}]: {message.strip() or 'no message'}. "
-            f"No memory budget changes that: fix the workload (or raise {name('timeout_s')} if "
-            "it is only slow)")
 
 
 def env(device: str | None = None) -> DeviceInfo:
@@ -288,16 +214,22 @@ def search(
         if outcome.baseline is None or outcome.baseline not in outcome.results:
             if outcome.interrupted and outcome.stop_reason.by_signal:
                 raise Interrupted(*_signal_of(outcome.stop_reason))
+            crashed = outcome.uncapped is None and any(
+                failed_eager(p, ("crash",)) for p in outcome.probes[:1])
+            if outcome.interrupted and crashed:  # the crash is all that is known: say it
+                raise nothing_fits(plan.workload, info, budget, outcome.probes[0], None,
+                                   name=name)
             if outcome.interrupted:  # a limit, not a memory verdict
                 raise ConfigError(
                     f"{outcome.stop_reason.stopped_by} before fp32 eager (the baseline) was "
                     f"measured: nothing to compare with; allow more {name('time_budget_s')} or "
                     f"{name('max_trials')}")
             with guard.armed():  # it may run one more child: nothing to keep if stopped
-                raise _nothing_fits(plan.workload, info, budget, outcome.probes[0],
-                                    _time_left(settings, started), outcome.results,
-                                    scope="in fp32 eager (the baseline, measured first)",
-                                    ranks=plan.nproc_per_node, name=name)
+                raise nothing_fits(plan.workload, info, budget, outcome.probes[0],
+                                   _time_left(settings, started), outcome.results,
+                                   scope="in fp32 eager (the baseline, measured first)",
+                                   ranks=plan.nproc_per_node, uncapped=outcome.uncapped,
+                                   name=name)
         config, stop_reason = _finish(report, outcome, settings, started, guard)
         if path is not None and script is not None:  # both checked before the search began
             runs_left = settings.max_trials - outcome.num_runs - len(config.memory.calibration)

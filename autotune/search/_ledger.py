@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from autotune.config import TrialResult
-from autotune.schema import RunRecord, StudyRecord
+from autotune.schema import STORE_FAILED, RunRecord, StudyRecord
 from autotune.search import _study
 from autotune.search._records import Candidate
 
@@ -111,7 +111,7 @@ class Ledger:
         self._study = None
         _, why = store_trouble(exc)
         line = _study.redact_text(
-            f"failed while {what}: {why}; the search goes on without it (the runs from here "
+            f"{STORE_FAILED}{what}: {why}; the search goes on without it (the runs from here "
             "on are not kept)", self._shown)
         self.note(line)
         warnings.warn(f"study store {line}", stacklevel=3)

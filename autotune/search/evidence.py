@@ -103,6 +103,9 @@ class Evidence:
     timed_s: dict[Candidate, float] = field(default_factory=dict)
     """Seconds of timed steps per candidate, over its runs in this search."""
     probes: dict[Knobs, MemoryProbe] = field(default_factory=dict)
+    uncapped: TrialResult | None = None
+    """fp32 eager's smallest micro-batch run once more without the memory cap, when it crashed
+    under it: whether the crash was the cap's doing (``stages.probe.rescue_baseline``)."""
     baseline: Candidate | None = None
     traits: WorkloadTraits | None = None
     """What the workload allows (blocks, convolutions, optimizer), from any run."""
@@ -182,6 +185,10 @@ class Evidence:
         """A setting's probe that says nothing of its boundary (its smaller micro-batches were
         never tried): not "fits none"."""
         del self.probes[knobs]
+
+    def took_uncapped(self, result: TrialResult) -> None:
+        """fp32 eager's smallest micro-batch, run once more without the memory cap."""
+        self.uncapped = result
 
     def name_baseline(self, key: Candidate | None) -> None:
         """What an untuned user runs: fp32 eager at its largest fit (or what rescued it)."""

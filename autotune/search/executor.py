@@ -238,6 +238,14 @@ class Executor:
         self.progress(candidate, rec)
         return result
 
+    def uncapped(self, candidate: Candidate) -> TrialResult:
+        """A memory probe of ``candidate`` capped only by what the device has free (as a run
+        under the search's limits, outside the study: its budget is not the study's)."""
+        spec = replace(self.spec(candidate, timed=False),
+                       memory_budget_bytes=self.plan.report.device.available_memory_bytes)
+        self.progress(candidate, None)
+        return self.run_child(self.limited(spec), "probe")
+
     def limited(self, spec: TrialSpec) -> TrialSpec:
         """The spec with a timeout that ends within the time budget; a ``_Stop`` when a limit
         (``--max-trials``, ``--time-budget``) allows no further child run."""

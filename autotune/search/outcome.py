@@ -62,6 +62,9 @@ class SearchOutcome:
     drift: Mapping[Candidate, float] = field(default_factory=dict)
     """Candidates this search timed twice (a close race's re-measure, a first-launch check),
     each with how far apart its two runs' medians were (0.3: the slower 30% slower)."""
+    uncapped: TrialResult | None = None
+    """fp32 eager's smallest micro-batch without the memory cap, where it crashed under it
+    (``Evidence.uncapped``): the api names the workload's failure from it."""
 
     @property
     def skipped(self) -> tuple[str, ...]:
@@ -99,6 +102,7 @@ def outcome(ev: Evidence, ex: Executor, stop: StopReason,
         for i, (k, r) in enumerate(ev.results.items()))
     return SearchOutcome(records=records, results=ev.results, baseline=ev.baseline,
                          first_launch=fits.first_launch(ev), drift=dict(ev.drift),
+                         uncapped=ev.uncapped,
                          probes=tuple(ev.probes.values()),
                          skips=skips,
                          interrupted=interrupted, stop_reason=stop,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from autotune.config import Knobs, MemoryProbe
 from autotune.errors import BROKEN
 from autotune.knobs import KNOBS, skip_reason
-from autotune.memory import hint_for, probe_memory
+from autotune.memory import broken_uncapped, hint_for, probe_memory
 from autotune.search import bounds, fits
 from autotune.search._records import Candidate
 from autotune.search.executor import Executor
@@ -123,10 +123,20 @@ def rescue_baseline(ex: Executor) -> bool:
     first that fits is the baseline (what fits with the least change). False when none
     does (the api then says what the budget would need), and at once when fp32 eager
     failed at the smallest micro-batch in a way no memory changes (``BROKEN``: a hang,
-    a non-finite loss; the api names the workload's failure)."""
-    if any(s.status in BROKEN and s.micro_batch == ex.plan.micro_batches[0]
-           for s in ex.ev.probes[ex.plan.base].steps):
+    a non-finite loss; or a crash, of its process or of one rank of its job, that the
+    same run without the memory cap shows is not the cap's doing,
+    ``memory.broken_uncapped``: the api names the workload's failure)."""
+    smallest = ex.plan.micro_batches[0]
+    first = [s.status for s in ex.ev.probes[ex.plan.base].steps if s.micro_batch == smallest]
+    if any(status in BROKEN for status in first):
         return False
+    if "crash" in first:
+        # A crash under the cap can be the cap's doing (a stack that cannot grow): one run
+        # without it says which, before any setting that frees memory is tried.
+        uncapped = ex.uncapped(Candidate(knobs=ex.plan.base, micro_batch=smallest))
+        ex.ev.took_uncapped(uncapped)
+        if broken_uncapped(uncapped, ex.plan.usable):
+            return False
     for knob in KNOBS[2:]:
         for value in knob.frees_memory:
             if value not in ex.plan.values.get(knob.name, ()):
