@@ -265,6 +265,56 @@ def test_a_crash_under_the_cap_that_needs_more_without_it_is_a_memory_verdict() 
     assert "it needs 300.00 MiB at its peak (fp32/off)" in str(error)
 
 
+def test_a_leak_that_went_over_the_budget_under_the_cap_is_named_as_a_leak() -> None:
+    """A leaking workload's timed run can end over the usable memory but under the cap (it
+    ran, over budget): still a leak, never 'does not fit' with a need under the budget."""
+    from autotune.api.nothing_fits import nothing_fits
+    from autotune.config import MemoryProbe, ProbeStep
+    from autotune.device import describe_device
+    from autotune.search import Candidate
+
+    usable = 60 * MIB
+    probe = MemoryProbe(knobs=FP32, max_micro_batch=0, peak_bytes=None, budget_bytes=usable,
+                        usable_bytes=usable, candidates=(1,), steps=(ProbeStep(
+                            micro_batch=1, status="ok", peak_bytes=62 * MIB, fits=False),))
+    timed = TrialResult(status="ok", peak_bytes=62 * MIB, num_optimizer_steps=6,
+                        step_memory_bytes=tuple(MIB * m for m in (20, 28, 36, 44, 52, 60)))
+    error = nothing_fits(TINY, describe_device("cpu"), _budget(usable), probe,  # type: ignore[arg-type]
+                         None, {Candidate(knobs=FP32, micro_batch=1): timed},
+                         uncapped=TrialResult(status="ok", peak_bytes=25 * MIB))
+    assert error.exit_code == 2
+    assert str(error).startswith("micro-batch 1 (fp32/off) went over the usable memory after 6 "
+                                 "optimizer steps: memory grew by 8.0 MiB every optimizer "
+                                 "step"), str(error)
+
+
+def test_a_fit_that_varies_from_run_to_run_is_said_so_not_a_need_under_the_budget() -> None:
+    from autotune.api.nothing_fits import nothing_fits
+    from autotune.config import MemoryProbe, ProbeStep
+    from autotune.device import describe_device
+    from autotune.names import FLAGS
+
+    usable = 60 * MIB
+    probe = MemoryProbe(knobs=FP32, max_micro_batch=0, peak_bytes=None, budget_bytes=usable,
+                        usable_bytes=usable, candidates=(1,), steps=(ProbeStep(
+                            micro_batch=1, status="ok", peak_bytes=62 * MIB, fits=False),))
+    error = nothing_fits(TINY, describe_device("cpu"), _budget(usable), probe,  # type: ignore[arg-type]
+                         None, uncapped=TrialResult(status="ok", peak_bytes=55 * MIB),
+                         name=FLAGS)
+    assert error.exit_code == 1
+    assert str(error) == (
+        "micro-batch 1 (fp32/off) did not fit in 60.00 MiB usable in one run (62.00 MiB) and "
+        "fit in another without the cap (peak 55.00 MiB): its memory varies from run to run at "
+        "the edge of the budget. Give a little more --memory-budget, or a smaller --headroom, "
+        "so that every run fits")
+
+
+def _budget(usable: int) -> object:
+    from autotune.api.request import Budget
+
+    return Budget(budget_bytes=usable, usable_bytes=usable, headroom=0.0)
+
+
 @pytest.mark.parametrize(("status", "fits", "verdict"), [
     ("ok", True, "fits"), ("ok", False, "does not fit"), ("oom", False, "does not fit"),
     ("crash", False, "no memory verdict"), ("timeout", False, "no memory verdict"),

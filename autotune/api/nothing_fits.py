@@ -56,10 +56,15 @@ def nothing_fits(workload: WorkloadSpec, info: DeviceInfo, budget: Budget,
     label = first.knobs.label()
     step = next((s for s in first.steps if s.micro_batch == smallest), None)
     timed = (results or {}).get(Candidate(knobs=first.knobs, micro_batch=smallest))
-    leak = timed.leak_note() if timed is not None and timed.status == "oom" else None
+    # A leak shows in a timed run that did not fit: out of memory, or a peak over the usable
+    # memory but under the cap (ran, over budget: where its steps happened to end).
+    leak = (timed.leak_note() if timed is not None and not timed.fits(budget.usable_bytes)
+            else None)
     if leak:
+        how = ("ran out of memory" if timed.status == MEMORY_STATUS  # type: ignore[union-attr]
+               else "went over the usable memory")
         return WorkloadError(
-            f"micro-batch {smallest} ({label}) ran out of memory after "
+            f"micro-batch {smallest} ({label}) {how} after "
             f"{timed.num_optimizer_steps} optimizer steps: {leak}. A larger budget only "
             "delays it: fix the workload")  # type: ignore[union-attr]
     if step is not None and step.status in BROKEN:
@@ -91,6 +96,17 @@ def nothing_fits(workload: WorkloadSpec, info: DeviceInfo, budget: Budget,
             smallest, label, "crash", step.message,  # type: ignore[union-attr]
             f" (under the memory cap; without it the run fit, at a peak of "
             f"{format_bytes(result.peak_bytes)}: a crash that does not always happen)", name))
+    if result.fits(budget.usable_bytes) and step is not None:
+        # Under the cap it did not fit; the same run without it did: its peak moves between
+        # runs at the budget's edge (CPU allocators keep freed blocks), or grows with the
+        # steps a run happens to make.
+        seen = format_bytes(step.peak_bytes) if step.peak_bytes else step.status
+        return NoFeasibleConfigError(
+            f"micro-batch {smallest} ({label}) did not fit in {format_bytes(budget.usable_bytes)}"
+            f" usable in one run ({seen}) and fit in another without the cap (peak "
+            f"{format_bytes(result.peak_bytes)}): its memory varies from run to run at the "
+            f"edge of the budget. Give a little more {name('memory_budget')}, or a smaller "
+            f"{name('headroom')}, so that every run fits")
     if result.ok and result.peak_bytes is not None:
         need = (f"it needs {format_bytes(result.peak_bytes)} at its peak "
                 f"({label}), so the budget would have to be at least "
