@@ -19,6 +19,12 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: one worker more than the cores (a test waits on its children part of the
+    time), at most 8 (each child of a test imports torch: memory, not cores, binds beyond)."""
+    return max(2, min((os.cpu_count() or 1) + 1, 8))
+
+
 def workload_target(name: str) -> str:
     """``/abs/path/tests/workloads.py:NAME`` for --workload and WorkloadSpec(kind="file")."""
     return f"{WORKLOADS}:{name}"

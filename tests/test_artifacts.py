@@ -104,6 +104,7 @@ def test_a_fresh_first_launch_reads_the_saved_artifacts(folder: Path, tmp_path: 
     assert hits >= 1 and misses == 0, output
 
 
+@pytest.mark.slow  # the default run keeps the script's first launch of the same artifacts
 @pytest.mark.subprocess
 def test_tuned_compile_loads_them_in_a_fresh_process(folder: Path, tmp_path: Path) -> None:
     code = (

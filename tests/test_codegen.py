@@ -250,7 +250,8 @@ def test_an_hf_script_parses_help_and_trains_offline(tmp_path: Path) -> None:
     def run(target: str, *args: str) -> subprocess.CompletedProcess[str]:
         config = make_tuned(workload=WorkloadSpec(kind="hf", target=target, seq_len=8),
                             workload_name=f"{target} (causal-lm, seq 8)", micro_batch=2,
-                            accumulate_steps=1, target_batch=2)
+                            accumulate_steps=1, target_batch=2,
+                            knobs=Knobs())  # eager: offline loading is the point, not compile
         script = tmp_path / SCRIPT_NAME
         script.write_text(render_train_script(config, script_dir=tmp_path))
         return subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, env=env,

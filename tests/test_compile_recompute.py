@@ -88,6 +88,7 @@ def _compiled_run(model: nn.Module, batches: list[dict[str, torch.Tensor]],
     return _kept(model, batches[0]), train(model)
 
 
+@pytest.mark.slow  # the default run keeps the trial, script and library compiling with the budget
 @pytest.mark.subprocess  # inductor compiles its kernels with the C++ compiler
 def test_a_budget_keeps_fewer_activations_trains_the_same_and_does_not_leak(
         fresh_dynamo: None) -> None:

@@ -254,6 +254,7 @@ def test_the_lightning_callback_compiles_each_block_in_place() -> None:
     assert module.model._compiled_call_impl is None  # the rest stays eager
 
 
+@pytest.mark.slow  # the default run keeps the script, tuned and trial compiling the same parts
 @pytest.mark.subprocess
 def test_a_generated_script_with_the_blocks_scope_trains_and_saves_plain_keys(tmp_path) -> None:
     import subprocess
@@ -274,8 +275,9 @@ def test_a_generated_script_with_the_blocks_scope_trains_and_saves_plain_keys(tm
 
 
 @pytest.mark.subprocess
-@pytest.mark.parametrize("strategy", [  # ddp with the slow tests
-    pytest.param("ddp", marks=pytest.mark.slow), "fsdp"])
+@pytest.mark.parametrize("strategy", [  # with the slow tests: the default run keeps the
+    # blocks scope with checkpointing in one process, and jobs of ranks (test_ranks)
+    pytest.param("ddp", marks=pytest.mark.slow), pytest.param("fsdp", marks=pytest.mark.slow)])
 def test_blocks_scope_composes_with_checkpointing_under_ddp_and_fsdp(strategy: str) -> None:
     """A trial of 2 gloo ranks: checkpointed blocks, sharded (FSDP2) or replicated (DDP),
     each compiled on its own: one graph for both blocks, no graph break (FSDP's hooks stay

@@ -79,6 +79,8 @@ def _lm_workload() -> Workload:
                     build_optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3))
 
 
+@pytest.mark.slow  # the default run keeps a tuned compiled config fed random lengths
+# (test_shapes_tuned)
 @pytest.mark.subprocess  # inductor compiles its kernels with the C++ compiler
 def test_a_tuned_compiled_hf_lm_fed_random_lengths_recompiles_at_most_twice_per_frame(
         compiles: _Compiles) -> None:

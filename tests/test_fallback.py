@@ -406,6 +406,7 @@ def same_model(a: Path, b: Path) -> None:
         torch.testing.assert_close(first[key], second[key], rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow  # the default run keeps the library's step under the same cap
 @pytest.mark.subprocess
 def test_the_script_survives_a_longer_sequence_under_a_real_cap(tmp_path: Path) -> None:
     long = {**CAP, "OOM_LONG": "4096"}

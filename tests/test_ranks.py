@@ -195,6 +195,7 @@ def test_a_job_of_two_ranks_trains_and_reports_each_rank(strategy: str) -> None:
     assert len(result.step_times_s) == 2 and result.reference_loss is not None
 
 
+@pytest.mark.slow  # a whole job's folders; the default run keeps a job of two ranks (each strategy)
 @pytest.mark.subprocess
 def test_a_job_of_ranks_leaves_nothing_in_the_temporary_folder(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

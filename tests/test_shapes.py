@@ -121,9 +121,11 @@ def test_trials_time_the_drawn_lengths_and_count_real_tokens(shapes: str) -> Non
     assert result.tokens_per_sample < workloads.VARLEN_WORST
 
 
-@pytest.mark.subprocess  # inductor's compiler
+@pytest.mark.subprocess  # inductor's compiler; every policy with the slow tests (up to 7 graphs
+# each a cold compile): the default run keeps a compiled trial of drawn lengths that hits the
+# recompile limit, and a tuned compiled config fed random lengths (test_shapes_tuned)
 @pytest.mark.parametrize(("shapes", "most_graphs"), [
-    pytest.param("max", 1, marks=SLOW), ("buckets", 1 + MAX_BUCKETS),
+    pytest.param("max", 1, marks=SLOW), pytest.param("buckets", 1 + MAX_BUCKETS, marks=SLOW),
     pytest.param("dynamic", 1, marks=SLOW)])
 def test_a_compiled_trial_stays_within_its_policys_graphs(shapes: str,
                                                           most_graphs: int) -> None:

@@ -308,6 +308,7 @@ def test_a_postgresql_server_gone_mid_search_costs_the_cache_not_the_search(
     assert _leaks(postgres.password, outcome.study.note) == []
 
 
+@pytest.mark.slow  # two real searches; the default run keeps the resume tests on scripted devices
 @pytest.mark.subprocess
 def test_readmes_resume_example_runs_as_written(tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
