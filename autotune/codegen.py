@@ -174,14 +174,14 @@ def _reasons(config: TunedConfig) -> list[tuple[str, str]]:
     other_precision = _best_other(config, "precision")
     if other_precision:
         speed += f"; best other precision: {other_precision}"
-    compiled = ("eager (no torch.compile)" if config.compile_mode == "off" else
+    compiled = ("eager (no torch.compile)" if not config.compiled else
                 f"torch.compile with mode {config.compile_mode}, "
                 + _DYNAMIC[config.compile_dynamic])
     other_mode = _best_other(config, "compile_mode")
     if other_mode:
         compiled += f"; best other mode: {other_mode}"
     compile_s = next((t.compile_s for t in config.trials if t.verdict == "winner"), None)
-    if config.compile_mode != "off" and compile_s is not None:
+    if config.compiled and compile_s is not None:
         compiled += f"; compiling took {compile_s:.1f} s"
         if config.break_even_steps is not None and math.isfinite(config.break_even_steps):
             compiled += f", paid back after {config.break_even_steps:.0f} optimizer steps"

@@ -103,6 +103,16 @@ def batch_limit_problem(name: str, value: int, what: str = "samples per optimize
             f"for; use at most {MAX_BATCH}")
 
 
+def accumulate_steps(per_device_batch: int, micro_batch: int) -> int:
+    """Micro-batches per optimizer step, ``per_device_batch / micro_batch``: exact, since a
+    micro-batch is always a divisor of the per-device batch (DESIGN.md section 2)."""
+    steps, rest = divmod(per_device_batch, micro_batch)
+    if rest:
+        raise ValueError(f"micro-batch {micro_batch} does not divide the per-device batch "
+                         f"{per_device_batch}")
+    return steps
+
+
 _UNITS = {
     "": 1, "b": 1,
     "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
@@ -566,7 +576,7 @@ class ProbeReport:
     def pairs(self, probe: MemoryProbe) -> tuple[tuple[int, int], ...]:
         """(micro_batch, accumulate_steps) pairs that fit for one setting of the knobs."""
         per_device = self.per_device_batch()
-        return tuple((m, per_device // m) for m in probe.fitting())
+        return tuple((m, accumulate_steps(per_device, m)) for m in probe.fitting())
 
 
 T = TypeVar("T")

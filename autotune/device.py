@@ -327,7 +327,7 @@ class _CPUMemory(TrialMemory):
         # or it fails under a small cap (as a SystemError, not an OOM) and its address space
         # counts as training memory.
         importlib.import_module("torch._dynamo")
-        if spec.compile_mode != "off":
+        if spec.compiled:
             _start_compile_threads()
         # Peaks are read from the kernel's high-water mark VmPeak, which may sit above the
         # address space VmSize here: glibc maps twice a new thread arena's size and trims it,

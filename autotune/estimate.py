@@ -48,7 +48,7 @@ import torch
 from torch import nn
 
 from autotune.boundary import Point, bracket, first_candidate, next_candidate
-from autotune.config import format_bytes
+from autotune.config import accumulate_steps, format_bytes
 from autotune.errors import ConfigError, UntraceableStepError, WorkloadError
 from autotune.knobs import BASELINE, KNOB, Knobs, KnobUnsupported, memory_budget
 from autotune.shapes import declared_lengths, worst_batch
@@ -471,12 +471,12 @@ def _parallel(model: nn.Module, knobs: Knobs, workload: Workload,
               storages: _Storages) -> nn.Module:
     """The model as a rank of the job wraps it (``apply_parallel``) in the fake world: what the
     strategy allocates counts as parameters (FSDP's shards) or gradients (DDP's buckets)."""
-    if knobs.strategy == "none":
+    if not knobs.distributed:
         return model
     import torch.nn.parallel.distributed as ddp_module
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    fsdp = knobs.strategy.startswith("fsdp")
+    fsdp = knobs.sharded
     verify = ddp_module._verify_param_shape_across_processes
 
     def verify_outside_fake(*args: Any, **kwargs: Any) -> Any:
@@ -733,10 +733,10 @@ def estimate_report(workload: Workload, request: EstimateRequest) -> EstimateRep
     pairs: tuple[tuple[int, int], ...] = ()
     if request.candidates is not None:
         per_device = (request.target_batch or 1) // request.world_size
-        pairs = tuple((m, per_device // m) for m in request.candidates if m <= best)
+        pairs = tuple((m, accumulate_steps(per_device, m)) for m in request.candidates if m <= best)
     peak = search.peak_at(best)
     notes = [ESTIMATE_NOTE]
-    if request.knobs.strategy != "none":
+    if request.knobs.distributed:
         notes.append(f"one rank of {request.world_size} ({request.knobs.strategy}), traced in "
                      "one process with a fake process group (collectives do nothing): "
                      + STRATEGY_NOTE[request.knobs.strategy.split("-")[0]])

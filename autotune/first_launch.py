@@ -45,9 +45,9 @@ def save_compile_artifacts(config: TunedConfig, file: str, timeout_s: float
     Returns:
         The artifacts, or None and why there are none (one sentence).
     """
-    if config.compile_mode == "off":
+    if not config.compiled:
         return None, "the winner is eager: no compiled artifacts"
-    if config.knobs.strategy != "none":
+    if config.knobs.distributed:
         return None, (f"no compiled artifacts: the winner runs as a job of ranks "
                       f"({config.knobs.strategy}), each compiling its own graphs")
     spec = TrialSpec(workload=config.workload, device=config.device.device,

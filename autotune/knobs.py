@@ -99,6 +99,27 @@ class Knobs:
     padding beyond the batch's longest sample, kernels not specialized to one length). Memory
     is the worst case's under every policy."""
 
+    @property
+    def compiled(self) -> bool:
+        """Run by ``torch.compile`` (any mode but ``off``)."""
+        return self.compile_mode != "off"
+
+    @property
+    def distributed(self) -> bool:
+        """A job of ranks sharing the work (any strategy but ``none``)."""
+        return self.strategy != "none"
+
+    @property
+    def replicated(self) -> bool:
+        """Every rank holds the whole model (``ddp``, ``ddp-bucket-view``)."""
+        return self.strategy.startswith("ddp")
+
+    @property
+    def sharded(self) -> bool:
+        """Parameters, gradients and optimizer state sharded over the ranks (``fsdp``,
+        ``fsdp-no-reshard``)."""
+        return self.strategy.startswith("fsdp")
+
     def label(self) -> str:
         """``bf16/default``, with every knob away from its default after it, e.g.
         ``fp32/off+ckpt=blocks+opt=fused``: unique, and read back by ``from_label``."""
@@ -180,6 +201,11 @@ class HasKnobs:
     def compile_mode(self) -> str:
         """``knobs.compile_mode``."""
         return self.knobs.compile_mode  # type: ignore[attr-defined]
+
+    @property
+    def compiled(self) -> bool:
+        """``knobs.compiled``: run by ``torch.compile``."""
+        return self.knobs.compiled  # type: ignore[attr-defined]
 
 
 BASELINE = Knobs()
@@ -373,7 +399,7 @@ def meaningful(knobs: Knobs) -> Knobs:
     """The knobs with each value that means nothing beside the others at its knob's default:
     the setting that actually runs (a ``Knob.compiled_only`` value with compile mode ``off``:
     eager with scope ``blocks`` is eager)."""
-    if knobs.compile_mode != "off":
+    if knobs.compiled:
         return knobs
     inert = {k.name: k.default for k in KNOBS if getattr(knobs, k.name) in k.compiled_only}
     return knobs.with_(**inert) if inert else knobs
@@ -439,7 +465,7 @@ def skip_reason(knobs: Knobs, traits: WorkloadTraits | None) -> str | None:
     """Why a workload with ``traits`` cannot run ``knobs`` (None: it can, or not known); a
     value that needs a compiled mode, eager, never runs (whatever the workload)."""
     for knob in KNOBS:
-        if getattr(knobs, knob.name) in knob.compiled_only and knobs.compile_mode == "off":
+        if getattr(knobs, knob.name) in knob.compiled_only and not knobs.compiled:
             return (f"{knob.name} {getattr(knobs, knob.name)}: needs a compiled mode (the "
                     "compiler applies it), and compile_mode is off")
     if traits is None:
@@ -470,7 +496,7 @@ def training_arguments(knobs: Knobs, device_type: str = "cuda"
     ``reshard_after_forward`` (Trainer shards each layer of the model's ``_no_split_modules``,
     a transformers model's blocks, then the root); ``ddp-bucket-view`` has no switch.
     """
-    compiled = knobs.compile_mode != "off"
+    compiled = knobs.compiled
     kwargs: dict[str, Any] = {
         "bf16": knobs.precision == "bf16", "fp16": knobs.precision == "fp16",
         "tf32": knobs.precision == "tf32",  # False turns TF32 off, as the search measured
@@ -509,7 +535,7 @@ def training_arguments(knobs: Knobs, device_type: str = "cuda"
     if knobs.allocator != "default":
         notes.append(f"allocator={knobs.allocator}: set PYTORCH_CUDA_ALLOC_CONF="
                      "expandable_segments:True in the environment before CUDA starts")
-    if knobs.strategy.startswith("fsdp"):
+    if knobs.sharded:
         kwargs["fsdp"] = True
         kwargs["fsdp_config"] = {"version": 2,
                                  "reshard_after_forward": knobs.strategy == "fsdp"}
@@ -529,7 +555,7 @@ def training_arguments(knobs: Knobs, device_type: str = "cuda"
 def scope_note(knobs: Knobs, target: str) -> list[str]:
     """What ``target`` cannot take of ``compile_scope=blocks`` (Trainer: no switch; an
     Accelerate without ``TorchDynamoPlugin.use_regional_compilation``)."""
-    if knobs.compile_scope != "blocks" or knobs.compile_mode == "off":
+    if knobs.compile_scope != "blocks" or not knobs.compiled:
         return []
     return [f"compile_scope=blocks: {target} has no switch for regional compilation and "
             "compiles the whole model (a longer cold compile than measured); for the tuned "
@@ -540,7 +566,7 @@ def scope_note(knobs: Knobs, target: str) -> list[str]:
 def _fsdp_reduce_note(knobs: Knobs, target: str) -> list[str]:
     """What differs under FSDP with autocast: Accelerate's FSDP2 policy (Trainer's too) takes
     every dtype from ``mixed_precision``; the search reduced gradients in fp32."""
-    if not knobs.strategy.startswith("fsdp") or knobs.precision not in ("bf16", "fp16"):
+    if not knobs.sharded or knobs.precision not in ("bf16", "fp16"):
         return []
     dtype = {"bf16": "bfloat16", "fp16": "float16"}[knobs.precision]
     fix = ("Trainer has no switch for it" if target == "Trainer" else

@@ -70,7 +70,7 @@ def run_isolated(spec: TrialSpec) -> TrialResult:
     (killed by a signal, segfault, ``os._exit``) or cannot be started is a ``crash`` with the
     reason (and the end of its output).
     """
-    ranks = spec.ranks if spec.knobs.strategy != "none" else 0
+    ranks = spec.ranks if spec.knobs.distributed else 0
     extra_env = knob_environment(spec.knobs, dict(os.environ))
     with contextlib.ExitStack() as stack:
         if spec.cold_compile:  # inductor's on-disk caches (FX graphs, AOT autograd) live there

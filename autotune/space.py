@@ -153,7 +153,7 @@ def compiled_values(values: Mapping[str, tuple[str, ...]], classes: Sequence[Kno
     Raises:
         ConfigError: a knob left with no value (only compiled-only values were asked for).
     """
-    if any(c.compile_mode != "off" for c in classes):
+    if any(c.compiled for c in classes):
         return dict(values), ()
     kept, notes, problems = {}, [], []
     for knob in KNOBS[2:]:

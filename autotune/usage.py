@@ -87,6 +87,11 @@ class Tuned:
         """A ``torch.compile`` mode, or ``off``."""
         return self.knobs.compile_mode
 
+    @property
+    def compiled(self) -> bool:
+        """Whether the config runs ``torch.compile`` (a mode other than ``off``)."""
+        return self.knobs.compiled
+
     def __repr__(self) -> str:
         return (f"Tuned(micro_batch={self.micro_batch}, accumulate_steps={self.accumulate_steps}, "
                 f"knobs={self.knobs.label()!r})")
@@ -213,7 +218,7 @@ class Tuned:
 
         Save ``compiled._orig_mod.state_dict()`` (or the model you passed) for clean keys.
         """
-        if self.compile_mode != "off":
+        if self.compiled:
             watch_recompile_limit()
             self._load_artifacts(model)
         dynamic = knobs.shapes_dynamic(self.knobs, self.config.compile_dynamic)
@@ -296,7 +301,7 @@ class Tuned:
 
         if not oom_fallback:
             return run(micro_batches)
-        if self.knobs.strategy.startswith("fsdp") or is_sharded(model):
+        if self.knobs.sharded or is_sharded(model):
             raise ConfigError(
                 "oom_fallback=True does not run under FSDP: an out-of-memory error inside a "
                 "sharded block leaves the other ranks in another collective (a hang or an abort, "
@@ -322,7 +327,7 @@ class Tuned:
             >>> TrainingArguments(output_dir="out", **cfg.training_arguments())
         """
         kwargs, notes = knobs.training_arguments(self.knobs, self.device_type)
-        if self.compile_mode != "off" and self.config.compile_dynamic is not None:
+        if self.compiled and self.config.compile_dynamic is not None:
             value = str(self.config.compile_dynamic).lower()
             notes.append(f"compile_dynamic={value}: Trainer compiles with torch's automatic "
                          f"dynamic shapes; set ACCELERATE_DYNAMO_USE_DYNAMIC={value} in the "
@@ -347,7 +352,7 @@ class Tuned:
         _warn(notes + knobs.accumulation_note(self.knobs, self.accumulate_steps, "Accelerate"),
               "Accelerator")
         kwargs: dict[str, Any] = {"gradient_accumulation_steps": self.accumulate_steps, **found}
-        if self.compile_mode == "off":
+        if not self.compiled:
             return kwargs
         mode = None if self.compile_mode == "default" else self.compile_mode
         watch_recompile_limit()
@@ -398,7 +403,7 @@ class Tuned:
         strategy: Any = {"none": "auto", "ddp": "ddp"}.get(knob.strategy)
         if knob.strategy == "ddp-bucket-view":
             strategy = DDPStrategy(gradient_as_bucket_view=True)
-        elif knob.strategy.startswith("fsdp"):
+        elif knob.sharded:
             strategy = FSDPStrategy(sharding_strategy="FULL_SHARD" if knob.strategy == "fsdp"
                                     else "SHARD_GRAD_OP")
             notes.append(f"strategy={knob.strategy}: Lightning's FSDPStrategy shards with FSDP1 "

@@ -130,7 +130,7 @@ def with_compile_artifacts(config: TunedConfig, path: Path, timeout_s: float | N
         timeout_s: the run's limit (what the search's limits leave); None: none left.
         guard: the search's signal guard: a signal ends the run, the result stays.
     """
-    if config.compile_mode == "off":
+    if not config.compiled:
         return config, None
     if timeout_s is None:
         saved, why = None, "no compiled artifacts: the search's limits are spent"

@@ -364,7 +364,7 @@ def _estimate_words(target: CheckTarget, estimated: int, measured: int | None) -
             f"above the {format_bytes(measured)} the search measured for this config")
     notes = target.calibration.notes if target.calibration is not None else ()
     words += "".join(f"; {note}" for note in notes)
-    if target.knobs.strategy != "none":
+    if target.knobs.distributed:
         words += (f"; one rank of {target.world_size} ({target.knobs.strategy}, traced with "
                   "a fake process group)")
     return words
@@ -380,7 +380,7 @@ def _measure(target: CheckTarget, timeout_s: float) -> int | None:
         ConfigError: a knob value the workload cannot take.
     """
     device = "cpu" if target.device == "cpu" else "cuda:0"
-    ranks = target.nproc_per_node if target.knobs.strategy != "none" else 1
+    ranks = target.nproc_per_node if target.knobs.distributed else 1
     backend = backend_for(device)
     here = backend.max_ranks()
     if ranks > here:

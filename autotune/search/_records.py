@@ -11,6 +11,7 @@ from autotune.config import (
     ProbeReport,
     TrialResult,
     TrialSpec,
+    accumulate_steps,
     format_bytes,
 )
 from autotune.device import backend_for
@@ -174,7 +175,8 @@ def classify(candidate: Candidate, result: TrialResult,
                                                          candidate.knobs.precision)
     record = TrialRecord(
         number=0, micro_batch=candidate.micro_batch,
-        accumulate_steps=per_device // candidate.micro_batch, knobs=candidate.knobs,
+        accumulate_steps=accumulate_steps(per_device, candidate.micro_batch),
+        knobs=candidate.knobs,
         verdict=verdict, reason=reason,  # type: ignore[arg-type]
         is_baseline=candidate == baseline, median_step_s=result.median_step_s(),
         spread=result.spread(), halfwidth=result.halfwidth(),

@@ -380,7 +380,7 @@ def stored_runs(study: optuna.Study, usable_bytes: int) -> list[RunRecord]:
         ended = t.datetime_complete or t.datetime_start
         runs.append(run_record(
             len(runs), kind if kind in ("probe", "trial", "re-measure") else "trial", key,
-            result, usable_bytes, compiled=key.knobs.compile_mode != "off",
+            result, usable_bytes, compiled=key.knobs.compiled,
             stored_at=ended.astimezone(timezone.utc).isoformat(timespec="seconds")
             if ended else None))
     return runs
