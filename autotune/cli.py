@@ -27,11 +27,11 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from autotune.config import MAX_BATCH
 from autotune.errors import AutotuneError, ConfigError
 from autotune.knobs import KNOB, Knobs
 from autotune.names import FLAGS
 from autotune.signals import command, ending, take_process_signals
+from autotune.units import MAX_BATCH
 
 app = typer.Typer(
     help="Find the fastest way to train your model at the effective batch size you want.",
@@ -209,7 +209,7 @@ def _knob_values(checkpointing: str | None, optimizer_impls: str | None,
 
 
 def _seconds(text: str, option: str) -> float:
-    from autotune.config import parse_duration
+    from autotune.units import parse_duration
 
     try:
         return parse_duration(text)
@@ -597,7 +597,7 @@ def report_command(
     break-even) in one page that opens offline."""
     with _exits():
         from autotune.report_html import write_html  # not via api, which imports torch
-        from autotune.schema import read_tuned
+        from autotune.tuned_file import read_tuned
 
         config = read_tuned(config_path)
         path = write_html(config, out_path or config_path.with_suffix(".html"), force=force)
@@ -611,7 +611,7 @@ def schema_command() -> None:
     with _exits():
         import json
 
-        from autotune.schema import json_schema  # not via api, which imports torch
+        from autotune.tuned_file import json_schema  # not via api, which imports torch
 
 
         print(json.dumps(json_schema(), indent=2))

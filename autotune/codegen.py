@@ -24,10 +24,10 @@ from pathlib import Path
 from autotune.artifacts import GRAPH_SETTINGS
 from autotune.codegen_fallback import FALLBACK
 from autotune.codegen_templates import FILE, HF, HF_AUTO, HF_COUNTS, SCRIPT, SHAPES, TINY_GPT
-from autotune.config import format_bytes
 from autotune.hf_configs import known_config
 from autotune.knobs import KNOBS, describe
 from autotune.schema import TunedConfig
+from autotune.units import format_bytes
 
 SCRIPT_NAME = "train_autotuned.py"
 _WIDTH = 96

@@ -24,16 +24,10 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from autotune.config import (
-    COMPILE_MODES,
-    CUDA_GRAPH_MODES,
-    PRECISIONS,
-    DeviceInfo,
-    TrialSpec,
-    format_bytes,
-    peak_tflops,
-)
+from autotune.config import COMPILE_MODES, CUDA_GRAPH_MODES, PRECISIONS, DeviceInfo, TrialSpec
+from autotune.datasheets import peak_tflops
 from autotune.errors import ConfigError
+from autotune.units import format_bytes
 
 if TYPE_CHECKING:
     import torch

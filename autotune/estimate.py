@@ -48,7 +48,6 @@ import torch
 from torch import nn
 
 from autotune.boundary import Point, bracket, first_candidate, next_candidate
-from autotune.config import accumulate_steps, format_bytes
 from autotune.errors import ConfigError, UntraceableStepError, WorkloadError
 from autotune.knobs import BASELINE, KNOB, Knobs, KnobUnsupported, memory_budget
 from autotune.shapes import declared_lengths, worst_batch
@@ -60,6 +59,7 @@ from autotune.step import (
     set_matmul_precision,
     train_step,
 )
+from autotune.units import accumulate_steps, format_bytes
 from autotune.workload import Workload, check_batch, check_model, count_parameters
 
 Kernels = Literal["cuda", "cpu"]
@@ -761,7 +761,8 @@ def estimate_report(workload: Workload, request: EstimateRequest) -> EstimateRep
 def _child(request: dict[str, Any]) -> dict[str, Any]:
     """The estimator's child process: the workload is built and traced here, under the
     parent's timeout, so a workload that exits, crashes or hangs decides no exit code."""
-    from autotune.config import WorkloadSpec, from_json_dict, to_json_dict
+    from autotune.config import WorkloadSpec
+    from autotune.serialize import from_json_dict, to_json_dict
     from autotune.workload import load_workload
 
     spec = from_json_dict(WorkloadSpec, request["workload"])

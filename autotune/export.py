@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError
+from autotune.files import write_json_atomic
 from autotune.knobs import BLOCK_CHECKPOINTING, budget_by_hand
-from autotune.schema import TunedConfig, read_tuned, write_json_atomic
+from autotune.schema import TunedConfig
+from autotune.tuned_file import read_tuned
 
 TARGETS = {"deepspeed": "ds_config.json", "torchtitan": "torchtitan.toml",
            "accelerate": "accelerate_config.yaml"}

@@ -26,9 +26,9 @@ from typing import Any, TypeVar
 
 import torch
 
-from autotune.config import accumulate_steps
 from autotune.errors import ConfigError, OutOfMemoryFallbackError, WorkloadError
 from autotune.trial import is_out_of_memory
+from autotune.units import accumulate_steps
 from autotune.workload import Batch
 
 T = TypeVar("T")

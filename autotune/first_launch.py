@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from autotune.artifacts import compile_cache_counts, device_name, graph_settings, graphs_key
-from autotune.config import TrialResult, TrialSpec, from_json_dict, to_json_dict
+from autotune.config import TrialResult, TrialSpec
 from autotune.runner import child_main, preloads, run_in_child
 from autotune.schema import CompileArtifacts, TunedConfig
+from autotune.serialize import from_json_dict, to_json_dict
 
 
 @dataclass(frozen=True)

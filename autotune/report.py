@@ -16,17 +16,12 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 from rich.text import Text
 
-from autotune.config import (
-    DeviceInfo,
-    ProbeReport,
-    ProbeStep,
-    accumulate_steps,
-    format_bytes,
-    to_json_dict,
-)
+from autotune.config import DeviceInfo, ProbeReport, ProbeStep
 from autotune.device import backend_for
 from autotune.knobs import describe
 from autotune.schema import SearchResult, SkipRecord, TrialRecord, TunedConfig
+from autotune.serialize import to_json_dict
+from autotune.units import accumulate_steps, format_bytes
 
 if TYPE_CHECKING:
     from autotune.estimate import EstimateReport

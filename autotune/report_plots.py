@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.boundary import Point, fit_line
-from autotune.config import format_bytes
 from autotune.schema import RunRecord, TrialRecord, TunedConfig
+from autotune.units import format_bytes
 
 GiB = 1 << 30
 MiB = 1 << 20

@@ -18,12 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from autotune.config import (
-    TrialResult,
-    TrialSpec,
-    TrialStatus,
-    format_bytes,
-)
+from autotune.config import TrialResult, TrialSpec, TrialStatus
 from autotune.device import TrialMemory, backend_for
 from autotune.errors import WorkloadError
 from autotune.knobs import KNOB, KnobUnsupported, shapes_dynamic
@@ -48,6 +43,7 @@ from autotune.step import (  # train_step and loss_weights re-exported for calle
     workload_traits,
 )
 from autotune.timing import stop_reason
+from autotune.units import format_bytes
 from autotune.workload import (
     Batch,
     Workload,

@@ -30,10 +30,11 @@ from pathlib import Path
 from oracle import HERE, machine, write_results
 
 from autotune import api
-from autotune.config import MIB, MemoryClass, TrialSpec, WorkloadSpec, format_bytes
+from autotune.config import MemoryClass, TrialSpec, WorkloadSpec
 from autotune.memory import probe_spec
 from autotune.runner import child_environment, run_isolated
 from autotune.space import divisors
+from autotune.units import MIB, format_bytes
 
 TARGET = 64
 HEADROOM = 0.1

@@ -11,7 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune.cli import app
-from autotune.config import Knobs, to_json_dict
+from autotune.config import Knobs
+from autotune.serialize import to_json_dict
 from tests.conftest import ROOT, WORKLOADS, workload_target
 
 # Click >= 8.2 keeps stderr apart in result.stderr (result.output interleaves both); older

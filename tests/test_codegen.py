@@ -26,7 +26,7 @@ from autotune.config import WorkloadSpec
 from autotune.errors import ConfigError
 from autotune.knobs import Knobs
 from autotune.names import FLAGS
-from autotune.schema import read_tuned
+from autotune.tuned_file import read_tuned
 from autotune.usage import Tuned
 from autotune.workload import (
     TinyGPT,

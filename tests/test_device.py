@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from autotune.config import MIB, TrialSpec, WorkloadSpec
+from autotune.config import TrialSpec, WorkloadSpec
 from autotune.device import (
     CPU_ALLOCATOR,
     CPUBackend,
@@ -20,6 +20,7 @@ from autotune.device import (
     tensor_bytes,
 )
 from autotune.errors import ConfigError
+from autotune.units import MIB
 
 
 @pytest.mark.parametrize("device", ["mps", "xpu", "xpu:0", "meta", "tpu", "cuda:x", "cpu:0"])
@@ -153,7 +154,7 @@ def test_a_hard_address_space_limit_bounds_the_budget_and_names_itself() -> None
     import subprocess
     import sys
 
-    from autotune.config import GIB, format_bytes
+    from autotune.units import GIB, format_bytes
     from tests.conftest import ROOT
 
     hard = 3 * GIB

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from autotune import api
 from autotune.cli import app
-from autotune.config import GIB, MIB, TrialSpec, WorkloadSpec, from_json_dict, to_json_dict
+from autotune.config import TrialSpec, WorkloadSpec
 from autotune.errors import ConfigError, WorkloadError
 from autotune.estimate import (
     MAX_GROWTH,
@@ -28,7 +28,9 @@ from autotune.estimate import (
 )
 from autotune.knobs import Knobs
 from autotune.runner import run_isolated
+from autotune.serialize import from_json_dict, to_json_dict
 from autotune.testing import assert_fits
+from autotune.units import GIB, MIB
 from autotune.workload import TinyGPT, Workload, default_workload
 from tests.tuned_configs import make_tuned, write
 

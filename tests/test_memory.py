@@ -8,10 +8,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from autotune.config import MIB, Knobs, TrialResult, TrialSpec, WorkloadSpec
+from autotune.config import Knobs, TrialResult, TrialSpec, WorkloadSpec
 from autotune.memory import probe_memory, probe_spec
 from autotune.runner import run_isolated
 from autotune.space import divisors
+from autotune.units import MIB
 from tests.conftest import workload_target
 
 TINY = WorkloadSpec(kind="file", target=workload_target("tiny"))

@@ -7,13 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.api.request import workload_file_here
-from autotune.config import (
-    WorkloadSpec,
-    batch_limit_problem,
-    format_bytes,
-    from_json_dict,
-    to_json_dict,
-)
+from autotune.config import WorkloadSpec
 from autotune.device import backend_for, default_device
 from autotune.errors import (
     MEMORY_STATUS,
@@ -27,11 +21,11 @@ from autotune.knobs import KNOBS, Knobs
 from autotune.memory import probe_spec
 from autotune.names import KEYWORDS, Names
 from autotune.runner import run_in_child, run_isolated
-from autotune.schema import (
-    TunedConfig,
-    read_tuned,
-)
+from autotune.schema import TunedConfig
+from autotune.serialize import from_json_dict, to_json_dict
 from autotune.space import divisors, per_device_batch
+from autotune.tuned_file import read_tuned
+from autotune.units import batch_limit_problem, format_bytes
 from autotune.workload import Workload
 
 # ----------------------------------------------------------------------------------------------
@@ -96,7 +90,8 @@ def estimate(
         ConfigError: bad settings. WorkloadError: the workload fails, hangs, exits or crashes
         (UntraceableStepError: an op of its step cannot be traced).
     """
-    from autotune.config import PRECISIONS, parse_bytes
+    from autotune.config import PRECISIONS
+    from autotune.units import parse_bytes
 
     problems = []
     if knobs is not None and precision is not None:

@@ -30,16 +30,12 @@ from autotune.errors import (
     ConfigError,
     Interrupted,
 )
+from autotune.files import check_output
 from autotune.knobs import BASELINE, job_baseline
 from autotune.memory import OnStep, broken_uncapped, hint_for, probe_memory
 from autotune.names import KEYWORDS, Names
 from autotune.runner import allocator_notes
-from autotune.schema import (
-    SearchResult,
-    SkipRecord,
-    TunedConfig,
-    check_output,
-)
+from autotune.schema import SearchResult, SkipRecord, TunedConfig
 from autotune.search import (
     Ledger,
     OnTrial,

@@ -6,20 +6,14 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from autotune.config import (
-    Knobs,
-    ProbeReport,
-    TrialResult,
-    TrialSpec,
-    accumulate_steps,
-    format_bytes,
-)
+from autotune.config import Knobs, ProbeReport, TrialResult, TrialSpec
 from autotune.device import backend_for
 from autotune.schema import (
     RunKind,
     RunRecord,
     TrialRecord,
 )
+from autotune.units import accumulate_steps, format_bytes
 
 # Numerics guard: allowed relative distance of the first loss from fp32 eager's, per precision.
 LOSS_TOLERANCE = {"fp32": 0.01, "tf32": 0.01, "bf16": 0.05, "fp16": 0.05}

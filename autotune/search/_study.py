@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import unquote
 
-from autotune.config import ProbeReport, TrialResult, WorkloadSpec, from_json_dict, to_json_dict
+from autotune.config import ProbeReport, TrialResult, WorkloadSpec
 from autotune.errors import ConfigError
 from autotune.knobs import KNOBS, Knobs
 from autotune.names import KEYWORDS, Names
 from autotune.schema import RunRecord
 from autotune.search._records import Candidate, SearchSettings, run_record
+from autotune.serialize import from_json_dict, to_json_dict
 
 if TYPE_CHECKING:
     import optuna

@@ -14,7 +14,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from autotune.config import Knobs, TrialResult, accumulate_steps
+from autotune.config import Knobs, TrialResult
 from autotune.search._records import Candidate
 from autotune.search.evidence import Evidence, Interval
 from autotune.search.plan import alike
@@ -25,6 +25,7 @@ from autotune.timing import (
     predict_step_s,
     prediction_halfwidth,
 )
+from autotune.units import accumulate_steps
 
 
 def _split(result: TrialResult, accumulate: int) -> tuple[float, float]:

@@ -8,10 +8,11 @@ Pure queries of ``Evidence``: nothing here runs or records anything.
 from __future__ import annotations
 
 from autotune.boundary import Point, fit_line
-from autotune.config import Knobs, format_bytes
+from autotune.config import Knobs
 from autotune.search._records import Candidate
 from autotune.search.evidence import Evidence
 from autotune.search.plan import memory_class, recompute_twin
+from autotune.units import format_bytes
 
 
 def largest_fit(ev: Evidence, knobs: Knobs, *, calm: bool = False) -> int:
