@@ -29,7 +29,7 @@ from autotune.knobs import describe
 from autotune.schema import SearchResult, SkipRecord, TrialRecord, TunedConfig
 
 if TYPE_CHECKING:
-    from autotune.estimate import EstimateReport
+    from autotune.estimate.fits import EstimateReport
 
 
 def env_table(info: DeviceInfo) -> Table:

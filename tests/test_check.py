@@ -322,7 +322,7 @@ def test_a_measured_peak_above_the_estimate_decides_and_is_shown_beside_it(
     """The defect: "peak 183.24 MiB (eager estimate, uncorrected)" passed a config whose run
     in the same file had peaked at 206.78 MiB."""
     from autotune.config import format_bytes
-    from autotune.estimate import estimate_step
+    from autotune.estimate.trace import estimate_step
     from autotune.workload import default_workload
 
     workload = default_workload("cpu")
