@@ -33,7 +33,6 @@ from autotune.config import (
     from_json_dict,
     to_json_dict,
 )
-from autotune.device import CPU_ALLOCATOR as CPU_ALLOCATOR  # re-exported
 from autotune.device import backend_for
 from autotune.errors import WorkloadError
 from autotune.knobs import child_environment as knob_environment

@@ -24,7 +24,8 @@ from autotune.config import (
     TrialStatus,
     format_bytes,
 )
-from autotune.device import TrialMemory, backend_for
+from autotune.device import backend_for
+from autotune.device.backend import TrialMemory
 from autotune.errors import WorkloadError
 from autotune.knobs import KNOB, KnobUnsupported, shapes_dynamic
 from autotune.shapes import (
