@@ -24,7 +24,7 @@ from autotune.serialize import to_json_dict
 from autotune.units import accumulate_steps, format_bytes
 
 if TYPE_CHECKING:
-    from autotune.estimate import EstimateReport
+    from autotune.estimate.fits import EstimateReport
 
 
 def env_table(info: DeviceInfo) -> Table:

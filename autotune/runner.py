@@ -26,7 +26,6 @@ from typing import Any, cast
 from autotune import child
 from autotune.child import PARENT_PID, die_with_parent
 from autotune.config import ChildRun, TrialResult, TrialSpec, WorkloadSpec
-from autotune.device import CPU_ALLOCATOR as CPU_ALLOCATOR  # re-exported
 from autotune.device import backend_for
 from autotune.errors import WorkloadError
 from autotune.knobs import child_environment as knob_environment

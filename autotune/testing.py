@@ -18,7 +18,7 @@ from __future__ import annotations
 from autotune import api
 from autotune.config import WorkloadSpec
 from autotune.errors import ConfigError
-from autotune.estimate import Calibration
+from autotune.estimate.calibration import Calibration
 from autotune.knobs import Knobs
 from autotune.workload import Workload
 

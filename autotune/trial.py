@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from autotune.config import TrialResult, TrialSpec, TrialStatus
-from autotune.device import TrialMemory, backend_for
+from autotune.device import backend_for
+from autotune.device.backend import TrialMemory
 from autotune.errors import WorkloadError
 from autotune.knobs import KNOB, KnobUnsupported, shapes_dynamic
 from autotune.shapes import (

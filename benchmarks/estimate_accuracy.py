@@ -24,7 +24,7 @@ from pathlib import Path
 from oracle import machine, write_results
 
 from autotune.config import TrialSpec, WorkloadSpec
-from autotune.estimate import estimate_step
+from autotune.estimate.trace import estimate_step
 from autotune.runner import run_isolated
 from autotune.units import format_bytes
 from autotune.workload import load_workload

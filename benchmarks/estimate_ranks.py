@@ -28,7 +28,7 @@ from oracle import machine, write_results
 
 from autotune.config import TrialSpec, WorkloadSpec
 from autotune.device import backend_for
-from autotune.estimate import estimate_step
+from autotune.estimate.trace import estimate_step
 from autotune.knobs import Knobs
 from autotune.runner import run_isolated
 from autotune.units import format_bytes

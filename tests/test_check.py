@@ -321,7 +321,7 @@ def test_a_measured_peak_above_the_estimate_decides_and_is_shown_beside_it(
         tmp_path: Path) -> None:
     """The defect: "peak 183.24 MiB (eager estimate, uncorrected)" passed a config whose run
     in the same file had peaked at 206.78 MiB."""
-    from autotune.estimate import estimate_step
+    from autotune.estimate.trace import estimate_step
     from autotune.units import format_bytes
     from autotune.workload import default_workload
 

@@ -21,7 +21,7 @@ from autotune import step
 from autotune.cli import app
 from autotune.config import DeviceInfo, TrialSpec, WorkloadSpec
 from autotune.errors import ConfigError
-from autotune.estimate import EstimateRequest, estimate_report
+from autotune.estimate.fits import EstimateRequest, estimate_report
 from autotune.knobs import (
     KNOB,
     Knobs,

@@ -25,7 +25,8 @@ from typer.testing import CliRunner
 from autotune import cli, report
 from autotune.config import MemoryProbe, ProbeReport, ProbeStep, StopReason, WorkloadSpec
 from autotune.errors import ConfigError, WorkloadError
-from autotune.estimate import EstimateReport, StepEstimate
+from autotune.estimate.fits import EstimateReport
+from autotune.estimate.trace import StepEstimate
 from autotune.knobs import Knobs
 from autotune.schema import SearchResult, StudyRecord, TrialRecord, notes
 from autotune.search._store import StoredStudy

@@ -252,7 +252,7 @@ def test_a_class_behind_the_leader_at_max_is_screened_for_shapes_where_it_could_
 
 
 def test_the_estimator_traces_the_worst_case_under_every_policy() -> None:
-    from autotune.estimate import estimate_step
+    from autotune.estimate.trace import estimate_step
 
     fixed = workloads.varlen(lengths=None, make_batch=lambda micro_batch: (
         workloads._varlen_batch(micro_batch, workloads.VARLEN_WORST)))

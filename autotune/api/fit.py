@@ -16,7 +16,8 @@ from autotune.errors import (
     WorkloadError,
     error_for_status,
 )
-from autotune.estimate import Calibration, EstimateReport, EstimateRequest, estimate_report
+from autotune.estimate.calibration import Calibration
+from autotune.estimate.fits import EstimateReport, EstimateRequest, estimate_report
 from autotune.knobs import KNOBS, Knobs
 from autotune.memory import probe_spec
 from autotune.names import KEYWORDS, Names
