@@ -7,13 +7,15 @@ Logs and progress go to stderr, results to stdout.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import sys
 import traceback
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -29,7 +31,7 @@ from rich.text import Text
 
 from autotune.config import MAX_BATCH
 from autotune.errors import AutotuneError, ConfigError
-from autotune.knobs import KNOB, Knobs
+from autotune.knobs import KNOB, KNOBS, Knob, Knobs
 from autotune.names import FLAGS
 from autotune.signals import command, ending, take_process_signals
 
@@ -85,28 +87,6 @@ ModesOpt = Annotated[Optional[str], typer.Option(
          "max-autotune.")]
 
 
-def _knob_help(name: str) -> str:
-    """A knob option's help, from its one description in ``knobs.KNOBS``."""
-    knob = KNOB[name]
-    return f"Comma-separated subset of {','.join(knob.values)}: {knob.help}."
-
-
-CheckpointingOpt = Annotated[Optional[str], typer.Option(
-    "--checkpointing", help=_knob_help("checkpointing"))]
-OptimizerImplsOpt = Annotated[Optional[str], typer.Option(
-    "--optimizer-impls", help=_knob_help("optimizer_impl"))]
-MemoryFormatsOpt = Annotated[Optional[str], typer.Option(
-    "--memory-formats", help=_knob_help("memory_format"))]
-AllocatorsOpt = Annotated[Optional[str], typer.Option(
-    "--allocators", help=_knob_help("allocator"))]
-ShapesOpt = Annotated[Optional[str], typer.Option(
-    "--shapes", help=_knob_help("shapes") + ". Default: every value where the workload "
-    "declares lengths, max alone otherwise.")]
-StrategyOpt = Annotated[Optional[str], typer.Option(
-    "--strategy", help=_knob_help("strategy")
-    + " Default: none with one process, ddp with --nproc-per-node above 1.")]
-CompileScopesOpt = Annotated[Optional[str], typer.Option(
-    "--compile-scopes", help=_knob_help("compile_scope"))]
 NprocOpt = Annotated[int, typer.Option(
     "--nproc-per-node", help="Ranks each probe and trial runs as one job on this machine "
     "(torch's elastic launcher, as torchrun; gloo on CPU, nccl on CUDA), each capped like a "
@@ -193,19 +173,54 @@ def _split(text: str | None, option: str) -> list[str] | None:
     return items
 
 
-def _knob_values(checkpointing: str | None, optimizer_impls: str | None,
-                 memory_formats: str | None, allocators: str | None,
-                 strategy: str | None = None, compile_scopes: str | None = None,
-                 shapes: str | None = None
-                 ) -> dict[str, list[str] | None]:
-    """The knob options as ``TuneRequest.knob_values`` (checked there, all at once)."""
-    return {"checkpointing": _split(checkpointing, "--checkpointing"),
-            "optimizer_impl": _split(optimizer_impls, "--optimizer-impls"),
-            "memory_format": _split(memory_formats, "--memory-formats"),
-            "allocator": _split(allocators, "--allocators"),
-            "strategy": _split(strategy, "--strategy"),
-            "compile_scope": _split(compile_scopes, "--compile-scopes"),
-            "shapes": _split(shapes, "--shapes")}
+KnobOptions = dict[str, Optional[str]]
+"""Each knob's option beyond precision and compile mode, by knob name: its text as given, or
+None."""
+KNOB_OPTIONS: KnobOptions = {}
+"""The default of a command's ``knob_options`` parameter, which ``knob_options`` replaces."""
+
+
+def knob_options(command: Callable[..., None]) -> Callable[..., None]:
+    """A command with one option per knob beyond precision and compile mode, from ``KNOBS``.
+
+    The command's parameter ``knob_options: KnobOptions = KNOB_OPTIONS`` stands where the
+    options go: typer reads the returned function's ``__signature__``, which holds, in its
+    place, each knob's option (``Knob.option``; help: its values, ``Knob.help`` and
+    ``Knob.default_help``), and the command gets their texts as ``knob_options``
+    (``_knob_values`` splits them inside the command's ``_exits``). A new knob is a new option
+    of every command that takes them.
+    """
+    signature = inspect.signature(command, eval_str=True)
+    params = list(signature.parameters.values())
+    at = [p.name for p in params].index("knob_options")
+    options = [inspect.Parameter(
+        knob.name, params[at].kind, default=None,
+        annotation=Annotated[Optional[str], typer.Option(knob.option, help=_knob_help(knob))])
+        for knob in KNOBS[2:]]
+
+    @functools.wraps(command)
+    def with_knobs(**given: Any) -> None:
+        texts = {knob.name: given.pop(knob.name) for knob in KNOBS[2:]}
+        command(**given, knob_options=texts)
+
+    with_knobs.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[*params[:at], *options, *params[at + 1:]])
+    return with_knobs
+
+
+def _knob_values(given: KnobOptions) -> dict[str, list[str] | None]:
+    """The knob options as ``TuneRequest.knob_values`` (checked there, all at once).
+
+    Raises:
+        ConfigError: an option given, but naming nothing.
+    """
+    return {name: _split(text, KNOB[name].option) for name, text in given.items()}
+
+
+def _knob_help(knob: Knob) -> str:
+    """A knob option's help, from its one description in ``knobs.KNOBS``."""
+    return " ".join(filter(None, [
+        f"Comma-separated subset of {','.join(knob.values)}: {knob.help}.", knob.default_help]))
 
 
 def _seconds(text: str, option: str) -> float:
@@ -231,6 +246,7 @@ def env(device: DeviceOpt = None, json_out: JsonOpt = False) -> None:
 
 
 @app.command()
+@knob_options
 def probe(
     target_batch: TargetOpt = 64,
     workload: WorkloadOpt = None,
@@ -244,13 +260,7 @@ def probe(
     headroom: HeadroomOpt = 0.1,
     precisions: PrecisionsOpt = None,
     compile_modes: ModesOpt = None,
-    checkpointing: CheckpointingOpt = None,
-    optimizer_impls: OptimizerImplsOpt = None,
-    memory_formats: MemoryFormatsOpt = None,
-    allocators: AllocatorsOpt = None,
-    strategy: StrategyOpt = None,
-    compile_scopes: CompileScopesOpt = None,
-    shapes: ShapesOpt = None,
+    knob_options: KnobOptions = KNOB_OPTIONS,
     nproc_per_node: NprocOpt = 1,
     trial_timeout: TrialTimeoutOpt = "15m",
     json_out: JsonOpt = False,
@@ -273,8 +283,7 @@ def probe(
                 memory_budget=memory_budget, headroom=headroom,
                 precisions=_split(precisions, "--precisions"),
                 compile_modes=_split(compile_modes, "--compile-modes"),
-                knob_values=_knob_values(checkpointing, optimizer_impls, memory_formats,
-                                         allocators, strategy, compile_scopes, shapes),
+                knob_values=_knob_values(knob_options),
                 nproc_per_node=nproc_per_node)
             result = api.probe(request, timeout_s=_seconds(trial_timeout, "--trial-timeout"),
                                on_step=on_step, name=FLAGS)
@@ -288,6 +297,7 @@ def probe(
 
 
 @app.command()
+@knob_options
 def search(
     target_batch: TargetOpt = 64,
     workload: WorkloadOpt = None,
@@ -301,13 +311,7 @@ def search(
     headroom: HeadroomOpt = 0.1,
     precisions: PrecisionsOpt = None,
     compile_modes: ModesOpt = None,
-    checkpointing: CheckpointingOpt = None,
-    optimizer_impls: OptimizerImplsOpt = None,
-    memory_formats: MemoryFormatsOpt = None,
-    allocators: AllocatorsOpt = None,
-    strategy: StrategyOpt = None,
-    compile_scopes: CompileScopesOpt = None,
-    shapes: ShapesOpt = None,
+    knob_options: KnobOptions = KNOB_OPTIONS,
     nproc_per_node: NprocOpt = 1,
     out: Annotated[Path, typer.Option("--out", help="Folder for autotune.json.")] = Path("."),
     force: Annotated[bool, typer.Option(
@@ -403,8 +407,7 @@ def search(
                 memory_budget=memory_budget, headroom=headroom,
                 precisions=_split(precisions, "--precisions"),
                 compile_modes=_split(compile_modes, "--compile-modes"),
-                knob_values=_knob_values(checkpointing, optimizer_impls, memory_formats,
-                                         allocators, strategy, compile_scopes, shapes),
+                knob_values=_knob_values(knob_options),
                 nproc_per_node=nproc_per_node, allow_inexact=allow_inexact)
             result = api.search(request, out=out, force=force, settings=settings,
                                 on_step=on_step, on_trial=on_trial, name=FLAGS)

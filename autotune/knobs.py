@@ -272,6 +272,9 @@ class Knob:
     memory binds (and may make fit what did not fit at all), never where it does not."""
     by_default: tuple[str, ...] | None = None
     """The values a search tries when its option is not given (None: every value)."""
+    default_help: str = ""
+    """What its option's help says is tried when the option is not given, where that is not
+    every value (``by_default``, or a default that depends on the workload or the ranks)."""
     families: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     """Names its option also takes for several values (``--strategy ddp``: plain DDP and its
     memory option)."""
@@ -367,6 +370,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob(name="strategy", tag="dp", option="--strategy", values=get_args(Strategy),
          default="none", frees_memory=("fsdp", "ddp-bucket-view"), by_default=("none",),
          families={"ddp": ("ddp", "ddp-bucket-view"), "fsdp": ("fsdp", "fsdp-no-reshard")},
+         default_help="Default: none with one process, ddp with --nproc-per-node above 1.",
          help="how the ranks of --nproc-per-node share the work: none (one process), ddp "
          "(DistributedDataParallel; ddp-bucket-view: one copy of the gradients less) or fsdp "
          "(FSDP2: parameters, gradients and optimizer state sharded over the ranks; "
@@ -380,6 +384,8 @@ KNOBS: tuple[Knob, ...] = (
          "much shorter cold compile, the rest of the model eager)"),
     Knob(name="shapes", tag="shapes", option="--shapes", values=get_args(Shapes),
          default="max", needs=_shapes_needs, said_at_default=False, per_class=True,
+         default_help="Default: every value where the workload declares lengths, max alone "
+         "otherwise.",
          help="how batches of varying length run, where the workload declares lengths: max "
          "(padded to the worst case: one graph, compute spent on padding), buckets (padded to "
          "the next of a few lengths from the distribution: one static graph each, under the "
