@@ -263,6 +263,12 @@ class Knob:
     default: str
     help: str
     """What it does, and its memory and speed trade-off (the CLI's help, the README's)."""
+    words: dict[str, str] = dataclasses.field(default_factory=dict)
+    """What each value does, in a phrase: its line in the report and the generated script
+    (``describe``; every knob beyond precision and compile mode has one per value)."""
+    eager_words: str = ""
+    """Its phrase for every value where nothing is compiled (``compile_scope``: what the
+    compiler compiles means nothing eager); empty: ``words``."""
     cuda_only: tuple[str, ...] = ()
     """Values only a CUDA device runs (precision and compile mode: the device backend says)."""
     needs: Callable[[str, WorkloadTraits], str | None] = lambda value, traits: None
@@ -351,26 +357,44 @@ KNOBS: tuple[Knob, ...] = (
     Knob(name="checkpointing", tag="ckpt", option="--checkpointing",
          values=get_args(Checkpointing), default="off", needs=_ckpt_needs,
          frees_memory=("blocks", "budget-0.5", "alternate"), compiled_only=("budget-0.5",),
+         words={"off": "no activation checkpointing",
+                "blocks": "activation checkpointing of every repeated block",
+                "alternate": "activation checkpointing of every second block",
+                "budget-0.5": "the compiler recomputes (activation_memory_budget 0.5: about "
+                              "half the activations kept)"},
          help="activation checkpointing of the repeated blocks (every one, or every second): "
          "frees their activations for a larger micro-batch, costs about one more forward of "
          "them; budget-0.5 (compiled modes only): torch.compile keeps about half the "
          "activations and recomputes the cheapest rest (activation_memory_budget)"),
     Knob(name="optimizer_impl", tag="opt", option="--optimizer-impls",
          values=get_args(OptimizerImpl), default="default", needs=_opt_needs, in_graph=False,
+         words={"default": "the workload's optimizer as built",
+                "for-loop": "optimizer rebuilt for-loop", "foreach": "optimizer rebuilt foreach",
+                "fused": "optimizer rebuilt fused"},
          help="the workload's optimizer as built, or rebuilt for-loop, foreach (fewer "
          "launches, temporaries as large as the parameters) or fused (one kernel)"),
     Knob(name="memory_format", tag="format", option="--memory-formats",
          values=get_args(MemoryFormat), default="contiguous", needs=_format_needs,
+         words={"contiguous": "contiguous tensors",
+                "channels_last": "channels_last model and images"},
          help="channels_last for 2-D convolutions on 4-D images: faster convolutions, the same "
          "memory"),
     Knob(name="allocator", tag="alloc", option="--allocators", values=get_args(Allocator),
          default="default", cuda_only=("expandable_segments",),
          frees_memory=("expandable_segments",), in_graph=False,
+         words={"default": "the default CUDA allocator",
+                "expandable_segments": "CUDA allocator expandable_segments"},
          help="CUDA allocator setting expandable_segments: less fragmentation, so more fits"),
     Knob(name="strategy", tag="dp", option="--strategy", values=get_args(Strategy),
          default="none", frees_memory=("fsdp", "ddp-bucket-view"), by_default=("none",),
          families={"ddp": ("ddp", "ddp-bucket-view"), "fsdp": ("fsdp", "fsdp-no-reshard")},
          default_help="Default: none with one process, ddp with --nproc-per-node above 1.",
+         words={"none": "one process, no process group",
+                "ddp": "DistributedDataParallel, no_sync but on the last micro-batch",
+                "ddp-bucket-view": "DistributedDataParallel, gradient_as_bucket_view",
+                "fsdp": "FSDP2 fully_shard per block and root, resharded after forward",
+                "fsdp-no-reshard": "FSDP2 fully_shard, parameters kept from forward to "
+                                   "backward"},
          help="how the ranks of --nproc-per-node share the work: none (one process), ddp "
          "(DistributedDataParallel; ddp-bucket-view: one copy of the gradients less) or fsdp "
          "(FSDP2: parameters, gradients and optimizer state sharded over the ranks; "
@@ -379,6 +403,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob(name="compile_scope", tag="scope", option="--compile-scopes",
          values=get_args(CompileScope), default="model", needs=_scope_needs,
          compiled_only=("blocks",),
+         words={"model": "torch.compile of the whole model",
+                "blocks": "each repeated block compiled on its own (regional compilation), "
+                          "the rest eager"},
+         eager_words="nothing compiled (eager)",
          help="what torch.compile compiles in a compiled setting: the whole model, or each "
          "repeated block on its own (regional compilation: the blocks share one graph, so a "
          "much shorter cold compile, the rest of the model eager)"),
@@ -386,6 +414,9 @@ KNOBS: tuple[Knob, ...] = (
          default="max", needs=_shapes_needs, said_at_default=False, per_class=True,
          default_help="Default: every value where the workload declares lengths, max alone "
          "otherwise.",
+         words={"max": "every batch padded to the worst-case length",
+                "buckets": "batches padded to the next bucket length, one static graph each",
+                "dynamic": "batches at their own length, sequence dimension compiled dynamic"},
          help="how batches of varying length run, where the workload declares lengths: max "
          "(padded to the worst case: one graph, compute spent on padding), buckets (padded to "
          "the next of a few lengths from the distribution: one static graph each, under the "
@@ -655,37 +686,9 @@ def _accelerate_strategy(knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
 def describe(knobs: Knobs, names: Sequence[str] | None = None) -> list[str]:
     """One line per knob beyond precision and compile mode (or per knob in ``names``), for
     the report and the script."""
-    words = {
-        "checkpointing": {"off": "no activation checkpointing",
-                          "blocks": "activation checkpointing of every repeated block",
-                          "alternate": "activation checkpointing of every second block",
-                          "budget-0.5": "the compiler recomputes (activation_memory_budget "
-                                        "0.5: about half the activations kept)"},
-        "optimizer_impl": {"default": "the workload's optimizer as built",
-                           "for-loop": "optimizer rebuilt for-loop",
-                           "foreach": "optimizer rebuilt foreach",
-                           "fused": "optimizer rebuilt fused"},
-        "memory_format": {"contiguous": "contiguous tensors",
-                          "channels_last": "channels_last model and images"},
-        "allocator": {"default": "the default CUDA allocator",
-                      "expandable_segments": "CUDA allocator expandable_segments"},
-        "strategy": {"none": "one process, no process group",
-                     "ddp": "DistributedDataParallel, no_sync but on the last micro-batch",
-                     "ddp-bucket-view": "DistributedDataParallel, gradient_as_bucket_view",
-                     "fsdp": "FSDP2 fully_shard per block and root, resharded after forward",
-                     "fsdp-no-reshard": "FSDP2 fully_shard, parameters kept from forward to "
-                                        "backward"},
-        "compile_scope": {"model": ("torch.compile of the whole model" if knobs.compile_mode
-                                    != "off" else "nothing compiled (eager)"),
-                          "blocks": ("each repeated block compiled on its own (regional "
-                                     "compilation), the rest eager" if knobs.compile_mode
-                                     != "off" else "nothing compiled (eager)")},
-        "shapes": {"max": "every batch padded to the worst-case length",
-                   "buckets": "batches padded to the next bucket length, one static graph each",
-                   "dynamic": "batches at their own length, sequence dimension compiled "
-                              "dynamic"},
-    }
-    return [f"{k.name} = {getattr(knobs, k.name)}: {words[k.name][getattr(knobs, k.name)]}"
+    return [f"{k.name} = {getattr(knobs, k.name)}: "
+            + (k.eager_words if k.eager_words and not knobs.compiled
+               else k.words[getattr(knobs, k.name)])
             for k in KNOBS[2:] if names is None or k.name in names]
 
 

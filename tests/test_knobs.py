@@ -13,6 +13,7 @@ from torch import nn
 
 from autotune import knobs as K
 from autotune import step as S
+from autotune.artifacts import GRAPH_SETTINGS
 from autotune.config import TrialSpec, WorkloadSpec
 from autotune.errors import ConfigError
 from autotune.knobs import KNOBS, Knobs, KnobUnsupported, WorkloadTraits
@@ -46,6 +47,19 @@ def test_a_user_subset_of_values_is_checked() -> None:
     with pytest.raises(ConfigError, match="--checkpointing sometimes: not a value of "
                                           "checkpointing; choose from off,blocks,alternate"):
         K.parse_values(knob, ["sometimes"])
+
+
+def test_every_knob_row_says_each_of_its_values_and_keys_what_it_compiles() -> None:
+    # A new knob is a row of KNOBS: its report words are there, and a knob that changes what
+    # torch.compile compiles keys the compiled artifacts (artifacts.GRAPH_SETTINGS spells its
+    # name by hand: its order is the key's; shapes, not said at its default, is left out).
+    for knob in KNOBS[2:]:
+        assert set(knob.words) == set(knob.values), knob.name
+        assert knob.default in knob.values and knob.option.startswith("--"), knob.name
+    in_graph = {k.name for k in KNOBS if k.in_graph and k.said_at_default}
+    assert in_graph == set(GRAPH_SETTINGS) - {"micro_batch", "compile_dynamic"}
+    assert K.describe(Knobs(compile_scope="blocks"), ["compile_scope"]) == [
+        "compile_scope = blocks: nothing compiled (eager)"]
 
 
 @pytest.mark.subprocess
