@@ -32,9 +32,9 @@ from autotune.knobs import (
     HasKnobs,
     Knobs,
     Precision,
-    WorkloadTraits,
 )
 from autotune.timing import TimingStop, relative_halfwidth
+from autotune.traits import WorkloadTraits
 
 TrialStatus = Literal[
     "ok", "oom", "compile_error", "non_finite", "timeout", "crash", "workload_error", "error",

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError
-from autotune.knobs import BLOCK_CHECKPOINTING, budget_by_hand
+from autotune.knob_adapters import budget_by_hand
 from autotune.schema import TunedConfig, read_tuned, write_json_atomic
+from autotune.traits import BLOCK_CHECKPOINTING
 
 TARGETS = {"deepspeed": "ds_config.json", "torchtitan": "torchtitan.toml",
            "accelerate": "accelerate_config.yaml"}

@@ -36,7 +36,7 @@ from autotune.config import (
 from autotune.device import CPU_ALLOCATOR as CPU_ALLOCATOR  # re-exported
 from autotune.device import backend_for
 from autotune.errors import WorkloadError
-from autotune.knobs import child_environment as knob_environment
+from autotune.knob_adapters import child_environment as knob_environment
 
 _OUTPUT_TAIL_CHARS = 3000
 

@@ -26,7 +26,8 @@ from autotune.config import (
 )
 from autotune.device import TrialMemory, backend_for
 from autotune.errors import WorkloadError
-from autotune.knobs import KNOB, KnobUnsupported, shapes_dynamic
+from autotune.knob_adapters import shapes_dynamic
+from autotune.knobs import KNOB, KnobUnsupported
 from autotune.shapes import (
     declared_lengths,
     drawn_steps,

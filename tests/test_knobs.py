@@ -16,8 +16,10 @@ from autotune import step as S
 from autotune.artifacts import GRAPH_SETTINGS
 from autotune.config import TrialSpec, WorkloadSpec
 from autotune.errors import ConfigError
-from autotune.knobs import KNOBS, Knobs, KnobUnsupported, WorkloadTraits
+from autotune.knob_adapters import child_environment
+from autotune.knobs import KNOBS, Knobs, KnobUnsupported
 from autotune.step import train_step
+from autotune.traits import WorkloadTraits
 from autotune.trial import run_trial
 from autotune.workload import TinyGPT, default_workload
 from tests import one_truth
@@ -209,11 +211,11 @@ def test_channels_last_applies_to_convolutions_and_images_only() -> None:
 
 def test_the_allocator_setting_goes_to_the_childs_environment() -> None:
     expandable = Knobs(allocator="expandable_segments")
-    assert K.child_environment(Knobs(), {}) == {}
-    assert K.child_environment(expandable, {}) == {
+    assert child_environment(Knobs(), {}) == {}
+    assert child_environment(expandable, {}) == {
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
     user = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,expandable_segments:False"}
-    assert K.child_environment(expandable, user) == {
+    assert child_environment(expandable, user) == {
         "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,expandable_segments:True"}
     assert K.device_skip_reason(K.KNOB["allocator"], "expandable_segments", is_cuda=False)
 
