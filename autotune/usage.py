@@ -1,8 +1,8 @@
 """``autotune.load``: the tuned config, ready to use in your own training script.
 
-A thin layer over ``autotune.knob_adapters`` and ``autotune.trial``: the same checkpointing, optimizer
-rebuild, memory format, autocast, GradScaler, compile call and ``train_step`` that the search
-measured, plus adapters for Hugging Face ``TrainingArguments`` and Accelerate's
+A thin layer over ``autotune.step`` and ``autotune.knob_adapters``: the same checkpointing,
+optimizer rebuild, memory format, autocast, GradScaler, compile call and ``train_step`` that the
+search measured, plus adapters for Hugging Face ``TrainingArguments`` and Accelerate's
 ``Accelerator`` (with a warning for what they have no switch for).
 """
 
