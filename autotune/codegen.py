@@ -23,7 +23,9 @@ from pathlib import Path
 
 from autotune.artifacts import GRAPH_SETTINGS
 from autotune.codegen_fallback import FALLBACK
-from autotune.codegen_templates import FILE, HF, HF_AUTO, HF_COUNTS, SCRIPT, SHAPES, TINY_GPT
+from autotune.codegen_knobs import KNOB_FUNCTIONS
+from autotune.codegen_templates import SCRIPT, SHAPES
+from autotune.codegen_workloads import FILE, HF, HF_AUTO, HF_COUNTS, TINY_GPT
 from autotune.hf_configs import known_config
 from autotune.knobs import KNOBS, describe
 from autotune.schema import TunedConfig
@@ -57,6 +59,7 @@ def render_train_script(config: TunedConfig, *, script_dir: Path | None = None) 
         world_size=_literal(config.world_size),
         artifacts=_artifacts_block(config),
         workload=workload_code,
+        knob_functions=KNOB_FUNCTIONS,
         fallback=FALLBACK.strip("\n"),
         shapes_block=_shapes_block(config),
     )

@@ -23,10 +23,10 @@ from autotune.knobs import (
     HasKnobs,
     Knobs,
     Precision,
-    WorkloadTraits,
 )
 from autotune.serialize import STRICT_FIELDS, Pattern, Text
 from autotune.timing import TimingStop, relative_halfwidth
+from autotune.traits import WorkloadTraits
 from autotune.units import MIB, accumulate_steps
 
 TrialStatus = Literal[

@@ -19,8 +19,9 @@ from typing import Any
 
 from autotune.errors import ConfigError
 from autotune.files import write_json_atomic
-from autotune.knobs import BLOCK_CHECKPOINTING, budget_by_hand
+from autotune.knob_adapters import budget_by_hand
 from autotune.schema import TunedConfig
+from autotune.traits import BLOCK_CHECKPOINTING
 from autotune.tuned_file import read_tuned
 
 TARGETS = {"deepspeed": "ds_config.json", "torchtitan": "torchtitan.toml",

@@ -28,7 +28,7 @@ from autotune.child import PARENT_PID, die_with_parent
 from autotune.config import ChildRun, TrialResult, TrialSpec, WorkloadSpec
 from autotune.device import backend_for
 from autotune.errors import WorkloadError
-from autotune.knobs import child_environment as knob_environment
+from autotune.knob_adapters import child_environment as knob_environment
 from autotune.serialize import from_json_dict, to_json_dict
 
 _OUTPUT_TAIL_CHARS = 3000

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from autotune.knobs import KNOB, Knobs, KnobUnsupported, WorkloadTraits, memory_budget
+from autotune.knobs import KNOB, Knobs, KnobUnsupported, memory_budget
+from autotune.traits import WorkloadTraits
 from autotune.workload import Batch, Workload, check_loss
 
 

@@ -22,7 +22,8 @@ from autotune.config import TrialResult, TrialSpec, TrialStatus
 from autotune.device import backend_for
 from autotune.device.backend import TrialMemory
 from autotune.errors import WorkloadError
-from autotune.knobs import KNOB, KnobUnsupported, shapes_dynamic
+from autotune.knob_adapters import shapes_dynamic
+from autotune.knobs import KNOB, KnobUnsupported
 from autotune.shapes import (
     declared_lengths,
     drawn_steps,

@@ -22,14 +22,13 @@ from autotune.cli import app
 from autotune.config import DeviceInfo, TrialSpec, WorkloadSpec
 from autotune.errors import ConfigError
 from autotune.estimate.fits import EstimateRequest, estimate_report
+from autotune.knob_adapters import accelerator_kwargs, training_arguments
 from autotune.knobs import (
     KNOB,
     Knobs,
     KnobUnsupported,
-    accelerator_kwargs,
     memory_budget,
     skip_reason,
-    training_arguments,
 )
 from autotune.names import FLAGS
 from autotune.space import compiled_values, knob_values, memory_classes

@@ -13,10 +13,12 @@ import torch._dynamo
 
 from autotune.config import TrialResult, TrialSpec, WorkloadSpec
 from autotune.errors import WorkloadError
-from autotune.knobs import KNOB, Knobs, WorkloadTraits, shapes_dynamic, skip_reason
+from autotune.knob_adapters import shapes_dynamic
+from autotune.knobs import KNOB, Knobs, skip_reason
 from autotune.lengths import MAX_BUCKETS, POOL_STEPS
 from autotune.search import run_search, tuned_config
 from autotune.shapes import batch_at, declared_lengths, worst_batch
+from autotune.traits import WorkloadTraits
 from autotune.trial import run_trial
 from tests import workloads
 from tests.conftest import workload_target
