@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from autotune.config import read_regular_file
+from autotune.files import read_regular_file
 from autotune.schema import CompileArtifacts, TunedConfig
 
 SUFFIX = ".compile-cache.bin"

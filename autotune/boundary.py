@@ -5,7 +5,7 @@ before, or a micro-batch already measured) or at the largest candidate; once two
 a peak, a least-squares line through every measured peak predicts the largest candidate that
 fits, and the next measurement confirms it (or moves the bracket); before that it bisects in log
 space. The memory probe (real capped steps, ``memory.probe_memory``) and the estimator
-(fake-tensor traces, ``estimate.largest_fitting``) both search with it. No torch here.
+(fake-tensor traces, ``estimate.fits.largest_fitting``) both search with it. No torch here.
 
 Candidates are any sorted sequence (a ``range`` too, for "every positive integer"): the search
 looks them up by bisection, never by listing them.

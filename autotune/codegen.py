@@ -23,11 +23,13 @@ from pathlib import Path
 
 from autotune.artifacts import GRAPH_SETTINGS
 from autotune.codegen_fallback import FALLBACK
-from autotune.codegen_templates import FILE, HF, HF_AUTO, HF_COUNTS, SCRIPT, SHAPES, TINY_GPT
-from autotune.config import format_bytes
+from autotune.codegen_knobs import KNOB_FUNCTIONS
+from autotune.codegen_templates import SCRIPT, SHAPES
+from autotune.codegen_workloads import FILE, HF, HF_AUTO, HF_COUNTS, TINY_GPT
 from autotune.hf_configs import known_config
 from autotune.knobs import KNOBS, describe
 from autotune.schema import TunedConfig
+from autotune.units import format_bytes
 
 SCRIPT_NAME = "train_autotuned.py"
 _WIDTH = 96
@@ -57,6 +59,7 @@ def render_train_script(config: TunedConfig, *, script_dir: Path | None = None) 
         world_size=_literal(config.world_size),
         artifacts=_artifacts_block(config),
         workload=workload_code,
+        knob_functions=KNOB_FUNCTIONS,
         fallback=FALLBACK.strip("\n"),
         shapes_block=_shapes_block(config),
     )
@@ -174,14 +177,14 @@ def _reasons(config: TunedConfig) -> list[tuple[str, str]]:
     other_precision = _best_other(config, "precision")
     if other_precision:
         speed += f"; best other precision: {other_precision}"
-    compiled = ("eager (no torch.compile)" if config.compile_mode == "off" else
+    compiled = ("eager (no torch.compile)" if not config.compiled else
                 f"torch.compile with mode {config.compile_mode}, "
                 + _DYNAMIC[config.compile_dynamic])
     other_mode = _best_other(config, "compile_mode")
     if other_mode:
         compiled += f"; best other mode: {other_mode}"
     compile_s = next((t.compile_s for t in config.trials if t.verdict == "winner"), None)
-    if config.compile_mode != "off" and compile_s is not None:
+    if config.compiled and compile_s is not None:
         compiled += f"; compiling took {compile_s:.1f} s"
         if config.break_even_steps is not None and math.isfinite(config.break_even_steps):
             compiled += f", paid back after {config.break_even_steps:.0f} optimizer steps"

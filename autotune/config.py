@@ -1,28 +1,19 @@
 """Typed values that pass between the stages. No torch import here.
 
 Every value that crosses a process or layer boundary is a frozen dataclass defined in this module,
-so it can be written to JSON and read back (``to_json_dict`` / ``from_json_dict``).
-"""
+so it can be written to JSON and read back (``autotune.serialize``: ``to_json_dict`` /
+``from_json_dict``)."""
 
 from __future__ import annotations
 
-import dataclasses
-import errno
 import itertools
 import math
-import os
-import re
-import stat
 import statistics
-import types
-import typing
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from annotated_types import Ge
 
-from autotune.errors import ConfigError
 from autotune.knobs import (
     BASELINE,
     COMPILE_MODES,
@@ -32,9 +23,11 @@ from autotune.knobs import (
     HasKnobs,
     Knobs,
     Precision,
-    WorkloadTraits,
 )
+from autotune.serialize import STRICT_FIELDS, Pattern, Text
 from autotune.timing import TimingStop, relative_halfwidth
+from autotune.traits import WorkloadTraits
+from autotune.units import MIB, accumulate_steps
 
 TrialStatus = Literal[
     "ok", "oom", "compile_error", "non_finite", "timeout", "crash", "workload_error", "error",
@@ -43,181 +36,6 @@ TrialStatus = Literal[
 """``unsupported``: a knob value the workload cannot take (e.g. ``fused`` for an optimizer
 without it): a reason to skip the candidate, never the workload's failure."""
 ChildStatus = Literal["ok", "timeout", "crash"]
-
-STRICT_FIELDS: dict[str, Any] = {"extra": "forbid", "strict": True}
-"""Pydantic config of the dataclasses written to ``autotune.json`` (validated on read by
-``autotune.schema.read_tuned``): no unknown field, no coercion ("8" is not 8). A plain dict, so
-this module does not import pydantic."""
-
-
-
-@dataclass(frozen=True)
-class Pattern:
-    """A string field's pattern (JSON Schema's ``pattern``: the whole value must match), for
-    pydantic's validation and the JSON Schema it prints alike, without importing pydantic."""
-
-    regex: str
-
-    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
-        return {**handler(source), "pattern": self.regex}
-
-
-CONTROL_CHARACTERS = r"\x00-\x1f\x7f-\x9f\u2028\u2029"
-"""What a text field of ``autotune.json`` may not hold, as a regex class's inside: C0 and C1
-control characters (tab, line breaks, escape, NEL) and Unicode's line and paragraph
-separators (line breaks to YAML). Any of them would end a comment line in a file made from
-the text, and what follows would be read as configuration or code."""
-
-TEXT_PATTERN = f"^[^{CONTROL_CHARACTERS}]*$"
-Text = Annotated[str, Pattern(TEXT_PATTERN)]
-"""A text field of ``autotune.json``: one line, no control character."""
-
-
-def control_character(text: str) -> str | None:
-    """The first control character in ``text`` and where, e.g. ``'\\n' at character 4``
-    (``CONTROL_CHARACTERS``), or None when it has none."""
-    found = re.search(f"[{CONTROL_CHARACTERS}]", text)
-    return None if found is None else f"{found.group()!r} at character {found.start()}"
-
-
-GIB = 1024**3
-MIB = 1024**2
-
-MAX_BATCH = 2**20
-"""The most samples per optimizer step autotune tunes for (1,048,576, over all devices), and
-so the most in a micro-batch, micro-batches accumulated, or devices in a world. A larger value
-is refused where values are read (exit 2): the divisors of a target of 1e30 alone would run
-for hours in the parent, outside every limit."""
-
-
-def batch_limit_problem(name: str, value: int, what: str = "samples per optimizer step"
-                        ) -> str | None:
-    """Why ``value`` of the count ``name`` (e.g. ``--target-batch``) is over ``MAX_BATCH``, or
-    None when it is not. A number too long to print whole is given by its size."""
-    if value <= MAX_BATCH:
-        return None
-    digits = math.floor(math.log10(value)) + 1  # str() of a huge int is slow, or refused
-    digits -= value < 10 ** (digits - 1)  # log10 rounds up just below a power of ten
-    shown = str(value) if digits <= 60 else f"a number of {digits} digits"
-    return (f"{name} {shown} is over the limit of {MAX_BATCH} (2**20) {what} autotune tunes "
-            f"for; use at most {MAX_BATCH}")
-
-
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-    "t": 1000**4, "tb": 1000**4,
-    "kib": 1024, "mib": MIB, "gib": GIB, "tib": 1024**4,
-}
-
-
-def not_a_file(path: Path) -> str | None:
-    """What ``path`` is when it exists but is not a regular file (``a directory``, ``a FIFO
-    (named pipe)``, ...), or None when it is a file or is missing. Reading a FIFO would wait
-    for a writer forever: such a path is refused before it is opened."""
-    try:
-        mode = path.stat().st_mode
-    except (OSError, ValueError):  # missing, unreadable, or a NUL in the name
-        return None
-    return file_kind(mode)
-
-
-def file_kind(mode: int) -> str | None:
-    """What a file of ``st_mode`` ``mode`` is when it is not a regular file (``a directory``,
-    ``a FIFO (named pipe)``, ``a character device``, ...); None for a regular file."""
-    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-             (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-             (stat.S_ISBLK, "a block device"))
-    if stat.S_ISREG(mode):
-        return None
-    return next((what for test, what in kinds if test(mode)), "not a regular file")
-
-
-def read_regular_file(path: Path) -> bytes:
-    """The bytes of ``path``, read only when it is a regular file: a FIFO opened to read
-    waits for a writer forever, a device such as ``/dev/zero`` never ends. It is opened
-    without waiting and checked on the open file (nothing can swap it in between).
-
-    Raises:
-        OSError: missing or unreadable, or not a regular file (``strerror`` says what is
-            there).
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    with open(fd, "rb") as f:
-        kind = file_kind(os.fstat(fd).st_mode)
-        if kind is not None:
-            raise OSError(errno.EINVAL, f"it is {kind}, not a regular file")
-        return f.read()
-
-
-def parse_bytes(text: str) -> int:
-    """Parse a size such as ``"1.5GiB"``, ``"800MB"`` or ``"2147483648"`` into bytes.
-
-    Raises:
-        ConfigError: the text is not a positive size.
-    """
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-    unit = match.group(2).lower() if match else ""
-    if not match or unit not in _UNITS:
-        raise ConfigError(
-            f"cannot read the memory size {text!r}: write a number with a unit, "
-            "e.g. '1.5GiB', '800MiB' or '24GB'"
-        )
-    value = float(match.group(1)) * _UNITS[unit]
-    if value < 1:
-        raise ConfigError(f"memory size {text!r} is zero: give a positive size such as '2GiB'")
-    return int(value)
-
-
-def parse_budget(text: str, total_bytes: int) -> int:
-    """Parse a memory budget: an absolute size (``"2GiB"``) or a share of the device (``"80%"``).
-
-    Args:
-        text: the user's budget.
-        total_bytes: the device's total memory, for percentages.
-
-    Raises:
-        ConfigError: the budget does not parse, is not positive, or is over 100%.
-    """
-    stripped = str(text).strip()
-    if stripped.endswith("%"):
-        try:
-            share = float(stripped[:-1])
-        except ValueError:
-            share = -1.0
-        if not 0 < share <= 100:
-            raise ConfigError(
-                f"memory budget {text!r} is not a share between 0% and 100%: "
-                "write e.g. '80%' or an absolute size such as '2GiB'"
-            )
-        return int(total_bytes * share / 100)
-    return parse_bytes(stripped)
-
-
-def parse_duration(text: str) -> float:
-    """Parse ``"10m"``, ``"90s"``, ``"1.5h"`` or a number of seconds.
-
-    Raises:
-        ConfigError: not a positive duration.
-    """
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(s|sec|m|min|h)?\s*", str(text).lower())
-    if not match or float(match.group(1)) <= 0:
-        raise ConfigError(f"cannot read the duration {text!r}: write e.g. '90s', '10m' or '1h'")
-    return float(match.group(1)) * {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}[
-        match.group(2) or "s"]
-
-
-def format_bytes(num_bytes: float | None) -> str:
-    """Render bytes in binary units, e.g. ``1.50 GiB``; ``-`` for unknown."""
-    if num_bytes is None:
-        return "-"
-    sign = "-" if num_bytes < 0 else ""
-    value = abs(float(num_bytes))
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{sign}{value:.0f} {unit}" if unit == "B" else f"{sign}{value:.2f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -566,10 +384,7 @@ class ProbeReport:
     def pairs(self, probe: MemoryProbe) -> tuple[tuple[int, int], ...]:
         """(micro_batch, accumulate_steps) pairs that fit for one setting of the knobs."""
         per_device = self.per_device_batch()
-        return tuple((m, per_device // m) for m in probe.fitting())
-
-
-T = TypeVar("T")
+        return tuple((m, accumulate_steps(per_device, m)) for m in probe.fitting())
 
 
 @dataclass(frozen=True)
@@ -626,79 +441,9 @@ class StopReason:
         return self.stopped_by + (": best config kept" if self.during else ": best so far")
 
 
-def to_json_dict(value: Any) -> Any:
-    """A dataclass (nested, with tuples) as plain JSON-ready data."""
-    if dataclasses.is_dataclass(value):
-        return {f.name: to_json_dict(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, (tuple, list)):
-        return [to_json_dict(v) for v in value]
-    if isinstance(value, dict):
-        return {k: to_json_dict(v) for k, v in value.items()}
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)
-    return value
-
-
-def from_json_dict(cls: type[T], data: Any) -> T:
-    """Rebuild a dataclass written by ``to_json_dict``; unknown keys are an error."""
-    return _convert(cls, data)
-
-
-def _convert(tp: Any, data: Any) -> Any:
-    if data is None:
-        return None
-    if isinstance(tp, str):
-        raise TypeError(f"unresolved type {tp}")
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _convert(args[0], data) if len(args) == 1 else data
-    if origin is tuple:
-        args = typing.get_args(tp)
-        return tuple(_convert(args[0], v) for v in data)
-    if origin is dict:
-        return dict(data)
-    if dataclasses.is_dataclass(tp):
-        hints = typing.get_type_hints(tp)
-        names = {f.name for f in dataclasses.fields(tp)}
-        unknown = set(data) - names
-        if unknown:
-            raise ConfigError(f"unknown fields {sorted(unknown)} for {tp.__name__}")
-        return tp(**{k: _convert(hints[k], v) for k, v in data.items()})
-    if tp is float and isinstance(data, str):
-        return float(data)
-    return data
-
-
-# Dense peak TFLOP/s of datacenter GPUs (vendor datasheets; SXM unless the name says PCIe),
-# for MFU. Keys are matched in order against the device name, as whole words ("L4" is not an
-# "L40").
-PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
-    ("H100 PCIe", {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.2}),
-    ("H100", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),
-    ("H200", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),
-    ("A100", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
-    ("L40S", {"bf16": 362.1, "fp16": 362.1, "tf32": 183.0, "fp32": 91.6}),
-    ("L4", {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3}),
-    ("V100", {"fp16": 125.0, "fp32": 15.7}),
-)
-
-
-def peak_tflops(device_name: str, precision: str) -> float | None:
-    """The device's dense peak TFLOP/s in a precision, or None when not known (CPUs, GPUs not
-    in ``PEAK_TFLOPS``)."""
-    for key, peaks in PEAK_TFLOPS:
-        if re.search(rf"\b{re.escape(key)}\b", device_name):
-            return peaks.get(precision)
-    return None
-
-
 __all__ = [
-    "COMPILE_MODES", "CUDA_GRAPH_MODES", "PEAK_TFLOPS", "PRECISIONS",
-    "STRICT_FIELDS",
+    "COMPILE_MODES", "CUDA_GRAPH_MODES", "PRECISIONS",
     "ChildRun", "ChildStatus", "CompileMode", "DeviceInfo",
     "Knobs", "MemoryProbe", "Precision", "ProbeReport", "ProbeStep", "TrialResult",
-    "TrialSpec", "TrialStatus", "WorkloadSpec", "WorkloadTraits", "field", "format_bytes",
-    "from_json_dict",
-    "parse_budget", "parse_bytes", "peak_tflops", "to_json_dict",
+    "TrialSpec", "TrialStatus", "WorkloadSpec", "WorkloadTraits", "field",
 ]

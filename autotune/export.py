@@ -18,8 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError
-from autotune.knobs import BLOCK_CHECKPOINTING, budget_by_hand
-from autotune.schema import TunedConfig, read_tuned, write_json_atomic
+from autotune.files import write_json_atomic
+from autotune.knob_adapters import budget_by_hand
+from autotune.schema import TunedConfig
+from autotune.traits import BLOCK_CHECKPOINTING
+from autotune.tuned_file import read_tuned
 
 TARGETS = {"deepspeed": "ds_config.json", "torchtitan": "torchtitan.toml",
            "accelerate": "accelerate_config.yaml"}
@@ -130,7 +133,7 @@ def deepspeed(config: TunedConfig) -> tuple[dict[str, Any], list[str]]:
                      f"weights; DeepSpeed's {knobs.precision} block keeps {knobs.precision} "
                      "weights with fp32 master copies (less memory); for autocast as measured "
                      f'use "torch_autocast": {{"enabled": true, "dtype": "{dtype}"}} instead')
-    data["zero_optimization"] = {"stage": 3 if knobs.strategy.startswith("fsdp") else 0}
+    data["zero_optimization"] = {"stage": 3 if knobs.sharded else 0}
     if knobs.strategy == "fsdp-no-reshard":
         notes.append("strategy=fsdp-no-reshard: ZeRO-3 gathers each parameter again in "
                      "backward, where the search kept it from forward to backward; stage 2 "
@@ -148,7 +151,7 @@ def deepspeed(config: TunedConfig) -> tuple[dict[str, Any], list[str]]:
                      "the model wraps in deepspeed.checkpointing.checkpoint (the block "
                      f"written configures it); or call cfg.apply(model) ({every} block) "
                      "before deepspeed.initialize")
-    if knobs.compile_mode != "off":
+    if knobs.compiled:
         mode = "" if knobs.compile_mode == "default" else f"'mode': '{knobs.compile_mode}', "
         notes.append(f"compile_mode={knobs.compile_mode}: DeepSpeed's config has no compile "
                      f"switch: call engine.compile(compile_kwargs={{{mode}'dynamic': "
@@ -174,8 +177,8 @@ def torchtitan(config: TunedConfig) -> tuple[dict[str, dict[str, Any]], list[str
         notes.append("precision=fp16: torchtitan has no float16 mixed precision "
                      "(mixed_precision_param is bfloat16 or float32): written float32; "
                      "bfloat16 would be another config than the one measured")
-    sharded = knobs.strategy.startswith("fsdp")
-    replicated = knobs.strategy.startswith("ddp")
+    sharded = knobs.sharded
+    replicated = knobs.replicated
     data: dict[str, dict[str, Any]] = {
         "training": {"local_batch_size": config.micro_batch,
                      "global_batch_size": config.target_batch,
@@ -188,7 +191,7 @@ def torchtitan(config: TunedConfig) -> tuple[dict[str, dict[str, Any]], list[str
         "activation_checkpoint": {"mode": {"off": "none", "blocks": "full",
                                            "alternate": "selective"}.get(
                                                knobs.checkpointing, "none")},
-        "compile": {"enable": knobs.compile_mode != "off", "components": ["model"]},
+        "compile": {"enable": knobs.compiled, "components": ["model"]},
     }
     if knobs.checkpointing == "alternate":
         data["activation_checkpoint"]["selective_ac_option"] = "2"
@@ -198,7 +201,7 @@ def torchtitan(config: TunedConfig) -> tuple[dict[str, dict[str, Any]], list[str
     if knobs.compile_mode not in ("off", "default"):
         notes.append(f"compile_mode={knobs.compile_mode}: torchtitan compiles with the default "
                      "mode (its config has no mode)")
-    if knobs.compile_mode != "off" and config.compile_dynamic is not None:
+    if knobs.compiled and config.compile_dynamic is not None:
         notes.append(f"compile_dynamic={str(config.compile_dynamic).lower()}: torchtitan's "
                      "config has no dynamic switch")
     if knobs.optimizer_impl != "default":
@@ -216,7 +219,7 @@ def accelerate(config: TunedConfig) -> tuple[dict[str, Any], list[str]]:
     notes = _common_notes(config, "Accelerate's config")
     on_cpu = config.device.device.split(":")[0] == "cpu"
     ranks = config.nproc_per_node
-    sharded = knobs.strategy.startswith("fsdp")
+    sharded = knobs.sharded
     kind = ("FSDP" if sharded else "NO" if config.world_size == 1 else
             "MULTI_CPU" if on_cpu else "MULTI_GPU")
     data: dict[str, Any] = {
@@ -231,7 +234,7 @@ def accelerate(config: TunedConfig) -> tuple[dict[str, Any], list[str]]:
                  "your DataLoader with batch_size=cfg.micro_batch and pass "
                  "Accelerator(**cfg.accelerator_kwargs()) (or set "
                  f"ACCELERATE_GRADIENT_ACCUMULATION_STEPS={config.accumulate_steps})")
-    if knobs.compile_mode != "off":
+    if knobs.compiled:
         dynamo: dict[str, Any] = {"dynamo_backend": "INDUCTOR",
                                   "dynamo_mode": knobs.compile_mode,
                                   "dynamo_use_fullgraph": False}

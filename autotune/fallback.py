@@ -28,6 +28,7 @@ import torch
 
 from autotune.errors import ConfigError, OutOfMemoryFallbackError, WorkloadError
 from autotune.trial import is_out_of_memory
+from autotune.units import accumulate_steps
 from autotune.workload import Batch
 
 T = TypeVar("T")
@@ -267,8 +268,9 @@ class OomFallback:
                     "micro-batch you split the batch into")
             self.micro_batch = smaller
             self.fallbacks += 1
+            accumulate = accumulate_steps(per_device, smaller)
             self.log(f"out of memory at micro-batch {size} ({failure}): redoing the step "
-                     f"with micro-batch {smaller} x {per_device // smaller} accumulation "
+                     f"with micro-batch {smaller} x {accumulate} accumulation "
                      f"(effective batch unchanged; fallback {self.in_a_row} of "
                      f"{self.max_in_a_row} in a row)")
 

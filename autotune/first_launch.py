@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from autotune.artifacts import compile_cache_counts, device_name, graph_settings, graphs_key
-from autotune.config import TrialResult, TrialSpec, from_json_dict, to_json_dict
+from autotune.config import TrialResult, TrialSpec
 from autotune.runner import child_main, preloads, run_in_child
 from autotune.schema import CompileArtifacts, TunedConfig
+from autotune.serialize import from_json_dict, to_json_dict
 
 
 @dataclass(frozen=True)
@@ -45,9 +46,9 @@ def save_compile_artifacts(config: TunedConfig, file: str, timeout_s: float
     Returns:
         The artifacts, or None and why there are none (one sentence).
     """
-    if config.compile_mode == "off":
+    if not config.compiled:
         return None, "the winner is eager: no compiled artifacts"
-    if config.knobs.strategy != "none":
+    if config.knobs.distributed:
         return None, (f"no compiled artifacts: the winner runs as a job of ranks "
                       f"({config.knobs.strategy}), each compiling its own graphs")
     spec = TrialSpec(workload=config.workload, device=config.device.device,

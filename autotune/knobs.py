@@ -1,17 +1,19 @@
-"""Every knob of the search in one place: its values, where it applies, and how.
+"""Every knob of the search in one place: its values, where it applies, and what it does.
 
-A knob is one entry of ``KNOBS``: its values per device, whether a workload can use a value
-(``skip_reason``), how it is applied (to the model, the optimizer, the batches, the child's
-environment), its Hugging Face ``TrainingArguments`` / Accelerate mapping, its lines in the
-generated script and its words in the report. ``Knobs`` is one point of the space without the
-micro-batch; the child's trial, the estimator and ``autotune.load`` apply it through
-``autotune.step`` (the generated script through its plain copy). No torch here: ``config``,
-``schema``, ``space`` and ``codegen`` use the values without it.
+A knob is one row of ``KNOBS``: its values per device, its CLI option and help, whether a
+workload can use a value (``needs``, over ``autotune.traits.WorkloadTraits``; ``skip_reason``),
+whether the compiler alone applies it, and its words in the report and the generated script
+(``describe``). ``Knobs`` is one point of the space without the micro-batch; the child's
+trial, the estimator and ``autotune.load`` apply it through ``autotune.step`` (the generated
+script through its plain copy), ``autotune.knob_adapters`` hands it to a child's environment,
+Hugging Face ``TrainingArguments`` and Accelerate. No torch here: ``config``, ``schema``,
+``space`` and ``codegen`` use the values without it.
 
-Adding a knob: a field of ``Knobs``, an entry of ``KNOBS``, how it applies (``step.py``, and
-its plain copy in the generated script's template) and its CLI option; nothing else spells
-its name. A value only the compiler applies (a compile scope, a compiler recompute budget) is
-in ``Knob.compiled_only``: the space then never pairs it with compile mode ``off``.
+Adding a knob (docs/contributing.md): a field of ``Knobs``, a row of ``KNOBS``, how it applies
+(``step.py``, and its plain copy in the generated script's template); its CLI option comes
+from the row (``cli.knob_options``). A value only the compiler applies (a compile scope, a
+compiler recompute budget) is in ``Knob.compiled_only``: the space then never pairs it with
+compile mode ``off``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, get_args
 
+from autotune import traits
 from autotune.errors import ConfigError
+from autotune.traits import WorkloadTraits
 
 Precision = Literal["fp32", "tf32", "bf16", "fp16"]
 CompileMode = Literal[
@@ -38,8 +42,6 @@ Shapes = Literal["max", "buckets", "dynamic"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
 CUDA_GRAPH_MODES: tuple[str, ...] = ("reduce-overhead", "max-autotune")
-BLOCK_CHECKPOINTING: tuple[str, ...] = ("blocks", "alternate")
-"""The checkpointing values that wrap repeated blocks (``budget-*`` is the compiler's)."""
 
 _STRICT: dict[str, Any] = {"extra": "forbid", "strict": True}
 
@@ -98,6 +100,27 @@ class Knobs:
     their own length with the sequence dimension compiled dynamic (``dynamic``: one graph, no
     padding beyond the batch's longest sample, kernels not specialized to one length). Memory
     is the worst case's under every policy."""
+
+    @property
+    def compiled(self) -> bool:
+        """Run by ``torch.compile`` (any mode but ``off``)."""
+        return self.compile_mode != "off"
+
+    @property
+    def distributed(self) -> bool:
+        """A job of ranks sharing the work (any strategy but ``none``)."""
+        return self.strategy != "none"
+
+    @property
+    def replicated(self) -> bool:
+        """Every rank holds the whole model (``ddp``, ``ddp-bucket-view``)."""
+        return self.strategy.startswith("ddp")
+
+    @property
+    def sharded(self) -> bool:
+        """Parameters, gradients and optimizer state sharded over the ranks (``fsdp``,
+        ``fsdp-no-reshard``)."""
+        return self.strategy.startswith("fsdp")
 
     def label(self) -> str:
         """``bf16/default``, with every knob away from its default after it, e.g.
@@ -181,6 +204,11 @@ class HasKnobs:
         """``knobs.compile_mode``."""
         return self.knobs.compile_mode  # type: ignore[attr-defined]
 
+    @property
+    def compiled(self) -> bool:
+        """``knobs.compiled``: run by ``torch.compile``."""
+        return self.knobs.compiled  # type: ignore[attr-defined]
+
 
 BASELINE = Knobs()
 """fp32 eager, nothing else changed: what an untuned user runs on one process."""
@@ -190,37 +218,6 @@ def job_baseline(strategy: str = "none") -> Knobs:
     """What an untuned user runs in a job of ``strategy``: fp32 eager, nothing else changed
     (the baseline of a search of several ranks keeps their strategy)."""
     return BASELINE.with_(strategy=strategy)
-
-
-@dataclass(frozen=True, kw_only=True)
-class WorkloadTraits:
-    """What a child saw of the workload that decides which knob values can apply to it."""
-
-    __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
-
-    num_blocks: int = 0
-    """Repeated blocks found for checkpointing (``Workload.blocks`` or the longest run of
-    same-type children of a ModuleList/Sequential)."""
-    blocks: str = ""
-    """Where they are, e.g. ``blocks (2 x _Block)``."""
-    hf_checkpointing: bool = False
-    """A Hugging Face model that supports ``gradient_checkpointing_enable``."""
-    has_conv2d: bool = False
-    image_input: bool = False
-    """The batch has a 4-D floating-point tensor (N, C, H, W)."""
-    optimizer: str = ""
-    """The workload's optimizer class."""
-    optimizer_impls: tuple[str, ...] = ()
-    """Implementations its class can be rebuilt as (``for-loop``, ``foreach``, ``fused``)."""
-    optimizer_default: str = ""
-    """The implementation the optimizer as built runs (torch picks foreach for CUDA
-    parameters and for-loop otherwise, unless the workload chose)."""
-    has_lengths: bool = False
-    """The workload declares real sequence lengths (``Workload.lengths``, ``--lengths``)."""
-    padding_ceiling: float = 1.0
-    """The worst-case length over the declared lengths' mean: the most any shape policy can
-    gain over padding every batch to the worst case (it cannot do less work than the real
-    tokens); 1.0 where no lengths are declared."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -237,6 +234,12 @@ class Knob:
     default: str
     help: str
     """What it does, and its memory and speed trade-off (the CLI's help, the README's)."""
+    words: dict[str, str] = dataclasses.field(default_factory=dict)
+    """What each value does, in a phrase: its line in the report and the generated script
+    (``describe``; every knob beyond precision and compile mode has one per value)."""
+    eager_words: str = ""
+    """Its phrase for every value where nothing is compiled (``compile_scope``: what the
+    compiler compiles means nothing eager); empty: ``words``."""
     cuda_only: tuple[str, ...] = ()
     """Values only a CUDA device runs (precision and compile mode: the device backend says)."""
     needs: Callable[[str, WorkloadTraits], str | None] = lambda value, traits: None
@@ -246,6 +249,9 @@ class Knob:
     memory binds (and may make fit what did not fit at all), never where it does not."""
     by_default: tuple[str, ...] | None = None
     """The values a search tries when its option is not given (None: every value)."""
+    default_help: str = ""
+    """What its option's help says is tried when the option is not given, where that is not
+    every value (``by_default``, or a default that depends on the workload or the ranks)."""
     families: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     """Names its option also takes for several values (``--strategy ddp``: plain DDP and its
     memory option)."""
@@ -266,52 +272,6 @@ class Knob:
     whose default is what a fixed-shape workload runs: its script stays as it was)."""
 
 
-def _ckpt_needs(value: str, traits: WorkloadTraits) -> str | None:
-    if value in BLOCK_CHECKPOINTING and traits.num_blocks < 2 \
-            and not traits.hf_checkpointing:
-        return ("no repeated blocks to checkpoint (no ModuleList/Sequential of 2 or more "
-                "same-type modules; name them with Workload(blocks=...))")
-    return None
-
-
-def _opt_needs(value: str, traits: WorkloadTraits) -> str | None:
-    if value != "default" and value == traits.optimizer_default:
-        return (f"{traits.optimizer} as built already runs {value} (the same run as "
-                "optimizer_impl=default)")
-    if value != "default" and value not in traits.optimizer_impls:
-        return (f"{traits.optimizer or 'the optimizer'} cannot be rebuilt as {value} (it has "
-                f"{', '.join(traits.optimizer_impls) or 'no implementation switch'})")
-    return None
-
-
-def _format_needs(value: str, traits: WorkloadTraits) -> str | None:
-    if value == "channels_last" and not (traits.has_conv2d and traits.image_input):
-        return "needs 2-D convolutions and 4-D image inputs"
-    return None
-
-
-def _scope_needs(value: str, traits: WorkloadTraits) -> str | None:
-    if value == "blocks" and traits.num_blocks < 2:
-        return ("no repeated blocks to compile one by one (no ModuleList/Sequential of 2 or "
-                "more same-type modules; name them with Workload(blocks=...))")
-    return None
-
-
-def _shapes_needs(value: str, traits: WorkloadTraits) -> str | None:
-    if value != "max" and not traits.has_lengths:
-        return ("the workload declares no lengths (every batch has its worst-case shape); "
-                "declare Workload(lengths=...) or --lengths FILE")
-    return None
-
-
-def shapes_dynamic(knobs: Knobs, configured: bool | None = None) -> bool | None:
-    """``torch.compile``'s ``dynamic`` under the shape policy: ``buckets`` compiles one static
-    graph per bucket (False: automatic dynamic shapes would turn the second bucket into a
-    dynamic graph); the others keep ``configured`` (``TunedConfig.compile_dynamic``; ``dynamic``
-    marks the sequence dimension itself)."""
-    return False if knobs.shapes == "buckets" else configured
-
-
 KNOBS: tuple[Knob, ...] = (
     Knob(name="precision", tag="precision", option="--precisions", values=PRECISIONS,
          default="fp32", help="fp32, tf32 (CUDA), bf16 (autocast), fp16 (autocast + GradScaler): "
@@ -320,40 +280,69 @@ KNOBS: tuple[Knob, ...] = (
          default="off", help="torch.compile mode or off: fused kernels, less activation memory, "
          "a compile cost"),
     Knob(name="checkpointing", tag="ckpt", option="--checkpointing",
-         values=get_args(Checkpointing), default="off", needs=_ckpt_needs,
+         values=get_args(Checkpointing), default="off", needs=traits.checkpointing_needs,
          frees_memory=("blocks", "budget-0.5", "alternate"), compiled_only=("budget-0.5",),
+         words={"off": "no activation checkpointing",
+                "blocks": "activation checkpointing of every repeated block",
+                "alternate": "activation checkpointing of every second block",
+                "budget-0.5": "the compiler recomputes (activation_memory_budget 0.5: about "
+                              "half the activations kept)"},
          help="activation checkpointing of the repeated blocks (every one, or every second): "
          "frees their activations for a larger micro-batch, costs about one more forward of "
          "them; budget-0.5 (compiled modes only): torch.compile keeps about half the "
          "activations and recomputes the cheapest rest (activation_memory_budget)"),
     Knob(name="optimizer_impl", tag="opt", option="--optimizer-impls",
-         values=get_args(OptimizerImpl), default="default", needs=_opt_needs, in_graph=False,
+         values=get_args(OptimizerImpl), default="default", needs=traits.optimizer_needs,
+         in_graph=False,
+         words={"default": "the workload's optimizer as built",
+                "for-loop": "optimizer rebuilt for-loop", "foreach": "optimizer rebuilt foreach",
+                "fused": "optimizer rebuilt fused"},
          help="the workload's optimizer as built, or rebuilt for-loop, foreach (fewer "
          "launches, temporaries as large as the parameters) or fused (one kernel)"),
     Knob(name="memory_format", tag="format", option="--memory-formats",
-         values=get_args(MemoryFormat), default="contiguous", needs=_format_needs,
+         values=get_args(MemoryFormat), default="contiguous", needs=traits.format_needs,
+         words={"contiguous": "contiguous tensors",
+                "channels_last": "channels_last model and images"},
          help="channels_last for 2-D convolutions on 4-D images: faster convolutions, the same "
          "memory"),
     Knob(name="allocator", tag="alloc", option="--allocators", values=get_args(Allocator),
          default="default", cuda_only=("expandable_segments",),
          frees_memory=("expandable_segments",), in_graph=False,
+         words={"default": "the default CUDA allocator",
+                "expandable_segments": "CUDA allocator expandable_segments"},
          help="CUDA allocator setting expandable_segments: less fragmentation, so more fits"),
     Knob(name="strategy", tag="dp", option="--strategy", values=get_args(Strategy),
          default="none", frees_memory=("fsdp", "ddp-bucket-view"), by_default=("none",),
          families={"ddp": ("ddp", "ddp-bucket-view"), "fsdp": ("fsdp", "fsdp-no-reshard")},
+         default_help="Default: none with one process, ddp with --nproc-per-node above 1.",
+         words={"none": "one process, no process group",
+                "ddp": "DistributedDataParallel, no_sync but on the last micro-batch",
+                "ddp-bucket-view": "DistributedDataParallel, gradient_as_bucket_view",
+                "fsdp": "FSDP2 fully_shard per block and root, resharded after forward",
+                "fsdp-no-reshard": "FSDP2 fully_shard, parameters kept from forward to "
+                                   "backward"},
          help="how the ranks of --nproc-per-node share the work: none (one process), ddp "
          "(DistributedDataParallel; ddp-bucket-view: one copy of the gradients less) or fsdp "
          "(FSDP2: parameters, gradients and optimizer state sharded over the ranks; "
          "fsdp-no-reshard: faster, parameters stay gathered from forward to backward); ddp "
          "and fsdp name both of their values"),
     Knob(name="compile_scope", tag="scope", option="--compile-scopes",
-         values=get_args(CompileScope), default="model", needs=_scope_needs,
+         values=get_args(CompileScope), default="model", needs=traits.scope_needs,
          compiled_only=("blocks",),
+         words={"model": "torch.compile of the whole model",
+                "blocks": "each repeated block compiled on its own (regional compilation), "
+                          "the rest eager"},
+         eager_words="nothing compiled (eager)",
          help="what torch.compile compiles in a compiled setting: the whole model, or each "
          "repeated block on its own (regional compilation: the blocks share one graph, so a "
          "much shorter cold compile, the rest of the model eager)"),
     Knob(name="shapes", tag="shapes", option="--shapes", values=get_args(Shapes),
-         default="max", needs=_shapes_needs, said_at_default=False, per_class=True,
+         default="max", needs=traits.shapes_needs, said_at_default=False, per_class=True,
+         default_help="Default: every value where the workload declares lengths, max alone "
+         "otherwise.",
+         words={"max": "every batch padded to the worst-case length",
+                "buckets": "batches padded to the next bucket length, one static graph each",
+                "dynamic": "batches at their own length, sequence dimension compiled dynamic"},
          help="how batches of varying length run, where the workload declares lengths: max "
          "(padded to the worst case: one graph, compute spent on padding), buckets (padded to "
          "the next of a few lengths from the distribution: one static graph each, under the "
@@ -373,7 +362,7 @@ def meaningful(knobs: Knobs) -> Knobs:
     """The knobs with each value that means nothing beside the others at its knob's default:
     the setting that actually runs (a ``Knob.compiled_only`` value with compile mode ``off``:
     eager with scope ``blocks`` is eager)."""
-    if knobs.compile_mode != "off":
+    if knobs.compiled:
         return knobs
     inert = {k.name: k.default for k in KNOBS if getattr(knobs, k.name) in k.compiled_only}
     return knobs.with_(**inert) if inert else knobs
@@ -415,31 +404,11 @@ def memory_budget(checkpointing: str) -> float | None:
     return float(share) if prefix == "budget" else None
 
 
-def budget_by_hand(knobs: Knobs, target: str) -> list[str]:
-    """How to set the compiler's recompute where ``target`` has no switch for it."""
-    budget = memory_budget(knobs.checkpointing)
-    if budget is None:
-        return []
-    return [f"checkpointing={knobs.checkpointing}: {target} has no switch for the compiler's "
-            "recompute: set torch._functorch.config.activation_memory_budget = "
-            f"{budget} before the first step (read when the model compiles), or compile "
-            "with cfg.compile(model), which sets it around the compiled model's calls"]
-
-
-def child_environment(knobs: Knobs, base: dict[str, str]) -> dict[str, str]:
-    """Environment variables a child sets before CUDA starts (the allocator), over ``base``."""
-    if knobs.allocator != "expandable_segments":
-        return {}
-    current = base.get("PYTORCH_CUDA_ALLOC_CONF", "")
-    parts = [p for p in current.split(",") if p and not p.startswith("expandable_segments")]
-    return {"PYTORCH_CUDA_ALLOC_CONF": ",".join([*parts, "expandable_segments:True"])}
-
-
 def skip_reason(knobs: Knobs, traits: WorkloadTraits | None) -> str | None:
     """Why a workload with ``traits`` cannot run ``knobs`` (None: it can, or not known); a
     value that needs a compiled mode, eager, never runs (whatever the workload)."""
     for knob in KNOBS:
-        if getattr(knobs, knob.name) in knob.compiled_only and knobs.compile_mode == "off":
+        if getattr(knobs, knob.name) in knob.compiled_only and not knobs.compiled:
             return (f"{knob.name} {getattr(knobs, knob.name)}: needs a compiled mode (the "
                     "compiler applies it), and compile_mode is off")
     if traits is None:
@@ -451,222 +420,10 @@ def skip_reason(knobs: Knobs, traits: WorkloadTraits | None) -> str | None:
     return None
 
 
-# ----------------------------------------------------------------------------------------------
-# Adapters: Hugging Face TrainingArguments, Accelerate, the report.
-
-
-def training_arguments(knobs: Knobs, device_type: str = "cuda"
-                       ) -> tuple[dict[str, Any], list[str]]:
-    """``TrainingArguments`` keywords for the knobs, and what has no mapping there.
-
-    ``optim`` is always set (Trainer's own default is ``adamw_torch_fused`` since torch 2.8):
-    ``fused`` is ``adamw_torch_fused``; every other implementation is ``adamw_torch``, whose
-    AdamW is built without implementation flags, so torch picks its loop as for an optimizer
-    built without them (``default``): foreach with every parameter on CUDA, for-loop
-    otherwise. ``foreach`` on ``device_type`` cpu and ``for-loop`` on cuda have no
-    ``TrainingArguments`` switch (``optim_args`` do not reach AdamW's ``foreach``): a note.
-    ``ddp`` needs no keyword (Trainer runs DistributedDataParallel under torchrun); ``fsdp``
-    and ``fsdp-no-reshard`` are ``fsdp=True`` with ``fsdp_config`` version 2 and
-    ``reshard_after_forward`` (Trainer shards each layer of the model's ``_no_split_modules``,
-    a transformers model's blocks, then the root); ``ddp-bucket-view`` has no switch.
-    """
-    compiled = knobs.compile_mode != "off"
-    kwargs: dict[str, Any] = {
-        "bf16": knobs.precision == "bf16", "fp16": knobs.precision == "fp16",
-        "tf32": knobs.precision == "tf32",  # False turns TF32 off, as the search measured
-        "torch_compile": compiled,
-        "torch_compile_mode": (knobs.compile_mode if compiled and knobs.compile_mode != "default"
-                               else None),
-    }
-    checkpointed = knobs.checkpointing in BLOCK_CHECKPOINTING
-    notes = budget_by_hand(knobs, "Trainer")
-    if _trainer_has_activation_checkpointing():  # transformers 5: every_n_layers, new names
-        kwargs["activation_checkpointing"] = checkpointed
-        if checkpointed:
-            kwargs["activation_checkpointing_kwargs"] = {
-                "use_reentrant": False, "every_n_layers": 1 if knobs.checkpointing == "blocks"
-                else 2}
-    else:
-        kwargs["gradient_checkpointing"] = checkpointed
-        if checkpointed:
-            kwargs["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
-        if knobs.checkpointing == "alternate":
-            notes.append("checkpointing=alternate: this transformers' Trainer checkpoints every "
-                         "block (gradient_checkpointing=True); every second one needs "
-                         "cfg.apply(model)")
-    impl = knobs.optimizer_impl
-    kwargs["optim"] = "adamw_torch_fused" if impl == "fused" else "adamw_torch"
-    torch_picks = "foreach" if device_type == "cuda" else "for-loop"
-    if impl in ("foreach", "for-loop") and impl != torch_picks:
-        notes.append(
-            f"optimizer_impl={impl}: Trainer's optim=adamw_torch runs torch's own loop "
-            f"({torch_picks} on {device_type}) and no TrainingArguments switch makes it {impl};"
-            " pass Trainer(optimizer_cls_and_kwargs=(torch.optim.AdamW, {'lr': "
-            f"args.learning_rate, 'foreach': {impl == 'foreach'}}})) for the tuned one")
-    if knobs.memory_format != "contiguous":
-        notes.append("memory_format=channels_last has no TrainingArguments switch: call "
-                     "cfg.apply(model) before Trainer(model=...)")
-    if knobs.allocator != "default":
-        notes.append(f"allocator={knobs.allocator}: set PYTORCH_CUDA_ALLOC_CONF="
-                     "expandable_segments:True in the environment before CUDA starts")
-    if knobs.strategy.startswith("fsdp"):
-        kwargs["fsdp"] = True
-        kwargs["fsdp_config"] = {"version": 2,
-                                 "reshard_after_forward": knobs.strategy == "fsdp"}
-    elif knobs.strategy == "ddp-bucket-view":
-        notes.append("strategy=ddp-bucket-view: TrainingArguments has no gradient_as_bucket_view "
-                     "switch (Trainer builds its own DistributedDataParallelKwargs), so Trainer "
-                     "runs plain DDP under torchrun, with one copy of the gradients more than "
-                     "measured")
-    notes += _fsdp_reduce_note(knobs, "Trainer")
-    notes += scope_note(knobs, "Trainer")
-    if knobs.shapes == "buckets":
-        kwargs["group_by_length"] = True  # batches of alike lengths: less padding per bucket
-    notes += shapes_notes(knobs, "Trainer")
-    return kwargs, notes
-
-
-def scope_note(knobs: Knobs, target: str) -> list[str]:
-    """What ``target`` cannot take of ``compile_scope=blocks`` (Trainer: no switch; an
-    Accelerate without ``TorchDynamoPlugin.use_regional_compilation``)."""
-    if knobs.compile_scope != "blocks" or knobs.compile_mode == "off":
-        return []
-    return [f"compile_scope=blocks: {target} has no switch for regional compilation and "
-            "compiles the whole model (a longer cold compile than measured); for the tuned "
-            "one turn its compile off and call cfg.compile(model) before handing it the model "
-            "(each repeated block compiled in place)"]
-
-
-def _fsdp_reduce_note(knobs: Knobs, target: str) -> list[str]:
-    """What differs under FSDP with autocast: Accelerate's FSDP2 policy (Trainer's too) takes
-    every dtype from ``mixed_precision``; the search reduced gradients in fp32."""
-    if not knobs.strategy.startswith("fsdp") or knobs.precision not in ("bf16", "fp16"):
-        return []
-    dtype = {"bf16": "bfloat16", "fp16": "float16"}[knobs.precision]
-    fix = ("Trainer has no switch for it" if target == "Trainer" else
-           "before Accelerator(...), set kwargs['fsdp_plugin'].mixed_precision_policy = "
-           f"MixedPrecisionPolicy(param_dtype=torch.{dtype}, reduce_dtype=torch.float32)")
-    return [f"strategy={knobs.strategy} with {knobs.precision}: {target}'s FSDP2 reduces "
-            f"gradients in {knobs.precision} (its policy comes from mixed_precision) where the "
-            f"search reduced them in fp32; {fix}"]
-
-
-def _trainer_has_activation_checkpointing() -> bool:
-    """Whether the installed transformers' ``TrainingArguments`` takes
-    ``activation_checkpointing`` (it renamed ``gradient_checkpointing``, an alias until v6)."""
-    try:
-        import transformers
-    except ImportError:
-        return False
-    fields = getattr(transformers.TrainingArguments, "__dataclass_fields__", {})
-    return "activation_checkpointing" in fields
-
-
-def accumulation_note(knobs: Knobs, accumulate_steps: int, target: str) -> list[str]:
-    """What ``target`` (Trainer, Accelerate) gets wrong with the knobs at this accumulation:
-    under CUDA graphs, a step of several micro-batches (``step.train_step``'s ``cuda_graphs``)."""
-    if not knobs.cuda_graphs or accumulate_steps <= 1:
-        return []
-    return [f"compile_mode={knobs.compile_mode} with {accumulate_steps} micro-batches a step: "
-            f"{target}'s gradient accumulation under CUDA graphs keeps the first micro-batch's "
-            "gradients in the graph's output buffer, which the next replay overwrites "
-            "(torch raises, or an older one adds wrong gradients: pytorch/pytorch#169545); "
-            "step with cfg.train_step(...) or the generated loop (they copy those gradients "
-            "out), or pick the best config without CUDA graphs (max-autotune-no-cudagraphs)"]
-
-
-def accelerator_kwargs(knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
-    """``Accelerator`` keywords (beyond the compile plugin) and what needs doing by hand.
-
-    ``ddp`` needs no keyword (Accelerate runs DistributedDataParallel under torchrun or
-    ``accelerate launch``); ``ddp-bucket-view`` is a ``DistributedDataParallelKwargs``
-    handler; ``fsdp`` and ``fsdp-no-reshard`` an FSDP2 ``FullyShardedDataParallelPlugin``
-    (built here: accelerate is imported only for them).
-    """
-    kwargs: dict[str, Any] = {
-        "mixed_precision": {"bf16": "bf16", "fp16": "fp16"}.get(knobs.precision, "no")}
-    notes = [f"{name}={getattr(knobs, name)}: apply it with cfg.apply(model) / "
-             "cfg.build_optimizer(...) (Accelerate has no switch for it)"
-             for name in knobs.changed() if name not in ("strategy", "compile_scope", "shapes")
-             and memory_budget(getattr(knobs, name)) is None]
-    notes += budget_by_hand(knobs, "Accelerate")
-    notes += shapes_notes(knobs, "Accelerate")
-    if knobs.strategy not in ("none", "ddp"):
-        found, why = _accelerate_strategy(knobs)
-        kwargs.update(found)
-        notes += why
-    return kwargs, notes
-
-
-def _accelerate_strategy(knobs: Knobs) -> tuple[dict[str, Any], list[str]]:
-    """The DDP kwargs handler (``ddp-bucket-view``) or the FSDP2 plugin (``fsdp*``), and what
-    the plugin does not carry."""
-    try:
-        from accelerate.utils import DistributedDataParallelKwargs, FullyShardedDataParallelPlugin
-    except ImportError:
-        return {}, [f"strategy={knobs.strategy}: accelerate is not installed here (pip install "
-                    "accelerate); no plugin built"]
-    if knobs.strategy == "ddp-bucket-view":
-        return {"kwargs_handlers": [DistributedDataParallelKwargs(gradient_as_bucket_view=True)]
-                }, []
-    plugin = FullyShardedDataParallelPlugin(
-        fsdp_version=2, reshard_after_forward=knobs.strategy == "fsdp",
-        auto_wrap_policy="transformer_based_wrap")
-    notes = [f"strategy={knobs.strategy}: the plugin shards each layer the model's "
-             "_no_split_modules names (a transformers model's blocks), then the root; for "
-             "another model set kwargs['fsdp_plugin'].transformer_cls_names_to_wrap = [its "
-             "block class name] (else Accelerate shards the root alone: one all-gather of "
-             "every parameter)"]
-    return {"fsdp_plugin": plugin}, notes + _fsdp_reduce_note(knobs, "Accelerate")
-
-
 def describe(knobs: Knobs, names: Sequence[str] | None = None) -> list[str]:
     """One line per knob beyond precision and compile mode (or per knob in ``names``), for
     the report and the script."""
-    words = {
-        "checkpointing": {"off": "no activation checkpointing",
-                          "blocks": "activation checkpointing of every repeated block",
-                          "alternate": "activation checkpointing of every second block",
-                          "budget-0.5": "the compiler recomputes (activation_memory_budget "
-                                        "0.5: about half the activations kept)"},
-        "optimizer_impl": {"default": "the workload's optimizer as built",
-                           "for-loop": "optimizer rebuilt for-loop",
-                           "foreach": "optimizer rebuilt foreach",
-                           "fused": "optimizer rebuilt fused"},
-        "memory_format": {"contiguous": "contiguous tensors",
-                          "channels_last": "channels_last model and images"},
-        "allocator": {"default": "the default CUDA allocator",
-                      "expandable_segments": "CUDA allocator expandable_segments"},
-        "strategy": {"none": "one process, no process group",
-                     "ddp": "DistributedDataParallel, no_sync but on the last micro-batch",
-                     "ddp-bucket-view": "DistributedDataParallel, gradient_as_bucket_view",
-                     "fsdp": "FSDP2 fully_shard per block and root, resharded after forward",
-                     "fsdp-no-reshard": "FSDP2 fully_shard, parameters kept from forward to "
-                                        "backward"},
-        "compile_scope": {"model": ("torch.compile of the whole model" if knobs.compile_mode
-                                    != "off" else "nothing compiled (eager)"),
-                          "blocks": ("each repeated block compiled on its own (regional "
-                                     "compilation), the rest eager" if knobs.compile_mode
-                                     != "off" else "nothing compiled (eager)")},
-        "shapes": {"max": "every batch padded to the worst-case length",
-                   "buckets": "batches padded to the next bucket length, one static graph each",
-                   "dynamic": "batches at their own length, sequence dimension compiled "
-                              "dynamic"},
-    }
-    return [f"{k.name} = {getattr(knobs, k.name)}: {words[k.name][getattr(knobs, k.name)]}"
+    return [f"{k.name} = {getattr(knobs, k.name)}: "
+            + (k.eager_words if k.eager_words and not knobs.compiled
+               else k.words[getattr(knobs, k.name)])
             for k in KNOBS[2:] if names is None or k.name in names]
-
-
-def shapes_notes(knobs: Knobs, target: str) -> list[str]:
-    """What ``target`` (Trainer, Accelerate) needs by hand for the shape policy: its collate
-    (``Tuned.pad_to``; ``buckets``: ``DataCollatorWithPadding(pad_to_multiple_of=...)`` is the
-    nearest switch, one multiple for all lengths) and the dynamic marking."""
-    if knobs.shapes == "buckets":
-        return [f"shapes=buckets: pad each batch to cfg.pad_to(its longest length) in your "
-                f"collate (the tuned bucket lengths; {target}'s DataCollatorWithPadding has "
-                "only pad_to_multiple_of), and compile with dynamic=False"]
-    if knobs.shapes == "dynamic":
-        return [f"shapes=dynamic: pad each batch to its own longest sample only, and mark its "
-                f"sequence dimension with cfg.batch(batch) (torch._dynamo.mark_dynamic(t, 1)); "
-                f"{target} has no switch for it"]
-    return []

@@ -17,8 +17,9 @@ import random
 from collections.abc import Sequence
 from pathlib import Path
 
-from autotune.config import file_kind, format_bytes
 from autotune.errors import ConfigError
+from autotune.files import file_kind
+from autotune.units import format_bytes
 
 POOL_STEPS = 4
 """Optimizer steps of drawn lengths a trial cycles through: each timed unit is one pass, so

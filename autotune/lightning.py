@@ -85,9 +85,9 @@ class TunedCallback(Callback):
         cfg.apply(target, self.blocks)
         if cfg.knobs.memory_format == "channels_last":
             _convert_batches(pl_module, cfg)
-        if cfg.compile_mode != "off" and cfg.knobs.compile_scope == "blocks":
+        if cfg.compiled and cfg.knobs.compile_scope == "blocks":
             cfg.compile(target, self.blocks)  # each block's forward, in place
-        elif cfg.compile_mode != "off":
+        elif cfg.compiled:
             watch_recompile_limit()
             target.compile(mode=None if cfg.compile_mode == "default" else cfg.compile_mode,
                            dynamic=cfg.config.compile_dynamic)

@@ -20,17 +20,10 @@ from autotune.boundary import (
     open_candidates,
 )
 from autotune.boundary import may_be_largest as is_largest_candidate
-from autotune.config import (
-    Knobs,
-    MemoryProbe,
-    ProbeStep,
-    TrialResult,
-    TrialSpec,
-    WorkloadSpec,
-    format_bytes,
-)
+from autotune.config import Knobs, MemoryProbe, ProbeStep, TrialResult, TrialSpec, WorkloadSpec
 from autotune.errors import MEMORY_STATUS, WorkloadError
 from autotune.runner import run_isolated
+from autotune.units import format_bytes
 
 Runner = Callable[[TrialSpec], TrialResult]
 OnStep = Callable[[Knobs, ProbeStep], None]

@@ -16,13 +16,15 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 from rich.text import Text
 
-from autotune.config import DeviceInfo, ProbeReport, ProbeStep, format_bytes, to_json_dict
+from autotune.config import DeviceInfo, ProbeReport, ProbeStep
 from autotune.device import backend_for
 from autotune.knobs import describe
 from autotune.schema import SearchResult, SkipRecord, TrialRecord, TunedConfig
+from autotune.serialize import to_json_dict
+from autotune.units import accumulate_steps, format_bytes
 
 if TYPE_CHECKING:
-    from autotune.estimate import EstimateReport
+    from autotune.estimate.fits import EstimateReport
 
 
 def env_table(info: DeviceInfo) -> Table:
@@ -67,7 +69,8 @@ def probe_table(report: ProbeReport) -> Table:
             format_bytes(probe.peak_bytes),
             format_bytes(probe.usable_bytes),
             format_bytes(probe.margin_bytes()),
-            " ".join(f"{m}x{per_device // m}" for m in reversed([m for m, _ in pairs])) or "-",
+            " ".join(f"{m}x{accumulate_steps(per_device, m)}"
+                     for m in reversed([m for m, _ in pairs])) or "-",
             str(probe.num_probes),
         )
     return table
@@ -154,7 +157,7 @@ def search_table(config: TunedConfig, width: int | None = None) -> Table:
                _num(r.median_step_s, 1000, ".1f"), _num(r.halfwidth, 100, ".0f", "%"),
                _num(r.samples_per_s, 1, ",.1f"),
                _num(r.tokens_per_s, 1, ",.0f"), format_bytes(r.peak_bytes),
-               _num(r.compile_s if r.knobs.compile_mode != "off" else None, 1, ".1f"),
+               _num(r.compile_s if r.knobs.compiled else None, 1, ".1f"),
                _num(r.speedup, 1, ".2f", "x"), str(r.num_runs)]
         if flops:
             row.append(_num(r.tflops_per_s, 1, ".3g"))
@@ -192,7 +195,7 @@ def search_footer(result: SearchResult) -> list[str]:
     lines += [f"{r.label()}: partly compiled: {r.num_graph_breaks} graph break(s), "
               f"{r.num_graphs} graph(s); eager code runs between them (TORCH_LOGS=graph_breaks "
               "shows where)" for r in c.trials
-              if r.knobs.compile_mode != "off" and r.num_graph_breaks
+              if r.knobs.compiled and r.num_graph_breaks
               and r.verdict in ("winner", "ok")]
     page = result.path.with_suffix(".html") if result.path is not None else None
     if page is not None and not page.exists():  # not written when it could not be rendered

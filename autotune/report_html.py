@@ -18,8 +18,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import fields
 from pathlib import Path
 
-from autotune.config import format_bytes
 from autotune.errors import MissingDependencyError
+from autotune.files import check_output, write_json_atomic
 from autotune.knobs import Knobs
 from autotune.report import not_reached_line, summary_lines
 from autotune.report_plots import (
@@ -29,7 +29,8 @@ from autotune.report_plots import (
     throughput_plot,
     timeline_plot,
 )
-from autotune.schema import TunedConfig, check_output, write_json_atomic
+from autotune.schema import TunedConfig
+from autotune.units import format_bytes
 
 
 def render_html(config: TunedConfig) -> str:
@@ -72,7 +73,7 @@ def write_html(config: TunedConfig, path: str | Path, *, force: bool = False) ->
     """Write ``autotune.html`` for a tuned config, atomically.
 
     Args:
-        config: the tuned config (``autotune.schema.read_tuned`` reads one from a file).
+        config: the tuned config (``autotune.tuned_file.read_tuned`` reads one from a file).
         path: the page's path.
         force: overwrite an existing file (a page written for this same config is
             overwritten without it: ``autotune report`` right after a search).

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.boundary import Point, fit_line
-from autotune.config import format_bytes
 from autotune.schema import RunRecord, TrialRecord, TunedConfig
+from autotune.units import format_bytes
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -226,7 +226,7 @@ def throughput_plot(c: TunedConfig) -> Drawn:
                 + (f", {t.median_step_s * 1000:,.1f} ms/step" if t.median_step_s else "")
                 + f", peak {format_bytes(t.peak_bytes)}"
                 + (f", compile {t.compile_s:.1f} s" if t.compile_s and
-                   t.knobs.compile_mode != "off" else "")
+                   t.knobs.compiled else "")
                 + (f"; {t.reason}" if t.reason else "")) for t in mine])
     if c.baseline_samples_per_s:
         fig.add_vline(x=c.baseline_samples_per_s, line_dash="dash", line_color="#7f7f7f",
@@ -262,7 +262,7 @@ def _timeline_runs(c: TunedConfig) -> tuple[list[RunRecord], str]:
                               micro_batch=t.micro_batch,
                               status="oom" if t.verdict == "oom" else "ok",
                               peak_bytes=t.peak_bytes, start_s=start, wall_s=t.wall_s,
-                              compile_s=t.compile_s if t.knobs.compile_mode != "off" else None,
+                              compile_s=t.compile_s if t.knobs.compiled else None,
                               timed_s=t.timed_s or 0.0))
         start += t.wall_s
     return runs, ("This file does not record when each run started (it predates run records): "
@@ -330,7 +330,7 @@ def break_even_plot(c: TunedConfig) -> Drawn:
     end = float(_round_up(end))
     fig = go.Figure()
     for t, name, color in ((baseline, "baseline", "#7f7f7f"), (winner, "winner", "#2ca02c")):
-        compile_s = (t.compile_s or 0.0) if t.knobs.compile_mode != "off" else 0.0
+        compile_s = (t.compile_s or 0.0) if t.knobs.compiled else 0.0
         fig.add_scatter(x=[0, end], y=[compile_s, compile_s + end * t.median_step_s],
                         mode="lines", line={"color": color, "width": 3},
                         name=_e(f"{name} {t.label()}: {compile_s:.1f} s compile + "

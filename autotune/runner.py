@@ -25,18 +25,11 @@ from typing import Any, cast
 
 from autotune import child
 from autotune.child import PARENT_PID, die_with_parent
-from autotune.config import (
-    ChildRun,
-    TrialResult,
-    TrialSpec,
-    WorkloadSpec,
-    from_json_dict,
-    to_json_dict,
-)
-from autotune.device import CPU_ALLOCATOR as CPU_ALLOCATOR  # re-exported
+from autotune.config import ChildRun, TrialResult, TrialSpec, WorkloadSpec
 from autotune.device import backend_for
 from autotune.errors import WorkloadError
-from autotune.knobs import child_environment as knob_environment
+from autotune.knob_adapters import child_environment as knob_environment
+from autotune.serialize import from_json_dict, to_json_dict
 
 _OUTPUT_TAIL_CHARS = 3000
 
@@ -70,7 +63,7 @@ def run_isolated(spec: TrialSpec) -> TrialResult:
     (killed by a signal, segfault, ``os._exit``) or cannot be started is a ``crash`` with the
     reason (and the end of its output).
     """
-    ranks = spec.ranks if spec.knobs.strategy != "none" else 0
+    ranks = spec.ranks if spec.knobs.distributed else 0
     extra_env = knob_environment(spec.knobs, dict(os.environ))
     with contextlib.ExitStack() as stack:
         if spec.cold_compile:  # inductor's on-disk caches (FX graphs, AOT autograd) live there

@@ -17,7 +17,7 @@ import string
 from collections.abc import Mapping
 from typing import Any, Literal, Protocol
 
-from autotune.config import format_bytes
+from autotune.units import format_bytes
 
 Context = Literal["", "not-tried", "not-timed", "micro-batch-not-timed", "above-not-probed",
                   "below-not-probed"]
@@ -205,7 +205,7 @@ class Said(Protocol):
 
 
 class _Formatter(string.Formatter):
-    """``str.format`` with one more spec: ``bytes`` (``config.format_bytes``, e.g. ``1.50 GiB``;
+    """``str.format`` with one more spec: ``bytes`` (``units.format_bytes``, e.g. ``1.50 GiB``;
     a string figure, such as ``-`` for a peak not measured, as it is)."""
 
     def format_field(self, value: Any, format_spec: str) -> Any:

@@ -5,18 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from autotune.config import (
-    COMPILE_MODES,
-    CUDA_GRAPH_MODES,
-    PRECISIONS,
-    DeviceInfo,
-    Knobs,
-    batch_limit_problem,
-)
+from autotune.config import COMPILE_MODES, CUDA_GRAPH_MODES, PRECISIONS, DeviceInfo, Knobs
 from autotune.device import backend_for
 from autotune.errors import ConfigError
 from autotune.knobs import KNOBS, device_skip_reason, meaningful, parse_values
 from autotune.names import KEYWORDS, Names
+from autotune.units import batch_limit_problem
 
 
 def divisors(n: int) -> tuple[int, ...]:
@@ -153,7 +147,7 @@ def compiled_values(values: Mapping[str, tuple[str, ...]], classes: Sequence[Kno
     Raises:
         ConfigError: a knob left with no value (only compiled-only values were asked for).
     """
-    if any(c.compile_mode != "off" for c in classes):
+    if any(c.compiled for c in classes):
         return dict(values), ()
     kept, notes, problems = {}, [], []
     for knob in KNOBS[2:]:

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from autotune.knobs import KNOB, Knobs, KnobUnsupported, WorkloadTraits, memory_budget
+from autotune.knobs import KNOB, Knobs, KnobUnsupported, memory_budget
+from autotune.traits import WorkloadTraits
 from autotune.workload import Batch, Workload, check_loss
 
 
@@ -100,7 +101,7 @@ def budget_patch(knobs: Knobs) -> contextlib.AbstractContextManager[Any]:
     budget = memory_budget(knobs.checkpointing)
     if budget is None:
         return contextlib.nullcontext()
-    if knobs.compile_mode == "off":
+    if not knobs.compiled:
         raise KnobUnsupported(f"checkpointing {knobs.checkpointing} needs a compiled mode (the "
                               "compiler applies it), and compile_mode is off")
     import torch._functorch.config as functorch_config
@@ -311,7 +312,7 @@ def apply_parallel(model: nn.Module, knobs: Knobs,
     Raises:
         KnobUnsupported: no process group to run the strategy in.
     """
-    if knobs.strategy == "none":
+    if not knobs.distributed:
         return model
     import torch.distributed as dist
 
@@ -319,7 +320,7 @@ def apply_parallel(model: nn.Module, knobs: Knobs,
         raise KnobUnsupported(
             f"strategy {knobs.strategy} needs a process group: run under torchrun (autotune "
             "starts one per probe with --nproc-per-node)")
-    if knobs.strategy.startswith("ddp"):
+    if knobs.replicated:
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [device] if device is not None and device.type == "cuda" else None

@@ -18,7 +18,7 @@ from __future__ import annotations
 from autotune import api
 from autotune.config import WorkloadSpec
 from autotune.errors import ConfigError
-from autotune.estimate import Calibration
+from autotune.estimate.calibration import Calibration
 from autotune.knobs import Knobs
 from autotune.workload import Workload
 
@@ -53,7 +53,7 @@ def assert_fits(workload: Workload | WorkloadSpec | str | None = None, *, micro_
         AssertionError: it does not fit; the message is ``autotune check``'s.
         ConfigError: ``knobs`` and a shortcut both given.
     """
-    from autotune.config import parse_bytes
+    from autotune.units import parse_bytes
 
     shortcuts = {name: value for name, value in (("precision", precision),
                                                  ("compile_mode", compile_mode))

@@ -18,15 +18,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from autotune.config import (
-    TrialResult,
-    TrialSpec,
-    TrialStatus,
-    format_bytes,
-)
-from autotune.device import TrialMemory, backend_for
+from autotune.config import TrialResult, TrialSpec, TrialStatus
+from autotune.device import backend_for
+from autotune.device.backend import TrialMemory
 from autotune.errors import WorkloadError
-from autotune.knobs import KNOB, KnobUnsupported, shapes_dynamic
+from autotune.knob_adapters import shapes_dynamic
+from autotune.knobs import KNOB, KnobUnsupported
 from autotune.shapes import (
     declared_lengths,
     drawn_steps,
@@ -48,6 +45,7 @@ from autotune.step import (  # train_step and loss_weights re-exported for calle
     workload_traits,
 )
 from autotune.timing import stop_reason
+from autotune.units import format_bytes
 from autotune.workload import (
     Batch,
     Workload,
@@ -233,7 +231,7 @@ def run_trial(spec: TrialSpec) -> TrialResult:
             status, at_cap = "oom", (
                 f"out of memory: the run had reached its cap ({format_bytes(info['peak_bytes'])}"
                 f" of {format_bytes(memory.budget or 0)}) when it failed with ")
-        if spec.compile_mode != "off" and "torch._dynamo" in sys.modules:
+        if spec.compiled and "torch._dynamo" in sys.modules:
             with contextlib.suppress(Exception):  # whether it was compiling afresh
                 info["compile_cache_hits"], info["compile_cache_misses"] = \
                     _compile_cache_counts()
@@ -245,7 +243,7 @@ def _join_job(spec: TrialSpec) -> tuple[TrialSpec, int]:
     process is one rank, started by the elastic launcher): gloo on CPU, nccl on CUDA, each
     rank on its own GPU (``LOCAL_RANK``). Returns the spec for this rank and the job's size
     (1 without a strategy)."""
-    if spec.knobs.strategy == "none":
+    if not spec.knobs.distributed:
         return spec, 1
     import datetime
 
@@ -347,14 +345,14 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: TrialM
     timed_batches = batches[:spec.accumulate_steps]
     info["workload_fingerprint"] = fingerprint(model, warmup_batches[0], (
         f"lengths:{lengths.values}" if lengths is not None else ""))
-    if knobs.strategy.startswith("fsdp"):
+    if knobs.sharded:
         # fully_shard swaps the parameters for shards: the optimizer is built over those,
         # and the full ones (freed) no longer count in this rank's memory.
         del built
         model = apply_parallel(model, knobs, workload.blocks, device)
         memory.rebase(model, sum(batch_bytes(b) for b in batches))
         built = workload.make_optimizer(model.parameters())
-    elif knobs.strategy != "none":
+    elif knobs.distributed:
         model = apply_parallel(model, knobs, workload.blocks, device)
     optimizer = apply_to_optimizer(built, knobs)
     scaler = grad_scaler(spec.precision, device.type)
@@ -376,7 +374,7 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: TrialM
     def one_step(micro_batches: list[Batch]) -> float:
         nonlocal num_skipped
         scale_before = scaler.get_scale() if scaler is not None else None
-        counting = spec.count_flops and spec.compile_mode == "off" and not losses
+        counting = spec.count_flops and not spec.compiled and not losses
         counter = _flop_counter() if counting else contextlib.nullcontext()
         marks = [memory.mark()]
         start = time.perf_counter()
@@ -440,7 +438,7 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: TrialM
     info.update(memory.peak())
     values = torch.stack(losses).tolist()
     info.update(first_loss=values[0], last_loss=values[-1], num_skipped_steps=num_skipped)
-    if spec.compile_mode != "off":
+    if spec.compiled:
         info["num_graphs"], info["num_graph_breaks"] = _dynamo_counts()
         info["compile_cache_hits"], info["compile_cache_misses"] = _compile_cache_counts()
         if info["num_graphs"] == 0:

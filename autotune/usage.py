@@ -1,8 +1,8 @@
 """``autotune.load``: the tuned config, ready to use in your own training script.
 
-A thin layer over ``autotune.knobs`` and ``autotune.trial``: the same checkpointing, optimizer
-rebuild, memory format, autocast, GradScaler, compile call and ``train_step`` that the search
-measured, plus adapters for Hugging Face ``TrainingArguments`` and Accelerate's
+A thin layer over ``autotune.step`` and ``autotune.knob_adapters``: the same checkpointing,
+optimizer rebuild, memory format, autocast, GradScaler, compile call and ``train_step`` that the
+search measured, plus adapters for Hugging Face ``TrainingArguments`` and Accelerate's
 ``Accelerator`` (with a warning for what they have no switch for).
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from autotune import knobs, step
+from autotune import knob_adapters, step
 from autotune.artifacts import graph_settings, load_artifacts
 from autotune.errors import ConfigError, MissingDependencyError
 from autotune.fallback import OomFallback, is_sharded
@@ -86,6 +86,11 @@ class Tuned:
     def compile_mode(self) -> str:
         """A ``torch.compile`` mode, or ``off``."""
         return self.knobs.compile_mode
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the config runs ``torch.compile`` (a mode other than ``off``)."""
+        return self.knobs.compiled
 
     def __repr__(self) -> str:
         return (f"Tuned(micro_batch={self.micro_batch}, accumulate_steps={self.accumulate_steps}, "
@@ -213,10 +218,10 @@ class Tuned:
 
         Save ``compiled._orig_mod.state_dict()`` (or the model you passed) for clean keys.
         """
-        if self.compile_mode != "off":
+        if self.compiled:
             watch_recompile_limit()
             self._load_artifacts(model)
-        dynamic = knobs.shapes_dynamic(self.knobs, self.config.compile_dynamic)
+        dynamic = knob_adapters.shapes_dynamic(self.knobs, self.config.compile_dynamic)
         return step.apply_memory_budget(
             step.compile_model(model, self.compile_mode, dynamic,
                                scope=self.knobs.compile_scope, blocks=blocks), self.knobs)
@@ -296,7 +301,7 @@ class Tuned:
 
         if not oom_fallback:
             return run(micro_batches)
-        if self.knobs.strategy.startswith("fsdp") or is_sharded(model):
+        if self.knobs.sharded or is_sharded(model):
             raise ConfigError(
                 "oom_fallback=True does not run under FSDP: an out-of-memory error inside a "
                 "sharded block leaves the other ranks in another collective (a hang or an abort, "
@@ -321,13 +326,13 @@ class Tuned:
         Example:
             >>> TrainingArguments(output_dir="out", **cfg.training_arguments())
         """
-        kwargs, notes = knobs.training_arguments(self.knobs, self.device_type)
-        if self.compile_mode != "off" and self.config.compile_dynamic is not None:
+        kwargs, notes = knob_adapters.training_arguments(self.knobs, self.device_type)
+        if self.compiled and self.config.compile_dynamic is not None:
             value = str(self.config.compile_dynamic).lower()
             notes.append(f"compile_dynamic={value}: Trainer compiles with torch's automatic "
                          f"dynamic shapes; set ACCELERATE_DYNAMO_USE_DYNAMIC={value} in the "
                          "environment before Trainer(...)")
-        _warn(notes + knobs.accumulation_note(self.knobs, self.accumulate_steps, "Trainer"),
+        _warn(notes + knob_adapters.accumulation_note(self.knobs, self.accumulate_steps, "Trainer"),
               "TrainingArguments")
         return {"per_device_train_batch_size": self.micro_batch,
                 "gradient_accumulation_steps": self.accumulate_steps, **kwargs}
@@ -343,23 +348,23 @@ class Tuned:
         warning says which are tuned). The strategy travels as Accelerate's FSDP2 plugin
         (``fsdp_plugin``) or DDP's kwargs handler (bucket view).
         """
-        found, notes = knobs.accelerator_kwargs(self.knobs)
-        _warn(notes + knobs.accumulation_note(self.knobs, self.accumulate_steps, "Accelerate"),
-              "Accelerator")
+        found, notes = knob_adapters.accelerator_kwargs(self.knobs)
+        _warn(notes + knob_adapters.accumulation_note(self.knobs, self.accumulate_steps,
+                                                      "Accelerate"), "Accelerator")
         kwargs: dict[str, Any] = {"gradient_accumulation_steps": self.accumulate_steps, **found}
-        if self.compile_mode == "off":
+        if not self.compiled:
             return kwargs
         mode = None if self.compile_mode == "default" else self.compile_mode
         watch_recompile_limit()
-        plugin = _dynamo_plugin(mode, knobs.shapes_dynamic(self.knobs,
-                                                           self.config.compile_dynamic))
+        plugin = _dynamo_plugin(mode, knob_adapters.shapes_dynamic(self.knobs,
+                                                                   self.config.compile_dynamic))
         regional = self.knobs.compile_scope == "blocks"
         if plugin is not None and regional and hasattr(plugin, "use_regional_compilation"):
             # Accelerate's regional compilation compiles each block of a ModuleList of one
             # class, and each other leaf module on its own (the search ran those eager).
             plugin.use_regional_compilation = True
         elif regional:
-            warnings.warn(knobs.scope_note(self.knobs, "the installed Accelerate")[0],
+            warnings.warn(knob_adapters.scope_note(self.knobs, "the installed Accelerate")[0],
                           stacklevel=2)
         if plugin is not None:
             kwargs["dynamo_plugin"] = plugin
@@ -398,7 +403,7 @@ class Tuned:
         strategy: Any = {"none": "auto", "ddp": "ddp"}.get(knob.strategy)
         if knob.strategy == "ddp-bucket-view":
             strategy = DDPStrategy(gradient_as_bucket_view=True)
-        elif knob.strategy.startswith("fsdp"):
+        elif knob.sharded:
             strategy = FSDPStrategy(sharding_strategy="FULL_SHARD" if knob.strategy == "fsdp"
                                     else "SHARD_GRAD_OP")
             notes.append(f"strategy={knob.strategy}: Lightning's FSDPStrategy shards with FSDP1 "
@@ -408,7 +413,7 @@ class Tuned:
             notes.append(f"allocator={knob.allocator}: set PYTORCH_CUDA_ALLOC_CONF="
                          "expandable_segments:True in the environment before the first CUDA "
                          "allocation (Trainer has no switch for it)")
-        _warn(notes + knobs.accumulation_note(knob, self.accumulate_steps, "Lightning"),
+        _warn(notes + knob_adapters.accumulation_note(knob, self.accumulate_steps, "Lightning"),
               "Trainer")
         ranks = self.config.nproc_per_node
         return {"precision": {"bf16": "bf16-mixed", "fp16": "16-mixed"}.get(self.precision,

@@ -20,9 +20,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from autotune.config import WorkloadSpec, control_character, not_a_file
+from autotune.config import WorkloadSpec
 from autotune.errors import ConfigError, WorkloadError
+from autotune.files import not_a_file
 from autotune.names import KEYWORDS, Names
+from autotune.serialize import control_character
 
 Batch = Any  # a tensor, a tuple/list of tensors, or a dict of tensors
 

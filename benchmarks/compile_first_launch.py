@@ -77,9 +77,11 @@ def main() -> None:
     from autotune.artifacts import artifacts_name
     from autotune.config import WorkloadSpec
     from autotune.device import describe_device
+    from autotune.files import write_json_atomic
     from autotune.first_launch import save_compile_artifacts
     from autotune.knobs import Knobs
-    from autotune.schema import MemoryRecord, TunedConfig, save_tuned, write_json_atomic
+    from autotune.schema import MemoryRecord, TunedConfig
+    from autotune.tuned_file import save_tuned
 
     target = args.micro_batch * args.accumulate
     config = TunedConfig(

@@ -23,9 +23,10 @@ from pathlib import Path
 
 from oracle import machine, write_results
 
-from autotune.config import TrialSpec, WorkloadSpec, format_bytes
-from autotune.estimate import estimate_step
+from autotune.config import TrialSpec, WorkloadSpec
+from autotune.estimate.trace import estimate_step
 from autotune.runner import run_isolated
+from autotune.units import format_bytes
 from autotune.workload import load_workload
 
 HERE = Path(__file__).resolve().parent

@@ -213,9 +213,9 @@ def run_oracle_step(step: Step, search: dict | None, setup: Setup,
                     spec: WorkloadSpec) -> dict:
     from oracle import as_knobs
 
-    from autotune.config import parse_bytes
     from autotune.knobs import BASELINE, Knobs
     from autotune.space import divisors
+    from autotune.units import parse_bytes
 
     cap = step.settings.get("memory_budget")
     budget = parse_bytes(cap) if cap else None

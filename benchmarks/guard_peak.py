@@ -26,9 +26,10 @@ from pathlib import Path
 from oracle import machine
 from workloads import SLOW_GPT2_CAP_BYTES
 
-from autotune.config import MIB, TrialSpec, WorkloadSpec
+from autotune.config import TrialSpec, WorkloadSpec
 from autotune.knobs import Knobs
 from autotune.runner import run_isolated
+from autotune.units import MIB
 
 HERE = Path(__file__).resolve().parent
 

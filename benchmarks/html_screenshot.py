@@ -103,7 +103,7 @@ def _run(args: list[str], timeout_s: float) -> str:
 
 def main(argv: list[str]) -> None:
     from autotune.report_html import write_html
-    from autotune.schema import read_tuned
+    from autotune.tuned_file import read_tuned
 
     config_path = Path(argv[0]) if argv else Path("autotune.json")
     png = Path(argv[1]) if len(argv) > 1 else Path("autotune_html.png")

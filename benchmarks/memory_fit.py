@@ -30,10 +30,11 @@ from pathlib import Path
 from oracle import HERE, machine, write_results
 
 from autotune import api
-from autotune.config import MIB, MemoryClass, TrialSpec, WorkloadSpec, format_bytes
+from autotune.config import Knobs, TrialSpec, WorkloadSpec
 from autotune.memory import probe_spec
 from autotune.runner import child_environment, run_isolated
 from autotune.space import divisors
+from autotune.units import MIB, format_bytes
 
 TARGET = 64
 HEADROOM = 0.1
@@ -42,8 +43,8 @@ WORKLOADS = {  # name: factory; the cap is chosen per workload (choose_cap)
     "masked LM (BERT, 2x64, seq 64)": "pick_bert",
     "CNN (3 conv blocks, 32x32)": "pick_cnn",
 }
-CLASSES = (MemoryClass(precision="fp32", compile_mode="off"),
-           MemoryClass(precision="bf16", compile_mode="off"))
+CLASSES = (Knobs(precision="fp32", compile_mode="off"),
+           Knobs(precision="bf16", compile_mode="off"))
 PEERS = ("lightning-power", "lightning-binsearch", "accelerate")
 
 
@@ -53,7 +54,7 @@ def log(text: str) -> None:
 
 def choose_cap(spec: WorkloadSpec) -> int:
     """The midpoint of the fp32 eager peaks at micro-batches 16 and 32 (uncapped probe runs)."""
-    fp32 = MemoryClass(precision="fp32", compile_mode="off")
+    fp32 = Knobs(precision="fp32", compile_mode="off")
     peaks = []
     for m in (16, 32):
         r = run_isolated(probe_spec(spec, "cpu", fp32, m, None, 600))

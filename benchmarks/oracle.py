@@ -20,12 +20,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from autotune.config import TrialResult, TrialSpec, WorkloadSpec, WorkloadTraits, to_json_dict
+from autotune.config import TrialResult, TrialSpec, WorkloadSpec, WorkloadTraits
+from autotune.files import write_json_atomic
 from autotune.knobs import BASELINE, HasKnobs, Knobs
 from autotune.memory import probe_spec
 from autotune.runner import run_isolated
-from autotune.schema import write_json_atomic
 from autotune.search import Candidate, SearchSettings
+from autotune.serialize import to_json_dict
 
 HERE = Path(__file__).resolve().parent
 Runner = Callable[[TrialSpec], TrialResult]

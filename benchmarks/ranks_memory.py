@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 
 from autotune.config import TrialSpec, WorkloadSpec
-from autotune.estimate import estimate_step
+from autotune.estimate.trace import estimate_step
 from autotune.knobs import Knobs
 from autotune.runner import run_isolated
 from autotune.workload import load_workload

@@ -34,8 +34,8 @@ from pathlib import Path
 from rule_checks import RESULTS, rows
 
 from autotune.config import DeviceInfo, WorkloadSpec
-from autotune.knobs import WorkloadTraits
 from autotune.search._records import Candidate
+from autotune.traits import WorkloadTraits
 
 GIB = 2**30
 H200_BYTES = 143771 * 2**20  # nvidia-smi's memory.total (results/gpu/device-h200-*.txt)

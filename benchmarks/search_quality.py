@@ -94,20 +94,13 @@ from workloads import (
 )
 
 from autotune import api
-from autotune.config import (
-    MIB,
-    DeviceInfo,
-    Knobs,
-    TrialSpec,
-    WorkloadSpec,
-    WorkloadTraits,
-    format_bytes,
-)
+from autotune.config import DeviceInfo, Knobs, TrialSpec, WorkloadSpec, WorkloadTraits
 from autotune.knobs import BASELINE, meaningful, skip_reason
 from autotune.runner import run_isolated
 from autotune.schema import SearchResult, TrialRecord
 from autotune.search import Candidate, SearchSettings
 from autotune.space import divisors, knob_values, memory_classes, timed_precisions
+from autotune.units import MIB, format_bytes
 
 TARGET = 16
 HEADROOM = 0.1

@@ -27,8 +27,10 @@ from oracle import (
 )
 from search_quality import BY_SHORT, HEADROOM, fresh_inductor_cache, log
 
-from autotune.config import ConfigError, Knobs, format_bytes
+from autotune.config import Knobs
+from autotune.errors import ConfigError
 from autotune.space import divisors
+from autotune.units import format_bytes
 
 NAME = "side_by_side"
 

@@ -5,7 +5,7 @@
   followed for their own links in turn; a ``../`` link to a file that is not there is left as it
   is, so ``mkdocs build --strict`` fails on it as on any broken link;
 - ``reference/autotune-json.md`` is generated from ``autotune.json``'s JSON Schema
-  (``autotune.schema.json_schema``) and the field docstrings of the classes behind it.
+  (``autotune.tuned_file.json_schema``) and the field docstrings of the classes behind it.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def _table(schema: dict, fields: dict[str, str]) -> list[str]:
 
 
 def schema_page() -> str:
-    from autotune.schema import json_schema
+    from autotune.tuned_file import json_schema
 
     schema, docs = json_schema(), _field_docs()
     version = schema["properties"]["schema"].get("const")

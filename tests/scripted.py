@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from autotune.config import (
-    MIB,
     DeviceInfo,
     Knobs,
     ProbeReport,
@@ -24,6 +23,7 @@ from autotune.config import (
 from autotune.search import SearchSettings, run_search
 from autotune.search.pick import pick_winner
 from autotune.timing import stop_reason
+from autotune.units import MIB
 
 GPU = DeviceInfo(device="cuda:0", name="scripted GPU", total_memory_bytes=2000 * MIB,
                  available_memory_bytes=2000 * MIB, supports_bf16=True, supports_fp16=False,

@@ -26,9 +26,10 @@ from autotune.api.deliver import with_compile_artifacts, write_outputs
 from autotune.artifacts import GRAPH_SETTINGS, graph_settings, graphs_key, load_artifacts
 from autotune.codegen import render_train_script
 from autotune.config import WorkloadSpec
-from autotune.schema import CompileArtifacts, read_tuned, save_tuned
+from autotune.schema import CompileArtifacts
 from autotune.search import SearchSettings
 from autotune.signals import SignalGuard
+from autotune.tuned_file import read_tuned, save_tuned
 from autotune.usage import CompileArtifactsWarning
 from tests.tuned_configs import REPO, small, subprocess_env
 from tests.workloads import WideMLP

@@ -41,7 +41,8 @@ from search_quality import (  # noqa: E402
 )
 
 from autotune.config import DeviceInfo, Knobs, ProbeReport, TrialResult, WorkloadSpec  # noqa: E402
-from autotune.knobs import BASELINE, WorkloadTraits  # noqa: E402
+from autotune.knobs import BASELINE  # noqa: E402
+from autotune.traits import WorkloadTraits  # noqa: E402
 
 CPU = DeviceInfo(device="cpu", name="test CPU", total_memory_bytes=2**34,
                  available_memory_bytes=2**34, supports_bf16=True, supports_fp16=False,

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from autotune import api
 from autotune.cli import app
-from autotune.config import GIB, MIB
 from autotune.knobs import Knobs
+from autotune.units import GIB, MIB
 from tests.tuned_configs import make_tuned, subprocess_env, write
 
 runner = CliRunner()
@@ -92,7 +92,7 @@ def test_a_moved_checkout_is_checked_with_its_own_workload_file(tmp_path: Path,
 
 def test_the_path_is_stored_relative_and_read_from_the_configs_folder(tmp_path: Path,
                                                                       monkeypatch) -> None:
-    from autotune.schema import read_tuned
+    from autotune.tuned_file import read_tuned
 
     path = project(tmp_path / "A", sub="models/net.py")
     assert stored_target(path) == "models/net.py:workload"
@@ -107,7 +107,7 @@ def test_the_path_is_stored_relative_and_read_from_the_configs_folder(tmp_path: 
     codec="utf-8", exclude_characters="/\\:\0", exclude_categories=("Cc", "Zl", "Zp")),
     min_size=1, max_size=8).filter(lambda t: t not in (".", "..")), max_size=3))
 def test_any_folder_under_the_config_travels_with_it(tmp_path_factory, parts) -> None:
-    from autotune.schema import read_tuned
+    from autotune.tuned_file import read_tuned
 
     top = tmp_path_factory.mktemp("move")
     sub = Path(*parts, "net.py").as_posix()
@@ -135,7 +135,7 @@ def test_a_file_elsewhere_in_the_checkout_is_relative_outside_it_absolute(
 def test_an_older_file_with_an_absolute_path_still_reads(tmp_path: Path) -> None:
     import json
 
-    from autotune.schema import read_tuned
+    from autotune.tuned_file import read_tuned
 
     path = project(tmp_path / "A")
     data = json.loads(path.read_text())
@@ -321,8 +321,8 @@ def test_a_measured_peak_above_the_estimate_decides_and_is_shown_beside_it(
         tmp_path: Path) -> None:
     """The defect: "peak 183.24 MiB (eager estimate, uncorrected)" passed a config whose run
     in the same file had peaked at 206.78 MiB."""
-    from autotune.config import format_bytes
-    from autotune.estimate import estimate_step
+    from autotune.estimate.trace import estimate_step
+    from autotune.units import format_bytes
     from autotune.workload import default_workload
 
     workload = default_workload("cpu")

@@ -18,7 +18,7 @@ import pytest
 
 from autotune import child
 from autotune.config import WorkloadSpec
-from autotune.device import CPU_ALLOCATOR
+from autotune.device.cpu import CPU_ALLOCATOR
 from autotune.errors import ConfigError
 from autotune.runner import preloads
 
@@ -119,7 +119,7 @@ def test_a_child_is_killed_with_its_group_and_reaped(tmp_path: Path, how: str) -
 @pytest.mark.parametrize("how", ["fork", "spawn"])
 def test_a_childs_address_space_high_water_is_its_own(tmp_path: Path, how: str) -> None:
     # Where a trial reads its memory baseline (the high-water mark VmPeak, once torch's
-    # threads run: device._CPUMemory), it is the address space itself. numpy's OpenBLAS
+    # threads run: device.cpu._CPUMemory), it is the address space itself. numpy's OpenBLAS
     # thread, alive in a server at a fork, would leave its stack in the child's high-water
     # mark while the child unmaps it: VmPeak 8 MiB above VmSize, every peak 8 MiB low. The
     # server starts none.

@@ -8,10 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import typer.main
 from typer.testing import CliRunner
 
 from autotune.cli import app
-from autotune.config import Knobs, to_json_dict
+from autotune.config import Knobs
+from autotune.knobs import KNOBS
+from autotune.serialize import to_json_dict
 from tests.conftest import ROOT, WORKLOADS, workload_target
 
 # Click >= 8.2 keeps stderr apart in result.stderr (result.output interleaves both); older
@@ -175,6 +178,26 @@ def test_bad_knob_options_are_all_named_at_once_and_start_nothing(tmp_path) -> N
                         "--allocators", "expandable_segments")
     assert cuda_only.exit_code == 2
     assert "--allocators expandable_segments: nothing runs on cpu" in _words(cuda_only.stderr)
+
+
+@pytest.mark.parametrize("command", ["probe", "search"])
+def test_every_knob_is_an_option_of_the_command_checked_with_the_others(
+        command: str, tmp_path: Path) -> None:
+    # The options come from KNOBS (cli.knob_options): each row is an option whose help says
+    # its values, what it does and its default once, and whose value reaches the request.
+    params = {p.opts[0]: p for p in typer.main.get_command(app).commands[command].params}
+    for knob in KNOBS[2:]:
+        said = params[knob.option].help or ""
+        assert said.startswith(f"Comma-separated subset of {','.join(knob.values)}: ")
+        assert knob.help in said and said.endswith(knob.default_help or ".")
+        assert ".." not in said
+    out = ["--out", str(tmp_path)] if command == "search" else []
+    result = _invoke(command, "--target-batch", "8", "--device", "cpu", *out,
+                     *(a for knob in KNOBS[2:] for a in (knob.option, "nope")))
+    assert result.exit_code == 2, result.output
+    message = _words(result.stderr)
+    for knob in KNOBS[2:]:
+        assert f"{knob.option} nope: not a value of {knob.name}" in message
 
 
 def test_a_bad_option_is_said_before_an_existing_output(tmp_path: Path,

@@ -19,14 +19,14 @@ import torch
 from torch import nn
 from typer.testing import CliRunner
 
-from autotune import api, knobs, step
+from autotune import api, knob_adapters, knobs, step
 from autotune.cli import app
 from autotune.codegen import SCRIPT_NAME, render_train_script
 from autotune.config import WorkloadSpec
 from autotune.errors import ConfigError
 from autotune.knobs import Knobs
 from autotune.names import FLAGS
-from autotune.schema import read_tuned
+from autotune.tuned_file import read_tuned
 from autotune.usage import Tuned
 from autotune.workload import (
     TinyGPT,
@@ -577,7 +577,7 @@ def test_script_sets_the_allocator_before_cuda(tmp_path: Path,
     script_for(make_tuned(allocator="expandable_segments"), tmp_path)
     tuned = Knobs(allocator="expandable_segments")
     assert {"PYTORCH_CUDA_ALLOC_CONF": os.environ["PYTORCH_CUDA_ALLOC_CONF"]} == (
-        knobs.child_environment(tuned, {"PYTORCH_CUDA_ALLOC_CONF": base})) == {
+        knob_adapters.child_environment(tuned, {"PYTORCH_CUDA_ALLOC_CONF": base})) == {
         "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64,expandable_segments:True"}
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", base)
     (tmp_path / "default").mkdir()

@@ -19,22 +19,22 @@ from typer.testing import CliRunner
 
 from autotune import step
 from autotune.cli import app
-from autotune.config import GIB, DeviceInfo, TrialSpec, WorkloadSpec
+from autotune.config import DeviceInfo, TrialSpec, WorkloadSpec
 from autotune.errors import ConfigError
-from autotune.estimate import EstimateRequest, estimate_report
+from autotune.estimate.fits import EstimateRequest, estimate_report
+from autotune.knob_adapters import accelerator_kwargs, training_arguments
 from autotune.knobs import (
     KNOB,
     Knobs,
     KnobUnsupported,
-    accelerator_kwargs,
     memory_budget,
     skip_reason,
-    training_arguments,
 )
 from autotune.names import FLAGS
-from autotune.schema import read_tuned
 from autotune.space import compiled_values, knob_values, memory_classes
 from autotune.trial import run_trial
+from autotune.tuned_file import read_tuned
+from autotune.units import GIB
 from autotune.usage import Tuned
 from autotune.workload import Workload, causal_lm_label_count, default_workload
 from tests.conftest import workload_target

@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from autotune import step
-from autotune.knobs import KNOB, Knobs, KnobUnsupported, WorkloadTraits, meaningful, skip_reason
+from autotune.knobs import KNOB, Knobs, KnobUnsupported, meaningful, skip_reason
+from autotune.traits import WorkloadTraits
 from autotune.workload import TinyGPT, default_workload
 
 

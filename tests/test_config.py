@@ -8,8 +8,6 @@ import math
 import pytest
 
 from autotune.config import (
-    GIB,
-    MIB,
     DeviceInfo,
     Knobs,
     MemoryProbe,
@@ -18,13 +16,10 @@ from autotune.config import (
     TrialResult,
     TrialSpec,
     WorkloadSpec,
-    format_bytes,
-    from_json_dict,
-    parse_budget,
-    parse_bytes,
-    to_json_dict,
 )
 from autotune.errors import ConfigError
+from autotune.serialize import from_json_dict, to_json_dict
+from autotune.units import GIB, MIB, format_bytes, parse_budget, parse_bytes
 
 
 @pytest.mark.parametrize(("text", "expected"), [

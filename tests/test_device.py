@@ -8,18 +8,12 @@ import pytest
 import torch
 from torch import nn
 
-from autotune.config import MIB, TrialSpec, WorkloadSpec
-from autotune.device import (
-    CPU_ALLOCATOR,
-    CPUBackend,
-    CUDABackend,
-    _proc_status,
-    backend_for,
-    describe_device,
-    normalize_device,
-    tensor_bytes,
-)
+from autotune.config import TrialSpec, WorkloadSpec
+from autotune.device import backend_for, describe_device, normalize_device
+from autotune.device.cpu import CPU_ALLOCATOR, CPUBackend, _proc_status, tensor_bytes
+from autotune.device.cuda import CUDABackend
 from autotune.errors import ConfigError
+from autotune.units import MIB
 
 
 @pytest.mark.parametrize("device", ["mps", "xpu", "xpu:0", "meta", "tpu", "cuda:x", "cpu:0"])
@@ -102,7 +96,7 @@ def test_cpu_memory_counts_training_that_stays_under_an_earlier_high_water_mark(
 
 def test_no_room_for_the_reservation_counts_from_the_mark_as_before(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from autotune import device
+    from autotune.device import cpu
 
     hole = mmap.mmap(-1, 16 * MIB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=0)
     hole.close()  # a gap to reserve
@@ -110,15 +104,16 @@ def test_no_room_for_the_reservation_counts_from_the_mark_as_before(
     def no_room(*args: object, **kwargs: object) -> mmap.mmap:
         raise OSError(12, "Cannot allocate memory")  # as under an address-space limit
 
-    monkeypatch.setattr(device.mmap, "mmap", no_room)
-    assert device._pad_to_high_water() is None
+    monkeypatch.setattr(cpu.mmap, "mmap", no_room)
+    assert cpu._pad_to_high_water() is None
 
 
 _UNDER_A_HARD_LIMIT = """
 import json, resource
 from autotune.api import resolve_budget
 from autotune.names import FLAGS
-from autotune.config import GIB, TrialSpec, WorkloadSpec
+from autotune.config import TrialSpec, WorkloadSpec
+from autotune.units import GIB
 from autotune.device import describe_device
 from autotune.errors import ConfigError
 from autotune.runner import run_isolated
@@ -153,7 +148,7 @@ def test_a_hard_address_space_limit_bounds_the_budget_and_names_itself() -> None
     import subprocess
     import sys
 
-    from autotune.config import GIB, format_bytes
+    from autotune.units import GIB, format_bytes
     from tests.conftest import ROOT
 
     hard = 3 * GIB

@@ -17,18 +17,16 @@ from typer.testing import CliRunner
 
 from autotune import api
 from autotune.cli import app
-from autotune.config import GIB, MIB, TrialSpec, WorkloadSpec, from_json_dict, to_json_dict
+from autotune.config import TrialSpec, WorkloadSpec
 from autotune.errors import ConfigError, WorkloadError
-from autotune.estimate import (
-    MAX_GROWTH,
-    Calibration,
-    EstimateRequest,
-    estimate_step,
-    largest_fitting,
-)
+from autotune.estimate.calibration import MAX_GROWTH, Calibration
+from autotune.estimate.fits import EstimateRequest, largest_fitting
+from autotune.estimate.trace import estimate_step
 from autotune.knobs import Knobs
 from autotune.runner import run_isolated
+from autotune.serialize import from_json_dict, to_json_dict
 from autotune.testing import assert_fits
+from autotune.units import GIB, MIB
 from autotune.workload import TinyGPT, Workload, default_workload
 from tests.tuned_configs import make_tuned, write
 
@@ -259,7 +257,7 @@ def test_a_20b_parameter_model_is_estimated_without_allocating_it():
     code = (
         "import resource, transformers\n"
         "from autotune.workload import Workload\n"
-        "from autotune.estimate import estimate_step\n"
+        "from autotune.estimate.trace import estimate_step\n"
         "from autotune.knobs import Knobs\n"
         "cfg = transformers.GPT2Config(n_layer=6, n_embd=16384, n_head=128, n_positions=512,"
         " vocab_size=50257)\n"

@@ -23,7 +23,6 @@ from autotune.cli import app
 from autotune.errors import ConfigError
 from autotune.export import TARGETS, export_config, render
 from autotune.knobs import (
-    BLOCK_CHECKPOINTING,
     Allocator,
     Checkpointing,
     CompileMode,
@@ -33,6 +32,7 @@ from autotune.knobs import (
     skip_reason,
 )
 from autotune.schema import TunedConfig
+from autotune.traits import BLOCK_CHECKPOINTING
 from tests.tuned_configs import make_tuned, write
 
 JOBS = {"none": dict(micro_batch=16, accumulate_steps=4, target_batch=64, world_size=1),

@@ -13,8 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune.cli import app
-from autotune.config import GIB, MIB, Knobs, TrialSpec, WorkloadSpec
+from autotune.config import Knobs, TrialSpec, WorkloadSpec
 from autotune.runner import run_isolated
+from autotune.units import GIB, MIB
 from tests.conftest import workload_target
 
 pytestmark = [pytest.mark.gpu, pytest.mark.subprocess]

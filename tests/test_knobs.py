@@ -13,10 +13,13 @@ from torch import nn
 
 from autotune import knobs as K
 from autotune import step as S
+from autotune.artifacts import GRAPH_SETTINGS
 from autotune.config import TrialSpec, WorkloadSpec
 from autotune.errors import ConfigError
-from autotune.knobs import KNOBS, Knobs, KnobUnsupported, WorkloadTraits
+from autotune.knob_adapters import child_environment
+from autotune.knobs import KNOBS, Knobs, KnobUnsupported
 from autotune.step import train_step
+from autotune.traits import WorkloadTraits
 from autotune.trial import run_trial
 from autotune.workload import TinyGPT, default_workload
 from tests import one_truth
@@ -46,6 +49,19 @@ def test_a_user_subset_of_values_is_checked() -> None:
     with pytest.raises(ConfigError, match="--checkpointing sometimes: not a value of "
                                           "checkpointing; choose from off,blocks,alternate"):
         K.parse_values(knob, ["sometimes"])
+
+
+def test_every_knob_row_says_each_of_its_values_and_keys_what_it_compiles() -> None:
+    # A new knob is a row of KNOBS: its report words are there, and a knob that changes what
+    # torch.compile compiles keys the compiled artifacts (artifacts.GRAPH_SETTINGS spells its
+    # name by hand: its order is the key's; shapes, not said at its default, is left out).
+    for knob in KNOBS[2:]:
+        assert set(knob.words) == set(knob.values), knob.name
+        assert knob.default in knob.values and knob.option.startswith("--"), knob.name
+    in_graph = {k.name for k in KNOBS if k.in_graph and k.said_at_default}
+    assert in_graph == set(GRAPH_SETTINGS) - {"micro_batch", "compile_dynamic"}
+    assert K.describe(Knobs(compile_scope="blocks"), ["compile_scope"]) == [
+        "compile_scope = blocks: nothing compiled (eager)"]
 
 
 @pytest.mark.subprocess
@@ -195,11 +211,11 @@ def test_channels_last_applies_to_convolutions_and_images_only() -> None:
 
 def test_the_allocator_setting_goes_to_the_childs_environment() -> None:
     expandable = Knobs(allocator="expandable_segments")
-    assert K.child_environment(Knobs(), {}) == {}
-    assert K.child_environment(expandable, {}) == {
+    assert child_environment(Knobs(), {}) == {}
+    assert child_environment(expandable, {}) == {
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
     user = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,expandable_segments:False"}
-    assert K.child_environment(expandable, user) == {
+    assert child_environment(expandable, user) == {
         "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,expandable_segments:True"}
     assert K.device_skip_reason(K.KNOB["allocator"], "expandable_segments", is_cuda=False)
 

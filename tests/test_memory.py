@@ -8,10 +8,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from autotune.config import MIB, Knobs, TrialResult, TrialSpec, WorkloadSpec
+from autotune.config import Knobs, TrialResult, TrialSpec, WorkloadSpec
 from autotune.memory import probe_memory, probe_spec
 from autotune.runner import run_isolated
 from autotune.space import divisors
+from autotune.units import MIB
 from tests.conftest import workload_target
 
 TINY = WorkloadSpec(kind="file", target=workload_target("tiny"))
@@ -23,7 +24,8 @@ BOUNDARY = 4  # the usable budget is put between the peaks of 4 and 6
 def test_children_run_with_the_repeatable_cpu_allocator() -> None:
     """Without it the peak of one micro-batch moves between runs by more than a sample's worth
     (DESIGN.md section 4), and brute force would not be a truth."""
-    from autotune.runner import CPU_ALLOCATOR, allocator_notes, child_environment
+    from autotune.device.cpu import CPU_ALLOCATOR
+    from autotune.runner import allocator_notes, child_environment
 
     env = child_environment("cpu")
     assert all(env[k] == v for k, v in CPU_ALLOCATOR.items())

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from autotune import report
-from autotune.cli import app, plain_console
+from autotune.cli import app
+from autotune.cli.output import plain_console
 from autotune.knobs import Knobs
 from autotune.report_html import render_html
 from autotune.schema import SearchResult, SkipRecord, TrialRecord, TunedConfig, notes

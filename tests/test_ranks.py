@@ -15,10 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autotune import api
-from autotune.config import MIB, DeviceInfo, Knobs, TrialSpec, WorkloadSpec
+from autotune.config import DeviceInfo, Knobs, TrialSpec, WorkloadSpec
 from autotune.errors import ConfigError
 from autotune.names import FLAGS
 from autotune.runner import merge_ranks, run_isolated
+from autotune.units import MIB
 from tests.conftest import workload_target
 from tests.test_cli import _invoke, _words
 

@@ -21,12 +21,13 @@ from typer.testing import CliRunner
 from autotune.api.deliver import write_outputs
 from autotune.boundary import Point, fit_line
 from autotune.cli import app
-from autotune.config import to_json_dict
 from autotune.errors import MissingDependencyError, OutputExistsError
 from autotune.knobs import Knobs
 from autotune.report_html import render_html, write_html
 from autotune.report_plots import break_even_plot, memory_plot, throughput_plot, timeline_plot
-from autotune.schema import RunRecord, SearchCost, TunedConfig, notes, read_tuned
+from autotune.schema import RunRecord, SearchCost, TunedConfig, notes
+from autotune.serialize import to_json_dict
+from autotune.tuned_file import read_tuned
 from tests.conftest import workload_target
 from tests.tuned_configs import REPO, GiB, make_tuned, subprocess_env, write
 

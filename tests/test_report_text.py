@@ -4,7 +4,7 @@ A workload's name, a workload's exception message, a rank's gloo line such as
 ``[/__w/pytorch/.../pair.cc:553] Connection closed by peer``, a cache folder or a study name
 is never read as Rich markup (``[/]`` raised ``MarkupError``: exit 3; ``[rank1]`` vanished) nor
 as an emoji code (``:smile:``). Each path prints through the console the CLI builds
-(``cli.plain_console``), recorded here.
+(``cli.output.plain_console``), recorded here.
 """
 
 from __future__ import annotations
@@ -22,10 +22,13 @@ from rich.console import Console
 from rich.text import Text
 from typer.testing import CliRunner
 
-from autotune import cli, report
+from autotune import report
+from autotune.cli import app
+from autotune.cli import output as cli
 from autotune.config import MemoryProbe, ProbeReport, ProbeStep, StopReason, WorkloadSpec
 from autotune.errors import ConfigError, WorkloadError
-from autotune.estimate import EstimateReport, StepEstimate
+from autotune.estimate.fits import EstimateReport
+from autotune.estimate.trace import StepEstimate
 from autotune.knobs import Knobs
 from autotune.schema import SearchResult, StudyRecord, TrialRecord, notes
 from autotune.search._store import StoredStudy
@@ -128,7 +131,7 @@ def test_an_error_message_prints_as_typed_with_its_exit_code(text: str) -> None:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(cli, "err", console)
         for error in (ConfigError(text), WorkloadError(text)):
-            with pytest.raises(typer.Exit) as exit_info, cli._exits():
+            with pytest.raises(typer.Exit) as exit_info, cli.exits():
                 raise error
             assert exit_info.value.exit_code == error.exit_code == 2
     assert buffer.getvalue().count(f"error: {text}\n") == 2, buffer.getvalue()
@@ -140,7 +143,7 @@ def test_a_progress_description_prints_as_typed(text: str) -> None:
     console, buffer = _console()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(cli, "err", console)
-        with cli._progress() as progress:
+        with cli.progress_bar() as progress:
             progress.add_task(text, total=None)
             console.print(progress)  # what the live display draws
     assert _shows(buffer.getvalue(), text), buffer.getvalue()
@@ -210,7 +213,7 @@ def _workload_file(tmp_path: Path) -> Path:
 def test_a_workload_error_with_brackets_exits_2_and_prints_as_typed(tmp_path: Path) -> None:
     workload = f"{_workload_file(tmp_path)}:fails"
     for command in (["search", "--out", str(tmp_path / "out")], ["probe"]):
-        result = runner.invoke(cli.app, [*command, *FAST, "--workload", workload])
+        result = runner.invoke(app, [*command, *FAST, "--workload", workload])
         assert result.exit_code == 2, result.output
         assert f"RuntimeError: {GLOO} [/]" in result.stderr
         assert "internal error" not in result.stderr
@@ -219,11 +222,11 @@ def test_a_workload_error_with_brackets_exits_2_and_prints_as_typed(tmp_path: Pa
 @pytest.mark.subprocess
 def test_a_workload_name_and_path_with_brackets_print_as_typed(tmp_path: Path) -> None:
     workload = f"{_workload_file(tmp_path)}:named"
-    probe = runner.invoke(cli.app, ["probe", *FAST, "--workload", workload])
+    probe = runner.invoke(app, ["probe", *FAST, "--workload", workload])
     assert probe.exit_code == 0, probe.output
     assert _shows(probe.stdout, workload)  # the probe table's title
     out = tmp_path / FOLDER / "out"
-    search = runner.invoke(cli.app, ["search", *FAST, "--workload", workload, "--out", str(out),
+    search = runner.invoke(app, ["search", *FAST, "--workload", workload, "--out", str(out),
                                      "--max-trials", "2", "--no-cache"])
     assert search.exit_code == 0, search.output
     assert _shows(search.stdout, f"autotune search — {NAME} on")  # the search table's title

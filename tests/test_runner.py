@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 
 from autotune import child
-from autotune.config import MIB, ChildRun, Knobs, TrialResult, TrialSpec, WorkloadSpec
+from autotune.config import ChildRun, Knobs, TrialResult, TrialSpec, WorkloadSpec
 from autotune.runner import run_in_child, run_isolated
+from autotune.units import MIB
 from tests.conftest import ROOT, workload_target
 
 pytestmark = pytest.mark.subprocess

@@ -1,4 +1,4 @@
-"""autotune.json on read: validated in one place (``schema.read_tuned``), every problem reported
+"""autotune.json on read: validated in one place (``tuned_file.read_tuned``), every problem reported
 at once; written atomically with the user's umask, never over another file without force; the
 generated script never turns one of its values into code (property-based, with hypothesis)."""
 
@@ -23,16 +23,13 @@ from typer.testing import CliRunner
 from autotune import api
 from autotune.cli import app
 from autotune.codegen import SCRIPT_NAME, render_train_script
-from autotune.config import WorkloadSpec, to_json_dict
+from autotune.config import WorkloadSpec
 from autotune.errors import ConfigError, OutputExistsError
+from autotune.files import write_json_atomic
 from autotune.knobs import Knobs
-from autotune.schema import (
-    SCHEMA_VERSION,
-    SkipRecord,
-    read_tuned,
-    save_tuned,
-    write_json_atomic,
-)
+from autotune.schema import SCHEMA_VERSION, SkipRecord
+from autotune.serialize import to_json_dict
+from autotune.tuned_file import read_tuned, save_tuned
 from tests.tuned_configs import REPO, make_tuned, my_workload_spec, write
 
 runner = CliRunner()

@@ -18,18 +18,11 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from autotune.cli import app
-from autotune.config import to_json_dict
 from autotune.errors import ConfigError
 from autotune.knobs import Knobs
-from autotune.schema import (
-    READ_RULES,
-    CompileArtifacts,
-    RunRecord,
-    SearchCost,
-    SkipRecord,
-    StudyRecord,
-    read_tuned,
-)
+from autotune.schema import CompileArtifacts, RunRecord, SearchCost, SkipRecord, StudyRecord
+from autotune.serialize import to_json_dict
+from autotune.tuned_file import READ_RULES, read_tuned
 from tests.tuned_configs import make_tuned
 
 CASES: dict[tuple[str | int, ...], list[Any]] = {

@@ -22,8 +22,9 @@ from autotune.config import Knobs, ProbeReport, TrialSpec, WorkloadSpec
 from autotune.device import describe_device
 from autotune.errors import ConfigError
 from autotune.runner import run_isolated
-from autotune.schema import SCHEMA_VERSION, read_tuned
+from autotune.schema import SCHEMA_VERSION
 from autotune.search import CONSTRAINT, SearchSettings, run_search
+from autotune.tuned_file import read_tuned
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = WorkloadSpec(kind="file", target=str(ROOT / "tests" / "workloads.py") + ":tiny")
@@ -290,7 +291,7 @@ def test_a_partly_compiled_trial_is_reported_as_such() -> None:
 
 
 def test_the_report_states_compute_and_mfu_when_the_peak_is_known() -> None:
-    from autotune.config import peak_tflops
+    from autotune.datasheets import peak_tflops
     from autotune.report import search_footer
     from autotune.schema import SearchResult
     from tests.tuned_configs import make_tuned

@@ -15,11 +15,7 @@ from dataclasses import replace
 import optuna
 import pytest
 
-from autotune.config import (
-    Knobs,
-    TrialResult,
-    TrialSpec,
-)
+from autotune.config import Knobs, TrialResult, TrialSpec
 from autotune.search import run_search, tuned_config
 from autotune.timing import MIN_STEPS_TO_STOP
 from tests.scripted import (

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from autotune.config import MIB, Knobs, StopReason, TrialResult
+from autotune.config import Knobs, StopReason, TrialResult
 from autotune.errors import Interrupted
 from autotune.search import bounds
 from autotune.search._records import Candidate, SearchSettings
@@ -21,6 +21,7 @@ from autotune.search.evidence import Evidence
 from autotune.search.plan import Plan
 from autotune.search.policy import ROUNDS, another_round, rechecked
 from autotune.search.rules import RULES, Skip
+from autotune.units import MIB
 from tests.scripted import BUDGET, CLASSES, plan
 
 SETTINGS = SearchSettings(num_timed_steps=5, cache=False)

@@ -13,10 +13,12 @@ import torch._dynamo
 
 from autotune.config import TrialResult, TrialSpec, WorkloadSpec
 from autotune.errors import WorkloadError
-from autotune.knobs import KNOB, Knobs, WorkloadTraits, shapes_dynamic, skip_reason
+from autotune.knob_adapters import shapes_dynamic
+from autotune.knobs import KNOB, Knobs, skip_reason
 from autotune.lengths import MAX_BUCKETS, POOL_STEPS
 from autotune.search import run_search, tuned_config
 from autotune.shapes import batch_at, declared_lengths, worst_batch
+from autotune.traits import WorkloadTraits
 from autotune.trial import run_trial
 from tests import workloads
 from tests.conftest import workload_target
@@ -254,7 +256,7 @@ def test_a_class_behind_the_leader_at_max_is_screened_for_shapes_where_it_could_
 
 
 def test_the_estimator_traces_the_worst_case_under_every_policy() -> None:
-    from autotune.estimate import estimate_step
+    from autotune.estimate.trace import estimate_step
 
     fixed = workloads.varlen(lengths=None, make_batch=lambda micro_batch: (
         workloads._varlen_batch(micro_batch, workloads.VARLEN_WORST)))

@@ -120,7 +120,7 @@ def test_the_scripts_bucket_lengths_are_the_librarys() -> None:
 
 
 def test_hugging_face_adapters_map_the_policy_where_they_can_and_say_the_rest() -> None:
-    from autotune.knobs import accelerator_kwargs, training_arguments
+    from autotune.knob_adapters import accelerator_kwargs, training_arguments
 
     kwargs, notes = training_arguments(Knobs(shapes="buckets"), "cpu")
     assert kwargs["group_by_length"] is True

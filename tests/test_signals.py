@@ -269,9 +269,9 @@ def test_a_warning_prints_as_one_line_as_typed() -> None:
 
     @app.command("warn-test-only", hidden=True)
     def warn() -> None:
-        from autotune.cli import _exits
+        from autotune.cli.output import exits
 
-        with _exits():
+        with exits():
             import warnings
 
             warnings.warn("study store: [/] not used: its disk is full", stacklevel=1)
@@ -293,14 +293,14 @@ def test_the_last_line_shows_after_a_signal_cut_one_of_the_consoles_prints_short
 
     import typer
 
-    from autotune import cli
+    from autotune.cli import output as cli
 
     buffer = io.StringIO()
     console = cli.plain_console(file=buffer, width=1000)
     monkeypatch.setattr(cli, "err", console)
     console._enter_buffer()  # what that signal leaves behind
     console.print("trial probe fp32/off 2x1 ok")  # held back from here on
-    with pytest.raises(typer.Exit) as info, cli._exits():
+    with pytest.raises(typer.Exit) as info, cli.exits():
         raise Interrupted("SIGTERM", signal.SIGTERM)
     assert info.value.exit_code == 143
     assert buffer.getvalue() == "interrupted (SIGTERM): nothing written\n"

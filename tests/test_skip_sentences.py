@@ -27,13 +27,14 @@ sys.path.insert(0, str(BENCH))
 from replay import ReplayDevice, plan_of, settings_of  # noqa: E402
 from replay_tables import all_tables  # noqa: E402
 
-from autotune.config import to_json_dict  # noqa: E402
 from autotune.report import skipped_lines  # noqa: E402
-from autotune.schema import SkipRecord, read_tuned  # noqa: E402
+from autotune.schema import SkipRecord  # noqa: E402
 from autotune.search import run_search  # noqa: E402
 from autotune.search.outcome import skip_records  # noqa: E402
 from autotune.search.rules import RULES, Skip, skip  # noqa: E402
+from autotune.serialize import to_json_dict  # noqa: E402
 from autotune.skip_sentences import CONTEXTS, FREE_TEXT, TEMPLATES, render  # noqa: E402
+from autotune.tuned_file import read_tuned  # noqa: E402
 from tests.tuned_configs import make_tuned, write  # noqa: E402
 
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autotune.config import GIB, MAX_BATCH, DeviceInfo, Knobs
+from autotune.config import DeviceInfo, Knobs
 from autotune.errors import ConfigError
 from autotune.names import FLAGS, KEYWORDS
 from autotune.space import (
@@ -19,6 +19,7 @@ from autotune.space import (
     per_device_batch,
     timed_precisions,
 )
+from autotune.units import GIB, MAX_BATCH
 
 CPU = DeviceInfo(device="cpu", name="test cpu", total_memory_bytes=8 * GIB,
                  available_memory_bytes=4 * GIB, supports_bf16=True, supports_fp16=False,

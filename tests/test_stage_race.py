@@ -18,18 +18,14 @@ from hypothesis import given
 from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
-from autotune.config import (
-    MIB,
-    Knobs,
-    TrialResult,
-    TrialSpec,
-)
+from autotune.config import Knobs, TrialResult, TrialSpec
 from autotune.errors import WorkloadError
 from autotune.schema import TrialRecord
 from autotune.search import run_search, tuned_config
 from autotune.search._records import Candidate
 from autotune.search.pick import pick_winner
 from autotune.timing import MIN_STEPS_TO_STOP
+from autotune.units import MIB
 from tests.scripted import (
     CLASSES,
     CPU,

@@ -31,11 +31,11 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from autotune.cli import app
-from autotune.config import MIB
 from autotune.errors import ConfigError
 from autotune.report import study_lines, to_json
 from autotune.search import SearchSettings, open_study, redact, run_search, tuned_config
 from autotune.search._study import study_identity
+from autotune.units import MIB
 from tests.scripted import CLASSES, ScriptedDevice, plan
 from tests.scripted import SETTINGS as IN_MEMORY
 from tests.test_store import SPEEDS, winner

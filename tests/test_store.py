@@ -18,9 +18,9 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune.cli import app
-from autotune.config import MIB
 from autotune.errors import ConfigError
 from autotune.search import SearchSettings, list_studies, run_search, store_path, tuned_config
+from autotune.units import MIB
 from tests.scripted import CLASSES, ScriptedDevice, by_class, plan
 from tests.scripted import SETTINGS as IN_MEMORY
 
@@ -361,10 +361,11 @@ def test_a_stored_trial_from_before_a_knob_existed_reads_as_that_knob_at_its_def
     they answer for those knobs' defaults instead of being dropped (and re-measured)."""
     import json
 
-    from autotune.config import TrialResult, to_json_dict
+    from autotune.config import TrialResult
     from autotune.knobs import Knobs
     from autotune.search._records import Candidate
     from autotune.search._study import completed
+    from autotune.serialize import to_json_dict
 
     study = optuna.create_study(direction="maximize")
     older = {"precision": "bf16", "compile_mode": "default", "checkpointing": "off",

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import autotune
-from autotune import api, knobs, step
+from autotune import api, knob_adapters, knobs, step
 from autotune.errors import ConfigError
 from autotune.knobs import Knobs
 from autotune.trial import train_step
@@ -23,7 +23,7 @@ from autotune.workload import TinyGPT, Workload
 from tests import one_truth
 from tests.tuned_configs import make_tuned, write
 
-CKPT = ("activation_checkpointing" if knobs._trainer_has_activation_checkpointing()
+CKPT = ("activation_checkpointing" if knob_adapters._trainer_has_activation_checkpointing()
         else "gradient_checkpointing")
 """The TrainingArguments name of checkpointing in the installed transformers (renamed in 5)."""
 

@@ -10,7 +10,8 @@ from typing import Any
 
 from autotune.config import DeviceInfo, WorkloadSpec
 from autotune.knobs import Knobs
-from autotune.schema import MemoryRecord, TrialRecord, TunedConfig, save_tuned
+from autotune.schema import MemoryRecord, TrialRecord, TunedConfig
+from autotune.tuned_file import save_tuned
 
 REPO = Path(__file__).resolve().parent.parent
 GiB = 1 << 30

@@ -13,17 +13,13 @@ from autotune.artifacts import artifacts_name
 from autotune.codegen import SCRIPT_NAME, render_train_script
 from autotune.config import WorkloadSpec
 from autotune.errors import AutotuneError, ConfigError, OutputExistsError
+from autotune.files import write_json_atomic
 from autotune.first_launch import Saved, save_compile_artifacts
 from autotune.report_html import render_html
-from autotune.schema import (
-    SkipRecord,
-    TunedConfig,
-    read_tuned,
-    save_tuned,
-    write_json_atomic,
-)
-from autotune.schema import json_schema as _json_schema
+from autotune.schema import SkipRecord, TunedConfig
 from autotune.signals import SignalGuard, guarded, interrupted_by
+from autotune.tuned_file import json_schema as _json_schema
+from autotune.tuned_file import read_tuned, save_tuned
 from autotune.usage import Tuned
 
 # ----------------------------------------------------------------------------------------------
@@ -130,7 +126,7 @@ def with_compile_artifacts(config: TunedConfig, path: Path, timeout_s: float | N
         timeout_s: the run's limit (what the search's limits leave); None: none left.
         guard: the search's signal guard: a signal ends the run, the result stays.
     """
-    if config.compile_mode == "off":
+    if not config.compiled:
         return config, None
     if timeout_s is None:
         saved, why = None, "no compiled artifacts: the search's limits are spent"

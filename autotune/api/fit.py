@@ -7,13 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.api.request import workload_file_here
-from autotune.config import (
-    WorkloadSpec,
-    batch_limit_problem,
-    format_bytes,
-    from_json_dict,
-    to_json_dict,
-)
+from autotune.config import WorkloadSpec
 from autotune.device import backend_for, default_device
 from autotune.errors import (
     MEMORY_STATUS,
@@ -22,16 +16,17 @@ from autotune.errors import (
     WorkloadError,
     error_for_status,
 )
-from autotune.estimate import Calibration, EstimateReport, EstimateRequest, estimate_report
+from autotune.estimate.calibration import Calibration
+from autotune.estimate.fits import EstimateReport, EstimateRequest, estimate_report
 from autotune.knobs import KNOBS, Knobs
 from autotune.memory import probe_spec
 from autotune.names import KEYWORDS, Names
 from autotune.runner import run_in_child, run_isolated
-from autotune.schema import (
-    TunedConfig,
-    read_tuned,
-)
+from autotune.schema import TunedConfig
+from autotune.serialize import from_json_dict, to_json_dict
 from autotune.space import divisors, per_device_batch
+from autotune.tuned_file import read_tuned
+from autotune.units import batch_limit_problem, format_bytes
 from autotune.workload import Workload
 
 # ----------------------------------------------------------------------------------------------
@@ -96,7 +91,8 @@ def estimate(
         ConfigError: bad settings. WorkloadError: the workload fails, hangs, exits or crashes
         (UntraceableStepError: an op of its step cannot be traced).
     """
-    from autotune.config import PRECISIONS, parse_bytes
+    from autotune.config import PRECISIONS
+    from autotune.units import parse_bytes
 
     problems = []
     if knobs is not None and precision is not None:
@@ -364,7 +360,7 @@ def _estimate_words(target: CheckTarget, estimated: int, measured: int | None) -
             f"above the {format_bytes(measured)} the search measured for this config")
     notes = target.calibration.notes if target.calibration is not None else ()
     words += "".join(f"; {note}" for note in notes)
-    if target.knobs.strategy != "none":
+    if target.knobs.distributed:
         words += (f"; one rank of {target.world_size} ({target.knobs.strategy}, traced with "
                   "a fake process group)")
     return words
@@ -380,7 +376,7 @@ def _measure(target: CheckTarget, timeout_s: float) -> int | None:
         ConfigError: a knob value the workload cannot take.
     """
     device = "cpu" if target.device == "cpu" else "cuda:0"
-    ranks = target.nproc_per_node if target.knobs.strategy != "none" else 1
+    ranks = target.nproc_per_node if target.knobs.distributed else 1
     backend = backend_for(device)
     here = backend.max_ranks()
     if ranks > here:

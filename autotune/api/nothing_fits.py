@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from autotune.api.request import Budget
-from autotune.config import DeviceInfo, MemoryProbe, TrialResult, WorkloadSpec, format_bytes
+from autotune.config import DeviceInfo, MemoryProbe, TrialResult, WorkloadSpec
 from autotune.errors import (
     BROKEN,
     MEMORY_STATUS,
@@ -25,6 +25,7 @@ from autotune.memory import probe_spec
 from autotune.names import KEYWORDS, Names
 from autotune.runner import run_isolated
 from autotune.search import Candidate
+from autotune.units import format_bytes
 
 
 def uncapped_run(workload: WorkloadSpec, info: DeviceInfo, knobs: Knobs, micro_batch: int,

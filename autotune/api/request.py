@@ -9,22 +9,16 @@ from typing import Any
 
 from autotune.api.settings import check_settings
 from autotune.child import start_method
-from autotune.config import (
-    MIB,
-    DeviceInfo,
-    Knobs,
-    WorkloadSpec,
-    control_character,
-    format_bytes,
-    not_a_file,
-    parse_budget,
-)
+from autotune.config import DeviceInfo, Knobs, WorkloadSpec
 from autotune.device import backend_for
 from autotune.errors import ConfigError
+from autotune.files import not_a_file
 from autotune.knobs import KNOB
 from autotune.lengths import check_lengths, read_lengths
 from autotune.names import KEYWORDS, Names
+from autotune.serialize import control_character
 from autotune.space import compiled_values, exact_target, knob_values, memory_classes
+from autotune.units import MIB, format_bytes, parse_budget
 from autotune.workload import split_factory
 
 

@@ -30,16 +30,12 @@ from autotune.errors import (
     ConfigError,
     Interrupted,
 )
+from autotune.files import check_output
 from autotune.knobs import BASELINE, job_baseline
 from autotune.memory import OnStep, broken_uncapped, hint_for, probe_memory
 from autotune.names import KEYWORDS, Names
 from autotune.runner import allocator_notes
-from autotune.schema import (
-    SearchResult,
-    SkipRecord,
-    TunedConfig,
-    check_output,
-)
+from autotune.schema import SearchResult, SkipRecord, TunedConfig
 from autotune.search import (
     Ledger,
     OnTrial,
@@ -254,7 +250,7 @@ def _finish(report: ProbeReport, outcome: SearchOutcome, settings: SearchSetting
     timeout_s = _time_left(settings, started)
     runs_left = settings.max_trials - outcome.num_runs
     if (outcome.interrupted or timeout_s is None or runs_left <= 0
-            or config.knobs.strategy != "none"):
+            or config.knobs.distributed):
         why = ("the search was interrupted" if stop_reason.by_signal else
                f"the search stopped early: {config.stopped_by}" if outcome.interrupted else
                "the time budget is spent" if timeout_s is None else

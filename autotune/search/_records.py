@@ -6,19 +6,14 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from autotune.config import (
-    Knobs,
-    ProbeReport,
-    TrialResult,
-    TrialSpec,
-    format_bytes,
-)
+from autotune.config import Knobs, ProbeReport, TrialResult, TrialSpec
 from autotune.device import backend_for
 from autotune.schema import (
     RunKind,
     RunRecord,
     TrialRecord,
 )
+from autotune.units import accumulate_steps, format_bytes
 
 # Numerics guard: allowed relative distance of the first loss from fp32 eager's, per precision.
 LOSS_TOLERANCE = {"fp32": 0.01, "tf32": 0.01, "bf16": 0.05, "fp16": 0.05}
@@ -174,7 +169,8 @@ def classify(candidate: Candidate, result: TrialResult,
                                                          candidate.knobs.precision)
     record = TrialRecord(
         number=0, micro_batch=candidate.micro_batch,
-        accumulate_steps=per_device // candidate.micro_batch, knobs=candidate.knobs,
+        accumulate_steps=accumulate_steps(per_device, candidate.micro_batch),
+        knobs=candidate.knobs,
         verdict=verdict, reason=reason,  # type: ignore[arg-type]
         is_baseline=candidate == baseline, median_step_s=result.median_step_s(),
         spread=result.spread(), halfwidth=result.halfwidth(),

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from autotune import __version__
-from autotune.config import not_a_file
 from autotune.errors import ConfigError
+from autotune.files import not_a_file
 from autotune.search._ledger import inner_error, store_trouble
 from autotune.search._study import budget_moved
 

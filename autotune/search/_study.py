@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import unquote
 
-from autotune.config import ProbeReport, TrialResult, WorkloadSpec, from_json_dict, to_json_dict
+from autotune.config import ProbeReport, TrialResult, WorkloadSpec
 from autotune.errors import ConfigError
 from autotune.knobs import KNOBS, Knobs
 from autotune.names import KEYWORDS, Names
 from autotune.schema import RunRecord
 from autotune.search._records import Candidate, SearchSettings, run_record
+from autotune.serialize import from_json_dict, to_json_dict
 
 if TYPE_CHECKING:
     import optuna
@@ -380,7 +381,7 @@ def stored_runs(study: optuna.Study, usable_bytes: int) -> list[RunRecord]:
         ended = t.datetime_complete or t.datetime_start
         runs.append(run_record(
             len(runs), kind if kind in ("probe", "trial", "re-measure") else "trial", key,
-            result, usable_bytes, compiled=key.knobs.compile_mode != "off",
+            result, usable_bytes, compiled=key.knobs.compiled,
             stored_at=ended.astimezone(timezone.utc).isoformat(timespec="seconds")
             if ended else None))
     return runs

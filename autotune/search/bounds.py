@@ -25,6 +25,7 @@ from autotune.timing import (
     predict_step_s,
     prediction_halfwidth,
 )
+from autotune.units import accumulate_steps
 
 
 def _split(result: TrialResult, accumulate: int) -> tuple[float, float]:
@@ -95,7 +96,7 @@ def below(ev: Evidence, over: Candidate) -> Skip | None:
     micro-batch can stay in cache and costs no compile; ``over`` not timed, under memory
     pressure, or near the leader; every micro-batch timed: ``--micro-batches all``)."""
     leader, result = ev.leader(), ev.results.get(over)
-    if over.knobs.compile_mode == "off" or leader is None or result is None \
+    if not over.knobs.compiled or leader is None or result is None \
             or not result.ok or result.num_alloc_retries or ev.settings.train_steps \
             or not ev.settings.micro_batches_per_class \
             or len(result.step_times_s) < MIN_STEPS_TO_STOP:
@@ -162,7 +163,7 @@ def compiled_whole_batch(ev: Evidence, knobs: Knobs, fitting: list[int]) -> Skip
     largest (allocator retries, or a boundary below the whole per-device batch). Each one
     costs a compile of its own (``dynamic=False``): a compiled class that runs the whole
     per-device batch without retries is not refined."""
-    if knobs.compile_mode == "off" or len(fitting) < 2:
+    if not knobs.compiled or len(fitting) < 2:
         return None
     largest = ev.results.get(Candidate(knobs=knobs, micro_batch=fitting[0]))
     if fitting[0] < ev.plan.per_device or largest is None or largest.num_alloc_retries:
@@ -192,7 +193,7 @@ def sibling_ratio(ev: Evidence, knobs: Knobs, walked: Sequence[int],
     pick is decided there, and an eager step costs no compile). A setting under memory
     pressure (allocator retries at its best) or the objective with compile time is not
     predicted; None: time it."""
-    compiled = knobs.compile_mode != "off"
+    compiled = knobs.compiled
     if not walked or ev.settings.train_steps or (
             knobs == ev.leaders_setting() and not compiled):
         return None
@@ -242,7 +243,7 @@ def line_predicts_loss(ev: Evidence, knobs: Knobs, micro_batch: int, *,
     nothing predicts it (without ``must_gain``)."""
     timed = {m: r for m in ev.plan.micro_batches if (r := ev.results.get(
         Candidate(knobs=knobs, micro_batch=m))) is not None and r.ok and r.step_times_s}
-    points = [(m, *_split(r, ev.plan.per_device // m)) for m, r in timed.items()]
+    points = [(m, *_split(r, accumulate_steps(ev.plan.per_device, m))) for m, r in timed.items()]
     step_s = predict_step_s(points, micro_batch, ev.plan.per_device)
     best = max(timed, key=lambda m: ev.score(Candidate(knobs=knobs, micro_batch=m)) or 0)
     best_sps = ev.results[Candidate(knobs=knobs, micro_batch=best)].samples_per_s()

@@ -57,7 +57,7 @@ def _knobs_left(ev: Evidence, reach: Reach) -> str:
 
 
 def _first_launch(ev: Evidence, reach: Reach) -> str:
-    checked = ev.plan.compile_in_peak and any(k.compile_mode != "off" for k in ev.plan.classes)
+    checked = ev.plan.compile_in_peak and any(k.compiled for k in ev.plan.classes)
     return "the first-launch check" if checked else ""
 
 

@@ -234,7 +234,7 @@ class Evidence:
         """Keep a compiled run that loaded nothing from inductor's cache (``cold``): a timed
         one that ran (a memory probe runs fewer micro-batches and steps: its peak is no timed
         run's), or one that ran out of memory (other endings say nothing of memory)."""
-        if key.knobs.compile_mode == "off" or result.compile_cache_hits != 0 or not (
+        if not key.knobs.compiled or result.compile_cache_hits != 0 or not (
                 result.compile_cache_misses or result.num_graphs):  # caches off: no counts
             return
         if not ((result.ok and result.step_times_s) or result.status in OUT_OF_MEMORY):

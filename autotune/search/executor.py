@@ -269,9 +269,9 @@ class Executor:
         tally.num_runs += 1
         tally.run_log.append(run_record(
             len(tally.run_log), kind, Candidate.of(spec), result, self.plan.usable,
-            start_s=start_s, compiled=spec.compile_mode != "off"))
+            start_s=start_s, compiled=spec.compiled))
         tally.cost["child_s"] += result.wall_s or 0.0
-        tally.cost["compile_s"] += (result.compile_s or 0.0) if spec.compile_mode != "off" \
+        tally.cost["compile_s"] += (result.compile_s or 0.0) if spec.compiled \
             else 0.0
         tally.cost["timed_s"] += sum(result.step_times_s)
         if result.compile_cache_hits is not None:

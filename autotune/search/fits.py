@@ -8,10 +8,11 @@ Pure queries of ``Evidence``: nothing here runs or records anything.
 from __future__ import annotations
 
 from autotune.boundary import Point, fit_line
-from autotune.config import Knobs, format_bytes
+from autotune.config import Knobs
 from autotune.search._records import Candidate
 from autotune.search.evidence import Evidence
 from autotune.search.plan import memory_class, recompute_twin
+from autotune.units import format_bytes
 
 
 def largest_fit(ev: Evidence, knobs: Knobs, *, calm: bool = False) -> int:
@@ -68,7 +69,7 @@ def recompute_floor(ev: Evidence, knobs: Knobs) -> int:
 
     def first_launch_fits(key: Candidate) -> bool:
         cold = ev.cold.get(key)
-        return key.knobs.compile_mode == "off" or (cold is not None
+        return not key.knobs.compiled or (cold is not None
                                                    and cold.fits(ev.usable))
 
     return max((c.micro_batch for c, r in ev.results.items()
@@ -100,7 +101,7 @@ def unchecked_launch(ev: Evidence, key: Candidate) -> bool:
     """Whether a compiled candidate's fit as a first launch is still to check: on a device
     whose peak counts the compile, no run of it compiled its graphs afresh, and no
     sibling's run afresh bounds it within the usable budget (``sibling_bound``)."""
-    if not (key.knobs.compile_mode != "off" and key not in ev.cold
+    if not (key.knobs.compiled and key not in ev.cold
             and ev.plan.compile_in_peak):
         return False
     return not vouched_by_sibling(ev, key)
@@ -114,7 +115,7 @@ def first_launch(ev: Evidence) -> dict[Candidate, str]:
     notes = {}
     for key in ev.results:
         cold = ev.cold.get(key)
-        if key.knobs.compile_mode == "off" or (cold is not None and cold.fits(ev.usable)):
+        if not key.knobs.compiled or (cold is not None and cold.fits(ev.usable)):
             continue
         if cold is None and vouched_by_sibling(ev, key):
             continue

@@ -85,12 +85,12 @@ def outcome(ev: Evidence, ex: Executor, stop: StopReason,
         ev.decide(skip("stored-pick", stored_pick.key()))
     if interrupted and ev.plan.compile_in_peak:
         winner = ev.winner()
-        if winner is not None and winner.knobs.compile_mode != "off" and not (
+        if winner is not None and winner.knobs.compiled and not (
                 winner in ev.cold and ev.cold[winner].ok):
             ev.decide(unchecked(winner, str(stop)))
     traits = ev.traits
     if (traits is not None and traits.num_blocks < 2 and any(
-            k.knobs.strategy.startswith("fsdp") for k in ev.results)):
+            k.knobs.sharded for k in ev.results)):
         ev.decide(skip("fsdp-root", ""))
     first: dict[str, Skip] = {}
     for one in ev.skips:  # each sentence once, where it was first said

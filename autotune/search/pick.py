@@ -45,7 +45,7 @@ def split_rounds(shares: Sequence[float]) -> bool:
 
 def break_even_steps(winner: TrialRecord, baseline: TrialRecord) -> float | None:
     """Optimizer steps after which a compiled winner's compile time is paid back."""
-    if winner.knobs.compile_mode == "off" or not winner.median_step_s or not baseline.median_step_s:
+    if not winner.knobs.compiled or not winner.median_step_s or not baseline.median_step_s:
         return None
     saved = baseline.median_step_s - winner.median_step_s
     if saved <= 0:

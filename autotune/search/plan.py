@@ -73,7 +73,7 @@ class Plan:
         before compiled (the probe stage reorders the compiled ones by their precision's
         eager speed as it goes)."""
         return sorted((c for c in self.classes if c.compile_mode in FIRST_MODES),
-                      key=lambda c: (c != self.base, c.compile_mode != "off"))
+                      key=lambda c: (c != self.base, c.compiled))
 
     def refining_classes(self) -> list[Knobs]:
         """The compile modes beyond off and default: refinements of ``default``."""

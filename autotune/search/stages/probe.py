@@ -28,7 +28,7 @@ def run(ex: Executor) -> bool:
     ev, plan = ex.ev, ex.plan
     first = plan.first_classes()
     for i, knobs in enumerate(first):
-        if knobs.compile_mode != "off":  # the most promising precision first (its eager
+        if knobs.compiled:  # the most promising precision first (its eager
             # run's speed): a strong leader early lets the probes after it stop sooner
             first[i:] = sorted(first[i:], key=lambda c: -ev.precision_best(c.precision))
             knobs = first[i]
@@ -90,7 +90,7 @@ def probe_setting(ex: Executor, knobs: Knobs, *, above: int = 0) -> MemoryProbe:
         # A compiled setting's probe above its largest fit so far times its config too:
         # should it fit, timing it in a run of its own costs another child and another
         # load of its graphs, where the timed steps alone cost seconds.
-        if may_be_largest or knobs.compile_mode == "off":
+        if may_be_largest or not knobs.compiled:
             return may_be_largest
         return 0 < fits.largest_fit(ex.ev, knobs) < micro_batch
 

@@ -137,7 +137,7 @@ def run(ex: Executor) -> None:
         if not ex.plan.compile_in_peak:
             return
         winner = ex.ev.winner()
-        if winner is None or winner.knobs.compile_mode == "off":
+        if winner is None or not winner.knobs.compiled:
             return
         if winner not in ex.ev.cold and _fits_by_sibling(ex, winner):
             return

@@ -23,7 +23,7 @@ def run(ex: Executor) -> None:
     # Eager settings first, best first: their steps cost no compile, and their walks are
     # the evidence a compiled setting is walked down on (``bounds.sibling_ratio``).
     for probe in sorted(ev.probes.values(), key=lambda p: (
-            p.knobs.compile_mode != "off", -(ev.class_best(p.knobs) or 0.0))):
+            p.knobs.compiled, -(ev.class_best(p.knobs) or 0.0))):
         refine(ex, probe)
     if ev.leader() != screened:  # the knobs were screened at another micro-batch
         ex.stage = "knobs"
@@ -104,7 +104,7 @@ def time_the_other_end(ex: Executor, knobs: Knobs, smallest: int, num_timed: int
     if (share is None or share < ex.ev.settings.refine_within
             or (per_class and num_timed >= per_class)):
         return False
-    compiled = knobs.compile_mode != "off"
+    compiled = knobs.compiled
     always = knobs == ex.ev.leaders_setting() and not compiled
     why_not = None if always else bounds.line_predicts_loss(ex.ev, knobs, smallest,
                                                             must_gain=compiled)

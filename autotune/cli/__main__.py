@@ -1,0 +1,7 @@
+"""``python -m autotune.cli``: the CLI, as the ``autotune`` command runs it."""
+
+import sys
+
+from autotune.cli import main
+
+sys.exit(main())
