@@ -156,6 +156,7 @@ def test_the_trial_compiles_with_the_budget(monkeypatch: pytest.MonkeyPatch,
 # One truth: the generated script and Tuned apply it as the trial does.
 
 
+@pytest.mark.slow  # the default run keeps the trial compiling with the budget
 @pytest.mark.subprocess
 def test_the_script_and_tuned_apply_the_budget_as_the_library(tmp_path: Path,
                                                                 fresh_dynamo: None) -> None:

@@ -59,6 +59,7 @@ def test_blocks_scope_compiles_each_block_and_trains_as_model_scope() -> None:
     assert blocks_losses[-1] < blocks_losses[0]  # it trains
 
 
+@pytest.mark.slow  # the default run keeps the blocks scope's compile and step
 @pytest.mark.subprocess  # inductor runs the C++ compiler
 def test_blocks_scope_composes_with_checkpointing() -> None:
     """Checkpointed blocks (``apply_to_model`` first) are compiled with the checkpoint
