@@ -204,7 +204,9 @@ def run_search(step: Step, spec: WorkloadSpec, setup: Setup) -> dict:
             "baseline_samples_per_s": cfg.baseline_samples_per_s,
             "max_micro_batch": cfg.memory.max_micro_batch, "peak_bytes": cfg.memory.peak_bytes,
             "num_probes": sum(p.num_probes for p in result.probe.probes),
-            "stop_reason": result.stop_reason, "skipped": cfg.skipped,
+            "stop_reason": str(result.stop_reason),
+            "stop_exit": result.stop_reason.exit_code if result.stop_reason.by_signal else None,
+            "skipped": cfg.skipped,
             "trials": [{"label": t.label(), "verdict": t.verdict, "samples_per_s": t.samples_per_s,
                         "wall_s": t.wall_s} for t in cfg.trials]}
 
@@ -494,10 +496,9 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:  # the JSON still holds every figure
             markdown = f"rendering failed; see {result_name}.json\n\n{traceback.format_exc()}"
         write_results(result_name, results, markdown, folder)
-        reason = res.get("stop_reason", "")
-        if reason.startswith("interrupted"):  # a search keeps its best so far, then ends
-            log(f"{reason}: stopped after step {step.name}; results in {folder}")
-            return 143 if "SIGTERM" in reason else 130
+        if res.get("stop_exit"):  # a signal: the search kept its best so far, then ended
+            log(f"{res['stop_reason']}: stopped after step {step.name}; results in {folder}")
+            return res["stop_exit"]
     print((folder / f"{result_name}.md").read_text())
     failed = [name for name, res in results["steps"].items() if "error" in res]
     if failed:

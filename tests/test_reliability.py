@@ -177,8 +177,10 @@ def test_the_time_budget_bounds_every_child_and_the_calibration(tmp_path: Path) 
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     took = time.monotonic() - started
     text = _words(proc.stdout + proc.stderr)
-    # Interpreter start-up and the final write come on top of the budget, nothing else.
-    assert took < 12 + 15, text
+    # Interpreter start-up and the final write come on top of the budget, nothing else: 30 s
+    # of slack for a loaded machine (27 s was seen beside other tests), far below the 123 s that
+    # a child without limits took.
+    assert took < 12 + 30, text
     if proc.returncode == 0:  # the baseline was measured in time: the best so far
         config = json.loads((tmp_path / "autotune.json").read_text())
         assert config["interrupted"] and config["memory"]["calibration"] == {}
