@@ -227,6 +227,9 @@ class RunRecord(HasKnobs):
     stored_at: Text | None = None
     """A run reused from the study store: when it was measured (ISO 8601, UTC); None for a
     run of this search."""
+    cut: bool = False
+    """``--time-budget`` cut it short: its timeout was what was left of the budget, not
+    ``--trial-timeout`` (its status says ``timeout``; it says nothing of its candidate)."""
 
     def label(self) -> str:
         """E.g. ``bf16/default 16`` (the micro-batch)."""

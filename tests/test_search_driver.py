@@ -81,6 +81,8 @@ def test_a_run_cut_by_the_time_budget_stops_the_search_and_is_not_a_timeout_verd
     assert outcome.interrupted
     assert str(outcome.stop_reason).startswith("--time-budget reached during a run of fp32/off/1")
     assert all(r.verdict != "timeout" for r in records.values())
+    # The run log says the budget cut it (autotune.html labels it so, not "(timeout)").
+    assert [(r.label(), r.status) for r in outcome.runs if r.cut] == [("fp32/off 1", "timeout")]
     study = optuna.load_study(study_name="s", storage=storage)
     assert study.trials[-1].state.name == "FAIL"  # not stored as the candidate's timeout
 
@@ -97,6 +99,7 @@ def test_a_timeout_within_the_budget_is_the_candidates_outcome() -> None:
     outcome, records = search(device, replace(SETTINGS, time_budget_s=3600.0, timeout_s=30.0))
     assert not outcome.interrupted
     assert records["bf16/off/32"].verdict == "timeout"
+    assert any(r.status == "timeout" for r in outcome.runs) and not any(r.cut for r in outcome.runs)
 
 
 def test_a_search_stopped_by_max_trials_lists_the_stages_and_knobs_it_never_reached() -> None:

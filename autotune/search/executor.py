@@ -267,9 +267,10 @@ class Executor:
         start_s = self.clock() - tally.start
         result = self.run(spec)
         tally.num_runs += 1
+        cut = result.status == "timeout" and spec.timeout_s < self.settings.timeout_s
         tally.run_log.append(run_record(
             len(tally.run_log), kind, Candidate.of(spec), result, self.plan.usable,
-            start_s=start_s, compiled=spec.compiled))
+            start_s=start_s, compiled=spec.compiled, cut=cut))
         tally.cost["child_s"] += result.wall_s or 0.0
         tally.cost["compile_s"] += (result.compile_s or 0.0) if spec.compiled \
             else 0.0
@@ -279,7 +280,7 @@ class Executor:
             tally.compiles[1] += bool(result.compile_cache_hits
                                       and not result.compile_cache_misses)
         self.ev.ran(Candidate.of(spec), result)
-        if result.status == "timeout" and spec.timeout_s < self.settings.timeout_s:
+        if cut:
             raise Stop(StopReason("time-budget", Candidate.of(spec).key()), cut=True)
         return result
 
