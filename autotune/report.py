@@ -304,10 +304,19 @@ def short_reason(c: TunedConfig) -> str:
     if not others:
         return text + "."
     runner_up = max(others, key=lambda r: r.samples_per_s or 0.0)
+    paired = next((r for r in others if r.round_shares), None)
+    if c.runner_up == "rounds" and paired is not None:  # the one the rounds decided against
+        runner_up = paired
     ratio = (runner_up.samples_per_s or 0.0) / winner.samples_per_s
-    sure = (" (within the noise: either would do)" if "within the noise" in c.reason else
-            " (rounds run back to back decided)" if winner.round_shares else "")
-    return f"{text}. Runner-up {runner_up.label()} at {ratio:.2f}x{sure}."
+    return f"{text}. Runner-up {runner_up.label()} at {ratio:.2f}x{_STANDING[c.runner_up]}."
+
+
+_STANDING = {"behind": " (behind, beyond the noise)",
+             "behind-once": " (behind, beyond each run's spread: one of them ran once)",
+             "within-noise": " (within the noise: either would do)",
+             "rounds": " (rounds run back to back decided)", "": ""}
+"""``TunedConfig.runner_up`` in the terminal's ``why:``: the search's interval comparison
+said it (never words found in the reason)."""
 
 
 def not_reached_line(c: TunedConfig) -> str:

@@ -17,6 +17,7 @@ from autotune.cli.output import plain_console
 from autotune.knobs import Knobs
 from autotune.report_html import render_html
 from autotune.schema import SearchResult, SkipRecord, TrialRecord, TunedConfig, notes
+from autotune.search._records import Candidate
 from autotune.search.rules import RULES
 from tests.tuned_configs import make_tuned, write
 
@@ -83,6 +84,55 @@ def test_why_is_two_short_sentences_and_the_file_keeps_the_whole_reason() -> Non
                    "at 0.96x.")
     assert config.reason == long_reason  # autotune.json and the page keep it whole
     assert "ahead of the runner-up" in render_html(config)
+
+
+def _judged(trials: tuple[TrialRecord, ...], drift: dict | None = None) -> TunedConfig:
+    """``realistic()`` with these trials, its reason and runner-up as the search writes them."""
+    from autotune.search.outcome import _standing, _why
+
+    winner = next(t for t in trials if t.verdict == "winner")
+    base = next(t for t in trials if t.is_baseline)
+    return replace(realistic(), trials=trials, reason=_why(winner, base, trials, {}, drift),
+                   runner_up=_standing(winner, trials, drift)[1])
+
+
+def test_why_says_either_would_do_only_where_the_interval_says_so() -> None:
+    """Issue 62: a winner 1.02x its baseline (within the baseline's measured spread) made
+    ``why:`` call a runner-up at 0.72x "within the noise: either would do": the words were
+    found in the reason, which said that of the baseline. The interval comparison decides."""
+    trials = tuple(replace(t, spread=0.1, halfwidth=0.02) for t in realistic().trials)
+    win, second, *rest = trials
+    base = rest[-1]
+    trials = (replace(win, speedup=1.02, samples_per_s=1000.0),
+              replace(second, samples_per_s=720.0),
+              *(replace(t, verdict="slower", samples_per_s=None) for t in rest[:-1]),
+              replace(base, samples_per_s=980.0, verdict="ok"))
+    config = _judged(trials)
+    assert "within the measured noise (10% spread)" in config.reason  # of the baseline
+    why = report.short_reason(config)
+    assert config.runner_up == "within-noise" and why.endswith(  # 2% apart, +- 2.8%
+        "Runner-up fp32/off 16x4 at 0.98x (within the noise: either would do)."), why
+    # Without the baseline close behind, the runner-up at 0.72x is behind.
+    trials = (*trials[:-1], replace(base, samples_per_s=500.0, verdict="slower"))
+    config = _judged(trials)
+    why = report.short_reason(config)
+    assert "within the measured noise" in config.reason and config.runner_up == "behind"
+    assert why.endswith(f"Runner-up {second.label()} at 0.72x (behind, beyond the noise)."), why
+    # The winner's own two runs 40% apart: the 0.72x lead is within that noise; another
+    # config's drift leaves a pair both re-measured as they are.
+    config = _judged(trials, {Candidate(knobs=win.knobs, micro_batch=16): 0.4})
+    assert config.runner_up == "within-noise"
+    assert report.short_reason(config).endswith("(within the noise: either would do).")
+    assert _judged(trials, {Candidate(knobs=base.knobs, micro_batch=16): 0.4}).runner_up == \
+        "behind"
+    # A runner-up timed once: the noise is at least --confirm-within (5%), and any drift.
+    once = (*trials[:1], replace(trials[1], num_runs=1, samples_per_s=960.0), *trials[2:])
+    config = _judged(once)
+    assert config.runner_up == "within-noise" and config.reason.endswith(
+        "(within the noise: either would do: the noise is --confirm-within 0.05)")
+    assert _judged(once[:1] + (replace(once[1], samples_per_s=720.0),) + once[2:],
+                   {Candidate(knobs=base.knobs, micro_batch=16): 0.4}).runner_up == \
+        "within-noise"
 
 
 SKIPPED = (
