@@ -384,10 +384,13 @@ def estimate_lines(report: EstimateReport) -> list[str]:
                "cpu: what a CPU runs, as traced; --device cuda for a GPU's")
     strategy = step.knobs.strategy
     rank = (f", per rank of {step.world_size} ({strategy})" if strategy != "none" else "")
+    where = (f" for {report.device} ({'--device' if report.device_given else 'this machine'})"
+             if report.device else "")  # whose memory --device-memory is
     lines = [
-        f"{report.workload_name}: micro-batch {step.micro_batch}, {step.knobs.label()} traced "
-        f"eager{rank} ({step.num_parameters / 1e6:.1f}M parameters; fake-tensor trace of the "
-        f"training step, 2 accumulated micro-batches + optimizer step, {step.trace_s:.1f} s)",
+        f"{report.workload_name}: micro-batch {step.micro_batch}{where}, {step.knobs.label()} "
+        f"traced eager{rank} ({step.num_parameters / 1e6:.1f}M parameters; fake-tensor trace "
+        f"of the training step, 2 accumulated micro-batches + optimizer step, "
+        f"{step.trace_s:.1f} s)",
         f"kernels modelled: {kernels}",
     ]
     grads = "grads + buckets" if strategy.startswith("ddp") else "gradients"
@@ -399,7 +402,7 @@ def estimate_lines(report: EstimateReport) -> list[str]:
     lines += [f"  {name:<16}{format_bytes(value):>12}" for name, value in rows]
     lines.append(f"  {'peak':<16}{format_bytes(report.peak_bytes()):>12}  "
                  f"(during {step.peak_phase})")
-    budget = (f"device memory {format_bytes(report.device_memory_bytes)} - "
+    budget = (f"{report.device or 'device'} memory {format_bytes(report.device_memory_bytes)} - "
               f"{report.headroom:.0%} headroom = {format_bytes(report.usable_bytes)} usable")
     verdict = "fits" if report.fits() else (
         f"does NOT fit (over by "
@@ -423,6 +426,8 @@ def estimate_lines(report: EstimateReport) -> list[str]:
                      f"micro_batch x accumulate_steps that fit: {pairs}")
     lines += [f"note: {note}" for note in report.notes]
     return lines
+
+
 
 
 def study_lines(c: TunedConfig) -> list[str]:

@@ -109,16 +109,22 @@ def check(
         "--workload", help="Use this path/to/file.py:factory instead of the one in the file "
                            "(e.g. after moving it).")] = None,
     timeout: TimeoutOpt = "10m",
+    memory_budget: Annotated[Optional[str], typer.Option(
+        "--memory-budget", "--device-memory",
+        help="Check against this memory instead of the file's budget, e.g. 16GiB or 50% of "
+             "the device it was tuned on (at most that device's memory): does it fit a "
+             "smaller device?")] = None,
 ) -> None:
-    """Exit 0 if the tuned config still fits its device memory, 1 if not, 2 on bad input or a
-    broken workload."""
+    """Exit 0 if the tuned config still fits its device memory (or --memory-budget), 1 if
+    not, 2 on bad input or a broken workload."""
     with exits():
         from autotune import api
 
         spec = api.workload_spec(workload=workload, name=FLAGS) if workload is not None else None
         with err.status(Text("checking the tuned config's memory...")):
             result = api.check(path, measure=measure, workload=spec,
-                               timeout_s=seconds(timeout, "--timeout"))
+                               timeout_s=seconds(timeout, "--timeout"),
+                               memory_budget=memory_budget, name=FLAGS)
         out.print(result.message, highlight=False, markup=False)
         if not result.fits:
             raise typer.Exit(1)
