@@ -77,7 +77,7 @@ def estimate(
     """Estimate one training step's memory without a GPU or weights, and what fits: exit 0
     when --micro-batch fits, 1 when it does not, 2 on bad input or a broken workload."""
     with exits():
-        from autotune import api, report
+        from autotune import api, report, report_estimate
 
         spec = api.workload_spec(workload=workload, model=model, seq_len=seq_len, name=FLAGS)
         with err.status(Text("tracing the training step under fake tensors...")):
@@ -92,7 +92,7 @@ def estimate(
         if json_out:
             print(report.to_json(result))
         else:
-            for line in report.estimate_lines(result):
+            for line in report_estimate.estimate_lines(result):
                 out.print(line, highlight=False)
         if not result.fits():
             raise typer.Exit(1)
