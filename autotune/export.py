@@ -20,6 +20,7 @@ from typing import Any
 from autotune.errors import ConfigError
 from autotune.files import write_json_atomic
 from autotune.knob_adapters import budget_by_hand
+from autotune.names import FLAGS, Names
 from autotune.schema import TunedConfig
 from autotune.traits import BLOCK_CHECKPOINTING
 from autotune.tuned_file import read_tuned
@@ -39,16 +40,17 @@ class Export:
     """The tuned values the file cannot carry, each with what to do instead."""
 
 
-def export_config(config_path: str | Path, to: str, out: str | Path | None = None, *,
-                  force: bool = False) -> tuple[Path, Export]:
+def export_config(config_path: str | Path, to: str, output: str | Path | None = None, *,
+                  force: bool = False, name: Names = FLAGS) -> tuple[Path, Export]:
     """Write ``to``'s config file for the ``autotune.json`` at ``config_path``.
 
     Args:
         config_path: the ``autotune.json`` to read (validated as ``autotune.load`` does).
         to: ``deepspeed``, ``torchtitan`` or ``accelerate``.
-        out: the file to write, or a folder for the tool's default name (default: that name
-            in the current folder).
+        output: the file to write, or a folder for the tool's default name (default: that
+            name in the current folder).
         force: overwrite an existing file.
+        name: how errors name ``output`` and ``force`` (``-o/--output``, ``--force``).
 
     Returns:
         The path written and the export (its notes: what the file does not carry).
@@ -59,11 +61,11 @@ def export_config(config_path: str | Path, to: str, out: str | Path | None = Non
     """
     target = _target(to)
     config = read_tuned(config_path)
-    path = Path(out) if out is not None else Path(TARGETS[target])
+    path = Path(output) if output is not None else Path(TARGETS[target])
     if path.is_dir():
         path = path / TARGETS[target]
     result = render(config, target)
-    write_json_atomic(path, result.text, force=force)
+    write_json_atomic(path, result.text, force=force, name=name, setting="output")
     return path, result
 
 

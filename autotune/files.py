@@ -54,7 +54,8 @@ def read_regular_file(path: Path) -> bytes:
             raise OSError(errno.EINVAL, f"it is {kind}, not a regular file")
         return f.read()
 
-def check_output(path: Path, *, force: bool = False, name: Names = FLAGS) -> None:
+def check_output(path: Path, *, force: bool = False, name: Names = FLAGS,
+                 setting: str = "out") -> None:
     """Refuse to write an output at ``path``: the one check of every output autotune writes
     (``write_json_atomic``; a search checks its outputs with it before it starts).
 
@@ -64,7 +65,8 @@ def check_output(path: Path, *, force: bool = False, name: Names = FLAGS) -> Non
             a link to one), ``force`` or not: a rename over it would replace the device node
             or the pipe itself; or a folder above ``path`` is a file.
 
-    ``name`` says the settings the user's way (``--force`` or ``force=True``).
+    ``name`` says the settings the user's way (``--force`` or ``force=True``), ``setting``
+    which one chose the path (``out``: a folder; ``output``: export's file or folder).
     """
     path = Path(path)
     kind = not_a_file(path)
@@ -74,9 +76,7 @@ def check_output(path: Path, *, force: bool = False, name: Names = FLAGS) -> Non
                           f"outputs as files and replaces nothing else, also with "
                           f"{name.given('force', True)}; choose another path")
     if path.exists() and not force:
-        raise OutputExistsError(path, f"{path} already exists and was not overwritten: pass "
-                                f"{name.given('force', True)} to replace it, or choose "
-                                f"another {name('out')} folder")
+        raise OutputExistsError(path, _exists(path, name, setting))
     for folder in path.parents:  # the nearest one that exists must be a folder
         try:
             if stat.S_ISDIR(folder.stat().st_mode):
@@ -86,23 +86,36 @@ def check_output(path: Path, *, force: bool = False, name: Names = FLAGS) -> Non
         except (OSError, ValueError):
             return  # unreadable: writing it says why
         raise ConfigError(f"cannot write {path}: {folder} is a file, not a folder; choose "
-                          f"another {name('out')} folder, or move the file")
+                          f"another {_where(name, setting)}, or move the file")
 
 
-def write_json_atomic(path: Path, text: str | bytes, *, force: bool = False) -> None:
+def _exists(path: Path, name: Names, setting: str) -> str:
+    return (f"{path} already exists and was not overwritten: pass {name.given('force', True)} "
+            f"to replace it, or choose another {_where(name, setting)}")
+
+
+def _where(name: Names, setting: str) -> str:
+    """The setting that chose an output's path, the user's way: ``--out folder``, ``-o/--output
+    path``."""
+    return f"{name(setting)} {'folder' if setting == 'out' else 'path'}"
+
+
+def write_json_atomic(path: Path, text: str | bytes, *, force: bool = False,
+                      name: Names = FLAGS, setting: str = "out") -> None:
     """Write ``text`` (or bytes) to ``path`` atomically, with the user's umask, never over
     another file, and over nothing but a regular file (``check_output``).
 
     The text goes to a temporary file beside ``path``, which then takes the name in one step: a
     hard link (fails if the name exists, also when another process wrote it after the check
     at the start) or, with ``force``, a rename over it. Readers never see a half-written file.
+    ``name`` and ``setting`` say what chose the path in errors (``check_output``).
 
     Raises:
         OutputExistsError: ``path`` exists and ``force`` is False.
         ConfigError: not a regular file at ``path``, a file above it, the folder not writable.
     """
     path = Path(path)
-    check_output(path, force=force)
+    check_output(path, force=force, name=name, setting=setting)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -112,16 +125,19 @@ def write_json_atomic(path: Path, text: str | bytes, *, force: bool = False) -> 
                 f.write(text)
             os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600
             if force:
-                check_output(path, force=True)  # again: the write took a while
+                check_output(path, force=True, name=name, setting=setting)  # the write took a while
                 os.replace(tmp, path)
             else:
-                _link_exclusive(tmp, path)
+                try:
+                    _link_exclusive(tmp, path)
+                except OutputExistsError:  # written meanwhile: said the user's way
+                    raise OutputExistsError(path, _exists(path, name, setting)) from None
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
     except OSError as exc:
         raise ConfigError(f"cannot write {path}: {exc.strerror or exc}; choose a writable "
-                          "--out folder") from exc
+                          f"{_where(name, setting)}") from exc
 
 
 def _link_exclusive(tmp: str, path: Path) -> None:

@@ -22,6 +22,7 @@ _FLAGS = {
     "micro_batches_per_class": "--micro-batches",
     "cache": "--no-cache",
     "max_oom_fallbacks": "--oom-fallbacks",
+    "output": "-o/--output",
 }
 """Fields whose flag is not the field's name with dashes."""
 

@@ -11,20 +11,26 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.table import Table
 from rich.text import Text
 
-from autotune.config import DeviceInfo, ProbeReport, ProbeStep
+from autotune.config import DeviceInfo, ProbeReport
 from autotune.device import backend_for
 from autotune.knobs import describe
-from autotune.schema import SearchResult, SkipRecord, TrialRecord, TunedConfig
+from autotune.report_width import (
+    Pieces,
+    abbreviate,
+    column_widths,
+    cut,
+    label_pieces,
+    legend_line,
+    shorten,
+)
+from autotune.schema import SearchResult, SkipRecord, TunedConfig
 from autotune.serialize import to_json_dict
 from autotune.units import accumulate_steps, format_bytes
-
-if TYPE_CHECKING:
-    from autotune.estimate.fits import EstimateReport
 
 
 def env_table(info: DeviceInfo) -> Table:
@@ -93,16 +99,6 @@ def probe_footer(report: ProbeReport) -> list[str]:
     return lines
 
 
-def probe_step_line(label: str, step: ProbeStep) -> str:
-    """One progress line for a finished probe: it fits, does not fit (ran over the usable
-    budget, or out of memory), or failed otherwise, which says nothing of its memory."""
-    verdict = ("fits" if step.fits else "does not fit" if step.status in ("ok", "oom") else
-               "no memory verdict")
-    seconds = f", {step.wall_s:.1f} s" if step.wall_s is not None else ""
-    return (f"{label:<32} micro-batch {step.micro_batch:>5}: {step.status:<13} "
-            f"peak {format_bytes(step.peak_bytes):>10}  {verdict}{seconds}")
-
-
 def to_json(value: Any) -> str:
     """Any result dataclass as indented JSON."""
     return json.dumps(to_json_dict(value), indent=2)
@@ -114,17 +110,27 @@ beside samples/s, ±, tokens/s, compile s, runs, TFLOP/s): ``--json`` and ``auto
 hold them all."""
 
 _NARROW_DROPS = frozenset({"ms/step", "±", "tokens/s", "compile s", "runs", "TFLOP/s"})
+NARROW_WIDTH = 120
+"""A console narrower than this also goes without the MFU column (the footer's ``compute:``
+says it) and, where the objective is time to train, the speedup (of samples/s); the long knob
+values are abbreviated by a legend under the table: at 80 columns its knob labels wrap
+between their parts, never inside a word."""
 
 
 def search_table(config: TunedConfig, width: int | None = None) -> Table:
     """Every trial: knobs, outcome, speed, memory and compile cost; the winner marked.
 
     ``width``: the console's columns; under ``FULL_TABLE_WIDTH`` the low-value columns are
-    left out (``_NARROW_DROPS``). A knobs label too long for its column wraps, whole: rows
-    must stay apart."""
+    left out (``_NARROW_DROPS``), under ``NARROW_WIDTH`` the MFU too and the long knob
+    values are abbreviated (the legend is the table's caption). A knobs label too long for
+    its column wraps between its parts (``report_width.Pieces``), never inside a word."""
+    narrow = width is not None and width < NARROW_WIDTH
+    legend = abbreviate(r.knobs.label() for r in config.trials) if narrow else {}
     table = Table(title=_title(
         f"autotune search — {config.workload_name or config.workload.label()} on "
-        f"{config.device.name} ({config.device.device}), target batch {config.target_batch}"))
+        f"{config.device.name} ({config.device.device}), target batch {config.target_batch}"),
+        caption=Text(legend_line(legend, width or NARROW_WIDTH)) if legend else None,
+        caption_justify="left")
     columns = [("#", "right"), ("knobs", "left"), ("micro x acc", "right"),
                ("status", "left"), ("ms/step", "right"), ("±", "right"), ("samples/s", "right"),
                ("tokens/s", "right"), ("peak", "right"), ("compile s", "right"),
@@ -135,24 +141,21 @@ def search_table(config: TunedConfig, width: int | None = None) -> Table:
         columns.remove(("tokens/s", "right"))
     if flops:
         columns.append(("TFLOP/s", "right"))
-    if mfu:
+    if mfu and not narrow:
         columns.append(("MFU", "right"))
     if config.train_steps:
         columns.append((f"train {config.train_steps} steps s", "right"))
     names = [name for name, _ in columns]
-    keep = [width is None or width >= FULL_TABLE_WIDTH or name not in _NARROW_DROPS
+    drops = _NARROW_DROPS | ({"speedup"} if narrow and config.train_steps else set())
+    keep = [width is None or width >= FULL_TABLE_WIDTH or name not in drops
             for name in names]
-    for (name, justify), kept in zip(columns, keep, strict=True):
-        if kept:
-            # Only the knobs and the status wrap (the knobs fold, whole): the figures stay
-            # on one line each, so a narrow console takes its columns from the knobs.
-            table.add_column(name, justify=justify,  # type: ignore[arg-type]
-                             overflow="fold", no_wrap=name not in ("knobs", "status"))
+    rows = []
     for r in config.trials:
-        status = Text(r.verdict, style="bold green" if r.verdict == "winner" else "")
-        if r.is_baseline:
-            status.append(" (baseline)")
-        row: list[str | Text] = [str(r.number), r.knobs.label(),
+        status = Pieces(re.split(r"(?<=[_ ])", r.verdict + " (baseline)" * r.is_baseline),
+                        style="bold green" if r.verdict == "winner" else "")
+        row: list[str | Text | Pieces] = [str(r.number),
+               Pieces(shorten(r.knobs.label(), legend) if legend else
+                      label_pieces(r.knobs.label())),
                f"{r.micro_batch}x{r.accumulate_steps}", status,
                _num(r.median_step_s, 1000, ".1f"), _num(r.halfwidth, 100, ".0f", "%"),
                _num(r.samples_per_s, 1, ",.1f"),
@@ -161,14 +164,28 @@ def search_table(config: TunedConfig, width: int | None = None) -> Table:
                _num(r.speedup, 1, ".2f", "x"), str(r.num_runs)]
         if flops:
             row.append(_num(r.tflops_per_s, 1, ".3g"))
-        if mfu:
+        if mfu and not narrow:
             row.append(_num(r.mfu, 100, ".1f", "%"))
         if config.train_steps:
             row.append(_num(r.time_to_train_s, 1, ",.1f"))
         if "tokens/s" not in names:
             del row[7]
-        row = [cell for cell, kept in zip(row, keep, strict=True) if kept]
-        _add_row(table, *row, style="bold" if r.verdict == "winner" else None)
+        rows.append(([cell for cell, kept in zip(row, keep, strict=True) if kept],
+                     "bold" if r.verdict == "winner" else None))
+    kept_columns = [column for column, kept in zip(columns, keep, strict=True) if kept]
+    # The knobs and the status wrap between their parts, two headers between words, a
+    # figure never; where the table is wider than the console, the knobs take what the
+    # others leave (``column_widths``: rich's own collapse breaks parts mid-word).
+    wraps = [name in ("knobs", "status", "micro x acc") or name.startswith("train ")
+             for name, _ in kept_columns]
+    sizes = column_widths([[name, *(row[i] for row, _ in rows)]
+                           for i, (name, _) in enumerate(kept_columns)],
+                          wraps, width or 10_000, 1)
+    for (name, justify), wrap, size in zip(kept_columns, wraps, sizes, strict=True):
+        table.add_column(Text(name), justify=justify,  # type: ignore[arg-type]
+                         no_wrap=not wrap, width=size)
+    for row, style in rows:
+        _add_row(table, *row, style=style)
     return table
 
 
@@ -177,7 +194,7 @@ def _title(text: str) -> Text:
     return Text(text, style="table.title")
 
 
-def _add_row(table: Table, *cells: str | Text, style: str | None = None) -> None:
+def _add_row(table: Table, *cells: str | Text | Pieces, style: str | None = None) -> None:
     """A row whose cells print as typed: each plain string becomes a ``Text``."""
     table.add_row(*(Text(c) if isinstance(c, str) else c for c in cells), style=style)
 
@@ -223,7 +240,8 @@ def search_footer(result: SearchResult) -> list[str]:
 
 MAX_SKIPPED_LINES = 4
 """Lines the footer gives the skipped candidates, one per kind (the rest in the page)."""
-LINE_WIDTH = 100
+LINE_WIDTH = 80
+"""A skipped line's most columns: cut between words past it (``report_width.cut``)."""
 _SETTING = re.compile(r"^[\w.-]+/[\w.+=/-]*(?: \d+(?:x\d+)?)?:? ")
 _NUMBERS = re.compile(r"\b\d[\d,.]*(?:x\d+)?%?(?:,? (?=\d))?")
 _RUNS_MADE = re.compile(r"^re-check of |screened again on |re-measured: |interleaved rounds")
@@ -281,11 +299,11 @@ def _kind(line: str) -> str:
 
 
 def _grouped(heading: str, kind: str, found: list[str]) -> str:
-    """``skipped (3 not tried): <the first>``, on one line cut to ``LINE_WIDTH``."""
+    """``skipped (3 not tried): <the first>``, on one line cut between words to
+    ``LINE_WIDTH``."""
     kind = kind if len(kind) <= 40 else kind[:39] + "…"
     count = f" ({len(found)}{' ' + kind if kind else ''})" if len(found) > 1 else ""
-    text = f"{heading}{count}: {' '.join(found[0].split())}"
-    return text if len(text) <= LINE_WIDTH else text[:LINE_WIDTH - 1] + "…"
+    return cut(f"{heading}{count}: {' '.join(found[0].split())}", LINE_WIDTH)
 
 
 def short_reason(c: TunedConfig) -> str:
@@ -304,10 +322,19 @@ def short_reason(c: TunedConfig) -> str:
     if not others:
         return text + "."
     runner_up = max(others, key=lambda r: r.samples_per_s or 0.0)
+    paired = next((r for r in others if r.round_shares), None)
+    if c.runner_up == "rounds" and paired is not None:  # the one the rounds decided against
+        runner_up = paired
     ratio = (runner_up.samples_per_s or 0.0) / winner.samples_per_s
-    sure = (" (within the noise: either would do)" if "within the noise" in c.reason else
-            " (rounds run back to back decided)" if winner.round_shares else "")
-    return f"{text}. Runner-up {runner_up.label()} at {ratio:.2f}x{sure}."
+    return f"{text}. Runner-up {runner_up.label()} at {ratio:.2f}x{_STANDING[c.runner_up]}."
+
+
+_STANDING = {"behind": " (behind, beyond the noise)",
+             "behind-once": " (behind, beyond each run's spread: one of them ran once)",
+             "within-noise": " (within the noise: either would do)",
+             "rounds": " (rounds run back to back decided)", "": ""}
+"""``TunedConfig.runner_up`` in the terminal's ``why:``: the search's interval comparison
+said it (never words found in the reason)."""
 
 
 def not_reached_line(c: TunedConfig) -> str:
@@ -355,67 +382,6 @@ def summary_lines(c: TunedConfig) -> list[str]:
     return lines
 
 
-def trial_line(record: TrialRecord, stage: str = "") -> str:
-    """One progress line for a finished run (a probe that fits is also a trial)."""
-    speed = f"{record.samples_per_s:,.1f} samples/s" if record.samples_per_s else "-"
-    extra = f" ({record.reason})" if record.reason else ""
-    wall = f", {record.wall_s:.0f} s" if record.wall_s is not None else ""
-    where = f"{stage:<7} " if stage else ""
-    return (f"trial {where}{record.label():<36} {record.verdict:<13} {speed:>20}  peak "
-            f"{format_bytes(record.peak_bytes):>10}{wall}{extra}")
-# ----------------------------------------------------------------------------------------------
-# estimate and check (issue 5).
-
-
-def estimate_lines(report: EstimateReport) -> list[str]:
-    """The estimate as lines for people: breakdown at the peak, then what fits."""
-    step = report.estimate
-    kernels = ("cuda: fused attention, an optimizer left to choose as foreach; --device cpu "
-               "for a CPU's" if step.kernels == "cuda" else
-               "cpu: what a CPU runs, as traced; --device cuda for a GPU's")
-    strategy = step.knobs.strategy
-    rank = (f", per rank of {step.world_size} ({strategy})" if strategy != "none" else "")
-    lines = [
-        f"{report.workload_name}: micro-batch {step.micro_batch}, {step.knobs.label()} traced "
-        f"eager{rank} ({step.num_parameters / 1e6:.1f}M parameters; fake-tensor trace of the "
-        f"training step, 2 accumulated micro-batches + optimizer step, {step.trace_s:.1f} s)",
-        f"kernels modelled: {kernels}",
-    ]
-    grads = "grads + buckets" if strategy.startswith("ddp") else "gradients"
-    rows = [("parameters", step.parameters_bytes), (grads, step.gradients_bytes),
-            ("optimizer state", step.optimizer_bytes), ("activations", step.activations_bytes),
-            ("temporaries", step.temporaries_bytes), ("inputs", step.inputs_bytes)]
-    if report.calibration is not None:
-        rows.append(("measured beyond", report.peak_bytes() - step.peak_bytes))
-    lines += [f"  {name:<16}{format_bytes(value):>12}" for name, value in rows]
-    lines.append(f"  {'peak':<16}{format_bytes(report.peak_bytes()):>12}  "
-                 f"(during {step.peak_phase})")
-    budget = (f"device memory {format_bytes(report.device_memory_bytes)} - "
-              f"{report.headroom:.0%} headroom = {format_bytes(report.usable_bytes)} usable")
-    verdict = "fits" if report.fits() else (
-        f"does NOT fit (over by "
-        f"{format_bytes(report.peak_bytes() - report.usable_bytes)})")
-    lines.append(f"{budget}: micro-batch {step.micro_batch} {verdict}")
-    if report.max_micro_batch:
-        per_device = (report.target_batch or 0) // report.world_size
-        peak = f"peak {format_bytes(report.max_peak_bytes)}"
-        lines.append(f"largest micro-batch that fits: {report.max_micro_batch}, " + (
-            f"a divisor of the per-device batch {per_device}, {peak}" if report.target_batch
-            else f"{peak}; --target-batch lists the divisors of yours that fit"))
-        if (report.any_max_micro_batch or 0) > report.max_micro_batch:
-            lines.append(f"the largest of any size is {report.any_max_micro_batch}: not a "
-                         f"divisor of {per_device}, so no accumulation makes the target batch "
-                         "exactly")
-    else:
-        lines.append("no micro-batch fits, not even 1")
-    if report.target_batch is not None:
-        pairs = ", ".join(f"{m} x {a}" for m, a in report.pairs) or "none"
-        lines.append(f"target batch {report.target_batch} (world size {report.world_size}): "
-                     f"micro_batch x accumulate_steps that fit: {pairs}")
-    lines += [f"note: {note}" for note in report.notes]
-    return lines
-
-
 def study_lines(c: TunedConfig) -> list[str]:
     """Where the runs are kept, what was reused from it and from when, what the store said."""
     if c.study is None:
@@ -435,13 +401,6 @@ def study_lines(c: TunedConfig) -> list[str]:
         lines.append(f"study store: runs recorded in {where} (study {c.study.name}): a "
                      "repeated search reuses them (--no-cache: keep none)")
     return lines
-
-
-def start_line(workload: str, device: str | None, target_batch: int) -> str:
-    """The search's first line, printed before anything is run."""
-    return (f"autotune search: probing the memory of {workload} on "
-            f"{device or 'the default device (cuda when available)'} for target batch "
-            f"{target_batch} (each run is a fresh child process; this takes minutes)")
 
 
 def cache_table(path: Path, studies: list[Any]) -> Table:

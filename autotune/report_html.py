@@ -164,6 +164,10 @@ def _table(header: Sequence[str] | None, rows: Iterable[Sequence[object]]) -> st
     return f"<table>{head}{body}</table>"
 
 
+LEGEND = {"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "left", "x": 0}
+"""Every plot's legend: one row above the plot area (the top margin grows to hold it)."""
+
+
 def _plot(name: str, drawn: Drawn) -> str:
     """One plotly figure in its container (``data-plot``), drawn by the plotly.js inlined once
     in the head; once drawn, ``autotuneRendered`` records its size there."""
@@ -171,7 +175,9 @@ def _plot(name: str, drawn: Drawn) -> str:
 
     if drawn.figure is None:
         return "".join(f"<p class=\"note\">Nothing to draw: {_e(n)}</p>" for n in drawn.notes)
-    drawn.figure.update_layout(template="plotly_white", legend={"orientation": "h", "y": -0.18},
+    # The legend above the plot: below it, it lands on the x axis's title in a short plot
+    # (the timeline's height grows with its runs; plotly places a legend at a share of it).
+    drawn.figure.update_layout(template="plotly_white", legend=LEGEND,
                                margin={"l": 70, "r": 30, "t": 40, "b": 60})
     body = plotly.io.to_html(drawn.figure, full_html=False, include_plotlyjs=False,
                              div_id=f"plot-{name}", post_script='autotuneRendered("{plot_id}")',
@@ -256,7 +262,23 @@ function autotuneRendered(id) {
   if (!holder) { return; }
   holder.setAttribute('data-svg-width', String(Math.round(size.width)));
   holder.setAttribute('data-svg-height', String(Math.round(size.height)));
+  holder.setAttribute('data-overlaps', autotuneOverlaps(div).join(' '));
   holder.setAttribute('data-rendered', 'yes');
+}
+function autotuneOverlaps(div) {
+  // The legend's box against the axis titles' boxes: the names of those it covers.
+  var legend = div.querySelector('g.legend');
+  if (!legend) { return []; }
+  var box = legend.getBoundingClientRect();
+  var hit = [];
+  div.querySelectorAll('text.xtitle, text.ytitle').forEach(function (title) {
+    var t = title.getBoundingClientRect();
+    if (t.width && box.width && t.left < box.right && box.left < t.right
+        && t.top < box.bottom && box.top < t.bottom) {
+      hit.push(title.getAttribute('class'));
+    }
+  });
+  return hit;
 }
 document.addEventListener('DOMContentLoaded', autotuneShowErrors);
 window.addEventListener('load', function () {

@@ -81,7 +81,7 @@ def _measured(c: TunedConfig) -> list[_Measured]:
                           peak_bytes=r.peak_bytes, fits=r.fits, status=r.status,
                           what=f"#{r.number} {r.kind}" + (
                               f", reused from the study store (measured at {r.stored_at})"
-                              if r.stored_at else ""))
+                              if r.stored_at else ", cut by the budget" if r.cut else ""))
                 for r in c.runs]
     usable = c.memory.usable_bytes
     return [_Measured(label=t.knobs.label(), micro_batch=t.micro_batch, peak_bytes=t.peak_bytes,
@@ -279,8 +279,9 @@ def timeline_plot(c: TunedConfig) -> Drawn:
     if not runs:
         return Drawn(figure=None, notes=("every run was reused from the study store" if c.runs
                                          else "this file records no run times",))
-    names = [_e(f"#{r.number} {r.kind} {r.label()}"
-                + ("" if r.status == "ok" else f" ({r.status})")) for r in runs]
+    names = [_e(f"#{r.number} {r.kind} {r.label()}" + (
+        " (cut by the budget)" if r.cut else "" if r.status == "ok" else f" ({r.status})"))
+        for r in runs]
     parts = []
     for r in runs:
         wall = r.wall_s or 0.0

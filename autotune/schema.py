@@ -35,6 +35,8 @@ Verdict = Literal[
     "winner", "ok", "slower", "numerics", "over_budget", "oom", "compile_error", "non_finite",
     "timeout", "crash", "error", "workload_error", "unsupported",
 ]
+RunnerUp = Literal["", "behind", "behind-once", "within-noise", "rounds"]
+"""How the winner stands against the runner-up (``TunedConfig.runner_up``)."""
 
 
 def _non_finite(value: Any) -> Any:
@@ -227,6 +229,9 @@ class RunRecord(HasKnobs):
     stored_at: Text | None = None
     """A run reused from the study store: when it was measured (ISO 8601, UTC); None for a
     run of this search."""
+    cut: bool = False
+    """``--time-budget`` cut it short: its timeout was what was left of the budget, not
+    ``--trial-timeout`` (its status says ``timeout``; it says nothing of its candidate)."""
 
     def label(self) -> str:
         """E.g. ``bf16/default 16`` (the micro-batch)."""
@@ -366,6 +371,14 @@ class TunedConfig(HasKnobs):
     """Optimizer steps after which the compiled winner's compile time has paid for itself."""
     reason: Text = ""
     """One line: why the winner won."""
+    runner_up: RunnerUp = ""
+    """How the winner stands against the runner-up (the fastest other candidate timed in
+    full), as the search's interval comparison says it (``Interval.beats``: the winner's
+    samples/s with the lead's noise around it, widened to the drift two runs of one config
+    showed): ``behind``, beyond the noise; ``behind-once``, beyond each run's own spread but
+    one of the two ran once (the drift between runs is not in that); ``within-noise``, either
+    would do; ``rounds``, interleaved rounds decided between the two; "" no runner-up, its
+    spread not measured, an objective in steps, or a file written before it was recorded."""
     trials: tuple[TrialRecord, ...] = ()
     skips: tuple[SkipRecord, ...] = ()
     """Candidates or classes not measured, each with its rule and reason (``skipped``: the

@@ -172,11 +172,11 @@ def _probe_line(knobs, step) -> None:
         f"{step.wall_s or 0:.0f} s")
 
 
-def _trial_line(runs: int, stage: str, candidate, record) -> None:
+def _trial_line(runs, stage: str, candidate, record) -> None:
     """Each timed trial as it ends."""
     if record is not None:
         peak = f"{record.peak_bytes / 2**30:.2f} GiB" if record.peak_bytes else "-"
-        log(f"  [{runs}] {stage} {candidate.key()}: {record.verdict}, "
+        log(f"  [{runs.done}] {stage} {candidate.key()}: {record.verdict}, "
             f"{record.samples_per_s or 0:,.1f} samples/s, peak {peak}, "
             f"compile {record.compile_s or 0:.0f} s, {record.wall_s or 0:.0f} s")
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from oracle import machine, run_side_by_side, write_results
 from search_quality import fresh_inductor_cache, log
 
-from autotune import api, report
+from autotune import api, report, report_progress
 from autotune.config import Knobs, WorkloadSpec
 from autotune.search import SearchSettings
 
@@ -41,12 +41,12 @@ def _tokens_per_s(result, per_device: int) -> float | None:
 
 def _log_probe(knobs, step) -> None:  # the search's runs, as `autotune search` prints them
     if not step.timed:
-        log(report.probe_step_line(knobs.label(), step))
+        log(report_progress.probe_step_line(knobs.label(), step))
 
 
 def _log_trial(num_runs, stage, candidate, record) -> None:
     if record is not None:
-        log(report.trial_line(record, stage))
+        log(report_progress.trial_line(record, stage))
 
 
 def main() -> int:

@@ -367,3 +367,59 @@ def test_check_messages_are_one_clause_without_nested_parentheses(tmp_path: Path
     path.write_text(json.dumps(data))
     message = api.check(path, measure=False, workload=workload).message
     assert "implausible" in message and paren_depth(message) <= 1, message
+
+
+# ----------------------------------------------------------------------------------------------
+# What the first hour met (issue 62): the device an estimate answers for, said; check asked
+# about a smaller device.
+
+@pytest.mark.subprocess
+def test_check_asks_about_a_smaller_budget_and_validates_it_as_search_does(
+        tmp_path: Path) -> None:
+    """The defect: `check` had no way to ask whether the config fits a smaller device (the
+    user edited the JSON). --memory-budget (or --device-memory) replaces the file's budget:
+    exit 1 where the config does not fit it, 2 for a budget search would refuse."""
+    path = cpu_config(tmp_path, micro_batch=16, budget=4 * GIB)
+    own = runner.invoke(app, ["check", str(path), "--estimate"])
+    assert own.exit_code == 0, own.output
+    for option in ("--memory-budget", "--device-memory"):
+        small = runner.invoke(app, ["check", str(path), "--estimate", option, "60MiB"])
+        assert small.exit_code == 1, small.output
+        assert "usable 54.00 MiB, the 60.00 MiB budget asked (--memory-budget 60MiB) less 10% " \
+            "headroom" in " ".join(small.output.split()), small.output
+    half = runner.invoke(app, ["check", str(path), "--estimate", "--memory-budget", "50%"])
+    assert half.exit_code == 0 and "the 2.00 GiB budget asked" in half.output, half.output
+    for bad, words in (("8GiB", "--memory-budget 8GiB (8.00 GiB) is more than cpu has (4.00 "
+                                "GiB)"),
+                       ("lots", "'lots'"), ("0%", "is not a share between 0% and 100%")):
+        refused = runner.invoke(app, ["check", str(path), "--memory-budget", bad])
+        assert refused.exit_code == 2 and words in " ".join(refused.output.split()), (
+            bad, refused.output)
+
+
+@pytest.mark.subprocess
+def test_estimate_says_the_device_it_answers_for_and_agrees_with_assert_fits() -> None:
+    """The defect: README's `estimate` line answered for this CPU machine's memory (exit 1:
+    "does NOT fit" 24 GiB) where examples/ci's assert_fits, for a GPU, passed; nothing but a
+    kernels line said which device. The first line and the verdict name it (and whence), the
+    README's line asks for CUDA as assert_fits does, and the two give one figure."""
+    import json
+
+    import torch
+
+    from autotune.testing import assert_fits
+    from tests.test_readme import README, autotune_commands
+
+    here = "cuda:0" if torch.cuda.is_available() else "cpu"
+    default = estimate_cli("--device-memory", "1GiB")
+    first, *_ = default.output.splitlines()
+    assert first.startswith(f"small-cnn: micro-batch 4 for {here} (this machine), fp32/off")
+    assert f"{here} memory 1.00 GiB - 10% headroom" in default.output
+    gpu = estimate_cli("--device", "cuda", "--device-memory", "1GiB")
+    assert gpu.output.startswith("small-cnn: micro-batch 4 for cuda (--device), ")
+    assert "cuda memory 1.00 GiB - 10% headroom" in gpu.output
+    [readme] = [words for words in autotune_commands(README) if words[0] == "estimate"]
+    assert readme[readme.index("--device") + 1] == "cuda", readme
+    figure = json.loads(estimate_cli("--device", "cuda", "--device-memory", "1GiB",
+                                     "--json").stdout)["estimate"]["peak_bytes"]
+    assert assert_fits(SMALL_CNN, micro_batch=4, device_memory="1GiB").peak_bytes == figure

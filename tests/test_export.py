@@ -250,6 +250,22 @@ def test_export_writes_each_file_and_refuses_to_overwrite(tmp_path: Path) -> Non
     assert into_folder.exit_code == 0  # a new path: the file itself
 
 
+def test_export_errors_name_its_output_option(tmp_path: Path) -> None:
+    """Issue 62: an export refused over an existing file, or under a file, named ``--out``,
+    an option export does not have: it names ``-o/--output``."""
+    source = write(job(), tmp_path / "autotune.json")
+    (tmp_path / "ds_config.json").write_text("mine")
+    runner = CliRunner()
+    exists = runner.invoke(app, ["export", str(source), "--to", "deepspeed", "-o",
+                                 str(tmp_path / "ds_config.json")])
+    under_a_file = runner.invoke(app, ["export", str(source), "--to", "deepspeed", "-o",
+                                       str(tmp_path / "ds_config.json" / "x.json")])
+    for done in (exists, under_a_file):
+        text = " ".join(done.output.split())
+        assert done.exit_code == 2, done.output
+        assert "choose another -o/--output path" in text and "--out " not in text, text
+
+
 @pytest.mark.parametrize(("args", "words"), [
     (["--to", "megatron"], "--to 'megatron' is not a tool autotune exports to: use deepspeed, "
                            "torchtitan, accelerate"),

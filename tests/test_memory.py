@@ -325,7 +325,7 @@ def _budget(usable: int) -> object:
 def test_a_probes_progress_line_says_does_not_fit_only_of_memory(status: str, fits: bool,
                                                                  verdict: str) -> None:
     from autotune.config import ProbeStep
-    from autotune.report import probe_step_line
+    from autotune.report_progress import probe_step_line
 
     line = probe_step_line("fp32/off", ProbeStep(micro_batch=1, status=status,  # type: ignore[arg-type]
                                                  peak_bytes=None, fits=fits, wall_s=2.0))

@@ -11,12 +11,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from autotune import report
+from autotune import api, report, report_progress
 from autotune.cli import app
-from autotune.cli.output import plain_console
+from autotune.cli.output import plain_console, progress_bar, say
+from autotune.config import DeviceInfo, ProbeStep
 from autotune.knobs import Knobs
 from autotune.report_html import render_html
+from autotune.report_width import abbreviate, label_pieces, shorten
 from autotune.schema import SearchResult, SkipRecord, TrialRecord, TunedConfig, notes
+from autotune.search import RunCount
+from autotune.search._records import Candidate
 from autotune.search.rules import RULES
 from tests.tuned_configs import make_tuned, write
 
@@ -61,12 +65,104 @@ def test_the_search_table_fits_100_columns_and_every_knobs_label_stays_whole() -
     text = console.export_text()
     assert max(len(line) for line in text.splitlines()) <= 100
     assert "…" not in text
-    assert _rows(text, 1) == list(LONG_LABELS)
-    # Wide enough, every column is there; so in --json and the page.
+    legend = {"max-autotune-no-cudagraphs": "manc"}  # said under the table
+    assert _rows(text, 1) == ["".join(shorten(label, legend)) for label in LONG_LABELS]
+    assert text.rstrip().endswith("manc = max-autotune-no-cudagraphs")
+    # Wide enough, every column is there, every value whole; so in --json and the page.
     wide = plain_console(width=200, record=True)
     wide.print(report.search_table(config, width=wide.width))
     header = wide.export_text()
     assert all(name in header for name in ("±", "tokens/s", "compile s", "runs", "TFLOP/s"))
+    assert _rows(header, 1) == list(LONG_LABELS) and "manc" not in header
+
+
+def _whole(cell_lines: list[str], label: str) -> bool:
+    """Whether a cell's lines break ``label`` only between its parts (``label_pieces``)."""
+    bounds = {0}
+    for piece in label_pieces(label):
+        bounds.add(max(bounds) + len(piece))
+    at = 0
+    for line in cell_lines:
+        at += len(line)
+        if at not in bounds:
+            return False
+    return "".join(cell_lines) == label
+
+
+def _cells(text: str, column: int) -> list[list[str]]:
+    """Each row's lines of one column (as ``_rows``, not joined)."""
+    rows: list[list[str]] = []
+    for line in text.splitlines():
+        cells = line.split("│")
+        if len(cells) < column + 2:
+            continue
+        if cells[1].strip():
+            rows.append([])
+        if cells[column + 1].strip():
+            rows[-1].append(cells[column + 1].strip())
+    return rows
+
+
+ISSUE_LABELS = ("fp32/default", "bf16/default+scope=blocks", "bf16/default+ckpt=budget-0.5",
+                "fp32/max-autotune-no-cudagraphs+alloc=expandable_segments+format="
+                "channels_last", "bf16/reduce-overhead+dp=fsdp-no-reshard+opt=for-loop")
+
+
+def test_every_line_of_a_search_fits_80_columns_and_no_label_is_split() -> None:
+    """issue 62: at COLUMNS=80 the search's pieces, as the CLI prints them (the first line,
+    a probe's and a run's lines, the progress line, the table, the footer, the skipped
+    lines), fit 80 columns; a knobs label wraps between its parts or is abbreviated by the
+    legend, never broken mid-word (``fp32/defau``/``lt``, ``+scop``/``e=blocks`` were)."""
+    labels = tuple(Knobs.from_label(label).label() for label in (*LONG_LABELS, *ISSUE_LABELS))
+    config = realistic()
+    trials = tuple(replace(config.trials[0], number=i, knobs=Knobs.from_label(label),
+                           verdict="winner" if i == 0 else "over_budget" if i == 1 else "ok",
+                           reason="" if i else "the fastest of 11 runs, by 4% over the next")
+                   for i, label in enumerate(labels))
+    config = replace(config, trials=trials, skips=notes(*SKIPPED), train_steps=1000)
+    console = plain_console(width=80, record=True)
+    cpu = DeviceInfo(device="cpu", name="Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz",
+                     total_memory_bytes=1 << 34, available_memory_bytes=1 << 33,
+                     supports_bf16=True, supports_fp16=False, supports_tf32=False)
+    say(console, report_progress.start_line("examples/a_rather_long_folder/train.py:workload",
+                                            cpu, 64))
+    step = ProbeStep(micro_batch=128, status="ok", peak_bytes=900 << 20, fits=True, wall_s=3.2)
+    for label in labels:
+        say(console, report_progress.probe_step_line(label, step))
+    for record in trials:
+        say(console, report_progress.trial_line(record, "confirm"))
+    console.print(report.search_table(config, width=console.width))
+    for line in report.search_footer(SearchResult(config=config, path=None, probe=None)):
+        say(console, line)
+    with progress_bar(console) as progress:
+        task = progress.add_task("", total=None)
+        progress.update(task, completed=8, total=23, description=report_progress.run_line(
+            RunCount(done=8, total=23, left_s=100.0), "knobs", f"{labels[-2]}/128"))
+        console.print(progress.get_renderable())  # what its live display shows
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80, [
+        line for line in text.splitlines() if len(line) > 80]
+    assert "knobs: run 9/~23, ~1 min 40 s left: fp32/" in text  # one line, cut with …
+    assert "on cpu (Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz" in " ".join(text.split())
+    # the table: every label whole, or its long values abbreviated and said in the legend
+    legend = abbreviate(labels)
+    assert set(legend) == {"max-autotune-no-cudagraphs", "expandable_segments",
+                           "channels_last", "reduce-overhead", "fsdp-no-reshard"}
+    cells = _cells(text, 1)
+    assert len(cells) == len(labels)
+    for lines, label in zip(cells, labels, strict=True):
+        assert _whole(lines, "".join(shorten(label, legend))), (lines, label)
+    assert all(f"{short} = {value}" in " ".join(text.split()) for value, short in legend.items())
+    # the lines: no label cut across two of them
+    lines = text.splitlines()
+    for label in labels:
+        assert sum(label in line for line in lines) >= 2, label  # its probe and its run
+    # skipped lines: cut between words, the rest in the file
+    for line in (line for line in lines if line.startswith("skipped") and line.endswith("…")):
+        head = line[:-1].partition(": ")[2]
+        sentence = next(" ".join(s.split()) for s in SKIPPED if " ".join(s.split())
+                        .startswith(head))
+        assert sentence[len(head)] in " ,;:", (head, sentence)
 
 
 def test_why_is_two_short_sentences_and_the_file_keeps_the_whole_reason() -> None:
@@ -83,6 +179,55 @@ def test_why_is_two_short_sentences_and_the_file_keeps_the_whole_reason() -> Non
                    "at 0.96x.")
     assert config.reason == long_reason  # autotune.json and the page keep it whole
     assert "ahead of the runner-up" in render_html(config)
+
+
+def _judged(trials: tuple[TrialRecord, ...], drift: dict | None = None) -> TunedConfig:
+    """``realistic()`` with these trials, its reason and runner-up as the search writes them."""
+    from autotune.search.outcome import _standing, _why
+
+    winner = next(t for t in trials if t.verdict == "winner")
+    base = next(t for t in trials if t.is_baseline)
+    return replace(realistic(), trials=trials, reason=_why(winner, base, trials, {}, drift),
+                   runner_up=_standing(winner, trials, drift)[1])
+
+
+def test_why_says_either_would_do_only_where_the_interval_says_so() -> None:
+    """Issue 62: a winner 1.02x its baseline (within the baseline's measured spread) made
+    ``why:`` call a runner-up at 0.72x "within the noise: either would do": the words were
+    found in the reason, which said that of the baseline. The interval comparison decides."""
+    trials = tuple(replace(t, spread=0.1, halfwidth=0.02) for t in realistic().trials)
+    win, second, *rest = trials
+    base = rest[-1]
+    trials = (replace(win, speedup=1.02, samples_per_s=1000.0),
+              replace(second, samples_per_s=720.0),
+              *(replace(t, verdict="slower", samples_per_s=None) for t in rest[:-1]),
+              replace(base, samples_per_s=980.0, verdict="ok"))
+    config = _judged(trials)
+    assert "within the measured noise (10% spread)" in config.reason  # of the baseline
+    why = report.short_reason(config)
+    assert config.runner_up == "within-noise" and why.endswith(  # 2% apart, +- 2.8%
+        "Runner-up fp32/off 16x4 at 0.98x (within the noise: either would do)."), why
+    # Without the baseline close behind, the runner-up at 0.72x is behind.
+    trials = (*trials[:-1], replace(base, samples_per_s=500.0, verdict="slower"))
+    config = _judged(trials)
+    why = report.short_reason(config)
+    assert "within the measured noise" in config.reason and config.runner_up == "behind"
+    assert why.endswith(f"Runner-up {second.label()} at 0.72x (behind, beyond the noise)."), why
+    # The winner's own two runs 40% apart: the 0.72x lead is within that noise; another
+    # config's drift leaves a pair both re-measured as they are.
+    config = _judged(trials, {Candidate(knobs=win.knobs, micro_batch=16): 0.4})
+    assert config.runner_up == "within-noise"
+    assert report.short_reason(config).endswith("(within the noise: either would do).")
+    assert _judged(trials, {Candidate(knobs=base.knobs, micro_batch=16): 0.4}).runner_up == \
+        "behind"
+    # A runner-up timed once: the noise is at least --confirm-within (5%), and any drift.
+    once = (*trials[:1], replace(trials[1], num_runs=1, samples_per_s=960.0), *trials[2:])
+    config = _judged(once)
+    assert config.runner_up == "within-noise" and config.reason.endswith(
+        "(within the noise: either would do: the noise is --confirm-within 0.05)")
+    assert _judged(once[:1] + (replace(once[1], samples_per_s=720.0),) + once[2:],
+                   {Candidate(knobs=base.knobs, micro_batch=16): 0.4}).runner_up == \
+        "within-noise"
 
 
 SKIPPED = (
@@ -200,10 +345,11 @@ def test_search_says_what_it_starts_at_once_on_stderr(tmp_path: Path) -> None:
     result = runner.invoke(app, ["search", "--target-batch", "8", "--workload",
                                  f"{tmp_path / 'nope.py'}:workload", "--out", str(tmp_path)])
     assert result.exit_code == 2, result.output
-    first = result.stderr.splitlines()[0]
+    first = " ".join(result.stderr.split("error:")[0].split())  # wrapped at the width
     assert first.startswith(f"autotune search: probing the memory of {tmp_path / 'nope.py'}"
-                            ":workload on the default device"), first
-    assert "target batch 8" in first and "this takes minutes" in first
+                            f":workload on {report_progress.device_words(api.env())} for "
+                            "target batch 8"), first  # the device it runs on, named
+    assert "(cuda when available)" not in first and "this takes minutes" in first
 
 
 def test_report_right_after_a_search_replaces_its_own_page_and_no_other_file(

@@ -23,7 +23,7 @@ from autotune.boundary import Point, fit_line
 from autotune.cli import app
 from autotune.errors import MissingDependencyError, OutputExistsError
 from autotune.knobs import Knobs
-from autotune.report_html import render_html, write_html
+from autotune.report_html import _plot, render_html, write_html
 from autotune.report_plots import break_even_plot, memory_plot, throughput_plot, timeline_plot
 from autotune.schema import RunRecord, SearchCost, TunedConfig, notes
 from autotune.serialize import to_json_dict
@@ -164,6 +164,28 @@ def test_timeline_bars_add_up_to_each_run_and_leave_out_stored_runs() -> None:
     assert list(other.marker.pattern.shape).count(".") == 2  # the two probes
     page = render_html(config)
     assert "Reused from the study store" in page and "2026-11-21T09:00:00+00:00" in page
+
+
+def test_timeline_says_a_run_cut_by_the_budget_and_keeps_its_legend_off_the_axis() -> None:
+    """Issue 62: the run ``--time-budget`` cut short was labelled ``(timeout)``, as a
+    candidate that hangs is; and the legend (a share of the plot's height below it) sat on the
+    x axis's title in a short timeline. The cut run says so; every plot's legend is a row
+    above its plot area (the browser test measures the boxes)."""
+    runs = searched().runs
+    cut = replace(runs[4], status="timeout", cut=True, peak_bytes=None)
+    hung = replace(runs[5], status="timeout")
+    config = searched(runs=(*runs[:4], cut, hung))
+    names = list(timeline_plot(config).figure.data[0].y)
+    assert names[-2:] == ["#4 trial bf16/off 16 (cut by the budget)",
+                          "#5 probe bf16/default 64 (timeout)"]
+    page = render_html(config)
+    for plot in (memory_plot, throughput_plot, timeline_plot, break_even_plot):
+        drawn = plot(config)
+        assert drawn.figure is not None
+        _plot(plot.__name__, drawn)  # the page's layout, as the page draws it
+        legend = drawn.figure.layout.legend
+        assert legend.yanchor == "bottom" and legend.y >= 1 and legend.orientation == "h"
+    assert "(cut by the budget)" in page
 
 
 def test_break_even_plot_crosses_at_the_break_even_step() -> None:
@@ -389,6 +411,7 @@ def test_page_renders_in_headless_chromium(tmp_path: Path) -> None:
     for name, attrs in state.plots.items():
         assert attrs.get("data-rendered") == "yes", (name, attrs)
         assert int(attrs["data-svg-width"]) > 0 and int(attrs["data-svg-height"]) > 0, name
+        assert attrs.get("data-overlaps") == "", (name, attrs)  # no axis title under a legend
     png = screenshot(page, tmp_path / "autotune_html.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
 

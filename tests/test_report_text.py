@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.text import Text
 from typer.testing import CliRunner
 
-from autotune import report
+from autotune import report, report_estimate, report_progress
 from autotune.cli import app
 from autotune.cli import output as cli
 from autotune.config import MemoryProbe, ProbeReport, ProbeStep, StopReason, WorkloadSpec
@@ -108,13 +108,13 @@ def test_user_text_prints_as_typed_on_every_path(text: str) -> None:
     result = _search_result(text)
     probe = _probe_report(text)
     paths = {
-        "trial line": [report.trial_line(result.config.trials[-1], "stage")],
-        "probe step line": [report.probe_step_line(text, probe.probes[0].steps[0])],
+        "trial line": [report_progress.trial_line(result.config.trials[-1], "stage")],
+        "probe step line": [report_progress.probe_step_line(text, probe.probes[0].steps[0])],
         "probe table": [report.probe_table(probe)],
         "probe footer": report.probe_footer(probe),
         "search table": [report.search_table(result.config)],
         "search footer": report.search_footer(result),
-        "estimate lines": report.estimate_lines(_estimate(text)),
+        "estimate lines": report_estimate.estimate_lines(_estimate(text)),
         "check message": [text],
         "cache list": [report.cache_table(Path(text), [StoredStudy(
             text, {"workload": text, "target_batch": 8, "device": text}, 3, None)])],
@@ -153,9 +153,8 @@ def test_autotunes_own_styles_stay() -> None:
     """Styling comes from the ``Text`` autotune builds: the winner is bold green, a class
     that fits nothing says ``none`` in red, the error prefix is bold red."""
     table = report.search_table(make_tuned())
-    status = table.columns[3]._cells[3]
-    assert isinstance(status, Text) and status.plain == "winner"
-    assert str(status.style) == "bold green"
+    status = table.columns[3]._cells[3]  # wraps between its words (report_width.Pieces)
+    assert str(status) == "winner" and status.style == "bold green"
     none = report.probe_table(_probe_report("x")).columns[1]._cells[0]
     assert isinstance(none, Text) and none.plain == "none" and str(none.style) == "red"
 

@@ -81,6 +81,8 @@ def test_a_run_cut_by_the_time_budget_stops_the_search_and_is_not_a_timeout_verd
     assert outcome.interrupted
     assert str(outcome.stop_reason).startswith("--time-budget reached during a run of fp32/off/1")
     assert all(r.verdict != "timeout" for r in records.values())
+    # The run log says the budget cut it (autotune.html labels it so, not "(timeout)").
+    assert [(r.label(), r.status) for r in outcome.runs if r.cut] == [("fp32/off 1", "timeout")]
     study = optuna.load_study(study_name="s", storage=storage)
     assert study.trials[-1].state.name == "FAIL"  # not stored as the candidate's timeout
 
@@ -97,6 +99,7 @@ def test_a_timeout_within_the_budget_is_the_candidates_outcome() -> None:
     outcome, records = search(device, replace(SETTINGS, time_budget_s=3600.0, timeout_s=30.0))
     assert not outcome.interrupted
     assert records["bf16/off/32"].verdict == "timeout"
+    assert any(r.status == "timeout" for r in outcome.runs) and not any(r.cut for r in outcome.runs)
 
 
 def test_a_search_stopped_by_max_trials_lists_the_stages_and_knobs_it_never_reached() -> None:
@@ -329,3 +332,30 @@ def test_a_fast_run_over_the_usable_budget_stops_no_contender_behind_it() -> Non
     winner = pick_winner_record(outcome)
     assert winner is not None and (winner.knobs.label(), winner.micro_batch) == (
         "bf16/max-autotune", 32)
+
+
+def test_each_runs_progress_says_the_runs_in_all_and_the_time_left_as_an_estimate() -> None:
+    """issue 62: the progress counts ``run 9/~23, ~1 min 40 s left``: a total from the plan
+    as it stands (never below the runs made, never above --max-trials) and the time left
+    once a run has ended; the search decides as it does without anyone listening."""
+    counts: list[tuple[int, int, float | None, bool]] = []
+    clock = iter(range(0, 10_000, 3))
+
+    def on_trial(count, stage, candidate, record) -> None:  # type: ignore[no-untyped-def]
+        counts.append((count.done, count.total, count.left_s, record is None))
+
+    settings = replace(SETTINGS, max_trials=40)
+    device = ScriptedDevice(by_class(100, 150, 160, 200, 300, 330))
+    heard = run_search(plan(), CLASSES, settings, run=device, on_trial=on_trial,
+                       clock=lambda: float(next(clock)))
+    alone = run_search(plan(), CLASSES, settings, run=ScriptedDevice(device.speed))
+    assert [(r.label(), r.verdict) for r in heard.records] == [
+        (r.label(), r.verdict) for r in alone.records]
+    made = counts[-1][0]
+    assert all(done + starting <= total <= settings.max_trials
+               for done, total, _, starting in counts)
+    first = counts[0]
+    assert first[:3] == (0, first[1], None) and first[1] > len(CLASSES)  # the plan's runs
+    assert made / 2 <= first[1] <= made * 2, (first, made)  # an estimate, not a guess
+    assert all(left is not None and left >= 0 for done, _, left, _ in counts if done)
+    assert counts[-1][2] is not None and counts[-1][2] <= counts[1][2]  # less left at the end

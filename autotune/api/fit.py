@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from autotune.api.request import workload_file_here
+from autotune.api.request import asked_budget, workload_file_here
 from autotune.config import WorkloadSpec
 from autotune.device import backend_for, default_device
 from autotune.errors import (
@@ -102,11 +102,11 @@ def estimate(
         problems.append(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
     problems += [f"{k.name} {getattr(knobs, k.name)!r} is not one of {', '.join(k.values)}"
                  for k in KNOBS if knobs is not None and getattr(knobs, k.name) not in k.values]
-    if device is not None or kernels is None:  # the device need not be here (a CPU runner)
-        try:
-            kernels = kernels or backend_for(device or default_device()).kernels
-        except ConfigError as exc:
-            problems.append(f"{name.given('device', device)}: {str(exc).split(': ', 1)[-1]}")
+    answers_for = device or default_device()  # the device need not be here (a CPU runner)
+    try:
+        kernels = kernels or backend_for(answers_for).kernels
+    except ConfigError as exc:
+        problems.append(f"{name.given('device', device)}: {str(exc).split(': ', 1)[-1]}")
     if kernels not in ("cuda", "cpu"):
         problems.append(f"kernels {kernels!r} must be cuda or cpu")
     if micro_batch < 1:
@@ -135,9 +135,9 @@ def estimate(
         world_size=world_size, kernels=kernels,  # type: ignore[arg-type]
         calibration=calibration, find_max=find_max, also_trace=tuple(also_trace),
         any_micro_batch=any_micro_batch)
-    if isinstance(workload, Workload):
-        return estimate_report(workload, request)
-    return _estimate_in_child(workload or WorkloadSpec(), request, timeout_s)
+    report = (estimate_report(workload, request) if isinstance(workload, Workload) else
+              _estimate_in_child(workload or WorkloadSpec(), request, timeout_s))
+    return replace(report, device=answers_for, device_given=device is not None)
 
 
 def _estimate_in_child(spec: WorkloadSpec, request: EstimateRequest,
@@ -185,6 +185,10 @@ class CheckTarget:
     measured_peak_bytes: int | None = None
     """The most a complete run of this very config (knobs and micro-batch) peaked at in the
     search, when the file records one: an estimate below it is not the config's peak."""
+    device_total_bytes: int | None = None
+    """The memory of the device it was tuned on: a budget asked for is at most this."""
+    asked: str = ""
+    """The budget the user asked for instead of the file's (``--memory-budget 16GiB``)."""
 
 
 def _read_tuned(path: str | Path, workload: WorkloadSpec | None = None) -> CheckTarget:
@@ -206,7 +210,8 @@ def _read_tuned(path: str | Path, workload: WorkloadSpec | None = None) -> Check
         world_size=config.world_size, knobs=config.knobs,
         device_memory_bytes=config.memory.budget_bytes,
         headroom=config.memory.headroom, calibration=calibration, device=config.device.device,
-        nproc_per_node=config.nproc_per_node, measured_peak_bytes=_measured_peak(config))
+        nproc_per_node=config.nproc_per_node, measured_peak_bytes=_measured_peak(config),
+        device_total_bytes=config.memory.device_total_bytes)
 
 
 _COMPLETE = ("winner", "ok", "slower", "numerics", "over_budget")
@@ -241,7 +246,8 @@ class CheckResult:
 
 def check(path: str | Path | None = None, *, target: CheckTarget | None = None,
           measure: bool | None = None, workload: Workload | WorkloadSpec | None = None,
-          timeout_s: float = DEFAULT_TIMEOUT_S) -> CheckResult:
+          timeout_s: float = DEFAULT_TIMEOUT_S, memory_budget: str | int | None = None,
+          name: Names = KEYWORDS) -> CheckResult:
     """Check that a tuned config (``autotune.json``) still fits its device memory.
 
     The workload runs only in child processes with ``timeout_s`` (unless a ``Workload``
@@ -255,6 +261,10 @@ def check(path: str | Path | None = None, *, target: CheckTarget | None = None,
         workload: a spec to use instead of the file's (e.g. the workload file moved), or a
             Workload object to estimate in this process (tests).
         timeout_s: per child process.
+        memory_budget: ask about this budget instead of the file's (``16GiB``, ``50%`` of the
+            device it was tuned on, or bytes; at most that device's memory), e.g. a smaller
+            device: validated as the search's.
+        name: how the user wrote the settings, for the messages (``names.FLAGS``).
 
     Raises:
         ConfigError: bad file or settings; ``measure=True`` without a CUDA device.
@@ -267,6 +277,11 @@ def check(path: str | Path | None = None, *, target: CheckTarget | None = None,
         if path is None:
             raise ConfigError("give the autotune.json to check")
         target = _read_tuned(path, workload if isinstance(workload, WorkloadSpec) else None)
+    if memory_budget is not None:
+        budget = asked_budget(memory_budget, target.device_total_bytes or
+                              target.device_memory_bytes, target.device, name)
+        target = replace(target, device_memory_bytes=budget,
+                         asked=name.given("memory_budget", memory_budget))
     on_cpu = target.device == "cpu"
     device_here = on_cpu or torch.cuda.is_available()
     if measure and not device_here:
@@ -322,7 +337,8 @@ def check(path: str | Path | None = None, *, target: CheckTarget | None = None,
     head = (f"micro-batch {target.micro_batch} x {target.accumulate_steps} ({label}): "
             f"{words or f'peak {format_bytes(peak)} {how}'}; "
             f"usable {format_bytes(usable)}, the {format_bytes(target.device_memory_bytes)} "
-            f"budget less {target.headroom:.0%} headroom")
+            f"budget{f' asked ({target.asked})' if target.asked else ''} less "
+            f"{target.headroom:.0%} headroom")
     if peak <= usable:
         message = f"fits: {head}; margin {format_bytes(usable - peak)}"
         return CheckResult(fits=True, peak_bytes=peak, usable_bytes=usable,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from autotune import report
+from autotune import report_progress
 from autotune.api.request import TuneRequest, workload_spec
 from autotune.api.settings import check_settings
 from autotune.api.tune import search as run_pipeline
@@ -19,7 +19,7 @@ from autotune.config import Knobs, ProbeStep, WorkloadSpec
 from autotune.errors import ConfigError
 from autotune.names import KEYWORDS
 from autotune.schema import TrialRecord
-from autotune.search import Candidate, SearchSettings
+from autotune.search import Candidate, RunCount, SearchSettings
 from autotune.usage import Tuned
 
 
@@ -30,7 +30,8 @@ class Progress:
     ``kind`` is ``probe`` (a memory probe ended: ``label`` is its knob class, ``micro_batch``
     the size tried), ``trial`` (a timed run ended: ``record`` holds its outcome) or
     ``start`` (a timed run begins, ``line`` says which). ``runs`` counts the child runs so
-    far (None for a probe)."""
+    far, ``count`` with them the forecast of all and the time left (an estimate that
+    changes as evidence arrives; None for a probe)."""
 
     kind: Literal["probe", "start", "trial"]
     line: str
@@ -39,6 +40,7 @@ class Progress:
     runs: int | None = None
     stage: str | None = None
     record: TrialRecord | None = None
+    count: RunCount | None = None
 
     def __str__(self) -> str:
         return self.line
@@ -138,18 +140,20 @@ def _callbacks(progress: OnProgress | None) -> dict[str, Any]:
 
     def on_step(knobs: Knobs, step: ProbeStep) -> None:
         if not step.timed:  # a timed probe is a trial: on_trial says it
-            progress(Progress(kind="probe", line=report.probe_step_line(knobs.label(), step),
+            progress(Progress(kind="probe",
+                              line=report_progress.probe_step_line(knobs.label(), step),
                               label=knobs.label(), micro_batch=step.micro_batch))
 
-    def on_trial(runs: int, stage: str, candidate: Candidate,
+    def on_trial(count: RunCount, stage: str, candidate: Candidate,
                  record: TrialRecord | None) -> None:
         label, micro_batch = candidate.knobs.label(), candidate.micro_batch
         if record is None:
-            line = f"{stage}: run {runs + 1} {candidate.key()}"
+            line = report_progress.run_line(count, stage, candidate.key())
             progress(Progress(kind="start", line=line, label=label, micro_batch=micro_batch,
-                              runs=runs, stage=stage))
+                              runs=count.done, stage=stage, count=count))
         else:
-            progress(Progress(kind="trial", line=report.trial_line(record, stage), label=label,
-                              micro_batch=micro_batch, runs=runs, stage=stage, record=record))
+            progress(Progress(kind="trial", line=report_progress.trial_line(record, stage),
+                              label=label, micro_batch=micro_batch, runs=count.done,
+                              stage=stage, record=record, count=count))
 
     return {"on_step": on_step, "on_trial": on_trial}

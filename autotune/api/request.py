@@ -100,6 +100,26 @@ class Budget:
     """Why a default budget is less than what the device has free (a hard limit), else ""."""
 
 
+def asked_budget(memory_budget: str | int, total_bytes: int, device: str,
+                 name: Names = KEYWORDS) -> int:
+    """A memory budget the user asked for (``2GiB``, ``80%`` of ``total_bytes``, or bytes),
+    at most what ``device`` has: ``search``'s and ``check``'s one validation of it.
+
+    Raises:
+        ConfigError: an unparsable or non-positive budget, or more than the device has.
+    """
+    budget = (memory_budget if isinstance(memory_budget, int) else
+              parse_budget(memory_budget, total_bytes))
+    if budget <= 0:
+        raise ConfigError(f"{name.given('memory_budget', memory_budget)} must be a positive "
+                          "size such as '2GiB' or a share such as '80%'")
+    if budget > total_bytes:
+        raise ConfigError(
+            f"{name.given('memory_budget', memory_budget)} ({format_bytes(budget)}) is more than "
+            f"{device} has ({format_bytes(total_bytes)})")
+    return budget
+
+
 def resolve_budget(device: DeviceInfo, memory_budget: str | int | None,
                    headroom: float, name: Names = KEYWORDS) -> Budget:
     """The budget: the user's (``2GiB``, ``80%``) or what the device has free, within what a
@@ -123,14 +143,8 @@ def resolve_budget(device: DeviceInfo, memory_budget: str | int | None,
             budget = limit[0]
             note = (f"memory budget {format_bytes(budget)}, less than the "
                     f"{format_bytes(device.available_memory_bytes)} free: {limit[1]}")
-    elif isinstance(memory_budget, int):
-        budget = memory_budget
     else:
-        budget = parse_budget(memory_budget, device.total_memory_bytes)
-    if budget > device.total_memory_bytes:
-        raise ConfigError(
-            f"{name.given('memory_budget', memory_budget)} ({format_bytes(budget)}) is more than "
-            f"{device.device} has ({format_bytes(device.total_memory_bytes)})")
+        budget = asked_budget(memory_budget, device.total_memory_bytes, device.device, name)
     room, why = limit if limit is not None else (budget, "")
     if limit is not None and (budget > room or (memory_budget is None and budget < MIB)):
         what = ("no memory budget is left for training" if memory_budget is None else

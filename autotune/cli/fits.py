@@ -77,7 +77,7 @@ def estimate(
     """Estimate one training step's memory without a GPU or weights, and what fits: exit 0
     when --micro-batch fits, 1 when it does not, 2 on bad input or a broken workload."""
     with exits():
-        from autotune import api, report
+        from autotune import api, report, report_estimate
 
         spec = api.workload_spec(workload=workload, model=model, seq_len=seq_len, name=FLAGS)
         with err.status(Text("tracing the training step under fake tensors...")):
@@ -92,7 +92,7 @@ def estimate(
         if json_out:
             print(report.to_json(result))
         else:
-            for line in report.estimate_lines(result):
+            for line in report_estimate.estimate_lines(result):
                 out.print(line, highlight=False)
         if not result.fits():
             raise typer.Exit(1)
@@ -109,16 +109,22 @@ def check(
         "--workload", help="Use this path/to/file.py:factory instead of the one in the file "
                            "(e.g. after moving it).")] = None,
     timeout: TimeoutOpt = "10m",
+    memory_budget: Annotated[Optional[str], typer.Option(
+        "--memory-budget", "--device-memory",
+        help="Check against this memory instead of the file's budget, e.g. 16GiB or 50% of "
+             "the device it was tuned on (at most that device's memory): does it fit a "
+             "smaller device?")] = None,
 ) -> None:
-    """Exit 0 if the tuned config still fits its device memory, 1 if not, 2 on bad input or a
-    broken workload."""
+    """Exit 0 if the tuned config still fits its device memory (or --memory-budget), 1 if
+    not, 2 on bad input or a broken workload."""
     with exits():
         from autotune import api
 
         spec = api.workload_spec(workload=workload, name=FLAGS) if workload is not None else None
         with err.status(Text("checking the tuned config's memory...")):
             result = api.check(path, measure=measure, workload=spec,
-                               timeout_s=seconds(timeout, "--timeout"))
+                               timeout_s=seconds(timeout, "--timeout"),
+                               memory_budget=memory_budget, name=FLAGS)
         out.print(result.message, highlight=False, markup=False)
         if not result.fits:
             raise typer.Exit(1)

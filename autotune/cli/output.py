@@ -15,15 +15,16 @@ import typer
 from rich.console import Console
 from rich.progress import (
     BarColumn,
-    MofNCompleteColumn,
     Progress,
     SpinnerColumn,
     TextColumn,
     TimeElapsedColumn,
 )
+from rich.table import Column
 from rich.text import Text
 
 from autotune.errors import AutotuneError
+from autotune.report_width import wrap
 from autotune.signals import command
 
 
@@ -105,11 +106,22 @@ def out_for_tables() -> Console:
     return plain_console(width=None if sys.stdout.isatty() else 160)
 
 
+def say(console: Console, line: str) -> None:
+    """One line of a command's output, wrapped between words to the console's width (the
+    continuation indented): no word is cut, and at 80 columns no line is wider."""
+    for part in wrap(line, console.width):
+        console.print(part, highlight=False)
+
+
 @contextlib.contextmanager
-def progress_bar() -> Iterator[Progress]:
-    """The search's progress line on stderr, gone once it ends (its lines stay)."""
-    progress = Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False),
-                        BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err,
-                        transient=True)
+def progress_bar(console: Console | None = None) -> Iterator[Progress]:
+    """The search's progress line on stderr, gone once it ends (its lines stay): one line at
+    any width, its description (``run 9/~23, ~1 min 40 s left: ...``) cut with ``…``."""
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}", markup=False, table_column=Column(
+            no_wrap=True, overflow="ellipsis", ratio=1)),
+        BarColumn(bar_width=10), TimeElapsedColumn(), console=console or err,
+        transient=True, expand=True)
     with progress:
         yield progress

@@ -33,7 +33,7 @@ from autotune.cli.options import (
     split_knob_options,
     split_option,
 )
-from autotune.cli.output import err, exits, out, out_for_tables, progress_bar
+from autotune.cli.output import err, exits, out, out_for_tables, progress_bar, say
 from autotune.names import FLAGS
 
 
@@ -71,13 +71,13 @@ def probe(
     """Find the largest micro-batch that fits, for each precision and compile mode and each
     --strategy (the other knobs at their first value asked for, default their default)."""
     with exits():
-        from autotune import api, report
+        from autotune import api, report, report_progress
 
         spec = api.workload_spec(workload=workload, model=model, seq_len=seq_len,
                                  pretrained=pretrained, lengths=lengths, name=FLAGS)
         with err.status(Text("probing memory with real training steps...")) as status:
             def on_step(knobs, step):
-                err.print(report.probe_step_line(knobs.label(), step), highlight=False)
+                say(err, report_progress.probe_step_line(knobs.label(), step))
                 status.update(Text(f"probing memory: {knobs.label()} done up to "
                                    f"micro-batch {step.micro_batch}..."))
 
@@ -96,7 +96,7 @@ def probe(
         console = out_for_tables()
         console.print(report.probe_table(result))
         for line in report.probe_footer(result):
-            console.print(line, highlight=False)
+            say(console, line)
 
 
 @knob_options
@@ -172,7 +172,7 @@ def search(
     """Probe memory, time compile modes x precisions, screen checkpointing, optimizer
     implementation, memory format and allocator on the leader, write the tuned autotune.json."""
     with exits() as done:
-        from autotune import api, errors, report
+        from autotune import api, errors, report, report_progress
         from autotune.search import SearchSettings
 
         if micro_batches != "all" and not micro_batches.isdigit():
@@ -186,8 +186,12 @@ def search(
             time_budget_s=seconds(time_budget, "--time-budget") if time_budget else None,
             timeout_s=seconds(trial_timeout, "--trial-timeout"),
             storage=storage, study_name=study_name, cache=not no_cache, fresh=fresh)
-        err.print(report.start_line(workload or model or "the built-in GPT", device, target_batch),
-                  highlight=False)  # at once: the progress bar shows nowhere off a terminal
+        try:  # the device it runs on, named (a device not there: the search says so)
+            info = api.env(device)
+        except errors.ConfigError:
+            info = None
+        say(err, report_progress.start_line(workload or model or "the built-in GPT", info,
+                                            target_batch))  # at once: the bar shows nowhere
         spec = api.workload_spec(workload=workload, model=model, seq_len=seq_len,
                                  pretrained=pretrained, lengths=lengths, name=FLAGS)
         with progress_bar() as progress:
@@ -195,14 +199,14 @@ def search(
 
             def on_step(knobs, step):  # a timed probe is a trial: on_trial says it
                 if not step.timed:
-                    err.print(report.probe_step_line(knobs.label(), step), highlight=False)
-                progress.update(task, description=f"probing {knobs.label()}")
+                    say(err, report_progress.probe_step_line(knobs.label(), step))
 
-            def on_trial(num_runs, stage, candidate, record):
+            def on_trial(count, stage, candidate, record):
                 if record is not None:
-                    err.print(report.trial_line(record, stage), highlight=False)
-                progress.update(task, completed=num_runs, description=(
-                    f"{stage}: run {num_runs + (record is None)} {candidate.key()}"))
+                    say(err, report_progress.trial_line(record, stage))
+                progress.update(task, completed=count.done, total=count.total,
+                                description=report_progress.run_line(
+                                    count, stage, candidate.key(), starting=record is None))
 
             request = api.TuneRequest(
                 workload=spec, target_batch=target_batch, world_size=world_size, device=device,
@@ -220,6 +224,6 @@ def search(
             out_console = out_for_tables()
             out_console.print(report.search_table(result.config, width=out_console.width))
             for line in report.search_footer(result):
-                out_console.print(line, highlight=False)
+                say(out_console, line)
         if result.config.interrupted and result.stop_reason.by_signal:
             raise typer.Exit(result.stop_reason.exit_code)

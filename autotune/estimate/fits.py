@@ -45,6 +45,11 @@ class EstimateReport:
     any_max_micro_batch: int | None = None
     """The largest micro-batch up to the per-device batch that fits, a divisor of it or not
     (None: not searched)."""
+    device: str = ""
+    """The device the estimate answers for (``cpu``, ``cuda``, ``cuda:N``: ``--device``, by
+    default this machine's), whose memory ``device_memory_bytes`` is; "": not said."""
+    device_given: bool = False
+    """Whether the caller named ``device`` (else it is this machine's)."""
 
     def fits(self) -> bool:
         """True when the asked micro-batch's estimated peak fits."""

@@ -41,6 +41,7 @@ from autotune.search._study import (
 )
 from autotune.search.driver import run_search
 from autotune.search.executor import OnTrial
+from autotune.search.forecast import RunCount
 from autotune.search.outcome import SearchOutcome, tuned_config
 from autotune.search.pick import break_even_steps, pick_winner
 
@@ -50,6 +51,7 @@ __all__ = [
     "Candidate",
     "Ledger",
     "OnTrial",
+    "RunCount",
     "SearchOutcome",
     "SearchSettings",
     "break_even_steps",

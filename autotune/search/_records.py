@@ -99,14 +99,14 @@ class SearchSettings:
 
 def run_record(number: int, kind: RunKind, candidate: Candidate, result: TrialResult,
                usable_bytes: int, *, start_s: float = 0.0, compiled: bool,
-               stored_at: str | None = None) -> RunRecord:
-    """A child run as the report draws it."""
+               stored_at: str | None = None, cut: bool = False) -> RunRecord:
+    """A child run as the report draws it (``cut``: the time budget cut it short)."""
     return RunRecord(
         number=number, kind=kind, knobs=candidate.knobs, micro_batch=candidate.micro_batch,
         status=result.status, fits=result.fits(usable_bytes), peak_bytes=result.peak_bytes,
         start_s=max(start_s, 0.0), wall_s=result.wall_s,
         compile_s=result.compile_s if compiled else None,
-        timed_s=sum(result.step_times_s), stored_at=stored_at)
+        timed_s=sum(result.step_times_s), stored_at=stored_at, cut=cut)
 
 
 def objective(result: TrialResult, settings: SearchSettings) -> float | None:

@@ -65,7 +65,13 @@ def noise_of(settings: SearchSettings, *results: TrialResult) -> float:
     """Relative gap runs need before it counts: ``confirm_within`` (the run-to-run noise of a
     machine), or the 95% interval of the runs' ratio when wider (their medians' half-widths in
     quadrature: a short or noisy timing says less)."""
-    return max(settings.confirm_within, math.hypot(*(r.halfwidth() or 0.0 for r in results)))
+    return noise_between(settings.confirm_within, *(r.halfwidth() for r in results))
+
+
+def noise_between(confirm_within: float, *halfwidths: float | None) -> float:
+    """``noise_of`` from the runs' relative half-widths (a record's ``halfwidth``; None: not
+    measured)."""
+    return max(confirm_within, math.hypot(*(h or 0.0 for h in halfwidths)))
 
 
 @dataclass

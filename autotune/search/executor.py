@@ -24,11 +24,13 @@ from autotune.search._records import Candidate, SearchSettings, classify, run_re
 from autotune.search._store import open_local, study_key
 from autotune.search._study import open_study, redact, study_identity
 from autotune.search.evidence import Evidence, Interval
+from autotune.search.forecast import RunCount, forecast
 from autotune.search.plan import Plan
 
 Runner = Callable[[TrialSpec], TrialResult]
-OnTrial = Callable[[int, str, Candidate, TrialRecord | None], None]
-"""Progress: (runs so far, stage, candidate, its record when done or None when starting)."""
+OnTrial = Callable[[RunCount, str, Candidate, TrialRecord | None], None]
+"""Progress: (runs so far and the estimate of all, stage, candidate, its record when done or
+None when starting)."""
 MIN_CHILD_S = 1.0
 """A child run needs at least this much of the time budget left to be started."""
 _SPACE_SETTINGS = frozenset((
@@ -136,6 +138,8 @@ class Executor:
         self.tally = Tally(clock(), run_log=self.study.stored_runs(self.plan.usable))
         self.reach = Reach()
         self.reach.enter("probe")
+        self.stage_began_at = 0
+        """The runs made before the current stage began (the forecast counts its own)."""
         if before is not None:
             old = before.tally
             self.tally.num_runs, self.tally.start = old.num_runs, old.start
@@ -160,6 +164,7 @@ class Executor:
     @stage.setter
     def stage(self, name: str) -> None:
         self.reach.enter(name)
+        self.stage_began_at = self.tally.num_runs
 
     def spec(self, candidate: Candidate, *, early_stop: bool = True,
              timed: bool = True) -> TrialSpec:
@@ -267,9 +272,10 @@ class Executor:
         start_s = self.clock() - tally.start
         result = self.run(spec)
         tally.num_runs += 1
+        cut = result.status == "timeout" and spec.timeout_s < self.settings.timeout_s
         tally.run_log.append(run_record(
             len(tally.run_log), kind, Candidate.of(spec), result, self.plan.usable,
-            start_s=start_s, compiled=spec.compiled))
+            start_s=start_s, compiled=spec.compiled, cut=cut))
         tally.cost["child_s"] += result.wall_s or 0.0
         tally.cost["compile_s"] += (result.compile_s or 0.0) if spec.compiled \
             else 0.0
@@ -279,7 +285,7 @@ class Executor:
             tally.compiles[1] += bool(result.compile_cache_hits
                                       and not result.compile_cache_misses)
         self.ev.ran(Candidate.of(spec), result)
-        if result.status == "timeout" and spec.timeout_s < self.settings.timeout_s:
+        if cut:
             raise Stop(StopReason("time-budget", Candidate.of(spec).key()), cut=True)
         return result
 
@@ -302,8 +308,14 @@ class Executor:
         return again, rec
 
     def progress(self, candidate: Candidate, rec: TrialRecord | None) -> None:
+        """Say a run beginning (``rec`` None) or ended, with the runs made and the forecast
+        of all (``forecast``: an estimate from the plan as it stands)."""
         if self.on_trial is not None:
-            self.on_trial(self.tally.num_runs, self.stage, candidate, rec)
+            tally = self.tally
+            count = forecast(self.ev, self.stage, tally.num_runs, tally.cost["child_s"],
+                             self.clock() - tally.start, starting=rec is None,
+                             in_stage=tally.num_runs - self.stage_began_at)
+            self.on_trial(count, self.stage, candidate, rec)
 
 
 def open_search_study(ev: Evidence) -> Ledger:

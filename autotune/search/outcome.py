@@ -13,6 +13,7 @@ from autotune.config import MemoryProbe, ProbeReport, StopReason, TrialResult
 from autotune.errors import NoFeasibleConfigError, WorkloadError
 from autotune.schema import (
     MemoryRecord,
+    RunnerUp,
     RunRecord,
     SearchCost,
     SkipRecord,
@@ -23,7 +24,7 @@ from autotune.schema import (
 from autotune.search import fits
 from autotune.search._ledger import Ledger
 from autotune.search._records import Candidate, SearchSettings, flops_per_sample
-from autotune.search.evidence import Evidence
+from autotune.search.evidence import Evidence, Interval, noise_between
 from autotune.search.executor import Executor
 from autotune.search.pick import break_even_steps, pick_winner, rounds_ahead
 from autotune.search.policy import unchecked
@@ -164,7 +165,9 @@ def tuned_config(report: ProbeReport, outcome: SearchOutcome,
         mfu=winner.mfu,
         baseline_samples_per_s=baseline.samples_per_s, speedup=winner.speedup,
         break_even_steps=break_even_steps(winner, baseline),
-        reason=_why(winner, baseline, records, outcome.first_launch, outcome.drift),
+        reason=_why(winner, baseline, records, outcome.first_launch, outcome.drift,
+                    settings.confirm_within),
+        runner_up=_standing(winner, records, outcome.drift, settings.confirm_within)[1],
         trials=records,
         skips=skip_records(report.skipped, outcome), interrupted=outcome.interrupted,
         not_reached=outcome.not_reached,
@@ -201,14 +204,12 @@ def _rounds(record: TrialRecord) -> str:
 
 def _why(winner: TrialRecord, baseline: TrialRecord, records: tuple[TrialRecord, ...],
          first_launch: Mapping[Candidate, str],
-         drift: Mapping[Candidate, float] | None = None) -> str:
+         drift: Mapping[Candidate, float] | None = None,
+         confirm_within: float = SearchSettings.confirm_within) -> str:
     """The winner against the baseline and the runner-up (with what is unknown of its fit as
     a first launch: "either would do" must not send a user to a config that may not fit).
-
-    The lead's interval is the two runs' own spread, widened to the widest ``drift`` this
-    search saw between two runs of one candidate: runs of one config drift further apart than
-    their steps do on a shared machine. Without such a pair, a lead that stands on a single
-    run says so."""
+    The lead is judged by ``_standing``; without a pair of runs of one config, a lead that
+    stands on a single run says so."""
     text = f"{winner.label()} won at {winner.samples_per_s:,.1f} samples/s"
     if winner.is_baseline:
         text += " (it is the baseline: nothing tried beat fp32 eager)"
@@ -217,31 +218,20 @@ def _why(winner: TrialRecord, baseline: TrialRecord, records: tuple[TrialRecord,
         text += f", {winner.speedup:.2f}x the baseline ({baseline.label()})"
         if winner.speedup - 1 < noise:
             text += f", within the measured noise ({noise:.0%} spread)"
-    others = [r for r in records if r.verdict == "ok" and r.samples_per_s]
-    if not others or not winner.samples_per_s:
+    runner_up, standing, ahead, said = _standing(winner, records, drift, confirm_within)
+    if runner_up is None:
         return text
-    runner_up = max(others, key=lambda r: r.samples_per_s or 0.0)
-    paired = next((r for r in others if r.round_shares), None)
-    if winner.round_shares and paired is not None:
+    if standing == "rounds":
         # the confirm stage's rounds decided between the two: the lead is theirs, not the best runs'
-        runner_up = paired
         text += (f"; the runner-up {runner_up.label()} (best run {runner_up.samples_per_s:,.1f}"
                  f" samples/s): {_rounds(winner)} (two runs of one config here drifted "
                  f"further apart than their gap)")
-    elif winner.time_to_train_s is not None:  # the objective is not samples/s: no lead in it
+    elif ahead is None:  # the objective is not samples/s: no lead in it
         text += f"; runner-up {runner_up.label()} ({runner_up.reason})"
     else:
-        ahead = lead(winner.samples_per_s, winner.halfwidth, runner_up.samples_per_s or 0.0,
-                     runner_up.halfwidth)
-        apart = ""
-        if drift and ahead.halfwidth is not None:
-            key, widest = max(drift.items(), key=lambda kv: kv[1])
-            if widest > ahead.halfwidth:
-                ahead = Lead(gap=ahead.gap, halfwidth=widest)
-                apart = f": two runs of {key.key()} here were {widest:.0%} apart"
-        sure = ("beyond the noise" if ahead.is_clear else "within the noise: either would do"
-                if ahead.halfwidth is not None else "") + apart
-        if not drift and ahead.is_clear and min(winner.num_runs, runner_up.num_runs) < 2:
+        sure = ("beyond the noise" if standing == "behind" else
+                f"within the noise: either would do{said}")
+        if standing == "behind-once":
             # The interval is each run's own spread. Between two runs of one config a shared
             # machine drifts further (the committed oracles' passes: a median 1.6-23% apart,
             # `benchmarks/rule_checks.py` (7)), and a lead this wide was not re-measured.
@@ -255,3 +245,51 @@ def _why(winner: TrialRecord, baseline: TrialRecord, records: tuple[TrialRecord,
     if unknown:
         text += f"; the runner-up's fit as a first launch: {unknown}"
     return text
+
+
+def _standing(winner: TrialRecord, records: tuple[TrialRecord, ...],
+              drift: Mapping[Candidate, float] | None = None,
+              confirm_within: float = SearchSettings.confirm_within,
+              ) -> tuple[TrialRecord | None, RunnerUp, Lead | None, str]:
+    """The runner-up, how the winner stands against it (``TunedConfig.runner_up``), the lead
+    (None: the objective is not samples/s, or rounds decided) and, for a lead within the
+    noise, what set the noise.
+
+    The search's one comparison decides (``Interval.beats``): the winner's samples/s with the
+    noise around it beats the runner-up's, or not. The noise is the two runs' interval (their
+    half-widths in quadrature), at least ``confirm_within`` where one of them ran once (as
+    the race judged them, ``noise_of``), widened to the widest ``drift`` this search saw
+    between two runs of one candidate (runs of one config drift further apart than their
+    steps do on a shared machine): of any candidate where one of them ran once, else of the
+    two themselves."""
+    others = [r for r in records if r.verdict == "ok" and r.samples_per_s]
+    if not others or not winner.samples_per_s:
+        return None, "", None, ""
+    runner_up = max(others, key=lambda r: r.samples_per_s or 0.0)
+    paired = next((r for r in others if r.round_shares), None)
+    if winner.round_shares and paired is not None:
+        return paired, "rounds", None, ""
+    if winner.time_to_train_s is not None:
+        return runner_up, "", None, ""
+    ahead = lead(winner.samples_per_s, winner.halfwidth, runner_up.samples_per_s or 0.0,
+                 runner_up.halfwidth)
+    once = min(winner.num_runs, runner_up.num_runs) < 2
+    # One of them ran once: a machine's run-to-run noise between its runs is unmeasured, and
+    # ``confirm_within`` stands for it, as it did when the race chose what to re-measure.
+    noise = noise_between(confirm_within if once else 0.0, winner.halfwidth,
+                          runner_up.halfwidth)
+    said = (f": the noise is --confirm-within {confirm_within:g}"
+            if once and noise == confirm_within else "")
+    # The drift of any config counts for a pair one of which ran once (one run that far
+    # behind is not behind at all, ``policy.within_drift``); two re-measured runs each speak
+    # for themselves, so then only their own drift counts.
+    pair = {Candidate(knobs=r.knobs, micro_batch=r.micro_batch) for r in (winner, runner_up)}
+    drifts = {k: g for k, g in (drift or {}).items() if once or k in pair}
+    key, widest = max(drifts.items(), key=lambda kv: kv[1], default=(None, 0.0))
+    if key is not None and widest > noise:
+        noise, said = widest, f": two runs of {key.key()} here were {widest:.0%} apart"
+        if ahead.halfwidth is not None and widest > ahead.halfwidth:
+            ahead = Lead(gap=ahead.gap, halfwidth=widest)  # said as the lead's interval
+    if not Interval(winner.samples_per_s, noise).beats(runner_up.samples_per_s or 0.0):
+        return runner_up, "within-noise", ahead, said
+    return runner_up, "behind-once" if once and not drift else "behind", ahead, ""
