@@ -16,7 +16,7 @@ import string
 SHAPES = '''
 # Batches of varying length (the workload declares its lengths): each is padded as the tuned
 # shape policy says. Memory was measured at the worst case; speed on these lengths.
-shapes = $shapes  # max (pad to the worst case), buckets (to bucket_lengths) or dynamic
+shapes = $shapes  # max (pad to the worst case), buckets (to bucket_lengths), dynamic or longest
 # A sample of real sequence lengths (None: every batch at one shape).
 lengths = $lengths
 # The worst-case length (memory was measured there).
@@ -37,7 +37,7 @@ def bucket_lengths_of(lengths, micro_batch, count=$count, multiple=$multiple):
 
 def pad_to(longest):
     """The length a batch whose longest sample has `longest` tokens is padded to."""
-    if shapes == "dynamic":
+    if shapes in ("dynamic", "longest"):  # each batch at its own longest sample
         return longest
     if shapes == "buckets":
         return next((b for b in bucket_lengths if b >= longest), worst_length)

@@ -37,7 +37,7 @@ MemoryFormat = Literal["contiguous", "channels_last"]
 Allocator = Literal["default", "expandable_segments"]
 Strategy = Literal["none", "ddp", "ddp-bucket-view", "fsdp", "fsdp-no-reshard"]
 CompileScope = Literal["model", "blocks"]
-Shapes = Literal["max", "buckets", "dynamic"]
+Shapes = Literal["max", "buckets", "dynamic", "longest"]
 
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
@@ -98,7 +98,9 @@ class Knobs:
     worst case (``max``: one graph, compute spent on padding), to the next of a few bucket
     lengths (``buckets``: one static graph per bucket, kept under the recompile limit) or at
     their own length with the sequence dimension compiled dynamic (``dynamic``: one graph, no
-    padding beyond the batch's longest sample, kernels not specialized to one length). Memory
+    padding beyond the batch's longest sample, kernels not specialized to one length), or
+    each padded to its own longest sample and run eager (``longest``: what a collate does,
+    the baseline where lengths are declared; compiled, that padding is ``dynamic``). Memory
     is the worst case's under every policy."""
 
     @property
@@ -220,6 +222,14 @@ def job_baseline(strategy: str = "none") -> Knobs:
     return BASELINE.with_(strategy=strategy)
 
 
+def timed_baseline(knobs: Knobs, has_lengths: bool) -> Knobs:
+    """The setting the baseline is timed as: ``knobs`` (fp32 eager, or what rescued it where
+    it fits nothing), and where the workload declares lengths each batch padded to its own
+    longest sample (``shapes=longest``), as a user's collate pads it. Its memory is its
+    probe's at the worst case (``knobs``): the longest possible batch must fit."""
+    return knobs.with_(shapes="longest") if has_lengths else knobs
+
+
 @dataclass(frozen=True, kw_only=True)
 class Knob:
     """One knob: its values, where it applies, and what it does (for help and the report)."""
@@ -267,6 +277,9 @@ class Knob:
     """Whether its best value depends on the memory class (``shapes``: padding and recompiles
     cost eager and compiled code differently): besides the leader, the knobs stage screens it
     on each other class's best setting that could still win with it."""
+    runs_as: dict[tuple[str, bool], tuple[str, str]] = dataclasses.field(default_factory=dict)
+    """Values that run as another value where the model is compiled (True) or eager (False),
+    with why: the search times that one (``meaningful``; ``skip_reason`` says it)."""
     said_at_default: bool = True
     """Whether the generated script's tuned block says it at its default (False: ``shapes``,
     whose default is what a fixed-shape workload runs: its script stays as it was)."""
@@ -340,14 +353,20 @@ KNOBS: tuple[Knob, ...] = (
          default="max", needs=traits.shapes_needs, said_at_default=False, per_class=True,
          default_help="Default: every value where the workload declares lengths, max alone "
          "otherwise.",
+         runs_as={("dynamic", False): ("longest", "nothing compiled reads the dynamic mark"),
+                  ("longest", True): ("dynamic", "the same padding; marked dynamic, one graph "
+                                      "serves every length (unmarked, a static graph is "
+                                      "compiled first and a dynamic one at the next length)")},
          words={"max": "every batch padded to the worst-case length",
                 "buckets": "batches padded to the next bucket length, one static graph each",
-                "dynamic": "batches at their own length, sequence dimension compiled dynamic"},
+                "dynamic": "batches at their own length, sequence dimension compiled dynamic",
+                "longest": "each batch padded to its own longest sample (as a collate pads)"},
          help="how batches of varying length run, where the workload declares lengths: max "
          "(padded to the worst case: one graph, compute spent on padding), buckets (padded to "
          "the next of a few lengths from the distribution: one static graph each, under the "
-         "recompile limit) or dynamic (the sequence dimension compiled dynamic: one graph, no "
-         "padding); memory is always the worst case's"),
+         "recompile limit), dynamic (the sequence dimension compiled dynamic: one graph, no "
+         "padding) or longest (each batch padded to its longest sample, eager: what a collate "
+         "does, the baseline); memory is always the worst case's"),
 )
 """Every knob, precision and compile mode first (they form a label's base)."""
 KNOB = {k.name: k for k in KNOBS}
@@ -361,11 +380,13 @@ class KnobUnsupported(Exception):
 def meaningful(knobs: Knobs) -> Knobs:
     """The knobs with each value that means nothing beside the others at its knob's default:
     the setting that actually runs (a ``Knob.compiled_only`` value with compile mode ``off``:
-    eager with scope ``blocks`` is eager)."""
-    if knobs.compiled:
-        return knobs
-    inert = {k.name: k.default for k in KNOBS if getattr(knobs, k.name) in k.compiled_only}
-    return knobs.with_(**inert) if inert else knobs
+    eager with scope ``blocks`` is eager), and each value that runs as another as that one
+    (``Knob.runs_as``: eager ``shapes=dynamic`` is ``longest``)."""
+    swaps = {k.name: k.default for k in KNOBS
+             if not knobs.compiled and getattr(knobs, k.name) in k.compiled_only}
+    swaps |= {k.name: same[0] for k in KNOBS
+              if (same := k.runs_as.get((getattr(knobs, k.name), knobs.compiled)))}
+    return knobs.with_(**swaps) if swaps else knobs
 
 
 def device_skip_reason(knob: Knob, value: str, is_cuda: bool) -> str | None:
@@ -406,17 +427,21 @@ def memory_budget(checkpointing: str) -> float | None:
 
 def skip_reason(knobs: Knobs, traits: WorkloadTraits | None) -> str | None:
     """Why a workload with ``traits`` cannot run ``knobs`` (None: it can, or not known); a
-    value that needs a compiled mode, eager, never runs (whatever the workload)."""
+    value that needs a compiled mode, eager, never runs (whatever the workload), nor one that
+    runs as another value (``Knob.runs_as``: that one is timed)."""
     for knob in KNOBS:
         if getattr(knobs, knob.name) in knob.compiled_only and not knobs.compiled:
             return (f"{knob.name} {getattr(knobs, knob.name)}: needs a compiled mode (the "
                     "compiler applies it), and compile_mode is off")
-    if traits is None:
-        return None
     for knob in KNOBS:
-        why = knob.needs(getattr(knobs, knob.name), traits)
+        why = knob.needs(getattr(knobs, knob.name), traits) if traits is not None else None
         if why:
             return f"{knob.name} {getattr(knobs, knob.name)}: {why}"
+        same = knob.runs_as.get((getattr(knobs, knob.name), knobs.compiled))
+        if same:
+            return (f"{knob.name} {getattr(knobs, knob.name)}: "
+                    f"{'compiled' if knobs.compiled else 'eager'} it runs as {knob.name} "
+                    f"{same[0]} ({same[1]}), timed as that")
     return None
 
 

@@ -34,7 +34,7 @@ recompile limit with room for a graph of another cause (a grad-mode or a dtype g
 BUCKET_MULTIPLE = 8
 """Bucket lengths are rounded up to a multiple of this (tensor-core and vector friendly),
 never past the worst case."""
-POLICIES = ("max", "buckets", "dynamic")
+POLICIES = ("max", "buckets", "dynamic", "longest")
 MAX_LENGTHS_FILE_BYTES = 128 * 2**20
 """The largest ``--lengths`` file read (128 MiB): ten million lengths of up to twelve
 characters a line. A sample of the lengths is all a search needs, and the file is read whole:
@@ -204,7 +204,8 @@ def bucket_lengths(lengths: Sequence[int], max_count: int = MAX_BUCKETS,
 def pad_length(length: int, policy: str, worst: int,
                buckets: Sequence[int] = ()) -> int:
     """The length a batch whose longest sample is ``length`` is padded to under ``policy``:
-    the worst case (``max``), the next bucket (``buckets``), itself (``dynamic``).
+    the worst case (``max``), the next bucket (``buckets``), itself (``dynamic``, and
+    ``longest``: what a collate does).
 
     Raises:
         ValueError: a length over the worst case (or the last bucket), or an unknown policy.
@@ -213,7 +214,7 @@ def pad_length(length: int, policy: str, worst: int,
         raise ValueError(f"length {length} is over the worst case {worst}")
     if policy == "max":
         return worst
-    if policy == "dynamic":
+    if policy in ("dynamic", "longest"):
         return length
     if policy == "buckets":
         for bucket in buckets:

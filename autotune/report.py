@@ -315,9 +315,9 @@ def short_reason(c: TunedConfig) -> str:
         return c.reason.partition(";")[0]
     text = f"{winner.label()} won at {winner.samples_per_s:,.1f} samples/s"
     if winner.is_baseline:
-        text += " (the baseline: nothing tried beat it)"
+        text += f" (the baseline{baseline_note(c)}: nothing tried beat it)"
     elif winner.speedup:
-        text += f", {winner.speedup:.2f}x the baseline"
+        text += f", {winner.speedup:.2f}x the baseline{baseline_note(c)}"
     others = [r for r in c.trials if r.verdict == "ok" and r.samples_per_s]
     if not others:
         return text + "."
@@ -335,6 +335,17 @@ _STANDING = {"behind": " (behind, beyond the noise)",
              "rounds": " (rounds run back to back decided)", "": ""}
 """``TunedConfig.runner_up`` in the terminal's ``why:``: the search's interval comparison
 said it (never words found in the reason)."""
+
+
+def baseline_note(c: TunedConfig) -> str:
+    """Which baseline the speedups are against, said after "the baseline" where it pads each
+    batch to its own longest sample as a collate does (a workload that declares lengths:
+    against padding to the worst case, a speedup is one over a loop nobody writes); else
+    ""."""
+    base = next((r for r in c.trials if r.is_baseline), None)
+    if base is None or base.knobs.shapes != "longest":
+        return ""
+    return ", eager with each batch padded to its longest sample"
 
 
 def not_reached_line(c: TunedConfig) -> str:
@@ -378,7 +389,8 @@ def summary_lines(c: TunedConfig) -> list[str]:
         lines.append(
             "compile pays for itself after "
             + ("never (not faster per step)" if c.break_even_steps == float("inf")
-               else f"{c.break_even_steps:,.0f} optimizer steps") + " against the baseline")
+               else f"{c.break_even_steps:,.0f} optimizer steps")
+            + f" against the baseline{baseline_note(c)}")
     return lines
 
 

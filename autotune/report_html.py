@@ -21,7 +21,7 @@ from pathlib import Path
 from autotune.errors import MissingDependencyError
 from autotune.files import check_output, write_json_atomic
 from autotune.knobs import Knobs
-from autotune.report import not_reached_line, summary_lines
+from autotune.report import baseline_note, not_reached_line, summary_lines
 from autotune.report_plots import (
     Drawn,
     break_even_plot,
@@ -136,7 +136,7 @@ def _summary(c: TunedConfig) -> str:
         ("throughput", "-" if c.samples_per_s is None else (
             f"{c.samples_per_s:,.1f} samples/s"
             + (f", {c.speedup:.2f}x the baseline's {c.baseline_samples_per_s:,.1f}"
-               if c.speedup and c.baseline_samples_per_s else ""))),
+               + baseline_note(c) if c.speedup and c.baseline_samples_per_s else ""))),
         ("device", f"{c.device.name} ({c.device.device}), "
                    f"{format_bytes(c.device.total_memory_bytes)}"),
         ("versions", f"autotune {c.autotune_version}, torch {c.device.torch_version or '-'}, "

@@ -2,9 +2,10 @@
 
 The ``shapes`` knob (``knobs.py``) pads each batch to the worst case (``max``), to the next
 bucket length (``buckets``) or leaves it at its own length with the sequence dimension compiled
-dynamic (``dynamic``). The arithmetic is ``autotune.lengths`` (no torch); here the workload's
-``lengths`` are read once and checked, batches are built at a length and checked to have it,
-and the sequence dimension is marked dynamic. The trial, ``Tuned`` and the generated script
+dynamic (``dynamic``) or eager (``longest``: what a collate does, the baseline). The arithmetic
+is ``autotune.lengths`` (no torch); here the workload's ``lengths`` are read once and
+checked, batches are built at a length and checked to have it, and the sequence dimension is
+marked dynamic. The trial, ``Tuned`` and the generated script
 (its plain copy) apply a policy the same way (``docs/shapes.md``).
 """
 

@@ -184,7 +184,7 @@ class Tuned:
     def pad_to(self, length: int) -> int:
         """The length to pad a batch to whose longest sample has ``length`` tokens, under the
         tuned shape policy: the worst case (``max``), the next bucket length (``buckets``), or
-        ``length`` itself (``dynamic``). Use it in your collate function, e.g.
+        ``length`` itself (``dynamic``, ``longest``). Use it in your collate function, e.g.
         ``tokenizer.pad(samples, padding="max_length", max_length=cfg.pad_to(longest))``.
 
         Raises:

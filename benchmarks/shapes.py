@@ -1,12 +1,13 @@
 """The shape policies on variable-length data (issue 48): max, buckets and dynamic side by side,
-and what the search picks.
+and what the search picks, against the user's own loop (issue 62).
 
 A variable-length causal LM (``workloads.py:varlen_gpt``: lengths log-normal, median 50 of 256
 tokens) is searched with ``--shapes max,buckets,dynamic`` (fp32, compile off and default; the
 other knobs held at their defaults, as the side-by-side runs them), then
-the three policies (compiled, and eager) run side by side at the pick's micro-batch in
-interleaved rounds, each in a fresh child as the search times it: real tokens/s (tokens that are
-not padding), samples/s and the graphs each compiled.
+the three policies compiled, and eager (where ``dynamic`` runs as ``longest``: each batch padded
+to its longest sample, what a collate does, the search's baseline) run side by side at the pick's
+micro-batch in interleaved rounds, each in a fresh child as the search times it: real tokens/s
+(tokens that are not padding), samples/s, the graphs each compiled, and each over the baseline.
 
 Run: ``python benchmarks/shapes.py --target 16 --rounds 3``; writes
 ``benchmarks/results/shapes_varlen-gpt-<machine>-<date>.{json,md}``. On a GPU (the GPU suite's
@@ -26,6 +27,7 @@ from search_quality import fresh_inductor_cache, log
 
 from autotune import api, report, report_progress
 from autotune.config import Knobs, WorkloadSpec
+from autotune.knobs import meaningful, timed_baseline
 from autotune.search import SearchSettings
 
 HERE = Path(__file__).resolve().parent
@@ -84,6 +86,7 @@ def main() -> int:
         micro_batch = args.pick.rpartition("/")[2]
         pick_key, pick_micro_batch = args.pick, int(micro_batch)
         search_s, search_tps, search_sps = args.search_s, None, None
+        search_speedup, search_baseline = None, None
     else:
         log(f"search: {args.target} samples, {args.precision} on {args.device}, compile "
             f"{args.modes}, shapes {','.join(POLICIES)}")
@@ -92,15 +95,23 @@ def main() -> int:
         search_s = time.perf_counter() - start
         pick_key, pick_micro_batch = f"{pick.knobs.label()}/{pick.micro_batch}", pick.micro_batch
         search_tps, search_sps = pick.tokens_per_s, pick.samples_per_s
+        search_speedup = pick.speedup
+        search_baseline = next((f"{t.knobs.label()}/{t.micro_batch}" for t in pick.trials
+                                if t.is_baseline), None)
         trials = [{"key": f"{t.knobs.label()}/{t.micro_batch}", "verdict": t.verdict,
                    "tokens_per_s": t.tokens_per_s, "samples_per_s": t.samples_per_s,
                    "num_graphs": t.num_graphs, "reason": t.reason} for t in pick.trials]
         from rich.console import Console
         Console(stderr=True, width=160).print(report.search_table(pick, width=160))
     log(f"search pick {pick_key} ({search_s or 0:.0f} s)")
-    contenders = [(Knobs(precision=args.precision, compile_mode=m,  # type: ignore[arg-type]
-                         shapes=p), pick_micro_batch)
-                  for m in modes for p in POLICIES]
+    # Eager, dynamic runs as longest (the search's baseline: a collate's padding), timed once.
+    contenders = list(dict.fromkeys(
+        (meaningful(Knobs(precision=args.precision, compile_mode=m,  # type: ignore[arg-type]
+                          shapes=p)), pick_micro_batch)
+        for m in modes for p in POLICIES))
+    baseline_knobs = timed_baseline(Knobs(precision=args.precision), True)  # type: ignore[arg-type]
+    if all(k != baseline_knobs for k, _ in contenders):
+        contenders.append((baseline_knobs, pick_micro_batch))
     picked = Knobs.from_label(pick_key.rpartition("/")[0])
     if all(k != picked for k, _ in contenders):  # another knob won too (e.g. compile_scope)
         contenders.append((picked, pick_micro_batch))
@@ -122,12 +133,21 @@ def main() -> int:
     best = max((r for r in rows if r["median_tokens_per_s"]),
                key=lambda r: r["median_tokens_per_s"])
     picked = next((r for r in rows if r["key"] == pick_key), None)
+    base_key = f"{baseline_knobs.label()}/{pick_micro_batch}"
+    base = next(r for r in rows if r["key"] == base_key)
+    for r in rows:
+        r["is_baseline"] = r is base
+        r["over_baseline"] = (r["median_tokens_per_s"] / base["median_tokens_per_s"]
+                              if r["median_tokens_per_s"] and base["median_tokens_per_s"]
+                              else None)
     out = {
         "machine": machine(), "command": "python benchmarks/shapes.py " + " ".join(
             sys.argv[1:]), "workload": "varlen-gpt", "target_batch": args.target,
         "pick": pick_key, "search_s": search_s,
         "search_tokens_per_s": search_tps, "search_samples_per_s": search_sps,
-        "best_side_by_side": best["key"],
+        "search_speedup": search_speedup, "search_baseline": search_baseline,
+        "baseline": base_key, "best_side_by_side": best["key"],
+        "pick_over_baseline": picked["over_baseline"] if picked else None,
         "pick_over_best": (picked["median_tokens_per_s"] / best["median_tokens_per_s"]
                            if picked and picked["median_tokens_per_s"] else None),
         "rows": rows, "wall_s": time.perf_counter() - start, "load": args.load_note,
@@ -150,17 +170,25 @@ def render(out: dict) -> str:
         + (f" at {out['search_tokens_per_s']:,.0f} real tokens/s" if out["search_tokens_per_s"]
            else "") + ". Side by side at its micro-batch, each in a fresh child as the search "
         "times it (median of the rounds; real tokens are those that are not padding):", "",
-        "| config | real tokens/s | samples/s | graphs per run | status |",
-        "|---|---|---|---|---|",
+        "| config | real tokens/s | samples/s | over the baseline | graphs per run | status |",
+        "|---|---|---|---|---|---|",
     ]
     for r in out["rows"]:
         tps = f"{r['median_tokens_per_s']:,.0f}" if r["median_tokens_per_s"] else "-"
         sps = f"{r['median_samples_per_s']:,.1f}" if r["median_samples_per_s"] else "-"
+        over = f"{r['over_baseline']:.2f}x" if r.get("over_baseline") else "-"
         graphs = ",".join("-" if g is None else str(g) for g in r["num_graphs"])
-        lines.append(f"| {r['key']} | {tps} | {sps} | {graphs} | {','.join(r['status'])} |")
-    ratio = out["pick_over_best"]
+        key = r["key"] + (" (baseline: eager, each batch padded to its longest sample)"
+                          if r.get("is_baseline") else "")
+        lines.append(f"| {key} | {tps} | {sps} | {over} | {graphs} | "
+                     f"{','.join(r['status'])} |")
+    ratio, over = out["pick_over_best"], out.get("pick_over_baseline")
     lines += ["", f"Best side by side: {out['best_side_by_side']}; the pick runs at "
-              + (f"{ratio:.2f}x its real tokens/s." if ratio else "(not among the rows).")]
+              + (f"{ratio:.2f}x its real tokens/s" if ratio else "(not among the rows)")
+              + (f", {over:.2f}x the baseline's" if over else "") + "."]
+    if out.get("search_speedup"):
+        lines += ["", f"The search reported {out['search_speedup']:.2f}x against its baseline "
+                  f"{out['search_baseline']}."]
     if out["trials"]:
         lines += ["", "The search's runs (its own figures, in the order it ran them):", "",
                   "| run | verdict | real tokens/s | samples/s | graphs | reason |",

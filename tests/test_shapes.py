@@ -4,6 +4,7 @@ a workload without lengths runs exactly as before."""
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -11,11 +12,12 @@ import pytest
 import torch
 import torch._dynamo
 
+from autotune import report
 from autotune.config import TrialResult, TrialSpec, WorkloadSpec
 from autotune.errors import WorkloadError
 from autotune.knob_adapters import shapes_dynamic
-from autotune.knobs import KNOB, Knobs, skip_reason
-from autotune.lengths import MAX_BUCKETS, POOL_STEPS
+from autotune.knobs import KNOB, Knobs, meaningful, skip_reason
+from autotune.lengths import MAX_BUCKETS, POOL_STEPS, pad_length
 from autotune.search import run_search, tuned_config
 from autotune.shapes import batch_at, declared_lengths, worst_batch
 from autotune.traits import WorkloadTraits
@@ -80,10 +82,11 @@ def test_the_worst_case_is_the_declared_worst_or_the_longest_length() -> None:
 
 
 def test_shapes_beyond_max_apply_only_where_lengths_are_declared() -> None:
-    assert KNOB["shapes"].values == ("max", "buckets", "dynamic")
-    for value in ("buckets", "dynamic"):
+    assert KNOB["shapes"].values == ("max", "buckets", "dynamic", "longest")
+    for value in ("buckets", "dynamic", "longest"):
         assert "declares no lengths" in skip_reason(Knobs(shapes=value), WorkloadTraits())
-        assert skip_reason(Knobs(shapes=value), WorkloadTraits(has_lengths=True)) is None
+        knobs = Knobs(shapes=value, compile_mode="default" if value == "dynamic" else "off")
+        assert skip_reason(knobs, WorkloadTraits(has_lengths=True)) is None
     assert skip_reason(Knobs(), WorkloadTraits()) is None
     # The fixed-shape label and compile are as before; buckets compile static graphs.
     assert Knobs().label() == "fp32/off" and Knobs(shapes="dynamic").label() == (
@@ -91,6 +94,37 @@ def test_shapes_beyond_max_apply_only_where_lengths_are_declared() -> None:
     assert Knobs.from_label("bf16/default+shapes=buckets").shapes == "buckets"
     assert (shapes_dynamic(Knobs()), shapes_dynamic(Knobs(shapes="buckets")),
             shapes_dynamic(Knobs(shapes="dynamic"), True)) == (None, False, True)
+
+
+def test_eager_dynamic_runs_as_longest_and_compiled_longest_as_dynamic() -> None:
+    # Eager, marking the sequence dimension dynamic means nothing: each batch at its longest is
+    # ``longest``, timed once as that. Compiled, the same padding is ``dynamic`` (one graph).
+    lengths = WorkloadTraits(has_lengths=True)
+    assert meaningful(Knobs(shapes="dynamic")) == Knobs(shapes="longest")
+    assert meaningful(Knobs(compile_mode="default", shapes="longest")) == Knobs(
+        compile_mode="default", shapes="dynamic")
+    assert skip_reason(Knobs(shapes="dynamic"), lengths) == (
+        "shapes dynamic: eager it runs as shapes longest (nothing compiled reads the dynamic "
+        "mark), timed as that")
+    assert "compiled it runs as shapes dynamic" in skip_reason(
+        Knobs(compile_mode="default", shapes="longest"), lengths)
+    assert pad_length(9, "longest", 64) == pad_length(9, "dynamic", 64) == 9
+
+
+def test_drawn_batches_under_longest_run_at_their_longest_sample() -> None:
+    from autotune.lengths import draw_batches
+    from autotune.shapes import drawn_steps
+
+    workload = workloads.varlen()
+    lengths = declared_lengths(workload)
+    assert lengths is not None
+    drawn = drawn_steps(workload, lengths, "longest", micro_batch=4, accumulate_steps=2,
+                        seed=7, device=torch.device("cpu"))
+    draws = draw_batches(lengths.values, 4, POOL_STEPS * 2, 7)
+    assert drawn.padded_lengths == tuple(max(d) for d in draws)
+    assert [b["input_ids"].shape[1] for step in drawn.steps for b in step] == [
+        max(d) for d in draws]
+    assert drawn.real_tokens == sum(map(sum, draws))
 
 
 def _trial(target: str, **fields: Any) -> Any:
@@ -112,7 +146,7 @@ SLOW = pytest.mark.slow  # the other policies' runs of a test whose buckets run 
 
 
 @pytest.mark.parametrize("shapes", [pytest.param("max", marks=SLOW), "buckets",
-                                    pytest.param("dynamic", marks=SLOW)])
+                                    pytest.param("dynamic", marks=SLOW), "longest"])
 def test_trials_time_the_drawn_lengths_and_count_real_tokens(shapes: str) -> None:
     result = _trial("varlen", knobs=Knobs(shapes=shapes))
     assert result.status == "ok", result.message
@@ -156,7 +190,7 @@ class ShapesDevice(KnobDevice):
     """A scripted device on which each shape policy has its own speed."""
 
     shapes_speed: dict[str, float] = field(default_factory=lambda: {
-        "max": 1.0, "buckets": 1.6, "dynamic": 1.3})
+        "max": 1.0, "buckets": 1.6, "dynamic": 1.3, "longest": 1.25})
 
     def __call__(self, spec: TrialSpec) -> TrialResult:
         result = super().__call__(replace(spec, knobs=spec.knobs.with_(shapes="max")))
@@ -200,7 +234,10 @@ def test_a_timed_unit_of_drawn_lengths_gets_the_time_limit_of_its_steps() -> Non
     limits = {}
     for has_lengths in (False, True):
         device = ShapesDevice(by_class(100, 150, 160, 200, 300, 330),
-                              traits=replace(TRAITS, has_lengths=has_lengths))
+                              traits=replace(TRAITS, has_lengths=has_lengths),
+                              shapes_speed={"max": 1.0, "buckets": 1.6, "dynamic": 1.3,
+                                            "longest": 1.0})
+        # (longest, the baseline with lengths, as fast as max: the same leader before the run)
         run_search(plan(), CLASSES, settings, run=device,
                    values={**VALUES, "shapes": ("max", "buckets", "dynamic")})
         first = next(s for s in device.specs if s.max_timed_s is not None)
@@ -216,7 +253,8 @@ class ClassShapesDevice(ShapesDevice):
 
     def __call__(self, spec: TrialSpec) -> TrialResult:
         factor = ({"max": 1.0, "buckets": 1.6, "dynamic": 1.3} if spec.knobs.compile_mode
-                  != "off" else {"max": 1.0, "buckets": 1.02, "dynamic": 1.01})[spec.knobs.shapes]
+                  != "off" else {"max": 1.0, "buckets": 1.02, "dynamic": 1.01, "longest": 1.01}
+                  )[spec.knobs.shapes]
         base = spec.knobs.with_(shapes="max", checkpointing="off", optimizer_impl="default",
                                 memory_format="contiguous").label()
         speed = self.speed[base]
@@ -247,12 +285,163 @@ def test_a_class_behind_the_leader_at_max_is_screened_for_shapes_where_it_could_
     per_class = [s for s in device.outcome.skips if s.rule == "per-class"]  # type: ignore[attr-defined]
     # fp32 eager (0.30x) and fp32/default (0.45x, stopped early) cannot reach it at 2.0x
     assert [s.target for s in per_class] == ["fp32/off", "fp32/default"]
-    assert not any(r.startswith(("fp32/off+shapes=", "fp32/default+shapes=")) for r in runs)
+    assert not any(r.startswith(("fp32/off+shapes=", "fp32/default+shapes=")) for r in runs
+                   if not r.startswith("fp32/off+shapes=longest/"))  # (the baseline's)
     # with no room to gain (lengths all at the worst case) no other class is screened
     device = ClassShapesDevice(by_class(100, 150, 160, 300, 280, 270),
                                traits=replace(TRAITS, has_lengths=True, padding_ceiling=1.0))
     runs = _runs(device, {**VALUES, "shapes": ("max", "buckets", "dynamic")})
     assert not any("default+" in r and "shapes=" in r for r in runs)
+
+
+# ----------------------------------------------------------------------------------------------
+# The baseline where lengths are declared: the user's own loop, eager, each batch padded to its
+# longest sample (issue 62: the search reported 1.63x against eager padded to the maximum while
+# its compiled buckets ran slower than that loop).
+
+POLICIES = ("max", "buckets", "dynamic")  # what the user asked for: --shapes max,buckets,dynamic
+
+
+@dataclass
+class CollateDevice(KnobDevice):
+    """Eager code runs batches at their longest sample 1.8x faster than padded to the maximum;
+    compiled code gains less from its policies (1.2x buckets, 1.1x dynamic) and is 10-15%
+    faster than eager at max: every compiled setting is slower than the user's eager loop.
+    Each policy's speed is its class's before the child's stopping rule (``ShapesDevice``
+    scales the steps after it, so a fast policy can read as stopped behind)."""
+
+    compiled_speed: dict[str, float] = field(default_factory=lambda: {
+        "max": 1.0, "buckets": 1.2, "dynamic": 1.1})
+    impl_speed: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
+        ("default", "for-loop", "foreach", "fused"), 1.0))  # (no other knob gains here)
+
+    def __call__(self, spec: TrialSpec) -> TrialResult:
+        factor = (self.compiled_speed if spec.knobs.compiled else
+                  {"max": 1.0, "buckets": 1.5, "dynamic": 1.8, "longest": 1.8})[spec.knobs.shapes]
+        at_max = replace(spec, knobs=spec.knobs.with_(shapes="max"))
+        label = at_max.knobs.with_(checkpointing="off", optimizer_impl="default",
+                                   memory_format="contiguous").label()
+        speed, self.speed = self.speed, {**self.speed, label: self.speed[label] * factor}
+        try:
+            result = super().__call__(at_max)
+        finally:
+            self.speed = speed
+        self.specs[-1] = spec
+        return result
+
+
+def _collate_search(values: tuple[str, ...] = POLICIES, **settings: Any) -> tuple[Any, Any]:
+    device = CollateDevice(by_class(100, 110, 115, 90, 100, 105),
+                           traits=replace(TRAITS, has_lengths=True, padding_ceiling=2.0))
+    outcome = run_search(plan(), CLASSES, replace(SETTINGS, **settings),
+                         values={**VALUES, "shapes": values}, run=device)
+    return outcome, device
+
+
+def test_where_lengths_are_declared_the_baseline_is_eager_padded_to_each_batchs_longest(
+        ) -> None:
+    outcome, _ = _collate_search()
+    assert outcome.baseline is not None and outcome.baseline.knobs == Knobs(shapes="longest")
+    # Its memory is the probe's at the worst case (fp32/off, max); its micro-batch that fit.
+    assert outcome.baseline.micro_batch == outcome.probes[0].max_micro_batch
+    assert outcome.probes[0].knobs == Knobs()
+    base = next(r for r in outcome.records if r.is_baseline)
+    assert base.knobs.shapes == "longest" and base.verdict == "ok"
+    tuned = tuned_config(plan(), outcome, SETTINGS)
+    assert tuned.baseline_samples_per_s == base.samples_per_s
+    assert tuned.speedup == pytest.approx(tuned.samples_per_s / base.samples_per_s)
+    at_max = next(r for r in outcome.records if r.knobs == Knobs()
+                  and r.micro_batch == base.micro_batch)
+    assert at_max.speedup == pytest.approx(at_max.samples_per_s / base.samples_per_s)
+    assert at_max.speedup < 0.6
+
+
+def test_a_failed_pad_to_longest_run_leaves_fp32_eager_at_max_the_baseline() -> None:
+    @dataclass
+    class LongestCrashes(CollateDevice):
+        def __call__(self, spec: TrialSpec) -> TrialResult:
+            if spec.knobs.shapes == "longest":
+                self.specs.append(spec)
+                return TrialResult(status="crash", message="child killed by SIGSEGV",
+                                   traits=self.traits)
+            return super().__call__(spec)
+
+    device = LongestCrashes(by_class(100, 110, 115, 90, 100, 105),
+                            traits=replace(TRAITS, has_lengths=True, padding_ceiling=2.0))
+    outcome = run_search(plan(), CLASSES, SETTINGS, values={**VALUES, "shapes": POLICIES},
+                         run=device)
+    assert any(s.knobs.shapes == "longest" for s in device.specs)
+    assert outcome.baseline is not None and outcome.baseline.knobs == Knobs()
+    tuned = tuned_config(plan(), outcome, SETTINGS)
+    assert "longest" not in report.summary_lines(tuned)[1]
+
+
+def test_the_pick_is_never_slower_than_the_users_pad_to_longest_loop() -> None:
+    # Every compiled policy here is slower than eager padded to each batch's longest: the pick
+    # is that loop itself (the baseline: nothing tried beat it), never a slower compiled one,
+    # although --shapes names no longest.
+    outcome, _ = _collate_search()
+    tuned = tuned_config(plan(), outcome, SETTINGS)
+    assert tuned.knobs.shapes == "longest" and not tuned.knobs.compiled, tuned.reason
+    assert tuned.speedup is None or tuned.speedup == pytest.approx(1.0)
+    compiled = [r for r in outcome.records if r.knobs.compiled and r.samples_per_s]
+    assert compiled and all(r.samples_per_s < tuned.samples_per_s for r in compiled)
+    # Eager, dynamic runs as longest: never timed twice, said once.
+    assert not any(r.knobs == Knobs(shapes="dynamic") for r in outcome.records)
+
+
+def test_the_footer_and_page_say_the_baseline_is_padded_to_each_batchs_longest() -> None:
+    from autotune.report_html import _summary
+
+    lengths = replace(TRAITS, has_lengths=True, padding_ceiling=2.0)
+    collate = "the baseline, eager with each batch padded to its longest sample"
+    for device, said in (
+            (CollateDevice(by_class(100, 110, 115, 90, 100, 105), traits=lengths),
+             f"({collate}: nothing tried beat it)"),
+            (CollateDevice(by_class(100, 110, 115, 90, 100, 105), traits=lengths,
+                           compiled_speed={"max": 1.0, "buckets": 2.5, "dynamic": 2.2}),
+             f"x {collate}")):
+        outcome = run_search(plan(), CLASSES, SETTINGS, values={**VALUES, "shapes": POLICIES},
+                             run=device)
+        tuned = tuned_config(plan(), outcome, SETTINGS)
+        why = next(line for line in report.summary_lines(tuned) if line.startswith("why: "))
+        assert said in why, why
+        if tuned.knobs.compiled:  # the page's throughput row too
+            assert f"x the baseline's {tuned.baseline_samples_per_s:,.1f}, eager with each " \
+                "batch padded to its longest sample" in html.unescape(_summary(tuned))
+        else:
+            assert said.endswith("nothing tried beat it)")
+    # A workload without lengths: its baseline is fp32 eager at max, said as before.
+    fixed = KnobDevice(by_class(100, 110, 115, 90, 100, 105), traits=TRAITS)
+    tuned = tuned_config(plan(), run_search(plan(), CLASSES, SETTINGS, values=VALUES,
+                                            run=fixed), SETTINGS)
+    assert "longest" not in " ".join(report.summary_lines(tuned))
+
+
+def test_a_shape_policy_the_search_stopped_before_is_named_not_reached() -> None:
+    # Stopped in the knobs stage after the first compiled policy ran and before the second:
+    # the one never timed is said where the user looks (the footer's "not reached", and
+    # autotune.json's not_reached), not hidden behind "shapes was screened".
+    whole, device = _collate_search()
+    runs = [s.knobs for s in device.specs]
+    first = next(i for i, k in enumerate(runs) if k.compiled and k.shapes != "max")
+    second = {"buckets": "dynamic", "dynamic": "buckets"}[runs[first].shapes]
+    assert not any(k.shapes == second for k in runs[:first + 1])
+    outcome, _ = _collate_search(max_trials=first + 1)
+    assert outcome.interrupted
+    assert f"shapes {second}: never timed" in outcome.not_reached, outcome.not_reached
+    stopped = tuned_config(plan(), outcome, SETTINGS)
+    assert stopped.not_reached == outcome.not_reached
+    assert f"shapes {second}: never timed" in report.not_reached_line(stopped)
+    assert not whole.interrupted and whole.not_reached == ()
+    # Whatever the limit, a policy said never timed had no run (eager dynamic is longest's).
+    for max_trials in range(2, len(runs)):
+        outcome, device = _collate_search(max_trials=max_trials)
+        said = [t for t in outcome.not_reached if t.startswith("shapes ")]
+        ran = {s.knobs.shapes for s in device.specs}
+        for text in said:
+            named = text.removeprefix("shapes ").removesuffix(": never timed").split(", ")
+            assert not set(named) & ran, (max_trials, text)
 
 
 def test_the_estimator_traces_the_worst_case_under_every_policy() -> None:
@@ -261,7 +450,7 @@ def test_the_estimator_traces_the_worst_case_under_every_policy() -> None:
     fixed = workloads.varlen(lengths=None, make_batch=lambda micro_batch: (
         workloads._varlen_batch(micro_batch, workloads.VARLEN_WORST)))
     expected = estimate_step(fixed, 4).peak_bytes
-    for shapes in ("max", "buckets", "dynamic"):
+    for shapes in ("max", "buckets", "dynamic", "longest"):
         assert estimate_step(workloads.varlen(), 4, knobs=Knobs(shapes=shapes)
                              ).peak_bytes == expected
 
@@ -329,7 +518,7 @@ def test_a_lengths_path_that_is_no_small_file_exits_2_unread(tmp_path, kind: str
     (["--lengths", "x.txt"], "--lengths x.txt applies to --model"),
     (["--model", "gpt2", "--lengths", "missing.txt"], "cannot read it"),
     (["--shapes", "padded"], "--shapes padded: not a value of shapes; choose from "
-                             "max,buckets,dynamic"),
+                             "max,buckets,dynamic,longest"),
 ])
 def test_lengths_and_shapes_options_refuse_what_they_cannot_use(args: list[str],
                                                                  says: str) -> None:

@@ -39,6 +39,7 @@ def test_pad_to_pads_as_the_policy_says() -> None:
     worst = workloads.VARLEN_WORST
     assert _tuned("max", "off").pad_to(7) == worst
     assert _tuned("dynamic", "off").pad_to(7) == 7
+    assert _tuned("longest", "off").pad_to(7) == 7  # the baseline: what a collate does
     buckets = _tuned("buckets", "off").bucket_lengths()
     assert 1 < len(buckets) <= MAX_BUCKETS and buckets[-1] == max(workloads.VARLEN_LENGTHS)
     for n in range(1, worst + 1):
@@ -117,6 +118,18 @@ def test_the_scripts_bucket_lengths_are_the_librarys() -> None:
         for micro_batch in (1, 2, 7, 64):
             assert scope["bucket_lengths_of"](sample, micro_batch) == list(
                 bucket_lengths(sample, micro_batch=micro_batch))
+
+
+@pytest.mark.parametrize(("shapes", "padded"), [
+    ("max", workloads.VARLEN_WORST), ("dynamic", 7), ("longest", 7)])
+def test_the_scripts_pad_to_pads_as_the_librarys(shapes: str, padded: int) -> None:
+    from autotune.codegen import render_train_script
+
+    text = render_train_script(_tuned(shapes, "off").config)
+    start = text.index("def pad_to(")
+    scope: dict[str, object] = {"shapes": shapes, "worst_length": workloads.VARLEN_WORST}
+    exec(text[start:text.index("\n\n\n", start)], scope)
+    assert scope["pad_to"](7) == padded == _tuned(shapes, "off").pad_to(7)
 
 
 def test_hugging_face_adapters_map_the_policy_where_they_can_and_say_the_rest() -> None:

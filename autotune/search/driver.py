@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from autotune.config import Knobs, ProbeReport, StopReason
-from autotune.knobs import KNOBS, skip_reason
+from autotune.knobs import KNOBS, Knob, skip_reason
 from autotune.memory import OnStep
 from autotune.runner import run_isolated
 from autotune.search._records import SearchSettings, classify
@@ -35,8 +35,9 @@ class Stage:
     body: Callable[[Executor], bool | None] | None
     """Runs the stage (False: the search ends there); None: it runs in the loop of the stage
     before it."""
-    not_reached: Callable[[Evidence, Reach], str]
-    """What a search stopped before the stage began says it never did ("": nothing to say)."""
+    not_reached: Callable[[Evidence, Reach], str | tuple[str, ...]]
+    """What a search stopped before the stage began says it never did ("": nothing to say;
+    several items: a tuple)."""
     partial: bool = False
     """Whether ``not_reached`` lists what is left of the stage even where it began (settings
     not probed, knobs not screened)."""
@@ -48,12 +49,32 @@ def _probes_left(ev: Evidence, reach: Reach) -> str:
     return f"the memory probes of {', '.join(left)}" if left else ""
 
 
-def _knobs_left(ev: Evidence, reach: Reach) -> str:
-    left = [k.name for k in KNOBS[2:] if k.name not in reach.screened and any(
-        v != getattr(ev.plan.base, k.name) and skip_reason(  # one the workload could use
-            ev.plan.base.with_(**{k.name: v}), ev.traits) is None
-        for v in ev.plan.values.get(k.name, ()))]
-    return f"knob screening ({', '.join(left)})" if left else ""
+def _knobs_left(ev: Evidence, reach: Reach) -> tuple[str, ...]:
+    """The knobs whose screening never began, and each value of a knob screened per class
+    (``shapes``) that no run tried on any setting, before its screening ended."""
+    left, values = [], []
+    for k in KNOBS[2:]:
+        never = _values_left(ev, reach, k) if k.per_class else []
+        if never:
+            values.append(f"{k.name} {', '.join(never)}: never timed")
+        elif k.name not in reach.screened and any(
+                v != getattr(ev.plan.base, k.name) and skip_reason(  # one the workload could use
+                    ev.plan.base.with_(**{k.name: v}), ev.traits) is None
+                for v in ev.plan.values.get(k.name, ())):
+            left.append(k.name)
+    return (*([f"knob screening ({', '.join(left)})"] if left else []), *values)
+
+
+def _values_left(ev: Evidence, reach: Reach, knob: Knob) -> list[str]:
+    """The values of ``knob`` the search may try that no run began with, where one could run
+    as itself on a class (not as another value, ``Knob.runs_as``: eager ``dynamic`` is
+    ``longest``); none once its screening on every class ended (what it left untried, a rule
+    decided)."""
+    if knob.name in reach.classes_screened or ev.traits is None:
+        return []  # (traits unknown: which values apply is not known, ``knob screening``)
+    ran = {getattr(k, knob.name) for k in reach.began}
+    return [v for v in ev.plan.values.get(knob.name, ()) if v not in ran and any(
+        skip_reason(c.with_(**{knob.name: v}), ev.traits) is None for c in ev.plan.classes)]
 
 
 def _first_launch(ev: Evidence, reach: Reach) -> str:
@@ -143,5 +164,7 @@ def not_reached(ev: Evidence, reach: Reach) -> tuple[str, ...]:
     screened, each later stage not entered (``TunedConfig.not_reached``)."""
     # The stage it stopped in (the last entered) counts only where a run of it began.
     reached = set(reach.entered[:-1]) | (set(reach.entered[-1:]) & reach.ran_in)
-    return tuple(text for stage in STAGES if (text := stage.not_reached(ev, reach)) and (
-        stage.partial or stage.name not in reached))
+    said = [stage.not_reached(ev, reach) for stage in STAGES
+            if stage.partial or stage.name not in reached]
+    return tuple(text for one in said for text in ((one,) if isinstance(one, str) else one)
+                 if text)

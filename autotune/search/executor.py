@@ -96,8 +96,13 @@ class Reach:
     """The stages where a run began (``begin``)."""
     considered: set[tuple[str, str]] = field(default_factory=set)
     """(precision, compile mode) of the settings a run began on, or ruled out."""
+    began: set[Knobs] = field(default_factory=set)
+    """The settings a run began on (or the study answered for)."""
     screened: set[str] = field(default_factory=set)
     """The knobs whose screening ran a value or ended."""
+    classes_screened: set[str] = field(default_factory=set)
+    """The knobs screened per class (``Knob.per_class``) whose screening on every class
+    ended: a value no run tried was ruled out, not left unreached."""
 
     def enter(self, name: str) -> None:
         self.stage = name
@@ -108,6 +113,7 @@ class Reach:
         """A run of ``knobs`` begins (or the study answers for one): its stage, its setting
         and, in the knobs stage, the knobs it changes count as reached."""
         self.ran_in.add(self.stage)
+        self.began.add(knobs)
         self.consider(knobs)
         if self.stage == "knobs":
             self.screened.update(knobs.changed())
@@ -175,7 +181,7 @@ class Executor:
                               candidate.knobs, candidate.micro_batch,
                               self.plan.report.budget_bytes, self.settings.timeout_s,
                               ranks=self.plan.report.nproc_per_node)
-        is_base_class = candidate.knobs == self.plan.base
+        is_base_class = self.plan.baseline_setting(candidate.knobs)
         spec = probe_spec(self.plan.report.workload, self.plan.report.device.device,
                           candidate.knobs, candidate.micro_batch,
                           self.plan.report.budget_bytes, self.settings.timeout_s,

@@ -212,7 +212,9 @@ def _why(winner: TrialRecord, baseline: TrialRecord, records: tuple[TrialRecord,
     stands on a single run says so."""
     text = f"{winner.label()} won at {winner.samples_per_s:,.1f} samples/s"
     if winner.is_baseline:
-        text += " (it is the baseline: nothing tried beat fp32 eager)"
+        text += " (it is the baseline: nothing tried beat fp32 eager" + (
+            ", each batch padded to its longest sample)" if winner.knobs.shapes == "longest"
+            else ")")
     elif winner.speedup:
         noise = max(winner.spread or 0.0, baseline.spread or 0.0)
         text += f", {winner.speedup:.2f}x the baseline ({baseline.label()})"

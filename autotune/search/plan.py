@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from autotune.config import Knobs, ProbeReport
 from autotune.device import backend_for
-from autotune.knobs import KNOBS, job_baseline
+from autotune.knobs import KNOBS, job_baseline, timed_baseline
 from autotune.space import divisors
 
 FIRST_MODES = ("off", "default")
@@ -50,6 +50,12 @@ class Plan:
         """fp32 eager in the job's strategy: what an untuned user runs (the baseline)."""
         return job_baseline(self.values.get("strategy", ("none",))[0])
 
+    def baseline_setting(self, knobs: Knobs) -> bool:
+        """Whether ``knobs`` is the base class or the baseline's timed setting on it (each
+        batch padded to its longest, ``knobs.timed_baseline``): timed in full, its FLOPs
+        counted."""
+        return knobs in (self.base, timed_baseline(self.base, True))
+
     @property
     def usable(self) -> int:
         return self.report.usable_bytes()
@@ -62,7 +68,9 @@ class Plan:
 
     def allowed(self, knobs: Knobs) -> bool:
         """Whether a stored run's setting is in this search's space (a resumed or shared study
-        may hold settings this search is restricted from)."""
+        may hold settings this search is restricted from); the baseline's is always."""
+        if self.baseline_setting(knobs):
+            return True
         return (knobs.precision, knobs.compile_mode) in {
             (c.precision, c.compile_mode) for c in self.classes} and all(
             getattr(knobs, k.name) == k.default or getattr(knobs, k.name) in self.values.get(

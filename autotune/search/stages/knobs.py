@@ -49,6 +49,7 @@ def screen(ex: Executor, *, timing_only: bool = False) -> None:
         for knob in KNOBS[2:]:
             if knob.per_class:
                 screen_per_class(ex, knob)
+                ex.reach.classes_screened.add(knob.name)
     probe_lowered(ex, lowered)
     final = ex.ev.leader()
     stale = {name: on for name, on in after.items() if final is not None

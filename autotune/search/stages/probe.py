@@ -1,6 +1,7 @@
 """The probe stage: each memory class's largest fitting micro-batch, found and timed.
 
-fp32 eager (the baseline) first: its largest fit is what an untuned user runs; where it fits
+fp32 eager (the baseline) first: its largest fit is what an untuned user runs (where the workload
+declares lengths, timed with each batch padded to its longest: ``name_baseline``); where it fits
 nothing, the first value that frees memory is the baseline (``rescue_baseline``). The compiled
 classes follow, the most promising precision first, and the compile modes beyond default only
 for a precision near the leader (``bounds.mode``). ``probe_setting`` finds a setting's
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from autotune.config import Knobs, MemoryProbe
 from autotune.errors import BROKEN
-from autotune.knobs import KNOBS, skip_reason
+from autotune.knobs import KNOBS, skip_reason, timed_baseline
 from autotune.memory import broken_uncapped, hint_for, probe_memory
 from autotune.search import bounds, fits
 from autotune.search._records import Candidate
@@ -36,7 +37,7 @@ def run(ex: Executor) -> bool:
         if knobs == plan.base:
             base = ev.probes[plan.base]
             if base.max_micro_batch:
-                ev.name_baseline(Candidate(knobs=knobs, micro_batch=base.max_micro_batch))
+                name_baseline(ex, Candidate(knobs=knobs, micro_batch=base.max_micro_batch))
             elif not rescue_baseline(ex):
                 return False
     for knobs in plan.refining_classes():
@@ -118,6 +119,20 @@ def probe_setting(ex: Executor, knobs: Knobs, *, above: int = 0) -> MemoryProbe:
     return probe
 
 
+def name_baseline(ex: Executor, fit: Candidate) -> None:
+    """The baseline: ``fit`` (fp32 eager's largest fit, or what rescued it) as an untuned
+    user runs it. Where the workload declares lengths that is each batch padded to its own
+    longest sample (``timed_baseline``: a collate's padding), timed here at ``fit``'s
+    micro-batch; its memory is ``fit``'s probe at the worst case. Should that run fail,
+    ``fit`` stays the baseline."""
+    traits = ex.ev.traits
+    knobs = timed_baseline(fit.knobs, traits is not None and traits.has_lengths)
+    key = Candidate(knobs=knobs, micro_batch=fit.micro_batch)
+    if key != fit and not ex.measure(ex.spec(key)).ok:
+        key = fit
+    ex.ev.name_baseline(key)
+
+
 def rescue_baseline(ex: Executor) -> bool:
     """fp32 eager fits nothing: try the values that free memory on it, most first; the
     first that fits is the baseline (what fits with the least change). False when none
@@ -149,8 +164,7 @@ def rescue_baseline(ex: Executor) -> bool:
                 continue
             probe = probe_setting(ex, knobs)
             if probe.max_micro_batch:
-                ex.ev.name_baseline(Candidate(knobs=knobs,
-                                              micro_batch=probe.max_micro_batch))
+                name_baseline(ex, Candidate(knobs=knobs, micro_batch=probe.max_micro_batch))
                 ex.ev.decide(skip(
                     "baseline-rescued", ex.ev.baseline.key(),
                     base=ex.plan.base.label(), usable=ex.plan.usable))
