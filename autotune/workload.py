@@ -435,6 +435,34 @@ class TinyGPT(nn.Module):
         )
 
 
+@dataclass(frozen=True)
+class Demo:
+    """What the built-in workload's search tries on CPU where the user said nothing: a first
+    search that ends in minutes on a small CPU and shows what the tool is for (the target
+    batch not fitting as one micro-batch, reached by micro-batch x accumulation, and the knob
+    that frees memory for a larger micro-batch), measured as every search measures. Each
+    default is said on the search's first lines, with the flag that changes it."""
+
+    memory_budget: str = "120MiB"
+    """A budget that the tiny GPT's target batch of 64 overflows in fp32 eager (about 250 MiB
+    at 64, 110 MiB at 16 on the CPUs on record), as a model fills a GPU."""
+    compile_modes: tuple[str, ...] = ("off",)
+    """Compiles are left out: each costs 30-60 s of a 2-core CPU, and on the CPUs on record
+    compiled code ran this model 0.44x-1.1x eager."""
+
+    def notes(self, *, budget: bool, compile_modes: bool) -> tuple[str, ...]:
+        """The lines that say which defaults applied."""
+        return tuple(text for used, text in (
+            (budget, f"the built-in CPU demo's memory budget {self.memory_budget}, so the "
+                     "target batch does not fit as one micro-batch (--memory-budget to change)"),
+            (compile_modes, "the built-in CPU demo leaves torch.compile out (a compile takes "
+                            "30-60 s of a small CPU; --compile-modes off,default to try it)"),
+        ) if used)
+
+
+CPU_DEMO = Demo()
+
+
 def default_workload(device: str = "cpu") -> Workload:
     """The built-in workload: a small GPT on CPU, a GPT-2-small-sized one on CUDA.
 

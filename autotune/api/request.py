@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from autotune.names import KEYWORDS, Names
 from autotune.serialize import control_character
 from autotune.space import compiled_values, exact_target, knob_values, memory_classes
 from autotune.units import MIB, format_bytes, parse_budget
-from autotune.workload import split_factory
+from autotune.workload import CPU_DEMO, split_factory
 
 
 def workload_spec(*, workload: str | None = None, model: str | None = None,
@@ -262,6 +262,20 @@ class TuneRequest:
             f"declared lengths: add {name.given('lengths', 'FILE')} (one integer a line, or a "
             f"JSON list), or leave {name('shapes')} out")
 
+    def demo_defaults(self, device: DeviceInfo) -> tuple[TuneRequest, tuple[str, ...]]:
+        """This request with the built-in CPU demo's defaults where the user gave none
+        (``workload.CPU_DEMO``: the built-in workload on CPU only), and the lines that say
+        which applied."""
+        if self.workload.kind != "default" or device.is_cuda:
+            return self, ()
+        budget, modes = self.memory_budget is None, self.compile_modes is None
+        if not (budget or modes):
+            return self, ()
+        return replace(
+            self, memory_budget=CPU_DEMO.memory_budget if budget else self.memory_budget,
+            compile_modes=CPU_DEMO.compile_modes if modes else self.compile_modes,
+        ), CPU_DEMO.notes(budget=budget, compile_modes=modes)
+
     def validate(self, device: DeviceInfo, name: Names = KEYWORDS
                  ) -> tuple[int, Budget, tuple[Knobs, ...], dict[str, tuple[str, ...]],
                             tuple[str, ...]]:
@@ -280,6 +294,10 @@ class TuneRequest:
             ConfigError: each problem, with the value seen and what to do.
         """
         check_settings(name, self)  # a value of the wrong type is not judged further
+        request, demo = self.demo_defaults(device)
+        if request is not self:
+            target, budget, classes, values, notes = request.validate(device, name)
+            return target, budget, classes, values, (*demo, *notes)
         problems: list[str] = []
         results: list[Any] = []
         for check in (

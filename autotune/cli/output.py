@@ -5,6 +5,7 @@ warnings as one line, and the exit code of what ended it (DESIGN.md section 10).
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import traceback
 import warnings
@@ -102,8 +103,10 @@ def _last() -> Console:
 
 
 def out_for_tables() -> Console:
-    """Stdout console, wide enough for the results table even when piped."""
-    return plain_console(width=None if sys.stdout.isatty() else 160)
+    """Stdout console, wide enough for the results table even when piped, unless ``COLUMNS``
+    says how wide (rich reads it)."""
+    asked = os.environ.get("COLUMNS", "").strip().isdigit()
+    return plain_console(width=None if sys.stdout.isatty() or asked else 160)
 
 
 def say(console: Console, line: str) -> None:

@@ -194,6 +194,15 @@ def search(
                                             target_batch))  # at once: the bar shows nowhere
         spec = api.workload_spec(workload=workload, model=model, seq_len=seq_len,
                                  pretrained=pretrained, lengths=lengths, name=FLAGS)
+        request = api.TuneRequest(
+            workload=spec, target_batch=target_batch, world_size=world_size, device=device,
+            memory_budget=memory_budget, headroom=headroom,
+            precisions=split_option(precisions, "--precisions"),
+            compile_modes=split_option(compile_modes, "--compile-modes"),
+            knob_values=split_knob_options(knob_options),
+            nproc_per_node=nproc_per_node, allow_inexact=allow_inexact)
+        for line in request.demo_defaults(info)[1] if info is not None else ():
+            say(err, line)  # what the first search tries, before it starts
         with progress_bar() as progress:
             task = progress.add_task("probing memory", total=None)
 
@@ -208,13 +217,6 @@ def search(
                                 description=report_progress.run_line(
                                     count, stage, candidate.key(), starting=record is None))
 
-            request = api.TuneRequest(
-                workload=spec, target_batch=target_batch, world_size=world_size, device=device,
-                memory_budget=memory_budget, headroom=headroom,
-                precisions=split_option(precisions, "--precisions"),
-                compile_modes=split_option(compile_modes, "--compile-modes"),
-                knob_values=split_knob_options(knob_options),
-                nproc_per_node=nproc_per_node, allow_inexact=allow_inexact)
             result = api.search(request, out=out, force=force, settings=settings,
                                 on_step=on_step, on_trial=on_trial, name=FLAGS)
             done.written = result.path  # a signal from here on: the files are written
