@@ -7,6 +7,7 @@ Public API (imported lazily, so ``import autotune`` and ``autotune --help`` stay
     autotune.probe(...)               # largest micro-batch that fits, per memory class
     autotune.estimate(...)            # a step's memory without running it (fake tensors)
     autotune.check("autotune.json")   # does a tuned config still fit its device?
+    autotune.verify("autotune.json")  # its step run as your loop runs it, beside the report
     autotune.load("autotune.json")    # the tuned config, with helpers for your own loop
     autotune.lightning.TunedCallback(cfg)  # Lightning (beside cfg.lightning_trainer_kwargs())
 """
@@ -30,6 +31,7 @@ _EXPORTS = {
     "probe": "autotune.api",
     "estimate": "autotune.api",
     "check": "autotune.api",
+    "verify": "autotune.api",
     "load": "autotune.api",
     "Tuned": "autotune.usage",
     "AutotuneError": "autotune.errors",

@@ -356,6 +356,17 @@ def not_reached_line(c: TunedConfig) -> str:
             + " (a larger --time-budget or --max-trials reaches them)")
 
 
+def peak_unverified_line(c: TunedConfig) -> str:
+    """Where the search did not check the winner's fit as a first launch
+    (``MemoryRecord.peak_verified`` false): that its peak is unverified, why, and what
+    measures it; "" otherwise."""
+    mem = c.memory
+    if mem.peak_verified is not False:
+        return ""
+    return (f"peak unverified: {mem.peak_unverified or 'not checked as a first launch'}; "
+            "`autotune verify` measures a first launch of it")
+
+
 def summary_lines(c: TunedConfig) -> list[str]:
     """The winner, why it won, its memory, knobs, compute and compile break-even: the head of
     the search's footer, and of ``autotune.html``."""
@@ -373,6 +384,8 @@ def summary_lines(c: TunedConfig) -> list[str]:
         f"(budget {format_bytes(mem.budget_bytes)}, headroom {mem.headroom:.0%}); "
         f"peak = {mem.peak_definition}",
     ]
+    if unverified := peak_unverified_line(c):  # a first launch may peak higher: beside it
+        lines.append(unverified)
     winner = next((r for r in c.trials if r.verdict == "winner"), None)
     if winner is not None and winner.fragmentation_bytes is not None:
         lines.append(f"fragmentation at the peak (reserved minus allocated): "

@@ -21,7 +21,7 @@ from pathlib import Path
 from autotune.errors import MissingDependencyError
 from autotune.files import check_output, write_json_atomic
 from autotune.knobs import Knobs
-from autotune.report import baseline_note, not_reached_line, summary_lines
+from autotune.report import baseline_note, not_reached_line, peak_unverified_line, summary_lines
 from autotune.report_plots import (
     Drawn,
     break_even_plot,
@@ -150,7 +150,8 @@ def _summary(c: TunedConfig) -> str:
     if c.compile_artifacts is not None:
         rows.append(("first launch", f"compiled artifacts {c.compile_artifacts.describe()}"))
     banner = "".join(f"<p class=\"warn\">{_e(text)}</p>" for text in (
-        c.stopped_early() if c.interrupted else "", not_reached_line(c)) if text)
+        c.stopped_early() if c.interrupted else "", not_reached_line(c),
+        peak_unverified_line(c)) if text)
     return ("<section id=\"summary\"><h2>The tuned config</h2>" + banner
             + f"<p class=\"why\"><b>Why it won:</b> {_e(c.reason or '-')}</p>"
             + _table(None, rows)

@@ -146,6 +146,15 @@ class MemoryRecord:
     the same config, so ``autotune check`` can scale a later estimate."""
     allocator: Text = ""
     peak_definition: Text = ""
+    peak_verified: bool | None = None
+    """Whether the search checked that the winner fits as a user's first launch runs it:
+    false where it is compiled on a device whose peak counts the compile (CPU) and no run of
+    it compiled its graphs afresh (a limit stopped the search first, or that run ended
+    otherwise), so its peak is that of runs that loaded their graphs from inductor's cache,
+    which lowers it (``autotune verify`` measures a first launch); true otherwise; None in a
+    file written before it was recorded."""
+    peak_unverified: Text = ""
+    """Why ``peak_verified`` is false, in words ("" otherwise)."""
 
 
 @dataclass(frozen=True, kw_only=True)

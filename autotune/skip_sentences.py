@@ -174,6 +174,10 @@ TEMPLATES: Mapping[str, str] = {
         "{target}: not run again compiled afresh: {sibling} compiled the same graphs afresh at "
         "a peak of {sibling_peak:bytes}; compiling adds at most that to its own {own:bytes}: "
         "{peak:bytes}, within the {usable:bytes} usable"),
+    "first-launch-reserve": (
+        "{target}: its first-launch check needs about {kept:,.0f} s (its own run's compile "
+        "from nothing, warm-up and steps): the other runs stopped with {left:,.0f} s of the "
+        "time budget left for it"),
     "first-launch-unchecked": (
         "{target}: not checked as a first launch compiles it (its runs loaded its graphs from "
         "inductor's cache, which lowers the peak): {why}"),

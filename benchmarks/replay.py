@@ -48,7 +48,13 @@ spec from the candidate's recorded runs, and ``run_search`` reads its simulated 
   from: most rules came from Xeon oracles and the uncapped GPU); the Xeon tables and the GPU
   uncapped one are the tuning set. Nothing in the search may be tuned on the held-out set.
 
-Run: ``python benchmarks/replay.py [--seeds 30] [--only NAME,...] [--json]``.
+- **Under a time budget** (``--time-budget-share F``): each table's search without a time budget
+  of its own gets F x its exhaustive pass's seconds, read from the simulated clock, so how a
+  search ends under ``--time-budget`` is judged too (its first-launch check kept, or the pick
+  said unchecked: ``unchecked_picks``).
+
+Run: ``python benchmarks/replay.py [--seeds 30] [--only NAME,...] [--json]
+[--time-budget-share F]``.
 """
 
 from __future__ import annotations
@@ -251,6 +257,9 @@ class Seed:
     ruled_out: dict = field(default_factory=dict)
     """Per rule id (``autotune.search.rules.RULES``): whether a setting it skipped could have
     won by the table."""
+    unchecked: bool = False
+    """The pick is compiled and its first launch was not checked (``first-launch-unchecked``:
+    a limit stopped the search first)."""
 
 
 def rule_of(note: str) -> tuple[str, str, Callable[[int], bool]] | None:
@@ -313,7 +322,9 @@ def replay_one(table: Table, seed: int, plan=None) -> Seed:
                     and (table.truth(k) or 0) >= (1 - WITHIN) * best
                     for k in table.entries if (c := Candidate.from_key(k)))
         ruled[rule] = ruled.get(rule, False) or could
-    return Seed(pick=pick, quality=quality, cost=device.now_s / table.pass_s(),
+    unchecked = any(s.rule == "first-launch-unchecked" and s.target == pick
+                    for s in (outcome.skips if outcome else ()))
+    return Seed(unchecked=unchecked, pick=pick, quality=quality, cost=device.now_s / table.pass_s(),
                 runs=device.calls, why=why,
                 missing=sum(device.missing.values()),
                 interpolated=sum(device.interpolated.values()), overhead_s=overhead,
@@ -359,6 +370,7 @@ def score(table: Table, seeds: int) -> dict:
                              k for s in found for k in s.missing_keys).most_common())},
         "interpolated_probes": {"median": statistics.median(s.interpolated for s in found)},
         "over_budget_picks": sum(s.why == "over the table's budget" for s in found),
+        "unchecked_picks": sum(s.unchecked for s in found),
         "failed_searches": sum(s.pick is None for s in found),
         "picks": dict(picks.most_common()),
         "overhead_s": {"median": statistics.median(s.overhead_s for s in found)},
@@ -419,7 +431,9 @@ def render(results: list[dict], summ: dict) -> str:
             f"recorded {r['not_recorded']['median']:g} a seed (in "
             f"{r['not_recorded']['seeds_with_any']} seeds), interpolated probes "
             f"{r['interpolated_probes']['median']:g}; picks over the table's budget "
-            f"{r['over_budget_picks']}; search overhead "
+            f"{r['over_budget_picks']}"
+            + (f"; picks unchecked as a first launch {r['unchecked_picks']}"
+               if r["unchecked_picks"] else "") + "; search overhead "
             f"{r['overhead_s']['median']:.2f} s",
             *(["   not recorded (seeds asking): " + ", ".join(
                 f"{k} x{n}" for k, n in list(r["not_recorded"]["candidates"].items())[:5])]
@@ -443,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--write", metavar="NAME", default="",
                         help="also write results/NAME.json and NAME.md (with the commit)")
+    parser.add_argument("--time-budget-share", type=float, default=None, metavar="F",
+                        help="give each table's search without a time budget one of F x its "
+                        "exhaustive pass's seconds (how a search ends under --time-budget)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     tables = all_tables()
@@ -453,6 +470,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--only {','.join(unknown)}: no such table; tables are "
                          f"{', '.join(t.name for t in tables)}")
         tables = [t for t in tables if t.name in wanted]
+    if args.time_budget_share is not None:
+        tables = [replace(t, search={"time_budget_s": args.time_budget_share * t.pass_s(),
+                                     **t.search}) for t in tables]
     results = [score(replace(t, held_out=is_held_out(t)), args.seeds) for t in tables]
     summ = summary(results)
     text = render(results, summ)
@@ -467,13 +487,16 @@ def main(argv: list[str] | None = None) -> int:
         dirty = subprocess.run(["git", "status", "--porcelain", "--", "../autotune"],
                                cwd=here, capture_output=True, text=True).stdout.strip()
         head = {"commit": commit + ("+dirty" if dirty else ""), "seeds": args.seeds,
+                "time_budget_share": args.time_budget_share,
                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 "replay_s": time.perf_counter() - started}
         (here / "results" / f"{args.write}.json").write_text(json.dumps(
             {**head, "tables": results, "summary": summ, "notes": NOTES}, indent=1) + "\n")
         (here / "results" / f"{args.write}.md").write_text(
             f"# Replay of the search at {head['commit']} ({head['date']})\n\n"
-            f"`python benchmarks/replay.py --seeds {args.seeds}`: every table x "
+            f"`python benchmarks/replay.py --seeds {args.seeds}"
+            + (f" --time-budget-share {args.time_budget_share:g}"
+               if args.time_budget_share is not None else "") + "`: every table x "
             f"{args.seeds} seeds in {head['replay_s']:.0f} s on this machine. How tables, "
             "runs, noise and scores are made: the docstrings of `benchmarks/replay.py` and "
             "`benchmarks/replay_tables.py`.\n\n```\n" + text + "\n```\n")

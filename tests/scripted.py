@@ -260,3 +260,34 @@ def cpu_search(device: Callable[[TrialSpec], TrialResult], *, values=None,
 
 def pick_winner_record(outcome):
     return pick_winner(outcome.records, SETTINGS)
+
+
+@dataclass
+class ClockedDevice:
+    """A scripted device on a simulated clock (``run_search(clock=device.clock)``): each run
+    takes ``start_s`` plus its compile (``compile_s`` where its graphs were compiled from
+    nothing, ``loaded_s`` where they loaded from the cache) plus its timed steps; one past its
+    spec's timeout is killed there, as the runner kills a child."""
+
+    inner: Callable[[TrialSpec], TrialResult]
+    compile_s: float = 30.0
+    loaded_s: float = 2.0
+    start_s: float = 5.0
+    now_s: float = 0.0
+
+    def clock(self) -> float:
+        return self.now_s
+
+    def __call__(self, spec: TrialSpec) -> TrialResult:
+        result = self.inner(spec)
+        compiled = spec.compile_mode != "off"
+        compile_s = (self.compile_s if result.compile_cache_misses else self.loaded_s) \
+            if compiled else 0.0
+        wall = self.start_s + compile_s + sum(result.step_times_s)
+        if wall > spec.timeout_s:
+            self.now_s += spec.timeout_s
+            return TrialResult(status="timeout", message=f"no result after {spec.timeout_s} s",
+                               wall_s=spec.timeout_s, samples_per_step=result.samples_per_step)
+        self.now_s += wall
+        return replace(result, wall_s=wall,
+                       compile_s=compile_s if compiled and result.ok else None)

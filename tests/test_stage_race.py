@@ -32,6 +32,7 @@ from tests.scripted import (
     SETTINGS,
     SLOW,
     VALUES,
+    ClockedDevice,
     CompileCacheDevice,
     KnobDevice,
     RerunDevice,
@@ -793,3 +794,58 @@ def test_ctrl_c_during_the_interleaved_rounds_keeps_the_best_so_far_and_no_parti
     assert not [s for s in outcome.skipped if "interleaved rounds" in s]
     assert tuned_config(plan(), outcome, settings).reason.startswith(
         "bf16/default 32x2 won at 300.0 samples/s")
+
+
+# The first-launch check is budgeted for before --time-budget runs out (issue 62).
+
+
+def _budgeted(time_budget_s: float | None):
+    """bf16/max-autotune/32 wins; its graphs only ever load from inductor's cache (as a
+    sibling's compile left them), so only a run compiled afresh checks its first launch. The
+    whole search takes 255 simulated seconds, that check its last 36 (a compile from nothing
+    is 30 s)."""
+    warm = {(Knobs(precision="bf16", compile_mode="max-autotune").graph(), 32)}
+    device = ClockedDevice(CompileCacheDevice(ScriptedDevice(
+        by_class(100, 150, 160, 200, 300, 330)), compile_mib=100, cached=warm))
+    outcome = run_search(replace(plan(), device=CPU), CLASSES,
+                         replace(SETTINGS, time_budget_s=time_budget_s), run=device,
+                         clock=device.clock)
+    return outcome, device.inner
+
+
+def test_a_time_budget_keeps_the_time_the_first_launch_check_needs() -> None:
+    whole, device = _budgeted(None)
+    assert device.cold_runs() == ["bf16/max-autotune/32"] and not whole.interrupted
+    # 230 s: before, the other runs took the budget to 219 s and the check was cut at 230
+    # (the pick said unchecked); now they stop where the check's 45 s begin, and it runs.
+    outcome, device = _budgeted(230.0)
+    assert outcome.interrupted and device.cold_runs() == ["bf16/max-autotune/32"]
+    winner = pick_winner_record(outcome)
+    assert (winner.knobs.label(), winner.micro_batch) == ("bf16/max-autotune", 32)
+    assert winner.peak_bytes == 840 * MIB  # its first launch's, 100 MiB over the cached runs'
+    assert Candidate(knobs=winner.knobs, micro_batch=32) not in outcome.first_launch
+    assert not any("not checked as a first launch" in s for s in outcome.skipped)
+    assert ("bf16/max-autotune/32: its first-launch check needs about 45 s (its own run's "
+            "compile from nothing, warm-up and steps): the other runs stopped with 45 s of the "
+            "time budget left for it") in outcome.skipped
+    assert "the first-launch check" not in outcome.not_reached
+    memory = tuned_config(plan(), outcome, replace(SETTINGS, time_budget_s=230.0)).memory
+    assert memory.peak_verified is True and memory.peak_unverified == ""
+
+
+def test_a_first_launch_check_the_time_budget_cannot_hold_is_said_unchecked() -> None:
+    outcome, device = _budgeted(200.0)  # 16 s left once the compiled pick is known
+    assert device.cold_runs() == ["bf16/max-autotune/32"]  # tried in what was left: cut
+    winner = pick_winner_record(outcome)
+    assert (winner.knobs.label(), winner.micro_batch) == ("bf16/max-autotune", 32)
+    assert Candidate(knobs=winner.knobs, micro_batch=32) in outcome.first_launch
+    assert any(s.startswith("bf16/max-autotune/32: not checked as a first launch") and
+               s.endswith("--time-budget reached during a run of bf16/max-autotune/32 "
+                          "(stopped): best so far") for s in outcome.skipped)
+    assert "the first-launch check" in outcome.not_reached
+    memory = tuned_config(plan(), outcome, replace(SETTINGS, time_budget_s=200.0)).memory
+    assert memory.peak_verified is False  # autotune.json, the footer, the page, check say so
+    assert memory.peak_unverified == (
+        "not checked as a first launch compiles it (its runs loaded its graphs from inductor's "
+        "cache, which lowers the peak): --time-budget reached during a run of "
+        "bf16/max-autotune/32 (stopped): best so far")

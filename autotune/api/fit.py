@@ -21,12 +21,14 @@ from autotune.estimate.fits import EstimateReport, EstimateRequest, estimate_rep
 from autotune.knobs import KNOBS, Knobs
 from autotune.memory import probe_spec
 from autotune.names import KEYWORDS, Names
+from autotune.report import peak_unverified_line
 from autotune.runner import run_in_child, run_isolated
 from autotune.schema import TunedConfig
 from autotune.serialize import from_json_dict, to_json_dict
 from autotune.space import divisors, per_device_batch
 from autotune.tuned_file import read_tuned
 from autotune.units import batch_limit_problem, format_bytes
+from autotune.user_loop import capped_device
 from autotune.workload import Workload
 
 # ----------------------------------------------------------------------------------------------
@@ -189,6 +191,9 @@ class CheckTarget:
     """The memory of the device it was tuned on: a budget asked for is at most this."""
     asked: str = ""
     """The budget the user asked for instead of the file's (``--memory-budget 16GiB``)."""
+    peak_unverified: str = ""
+    """That the search did not check the config's fit as a first launch, and why
+    (``report.peak_unverified_line``): said beside the verdict ("" otherwise)."""
 
 
 def _read_tuned(path: str | Path, workload: WorkloadSpec | None = None) -> CheckTarget:
@@ -211,7 +216,8 @@ def _read_tuned(path: str | Path, workload: WorkloadSpec | None = None) -> Check
         device_memory_bytes=config.memory.budget_bytes,
         headroom=config.memory.headroom, calibration=calibration, device=config.device.device,
         nproc_per_node=config.nproc_per_node, measured_peak_bytes=_measured_peak(config),
-        device_total_bytes=config.memory.device_total_bytes)
+        device_total_bytes=config.memory.device_total_bytes,
+        peak_unverified=peak_unverified_line(config))
 
 
 _COMPLETE = ("winner", "ok", "slower", "numerics", "over_budget")
@@ -271,8 +277,6 @@ def check(path: str | Path | None = None, *, target: CheckTarget | None = None,
         WorkloadError: the workload fails, exits, crashes or hangs (or cannot be traced, with
             no device to measure on).
     """
-    import torch
-
     if target is None:
         if path is None:
             raise ConfigError("give the autotune.json to check")
@@ -282,6 +286,17 @@ def check(path: str | Path | None = None, *, target: CheckTarget | None = None,
                               target.device_memory_bytes, target.device, name)
         target = replace(target, device_memory_bytes=budget,
                          asked=name.given("memory_budget", memory_budget))
+    result = _check(target, measure, workload, timeout_s)
+    if not target.peak_unverified:
+        return result
+    return replace(result, message=f"{result.message}; the search's {target.peak_unverified}")
+
+
+def _check(target: CheckTarget, measure: bool | None, workload: Workload | WorkloadSpec | None,
+           timeout_s: float) -> CheckResult:
+    """``check`` of a target read (its verdict, before the notes on the file)."""
+    import torch
+
     on_cpu = target.device == "cpu"
     device_here = on_cpu or torch.cuda.is_available()
     if measure and not device_here:
@@ -391,23 +406,9 @@ def _measure(target: CheckTarget, timeout_s: float) -> int | None:
         WorkloadError: the step fails otherwise (crash, hang, exit, non-finite loss).
         ConfigError: a knob value the workload cannot take.
     """
-    device = "cpu" if target.device == "cpu" else "cuda:0"
     ranks = target.nproc_per_node if target.knobs.distributed else 1
-    backend = backend_for(device)
-    here = backend.max_ranks()
-    if ranks > here:
-        raise ConfigError(
-            f"measuring this config needs a job of {ranks} ranks ({target.knobs.strategy}), and "
-            f"this machine runs {here}: check it without --measure (the estimator traces one "
-            "rank of the job) or on a machine with as many devices")
-    limit = backend.budget_limit()
-    if limit is not None and target.device_memory_bytes > limit[0]:
-        raise ConfigError(
-            f"measuring this config caps its step at the config's memory budget "
-            f"({format_bytes(target.device_memory_bytes)}), more than a child process's cap "
-            f"can be here: {limit[1]}. Check it without --measure, or raise the hard limit "
-            "where it is set (the ulimit -v of the shell or job script, the container's or "
-            "scheduler's limit)")
+    device = capped_device(target.device, target.device_memory_bytes, ranks=ranks,
+                           strategy=target.knobs.strategy)
     result = run_isolated(probe_spec(target.workload, device, target.knobs,
                                      target.micro_batch, target.device_memory_bytes, timeout_s,
                                      ranks=ranks))

@@ -3,15 +3,15 @@
 Torch is imported only inside commands, so ``autotune --help`` stays fast.
 Logs and progress go to stderr, results to stdout. ``output``: how a command prints and ends;
 ``options``: the options commands share, the knob options made from ``KNOBS``; the commands:
-``tune`` (env, probe, search), ``fits`` (estimate, check), ``files`` (codegen, export, report,
-schema) and ``cache``.
+``tune`` (env, probe, search), ``fits`` (estimate, check), ``verify``, ``files`` (codegen,
+export, report, schema) and ``cache``.
 """
 
 from __future__ import annotations
 
 import typer
 
-from autotune.cli import cache, files, fits, tune
+from autotune.cli import cache, files, fits, tune, verify
 from autotune.signals import ending, take_process_signals
 
 app = typer.Typer(
@@ -20,6 +20,7 @@ app = typer.Typer(
 )
 for name, run in (("env", tune.env), ("probe", tune.probe), ("search", tune.search),
                   ("estimate", fits.estimate), ("check", fits.check),
+                  ("verify", verify.verify),
                   ("codegen", files.codegen), ("export", files.export_command),
                   ("report", files.report_command), ("schema", files.schema_command)):
     app.command(name)(run)

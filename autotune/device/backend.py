@@ -27,6 +27,9 @@ class DeviceBackend(abc.ABC):
     """Whose kernel choices the estimator models for this kind (``estimate.trace.StepEstimate``)."""
     precision_names: ClassVar[tuple[str, ...]]
     """Precisions this kind can run at all; ``precisions`` narrows them to one device."""
+    peak_counted: ClassVar[str] = ""
+    """How a run's peak is counted on this kind, said where a user can count it alike
+    (``autotune verify``, docs/using-the-result.md)."""
     compile_in_peak: ClassVar[bool] = False
     """Whether ``torch.compile``'s own memory counts in a child's peak on this kind: then a
     compile loaded from inductor's cache peaks lower than the first launch that compiles it,

@@ -38,6 +38,11 @@ class CPUBackend(DeviceBackend):
     kernels = "cpu"
     precision_names = ("fp32", "bf16")
     compile_in_peak = True  # the compile runs in the process whose address space is the cap
+    peak_counted = (
+        "the process's address-space high-water mark (VmPeak in /proc/self/status) over its "
+        "value once the model is built, before it moves to the device and trains, plus the "
+        "model's parameter and buffer bytes: the compile, the optimizer state and every "
+        "step's memory count")
 
     def child_environment(self, base_env: Mapping[str, str]) -> dict[str, str]:
         """``CPU_ALLOCATOR``, unless the user set any ``MALLOC_*`` variable (theirs win)."""

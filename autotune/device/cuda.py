@@ -23,6 +23,10 @@ class CUDABackend(DeviceBackend):
     kind = "cuda"
     kernels = "cuda"
     precision_names = PRECISIONS
+    peak_counted = (
+        "torch.cuda.max_memory_reserved() (counted from the process's start) plus what the "
+        "device holds for the process outside PyTorch's allocator (the CUDA context, library "
+        "workspaces: NVML's used memory less memory_reserved)")
 
     def allocator_notes(self, env: Mapping[str, str]) -> str:
         keys = [k for k in sorted(env) if k.startswith("PYTORCH_CUDA_ALLOC")]

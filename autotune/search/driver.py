@@ -17,6 +17,7 @@ from autotune.config import Knobs, ProbeReport, StopReason
 from autotune.knobs import KNOBS, Knob, skip_reason
 from autotune.memory import OnStep
 from autotune.runner import run_isolated
+from autotune.search import fits
 from autotune.search._records import SearchSettings, classify
 from autotune.search.evidence import Evidence
 from autotune.search.executor import Executor, OnTrial, Reach, Runner, Stale, Stop
@@ -78,8 +79,13 @@ def _values_left(ev: Evidence, reach: Reach, knob: Knob) -> list[str]:
 
 
 def _first_launch(ev: Evidence, reach: Reach) -> str:
-    checked = ev.plan.compile_in_peak and any(k.compiled for k in ev.plan.classes)
-    return "the first-launch check" if checked else ""
+    """Not begun; or begun (a limit cut its run) with the pick still unchecked."""
+    if not (ev.plan.compile_in_peak and any(k.compiled for k in ev.plan.classes)):
+        return ""
+    pick = ev.winner() if "first launch" in reach.ran_in else None
+    if "first launch" in reach.ran_in and (pick is None or not fits.unchecked_launch(ev, pick)):
+        return ""
+    return "the first-launch check"
 
 
 STAGES = (
@@ -87,7 +93,7 @@ STAGES = (
     Stage("knobs", knobs.run, _knobs_left, partial=True),
     Stage("refine", refine.run, lambda ev, reach: "the smaller micro-batches"),
     Stage("confirm", race.run, lambda ev, reach: "the re-measure of the leaders"),
-    Stage("first launch", None, _first_launch),  # one loop with the race (stages/race.py)
+    Stage("first launch", None, _first_launch, partial=True),  # one loop with the race
 )
 """The stages in order (``docs/search.md``)."""
 
@@ -122,19 +128,27 @@ def run_search(report: ProbeReport, classes: Sequence[Knobs], settings: SearchSe
     """
     plan = Plan.of(report, classes, values)
     assert plan.base in plan.classes, "fp32 eager is the baseline: the api adds it"
-    ex = Executor(Evidence(plan, settings), run, on_trial, on_step, clock)
+    ex = Executor(Evidence(plan, settings), run, on_trial, on_step, clock,
+                  reserve=race.launch_reserve_s)
     stop_reason = StopReason()
     try:
         with (guard or SignalGuard()).armed():
             try:
-                stages(ex)
-            except Stale as stale:  # the stored runs measured another model: afresh
-                gave_up = ex.study
-                ex = Executor(Evidence(plan, replace(settings, fresh=True)), run, on_trial,
-                              on_step, clock, before=ex)
-                ex.study.note(gave_up.record.note if not gave_up.ok else "")
-                ex.study.note(str(stale))
-                stages(ex)
+                try:
+                    stages(ex)
+                except Stale as stale:  # the stored runs measured another model: afresh
+                    gave_up = ex.study
+                    ex = Executor(Evidence(plan, replace(settings, fresh=True)), run,
+                                  on_trial, on_step, clock, before=ex,
+                                  reserve=race.launch_reserve_s)
+                    ex.study.note(gave_up.record.note if not gave_up.ok else "")
+                    ex.study.note(str(stale))
+                    stages(ex)
+            except Stop as stop:
+                if not stop.kept_s:
+                    raise
+                stop_reason = stop.reason  # the time kept for the first-launch check: used
+                race.kept_check(ex, stop.kept_s)
     except Stop as stop:
         stop_reason = stop.reason
     except KeyboardInterrupt as exc:

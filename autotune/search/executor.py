@@ -28,6 +28,8 @@ from autotune.search.forecast import RunCount, forecast
 from autotune.search.plan import Plan
 
 Runner = Callable[[TrialSpec], TrialResult]
+Reserve = Callable[["Executor"], float]
+"""Seconds of the time budget to keep for the first-launch check now (``stages.race``)."""
 OnTrial = Callable[[RunCount, str, Candidate, TrialRecord | None], None]
 """Progress: (runs so far and the estimate of all, stage, candidate, its record when done or
 None when starting)."""
@@ -58,11 +60,14 @@ class Proposal:
 class Stop(Exception):
     """A limit ended the search early: the best so far stands."""
 
-    def __init__(self, reason: StopReason, *, cut: bool = False) -> None:
+    def __init__(self, reason: StopReason, *, cut: bool = False, kept_s: float = 0.0) -> None:
         super().__init__(str(reason))
         self.reason = reason
         self.cut = cut
         """Whether it cut a run short (a limit reached before a run began: False)."""
+        self.kept_s = kept_s
+        """The seconds of the time budget kept for the first-launch check when that is what
+        stopped the other runs (``Executor.limited``): the check still runs; 0 otherwise."""
 
 
 class Stale(Exception):
@@ -132,11 +137,16 @@ class Executor:
 
     def __init__(self, ev: Evidence, run: Runner, on_trial: OnTrial | None,
                  on_step: OnStep | None, clock: Callable[[], float] = time.perf_counter, *,
-                 before: Executor | None = None) -> None:
+                 before: Executor | None = None, reserve: Reserve | None = None) -> None:
         """``before``: the executor of a search given up (its stored runs were stale); its
-        runs, cost and clock carry over, so the limits and the record cover both."""
+        runs, cost and clock carry over, so the limits and the record cover both.
+        ``reserve``: the seconds of ``--time-budget`` no run but a first-launch check may
+        take (``limited``); None keeps none."""
         self.ev = ev
         self.run, self.on_trial, self.on_step, self.clock = run, on_trial, on_step, clock
+        self.reserve: Reserve = reserve or (lambda ex: 0.0)
+        self.kept_s = 0.0
+        """The reserve the last run's timeout was shortened to keep (``limited``; 0: none)."""
         self.study = open_search_study(ev)
         ev.hold(self.study.completed(), self.study.probed(),
                 # the local store: a cache whose timings are re-checked, not replayed
@@ -258,16 +268,26 @@ class Executor:
         return self.run_child(self.limited(spec), "probe")
 
     def limited(self, spec: TrialSpec) -> TrialSpec:
-        """The spec with a timeout that ends within the time budget; a ``_Stop`` when a limit
-        (``--max-trials``, ``--time-budget``) allows no further child run."""
+        """The spec with a timeout that ends within the time budget; a ``Stop`` when a limit
+        (``--max-trials``, ``--time-budget``) allows no further child run.
+
+        A run other than a first-launch check (one compiled afresh, ``cold_compile``) leaves
+        the time ``reserve`` says that check needs: its timeout ends before it, and where
+        less than ``MIN_CHILD_S`` is left beside it, the ``Stop`` says so (``kept_s``) and
+        the check runs in the time kept (``driver.run_search``)."""
         if self.tally.num_runs >= self.settings.max_trials:
             raise Stop(StopReason("max-trials", str(self.tally.num_runs)))
         timeout_s = self.settings.timeout_s
+        self.kept_s = 0.0
         if self.settings.time_budget_s is not None:
             left = self.settings.time_budget_s - (self.clock() - self.tally.start)
             if left < MIN_CHILD_S:
                 raise Stop(StopReason("time-budget"))
-            timeout_s = min(timeout_s, left)
+            kept = 0.0 if spec.cold_compile else self.reserve(self)
+            if kept and left - kept < MIN_CHILD_S:
+                raise Stop(StopReason("time-budget"), kept_s=kept)
+            self.kept_s = kept if left - kept < timeout_s else 0.0
+            timeout_s = min(timeout_s, left - kept)
         self.reach.begin(spec.knobs)
         return replace(spec, timeout_s=timeout_s)
 
@@ -292,7 +312,8 @@ class Executor:
                                       and not result.compile_cache_misses)
         self.ev.ran(Candidate.of(spec), result)
         if cut:
-            raise Stop(StopReason("time-budget", Candidate.of(spec).key()), cut=True)
+            raise Stop(StopReason("time-budget", Candidate.of(spec).key()), cut=True,
+                       kept_s=self.kept_s)
         return result
 
     def run_proposal(self, proposal: Proposal) -> tuple[TrialResult, TrialRecord]:

@@ -139,7 +139,8 @@ def tuned_config(report: ProbeReport, outcome: SearchOutcome,
     baseline = next(r for r in outcome.records if r.is_baseline)
     records = tuple(replace(r, verdict="winner", reason="fastest") if r is winner else
                     _lost(r, winner) for r in outcome.records)
-    result = outcome.results[Candidate(knobs=winner.knobs, micro_batch=winner.micro_batch)]
+    key = Candidate(knobs=winner.knobs, micro_batch=winner.micro_batch)
+    result = outcome.results[key]
     memory = MemoryRecord(
         device_total_bytes=report.device.total_memory_bytes, budget_bytes=report.budget_bytes,
         headroom=report.headroom, usable_bytes=report.usable_bytes(),
@@ -148,6 +149,8 @@ def tuned_config(report: ProbeReport, outcome: SearchOutcome,
         allocator=report.allocator,
         peak_definition=("max_memory_reserved + CUDA context" if report.device.is_cuda else
                          "address-space growth of the child over its baseline"),
+        peak_verified=key not in outcome.first_launch,
+        peak_unverified=_unverified(key, outcome),
     )
     return TunedConfig(
         autotune_version=__version__, created_at=datetime.now(timezone.utc).isoformat(),
@@ -173,6 +176,17 @@ def tuned_config(report: ProbeReport, outcome: SearchOutcome,
         not_reached=outcome.not_reached,
         cost=outcome.cost, runs=outcome.runs, study=outcome.study,
     )
+
+
+def _unverified(winner: Candidate, outcome: SearchOutcome) -> str:
+    """Why the winner's fit as a first launch is unknown (``MemoryRecord.peak_unverified``):
+    the sentence of its ``first-launch-unchecked`` skip without its target, or what
+    ``SearchOutcome.first_launch`` says; "" where it is known."""
+    if winner not in outcome.first_launch:
+        return ""
+    said = next((s.text for s in outcome.skips if s.rule == "first-launch-unchecked"
+                 and s.target == winner.key()), None)
+    return said.removeprefix(f"{winner.key()}: ") if said else outcome.first_launch[winner]
 
 
 def skip_records(notes: tuple[str, ...], outcome: SearchOutcome) -> tuple[SkipRecord, ...]:

@@ -53,6 +53,7 @@ RULES: Mapping[str, str] = {
     "first-launch-out": "a compiled winner that does not fit compiled afresh is out",
     "first-launch-sibling": "a sibling's run afresh bounds the first launch within budget",
     "first-launch-unchecked": "the first launch was not checked",
+    "first-launch-reserve": "the time budget keeps what the pick's first-launch check takes",
     # notes on the space
     "baseline-rescued": "fp32 eager fits nothing: the first value that frees memory is the "
                         "baseline",

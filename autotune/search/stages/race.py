@@ -123,16 +123,23 @@ def interleave(ex: Executor, first: Mapping[Candidate, TrialResult]) -> None:
 
 
 def run(ex: Executor) -> None:
-    """Stages 4 and 5 (``docs/search.md``), one loop: the race (``confirm``), then, until the
-    pick stands, its stored timing re-checked (``recheck_stored_pick``) and, on a device whose
+    """Stages 4 and 5 (``docs/search.md``), one loop: the race (``confirm``), then the pick's
+    first launch (``first_launch``)."""
+    ex.ev.release_held()
+    confirm(ex)
+    first_launch(ex)
+
+
+def first_launch(ex: Executor, *, recheck: bool = True) -> None:
+    """Until the pick stands: its stored timing re-checked (``recheck_stored_pick``; not with
+    ``recheck``: the time kept for the check pays for no other run) and, on a device whose
     peak counts the compile, its fit as a first launch: vouched for by a sibling's run
     afresh, or run afresh itself; one that does not fit is out (``_rule_out``) and the next
     pick goes round again."""
-    ex.ev.release_held()
-    confirm(ex)
     usable = ex.plan.usable
     while True:
-        recheck_stored_pick(ex)  # the next pick after one ruled out: re-checked first
+        if recheck:  # the next pick after one ruled out: re-checked first
+            recheck_stored_pick(ex)
         ex.stage = "first launch"
         if not ex.plan.compile_in_peak:
             return
@@ -144,6 +151,55 @@ def run(ex: Executor) -> None:
         cold = ex.ev.cold.get(winner) or cold_run(ex, winner)
         if cold.fits(usable) or not _rule_out(ex, winner, cold):
             return
+
+
+RESERVE_MARGIN = 1.25
+"""How much longer than its estimate the time kept for a first-launch check is: two runs of
+one config on a shared machine drift apart (the committed oracles' passes: medians 1.6-23%
+apart, ``benchmarks/rule_checks.py`` (7)), and a compile from nothing varies as much."""
+
+
+def launch_reserve_s(ex: Executor) -> float:
+    """The seconds of ``--time-budget`` kept for the pick's first-launch check
+    (``Executor.limited``): on a device whose peak counts the compile, while the pick is
+    compiled and its fit as a first launch unchecked (``fits.unchecked_launch``), the run
+    that checks it estimated from the pick's own run: its wall seconds with its compile as
+    one from nothing takes (the longest of any run of its graphs, and of the runs that
+    compiled the model afresh: in its compile mode where there are some), every timed step a
+    check times (``spec(early_stop=False)``), times ``RESERVE_MARGIN``. 0 without a time
+    budget or nothing to check."""
+    ev = ex.ev
+    if ex.settings.time_budget_s is None or not ex.plan.compile_in_peak:
+        return 0.0
+    pick = ev.winner()
+    run = ev.measured.get(pick) if pick is not None else None
+    if pick is None or run is None or not run.wall_s or not fits.unchecked_launch(ev, pick):
+        return 0.0
+    timed = sum(run.step_times_s)
+    full = max(timed, (run.median_step_s() or 0.0) * ex.settings.num_timed_steps,
+               ex.settings.min_timed_s)
+    own = run.compile_s or 0.0
+    graph = [r.compile_s for r in ex.tally.run_log if r.compile_s and Candidate(
+        knobs=r.knobs, micro_batch=r.micro_batch).graph() == pick.graph()]
+    # Its graphs may only ever have loaded from inductor's cache: then a compile from nothing
+    # of the same model, in its mode where one was made, says what one takes.
+    mode = (pick.knobs.compile_mode, pick.knobs.compile_scope)
+    cold = [(r.compile_s, (k.knobs.compile_mode, k.knobs.compile_scope) == mode)
+            for k, r in ev.cold.items() if r.ok and r.compile_s]
+    afresh = [s for s, same in cold if same] or [s for s, _ in cold]
+    return RESERVE_MARGIN * (max(0.0, run.wall_s - timed - own) + max([own, *graph, *afresh])
+                             + full)
+
+
+def kept_check(ex: Executor, kept_s: float) -> None:
+    """The time kept for the first-launch check stopped the other runs
+    (``Executor.limited``): said (``first-launch-reserve``), then the check runs in it
+    (``first_launch``, no re-check of a stored timing)."""
+    pick = ex.ev.winner()
+    if pick is not None:
+        left = (ex.settings.time_budget_s or 0.0) - (ex.clock() - ex.tally.start)
+        ex.ev.decide(skip("first-launch-reserve", pick.key(), kept=kept_s, left=max(left, 0.0)))
+    first_launch(ex, recheck=False)
 
 
 def _rule_out(ex: Executor, winner: Candidate, cold: TrialResult) -> bool:
