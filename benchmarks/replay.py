@@ -154,6 +154,11 @@ class ReplayDevice:
         median = run.median_s * spec.accumulate_steps / entry.accumulate_steps
         if len(entry.ok_medians()) == 1:
             median *= math.exp(self.rng.gauss(0.0, self.table.sigma))
+        if self.table.stall:  # a generated table's stalls: a share of runs, only slower
+            share, least, most = self.table.stall
+            if self.rng.random() < share:
+                median *= self.rng.uniform(least, most)
+        median *= 1 + self.table.drift_per_hour * self.now_s / 3600
         sd = (run.spread or 0.0) / P10_SD
         times: list[float] = []
         why = None

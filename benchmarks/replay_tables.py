@@ -93,6 +93,14 @@ class Table:
     sigma: float = 0.0
     sigma_note: str = ""
     held_out: bool = False
+    truths: dict[str, float] | None = None
+    """A generated table's truth per candidate (samples/s), where its runs are measurements of
+    it (stalled, drifting, noisy: ``replay_families``); None: the mean of the recorded runs."""
+    stall: tuple[float, float, float] = ()
+    """(share, least, most): that share of the runs the replay answers is stalled, its step
+    times multiplied by a factor drawn between the two (a stall only slows)."""
+    drift_per_hour: float = 0.0
+    """Step times drift by this share per hour of the replay's simulated clock."""
 
     def usable_bytes(self) -> int:
         return int(self.budget_bytes * (1 - self.headroom))
@@ -106,8 +114,11 @@ class Table:
                                          for r in e.runs) and e.fits_first_launch)
 
     def truth(self, key: str) -> float | None:
-        """The mean of the candidate's recorded runs' samples/s (None: none ran ok)."""
+        """The mean of the candidate's recorded runs' samples/s (None: none ran ok), or the
+        generated table's own truth (``truths``)."""
         e = self.entries.get(key)
+        if self.truths is not None and e and e.ok_medians():
+            return self.truths.get(key)
         medians = e.ok_medians() if e else []
         return statistics.fmean(self.target / m for m in medians) if medians else None
 
