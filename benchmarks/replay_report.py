@@ -72,12 +72,26 @@ def _q(q: dict) -> str:
 
 
 def render_families(results: list[dict], skipped: list[str]) -> str:
-    lines = ["Pick quality as median/p10/min over the seeds; within 3%: share of every seed of "
-             "every table of the family; SH: successive halving at each seed's search cost.",
-             "", "| set | family | tables | search: worst table | its median/p10/min | "
+    lines = []
+    for which in SETS:
+        fams = family_summary([r for r in results if r["set"] == which])
+        if fams:
+            worst = min(fams, key=lambda f: fams[f]["worst_pick_quality"]["median"])
+            w = fams[worst]
+            lines.append(
+                f"**{which}: {len(fams)} families, {sum(f['tables'] for f in fams.values())} "
+                f"tables; the worst family table {w['worst']} at median "
+                f"{w['worst_pick_quality']['median']:.3f}; families whose worst table is under "
+                f"0.97: {sum(f['worst_pick_quality']['median'] < 0.97 for f in fams.values())}"
+                + (f"; SH on it {w['baseline']['on_search_worst']['median']:.3f}"
+                   if "baseline" in w else "") + "**")
+    lines += ["", "Pick quality as median/p10/min over the seeds; within 3%: share of every "
+              "seed of every table of the family; SH: successive halving at each seed's search "
+              "cost.",
+              "", "| set | family | tables | search: worst table | its median/p10/min | "
              "within 3% | cost median | tables < 0.97 | SH: worst table | its median/p10/min "
              "| SH on the search's worst | SH within 3% | SH cost |",
-             "|---|---|---:|---|---|---:|---:|---:|---|---|---|---:|---:|"]
+              "|---|---|---:|---|---|---:|---:|---:|---|---|---|---:|---:|"]
     for which in SETS:
         for family, s in family_summary([r for r in results if r["set"] == which]).items():
             b = s.get("baseline")
@@ -88,7 +102,7 @@ def render_families(results: list[dict], skipped: list[str]) -> str:
                 + (f"{b['worst']} | {_q(b['worst_pick_quality'])} | "
                    f"{_q(b['on_search_worst'])} | {b['within_3pct']:.0%} | "
                    f"{b['cost_median']:.3f} |" if b else "- | - | - | - | - |"))
-    lines += ["", "Every table (search | SH):", ""]
+    lines += ["", "Every table (search | SH):", "", "```"]
     for r in results:
         b = r.get("baseline")
         lines.append(
@@ -97,6 +111,7 @@ def render_families(results: list[dict], skipped: list[str]) -> str:
             + (f" | SH {_q(b['pick_quality'])} w3 {b['within_3pct']:4.0%} cost "
                f"{b['cost']['median']:.3f}" if b else "")
             + f" | picks {', '.join(f'{k} x{n}' for k, n in list(r['picks'].items())[:2])}")
+    lines.append("```")
     if skipped:
         lines += ["", "Not applicable: " + "; ".join(skipped)]
     return "\n".join(lines)
