@@ -18,6 +18,8 @@ precision swap where only fp32 was recorded, gives none and says so):
   peaks stay (memory does not follow speed). Truth follows.
 - ``budget-shrink``: the usable budget set at the parameter's quantile of the fitting peaks (the
   fit boundary moves down; runs whose peak exceeds the new cap become ``oom``); truth stays.
+  Not applicable to a table that recorded no micro-batch 1 (the GPU tables start at 8): the
+  search would probe below what the table ran and end without a winner, a replay artifact.
 - ``stall``: the parameter's share of the runs the replay answers is stalled, step times x
   U(1.5, 2.0): a stall only slows. Truth stays.
 - ``drift``: step times drift by the parameter per simulated hour of the search. Truth stays.
@@ -197,7 +199,11 @@ def precision_swap(base: Table, share: float, seed: int) -> Table | None:
     return _with_truths(_map_runs(t, lambda k: factors.get(k, 1.0)))
 
 
-def budget_shrink(base: Table, quantile: float, seed: int) -> Table:
+def budget_shrink(base: Table, quantile: float, seed: int) -> Table | None:
+    if not any(k.endswith("/1") for k, e in base.entries.items() if e.runs):
+        # no micro-batch 1 recorded (the GPU tables start at 8): a shrunk fit sends the search
+        # below what the table ran, answered "not recorded", and it ends without a winner
+        return None
     t = _jittered(base, seed)
     peaks = sorted(max(r.peak_bytes for r in e.runs) for k, e in t.entries.items()
                    if t.fits(k))
