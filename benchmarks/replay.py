@@ -349,14 +349,21 @@ def _machine() -> dict:
             "note": "the replay runs on a simulated clock: the CPU only sets its wall time"}
 
 
-def _write(name: str, data: dict, title: str, text: str) -> None:
-    """results/NAME.json and NAME.md, each written whole (a temporary file renamed)."""
+def _commit() -> str:
+    """HEAD, "+dirty" where autotune/ or benchmarks/ has changes not committed."""
     here = Path(__file__).resolve().parent
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here,
                             capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", "../autotune"],
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "../autotune", "."],
                            cwd=here, capture_output=True, text=True).stdout.strip()
-    head = {"commit": commit + ("+dirty" if dirty else ""), "machine": _machine(),
+    return commit + ("+dirty" if dirty else "")
+
+
+def _write(name: str, data: dict, title: str, text: str, commit: str) -> None:
+    """results/NAME.json and NAME.md, each written whole (a temporary file renamed); commit:
+    the code's as the run started (HEAD may move while it runs)."""
+    here = Path(__file__).resolve().parent
+    head = {"commit": commit, "machine": _machine(),
             "command": "python benchmarks/replay.py " + " ".join(sys.argv[1:])}
     body = {**head, **data}
     md = (f"# {title} at {head['commit']} ({head['machine']['date']})\n\n`{head['command']}` "
@@ -386,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error(f"--seeds {args.seeds}: give 1 or more")
-    started = time.perf_counter()
+    started, commit = time.perf_counter(), _commit()
     tables = all_tables()
     run = functools.partial(score, baseline=not args.no_baseline)
     if args.families:
@@ -420,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         data["replay_s"] = time.perf_counter() - started
         _write(args.write, data, title, "```\n" + text + "\n```" if not args.families
-               else text)
+               else text, commit)
     return 0
 
 
