@@ -7,13 +7,15 @@ built-in model's source is carried in it (``TINY_GPT``, kept identical to
 ``autotune.workload.TinyGPT`` by a test), a Hugging Face model is rebuilt from its config with
 transformers, and a ``file.py:factory`` workload is imported by path. Its ``train_step``
 does the arithmetic of ``autotune.trial.train_step`` (tests compare their gradients), and it
-applies every knob as ``autotune.knobs`` does: the knob values are literals, the code applying
-them is the same for every value (checkpointing, optimizer rebuild, memory format, allocator,
-the DDP/FSDP2 strategy under torchrun).
+applies every knob as ``autotune.knobs`` does: the knob values are literals, and the code
+applying them is kept only where the config runs it (``codegen_parts``: no compile code in an
+eager script, no checkpointing where none was tuned; the DDP wrap and the out-of-memory
+fallback always). It prints its peak memory as the search counts it (``codegen_memory``).
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import re
@@ -24,6 +26,8 @@ from pathlib import Path
 from autotune.artifacts import GRAPH_SETTINGS
 from autotune.codegen_fallback import FALLBACK
 from autotune.codegen_knobs import KNOB_FUNCTIONS
+from autotune.codegen_memory import MEMORY
+from autotune.codegen_parts import guard, parts, select
 from autotune.codegen_templates import SCRIPT, SHAPES
 from autotune.codegen_workloads import FILE, HF, HF_AUTO, HF_COUNTS, TINY_GPT
 from autotune.hf_configs import known_config
@@ -47,32 +51,70 @@ def render_train_script(config: TunedConfig, *, script_dir: Path | None = None) 
         The script's source: ruff-clean, runnable as ``python train_autotuned.py --steps N``
         or under ``torchrun``.
     """
-    imports, workload_code = _workload_section(config, script_dir)
-    return SCRIPT.substitute(
+    kept = parts(config)
+    candidates, workload_code = _workload_section(config, script_dir)
+    peak = config.memory.peak_bytes
+    text = string.Template(select(SCRIPT, kept)).substitute(
         docstring=_docstring(config),
-        imports=imports,
+        imports=_IMPORTS,
         tuned_block=_tuned_block(config),
         target_batch=_literal(config.target_batch),
         micro_batch=_literal(config.micro_batch),
         **{knob.name: _literal(getattr(config.knobs, knob.name)) for knob in KNOBS},
         compile_dynamic=_literal(config.compile_dynamic),
         world_size=_literal(config.world_size),
-        artifacts=_artifacts_block(config),
+        peak_bytes=_literal(peak),
+        peak_comment=(f": {format_bytes(peak)} on {_text(config.device.device)}"
+                      if peak is not None else ": none"),
+        tuned_device=_literal(config.device.device),
+        artifacts=_artifacts_block(config) if kept["artifacts"] else "",
         workload=workload_code,
-        knob_functions=KNOB_FUNCTIONS,
-        fallback=FALLBACK.strip("\n"),
+        knob_functions=select(KNOB_FUNCTIONS, kept),
+        memory=select(MEMORY, kept).rstrip("\n") + "\n",
+        guard=guard(kept),
+        fallback=select(FALLBACK, kept).strip("\n"),
         shapes_block=_shapes_block(config),
     )
+    return text.replace(_IMPORTS, _imports(candidates, text.replace(_IMPORTS, "")))
+
+
+_IMPORTS = "# imports: the ones the code below uses"
+"""Where the imports go, chosen once the rest of the script is written (``_imports``)."""
+
+
+def _imports(candidates: list[str], body: str) -> str:
+    """The import lines of ``candidates`` (``import a.b``, ``import a as b``, ``from a import
+    b, c``; standard library first, a blank line, then the rest, as ``_workload_section``
+    orders them) whose names the script's code uses, so a part left out takes its imports."""
+    used = {node.id for node in ast.walk(ast.parse(body)) if isinstance(node, ast.Name)}
+    out = []
+    for line in candidates:
+        if not line:
+            out.append(line)
+            continue
+        node = ast.parse(line).body[0]
+        assert isinstance(node, (ast.Import, ast.ImportFrom))
+        names = [alias.asname or alias.name.split(".")[0] for alias in node.names]
+        keep = [alias.name + (f" as {alias.asname}" if alias.asname else "")
+                for alias, name in zip(node.names, names, strict=True) if name in used]
+        if not keep:
+            continue
+        if isinstance(node, ast.Import):
+            out.append(line)
+            continue
+        one = f"from {node.module} import {', '.join(keep)}"
+        out.append(one if len(one) <= _WIDTH else
+                   f"from {node.module} import (\n" + "".join(f"    {k},\n" for k in keep) + ")")
+    return "\n".join(out).strip("\n")
 
 
 def _artifacts_block(config: TunedConfig) -> str:
     """The compiled artifacts' record as literals (``autotune.artifacts``), and the settings
-    their graphs key covers."""
+    their graphs key covers (the script of a compiled config that saved them only)."""
     record = config.compile_artifacts
+    assert record is not None  # a config without them: none of their code in the script
     lines = ["# What compile_artifacts' graphs_key covers, beside the model's parameters:",
              "graph_settings = (", *(f"    {_literal(name)}," for name in GRAPH_SETTINGS), ")"]
-    if record is None:
-        return "\n".join([*lines, "compile_artifacts = None  # no compiled artifacts were saved"])
     fields = ("file", "size_bytes", "sha256", "torch_version", "device_name", "graphs_key")
     return "\n".join([
         *lines, "# The search's compiled artifacts, beside this script: loaded before the first",
@@ -252,15 +294,15 @@ _DEFAULT_SIZES = {
 """The sizes of ``autotune.workload.default_workload`` per device (a test keeps them equal)."""
 
 
-def _workload_section(config: TunedConfig, script_dir: Path | None) -> tuple[str, str]:
+def _workload_section(config: TunedConfig, script_dir: Path | None) -> tuple[list[str], str]:
     spec = config.workload
     std = ["import argparse", "import errno", "import functools", "import gc", "import hashlib",
-           "import inspect", "import logging", "import os", "import platform", "import stat",
-           "import time"]
+           "import importlib", "import inspect", "import logging", "import mmap", "import os",
+           "import platform", "import stat", "import threading", "import time"]
     third = ["import torch", "import torch.distributed as dist"]
     tail = ["from torch import nn",
-            "from torch.distributed.checkpoint.state_dict import (\n    StateDictOptions,\n"
-            "    get_model_state_dict,\n    get_optimizer_state_dict,\n)",
+            "from torch.distributed.checkpoint.state_dict import StateDictOptions, "
+            "get_model_state_dict, get_optimizer_state_dict",
             "from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard",
             "from torch.nn.parallel import DistributedDataParallel as DDP",
             "from torch.utils.checkpoint import checkpoint"]
@@ -286,8 +328,7 @@ def _workload_section(config: TunedConfig, script_dir: Path | None) -> tuple[str
         std_from.append("from pathlib import Path")
     if _shapes_block(config):
         std = sorted([*std, "import math", "import random"])
-    imports = "\n".join([*std, *std_from, "", *third, *tail])
-    return imports, code.strip("\n")
+    return [*std, *std_from, "", *third, *tail], code.strip("\n")
 
 
 def _shapes_block(config: TunedConfig) -> str:

@@ -6,11 +6,13 @@ torch import here.
 ``parallelize``, ``compile_model`` and ``to_device`` (some read the tuned values the script
 assigns above them: ``compile_scope``, ``compile_dynamic``, ``memory_format``); tests keep them
 equal to the library's (the same blocks, the same gradients, also over DDP and FSDP
-ranks, the same optimizer groups). The code is the same for every value of a knob: values
-enter as literals. The text goes in as it is (no ``$`` placeholders here).
+ranks, the same optimizer groups). Values enter as literals; each function, and the
+branches for some values, are marked ``#[if PART]`` for ``codegen_parts.select`` to keep only
+where the config runs them. No ``$`` placeholders here.
 """
 
 KNOB_FUNCTIONS = '''
+#[if find_blocks]
 def find_blocks(model):
     """The repeated blocks: the longest run of consecutive same-type children (each with
     parameters) of any ModuleList or Sequential; ties go to more parameters."""
@@ -33,6 +35,8 @@ def find_blocks(model):
     return best
 
 
+#[end]
+#[if checkpoint]
 def checkpoint_blocks(model, setting, blocks=None):
     """Activation checkpointing of every repeated block ("blocks") or every second one
     ("alternate"): their activations are recomputed in backward instead of kept."""
@@ -59,6 +63,8 @@ def checkpoint_blocks(model, setting, blocks=None):
             block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
 
 
+#[end]
+#[if recompute]
 def compiler_recompute(model, setting):
     """checkpointing "budget-F": torch.compile's partitioner keeps about F of the activations
     and recomputes the cheapest rest in backward. It reads the budget when the model compiles
@@ -82,6 +88,8 @@ def compiler_recompute(model, setting):
     return model
 
 
+#[end]
+#[if rebuild_optimizer]
 def rebuild_optimizer(optimizer, impl):
     """The same optimizer (class, parameter groups, hyper-parameters, step hooks) rebuilt
     for-loop, foreach (fewer kernel launches) or fused (one kernel per step)."""
@@ -101,17 +109,30 @@ def rebuild_optimizer(optimizer, impl):
     return rebuilt
 
 
+#[end]
 def parallelize(model, parallel, precision, device):
+#[if fsdp]
     """The model as the tuned strategy runs it over the ranks: DistributedDataParallel ("ddp";
     "ddp-bucket-view": its gradients are views into the all-reduce buckets, one copy less) or
     FSDP2 ("fsdp": fully_shard on each repeated block, then the root, parameters freed after
     each block's forward; "fsdp-no-reshard": kept gathered from forward to backward). Build the
     optimizer over the parameters of the model it returns: fully_shard swaps them for shards."""
+#[else]
+    """The model as the strategy runs it over the ranks: DistributedDataParallel ("ddp";
+    "ddp-bucket-view": its gradients are views into the all-reduce buckets, one copy less).
+    torchrun runs this script as DDP whatever was tuned; one process runs it as it is."""
+#[end]
     if parallel == "none":
         return model
+#[if fsdp]
     if parallel.startswith("ddp"):
         ids = [torch.device(device)] if str(device).startswith("cuda") else None
         return DDP(model, device_ids=ids, gradient_as_bucket_view=parallel == "ddp-bucket-view")
+#[else]
+    ids = [torch.device(device)] if str(device).startswith("cuda") else None
+    return DDP(model, device_ids=ids, gradient_as_bucket_view=parallel == "ddp-bucket-view")
+#[end]
+#[if fsdp]
     # bf16/fp16: parameters gathered in the autocast dtype for compute, gradients reduced in fp32.
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     policy = MixedPrecisionPolicy(param_dtype=dtype,
@@ -121,14 +142,21 @@ def parallelize(model, parallel, precision, device):
         fully_shard(block, reshard_after_forward=parallel == "fsdp", mp_policy=policy)
     fully_shard(model, reshard_after_forward=parallel == "fsdp", mp_policy=policy)
     return model
+#[end]
 
 
+#[if compiled]
 def compile_model(model, mode):
     """torch.compile of the whole model (compile_scope "model"), or of each repeated block's
     forward in place, the rest eager (compile_scope "blocks", regional compilation: the
     blocks share one compiled graph, a much shorter cold compile)."""
+#[if blocks_scope]
     if compile_scope != "blocks":
         return torch.compile(model, mode=mode, dynamic=compile_dynamic)
+#[else]
+    return torch.compile(model, mode=mode, dynamic=compile_dynamic)
+#[end]
+#[if blocks_scope]
     inner = model.module if isinstance(model, DDP) else model
     blocks = list(model_blocks(inner)) if model_blocks is not None else find_blocks(inner)
     if len(blocks) < 2:
@@ -137,9 +165,12 @@ def compile_model(model, mode):
     for block in blocks:
         block.forward = torch.compile(block.forward, mode=mode, dynamic=compile_dynamic)
     return model
+#[end]
 
 
+#[end]
 def to_device(batch, device):
+#[if channels_last]
     """The batch on the device; with channels_last, its 4-D float tensors (images) too."""
 
     def move(tensor):
@@ -147,6 +178,12 @@ def to_device(batch, device):
         if memory_format == "channels_last" and tensor.dim() == 4 and tensor.is_floating_point():
             tensor = tensor.contiguous(memory_format=torch.channels_last)
         return tensor
+#[else]
+    """The batch on the device."""
+
+    def move(tensor):
+        return tensor.to(device)
+#[end]
 
     if isinstance(batch, dict):
         return {key: move(value) for key, value in batch.items()}

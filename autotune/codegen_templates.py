@@ -5,13 +5,13 @@
 compiled artifacts' loader, ``train_step`` and ``main``. Its parts come from beside it: the
 workload (``codegen_workloads``: ``$workload``), the knobs' changes to the model, the optimizer
 and the batches (``codegen_knobs``: ``$knob_functions``), the shape policy (``SHAPES``:
-``$shapes_block``) and the out-of-memory fallback (``codegen_fallback``: ``$fallback``). The
-script's code is the same for every value of a knob: values enter as literals.
+``$shapes_block``), the peak-memory count (``codegen_memory``: ``$memory``) and the
+out-of-memory fallback (``codegen_fallback``: ``$fallback``). Values enter as literals; the
+code only some configs run is marked ``#[if PART]`` ... ``#[end]`` and cut for the others
+(``codegen_parts``), with ``$guard`` stopping a run whose values need code that was cut.
 """
 
 from __future__ import annotations
-
-import string
 
 SHAPES = '''
 # Batches of varying length (the workload declares its lengths): each is padded as the tuned
@@ -67,7 +67,7 @@ if lengths:
 
 '''
 
-SCRIPT = string.Template('''$docstring
+SCRIPT = '''$docstring
 
 $imports
 
@@ -85,13 +85,16 @@ allocator = $allocator  # default, or expandable_segments (CUDA)
 strategy = $strategy  # none, ddp, ddp-bucket-view, fsdp or fsdp-no-reshard (under torchrun)
 compile_scope = $compile_scope  # model (the whole model) or blocks (each repeated block)
 tuned_world_size = $world_size  # devices the search assumed
+tuned_peak_bytes = $peak_bytes  # the peak memory autotune measured$peak_comment
 $artifacts
+#[if expandable]
 
 if allocator == "expandable_segments":
     # Read when CUDA starts, not when torch is imported: set here, before any CUDA call.
     alloc_conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").split(",")
     alloc_conf = [p for p in alloc_conf if p and not p.startswith("expandable_segments")]
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ",".join([*alloc_conf, "expandable_segments:True"])
+#[end]
 
 # ----------------------------------------------------------------------------------------------
 $workload
@@ -101,6 +104,7 @@ $workload
 # The knobs that change the model, the optimizer and the batches, as autotune applied them.
 
 $knob_functions
+#[if compiled]
 
 
 class RecompileLimitNote(logging.Filter):
@@ -113,6 +117,7 @@ class RecompileLimitNote(logging.Filter):
                   "fixed lengths, set compile_dynamic = True above, or raise "
                   "torch._dynamo.config.recompile_limit", flush=True)
         return True
+#[if artifacts]
 
 
 def device_name(device):
@@ -175,6 +180,7 @@ def load_compile_artifacts(model, device):
         return f"{refused}torch could not read it{cold}"
     entries = sum(len(keys) for keys in info.artifacts.values())
     return f"compiled artifacts loaded from {where}: {entries} cache entries"
+#[end]
 
 
 def compile_cache_counts():
@@ -188,7 +194,8 @@ def compile_cache_counts():
     misses = counters["aot_autograd"]["autograd_cache_miss"] + counters["inductor"][
         "fxgraph_cache_miss"]
     return hits, misses
-
+#[end]
+$memory
 
 # ----------------------------------------------------------------------------------------------
 
@@ -206,7 +213,11 @@ def train_step(model, optimizer, scaler, micro_batches, autocast, check=None):
     else:
         counts = [count_loss_items(batch) for batch in micro_batches]
         total = sum(counts)
+#[if fsdp]
         if isinstance(inner, (DDP, FSDPModule)):
+#[else]
+        if isinstance(inner, DDP):
+#[end]
             # DDP and FSDP average gradients over ranks: normalize by the mean count of all ranks.
             total = torch.as_tensor(total, device=next(model.parameters()).device).float()
             dist.all_reduce(total)
@@ -224,6 +235,7 @@ def train_step(model, optimizer, scaler, micro_batches, autocast, check=None):
                 check()
             scaler.scale(loss).backward()
         step_loss += loss.detach().float()
+#[if cuda_graphs]
         if compile_mode in ("reduce-overhead", "max-autotune") and i == 0 and not last:
             # CUDA graphs: this backward left each .grad in the graph's own output buffer,
             # which the next micro-batch's replay overwrites (pytorch/pytorch#169545): copy.
@@ -231,6 +243,7 @@ def train_step(model, optimizer, scaler, micro_batches, autocast, check=None):
                 for param in model.parameters():
                     if param.grad is not None:
                         param.grad = param.grad.clone()
+#[end]
     if check is not None:
         check()
     scaler.step(optimizer)  # optimizer.step(), unscaled first when fp16 enabled the scaler
@@ -258,17 +271,17 @@ def main():
     if args.oom_fallbacks is not None and args.oom_fallbacks < 0:
         parser.error(f"--oom-fallbacks must be 0 (off) or more, got {args.oom_fallbacks}")
 
+$guard
     distributed = int(os.environ.get("WORLD_SIZE", 1)) > 1  # launched by torchrun
     if distributed:
         dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
         rank, world_size = dist.get_rank(), dist.get_world_size()
         local_rank = int(os.environ["LOCAL_RANK"])
         device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
-        if device != "cpu":
-            torch.cuda.set_device(device)
     else:
         rank, world_size = 0, 1
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    memory = PeakMemory(device)  # before the device is first used: its context counts
     master = rank == 0
     device_type = "cuda" if str(device).startswith("cuda") else "cpu"
     if target_batch % (micro_batch * world_size):
@@ -294,20 +307,36 @@ def main():
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank (FSDP broadcasts none)
     model = build_model().to(device)
+    memory.start(model)
+#[if checkpoint]
     checkpoint_blocks(model, checkpointing, model_blocks)
+#[end]
+#[if channels_last]
     if memory_format == "channels_last":
         model = model.to(memory_format=torch.channels_last)
+#[end]
     model = parallelize(model, parallel, precision, device)
+#[if rebuild_optimizer]
     optimizer = rebuild_optimizer(make_optimizer(model.parameters()), optimizer_impl)
+#[else]
+    optimizer = make_optimizer(model.parameters())
+#[end]
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.steps)
+#[if compiled]
     if compile_mode != "off":  # after the DDP/FSDP wrap, as autotune measured it
         mode = None if compile_mode == "default" else compile_mode
         logging.getLogger("torch._dynamo.convert_frame").addFilter(RecompileLimitNote())
+#[if artifacts]
         if compile_artifacts is not None:
             note = load_compile_artifacts(model, device)
             if master:
                 print(note, flush=True)
-        model = compiler_recompute(compile_model(model, mode), checkpointing)
+#[end]
+        model = compile_model(model, mode)
+#[if recompute]
+        model = compiler_recompute(model, checkpointing)
+#[end]
+#[end]
     torch.manual_seed(args.seed + 1 + rank)  # a different data stream on each rank
 
     if master:
@@ -316,6 +345,7 @@ def main():
               f"{precision}, compile {compile_mode}, checkpointing {checkpointing}, optimizer "
               f"{optimizer_impl}, memory format {memory_format}, strategy {parallel}, on "
               f"{device}")
+#[if fsdp]
     if parallel.startswith("fsdp"):
         # FSDP gathers and scatters inside each block: a rank that runs out of memory there
         # leaves the others in another collective, so the ranks cannot agree on a fallback.
@@ -324,6 +354,10 @@ def main():
         args.oom_fallbacks = 0
     elif args.oom_fallbacks is None:
         args.oom_fallbacks = 3
+#[else]
+    if args.oom_fallbacks is None:
+        args.oom_fallbacks = 3
+#[end]
     fallback = OomFallback(args.oom_fallbacks, device, master) if args.oom_fallbacks > 0 else None
     start = time.perf_counter()
     for step in range(1, args.steps + 1):
@@ -335,19 +369,24 @@ def main():
         else:
             loss = train_step(model, optimizer, scaler, micro_batches, autocast)
         scheduler.step()  # once per optimizer step, not per micro-batch
+#[if compiled]
         if master and step == 1 and compile_mode != "off" and compile_cache_counts():
             hits, misses = compile_cache_counts()
             print(f"first optimizer step after {time.perf_counter() - start:.1f} s (compile "
                   f"included); inductor caches: {hits} hits, {misses} misses", flush=True)
+#[end]
         if master and (step % args.log_every == 0 or step in (1, args.steps)):
             loss = loss.item()  # waits for the device: only when printing
             elapsed = time.perf_counter() - start
             print(f"step {step}/{args.steps} | loss {loss:.4f} | "
                   f"{step * target_batch / elapsed:,.1f} samples/s | {elapsed:.1f} s")
+    if master:
+        print(memory.line($tuned_device), flush=True)
 
     # The module under the wrappers: the compiled one's keys would carry "_orig_mod.".
     raw_model = getattr(model, "_orig_mod", model)
     raw_model = raw_model.module if isinstance(raw_model, DDP) else raw_model
+#[if fsdp]
     if isinstance(raw_model, FSDPModule):
         # Gathering the full state dicts is a collective: every rank takes part, rank 0 saves.
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -355,12 +394,16 @@ def main():
         optimizer_state = get_optimizer_state_dict(raw_model, optimizer, options=options)
     elif master:
         model_state, optimizer_state = raw_model.state_dict(), optimizer.state_dict()
+#[end]
     if master:
-        checkpoint = args.checkpoint or os.path.join(args.out, "checkpoint.pt")
-        os.makedirs(os.path.dirname(checkpoint) or ".", exist_ok=True)
+#[if not fsdp]
+        model_state, optimizer_state = raw_model.state_dict(), optimizer.state_dict()
+#[end]
+        saved_to = args.checkpoint or os.path.join(args.out, "checkpoint.pt")
+        os.makedirs(os.path.dirname(saved_to) or ".", exist_ok=True)
         torch.save({"model": model_state, "optimizer": optimizer_state, "step": args.steps},
-                   checkpoint)
-        print(f"saved {checkpoint}")
+                   saved_to)
+        print(f"saved {saved_to}")
     if distributed:
         # FSDP's modules hold the process group: freed first, it closes with the group (left to
         # the interpreter's exit, its threads can outlive it and abort the process).
@@ -372,4 +415,4 @@ def main():
 
 if __name__ == "__main__":
     main()
-''')
+'''

@@ -84,6 +84,12 @@ def default_script(tmp_path: Path) -> ModuleType:
     return script_for(make_tuned(), tmp_path)
 
 
+@pytest.fixture
+def checkpointing_script(tmp_path: Path) -> ModuleType:
+    """A config that checkpoints: its script carries find_blocks and checkpoint_blocks."""
+    return script_for(make_tuned(checkpointing="blocks"), tmp_path)
+
+
 # ----------------------------------------------------------------------------------------------
 # Shape
 
@@ -396,12 +402,13 @@ def test_generated_step_under_ddp_normalizes_over_all_ranks(default_script: Modu
 
 @pytest.mark.subprocess
 @pytest.mark.slow
-def test_generated_step_under_fsdp_gives_the_single_process_gradients(
-        default_script: ModuleType, tmp_path: Path) -> None:
+def test_generated_step_under_fsdp_gives_the_single_process_gradients(tmp_path: Path) -> None:
     """Two gloo ranks, the script's FSDP2 wrap (each block, then the root; resharded after
     forward or not) and its step, two padded micro-batches each, float64: the gradients
     gathered from the shards are the single-process step's over all four micro-batches."""
-    script = Path(default_script.__file__)
+    script = tmp_path / SCRIPT_NAME  # an FSDP config's script: it carries the FSDP wrap
+    script.write_text(render_train_script(make_tuned(strategy="fsdp", world_size=2,
+                                                     target_batch=128)))
     result = torchrun(str(Path(__file__).parent / "fsdp_step.py"), str(script), str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     torch.manual_seed(0)
@@ -462,13 +469,14 @@ def block_names(model: nn.Module, blocks: list[nn.Module]) -> list[str]:
     lambda: TinyGPT(vocab_size=64, seq_len=16, dim=32, num_layers=3, num_heads=4), SmallCNN,
     lambda: nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4)),  # no run of two
 ], ids=["tiny-gpt", "cnn", "none"])
-def test_script_finds_the_library_blocks(default_script: ModuleType, build: object) -> None:
+def test_script_finds_the_library_blocks(checkpointing_script: ModuleType,
+                                         build: object) -> None:
     model = build()  # type: ignore[operator]
     expected = {"TinyGPT": ["blocks.0", "blocks.1", "blocks.2"],
                 "SmallCNN": ["head.0", "head.1", "head.2"], "Sequential": []}
     ours = block_names(model, step.find_blocks(model))
     assert ours == expected[type(model).__name__]
-    assert block_names(model, default_script.find_blocks(model)) == ours
+    assert block_names(model, checkpointing_script.find_blocks(model)) == ours
 
 
 @pytest.mark.parametrize("tuned", [Knobs(checkpointing="blocks", optimizer_impl="foreach"),
@@ -529,7 +537,7 @@ def test_generated_knobs_equal_library_knobs(tmp_path: Path, tuned: Knobs) -> No
 
 
 @pytest.mark.parametrize("setting", ["blocks", "alternate"])
-def test_script_checkpoints_hf_layers_as_the_library(default_script: ModuleType,
+def test_script_checkpoints_hf_layers_as_the_library(checkpointing_script: ModuleType,
                                                      setting: str) -> None:
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(n_layer=3, n_embd=16, n_head=2, vocab_size=32,
@@ -547,7 +555,7 @@ def test_script_checkpoints_hf_layers_as_the_library(default_script: ModuleType,
     ours = flags(lambda m: step.apply_to_model(m, Knobs(checkpointing=setting)))
     assert [on for name, on in ours if name.startswith("transformer.h.")] == (
         [True, True, True] if setting == "blocks" else [True, False, True])
-    assert flags(lambda m: default_script.checkpoint_blocks(m, setting, None)) == ours
+    assert flags(lambda m: checkpointing_script.checkpoint_blocks(m, setting, None)) == ours
 
 
 def test_script_batches_and_model_channels_last_as_the_library(tmp_path: Path) -> None:

@@ -182,7 +182,7 @@ def test_the_script_and_tuned_apply_the_budget_as_the_library(tmp_path: Path,
 
     def script_built() -> nn.Module:
         model = _built(torch.float64)
-        script.checkpoint_blocks(model, script.checkpointing, script.model_blocks)
+        assert not hasattr(script, "checkpoint_blocks")  # the budget is the compiler's alone
         return script.compiler_recompute(torch.compile(model), script.checkpointing)
 
     built = {
@@ -201,17 +201,18 @@ def test_the_script_and_tuned_apply_the_budget_as_the_library(tmp_path: Path,
 
 
 def test_a_budget_checkpoints_no_block(tmp_path: Path) -> None:
-    """``budget-0.5`` is the compiler's: the library and the script wrap no block (eager, the
-    model keeps every activation; before, the script's ``checkpoint_blocks`` took any value
-    but ``off`` for ``alternate``)."""
+    """``budget-0.5`` is the compiler's: the library wraps no block (eager, the model keeps
+    every activation) and the script has no block checkpointing to wrap one with (before, its
+    ``checkpoint_blocks`` took any value but ``off`` for ``alternate``; it now carries only
+    the compiler's budget for such a config)."""
     batch = token_batches(padded=True)[0]
     script = script_for(small(compile_mode="default", checkpointing="budget-0.5"), tmp_path)
-    plain, library, generated = _built(), _built(), _built()
+    plain, library = _built(), _built()
     assert step.apply_checkpointing(library, "budget-0.5") == 0
-    script.checkpoint_blocks(generated, "budget-0.5", None)
+    assert not hasattr(script, "checkpoint_blocks") and hasattr(script, "compiler_recompute")
     kept = {name: saved_bytes(lambda m=m: m(**batch)) for name, m in (
-        ("plain", plain), ("library", library), ("generated", generated))}
-    assert kept["library"] == kept["generated"] == kept["plain"], kept
+        ("plain", plain), ("library", library))}
+    assert kept["library"] == kept["plain"], kept
 
 
 # ----------------------------------------------------------------------------------------------
