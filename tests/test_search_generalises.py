@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import math
 
-import pytest
-
 from autotune.config import Knobs
 from autotune.search import tuned_config
 from tests.scripted import (
@@ -30,17 +28,19 @@ def _picked(outcome) -> str:
     return f"{tuned.knobs.label()}/{tuned.micro_batch}"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 59: not fixed yet")
 def test_a_value_that_ties_at_the_leader_s_micro_batch_is_tried_one_divisor_down() -> None:
-    # fused needs more memory: at the leader's 32 it runs under pressure, level with the
-    # leader; one divisor down (16) it runs 1.14x the leader. Screened at 32 alone, it ties
-    # and is dropped.
+    # fused needs 100 MiB more: at the leader's 32 it runs pressed, level with the leader;
+    # one divisor down (16) it runs 1.14x the leader. Screened at 32 alone, it ties and is
+    # dropped.
     def fused(knobs: Knobs, m: int) -> float:
         if knobs.optimizer_impl != "fused":
             return 1.0
-        return 1 / 1.1 if m == 32 else 1.15
+        return 1.15 if m <= 16 else 1 / 1.1
 
-    device = KnobDevice(by_class(100, 150, 160, 200, 300, 330), factor=fused,
+    def more(knobs: Knobs, m: int) -> float:
+        return 100.0 if knobs.optimizer_impl == "fused" else 0.0
+
+    device = KnobDevice(by_class(100, 150, 160, 200, 300, 330), factor=fused, extra_mib=more,
                         impl_speed={"default": 1.0, "for-loop": 1.0, "foreach": 1.0,
                                     "fused": 1.1})
     outcome, records = knob_search(device)
@@ -48,7 +48,6 @@ def test_a_value_that_ties_at_the_leader_s_micro_batch_is_tried_one_divisor_down
     assert _picked(outcome) == "bf16/max-autotune+opt=fused/16"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 59: not fixed yet")
 def test_an_optimizer_gain_without_checkpointing_is_found_where_checkpointing_leads() -> None:
     # Checkpointing (alternate) fits 64, where a step runs 1.3x per sample: it leads
     # (0.9 x 1.3 = 1.17x). fused gains 1.35x, but only without checkpointing (its update
@@ -65,7 +64,6 @@ def test_an_optimizer_gain_without_checkpointing_is_found_where_checkpointing_le
     assert _picked(outcome) == "bf16/max-autotune+opt=fused/32"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 59: not fixed yet")
 def test_the_walk_down_times_the_micro_batch_past_one_not_faster() -> None:
     # The eager leader runs a little slower at 16 than at 32, but 1.25x at 8 (its working set
     # fits a cache there): a walk that stops at the first micro-batch not faster misses 8.
@@ -77,7 +75,6 @@ def test_the_walk_down_times_the_micro_batch_past_one_not_faster() -> None:
     assert best == "bf16/off/8"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 59: not fixed yet")
 def test_knobs_are_screened_on_a_class_that_wins_only_with_them() -> None:
     # bf16 runs emulated (slow); fp32 eager is 0.91x the compiled leader at default knobs,
     # but fused gains 1.5x there (its update is 40% of an eager step) and nothing compiled.
@@ -98,7 +95,6 @@ def test_knobs_are_screened_on_a_class_that_wins_only_with_them() -> None:
     assert _picked(outcome) == "fp32/off+ckpt=alternate+opt=fused/32", sorted(records)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 59: not fixed yet")
 def test_knobs_are_screened_on_an_eager_class_behind_the_compiled_leader() -> None:
     # The compiled leader gains nothing from fused (its graph fuses the update already); the
     # eager class, 0.84x behind at default knobs, gains 1.35x with it.
@@ -113,7 +109,6 @@ def test_knobs_are_screened_on_an_eager_class_behind_the_compiled_leader() -> No
     assert _picked(outcome) == "bf16/off+opt=fused/32", sorted(records)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 59: not fixed yet")
 def test_a_best_that_drew_one_stalled_run_is_re_measured_before_it_is_excluded() -> None:
     # This machine stalls: the baseline's second run (the search's early re-measure of it)
     # ran 1.8x slower than its first. The best (bf16/max-autotune at 32) drew such a run
@@ -123,7 +118,11 @@ def test_a_best_that_drew_one_stalled_run_is_re_measured_before_it_is_excluded()
                             between_runs={"fp32/off/32": (1.0, 1.8),
                                           "bf16/max-autotune/32": (1.8,)})
     outcome, records = search(device)
-    assert [r for r in device.runs() if r == "fp32/off/32"] == ["fp32/off/32"] * 2
+    runs = device.runs()
+    again = runs.index("fp32/off/32", runs.index("fp32/off/32") + 1)
+    assert again < runs.index("bf16/off/32")  # timed again before any other class
+    assert any(s.startswith("fp32/off/32 timed again early: its two runs landed 80% apart")
+               for s in outcome.skipped)
     best = max(records, key=lambda k: records[k].samples_per_s or 0)
     assert best == "bf16/max-autotune/32"
     assert _picked(outcome) == "bf16/max-autotune/32"
