@@ -50,6 +50,8 @@ class Run:
     spread: float | None
     peak_bytes: int | None
     wall_s: float | None
+    source: str = field(default="", compare=False)
+    """The file (the sitting) that recorded it."""
 
     def same(self, other: Run) -> bool:
         """The same run read from another file (a stored run's wall seconds may differ)."""
@@ -93,6 +95,14 @@ class Table:
     sigma: float = 0.0
     sigma_note: str = ""
     held_out: bool = False
+    truths: dict[str, float] | None = None
+    """A generated table's truth per candidate (samples/s), where its runs are measurements of
+    it (stalled, drifting, noisy: ``replay_families``); None: the mean of the recorded runs."""
+    stall: tuple[float, float, float] = ()
+    """(share, least, most): that share of the runs the replay answers is stalled, its step
+    times multiplied by a factor drawn between the two (a stall only slows)."""
+    drift_per_hour: float = 0.0
+    """Step times drift by this share per hour of the replay's simulated clock."""
 
     def usable_bytes(self) -> int:
         return int(self.budget_bytes * (1 - self.headroom))
@@ -106,8 +116,11 @@ class Table:
                                          for r in e.runs) and e.fits_first_launch)
 
     def truth(self, key: str) -> float | None:
-        """The mean of the candidate's recorded runs' samples/s (None: none ran ok)."""
+        """The mean of the candidate's recorded runs' samples/s (None: none ran ok), or the
+        generated table's own truth (``truths``)."""
         e = self.entries.get(key)
+        if self.truths is not None and e and e.ok_medians():
+            return self.truths.get(key)
         medians = e.ok_medians() if e else []
         return statistics.fmean(self.target / m for m in medians) if medians else None
 
@@ -123,6 +136,32 @@ class Table:
 
     def num_runs(self) -> int:
         return sum(len(e.runs) for e in self.entries.values())
+
+    def sittings(self) -> dict:
+        """What merging its sittings (the files its runs come from) into one truth hides: the
+        runs of each, the candidates timed in two or more, how far their sittings' geometric
+        means differ (the largest over the smallest: median and worst), and each sitting's own
+        best (the fastest fitting candidate by that sitting's runs alone)."""
+        per: dict[str, dict[str, list[float]]] = collections.defaultdict(dict)
+        for k, e in self.entries.items():
+            for r in e.runs:
+                if r.status == "ok" and r.median_s:
+                    per[r.source or "?"].setdefault(k, []).append(r.median_s)
+        ratios = []
+        for k in self.entries:
+            means = [math.exp(statistics.fmean(map(math.log, got[k])))
+                     for got in per.values() if k in got]
+            if len(means) > 1:
+                ratios.append(max(means) / min(means))
+        best = {src: max((k for k in got if self.fits(k)),
+                         key=lambda k, got=got: -statistics.fmean(got[k]), default=None)
+                for src, got in per.items()}
+        return {"sittings": len(per),
+                "runs": {src: sum(map(len, got.values())) for src, got in per.items()},
+                "candidates_in_several": len(ratios),
+                "ratio_median": statistics.median(ratios) if ratios else None,
+                "ratio_max": max(ratios) if ratios else None,
+                "best_by_sitting": best}
 
     def traits(self) -> WorkloadTraits | None:
         """What the table shows of the workload: checkpointing and channels_last apply where it
@@ -157,25 +196,27 @@ def _short(row: dict) -> str:
     return "tiny_" + ("cnn" if "cnn" in title else "gpt2" if "gpt" in title else "bert")
 
 
-def _runs(c: dict) -> list[Run]:
+def _runs(c: dict, source: str = "") -> list[Run]:
     n = len(c.get("statuses") or ())
     def at(name: str, i: int):
         values = c.get(name) or []
         return values[i] if i < len(values) else None
     peaks = c.get("run_peak_bytes") or [c.get("peak_bytes")] * n
     return [Run(c["statuses"][i], at("medians_s", i), at("num_timed_steps", i) or 0,
-                at("spreads", i), peaks[i] if i < len(peaks) else None, at("wall_s", i))
+                at("spreads", i), peaks[i] if i < len(peaks) else None, at("wall_s", i),
+                source)
             for i in range(n)]
 
 
-def _merge(entries: dict[str, Entry], candidates: list[dict], target: int) -> None:
+def _merge(entries: dict[str, Entry], candidates: list[dict], target: int,
+           source: str = "") -> None:
     for c in candidates:
         e = entries.setdefault(c["key"], Entry(c["key"], c.get("accumulate_steps")
                                                or target // c["micro_batch"]))
         e.excluded = e.excluded or c.get("excluded", "")
         if c.get("fits_first_launch") is False:
             e.fits_first_launch = False
-        for run in _runs(c):  # a stored run (--oracle-from) comes back in later files
+        for run in _runs(c, source):  # a stored run (--oracle-from) comes back in later files
             if not any(r.same(run) for r in e.runs):
                 e.runs.append(run)
         if c.get("compile_s") is not None:
@@ -208,7 +249,7 @@ def cpu_tables() -> list[Table]:
                 headroom=round(1 - usable / budget, 6) if usable else 0.1, entries={},
                 sources=[])
             table.name = f"{_short(row)}-{family}"
-        _merge(table.entries, row["oracle"]["candidates"], target)
+        _merge(table.entries, row["oracle"]["candidates"], target, name)
         if name not in table.sources:
             table.sources.append(name)
     tables = list(groups.values())
@@ -246,7 +287,7 @@ def gpu_tables() -> list[Table]:
         for f in files:
             for step in json.loads((RESULTS / "gpu" / f).read_text())["steps"].values():
                 if "candidates" in step:
-                    _merge(entries, step["candidates"], 64)
+                    _merge(entries, step["candidates"], 64, f)
         tables.append(Table(
             name=name, machine="H200", workload="GPT-2 small (built-in default, seq 1024)",
             spec=WorkloadSpec(), device=device, target=64,

@@ -140,16 +140,16 @@ def test_a_compiled_fit_only_from_the_cache_peaks_over_the_budget_when_compiled_
     assert not t.fits("bf16/default/2") and t.best()[0] != "bf16/default/2"
 
 
-def test_a_rule_is_charged_only_with_the_micro_batches_its_note_skipped() -> None:
-    from replay import rule_of
+def test_a_rule_is_charged_only_with_the_micro_batches_its_skip_left_out() -> None:
+    # from the skip's own fields (issue 59), its sentence read only where its context has none
+    from replay import skipped_of
 
-    found = rule_of("fp32/off+ckpt=alternate: micro-batches above 8 not probed: its peak at 8 "
-                    "(39.07 MiB) grows to about 54.00 MiB at 16")
-    assert found is not None
-    label, rule, skipped = found
-    assert label == "fp32/off+ckpt=alternate" and rule.startswith("micro-batches above N")
-    assert [m for m in (1, 4, 8, 16, 32) if skipped(m)] == [16, 32]
-    _, _, named = rule_of("fp32/off: micro-batches 4, 2, 1 not timed: its best is 0.65x")
+    from autotune.search.rules import Skip
+
+    label, skipped = skipped_of(Skip("growth-over-budget", "fp32/off+ckpt=alternate",
+                                     {"probed_above": 8}, context="above-not-probed"))
+    assert label == "fp32/off+ckpt=alternate" and [m for m in (1, 4, 8, 16, 32)
+                                                    if skipped(m)] == [16, 32]
+    _, named = skipped_of(Skip("behind-refine", "fp32/off", {"untimed": "4, 2, 1"},
+                               context="not-timed"))
     assert [m for m in (1, 2, 4, 8) if named(m)] == [1, 2, 4]
-    _, _, below = rule_of("bf16/default: micro-batches 4 and below not tried: a compile")
-    assert [m for m in (1, 2, 4, 8) if below(m)] == [1, 2, 4]

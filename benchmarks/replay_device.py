@@ -1,0 +1,225 @@
+"""The replay's device: a runner answering each spec from a recorded or generated table.
+
+``ReplayDevice`` is a runner (``TrialSpec -> TrialResult``) on a simulated clock (``clock``):
+how a run, a probe and a missing candidate are answered is said in ``replay``'s docstring.
+Three of its answers were biased before issue 59 and are not now:
+
+- **Steps scatter one-sided.** A run's steps scatter about its recorded median as its recorded
+  spread (p90 - p10 over the median) says, skewed to the slow side: step = median x exp(s x
+  (|Z| - 0.674)), Z normal, s = spread / 1.519 (a half-normal's p90 - p10), so the median and
+  the spread are the recorded ones and no step runs more than exp(-0.674 s) below the median.
+  Before, the scatter was symmetric: a run whose spread came from a few stalled steps had steps
+  drawn as much faster as its stalls were slower.
+- **A cold compile's wall is charged.** The first run of a compiled graph in a search
+  (``Candidate.graph``: knobs outside the graph share it) and every run compiled afresh
+  (``cold_compile``) pay the candidate's cold overhead: the largest of its recorded runs'
+  overheads, at least its smallest plus the table's cold extra (the median, over the compiled
+  candidates recorded twice or more, of their largest overhead less their smallest: what a
+  compile that inductor's cache did not hold costs). Later runs of the graph pay a drawn run's
+  own. Before, every run paid a drawn run's overhead: a warm-cache one half the time.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import random
+import statistics
+from dataclasses import dataclass, field
+
+from replay_tables import Entry, Table
+
+from autotune.config import ProbeReport, TrialResult, TrialSpec
+from autotune.knobs import BASELINE
+from autotune.search import SearchSettings
+from autotune.search._records import Candidate
+from autotune.space import knob_values, memory_classes, timed_precisions
+from autotune.timing import stop_reason
+
+HALF_P10_P90 = 1.5192  # a half-normal's p90 - p10 in its scale
+HALF_MEDIAN = 0.6745  # a half-normal's median in its scale
+P10_SD = 2.5631  # a normal's p90 - p10 in standard deviations
+
+
+def cold_overhead_s(entry: Entry, extra_s: float) -> float:
+    """A run of the candidate compiled cold: its largest recorded overhead, at least its
+    smallest plus the table's cold extra."""
+    overheads = [r.overhead_s() for r in entry.runs]
+    return max(max(overheads), min(overheads) + extra_s)
+
+
+def cold_extra_s(table: Table) -> float:
+    """What a cold compile adds to a warm run: the median, over the compiled candidates with
+    two or more runs, of their largest overhead less their smallest (0 where none)."""
+    gaps = [max(o) - min(o) for k, e in table.entries.items()
+            if "/off" not in k.split("+")[0] and len(o := [r.overhead_s() for r in e.runs]) > 1]
+    return statistics.median(gaps) if gaps else 0.0
+
+@dataclass
+class ReplayDevice:
+    """A runner answering each spec from a table (module docstring), on a simulated clock."""
+
+    table: Table
+    seed: int
+    now_s: float = 0.0
+    missing: collections.Counter = field(default_factory=collections.Counter)
+    interpolated: collections.Counter = field(default_factory=collections.Counter)
+    timed: set = field(default_factory=set)
+    calls: int = 0
+    one_sided: bool = True
+    """Steps scatter to the slow side (False: symmetric, as before issue 59)."""
+    charge_cold_compile: bool = True
+    """A compiled graph's first run and a run compiled afresh pay a cold compile (False: a
+    drawn run's overhead, as before issue 59)."""
+    compiled: set = field(default_factory=set)
+    """The compiled graphs this search ran (``Candidate.graph`` keys)."""
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+        walls = [r.wall_s for e in self.table.entries.values() for r in e.runs if r.wall_s]
+        self.missing_wall_s = statistics.median(walls) if walls else 0.0
+        self.cold_extra_s = cold_extra_s(self.table)
+
+    def clock(self) -> float:
+        return self.now_s
+
+    def __call__(self, spec: TrialSpec) -> TrialResult:
+        """The spec's answer; one that runs past its timeout is killed there, as the runner
+        kills a child (``timeout``, its wall the timeout)."""
+        self.calls += 1
+        result = self._answer(spec)
+        wall = result.wall_s or 0.0
+        if wall > spec.timeout_s:
+            wall = spec.timeout_s
+            result = TrialResult(status="timeout", message="timed out (replayed)",
+                                 wall_s=wall, samples_per_step=result.samples_per_step,
+                                 workload_name=self.table.name,
+                                 workload_fingerprint="replay")
+        self.now_s += wall
+        return result
+
+    def _answer(self, spec: TrialSpec) -> TrialResult:
+        key = Candidate.of(spec).key()
+        entry = self.table.entries.get(key)
+        info = {"samples_per_step": spec.micro_batch * spec.accumulate_steps,
+                "workload_name": self.table.name, "workload_fingerprint": "replay"}
+        if entry is None or not entry.runs:
+            peak = self._line_peak(spec)
+            if peak is not None and peak >= 0 and spec.num_timed_steps:
+                peak = None  # a timed run's step times are not to be made up
+            if peak is None:
+                self.missing[key] += 1
+                return TrialResult(status="unsupported", message="not recorded",
+                                   wall_s=self.missing_wall_s, **info)
+            self.interpolated[key] += 1
+            wall = self.missing_wall_s
+            return self._result(spec, "ok", peak, (), wall, None, info) if peak >= 0 else \
+                TrialResult(status="oom", message="out of memory (replayed)", wall_s=wall,
+                            **info)
+        run = self.rng.choice(entry.runs)
+        wall = run.overhead_s()
+        if self.charge_cold_compile and spec.compile_mode != "off":
+            graph = Candidate.of(spec).graph().key()
+            if spec.cold_compile or graph not in self.compiled:
+                wall = max(wall, cold_overhead_s(entry, self.cold_extra_s))
+            self.compiled.add(graph)
+        if run.status != "ok" or (spec.memory_budget_bytes and run.peak_bytes
+                                  and run.peak_bytes > spec.memory_budget_bytes):
+            status = "oom" if run.status == "ok" else run.status
+            return TrialResult(status=status, message=f"{status} (replayed)",
+                               peak_bytes=run.peak_bytes, wall_s=run.wall_s or wall, **info)
+        median = run.median_s * spec.accumulate_steps / entry.accumulate_steps
+        if len(entry.ok_medians()) == 1:
+            median *= math.exp(self.rng.gauss(0.0, self.table.sigma))
+        if self.table.stall:  # a generated table's stalls: a share of runs, only slower
+            share, least, most = self.table.stall
+            if self.rng.random() < share:
+                median *= self.rng.uniform(least, most)
+        median *= 1 + self.table.drift_per_hour * self.now_s / 3600
+        times: list[float] = []
+        why = None
+        while spec.num_timed_steps and why is None:  # the child's own rule (trial._train)
+            times.append(median * self._scatter(run.spread or 0.0))
+            why = stop_reason(times, max_steps=spec.num_timed_steps, elapsed_s=sum(times),
+                              min_elapsed_s=spec.min_timed_s, max_elapsed_s=spec.max_timed_s,
+                              precision=spec.timing_precision,
+                              stop_above_s=spec.stop_above_step_s)
+        peak = run.peak_bytes
+        if spec.cold_compile and not entry.fits_first_launch and peak is not None:
+            peak = max(peak, self.table.usable_bytes() + 1)  # the table's verdict, no peak
+        if times:
+            self.timed.add(key)
+        wall += sum(times)
+        return self._result(spec, why or "", peak, tuple(times), wall,
+                            entry, info)
+
+    def _scatter(self, spread: float) -> float:
+        """A step's factor on its run's median (module docstring: one-sided)."""
+        z = self.rng.gauss(0.0, 1.0)
+        if not self.one_sided:
+            return math.exp(z * spread / P10_SD)
+        return math.exp(spread / HALF_P10_P90 * (abs(z) - HALF_MEDIAN))
+
+    def _result(self, spec: TrialSpec, why: str, peak: int | None, times: tuple,
+                wall: float, entry: Entry | None, info: dict) -> TrialResult:
+        compiled = spec.compile_mode != "off"
+        return TrialResult(
+            status="ok", peak_bytes=peak, step_times_s=times, timing_stop=why if times else "",
+            first_loss=2.0, reference_loss=2.0, num_optimizer_steps=2 + len(times),
+            num_graphs=1 if compiled else None, num_graph_breaks=0 if compiled else None,
+            compile_s=entry.compile_s if entry and compiled else None, wall_s=wall,
+            traits=self.table.traits(), **info)
+
+    def _line_peak(self, spec: TrialSpec) -> int | None:
+        """A peak from its setting's recorded ones (-1: at or above a micro-batch recorded
+        out of memory, or the line over the cap), None where fewer than two micro-batches of
+        it were recorded ok."""
+        label, m = spec.knobs.label(), spec.micro_batch
+        ok: dict[int, int] = {}
+        oom = []
+        for key, e in self.table.entries.items():
+            c = Candidate.from_key(key)
+            if c.knobs.label() != label:
+                continue
+            for r in e.runs:
+                if r.status == "ok" and r.peak_bytes:
+                    ok[c.micro_batch] = max(ok.get(c.micro_batch, 0), r.peak_bytes)
+                elif r.status == "oom":
+                    oom.append(c.micro_batch)
+        if oom and m >= min(oom):
+            return -1
+        if len(ok) < 2:
+            return None
+        near = sorted(ok, key=lambda x: (abs(x - m), x))[:2]
+        a, b = sorted(near)
+        peak = ok[a] + (ok[b] - ok[a]) / (b - a) * (m - a)
+        if spec.memory_budget_bytes and peak > spec.memory_budget_bytes:
+            return -1
+        return max(int(peak), 1)
+
+
+def plan_of(table: Table):
+    """The report, classes and knob values api.search gives ``run_search`` (as
+    ``TuneRequest.validate`` makes them, without its check of this machine's ranks: a GPU
+    table replays on a CPU)."""
+    precisions, _ = timed_precisions(table.device, table.search.get("precisions"))
+    values, base, _ = knob_values(table.device, {"strategy": ["none"]})
+    # The table's own space: the knob values its exhaustive pass recorded (as a user would
+    # restrict them, e.g. --optimizers), so the search and the pass it is judged by walk one
+    # space, and its cost is a share of that pass's.
+    recorded = [Candidate.from_key(k).knobs for k in table.entries]
+    values = {name: tuple(v for v in vs if any(getattr(k, name) == v for k in recorded))
+              for name, vs in values.items()}
+    classes, _ = memory_classes(table.device, precisions, table.search.get("compile_modes"),
+                                base=base)
+    if BASELINE not in classes:
+        classes = (BASELINE, *classes)
+    plan = ProbeReport(workload=table.spec, device=table.device, target_batch=table.target,
+                       world_size=1, headroom=table.headroom, budget_bytes=table.budget_bytes,
+                       probes=())
+    return plan, classes, values
+
+
+def settings_of(table: Table) -> SearchSettings:
+    fields = {k: v for k, v in table.search.items() if k in SearchSettings.__dataclass_fields__}
+    return SearchSettings(cache=False, **fields)
