@@ -247,7 +247,8 @@ _NUMBERS = re.compile(r"\b\d[\d,.]*(?:x\d+)?%?(?:,? (?=\d))?")
 _RUNS_MADE = re.compile(r"^re-check of |screened again on |re-measured: |interleaved rounds")
 
 
-_MADE_RULES = frozenset(("recheck", "rescreen", "within-drift", "rounds"))
+_MADE_RULES = frozenset(("recheck", "rescreen", "within-drift", "rounds", "noise",
+                         "re-measure-first", "joint"))
 """Rules whose note says a run was made (a re-check, a re-measure), not one skipped."""
 
 

@@ -51,6 +51,9 @@ _GAIN_CEILING = (
     "{reach:,.1f} samples/s: behind by more than the noise ({noise:.0%})")
 _BEHIND = ("is {share:.{digits}f}x the leader's ({leader}), under the {refine_within:.2f} that "
            "refinement needs (--refine-within)")
+_BEHIND_NOISE = ("is {share:.{digits}f}x the leader's ({leader}), under the {floor:.3f} that "
+                 "refinement needs (--refine-within {refine_within:.2f}, less the noise "
+                 "measured here, {noise:.0%})")
 _LINE_PREDICTS = ("predicted {predicted:,.1f} samples/s from the line through micro-batches "
                   "{sizes} " + _LINE + ", {share:.2f}x micro-batch {best}'s: ")
 _RECHECK = "re-check of {target} (stored run): {stored:,.1f} samples/s stored, {now:,.1f} now, "
@@ -80,6 +83,8 @@ TEMPLATES: Mapping[str, str] = {
     "behind-refine": "its best " + _BEHIND,
     "behind-refine:did-not-run": "its best did not run",
     "behind-refine:class": "{precision}'s best " + _BEHIND,
+    "behind-refine:noise": "its best " + _BEHIND_NOISE,
+    "behind-refine:class-noise": "{precision}'s best " + _BEHIND_NOISE,
     "behind-refine:class-did-not-run": "{precision}'s best did not run",
     "frees-nothing": (
         "the leader ({leader}) already runs the whole per-device batch {per_device} at peak "
@@ -138,7 +143,25 @@ TEMPLATES: Mapping[str, str] = {
         "micro-batch"),
     "peak-line": "{target}: {note}",
     "not-applicable": "{reason}",
+    "knob-reach": (
+        "{knobs} not screened on {target}: its best is {share:.2f}x the leader's ({leader}), "
+        "and the most they can gain ({ceiling:.2f}x: {why}) leaves it behind by more than "
+        "the noise ({noise:.0%})"),
     # racing
+    "noise": (
+        "{target} timed again early: its two runs landed {gap:.0%} apart, so this machine's "
+        "run-to-run noise is taken as {noise:.0%} (at least --confirm-within "
+        "{confirm_within:g}) in every bound and cut"),
+    "re-measure-first": (
+        "{target} timed again before its setting is cut: one run at {share:.2f}x the leader "
+        "({leader}), and runs of one config here landed up to {stall:.0%} apart, beyond the "
+        "{noise:.0%} noise"),
+    "joint": (
+        "{knobs} screened on {target} too: its best is {share:.2f}x the leader's ({leader}), "
+        "and the most they can gain ({ceiling:.2f}x: {why}) could make it win"),
+    "joint:down": (
+        "{target} timed one micro-batch down: at {above} it {how} (a value that needs more "
+        "memory can win below where it is pressed)"),
     "clear-lead": (
         "no re-measurement: the runner-up ({runner_up}) is {share:.2f}x the leader ({target}), "
         "a gap wider than the noise measured ({noise:.0%}: 95% interval of the ratio, at least "

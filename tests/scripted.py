@@ -69,6 +69,12 @@ class ScriptedDevice:
     """Micro-batch whose runs report CUDA allocator retries (memory pressure)."""
     jitter: tuple[float, ...] = (0.0,)
     """Relative noise of successive timed steps (cycled): 0 is a perfectly quiet device."""
+    update_share: float = 0.1
+    """The optimizer update's share of a step (what an optimizer implementation can save)."""
+    between_runs: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    """Per ``label/micro_batch``, each timed run's step-time factor in turn (1.8: a run that
+    stalled 1.8x slower; past the tuple's end, 1.0): the noise between runs of one config."""
+    timed_runs_of: dict[str, int] = field(default_factory=dict)
     specs: list[TrialSpec] = field(default_factory=list)
     timed_steps: list[int] = field(default_factory=list)
     """Timed steps of each run that fitted, in order."""
@@ -86,6 +92,7 @@ class ScriptedDevice:
         shape = self.shapes.get(spec.knobs.label(), self.shape)
         sps = self.speed[spec.knobs.label()] * shape(spec.micro_batch)
         step_s = info["samples_per_step"] / sps
+        step_s *= self.between_run_factor(spec)
         times: list[float] = []
         why = None
         while spec.num_timed_steps and why is None:  # the child's own rule (trial._train)
@@ -97,12 +104,21 @@ class ScriptedDevice:
         self.timed_steps.append(len(times))
         return TrialResult(status="ok", peak_bytes=peak, step_times_s=tuple(times),
                            timing_stop=why or "",
-                           update_times_s=tuple(0.1 * t for t in times),
+                           update_times_s=tuple(self.update_share * t for t in times),
                            first_loss=2.0, reference_loss=2.0,
                            num_graphs=None if spec.compile_mode == "off" else 1,
                            num_graph_breaks=None if spec.compile_mode == "off" else 0,
                            num_alloc_retries=3 if spec.micro_batch == self.retries_at else 0,
                            **info)
+
+    def between_run_factor(self, spec: TrialSpec) -> float:
+        """The step-time factor of this timed run of its config (``between_runs``)."""
+        if not spec.num_timed_steps:
+            return 1.0
+        key = f"{spec.knobs.label()}/{spec.micro_batch}"
+        nth = self.timed_runs_of[key] = self.timed_runs_of.get(key, 0) + 1
+        factors = self.between_runs.get(key, ())
+        return factors[nth - 1] if nth <= len(factors) else 1.0
 
     def runs(self) -> list[str]:
         """Each run as class/micro-batch, with ``(probe)`` when it timed nothing."""
@@ -182,6 +198,12 @@ class KnobDevice(ScriptedDevice):
     pair_speed: dict[tuple[str, str], float] = field(default_factory=dict)
     """A further speed factor of an (optimizer implementation, memory format) pair."""
     traits: WorkloadTraits = TRAITS
+    factor: Callable[[Knobs, int], float] = lambda knobs, m: 1.0
+    """A further speed factor of any setting at a micro-batch (knobs that interact)."""
+    extra_mib: Callable[[Knobs, int], float] = lambda knobs, m: 0.0
+    """Memory a setting needs beyond the script at a micro-batch (an optimizer's state)."""
+    update_of: Callable[[Knobs], float] = lambda knobs: 0.1
+    """The optimizer update's share of a setting's step."""
 
     def __call__(self, spec: TrialSpec) -> TrialResult:
         base = spec.knobs.with_(checkpointing="off", optimizer_impl="default",
@@ -195,12 +217,15 @@ class KnobDevice(ScriptedDevice):
                    * self.impl_speed[spec.knobs.optimizer_impl]
                    * (self.format_speed if channels_last else 1.0)
                    * self.pair_speed.get((spec.knobs.optimizer_impl,
-                                          spec.knobs.memory_format), 1.0)},
+                                          spec.knobs.memory_format), 1.0)
+                   * self.factor(spec.knobs, spec.micro_batch)
+                   / self.between_run_factor(spec)},
             shape=self.shape, peak_mib=lambda m: 100 + (self.peaks.get(
                 base.label(), self.peak_mib)(m) - 100) * keep
             - self.impl_saves_mib.get(spec.knobs.optimizer_impl, 0.0)
-            - (self.format_saves_mib if channels_last else 0.0),
-            retries_at=self.retries_at)(scaled)
+            - (self.format_saves_mib if channels_last else 0.0)
+            + self.extra_mib(spec.knobs, m),
+            retries_at=self.retries_at, update_share=self.update_of(spec.knobs))(scaled)
         self.specs.append(spec)
         return replace(result, traits=self.traits)
 

@@ -7,6 +7,7 @@ No child runs: ``Evidence`` is filled with results as a search would have them.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -272,3 +273,59 @@ def test_a_stop_reason_is_said_as_the_files_before_it_said_it(
     assert stop.interrupted == bool(stopped_by)
     assert stop.by_signal == stopped_by.startswith("interrupted")
     assert stop.exit_code == (143 if "SIGTERM" in said else 130)
+
+
+def test_the_noise_is_measured_the_median_gap_floored_and_a_stall_is_the_widest() -> None:
+    # No config ran twice: confirm_within (5%). Gaps of 2%, 12% and 80% (a stall): the
+    # typical noise is their median, 12%; how slow one run can come out, 80%.
+    ev = evidence(bf16_off_32=run(200, 32))
+    assert ev.noise_level == pytest.approx(0.05) and ev.stall == pytest.approx(0.05)
+    for i, gap in enumerate((0.02, 0.12, 0.80)):
+        ev.note_drift(at(EAGER, 2 ** i), run(100, 2 ** i), run(100 / (1 + gap), 2 ** i))
+    assert ev.noise_level == pytest.approx(0.12) and ev.stall == pytest.approx(0.80)
+    assert ev.noise(at(EAGER, 32)) == pytest.approx(0.12)  # every bound reads it
+
+
+def test_behind_refine_cuts_only_behind_refine_within_less_the_measured_noise() -> None:
+    # A best at 0.80x the leader: cut at 5% noise (floor 0.855), refined at 15% (0.765).
+    ev = evidence(bf16_default_32=run(400, 32), bf16_off_32=run(320, 32))
+    assert not bounds.refines(ev, 0.80) and bounds.refines(ev, 0.86)
+    why = bounds.behind(ev, "bf16/off", 0.80)
+    assert why.rule == "behind-refine" and why.figures["floor"] == pytest.approx(0.855)
+    ev.note_drift(at(EAGER, 8), run(100, 8), run(100 / 1.15, 8))
+    assert ev.refine_floor() == pytest.approx(0.765) and bounds.refines(ev, 0.80)
+
+
+def test_knob_reach_bounds_an_optimizer_by_the_update_it_could_save() -> None:
+    # The eager setting runs 0.80x the compiled leader. With its update 40% of its step, an
+    # optimizer implementation could gain up to 1.67x: screened. With 10%, 1.11x: 0.89x at
+    # most, behind by more than the noise: not. Another knob is bounded by 1 / refine_within.
+    def with_update(share: float) -> TrialResult:
+        r = run(320, 32)
+        return replace(r, update_times_s=tuple(share * t for t in r.step_times_s))
+
+    for share, screened in ((0.4, True), (0.1, False)):
+        ev = evidence(bf16_default_32=run(400, 32), bf16_off_32=with_update(share))
+        why, note = bounds.knob_reach(ev, at(EAGER, 32), {"optimizer_impl"})
+        assert (why is None) == screened and (note is not None) == screened
+        assert (note or why).figures["ceiling"] == pytest.approx(1 / (1 - share))
+    ev = evidence(bf16_default_32=run(400, 32), bf16_off_32=with_update(0.4))
+    why, _ = bounds.knob_reach(ev, at(EAGER, 32), {"optimizer_impl", "memory_format"})
+    assert why is not None and why.figures["ceiling"] == pytest.approx(1 / 0.9)
+
+
+def test_a_single_run_a_stall_could_explain_is_timed_again_before_its_cut() -> None:
+    # The leader at 400; bf16/off ran once at 200 (0.50x: under the floor). Where this
+    # machine's runs of one config landed at most 5% apart, the cut stands; where one came
+    # out 1.9x slower (a stall, beyond the 5% typical gap), that run is timed again first.
+    from autotune.search.policy import remeasure_first
+    ev = evidence(bf16_default_32=run(400, 32), bf16_off_32=run(200, 32))
+    for i in range(3):  # typical gaps: 0-2%
+        ev.note_drift(at(COMPILED, 2 ** i), run(100, 2 ** i), run(100 / (1 + 0.01 * i), 2 ** i))
+    assert remeasure_first(ev, at(EAGER, 32)) is None
+    ev.note_drift(at(COMPILED, 8), run(100, 8), run(100 / 1.9, 8))
+    note = remeasure_first(ev, at(EAGER, 32))
+    assert note is not None and note.rule == "re-measure-first"
+    assert note.figures["stall"] == pytest.approx(0.9)
+    ev.runs[at(EAGER, 32)] = 2  # timed twice already: its better run stands
+    assert remeasure_first(ev, at(EAGER, 32)) is None

@@ -30,9 +30,10 @@ def test_baseline_first_then_each_class_from_the_boundary_found() -> None:
     # (bisection points), and the line through them predicts 32, timed in the run that
     # finds it fits. Every other class starts there, and 64 confirms the boundary. The
     # compiled classes go by their precision's eager speed: bf16 (200) before fp32 (100).
-    assert device.runs()[:12] == [
+    # The baseline is timed again at once: this machine's run-to-run noise.
+    assert device.runs()[:13] == [
         "fp32/off/64", "fp32/off/1 (probe)", "fp32/off/8 (probe)", "fp32/off/32",
-        "bf16/off/32", "bf16/off/64", "bf16/default/32", "bf16/default/64",
+        "fp32/off/32", "bf16/off/32", "bf16/off/64", "bf16/default/32", "bf16/default/64",
         "fp32/default/32", "fp32/default/64", "bf16/max-autotune/32", "bf16/max-autotune/64"]
     assert outcome.baseline is not None and outcome.baseline.key() == "fp32/off/32"
     assert records["fp32/off/32"].is_baseline and records["fp32/off/64"].verdict == "oom"
@@ -155,10 +156,14 @@ def test_other_compile_modes_only_for_a_precision_near_the_leader() -> None:
 
 
 def test_a_share_just_under_the_threshold_is_not_rounded_up_to_it() -> None:
-    device = ScriptedDevice(by_class(100, 269.1, 160, 200, 300, 330))  # fp32: 0.897x bf16
+    # The floor is 0.90 less the noise measured (5% on this quiet device): 0.855.
+    device = ScriptedDevice(by_class(100, 256.35, 160, 200, 300, 330))  # fp32: 0.8545x bf16
     outcome, _ = search(device)
     why = next(s for s in outcome.skipped if s.startswith("fp32/max-autotune not tried"))
-    assert "fp32's best is 0.897x the leader's (bf16/default/32), under the 0.90" in why
+    assert "fp32's best is 0.85x the leader's (bf16/default/32), under the 0.855 that" in why
+    device = ScriptedDevice(by_class(100, 256.5, 160, 200, 300, 330))  # fp32: 0.855x bf16
+    outcome, _ = search(device)
+    assert not any(s.startswith("fp32/max-autotune not tried") for s in outcome.skipped)
 
 
 def test_when_fp32_eager_fits_nothing_checkpointing_is_the_baseline_offered() -> None:

@@ -4,8 +4,9 @@ The only package that imports optuna: its study records every run, so an interru
 resumes (completed runs are reused) and several processes can share one (``--storage``).
 The search is stated once in ``docs/search.md``; its modules, top down: ``driver`` (the table
 of contents: ``STAGES``, each named with its body and what a search stopped before it never
-began), ``stages/`` (``probe``, ``knobs``, ``refine``, ``race``: the race and its first-launch
-check, one loop), ``outcome`` (``SearchOutcome`` and the ``autotune.json`` content),
+began), ``stages/`` (``probe``, ``knobs``, ``refine``, ``joint``: the knobs screened where they
+interact, ``race``: the race and its first-launch check, one loop; ``remeasure``: a batch of
+re-measures), ``outcome`` (``SearchOutcome`` and the ``autotune.json`` content),
 ``policy`` (who races, when a race stops), ``bounds`` (one function per rule: can it still
 win?), ``fits`` (what the evidence says of memory) and ``executor`` (one child run: limits,
 the study, cost), ``evidence`` (every run, the decisions beside them, the leader, the

@@ -279,6 +279,12 @@ def line_predicts_loss(ev: Evidence, knobs: Knobs, micro_batch: int, *,
         best=best, noise=noise, spread=spread, known=min(widths))
 
 
+def refines(ev: Evidence, share: float | None) -> bool:
+    """Whether a best at ``share`` of the leader's score is refined: at least
+    ``Evidence.refine_floor`` (``--refine-within`` less the measured noise)."""
+    return share is not None and share >= ev.refine_floor()
+
+
 def mode(ev: Evidence, knobs: Knobs) -> Skip | None:
     """Why a compile mode beyond off/default is not tried for this precision, if not."""
     if not ev.settings.refine_within:
@@ -287,26 +293,58 @@ def mode(ev: Evidence, knobs: Knobs) -> Skip | None:
     if not same:
         return None  # nothing measured predicts it: try it
     share = ev.share(max((ev.class_best(c) or 0.0 for c in same), default=0.0))
-    if share is not None and share >= ev.settings.refine_within:
+    if refines(ev, share):
         return None
     return behind(ev, knobs.label(), share, knobs.precision).within("not-tried", knobs.label())
 
 
 def behind(ev: Evidence, target: str, share: float | None, precision: str | None = None) -> Skip:
-    """``behind-refine``: a setting (``precision``: a class of it) is behind by more than
-    ``--refine-within``, or did not run."""
+    """``behind-refine``: a setting (``precision``: a class of it) is behind the leader by
+    more than refinement can gain and the noise (``refine_floor``), or did not run."""
     of_class = {"precision": precision} if precision else {}
     if share is None:
         return skip("behind-refine", target, "class-did-not-run" if precision else "did-not-run",
                     share=0.0, **of_class)
-    digits = 2 if round(share, 2) < ev.settings.refine_within else 3  # 0.897, not 0.90
+    floor = ev.refine_floor()
+    digits = 2 if round(share, 2) < round(floor, 3) else 3  # 0.854, not 0.855
     leader = ev.leader()
-    return skip("behind-refine", target, "class" if precision else "", share=share,
+    return skip("behind-refine", target, "class-noise" if precision else "noise", share=share,
                 digits=digits, leader=leader.key() if leader else "-",
-                refine_within=ev.settings.refine_within, **of_class)
+                refine_within=ev.settings.refine_within, floor=floor,
+                noise=ev.noise_level, **of_class)
 
 
 def _bytes(num_bytes: int | None) -> int | str:
     """A peak as a figure: its bytes, or ``-`` where it was not measured."""
     return "-" if num_bytes is None else num_bytes
 
+
+
+def knob_reach(ev: Evidence, anchor: Candidate,
+               knobs: set[str]) -> tuple[Skip | None, Skip | None]:
+    """Whether the timing knobs ``knobs`` could make ``anchor`` (a setting's best, those knobs
+    at their defaults) win: its score times the most they can gain reaches the leader's
+    within the noise. The most: for an optimizer implementation alone, the whole update
+    saved (the step over the step less its update, as ``anchor``'s run timed them apart:
+    no implementation runs the update in less than no time); for any other, or where the
+    update was not timed apart, what refinement gains at most (1 / ``--refine-within``).
+    Returns (``knob-reach``: it cannot, None: it can; ``joint``: the note saying why it
+    is screened there)."""
+    leader, result = ev.leader(), ev.results.get(anchor)
+    sps, top = ev.score(anchor, full=True), ev.score(leader, full=True) if leader else None
+    if leader is None or result is None or not sps or not top:
+        return None, None
+    step_s = result.median_step_s() or 0.0
+    update_s = statistics.median(result.update_times_s) if result.update_times_s else 0.0
+    unbounded = 1 / ev.settings.refine_within if ev.settings.refine_within else math.inf
+    if knobs == {"optimizer_impl"} and 0 < update_s < step_s:
+        ceiling, why = step_s / (step_s - update_s), \
+            f"the whole update saved, {update_s / step_s:.0%} of its step"
+    else:
+        ceiling, why = unbounded, "what refinement gains at most, 1 / --refine-within"
+    noise = ev.noise(anchor, leader)
+    figures = {"knobs": ", ".join(sorted(knobs)), "share": sps / top, "leader": leader.key(),
+               "ceiling": ceiling, "why": why, "noise": noise}
+    if anchor != leader and Interval(top, noise).beats(sps * ceiling):
+        return skip("knob-reach", anchor.key(), **figures), None
+    return None, skip("joint", anchor.key(), **figures)

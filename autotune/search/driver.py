@@ -23,7 +23,7 @@ from autotune.search.evidence import Evidence
 from autotune.search.executor import Executor, OnTrial, Reach, Runner, Stale, Stop
 from autotune.search.outcome import SearchOutcome, outcome
 from autotune.search.plan import Plan
-from autotune.search.stages import knobs, probe, race, refine
+from autotune.search.stages import joint, knobs, probe, race, refine
 from autotune.signals import SignalGuard
 
 
@@ -92,6 +92,7 @@ STAGES = (
     Stage("probe", probe.run, _probes_left, partial=True),
     Stage("knobs", knobs.run, _knobs_left, partial=True),
     Stage("refine", refine.run, lambda ev, reach: "the smaller micro-batches"),
+    Stage("joint", joint.run, lambda ev, reach: "the joint screen of the knobs"),
     Stage("confirm", race.run, lambda ev, reach: "the re-measure of the leaders"),
     Stage("first launch", None, _first_launch, partial=True),  # one loop with the race
 )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -61,16 +62,18 @@ class Interval:
         return other > self.high
 
 
-def noise_of(settings: SearchSettings, *results: TrialResult) -> float:
-    """Relative gap runs need before it counts: ``confirm_within`` (the run-to-run noise of a
-    machine), or the 95% interval of the runs' ratio when wider (their medians' half-widths in
+def noise_of(settings: SearchSettings, *results: TrialResult, level: float = 0.0) -> float:
+    """Relative gap runs need before it counts: the run-to-run noise of this machine as the
+    search measured it (``level``, ``Evidence.noise_level``; ``confirm_within`` its floor),
+    or the 95% interval of the runs' ratio when wider (their medians' half-widths in
     quadrature: a short or noisy timing says less)."""
-    return noise_between(settings.confirm_within, *(r.halfwidth() for r in results))
+    return max(level, noise_between(settings.confirm_within,
+                                    *(r.halfwidth() for r in results)))
 
 
 def noise_between(confirm_within: float, *halfwidths: float | None) -> float:
     """``noise_of`` from the runs' relative half-widths (a record's ``halfwidth``; None: not
-    measured)."""
+    measured), without the machine's measured level."""
     return max(confirm_within, math.hypot(*(h or 0.0 for h in halfwidths)))
 
 
@@ -312,14 +315,48 @@ class Evidence:
         return score(value, self.settings)
 
     def noise(self, *keys: Candidate) -> float:
-        """``noise_of`` the candidates' runs (those that ran)."""
+        """``noise_of`` the candidates' runs (those that ran), at this machine's measured
+        noise (``noise_level``)."""
         return noise_of(self.settings, *(r for k in keys if (r := self.results.get(k))
-                                         is not None))
+                                         is not None), level=self.noise_level)
+
+    @property
+    def noise_level(self) -> float:
+        """This machine's run-to-run noise as the search measured it: the median of the gaps
+        between two full runs of one config (``drift``: the baseline's early re-measure
+        first, then every re-measure), ``confirm_within`` its floor (and the figure until a
+        config ran twice). The median, not the widest: a run that stalled (one-sided, 1.5x
+        slower and more) says how slow one run can come out (``stall``), not how far a
+        typical run lands from another."""
+        gaps = sorted(self.drift.values())
+        return max(self.settings.confirm_within, statistics.median(gaps) if gaps else 0.0)
+
+    def refine_floor(self) -> float:
+        """The least share of the leader's score a setting's best needs to be refined (its
+        smaller micro-batches timed, a precision's other compile modes tried):
+        ``--refine-within`` (what refinement gains at most: the best's figure over that share
+        still reaches the leader) less this machine's measured noise (``noise_level``): a
+        best one unlucky run put behind is behind only beyond the noise. 0 with
+        ``--refine-within 0`` (rule ``behind-refine``, ``bounds.refines``)."""
+        return self.settings.refine_within * (1 - self.noise_level)
+
+    @property
+    def stall(self) -> float:
+        """How much slower than another run of its config one run came out here, at most (the
+        widest ``drift``; ``noise_level`` at least): a single run this far behind the leader
+        may be such a run, so it excludes nothing before it is timed again."""
+        return max(self.noise_level, max(self.drift.values(), default=0.0))
 
     def class_best(self, knobs: Knobs) -> float | None:
         scores = [self.score(Candidate(knobs=knobs, micro_batch=m))
                   for m in self.plan.micro_batches]
         return max((s for s in scores if s is not None), default=None)
+
+    def setting_best(self, knobs: Knobs) -> Candidate | None:
+        """The setting's best-scoring candidate so far (a run stopped early counts), or None."""
+        scored = [(s, c) for c in self.results if c.knobs == knobs
+                  and (s := self.score(c)) is not None]
+        return max(scored, key=lambda t: t[0])[1] if scored else None
 
     def precision_best(self, precision: str) -> float:
         """The best score of the settings of one precision probed so far (0: none)."""

@@ -79,24 +79,46 @@ def contenders(ev: Evidence) -> list[Candidate]:
 
 
 def within_drift(ev: Evidence) -> list[Candidate]:
-    """Up to ``num_confirm`` candidates run once (in full, or stopped early behind) whose
-    gap to the leader is within the widest drift between two runs of one config in this
-    search, best first, each said in ``skipped``: a run of a shared machine lands that far
-    from another of the same config, so one run that far behind is not behind at all."""
+    """Up to ``num_confirm`` settings' best candidates run once (in full, or stopped early
+    behind) whose gap to the leader is within the widest drift between two runs of one config
+    in this search (``Evidence.stall``), one per setting other than the leader's, best first,
+    each said in ``skipped``: a run of a shared machine lands that far from another of the
+    same config, so one run that far behind is not behind at all (a setting's other
+    micro-batches were judged against its own runs, by its walk)."""
     widest = max(ev.drift.items(), key=lambda kv: kv[1], default=None)
     leader = ev.leader()
     if widest is None or leader is None or not widest[1]:
         return []
     top, (config, drift) = ev.score(leader, full=True) or 0.0, widest
-    once = sorted((k for k in ev.results if k != leader and ev.runs.get(k, 1) < 2
-                   and k not in ev.stored
-                   and not Interval(top, drift).beats(ev.score(k) or 0.0)),
-                  key=lambda k: -(ev.score(k) or 0.0))[:ev.settings.num_confirm]
+    best: dict[object, Candidate] = {}
+    for k in sorted(ev.results, key=lambda k: -(ev.score(k) or 0.0)):
+        if ev.score(k) is not None and k.knobs != leader.knobs:
+            best.setdefault(k.knobs, k)
+    once = [k for k in best.values() if ev.runs.get(k, 1) < 2 and k not in ev.stored
+            and not Interval(top, drift).beats(ev.score(k) or 0.0)][:ev.settings.num_confirm]
     for key in once:
         share = (ev.score(key) or 0.0) / top
         ev.decide(skip("within-drift", key.key(), share=share, leader=leader.key(),
                        drift=drift, config=config.key()))
     return once
+
+
+def remeasure_first(ev: Evidence, key: Candidate) -> Skip | None:
+    """Why a setting's best, about to be cut behind on a single run, is timed again first, if
+    it is: this machine showed runs of one config land further apart than its typical noise
+    (``Evidence.stall`` over ``noise_level``: a run that stalled), and this run, that much
+    faster, would reach the refinement floor (``Evidence.refine_floor``). None: its cut
+    stands (it ran twice, came from the store, or is behind beyond any stall seen)."""
+    leader = ev.leader()
+    stall, level = ev.stall, ev.noise_level
+    if leader is None or key == leader or ev.runs.get(key, 1) >= 2 or key in ev.stored \
+            or stall <= level:
+        return None
+    sps, top = ev.score(key), ev.score(leader, full=True)
+    if not sps or not top or sps * (1 + stall) < top * ev.refine_floor():
+        return None
+    return skip("re-measure-first", key.key(), share=sps / top, leader=leader.key(),
+                stall=stall, noise=level)
 
 
 def round_pair(ev: Evidence) -> tuple[Candidate, Candidate, Candidate, float] | None:

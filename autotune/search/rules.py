@@ -22,7 +22,10 @@ RULES: Mapping[str, str] = {
                     "(rule_checks 9)",
     "over-budget-below": "a compiled run over the budget, far behind: smaller only adds "
                          "accumulation at a compile each (rule_checks 10)",
-    "behind-refine": "a class or precision behind --refine-within is not refined",
+    "behind-refine": "a class or precision behind --refine-within, less the noise measured, is "
+                     "not refined",
+    "knob-reach": "knobs are not screened on a setting whose best, times the most they can "
+                  "gain, stays behind the leader",
     "frees-nothing": "the leader runs the whole per-device batch without retries",
     "recompute-twin": "checkpointing runs no faster where its setting fits without it "
                       "(rule_checks 2, 9)",
@@ -41,6 +44,11 @@ RULES: Mapping[str, str] = {
                  "(rule_checks 3)",
     "not-applicable": "the workload cannot take the knob value",
     # racing (who is re-measured, and when a race stops)
+    "noise": "the machine's run-to-run noise, measured early by timing the baseline again",
+    "re-measure-first": "a single run within the widest drift seen is timed again before a "
+                        "cut excludes its setting",
+    "joint": "knobs screened jointly: on each setting that could win with them, and one "
+             "divisor down where a value tied or did not fit",
     "clear-lead": "a lead wider than the noise stands without a re-measure",
     "within-drift": "timed once within the drift two runs of one config showed",
     "rounds": "interleaved rounds decide a gap within the drift",

@@ -20,6 +20,7 @@ from autotune.search import bounds, fits
 from autotune.search._records import Candidate
 from autotune.search.executor import Executor
 from autotune.search.rules import Skip, skip
+from autotune.search.stages.remeasure import remeasure
 from autotune.skip_sentences import Context
 
 
@@ -38,6 +39,7 @@ def run(ex: Executor) -> bool:
             base = ev.probes[plan.base]
             if base.max_micro_batch:
                 name_baseline(ex, Candidate(knobs=knobs, micro_batch=base.max_micro_batch))
+                measure_noise(ex)
             elif not rescue_baseline(ex):
                 return False
     for knobs in plan.refining_classes():
@@ -48,6 +50,23 @@ def run(ex: Executor) -> bool:
         else:
             probe_setting(ex, knobs)
     return True
+
+
+def measure_noise(ex: Executor) -> None:
+    """This machine's run-to-run noise, measured before any cut is made: the baseline timed
+    once more, in full (rule ``noise``); the gap between its two runs is the first figure
+    of ``Evidence.noise_level``, which every bound and cut reads. Not where the baseline's
+    timing came from the store (its re-check is the race's), nothing is re-measured
+    (``--confirm 0``) or its run did not time every step."""
+    ev, base = ex.ev, ex.ev.baseline
+    if base is None or base in ev.stored or ev.settings.num_confirm <= 0 \
+            or ev.runs.get(base, 1) >= 2 or ev.score(base, full=True) is None:
+        return
+    remeasure(ex, [base], cold_first=False)
+    gap = ev.drift.get(base)
+    if gap is not None:
+        ev.decide(skip("noise", base.key(), gap=gap, noise=ev.noise_level,
+                       confirm_within=ev.settings.confirm_within))
 
 
 def probe_setting(ex: Executor, knobs: Knobs, *, above: int = 0) -> MemoryProbe:

@@ -1,4 +1,4 @@
-"""The race and its first-launch check, stages 4 and 5, one loop: re-measure the leader and
+"""The race and its first-launch check, stages 5 and 6, one loop: re-measure the leader and
 its close contenders, decide close gaps in interleaved rounds, and check that a compiled
 winner fits a first launch; where it does not, it is out and the next pick is re-checked and
 checked in turn.
@@ -13,27 +13,26 @@ states the algorithm once.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import replace
 
 from autotune.config import TrialResult
 from autotune.knobs import skip_reason
-from autotune.schema import TrialRecord
 from autotune.search import fits
 from autotune.search._records import OUT_OF_MEMORY, Candidate
-from autotune.search.executor import Executor, Proposal, Stale, Stop
+from autotune.search.executor import Executor, Proposal
 from autotune.search.pick import rounds_ahead, won_rounds
 from autotune.search.plan import recompute_twin
 from autotune.search.policy import (
     ROUNDS,
     another_round,
     contenders,
-    rechecked,
     round_pair,
     unchecked,
     within_drift,
 )
 from autotune.search.rules import skip
+from autotune.search.stages.remeasure import _run, remeasure, tell
 
 
 def _ratio(one: TrialResult | None, other: TrialResult | None) -> float | None:
@@ -123,7 +122,7 @@ def interleave(ex: Executor, first: Mapping[Candidate, TrialResult]) -> None:
 
 
 def run(ex: Executor) -> None:
-    """Stages 4 and 5 (``docs/search.md``), one loop: the race (``confirm``), then the pick's
+    """Stages 5 and 6 (``docs/search.md``), one loop: the race (``confirm``), then the pick's
     first launch (``first_launch``)."""
     ex.ev.release_held()
     confirm(ex)
@@ -276,80 +275,6 @@ def _out_cold(ex: Executor, winner: Candidate, cold: TrialResult) -> None:
     else:
         out = skip("first-launch-out", winner.key(), "ended", status=cold.status)
     ex.ev.rule_out(winner, out)  # judged out of memory, in the rule's words
-
-
-def remeasure(ex: Executor, keys: Sequence[Candidate], *,
-              cold_first: bool = True) -> dict[Candidate, TrialResult]:
-    """The race's runs: each of ``keys`` once more, keeping its better run; the first (the
-    leader) compiled afresh where its first launch is unchecked (``cold_first``). The runs
-    made, in order: proposed at once (``proposals``), run one after another, each told to the
-    evidence as it ends (``tell``: in any order, one worker or several); a resumed search
-    answers each from the study's runs in the order they were made."""
-    ran: dict[Candidate, TrialResult] = {}
-    for proposal in proposals(ex, keys, cold_first=cold_first):
-        again, rec = _run(ex, proposal)
-        tell(ex, proposal, again, rec)
-        ran[proposal.candidate] = again
-    return ran
-
-
-def proposals(ex: Executor, keys: Sequence[Candidate], *,
-              cold_first: bool = True) -> list[Proposal]:
-    """``keys`` as one batch of runs, each spec built from the evidence now (``remeasure``)."""
-    batch: list[Proposal] = []
-    for key in keys:
-        recheck = key in ex.ev.stored
-        # The leader's re-measure compiles afresh where its first launch is unchecked: it is
-        # also the first-launch check, where the leader is most often the winner.
-        cold = cold_first and key == keys[0] and not recheck and fits.unchecked_launch(ex.ev,
-                                                                                       key)
-        spec = ex.spec(key, early_stop=False)
-        if not recheck and (stored := ex.ev.answer(key)) is not None:
-            batch.append(Proposal(key, spec, cold=cold, stored=stored))
-        elif cold:
-            batch.append(Proposal(key, replace(spec, cold_compile=True), cold=True))
-        elif recheck:
-            batch.append(Proposal(key, replace(
-                spec, timing_precision=ex.settings.rank_precision), recheck=True))
-        else:
-            batch.append(Proposal(key, spec))
-    assert len({p.candidate for p in batch}) == len(batch), "one run per candidate a batch"
-    return batch
-
-
-def _run(ex: Executor, proposal: Proposal) -> tuple[TrialResult, TrialRecord]:
-    """``Executor.run_proposal``; a first-launch check that a limit stops before it runs
-    says the winner unchecked."""
-    try:
-        return ex.run_proposal(proposal)
-    except Stop as stop:
-        if proposal.cold and not stop.cut:
-            ex.ev.decide(unchecked(proposal.candidate, str(stop)))
-        raise
-
-
-def tell(ex: Executor, proposal: Proposal, again: TrialResult, rec: TrialRecord) -> None:
-    """A proposed run's result into the evidence (``Evidence.remeasured``); a stored timing
-    re-checked keeps the fresh run where the stored one is stale (``policy.rechecked``).
-
-    Raises:
-        Stale: a re-check ran another model than the stored runs did.
-    """
-    key = proposal.candidate
-    if proposal.stored is None:  # the re-run's own figures (the study's were said first)
-        ex.progress(key, rec)
-    before = ex.ev.results[key]
-    if proposal.recheck and again.ok and before.workload_fingerprint and \
-            again.workload_fingerprint not in ("", before.workload_fingerprint):
-        raise Stale(
-            f"stored runs not reused: the workload changed since they were measured "
-            f"(re-check of {key.key()}: fingerprint {again.workload_fingerprint}, "
-            f"stored {before.workload_fingerprint}: its parameter or batch shapes "
-            "differ); every candidate was measured again")
-    ex.ev.remeasured(key, again, cold=proposal.cold)
-    if proposal.recheck:
-        fresh, note = rechecked(key, before, again, ex.settings)
-        ex.ev.rechecked(key, again, fresh=fresh, note=note)
 
 
 def cold_run(ex: Executor, winner: Candidate) -> TrialResult:

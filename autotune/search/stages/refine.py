@@ -8,12 +8,13 @@ free no memory are screened again there (the knobs stage's ``screen``).
 from __future__ import annotations
 
 from autotune.config import Knobs, MemoryProbe
-from autotune.search import bounds
+from autotune.search import bounds, policy
 from autotune.search._records import Candidate
 from autotune.search.evidence import Interval
 from autotune.search.executor import Executor
 from autotune.search.rules import skip
 from autotune.search.stages.knobs import screen
+from autotune.search.stages.remeasure import remeasure
 
 
 def run(ex: Executor) -> None:
@@ -32,7 +33,12 @@ def run(ex: Executor) -> None:
 
 def refine(ex: Executor, probe: MemoryProbe) -> None:
     """Time smaller micro-batches of one class, largest first, while each is faster than
-    the class's best by more than the noise (one run's luck is no trend to follow).
+    the class's best by more than the noise (one run's luck is no trend to follow). In an
+    eager setting a micro-batch not faster is followed by the next one down once (speed
+    need not be monotone in the micro-batch: a working set that fits a cache), and the walk
+    stops at the second in a row (that step is the stop's check: it does not count against
+    ``--micro-batches``); a compiled one stops at the first (each step costs a compile, and
+    in the committed oracles a compiled walk turned faster again once in 214).
 
     Micro-batches already measured (a resumed study) are walked through the same rule, so
     a resumed search stops where the first one did."""
@@ -44,16 +50,18 @@ def refine(ex: Executor, probe: MemoryProbe) -> None:
         ex.ev.decide(why_not)
         return
     walked: list[int] = []  # largest first, each measured
+    missed = 0  # micro-batches in a row not faster than the best before them
+    past = 0  # walked past one not faster: the stop's check, not counted (--micro-batches)
     for i, m in enumerate(fitting):
         key = Candidate(knobs=knobs, micro_batch=m)
         rest = ", ".join(str(x) for x in fitting[i:])
         if key not in ex.ev.results:
-            if per_class and len(walked) >= per_class:
+            if per_class and len(walked) - past >= per_class:
                 ex.ev.decide(skip("micro-batch-limit", label, context="not-timed",
                                   untimed=rest, per_class=per_class))
                 return
-            share = ex.ev.share(ex.ev.class_best(knobs))
-            if per_class and (share is None or share < ex.ev.settings.refine_within):
+            if per_class and not settled_refines(ex, knobs):
+                share = ex.ev.share(ex.ev.class_best(knobs))
                 ex.ev.decide(bounds.behind(ex.ev, label, share).within(
                     "not-timed", label, untimed=rest))
                 return
@@ -70,8 +78,15 @@ def refine(ex: Executor, probe: MemoryProbe) -> None:
             best_m = best.micro_batch
             if now is None or (before is not None
                                and not Interval(before, noise).beaten_by(now)):
+                missed += 1
+                if now is not None and missed < 2 and i + 1 < len(fitting) \
+                        and not knobs.compiled:  # (a compiled step costs a compile)
+                    walked.append(m)  # the next one down may still be faster
+                    past += 1
+                    continue
                 later = list(fitting[i + 1:])
-                if later and time_the_other_end(ex, knobs, later[-1], len(walked) + 1):
+                if later and time_the_other_end(ex, knobs, later[-1],
+                                                len(walked) - past + 1):
                     later = later[:-1]
                 if later:
                     ex.ev.decide(skip(
@@ -79,7 +94,23 @@ def refine(ex: Executor, probe: MemoryProbe) -> None:
                         untimed=", ".join(map(str, later)), micro_batch=m, best=best_m,
                         noise=noise))
                 return
+            missed = 0
         walked.append(m)
+
+
+def settled_refines(ex: Executor, knobs: Knobs) -> bool:
+    """Whether the setting's best is near enough the leader to refine (``bounds.refines``);
+    where it is not on a single run that this machine's slowest runs could have put there
+    (``policy.remeasure_first``), that run is timed again first, and its better run decides."""
+    best = ex.ev.setting_best(knobs)
+    if bounds.refines(ex.ev, ex.ev.share(ex.ev.class_best(knobs))):
+        return True
+    note = policy.remeasure_first(ex.ev, best) if best is not None else None
+    if note is None or best is None:
+        return False
+    ex.ev.decide(note)
+    remeasure(ex, [best], cold_first=False)
+    return bounds.refines(ex.ev, ex.ev.share(ex.ev.class_best(knobs)))
 
 
 def time_the_other_end(ex: Executor, knobs: Knobs, smallest: int, num_timed: int) -> bool:
@@ -101,8 +132,7 @@ def time_the_other_end(ex: Executor, knobs: Knobs, smallest: int, num_timed: int
     ``--refine-within``, not predicted to gain, or ``--micro-batches`` allows no more)."""
     per_class = ex.ev.settings.micro_batches_per_class
     share = ex.ev.share(ex.ev.class_best(knobs))
-    if (share is None or share < ex.ev.settings.refine_within
-            or (per_class and num_timed >= per_class)):
+    if not bounds.refines(ex.ev, share) or (per_class and num_timed >= per_class):
         return False
     compiled = knobs.compiled
     always = knobs == ex.ev.leaders_setting() and not compiled

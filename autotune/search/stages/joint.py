@@ -1,0 +1,151 @@
+"""The joint screen: the knobs that free no memory, screened where they interact with the
+others (issue 59), after the knobs stage's screen of one knob at a time on the leader.
+
+A knob's gain can hold on one setting and not another (an optimizer implementation that gains
+on eager code, whose compiled graph fuses the update already; a gain that holds only without
+checkpointing, where checkpointing leads at a larger micro-batch), and a value that needs more
+memory can tie where the leader's micro-batch presses it and win one divisor down. So the
+values are screened on each setting's best (an "anchor": a setting with those knobs at their
+defaults, its best candidate) that could win with them (``bounds.knob_reach``), and a value
+that did not fit or tied with the leader at its anchor's micro-batch is timed one divisor
+down; one that did not fit is timed with each checkpointing value that frees memory too.
+
+The runs are proposed as one batch from the evidence (``proposals``: a list of ``Proposal``,
+each a run the evidence takes in any order); one worker runs them, and the next batch is
+proposed from what they found, until none is left. ``docs/search.md`` states the rules once.
+"""
+
+from __future__ import annotations
+
+from autotune.config import Knobs
+from autotune.knobs import KNOBS, skip_reason
+from autotune.search import bounds
+from autotune.search._records import OUT_OF_MEMORY, Candidate
+from autotune.search.evidence import Evidence, Interval
+from autotune.search.executor import Executor, Proposal
+from autotune.search.rules import Skip, skip
+
+TIMING = tuple(k for k in KNOBS[2:] if not k.frees_memory and not k.per_class)
+"""The knobs the joint screen times: those whose values change speed, not memory's growth."""
+ROUNDS = 4
+"""Most batches proposed in turn (each proposes only runs not made yet: it ends anyway)."""
+
+
+def run(ex: Executor) -> None:
+    """The stage: batches of proposals, each run, until none is left (``proposals``)."""
+    for _ in range(ROUNDS):
+        batch = proposals(ex)
+        if not batch:
+            return
+        for proposal in batch:
+            ex.measure(proposal.spec)
+
+
+def anchor_of(knobs: Knobs) -> Knobs:
+    """The setting with the timing knobs at their defaults (what they are screened on)."""
+    return knobs.with_(**{k.name: k.default for k in TIMING})
+
+
+def anchors(ev: Evidence) -> dict[Knobs, Candidate]:
+    """Per anchor setting, its best candidate with a complete timed run (the timing knobs at
+    any value), best first."""
+    best: dict[Knobs, Candidate] = {}
+    for c in ev.ranked():
+        best.setdefault(anchor_of(c.knobs), c)
+    return best
+
+
+def proposals(ex: Executor) -> list[Proposal]:
+    """The next runs of the joint screen, from the evidence now, each said (``joint``) or its
+    anchor's skip said (``knob-reach``): the timing knobs' values on each anchor that could
+    win with them, and one divisor down (or with checkpointing) where a value tied or did not
+    fit (``down``)."""
+    ev = ex.ev
+    leader = ev.leader()
+    if leader is None or ev.settings.train_steps:
+        return []
+    batch: dict[Candidate, Proposal] = {}
+    said = {(s.rule, s.target) for s in ev.skips}
+
+    def decide(note: Skip) -> None:
+        if (note.rule, note.target) not in said:
+            said.add((note.rule, note.target))
+            ev.decide(note)
+
+    def propose(key: Candidate) -> None:
+        if key not in ev.results and key not in batch and key.knobs not in ev.probes \
+                and key.micro_batch in ev.plan.micro_batches \
+                and skip_reason(key.knobs, ev.traits) is None:
+            batch[key] = Proposal(key, ex.spec(key))
+
+    for a_knobs, anchor in anchors(ev).items():
+        twin = ev.results.get(Candidate(knobs=a_knobs, micro_batch=anchor.micro_batch))
+        if twin is not None and twin.status in OUT_OF_MEMORY:
+            continue  # a value's own saving got it there: the knobs stage probed those
+        untried = [(k.name, v) for k in TIMING for v in ev.plan.values.get(k.name, ())
+                   if v != getattr(anchor.knobs, k.name) and (c := Candidate(
+                       knobs=anchor.knobs.with_(**{k.name: v}), micro_batch=anchor.micro_batch))
+                   not in ev.results and c.knobs not in ev.probes
+                   and skip_reason(c.knobs, ev.traits) is None]
+        if not untried:
+            continue
+        why, reach = bounds.knob_reach(ev, anchor, {name for name, _ in untried})
+        if why is not None:
+            decide(why)
+            continue
+        if anchor != leader and reach is not None:
+            decide(reach)
+        for name, value in untried:
+            propose(Candidate(knobs=anchor.knobs.with_(**{name: value}),
+                              micro_batch=anchor.micro_batch))
+    for key, note in down(ev, leader):
+        if key not in ev.results and key not in batch:
+            decide(note)
+        propose(key)
+    return list(batch.values())
+
+
+def down(ev: Evidence, leader: Candidate) -> list[tuple[Candidate, Skip]]:
+    """Values timed at an anchor's micro-batch that did not fit there where their setting
+    without them fit, or that need more
+    memory than their setting without them and tie with it there, within the noise of the
+    leader (memory presses them: below, they may gain): each one divisor down, and one that
+    did not fit with each checkpointing value that frees memory at the anchor's
+    micro-batch."""
+    top = ev.score(leader, full=True) or 0.0
+    found: list[tuple[Candidate, Skip]] = []
+    ckpt = next(k for k in KNOBS if k.name == "checkpointing")
+    for a_knobs, anchor in anchors(ev).items():
+        twin = Candidate(knobs=a_knobs, micro_batch=anchor.micro_batch)
+        base, base_score = ev.results.get(twin), ev.score(twin)
+        for key, result in ev.results.items():
+            if anchor_of(key.knobs) != a_knobs or key.knobs == a_knobs \
+                    or key.micro_batch != anchor.micro_batch:
+                continue
+            below = [m for m in ev.plan.micro_batches if m < key.micro_batch]
+            score = ev.score(key)
+            if result.status in OUT_OF_MEMORY and base_score:  # the value's own memory
+                how = f"did not fit, where {twin.key()} fit"
+                if key.knobs.checkpointing == ckpt.default:
+                    found += [(replace_knob(key, "checkpointing", v), skip(
+                        "joint", replace_knob(key, "checkpointing", v).key(), "down",
+                        above=key.micro_batch, how=how)) for v in ckpt.frees_memory
+                        if v in ev.plan.values.get("checkpointing", ())]
+            elif score is not None and base is not None and base_score \
+                    and (result.peak_bytes or 0) > (base.peak_bytes or 0) \
+                    and not Interval(base_score, ev.noise(key, twin)).beaten_by(score) \
+                    and not Interval(top, ev.noise(key, leader)).beats(score):
+                how = (f"peaked above {twin.key()} and ran {score / base_score:.2f}x it, "
+                       f"not faster beyond the noise, {score / top:.2f}x the leader")
+            else:
+                continue
+            if below:
+                target = Candidate(knobs=key.knobs, micro_batch=max(below))
+                found.append((target, skip("joint", target.key(), "down",
+                                           above=key.micro_batch, how=how)))
+    return found
+
+
+def replace_knob(key: Candidate, name: str, value: str) -> Candidate:
+    """``key`` with one knob set to ``value``."""
+    return Candidate(knobs=key.knobs.with_(**{name: value}), micro_batch=key.micro_batch)
