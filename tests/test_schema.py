@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 from autotune import api
 from autotune.cli import app
 from autotune.codegen import SCRIPT_NAME, render_train_script
+from autotune.codegen_parts import parts
 from autotune.config import WorkloadSpec
 from autotune.errors import ConfigError, OutputExistsError
 from autotune.files import write_json_atomic
@@ -650,21 +651,37 @@ def skeleton(source: str) -> str:
     return ast.dump(_Blank().visit(ast.parse(source)))
 
 
-def test_knob_values_never_change_the_code() -> None:
-    """Every knob value is a literal in the same code: the fuzz test below relies on it."""
-    shapes = {skeleton(render_train_script(make_tuned(knobs=knobs))) for knobs in (
-        Knobs(), Knobs(checkpointing="blocks", optimizer_impl="foreach"),
+def test_knob_values_change_the_code_only_through_the_parts_it_runs() -> None:
+    """A knob value is a literal in the code its parts give (``codegen_parts.parts``: a
+    config's script carries only the code it runs); two configs with the same parts have the
+    same code, whatever their values: the fuzz test below relies on it."""
+    by_parts: dict[tuple, set[str]] = {}
+    for knobs in (
+        Knobs(), Knobs(precision="bf16"), Knobs(precision="fp16"),
+        Knobs(checkpointing="blocks", optimizer_impl="foreach"),
+        Knobs(checkpointing="alternate", optimizer_impl="fused"),
         Knobs(precision="fp16", compile_mode="max-autotune", checkpointing="alternate",
               optimizer_impl="fused", memory_format="channels_last",
-              allocator="expandable_segments"))}
-    assert len(shapes) == 1
+              allocator="expandable_segments"),
+        Knobs(precision="bf16", compile_mode="reduce-overhead", checkpointing="blocks",
+              optimizer_impl="foreach", memory_format="channels_last",
+              allocator="expandable_segments"),
+    ):
+        config = make_tuned(knobs=knobs)
+        by_parts.setdefault(tuple(sorted(parts(config).items())), set()).add(
+            skeleton(render_train_script(config)))
+    assert len(by_parts) == 3 and all(len(shapes) == 1 for shapes in by_parts.values())
 
 
-def _skeletons() -> dict[str, set[str]]:
-    """Per workload kind, the code shapes the templates can give (tasks, weights, paths)."""
+def _skeletons(knobs: Knobs | None = None, artifacts: Any = None) -> dict[str, set[str]]:
+    """Per workload kind, the code shapes the templates can give (tasks, weights, paths), for
+    the bases' knobs or for ``knobs`` and ``artifacts`` (a config's script carries the code
+    its parts run: ``test_knob_values_change_the_code_only_through_the_parts_it_runs``)."""
     out: dict[str, set[str]] = {"default": set(), "hf": set(), "file": set()}
     for base in BASES.values():
         kind = base.workload.kind
+        if knobs is not None:
+            base = replace(base, knobs=knobs, compile_artifacts=artifacts)
         variants = [base]
         if kind == "hf":
             variants = [replace(base, workload=replace(base.workload, pretrained=pretrained),
@@ -677,7 +694,16 @@ def _skeletons() -> dict[str, set[str]]:
     return out
 
 
-SKELETONS = _skeletons()
+_LIKE: dict[tuple[Knobs, bool], dict[str, set[str]]] = {}
+
+
+def _skeletons_like(config: Any) -> dict[str, set[str]]:
+    """``_skeletons`` for a config's knobs and compile artifacts (validated values on read:
+    a knob is one of its closed set), computed once per pair."""
+    key = (config.knobs, config.compile_artifacts is not None)
+    if key not in _LIKE:
+        _LIKE[key] = _skeletons(config.knobs, config.compile_artifacts)
+    return _LIKE[key]
 PATHS = {name: [] for name in BASE_FILES}  # every (nested) key of each base, e.g. knobs/precision
 
 
@@ -787,7 +813,7 @@ def test_fuzzed_file_is_accepted_and_safe_or_rejected_cleanly(case: tuple[str, A
         assert result.exit_code == 0, result.output
         source = (out / SCRIPT_NAME).read_text()
         compile(source, SCRIPT_NAME, "exec")
-        assert skeleton(source) in SKELETONS[config.workload.kind], (
+        assert skeleton(source) in _skeletons_like(config)[config.workload.kind], (
             f"a value of autotune.json became code: {data}")
         assert not any(Path(tmp).rglob("PWNED"))
 

@@ -265,7 +265,9 @@ def test_a_repeat_of_a_three_way_race_re_checks_only_the_two_leaders() -> None:
     close = by_class(100, 150, 160, 295, 300, 290)
     first = ScriptedDevice(close)
     one = search(first)
-    assert sum(r.kind == "re-measure" for r in one.runs) == 3  # leader and 2 contenders
+    # the baseline's early one (this machine's noise: rule ``noise``), the leader and 2
+    # contenders
+    assert sum(r.kind == "re-measure" for r in one.runs) == 4
     again = ScriptedDevice(close)
     search(again)
     assert len(again.specs) == 2 and again.runs()[0] == "bf16/default/32"
