@@ -206,6 +206,7 @@ def step_of(steps: dict[str, subprocess.CompletedProcess[str] | str],
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow  # 33 s; the default run keeps assert_fits (test_estimate.py) and check's verdicts
 def test_the_github_actions_example_runs_as_written_in_a_fresh_repository(
         tmp_path: Path) -> None:
     """The defect: it installed `torch-autotune` (not on the package index), its check could

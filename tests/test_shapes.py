@@ -609,6 +609,7 @@ def test_a_workload_with_bad_lengths_exits_2(factory: str, says: str) -> None:
 
 
 @pytest.mark.subprocess  # inductor's compiler
+@pytest.mark.slow  # 52 s of compiles; CI's slow run keeps the recompile limit's path
 def test_a_trial_that_hits_the_recompile_limit_is_named_so_never_timed_as_compiled() -> None:
     with torch._dynamo.config.patch(recompile_limit=1):  # the second shape hits it
         result = _trial("varlen", knobs=Knobs(compile_mode="default", shapes="buckets"))
