@@ -243,7 +243,8 @@ def test_hf_script_builds_the_workload_task() -> None:
 
 
 @pytest.mark.subprocess
-@pytest.mark.slow  # 29 s; the default run keeps the default script's runs and the HF script's graphs key
+@pytest.mark.slow  # 29 s; the default run keeps the default script's runs and the HF
+# script's graphs key
 def test_an_hf_script_parses_help_and_trains_offline(tmp_path: Path) -> None:
     """With no network (HF_HUB_OFFLINE=1, an empty HF cache) the script of a --model search
     answers --help, trains from a local config directory, and for a model it cannot find says

@@ -37,7 +37,7 @@ def train(scope: str, steps: int = 3) -> tuple[list[float], nn.Module]:
 
 
 @pytest.mark.subprocess  # inductor runs the C++ compiler
-@pytest.mark.slow  # the default run keeps test_script_tuned_and_trial_compile_the_same_parts[blocks]
+@pytest.mark.slow  # the default run keeps test_script_tuned_and_trial_compile_the_same_parts
 def test_blocks_scope_compiles_each_block_and_trains_as_model_scope() -> None:
     """``blocks`` compiles every block's forward in place (the model itself is not wrapped,
     its parameter names unchanged) and the blocks share their compiled graphs: fewer graphs
