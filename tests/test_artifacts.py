@@ -92,6 +92,7 @@ def cache_counts(output: str) -> tuple[int, int]:
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow  # 63 s; the default run keeps test_no_damaged_file_is_loaded_or_raises
 def test_a_fresh_first_launch_reads_the_saved_artifacts(folder: Path, tmp_path: Path) -> None:
     config = read_tuned(folder / "autotune.json")
     record = config.compile_artifacts

@@ -622,6 +622,7 @@ def test_generated_script_runs(tmp_path: Path, name: str) -> None:
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow  # 21 s; the default run keeps the default script's real run (test_codegen_parts)
 def test_generated_script_writes_its_checkpoint_where_out_says_not_in_the_working_tree(
         tmp_path: Path) -> None:
     # issue 45 item 8: checkpoint.pt landed in the user's working tree.

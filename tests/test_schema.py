@@ -773,7 +773,7 @@ EXAMPLES = {"count": 0, "accepted": 0, "rejected": 0}
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(fuzzed())
 def test_fuzzed_file_is_accepted_and_safe_or_rejected_cleanly(case: tuple[str, Any]) -> None:
     _, data = case

@@ -56,7 +56,9 @@ def test_pad_to_pads_as_the_policy_says() -> None:
 @pytest.mark.parametrize(("shapes", "bound"), [  # max and buckets with the slow tests (the
     # buckets bound of a compiled trial: test_shapes.py's test_a_compiled_trial_stays_...)
     pytest.param("max", 1, marks=pytest.mark.slow),
-    pytest.param("buckets", MAX_BUCKETS, marks=pytest.mark.slow), ("dynamic", 1)])
+    pytest.param("buckets", MAX_BUCKETS, marks=pytest.mark.slow),
+    # dynamic too (70 s of compiles): the default run keeps test_shapes.py's trial of each policy
+    pytest.param("dynamic", 1, marks=pytest.mark.slow)])
 def test_a_tuned_compiled_config_fed_30_random_lengths_stays_within_its_policys_bound(
         compiles: _Compiles, shapes: str, bound: int) -> None:  # noqa: F811
     cfg = _tuned(shapes)
