@@ -390,12 +390,18 @@ def test_a_repeated_cli_search_reuses_the_store_and_re_checks_the_leaders(
     # re-check on: ``race.recheck_stored_pick``), raced back to back where their stored and
     # fresh runs drifted apart by more than their gap: never a probe or a screen, and fewer
     # runs than the first search made.
+    # (How many leaders this takes depends on this machine's noise between the two searches:
+    # every one re-checked must have been timed ok by the first search.)
     checked = {(r.knobs.label(), r.micro_batch) for r in fresh_runs}
-    assert 1 <= len(checked) <= 3 and len(fresh_runs) < len(one.runs), fresh_runs
+    timed_ok = {(t.knobs.label(), t.micro_batch) for t in one.trials if t.samples_per_s}
+    assert checked and checked <= timed_ok and len(fresh_runs) < len(one.runs), fresh_runs
     assert two.cost is not None
     assert two.cost.num_runs == len(fresh_runs)
     assert len([r for r in two.runs if r.stored_at]) == len(one.runs)
-    assert "study store: reused" in again.output and "re-check of" in again.output
+    assert "study store: reused" in again.output
+    # Each re-check is said with its figures (the terminal shows the first of them; the file
+    # keeps them all).
+    assert any(s.rule == "recheck" for s in two.skips), two.skips
     # The estimator's figures for the calibration are kept in the study too.
     base = "fp32/off"  # calibrated in every search (the winner's class may differ)
     assert base in two.memory.calibration
