@@ -492,7 +492,7 @@ def test_check_measures_a_checkpointed_config_as_checkpointed(tmp_path):
 
 
 def test_assert_fits_with_knobs():
-    workload = deep_gpt(4)
+    workload = deep_gpt(2)
     off = estimate_step(workload, 8, kernels="cuda").peak_bytes
     blocks = estimate_step(workload, 8, knobs=Knobs(checkpointing="blocks")).peak_bytes
     memory = int((off + blocks) / 2 / 0.9)

@@ -27,6 +27,8 @@ def test_every_snippet_is_one_these_tests_run() -> None:
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow  # a real search (25 s): autotune.search from Python runs everyday in
+# test_python_api.py; this checks the page's snippet is that call
 def test_search_from_python_snippet(monkeypatch: pytest.MonkeyPatch,
                                     capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(REPO)  # the snippet names examples/my_workload.py from the repository

@@ -229,7 +229,9 @@ def test_a_job_of_ranks_leaves_nothing_in_the_temporary_folder(
     # slow: a rank's OOM named as the job's cause runs everyday in test_the_cause_wins_over_its_
     # echoes, a fault that leaves no rank behind in the case above
     pytest.param("rank_oom", "oom", "rank 1 of 2: RuntimeError", marks=pytest.mark.slow),
-    ("rank_raises", "error", "rank 1 of 2: ValueError: rank one's loss failed"),
+    # slow: the same job as the case below, whose peer is busy when the fault comes
+    pytest.param("rank_raises", "error", "rank 1 of 2: ValueError: rank one's loss failed",
+                 marks=pytest.mark.slow),
     ("rank_raises_peer_busy", "error", "rank 1 of 2: ValueError: rank one's loss failed"),
 ])
 def test_a_fault_on_one_rank_ends_the_job_and_no_rank_is_left(workload: str, status: str,

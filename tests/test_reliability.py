@@ -110,12 +110,13 @@ RANKS = ["--target-batch", "2", "--nproc-per-node", "2", "--strategy", "ddp"]
     ("deep_crash", [], "(fp32/off) (also without the memory cap) its process died [crash]: "
                        "child killed by SIGKILL"),
     # Rank 1 dies; rank 0, stopped by the launcher or failing on the broken connection first
-    # (its own result: an echo), is never the cause.
+    # (its own result: an echo), is never the cause. Slow (a job of 2 ranks run twice, 20 s):
+    # a job's crash named by its rank runs everyday in test_ranks.py's rank_killed case.
     pytest.param("rank_crash", RANKS, re.compile(
         r"\(fp32/off\+dp=ddp\) \(also without the memory cap\) its process died \[crash\]: "
         r"(rank 1 of 2 left no result \(killed, or its process died\): )?the job of 2 ranks "
         r"failed: (rank 0 of 2 exited with code 3 \(its result says why\); )?rank 1 of 2 "
-        r"killed by SIGKILL"), id="rank_crash"),
+        r"killed by SIGKILL"), id="rank_crash", marks=pytest.mark.slow),
 ])
 def test_a_baseline_broken_at_micro_batch_1_ends_the_search_at_once(
         name: str, extra: list[str], cause: str | re.Pattern[str], tmp_path: Path) -> None:

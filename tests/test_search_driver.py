@@ -258,7 +258,8 @@ def _spiky(run: Callable[[TrialSpec], TrialResult], seed: int) -> Callable[
     return spiky
 
 
-@pytest.mark.parametrize("seed", [0, 5, 12, 14])
+@pytest.mark.parametrize("seed", [0, pytest.param(5, marks=pytest.mark.slow),
+                                  pytest.param(12, marks=pytest.mark.slow), 14])
 def test_a_resumed_search_answers_each_ask_with_the_stored_runs_in_the_order_they_were_made(
         tmp_path, seed: int) -> None:
     # A first search on a busy machine (some runs slowed by a spike, drawn from the seed), then

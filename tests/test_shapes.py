@@ -146,7 +146,8 @@ SLOW = pytest.mark.slow  # the other policies' runs of a test whose buckets run 
 
 
 @pytest.mark.parametrize("shapes", [pytest.param("max", marks=SLOW), "buckets",
-                                    pytest.param("dynamic", marks=SLOW), "longest"])
+                                    pytest.param("dynamic", marks=SLOW),
+                                    pytest.param("longest", marks=SLOW)])
 def test_trials_time_the_drawn_lengths_and_count_real_tokens(shapes: str) -> None:
     result = _trial("varlen", knobs=Knobs(shapes=shapes))
     assert result.status == "ok", result.message

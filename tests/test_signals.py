@@ -348,6 +348,8 @@ def test_a_signal_while_autotune_imports_ends_it_in_one_line(signum: int, code: 
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow  # a search in a new interpreter (25 s): one signal during a search runs
+# everyday (test_search.py's Ctrl-C, this file's signals after the last run)
 def test_more_signals_while_autotune_exits_change_nothing(tmp_path: Path) -> None:
     """SIGTERM during a search, then SIGTERM after SIGTERM until it has exited (a CI runner's
     cancel, repeated): it was a traceback from an exit handler, or an end by the signal itself

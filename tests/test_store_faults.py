@@ -18,6 +18,7 @@ import sqlite3
 import stat
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -132,6 +133,30 @@ def disk_full_from(armed: list[bool]) -> Iterator[None]:
         yield
     finally:
         event.remove(Pool, "checkout", cap)
+
+
+def test_the_local_store_hands_its_commits_to_the_os_and_a_storage_url_keeps_its_own() -> None:
+    """The local store is a cache: every connection a search opens on it commits without
+    waiting for the disk (``LOCAL_SYNCHRONOUS``: 0.2 ms a commit, not 6); a ``--storage``
+    database keeps SQLite's default (FULL, 2)."""
+    seen: list[tuple[str, int]] = []
+
+    def read(dbapi_connection, record, proxy) -> None:  # type: ignore[no-untyped-def]
+        if isinstance(dbapi_connection, sqlite3.Connection):
+            name = dbapi_connection.execute("PRAGMA database_list").fetchone()[2]
+            mode = dbapi_connection.execute("PRAGMA synchronous").fetchone()[0]
+            seen.append((Path(name).name, mode))
+
+    event.listen(Pool, "checkout", read)
+    try:
+        search_with(lambda: None)
+        own = replace(SETTINGS, cache=False,
+                      storage=f"sqlite:///{store_path().parent / 'own.db'}")
+        run_search(plan(), CLASSES, own, run=ScriptedDevice(SPEEDS))
+    finally:
+        event.remove(Pool, "checkout", read)
+    assert {mode for name, mode in seen if name == "studies.db"} == {0}, seen
+    assert {mode for name, mode in seen if name == "own.db"} == {2}, seen
 
 
 def test_a_full_disk_mid_search_is_said_as_full_and_the_search_finishes() -> None:

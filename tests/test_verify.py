@@ -259,6 +259,8 @@ def test_verify_of_a_config_whose_workload_file_is_gone_is_bad_input(tmp_path: P
 
 
 @pytest.mark.subprocess
+@pytest.mark.slow  # a new interpreter and its children (15 s): Ctrl-C during a search's child
+# runs everyday in test_search.py's test_ctrl_c_keeps_and_writes_the_best_so_far
 def test_ctrl_c_during_verify_exits_130_and_leaves_no_child(tmp_path: Path) -> None:
     """The loop's child hangs building its batches; Ctrl-C ends the command, and the child
     (and its fork server) with it."""
