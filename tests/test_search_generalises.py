@@ -126,3 +126,22 @@ def test_a_best_that_drew_one_stalled_run_is_re_measured_before_it_is_excluded()
     best = max(records, key=lambda k: records[k].samples_per_s or 0)
     assert best == "bf16/max-autotune/32"
     assert _picked(outcome) == "bf16/max-autotune/32"
+
+
+def test_knobs_are_screened_at_a_micro_batch_that_ties_with_the_setting_s_best() -> None:
+    # The eager leader runs 0.98x at 16 what it runs at 32: a tie within the noise, so one
+    # run does not say which micro-batch it runs best at. fused gains 1.25x at 16 (the
+    # update is a larger share of a smaller micro-batch's step) and nothing at 32; it needs
+    # no more memory. Screened at the leader's 32 alone, fused ties and is never timed at 16.
+    def fused(knobs: Knobs, m: int) -> float:
+        return 1.25 if knobs.optimizer_impl == "fused" and m <= 16 else 1.0
+
+    device = KnobDevice(by_class(100, 150, 160, 400, 300, 330), factor=fused,
+                        shape=lambda m: {16: 0.98}.get(m, 1 - 0.1 * math.log2(32 / m)),
+                        impl_speed={"default": 1.0, "for-loop": 1.0, "foreach": 1.0,
+                                    "fused": 1.0})
+    outcome, records = knob_search(device)
+    assert "bf16/off/16" in records and "bf16/off+opt=fused/32" in records
+    assert _picked(outcome) == "bf16/off+opt=fused/16", sorted(records)
+    assert any(s.rule == "joint" and s.variant == "tie" and s.target == "bf16/off/16"
+               for s in outcome.skips)
