@@ -145,3 +145,24 @@ def test_knobs_are_screened_at_a_micro_batch_that_ties_with_the_setting_s_best()
     assert _picked(outcome) == "bf16/off+opt=fused/16", sorted(records)
     assert any(s.rule == "joint" and s.variant == "tie" and s.target == "bf16/off/16"
                for s in outcome.skips)
+
+
+def test_a_value_that_ran_over_the_headroom_is_tried_one_divisor_down() -> None:
+    # fused needs 200 MiB more: at the leader's 32 it runs (940 MiB, under the 1000 MiB cap)
+    # but peaks over the 900 MiB usable, so it does not fit there; at 16 it fits and runs
+    # 1.14x the leader. Taken for a run that fit nothing worse than the leader,
+    # it was never tried below.
+    def fused(knobs: Knobs, m: int) -> float:
+        return 1.2 if knobs.optimizer_impl == "fused" else 1.0
+
+    def more(knobs: Knobs, m: int) -> float:
+        return 200.0 if knobs.optimizer_impl == "fused" else 0.0
+
+    device = KnobDevice(by_class(100, 150, 160, 200, 300, 330), factor=fused, extra_mib=more,
+                        shape=lambda m: {16: 0.95}.get(m, 1 - 0.1 * math.log2(32 / m)),
+                        impl_speed={"default": 1.0, "for-loop": 1.0, "foreach": 1.0,
+                                    "fused": 1.0})
+    outcome, records = knob_search(device)
+    assert records["bf16/max-autotune+opt=fused/32"].verdict == "over_budget"
+    # (1.2 x 0.95 at 16 beats 1.2 x checkpointing's 0.9 at 32, which fits fused too)
+    assert _picked(outcome) == "bf16/max-autotune+opt=fused/16", sorted(records)

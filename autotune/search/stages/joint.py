@@ -153,7 +153,7 @@ def down(ev: Evidence, leader: Candidate) -> list[tuple[Candidate, Skip]]:
                 continue
             below = [m for m in ev.plan.micro_batches if m < key.micro_batch]
             score = ev.score(key)
-            if result.status in OUT_OF_MEMORY and base_score:  # the value's own memory
+            if not fits(ev, key) and base_score:  # the value's own memory
                 how = f"did not fit, where {twin.key()} fit"
                 if key.knobs.checkpointing == ckpt.default:
                     found += [(replace_knob(key, "checkpointing", v), skip(
@@ -173,6 +173,15 @@ def down(ev: Evidence, leader: Candidate) -> list[tuple[Candidate, Skip]]:
                 found.append((target, skip("joint", target.key(), "down",
                                            above=key.micro_batch, how=how)))
     return found
+
+
+def fits(ev: Evidence, key: Candidate) -> bool:
+    """Whether a run's candidate fits: it did not run out of memory, nor peak over the usable
+    budget (a run that ran, but over the headroom, does not fit either: its value needs
+    more memory at that micro-batch, and one divisor down it may win)."""
+    result = ev.results[key]
+    return result.status not in OUT_OF_MEMORY and ev.record(key, result).verdict not in (
+        "oom", "over_budget")
 
 
 def replace_knob(key: Candidate, name: str, value: str) -> Candidate:
