@@ -166,3 +166,47 @@ def test_a_value_that_ran_over_the_headroom_is_tried_one_divisor_down() -> None:
     assert records["bf16/max-autotune+opt=fused/32"].verdict == "over_budget"
     # (1.2 x 0.95 at 16 beats 1.2 x checkpointing's 0.9 at 32, which fits fused too)
     assert _picked(outcome) == "bf16/max-autotune+opt=fused/16", sorted(records)
+
+
+def test_the_compiled_leader_is_walked_past_a_micro_batch_that_ties() -> None:
+    # The compiled leader (bf16/max-autotune) runs 1.03x at 16 what it runs at 32, within the
+    # noise, and 1.2x at 8. Its eager sibling, timed at both, ran 1.03x at 16 too: a gain
+    # under the noise. A compiled walk that needs a gain beyond the noise to start, and stops
+    # at the first micro-batch not faster beyond it, never times 8.
+    eager = {64: 1.0, 32: 1.0, 16: 1.03, 8: 1.0, 4: 0.9, 2: 0.8, 1: 0.7}
+    compiled = {**eager, 8: 1.2}
+    device = ScriptedDevice(by_class(100, 150, 160, 300, 310, 330), shape=eager.get,
+                            shapes={"bf16/max-autotune": compiled.get})
+    outcome, records = search(device)
+    assert "bf16/max-autotune/16" in records and "bf16/max-autotune/8" in records
+    assert _picked(outcome) == "bf16/max-autotune/8", sorted(records)
+
+
+def test_the_leader_s_own_setting_is_walked_when_a_knob_put_the_leader_far_ahead_of_it() -> None:
+    # fused runs the eager leader 1.25x at any micro-batch; the setting without it (its best
+    # 0.80x the fused leader, under --refine-within less the noise) runs 1.2x at 16. Judged
+    # behind its own leader, the setting was never walked down, and fused never timed at 16.
+    def fused(knobs: Knobs, m: int) -> float:
+        return 1.25 if knobs.optimizer_impl == "fused" else 1.0
+
+    device = KnobDevice(by_class(100, 150, 160, 400, 300, 330), factor=fused,
+                        shape=lambda m: {16: 1.2}.get(m, 1 - 0.1 * math.log2(32 / m)),
+                        impl_speed={"default": 1.0, "for-loop": 1.0, "foreach": 1.0,
+                                    "fused": 1.0})
+    outcome, records = knob_search(device)
+    assert "bf16/off/16" in records
+    assert _picked(outcome) == "bf16/off+opt=fused/16", sorted(records)
+
+
+def test_a_compiled_class_at_the_whole_batch_is_walked_where_a_smaller_one_ran_as_fast() -> None:
+    # bf16/max-autotune fits the whole per-device batch (64); its probe timed 32 on the way
+    # (eager bf16 fits 32 at most), as fast within the noise. That breaks the line that
+    # makes a smaller micro-batch only add accumulation steps: walked, it runs 1.2x at 16.
+    eager = {64: 1.0, 32: 1.0, 16: 1.03, 8: 0.8, 4: 0.7, 2: 0.6, 1: 0.5}
+    compiled = {**eager, 32: 1.03, 16: 1.2}
+    device = ScriptedDevice(by_class(100, 150, 160, 300, 310, 330), shape=eager.get,
+                            shapes={"bf16/max-autotune": compiled.get},
+                            peaks={"bf16/max-autotune": lambda m: 100 + 10 * m})
+    outcome, records = search(device)
+    assert {"bf16/max-autotune/64", "bf16/max-autotune/32"} <= set(records)
+    assert _picked(outcome) == "bf16/max-autotune/16", sorted(records)

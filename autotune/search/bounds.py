@@ -168,6 +168,13 @@ def compiled_whole_batch(ev: Evidence, knobs: Knobs, fitting: list[int]) -> Skip
     largest = ev.results.get(Candidate(knobs=knobs, micro_batch=fitting[0]))
     if fitting[0] < ev.plan.per_device or largest is None or largest.num_alloc_retries:
         return None
+    top = ev.score(Candidate(knobs=knobs, micro_batch=fitting[0]), full=True)
+    for m in fitting[1:]:  # a smaller one timed already (a probe's) that is not behind it:
+        smaller = Candidate(knobs=knobs, micro_batch=m)  # the line does not hold here
+        sps = ev.score(smaller, full=True)
+        if top and sps and not Interval(top, ev.noise(smaller, Candidate(
+                knobs=knobs, micro_batch=fitting[0]))).beats(sps):
+            return None
     return skip("compiled-whole-batch", knobs.label(), context="not-timed",
                 untimed=", ".join(str(m) for m in fitting[1:]), largest=fitting[0])
 
@@ -223,8 +230,8 @@ def sibling_ratio(ev: Evidence, knobs: Knobs, walked: Sequence[int],
     sibling, (at, at_best) = max(siblings, key=lambda t: alike(t[0], knobs))
     ratio = (ev.score(at, full=True) or 0.0) / (ev.score(at_best, full=True) or 1.0)
     noise = ev.noise(best, at, at_best)
-    if Interval(1.0, noise).beaten_by(ratio):
-        return None
+    if Interval(1.0, noise).beaten_by(ratio) or (ratio > 1.0 and knobs == ev.leaders_setting()):
+        return None  # (the leader's own setting: a sibling faster there within the noise)
     predicted = (best_result.samples_per_s() or 0.0) * ratio
     return skip("sibling-ratio", knobs.label(), predicted=predicted, micro_batch=micro_batch,
                 sibling=sibling.label(), best=best_m, ratio=ratio, noise=noise)
