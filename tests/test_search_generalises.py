@@ -13,6 +13,7 @@ import math
 from autotune.config import Knobs
 from autotune.search import tuned_config
 from tests.scripted import (
+    CONV,
     SETTINGS,
     KnobDevice,
     ScriptedDevice,
@@ -210,3 +211,18 @@ def test_a_compiled_class_at_the_whole_batch_is_walked_where_a_smaller_one_ran_a
     outcome, records = search(device)
     assert {"bf16/max-autotune/64", "bf16/max-autotune/32"} <= set(records)
     assert _picked(outcome) == "bf16/max-autotune/16", sorted(records)
+
+
+def test_a_memory_format_is_screened_on_an_eager_class_far_behind_the_compiled_leader(
+        ) -> None:
+    # Convolutions: eager bf16 runs 0.80x the compiled leader, and channels_last runs it
+    # 1.5x (compiled code gains nothing: inductor picks its own layouts). Bounded by what
+    # refinement gains at most (1.11x), the eager class was never screened with it.
+    def layout(knobs: Knobs, m: int) -> float:
+        return 1.5 if knobs.memory_format == "channels_last" and not knobs.compiled else 1.0
+
+    device = KnobDevice(by_class(100, 150, 160, 264, 300, 330), factor=layout, traits=CONV,
+                        impl_speed={"default": 1.0, "for-loop": 1.0, "foreach": 1.0,
+                                    "fused": 1.0})
+    outcome, records = knob_search(device)
+    assert _picked(outcome) == "bf16/off+format=channels_last/32", sorted(records)
