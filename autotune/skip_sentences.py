@@ -159,6 +159,13 @@ TEMPLATES: Mapping[str, str] = {
     "joint": (
         "{knobs} screened on {target} too: its best is {share:.2f}x the leader's ({leader}), "
         "and the most they can gain ({ceiling:.2f}x: {why}) could make it win"),
+    "joint:unbounded": (
+        "{knobs} screened on {target} too: its best is {share:.2f}x the leader's ({leader}), "
+        "and the most they can gain has no bound ({why})"),
+    "joint:tie": (
+        "{knobs} screened on {target} too: it ran {share:.2f}x its setting's best ({best}), "
+        "within the noise ({noise:.0%}): one run does not settle at which micro-batch the "
+        "setting runs best"),
     "joint:down": (
         "{target} timed one micro-batch down: at {above} it {how} (a value that needs more "
         "memory can win below where it is pressed)"),

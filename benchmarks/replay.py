@@ -22,7 +22,9 @@ spec from the candidate's recorded runs, and ``run_search`` reads its simulated 
 - **Not recorded**: a run of a micro-batch the table lacks at or above one its setting ran out
   of memory at answers ``oom`` (memory grows with the micro-batch: the oracle did not run
   it); a memory probe (no timed steps) the table lacks, where its setting has recorded peaks,
-  answers the line through the nearest two (``oom`` over the cap); both are counted as
+  answers the line through the nearest two (below every recorded micro-batch, the two
+  smallest recorded peaks, out-of-memory runs' too, or the one: a bound) (``oom`` over the
+  cap); both are counted as
   ``interpolated``. Any other run the table lacks
   answers status ``unsupported``, message ``not recorded`` (the search skips the setting, as
   it skips a knob value the workload cannot take, and goes on; counted as ``missing``, costing

@@ -176,18 +176,31 @@ class ReplayDevice:
         it were recorded ok."""
         label, m = spec.knobs.label(), spec.micro_batch
         ok: dict[int, int] = {}
+        seen: dict[int, int] = {}  # every recorded peak, an out-of-memory run's too
         oom = []
         for key, e in self.table.entries.items():
             c = Candidate.from_key(key)
             if c.knobs.label() != label:
                 continue
             for r in e.runs:
+                if r.peak_bytes:
+                    seen[c.micro_batch] = max(seen.get(c.micro_batch, 0), r.peak_bytes)
                 if r.status == "ok" and r.peak_bytes:
                     ok[c.micro_batch] = max(ok.get(c.micro_batch, 0), r.peak_bytes)
                 elif r.status == "oom":
                     oom.append(c.micro_batch)
         if oom and m >= min(oom):
             return -1
+        if seen and m < min(seen) and len(ok) < 2:
+            # below every micro-batch recorded (the GPU tables start at 8; the budget-shrink
+            # family turned their runs over its cap out of memory, keeping their peaks):
+            # memory grows with the micro-batch, so the line through the two smallest
+            # recorded peaks (one alone: its peak, a bound) answers
+            ok = seen
+            if len(ok) == 1:
+                peak = next(iter(ok.values()))
+                over = spec.memory_budget_bytes and peak > spec.memory_budget_bytes
+                return -1 if over else peak
         if len(ok) < 2:
             return None
         near = sorted(ok, key=lambda x: (abs(x - m), x))[:2]

@@ -18,8 +18,12 @@ precision swap where only fp32 was recorded, gives none and says so):
   peaks stay (memory does not follow speed). Truth follows.
 - ``budget-shrink``: the usable budget set at the parameter's quantile of the fitting peaks (the
   fit boundary moves down; runs whose peak exceeds the new cap become ``oom``); truth stays.
-  Not applicable to a table that recorded no micro-batch 1 (the GPU tables start at 8): the
-  search would probe below what the table ran and end without a winner, a replay artifact.
+  Not applicable to a table without micro-batch 1 (the GPU tables start at 8) where the
+  shrunk budget leaves the baseline (fp32 eager, timed first) no recorded micro-batch that
+  fits: every run of it would be one the table lacks, and the search would end without a
+  winner, a replay artifact. (Until 2026-11-29 not applicable to any table without
+  micro-batch 1: their memory probes below micro-batch 8 were answered "not recorded", which
+  failed the probe and scored 0; the device now answers them from the recorded peaks.)
 - ``stall``: the parameter's share of the runs the replay answers is stalled, step times x
   U(1.5, 2.0): a stall only slows. Truth stays.
 - ``drift``: step times drift by the parameter per simulated hour of the search. Truth stays.
@@ -200,10 +204,6 @@ def precision_swap(base: Table, share: float, seed: int) -> Table | None:
 
 
 def budget_shrink(base: Table, quantile: float, seed: int) -> Table | None:
-    if not any(k.endswith("/1") for k, e in base.entries.items() if e.runs):
-        # no micro-batch 1 recorded (the GPU tables start at 8): a shrunk fit sends the search
-        # below what the table ran, answered "not recorded", and it ends without a winner
-        return None
     t = _jittered(base, seed)
     peaks = sorted(max(r.peak_bytes for r in e.runs) for k, e in t.entries.items()
                    if t.fits(k))
@@ -212,7 +212,16 @@ def budget_shrink(base: Table, quantile: float, seed: int) -> Table | None:
     entries = {k: replace(e, runs=[replace(r, status="oom", median_s=None)
                                    if r.status == "ok" and (r.peak_bytes or 0) > cap else r
                                    for r in e.runs]) for k, e in t.entries.items()}
-    return replace(t, budget_bytes=cap, entries=entries)
+    shrunk = replace(t, budget_bytes=cap, entries=entries)
+    baseline = Knobs().label()
+    if not any(k.endswith("/1") for k, e in base.entries.items() if e.runs) and not any(
+            shrunk.fits(k) for k in entries if Candidate.from_key(k).knobs.label() == baseline):
+        # no micro-batch 1 recorded (the GPU tables start at 8) and the baseline (fp32 eager,
+        # timed first) fits none the table recorded: every run of it below is one the table
+        # lacks, answered "not recorded", and the search ends without a winner (on a table
+        # with micro-batch 1 it is probed there, and rescued where it fits nothing)
+        return None
+    return shrunk
 
 
 def stall(base: Table, share: float, seed: int) -> Table:

@@ -165,10 +165,26 @@ def test_budget_shrink_moves_the_fit_and_runs_over_the_new_cap_run_out_of_memory
         for r in e.runs:
             assert (r.status == "oom") == (r.peak_bytes > t.budget_bytes)
     assert t.best()[0] != base.best()[0] and t.fits(t.best()[0])
-    # a table without micro-batch 1 (the GPU ones): the search would probe below what it ran
+
+
+
+def test_budget_shrink_without_micro_batch_1_applies_where_the_baseline_still_fits() -> None:
+    """A table without micro-batch 1 (the GPU ones start at 8) is shrunk where fp32 eager
+    still fits a micro-batch it recorded, and its probes below what it ran are answered from
+    the recorded peaks (before: "not recorded", the probe failed and every seed scored 0)."""
+    base = hand_table()
     no_one = replace(base, entries={k: e for k, e in base.entries.items()
                                     if not k.endswith("/1")})
-    assert budget_shrink(no_one, 0.25, 0) is None
+    t = budget_shrink(no_one, 0.25, 0)
+    assert t is not None and t.fits("fp32/off/2") and not t.fits("fp32/off/4")
+    probe = ReplayDevice(t, 0)(replace(spec_of("fp32/off/1"), num_timed_steps=0,
+                                       memory_budget_bytes=t.budget_bytes))
+    assert probe.status == "ok" and probe.peak_bytes <= t.usable_bytes()
+    # the baseline fits nothing recorded: every run of it would be one the table lacks
+    heavy = replace(no_one, entries={k: replace(e, runs=[
+        replace(r, peak_bytes=r.peak_bytes + 2000 * MIB) for r in e.runs])
+        if k.startswith("fp32/off/") else e for k, e in no_one.entries.items()})
+    assert budget_shrink(heavy, 0.25, 0) is None
 
 
 def test_the_develop_and_judge_sets_share_no_family_parameter_and_seed() -> None:

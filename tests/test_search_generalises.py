@@ -13,6 +13,7 @@ import math
 from autotune.config import Knobs
 from autotune.search import tuned_config
 from tests.scripted import (
+    CONV,
     SETTINGS,
     KnobDevice,
     ScriptedDevice,
@@ -126,3 +127,102 @@ def test_a_best_that_drew_one_stalled_run_is_re_measured_before_it_is_excluded()
     best = max(records, key=lambda k: records[k].samples_per_s or 0)
     assert best == "bf16/max-autotune/32"
     assert _picked(outcome) == "bf16/max-autotune/32"
+
+
+def test_knobs_are_screened_at_a_micro_batch_that_ties_with_the_setting_s_best() -> None:
+    # The eager leader runs 0.98x at 16 what it runs at 32: a tie within the noise, so one
+    # run does not say which micro-batch it runs best at. fused gains 1.25x at 16 (the
+    # update is a larger share of a smaller micro-batch's step) and nothing at 32; it needs
+    # no more memory. Screened at the leader's 32 alone, fused ties and is never timed at 16.
+    def fused(knobs: Knobs, m: int) -> float:
+        return 1.25 if knobs.optimizer_impl == "fused" and m <= 16 else 1.0
+
+    device = KnobDevice(by_class(100, 150, 160, 400, 300, 330), factor=fused,
+                        shape=lambda m: {16: 0.98}.get(m, 1 - 0.1 * math.log2(32 / m)),
+                        impl_speed={"default": 1.0, "for-loop": 1.0, "foreach": 1.0,
+                                    "fused": 1.0})
+    outcome, records = knob_search(device)
+    assert "bf16/off/16" in records and "bf16/off+opt=fused/32" in records
+    assert _picked(outcome) == "bf16/off+opt=fused/16", sorted(records)
+    assert any(s.rule == "joint" and s.variant == "tie" and s.target == "bf16/off/16"
+               for s in outcome.skips)
+
+
+def test_a_value_that_ran_over_the_headroom_is_tried_one_divisor_down() -> None:
+    # fused needs 200 MiB more: at the leader's 32 it runs (940 MiB, under the 1000 MiB cap)
+    # but peaks over the 900 MiB usable, so it does not fit there; at 16 it fits and runs
+    # 1.14x the leader. Taken for a run that fit nothing worse than the leader,
+    # it was never tried below.
+    def fused(knobs: Knobs, m: int) -> float:
+        return 1.2 if knobs.optimizer_impl == "fused" else 1.0
+
+    def more(knobs: Knobs, m: int) -> float:
+        return 200.0 if knobs.optimizer_impl == "fused" else 0.0
+
+    device = KnobDevice(by_class(100, 150, 160, 200, 300, 330), factor=fused, extra_mib=more,
+                        shape=lambda m: {16: 0.95}.get(m, 1 - 0.1 * math.log2(32 / m)),
+                        impl_speed={"default": 1.0, "for-loop": 1.0, "foreach": 1.0,
+                                    "fused": 1.0})
+    outcome, records = knob_search(device)
+    assert records["bf16/max-autotune+opt=fused/32"].verdict == "over_budget"
+    # (1.2 x 0.95 at 16 beats 1.2 x checkpointing's 0.9 at 32, which fits fused too)
+    assert _picked(outcome) == "bf16/max-autotune+opt=fused/16", sorted(records)
+
+
+def test_the_compiled_leader_is_walked_past_a_micro_batch_that_ties() -> None:
+    # The compiled leader (bf16/max-autotune) runs 1.03x at 16 what it runs at 32, within the
+    # noise, and 1.2x at 8. Its eager sibling, timed at both, ran 1.03x at 16 too: a gain
+    # under the noise. A compiled walk that needs a gain beyond the noise to start, and stops
+    # at the first micro-batch not faster beyond it, never times 8.
+    eager = {64: 1.0, 32: 1.0, 16: 1.03, 8: 1.0, 4: 0.9, 2: 0.8, 1: 0.7}
+    compiled = {**eager, 8: 1.2}
+    device = ScriptedDevice(by_class(100, 150, 160, 300, 310, 330), shape=eager.get,
+                            shapes={"bf16/max-autotune": compiled.get})
+    outcome, records = search(device)
+    assert "bf16/max-autotune/16" in records and "bf16/max-autotune/8" in records
+    assert _picked(outcome) == "bf16/max-autotune/8", sorted(records)
+
+
+def test_the_leader_s_own_setting_is_walked_when_a_knob_put_the_leader_far_ahead_of_it() -> None:
+    # fused runs the eager leader 1.25x at any micro-batch; the setting without it (its best
+    # 0.80x the fused leader, under --refine-within less the noise) runs 1.2x at 16. Judged
+    # behind its own leader, the setting was never walked down, and fused never timed at 16.
+    def fused(knobs: Knobs, m: int) -> float:
+        return 1.25 if knobs.optimizer_impl == "fused" else 1.0
+
+    device = KnobDevice(by_class(100, 150, 160, 400, 300, 330), factor=fused,
+                        shape=lambda m: {16: 1.2}.get(m, 1 - 0.1 * math.log2(32 / m)),
+                        impl_speed={"default": 1.0, "for-loop": 1.0, "foreach": 1.0,
+                                    "fused": 1.0})
+    outcome, records = knob_search(device)
+    assert "bf16/off/16" in records
+    assert _picked(outcome) == "bf16/off+opt=fused/16", sorted(records)
+
+
+def test_a_compiled_class_at_the_whole_batch_is_walked_where_a_smaller_one_ran_as_fast() -> None:
+    # bf16/max-autotune fits the whole per-device batch (64); its probe timed 32 on the way
+    # (eager bf16 fits 32 at most), as fast within the noise. That breaks the line that
+    # makes a smaller micro-batch only add accumulation steps: walked, it runs 1.2x at 16.
+    eager = {64: 1.0, 32: 1.0, 16: 1.03, 8: 0.8, 4: 0.7, 2: 0.6, 1: 0.5}
+    compiled = {**eager, 32: 1.03, 16: 1.2}
+    device = ScriptedDevice(by_class(100, 150, 160, 300, 310, 330), shape=eager.get,
+                            shapes={"bf16/max-autotune": compiled.get},
+                            peaks={"bf16/max-autotune": lambda m: 100 + 10 * m})
+    outcome, records = search(device)
+    assert {"bf16/max-autotune/64", "bf16/max-autotune/32"} <= set(records)
+    assert _picked(outcome) == "bf16/max-autotune/16", sorted(records)
+
+
+def test_a_memory_format_is_screened_on_an_eager_class_far_behind_the_compiled_leader(
+        ) -> None:
+    # Convolutions: eager bf16 runs 0.80x the compiled leader, and channels_last runs it
+    # 1.5x (compiled code gains nothing: inductor picks its own layouts). Bounded by what
+    # refinement gains at most (1.11x), the eager class was never screened with it.
+    def layout(knobs: Knobs, m: int) -> float:
+        return 1.5 if knobs.memory_format == "channels_last" and not knobs.compiled else 1.0
+
+    device = KnobDevice(by_class(100, 150, 160, 264, 300, 330), factor=layout, traits=CONV,
+                        impl_speed={"default": 1.0, "for-loop": 1.0, "foreach": 1.0,
+                                    "fused": 1.0})
+    outcome, records = knob_search(device)
+    assert _picked(outcome) == "bf16/off+format=channels_last/32", sorted(records)

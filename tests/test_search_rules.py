@@ -310,8 +310,13 @@ def test_knob_reach_bounds_an_optimizer_by_the_update_it_could_save() -> None:
         assert (why is None) == screened and (note is not None) == screened
         assert (note or why).figures["ceiling"] == pytest.approx(1 / (1 - share))
     ev = evidence(bf16_default_32=run(400, 32), bf16_off_32=with_update(0.4))
-    why, _ = bounds.knob_reach(ev, at(EAGER, 32), {"optimizer_impl", "memory_format"})
+    why, _ = bounds.knob_reach(ev, at(EAGER, 32), {"optimizer_impl", "compile_scope"})
     assert why is not None and why.figures["ceiling"] == pytest.approx(1 / 0.9)
+    # A memory format's gain has no bound the runs show (eager convolutions gained 1.7x
+    # with channels_last on CPU tables where compiled code gained 1.06x): screened.
+    why, note = bounds.knob_reach(ev, at(EAGER, 32), {"optimizer_impl", "memory_format"})
+    assert why is None and note is not None and note.variant == "unbounded"
+    assert "ceiling" not in note.figures and "has no bound" in note.text
 
 
 def test_a_single_run_a_stall_could_explain_is_timed_again_before_its_cut() -> None:

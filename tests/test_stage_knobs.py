@@ -51,8 +51,10 @@ def test_a_knob_screened_before_a_later_one_changed_the_leader_is_screened_again
                                     "fused": 0.9}, format_speed=1.2)
     outcome, records = knob_search(device)
     assert (tuned_config(plan(), outcome, SETTINGS).knobs.label(), leader) == (leader, leader)
+    # (the joint screen times channels_last on other settings too: its gain has no bound)
     assert {s.knobs.label() for s in device.specs if s.knobs.memory_format == "channels_last"
-            and s.knobs.optimizer_impl != "default"} == {
+            and s.knobs.optimizer_impl != "default"
+            and s.knobs.label().startswith("bf16/max-autotune+opt")} == {
         "bf16/max-autotune+opt=foreach+format=channels_last",
         "bf16/max-autotune+opt=fused+format=channels_last"}
 

@@ -47,8 +47,9 @@ RULES: Mapping[str, str] = {
     "noise": "the machine's run-to-run noise, measured early by timing the baseline again",
     "re-measure-first": "a single run within the widest drift seen is timed again before a "
                         "cut excludes its setting",
-    "joint": "knobs screened jointly: on each setting that could win with them, and one "
-             "divisor down where a value tied or did not fit",
+    "joint": "knobs screened jointly: on each setting that could win with them, at a "
+             "micro-batch tied with its best, and one divisor down where a value tied or did "
+             "not fit",
     "clear-lead": "a lead wider than the noise stands without a re-measure",
     "within-drift": "timed once within the drift two runs of one config showed",
     "rounds": "interleaved rounds decide a gap within the drift",

@@ -55,6 +55,28 @@ def anchors(ev: Evidence) -> dict[Knobs, Candidate]:
     return best
 
 
+def ties(ev: Evidence) -> list[tuple[Knobs, Candidate, Candidate]]:
+    """(anchor setting, a micro-batch's best candidate, the anchor's best) for each other
+    micro-batch of an anchor whose best ties with the anchor's best within the noise of the
+    two (``Interval``), rule ``joint`` (``tie``): on a noisy machine one run does not settle
+    at which micro-batch a setting runs best, and a knob's gain there is not the same at
+    the other (an optimizer's update is a larger share of a smaller micro-batch's step)."""
+    best = anchors(ev)
+    found: list[tuple[Knobs, Candidate, Candidate]] = []
+    seen: set[tuple[Knobs, int]] = set()
+    for c in ev.ranked():
+        a_knobs = anchor_of(c.knobs)
+        top = best.get(a_knobs)
+        if top is None or c.micro_batch == top.micro_batch \
+                or (a_knobs, c.micro_batch) in seen:
+            continue
+        seen.add((a_knobs, c.micro_batch))
+        score, top_score = ev.score(c, full=True), ev.score(top, full=True)
+        if score and top_score and not Interval(top_score, ev.noise(c, top)).beats(score):
+            found.append((a_knobs, c, top))
+    return found
+
+
 def proposals(ex: Executor) -> list[Proposal]:
     """The next runs of the joint screen, from the evidence now, each said (``joint``) or its
     anchor's skip said (``knob-reach``): the timing knobs' values on each anchor that could
@@ -72,20 +94,21 @@ def proposals(ex: Executor) -> list[Proposal]:
             said.add((note.rule, note.target))
             ev.decide(note)
 
-    def propose(key: Candidate) -> None:
-        if key not in ev.results and key not in batch and key.knobs not in ev.probes \
+    def propose(key: Candidate, probed: bool = False) -> None:
+        if key not in ev.results and key not in batch and (probed or key.knobs not in ev.probes) \
                 and key.micro_batch in ev.plan.micro_batches \
                 and skip_reason(key.knobs, ev.traits) is None:
             batch[key] = Proposal(key, ex.spec(key))
 
-    for a_knobs, anchor in anchors(ev).items():
+    tied = {c: top for _, c, top in ties(ev)}
+    for a_knobs, anchor in [*anchors(ev).items(), *((a, c) for a, c, _ in ties(ev))]:
         twin = ev.results.get(Candidate(knobs=a_knobs, micro_batch=anchor.micro_batch))
         if twin is not None and twin.status in OUT_OF_MEMORY:
             continue  # a value's own saving got it there: the knobs stage probed those
         untried = [(k.name, v) for k in TIMING for v in ev.plan.values.get(k.name, ())
                    if v != getattr(anchor.knobs, k.name) and (c := Candidate(
                        knobs=anchor.knobs.with_(**{k.name: v}), micro_batch=anchor.micro_batch))
-                   not in ev.results and c.knobs not in ev.probes
+                   not in ev.results and (anchor in tied or c.knobs not in ev.probes)
                    and skip_reason(c.knobs, ev.traits) is None]
         if not untried:
             continue
@@ -93,11 +116,17 @@ def proposals(ex: Executor) -> list[Proposal]:
         if why is not None:
             decide(why)
             continue
-        if anchor != leader and reach is not None:
+        if anchor in tied and reach is not None:
+            top = tied[anchor]
+            decide(skip("joint", anchor.key(), "tie", knobs=reach.figures["knobs"],
+                        best=top.key(), share=(ev.score(anchor, full=True) or 0.0)
+                        / (ev.score(top, full=True) or 1.0), noise=ev.noise(anchor, top)))
+        elif anchor != leader and reach is not None:
             decide(reach)
-        for name, value in untried:
+        for name, value in untried:  # (at a tie, a value whose memory was probed too: the
+            # refine stage walked it from its own fit, or not at all where it came later)
             propose(Candidate(knobs=anchor.knobs.with_(**{name: value}),
-                              micro_batch=anchor.micro_batch))
+                              micro_batch=anchor.micro_batch), probed=anchor in tied)
     for key, note in down(ev, leader):
         if key not in ev.results and key not in batch:
             decide(note)
@@ -124,7 +153,7 @@ def down(ev: Evidence, leader: Candidate) -> list[tuple[Candidate, Skip]]:
                 continue
             below = [m for m in ev.plan.micro_batches if m < key.micro_batch]
             score = ev.score(key)
-            if result.status in OUT_OF_MEMORY and base_score:  # the value's own memory
+            if not fits(ev, key) and base_score:  # the value's own memory
                 how = f"did not fit, where {twin.key()} fit"
                 if key.knobs.checkpointing == ckpt.default:
                     found += [(replace_knob(key, "checkpointing", v), skip(
@@ -144,6 +173,15 @@ def down(ev: Evidence, leader: Candidate) -> list[tuple[Candidate, Skip]]:
                 found.append((target, skip("joint", target.key(), "down",
                                            above=key.micro_batch, how=how)))
     return found
+
+
+def fits(ev: Evidence, key: Candidate) -> bool:
+    """Whether a run's candidate fits: it did not run out of memory, nor peak over the usable
+    budget (a run that ran, but over the headroom, does not fit either: its value needs
+    more memory at that micro-batch, and one divisor down it may win)."""
+    result = ev.results[key]
+    return result.status not in OUT_OF_MEMORY and ev.record(key, result).verdict not in (
+        "oom", "over_budget")
 
 
 def replace_knob(key: Candidate, name: str, value: str) -> Candidate:

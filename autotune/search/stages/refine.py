@@ -37,8 +37,10 @@ def refine(ex: Executor, probe: MemoryProbe) -> None:
     eager setting a micro-batch not faster is followed by the next one down once (speed
     need not be monotone in the micro-batch: a working set that fits a cache), and the walk
     stops at the second in a row (that step is the stop's check: it does not count against
-    ``--micro-batches``); a compiled one stops at the first (each step costs a compile, and
-    in the committed oracles a compiled walk turned faster again once in 214).
+    ``--micro-batches``); a compiled one goes past only one that ties with the best within
+    the noise, and stops at the first behind it beyond the noise (each step costs a compile,
+    and in the committed oracles a compiled walk turned faster again once in 214; but a gain
+    under the noise at each step is still a gain: issue 59's non-monotone tables).
 
     Micro-batches already measured (a resumed study) are walked through the same rule, so
     a resumed search stops where the first one did."""
@@ -79,8 +81,12 @@ def refine(ex: Executor, probe: MemoryProbe) -> None:
             if now is None or (before is not None
                                and not Interval(before, noise).beaten_by(now)):
                 missed += 1
+                # (a compiled step costs a compile: past one that ties within the noise,
+                # not one behind beyond it)
+                tie = before is not None and now is not None \
+                    and not Interval(before, noise).beats(now)
                 if now is not None and missed < 2 and i + 1 < len(fitting) \
-                        and not knobs.compiled:  # (a compiled step costs a compile)
+                        and (not knobs.compiled or tie):
                     walked.append(m)  # the next one down may still be faster
                     past += 1
                     continue
@@ -103,8 +109,9 @@ def settled_refines(ex: Executor, knobs: Knobs) -> bool:
     where it is not on a single run that this machine's slowest runs could have put there
     (``policy.remeasure_first``), that run is timed again first, and its better run decides."""
     best = ex.ev.setting_best(knobs)
-    if bounds.refines(ex.ev, ex.ev.share(ex.ev.class_best(knobs))):
-        return True
+    if knobs == ex.ev.leaders_setting() or bounds.refines(
+            ex.ev, ex.ev.share(ex.ev.class_best(knobs))):
+        return True  # (the leader's own setting: behind only by what its knobs gained)
     note = policy.remeasure_first(ex.ev, best) if best is not None else None
     if note is None or best is None:
         return False
