@@ -29,7 +29,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: two workers a core and one more (a test waits on its children, their
     start, a timeout or a signal much of the time: on 2 cores, 3 workers kept 1.1-1.4 cores
-    busy and ran README's command in 597 s, 5 workers in 501 s), at most 8 (each child of a
+    busy and ran README's command in 597 s, 5 workers in 501 s, 8 in 702 s, all beside another
+    job's load: `time python -m pytest -q -n N` compares them), at most 8 (each child of a
     test imports torch: memory, not cores, binds beyond)."""
     return max(2, min(2 * (os.cpu_count() or 1) + 1, 8))
 

@@ -137,7 +137,7 @@ def disk_full_from(armed: list[bool]) -> Iterator[None]:
 
 def test_the_local_store_hands_its_commits_to_the_os_and_a_storage_url_keeps_its_own() -> None:
     """The local store is a cache: every connection a search opens on it commits without
-    waiting for the disk (``LOCAL_SYNCHRONOUS``: 0.2 ms a commit, not 6); a ``--storage``
+    waiting for the disk (``LOCAL_SYNCHRONOUS``); a ``--storage``
     database keeps SQLite's default (FULL, 2)."""
     seen: list[tuple[str, int]] = []
 

@@ -73,10 +73,10 @@ def storage_url(path: Path) -> str:
 
 LOCAL_SYNCHRONOUS = "OFF"
 """SQLite's ``synchronous`` for the local store: a commit is handed to the OS, not waited for on
-the disk (each run's tell commits several times: about 6 ms a commit waited for on this disk,
-0.2 ms handed over). The store is a cache: a crash of autotune loses nothing the OS holds; a
-power loss may damage it, and the next search moves a damaged store aside and starts afresh
-(``open_local``). A ``--storage`` database is the user's and keeps its own settings."""
+the disk (each run's tell commits several times, and a search waited on each). The store is a
+cache: a crash of autotune loses nothing the OS holds; a power loss may damage it, and the next
+search moves a damaged store aside and starts afresh (``open_local``). A ``--storage``
+database is the user's and keeps its own settings."""
 
 
 def _storage(optuna: Any, path: Path) -> Any:
