@@ -100,8 +100,9 @@ def proposals(ex: Executor) -> list[Proposal]:
                 and skip_reason(key.knobs, ev.traits) is None:
             batch[key] = Proposal(key, ex.spec(key))
 
-    tied = {c: top for _, c, top in ties(ev)}
-    for a_knobs, anchor in [*anchors(ev).items(), *((a, c) for a, c, _ in ties(ev))]:
+    tie_list = ties(ev)
+    tied = {c: top for _, c, top in tie_list}
+    for a_knobs, anchor in [*anchors(ev).items(), *((a, c) for a, c, _ in tie_list)]:
         twin = ev.results.get(Candidate(knobs=a_knobs, micro_batch=anchor.micro_batch))
         if twin is not None and twin.status in OUT_OF_MEMORY:
             continue  # a value's own saving got it there: the knobs stage probed those
