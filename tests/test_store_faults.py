@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import json
 import os
 import sqlite3
@@ -157,6 +158,41 @@ def test_the_local_store_hands_its_commits_to_the_os_and_a_storage_url_keeps_its
         event.remove(Pool, "checkout", read)
     assert {mode for name, mode in seen if name == "studies.db"} == {0}, seen
     assert {mode for name, mode in seen if name == "own.db"} == {2}, seen
+
+
+def test_each_run_is_written_whole_when_it_ends_never_half_told() -> None:
+    """A run is one finished trial written in one transaction (parameters, result, state): a
+    run in flight is not in the store, so a search killed mid-run, or a store that fails
+    between two writes, leaves no trial running forever or told in part."""
+    from sqlalchemy.engine import Engine
+
+    commits, at_run, in_flight = [0], [], []
+
+    def count(conn) -> None:  # type: ignore[no-untyped-def]
+        commits[0] += 1
+
+    device = ScriptedDevice(SPEEDS)
+
+    def run(spec):
+        at_run.append(commits[0])
+        with contextlib.closing(sqlite3.connect(store_path())) as db:
+            in_flight.extend(db.execute(
+                "SELECT state FROM trials WHERE state NOT IN ('COMPLETE', 'PRUNED')"))
+        return device(spec)
+
+    event.listen(Engine, "commit", count)
+    try:
+        outcome = run_search(plan(), CLASSES, SETTINGS, run=run)
+    finally:
+        event.remove(Engine, "commit", count)
+    assert in_flight == []  # no run's trial is there while it runs
+    # Between one run's start and the next's: that run's one write.
+    assert [b - a for a, b in itertools.pairwise(at_run)] == [1] * (len(at_run) - 1), at_run
+    study = optuna.load_study(study_name=outcome.study.name, storage=outcome.study.storage)
+    trials = study.get_trials(deepcopy=False)
+    assert len(trials) == len(device.specs) and all(
+        t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+        and "result" in t.user_attrs and "micro_batch" in t.params for t in trials)
 
 
 def test_a_full_disk_mid_search_is_said_as_full_and_the_search_finishes() -> None:

@@ -145,33 +145,29 @@ class Ledger:
 
     @contextlib.contextmanager
     def running(self, candidate: Candidate,
-                micro_batches: Sequence[int]) -> Iterator[optuna.Trial | None]:
-        """The trial of one run of ``candidate`` (None once the store failed); a run that
-        raises (Ctrl-C) is told failed. Only the store's own failures are caught: what the
-        run raises goes on up."""
-        trial = None
-        if self._study is not None:
-            try:
-                trial = _study.ask(self._study, candidate, micro_batches)
-            except Exception as exc:
-                self._failed(f"starting a run of {candidate.key()}", exc)
+                micro_batches: Sequence[int]) -> Iterator[_study.Asked | None]:
+        """The run of ``candidate`` beginning (None once the store failed), written when it
+        ends (``tell``); a run that raises (Ctrl-C) is written failed. Only the store's own
+        failures are caught: what the run raises goes on up."""
+        asked = _study.ask(self._study, candidate, micro_batches) \
+            if self._study is not None else None
         try:
-            yield trial
+            yield asked
         except BaseException:
-            if trial is not None and self._study is not None:
+            if asked is not None and self._study is not None:
                 try:
-                    _study.fail(self._study, trial)
+                    _study.fail(self._study, asked)
                 except Exception as exc:
                     self._failed(f"recording the run of {candidate.key()} cut short", exc)
             raise
 
-    def tell(self, trial: optuna.Trial | None, result: TrialResult, value: float | None, *,
+    def tell(self, asked: _study.Asked | None, result: TrialResult, value: float | None, *,
              kind: Literal["trial", "probe", "re-measure"] = "trial") -> None:
-        """``_study.tell``; nothing for a run without a trial (the store failed)."""
-        if trial is None or self._study is None:
+        """``_study.tell``; nothing for a run begun without the store (it had failed)."""
+        if asked is None or self._study is None:
             return
         try:
-            _study.tell(self._study, trial, result, value, kind=kind)
+            _study.tell(self._study, asked, result, value, kind=kind)
         except Exception as exc:
             self._failed(f"recording a run ({result.status})", exc)
 

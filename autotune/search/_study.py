@@ -1,9 +1,12 @@
 """The Optuna study: the loop's record, for resuming a search and for reading it.
 
-Each child run is one trial, asked for before the run starts (so storage shows it running)
-and told when it ends: a timed run completes with its objective, or with a constraint
-violation for OOM, crash, timeout, numerics; a memory probe that timed nothing is pruned; a
-run cut short by Ctrl-C fails. Its whole result rides along as JSON.
+Each child run is one trial, written when the run ends in one transaction (its parameters,
+result and state together, ``Study.add_trial``): a timed run completes with its objective, or
+with a constraint violation for OOM, crash, timeout, numerics; a memory probe that timed
+nothing is pruned; a run cut short by Ctrl-C fails. Its whole result rides along as JSON. A run
+in flight is not in the store, and the store never holds a half-told one (asked, then each
+parameter and attribute its own transaction, a store failing between them left a trial
+running forever, and a scripted search spent 70% of its time in them).
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import importlib.util
 import json
 import re
 from collections.abc import Sequence
-from datetime import timezone
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import unquote
@@ -286,85 +290,69 @@ def distributions(micro_batches: Sequence[int]) -> dict[str, optuna.distribution
     return dists
 
 
-def ask(study: optuna.Study, candidate: Candidate,
-        micro_batches: Sequence[int]) -> optuna.Trial:
-    """The trial of one run of ``candidate`` (the ledger tells it, or fails it when the run
-    raises).
+@dataclass(frozen=True)
+class Asked:
+    """A run begun, not yet in the study (``tell`` or ``fail`` writes it whole)."""
 
-    The trial is asked with every parameter fixed to the candidate's (a fixed sampler), not
-    enqueued: a queue is shared by every process on the study, so two searches at once
-    would pop each other's runs.
+    candidate: Candidate
+    params: dict[str, object]
+    distributions: dict[str, optuna.distributions.BaseDistribution]
+    started: datetime
 
-    Raises:
-        RuntimeError: the study handed out a waiting trial of other parameters.
-    """
-    optuna = _optuna()
-    params = {k.name: getattr(candidate.knobs, k.name) for k in KNOBS}
+
+def ask(study: optuna.Study, candidate: Candidate, micro_batches: Sequence[int]) -> Asked:
+    """A run of ``candidate`` beginning: its trial is written when it ends (``tell``, or
+    ``fail`` when the run raises). The search decides what runs; Optuna records it, with every
+    parameter the candidate's (no sampler asked, no queue popped: a queue is shared by every
+    process on the study, so two searches at once would pop each other's runs)."""
+    params: dict[str, object] = {k.name: getattr(candidate.knobs, k.name) for k in KNOBS}
     params["micro_batch"] = candidate.micro_batch
-    sampler = study.sampler
-    study.sampler = _fixed_sampler(params)
-    try:
-        trial = study.ask(distributions(micro_batches))
-    finally:
-        study.sampler = sampler
-    if _candidate(trial.params) != candidate:  # a waiting trial (enqueued by an older version)
-        study.tell(trial, state=optuna.trial.TrialState.FAIL)
-        raise RuntimeError(f"the study handed out {trial.params}, not {candidate.key()}")
-    trial.set_user_attr("candidate", candidate.key())
-    return trial
+    return Asked(candidate, params, distributions(micro_batches), datetime.now())
 
 
-def fail(study: optuna.Study, trial: optuna.Trial) -> None:
-    """Tell a run cut short (Ctrl-C) failed."""
-    study.tell(trial, state=_optuna().trial.TrialState.FAIL, skip_if_finished=True)
+def fail(study: optuna.Study, asked: Asked) -> None:
+    """Write a run cut short (Ctrl-C) as failed."""
+    _write(study, asked, _optuna().trial.TrialState.FAIL, {})
 
 
-def _fixed_sampler(params: dict[str, object]) -> optuna.samplers.BaseSampler:
-    """A sampler that answers every parameter with ``params``' value: the search decides
-    what runs; Optuna records it."""
-    base = _optuna().samplers.BaseSampler
-
-    class Fixed(base):  # type: ignore[misc, valid-type]
-        def infer_relative_search_space(self, study, trial):  # type: ignore[no-untyped-def]
-            return {}
-
-        def sample_relative(self, study, trial, search_space):  # type: ignore[no-untyped-def]
-            return {}
-
-        def sample_independent(self, study, trial, name, distribution):  # type: ignore[no-untyped-def]
-            return params[name]
-
-    return Fixed()
+def _write(study: optuna.Study, asked: Asked, state: Any, attrs: dict[str, Any], *,
+           value: float | None = None, constraints: dict[str, float] | None = None) -> None:
+    """One transaction: the run's trial, finished, with all it says."""
+    trial = _optuna().trial.create_trial(
+        state=state, value=value, params=asked.params, distributions=asked.distributions,
+        user_attrs={"candidate": asked.candidate.key(), **attrs}, constraints=constraints)
+    trial.datetime_start = asked.started
+    study.add_trial(trial)
 
 
-def tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult, value: float | None,
+def tell(study: optuna.Study, asked: Asked, result: TrialResult, value: float | None,
          *, kind: Literal["trial", "probe", "re-measure"] = "trial") -> None:
-    """End a run's trial: pruned for a memory ``probe`` (it timed nothing); else complete,
+    """Write a run's trial: pruned for a memory ``probe`` (it timed nothing); else complete,
     ``value`` None marking it infeasible (a constraint violation samplers and dashboards
     read). ``kind`` is kept as a user attribute."""
-    trial.set_user_attr("result", json.dumps(to_json_dict(result)))
-    trial.set_user_attr("status", result.status)
-    trial.set_user_attr("kind", kind)
+    attrs: dict[str, Any] = {"result": json.dumps(to_json_dict(result)),
+                             "status": result.status, "kind": kind}
     # Readable in optuna-dashboard beside the parameters (the result above is for autotune).
     if result.peak_bytes is not None:
-        trial.set_user_attr("peak_MiB", round(result.peak_bytes / 2**20, 1))
+        attrs["peak_MiB"] = round(result.peak_bytes / 2**20, 1)
     if (median := result.median_step_s()) is not None:
-        trial.set_user_attr("median_step_s", round(median, 4))
-        trial.set_user_attr("timed_steps", len(result.step_times_s))
+        attrs["median_step_s"] = round(median, 4)
+        attrs["timed_steps"] = len(result.step_times_s)
     if (per_s := result.samples_per_s()) is not None:
-        trial.set_user_attr("samples_per_s", round(per_s, 2))
-    if result.compile_s is not None and trial.params.get("compile_mode") != "off":
-        trial.set_user_attr("compile_s", round(result.compile_s, 1))
+        attrs["samples_per_s"] = round(per_s, 2)
+    if result.compile_s is not None and asked.params.get("compile_mode") != "off":
+        attrs["compile_s"] = round(result.compile_s, 1)
     if result.wall_s is not None:
-        trial.set_user_attr("wall_s", round(result.wall_s, 1))
+        attrs["wall_s"] = round(result.wall_s, 1)
     if result.message:
-        trial.set_user_attr("message", result.message[:500])
+        attrs["message"] = result.message[:500]
+    state = _optuna().trial.TrialState
     if kind == "probe":
-        study.tell(trial, state=_optuna().trial.TrialState.PRUNED)
+        _write(study, asked, state.PRUNED, attrs)
         return
-    trial.set_constraint(CONSTRAINT, _INFEASIBLE if value is None else 0.0)
     worst = 0.0 if study.direction == _optuna().study.StudyDirection.MAXIMIZE else 1e18
-    study.tell(trial, worst if value is None else value)
+    _write(study, asked, state.COMPLETE, attrs, value=worst if value is None else value,
+           constraints={CONSTRAINT: _INFEASIBLE if value is None else 0.0})
 
 
 def stored_runs(study: optuna.Study, usable_bytes: int) -> list[RunRecord]:
