@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -287,10 +288,15 @@ def used_up(limit: int, left: Sequence[int], name: str, sep: str) -> str:
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
-    """The model has FSDP2-sharded modules (each forward and backward runs collectives)."""
-    from torch.distributed.fsdp import FSDPModule
+    """The model has FSDP2-sharded modules (each forward and backward runs collectives).
 
-    return any(isinstance(m, FSDPModule) for m in getattr(model, "_orig_mod", model).modules())
+    No module is sharded before ``torch.distributed.fsdp`` was imported (``fully_shard`` lives
+    there): a step does not import it to find out (3 s on a 2-core CPU, each process)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    if fsdp is None:
+        return False
+    return any(isinstance(m, fsdp.FSDPModule)
+               for m in getattr(model, "_orig_mod", model).modules())
 
 
 def running_stats(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -545,3 +545,27 @@ def test_out_of_memory_in_ddps_last_backward_ends_the_job_with_what_happened(
     assert ("OutOfMemoryFallbackError: out of memory in the last micro-batch's backward "
             "(RuntimeError: [enforce fail" in library.stderr), library.stderr
     assert "where DDP all-reduces the gradients" in library.stderr
+
+
+def test_the_fallback_refuses_a_model_the_user_sharded_under_a_ddp_config() -> None:
+    """A model sharded by ``fully_shard`` is found as sharded whatever the config says (the
+    check reads the modules, no longer importing FSDP to do so: no module is sharded before
+    FSDP is imported)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from autotune.fallback import is_sharded
+
+    model = TinyLM().double()
+    assert not is_sharded(model)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=1)
+    try:
+        fully_shard(model)
+        assert is_sharded(model)
+        tuned = Tuned(small(target_batch=PER_DEVICE, micro_batch=6, accumulate_steps=2))
+        with pytest.raises(ConfigError, match="does not run under FSDP"):
+            tuned.train_step(model, GradRecorder(model), split(samples(PER_DEVICE), 6),
+                             grows_above(PER_DEVICE), oom_fallback=True)
+    finally:
+        dist.destroy_process_group()
