@@ -186,6 +186,9 @@ class TuneRequest:
     nproc_per_node: int = 1
     """Ranks each probe and trial runs as one job on this machine (``--nproc-per-node``):
     with ``strategy`` ddp or fsdp. ``world_size`` left at 1 means this many."""
+    parallel: int | str = 1
+    """Child runs at once, each on its own device(s) or cores (``--parallel``): a whole
+    number, or ``auto`` for every visible device (CPU: cores // cores a job needs)."""
 
     def __post_init__(self) -> None:
         if self.world_size == 1 and isinstance(self.nproc_per_node, int) and (
@@ -206,6 +209,7 @@ class TuneRequest:
             raise ConfigError(f"{name('nproc_per_node')} must be a whole number of at least 1, "
                               f"got {ranks!r}")
         most = backend_for(device.device).max_ranks()
+        problems += self._parallel_problems(device, most, name)
         if ranks > most:
             problems.append(
                 f"{name.given('nproc_per_node', ranks)} is more than this machine runs: "
@@ -232,6 +236,30 @@ class TuneRequest:
         if problems:
             raise ConfigError("; ".join(problems))
         return values
+
+    def slots(self, device: DeviceInfo) -> int:
+        """How many child runs go at once (``parallel``, ``auto`` resolved): every visible
+        device a job of ``nproc_per_node`` ranks can have its own of (CPU: the cores, one
+        per rank), at least 1."""
+        if self.parallel != "auto":
+            return int(self.parallel)
+        return max(1, backend_for(device.device).max_ranks() // max(1, self.nproc_per_node))
+
+    def _parallel_problems(self, device: DeviceInfo, most: int, name: Names) -> list[str]:
+        """``parallel`` beyond what this machine has: more jobs than devices (CPU: cores),
+        counting each job's ``nproc_per_node`` devices (its type and range:
+        ``check_settings``)."""
+        width, ranks = self.slots(device), max(1, self.nproc_per_node)
+        if width * ranks <= most:
+            return []
+        what = f"{most} CUDA device(s)" if device.is_cuda else (
+            f"{most} CPU core(s) (a child needs a core of its own, or its timings are "
+            "another's)")
+        job = (f": a job of {name.given('nproc_per_node', ranks)} takes {ranks} devices, so "
+               f"{width} jobs need {width * ranks}" if ranks > 1 else "")
+        return [f"{name.given('parallel', self.parallel)} is more than this machine runs at "
+                f"once: {what}{job}; use at most {max(1, most // ranks)}, or "
+                f"{name.given('parallel', 'auto')}"]
 
     def _shapes_apply(self, name: Names) -> None:
         """Refuse shape policies other than ``max`` for a workload known here to declare no
