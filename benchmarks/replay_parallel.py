@@ -33,7 +33,7 @@ from replay import _commit, _machine, quality_of, quantile
 from replay_device import ReplayDevice, plan_of, settings_of
 from replay_tables import Table, all_tables
 
-from autotune.config import TrialSpec
+from autotune.config import TrialResult, TrialSpec
 from autotune.search import run_search
 from autotune.search._records import Candidate
 from autotune.search.pick import pick_winner
@@ -47,11 +47,14 @@ class SimSlots(Slots):
     """N slots on the replay device's simulated clock (module docstring)."""
 
     def __init__(self, device: ReplayDevice, width: int) -> None:
-        self.device, self.width = device, width
+        self.device, self.width, self.alone = device, width, "sim 0"
         self._free = [Slot(i, f"sim {i}") for i in range(width)]
         self._ends: list[tuple[float, int, int, Slot, object]] = []
         self._seq = 0
         self.device_s = 0.0
+
+    def run_alone(self, spec: TrialSpec) -> TrialResult:
+        return self.device(spec)  # nothing else runs: the clock moves by its wall
 
     def submit(self, ticket: int, spec: TrialSpec) -> Slot:
         slot = self._free.pop(0)
@@ -87,7 +90,7 @@ def replay_one(table: Table, seed: int, width: int, plan) -> dict:
     device_s = sum(r.wall_s or 0.0 for r in outcome.runs if r.stored_at is None)
     return {"pick": pick, "quality": quality, "wall": device.now_s / table.pass_s(),
             "device": device_s / table.pass_s(), "runs": device.calls,
-            "on_slots": sum(1 for r in outcome.runs if r.slot)}
+            "on_slots": sum(1 for r in outcome.runs if r.slot not in ("", "sim 0"))}
 
 
 def score(table: Table, seeds: int, workers: list[int]) -> dict:

@@ -325,6 +325,9 @@ class Executor:
         """Run one limited spec. A run the time budget cut short says nothing of its
         candidate: it ends the search (its Optuna trial fails) instead of being recorded."""
         start_s = self.clock() - self.tally.start
+        if self.slots is not None:  # pinned as the batches' runs are
+            return self.ran(spec, kind, self.slots.run_alone(spec), start_s, self.kept_s,
+                            self.slots.alone)
         return self.ran(spec, kind, self.run(spec), start_s, self.kept_s)
 
     def ran(self, spec: TrialSpec, kind: RunKind, result: TrialResult, start_s: float,

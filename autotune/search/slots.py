@@ -114,6 +114,13 @@ class Slots:
     """A pool of slots the executor submits runs to and waits on (``dispatch``)."""
 
     width: int = 1
+    alone: str = ""
+    """The slot a run outside a batch goes to (``run_alone``): said in its record."""
+
+    def run_alone(self, spec: TrialSpec) -> TrialResult:
+        """A run outside a batch (nothing else running), pinned as the batch's runs are: on
+        CPU its timings then compare with theirs (the same cores per child)."""
+        raise NotImplementedError
 
     def submit(self, ticket: int, spec: TrialSpec) -> Slot:
         """Start ``spec`` on a free slot (one is free: ``dispatch`` counts them)."""
@@ -138,6 +145,7 @@ class ThreadSlots(Slots):
 
     def __init__(self, slots: Sequence[Slot], run: SlotRunner) -> None:
         self.slots, self.run, self.width = list(slots), run, len(slots)
+        self.alone = self.slots[0].label
         self._free = list(self.slots)
         self._ended: queue.Queue[Done] = queue.Queue()
         self._children: dict[int, Child] = {}
@@ -158,6 +166,9 @@ class ThreadSlots(Slots):
 
         threading.Thread(target=work, name=f"autotune-slot-{slot.index}", daemon=True).start()
         return slot
+
+    def run_alone(self, spec: TrialSpec) -> TrialResult:
+        return self.run(spec, self.slots[0], lambda child: None)
 
     def _started(self, ticket: int, child: Child) -> None:
         with self._lock:
