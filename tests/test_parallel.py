@@ -179,3 +179,38 @@ def _spec() -> TrialSpec:
 
     p = plan()
     return probe_spec(p.workload, "cpu", CLASSES[0], 1, p.budget_bytes, 60.0)
+
+
+def test_ctrl_c_kills_the_running_children_and_records_none_as_a_result() -> None:
+    killed = threading.Event()
+
+    class _Killable(Child):
+        pid = 0
+
+        def kill(self) -> None:
+            killed.set()
+
+    def run(spec: TrialSpec, slot: Slot, on_start: Callable[[Child], None]) -> TrialResult:
+        on_start(_Killable())
+        killed.wait(5)  # a child runs until it is killed
+        return TrialResult(status="crash", message="child killed by SIGKILL", wall_s=1.0)
+
+    seen: list[Done] = []
+
+    def start(spec: TrialSpec) -> Begun[TrialSpec]:
+        if spec.micro_batch == 2:  # Ctrl-C while the first one runs
+            raise KeyboardInterrupt
+        return Begun(spec)
+
+    def end(spec: TrialSpec, token: object, done: Done) -> None:
+        seen.append(done)
+        if done.error is not None:
+            raise done.error
+
+    specs = [replace(_spec(), micro_batch=m) for m in (1, 2)]
+    slots = ThreadSlots([Slot(0, "cpu 0"), Slot(1, "cpu 1")], run)
+    with pytest.raises(KeyboardInterrupt):
+        list(dispatch(slots, specs, start, end))
+    assert killed.is_set()  # not left to run out its timeout
+    # The killed run's crash says nothing of its candidate: it ends as interrupted.
+    assert [(d.result, type(d.error)) for d in seen] == [(None, KeyboardInterrupt)]

@@ -17,6 +17,7 @@ anything, ``runner.child_main``); each gets its share of inductor's compile thre
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import queue
@@ -228,7 +229,6 @@ def dispatch(slots: Slots, items: Sequence[T], start: Callable[[T], Begun[T]],
                 running[ticket] = (item, begun.token)
                 slots.submit(ticket, begun.spec)
                 continue
-            waiting = waiting if error is None else []
             if not running:
                 break
             done = slots.wait()
@@ -242,15 +242,19 @@ def dispatch(slots: Slots, items: Sequence[T], start: Callable[[T], Begun[T]],
         if error is not None:
             raise error
     except BaseException as exc:
-        if not isinstance(exc, Exception):  # Ctrl-C, SIGTERM: the children go now
+        # Ctrl-C, SIGTERM: the children go now, and a run killed so says nothing of its
+        # candidate (its trial fails, as one run at a time). Else (a limit, the caller's own
+        # exception at a yield) the running ones end and are recorded.
+        interrupted = not isinstance(exc, (Exception, GeneratorExit))
+        if interrupted:
             slots.cancel()
-        while running:  # what ran is recorded, whatever stopped the batch
+        while running:
             done = slots.wait()
             item, token = running.pop(done.ticket)
-            try:
+            if interrupted:
+                done = Done(done.ticket, done.slot, None, exc)
+            with contextlib.suppress(BaseException):  # the first error is the one raised
                 end(item, token, done)
-            except Exception:
-                continue
         raise
 
 
