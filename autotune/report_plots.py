@@ -279,9 +279,9 @@ def timeline_plot(c: TunedConfig) -> Drawn:
     if not runs:
         return Drawn(figure=None, notes=("every run was reused from the study store" if c.runs
                                          else "this file records no run times",))
-    names = [_e(f"#{r.number} {r.kind} {r.label()}" + (
+    names = [_e(f"#{r.number} {r.kind} {r.label()}" + (f" [{r.slot}]" if r.slot else "") + (
         " (cut by the budget)" if r.cut else "" if r.status == "ok" else f" ({r.status})"))
-        for r in runs]
+        for r in runs]  # [slot]: where a parallel search ran it (its bars overlap in time)
     parts = []
     for r in runs:
         wall = r.wall_s or 0.0

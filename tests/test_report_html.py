@@ -442,3 +442,11 @@ def test_re_checks_of_stored_runs_are_listed_apart_from_what_was_not_measured() 
     skipped_part, rechecked = not_measured.split("Re-checked: stored runs measured again", 1)
     assert html.escape(recheck) not in skipped_part
     assert html.escape(recheck) in rechecked.split("</ul>", 1)[0]
+
+
+def test_timeline_says_which_slot_ran_each_run_of_a_parallel_search() -> None:
+    runs = searched().runs
+    config = searched(runs=(*runs[:4], replace(runs[4], slot="cuda:1"),
+                            replace(runs[5], slot="cuda:0", start_s=runs[4].start_s)))
+    names = list(timeline_plot(config).figure.data[0].y)
+    assert names[-2:] == ["#4 trial bf16/off 16 [cuda:1]", "#5 probe bf16/default 64 [cuda:0]"]
