@@ -135,8 +135,9 @@ def render(results: list[dict], workers: list[int]) -> str:
 
 
 def summary(results: list[dict], workers: list[int]) -> dict:
-    """Per N, over tables: the median and worst wall cost (all, and the large spaces), the
-    median speedup over N = 1, the worst pick quality median and same-pick share."""
+    """Per N, over tables: the median and worst wall cost (all; the large spaces' median and
+    best), the speedup over N = 1 (median, best, tables over 1.01x), the worst pick quality
+    median and the same-pick share."""
     out = {}
     for n in workers:
         rows = [r["by_workers"][str(n)] for r in results]
@@ -147,7 +148,11 @@ def summary(results: list[dict], workers: list[int]) -> dict:
             "wall_cost_large_median": statistics.median(
                 b["wall_cost"]["median"] for b in large) if large else None,
             "device_cost_median": statistics.median(b["device_cost"]["median"] for b in rows),
+            "wall_cost_large_best": min(
+                b["wall_cost"]["median"] for b in large) if large else None,
             "speedup_median": statistics.median(b["speedup"]["median"] for b in rows),
+            "speedup_best": max(b["speedup"]["median"] for b in rows),
+            "tables_faster_by_1pct": sum(b["speedup"]["median"] > 1.01 for b in rows),
             "quality_median_worst": min(b["pick_quality"]["median"] for b in rows),
             "same_pick_as_1_median": statistics.median(b["same_pick_as_1"] for b in rows),
             "same_pick_as_1_worst": min(b["same_pick_as_1"] for b in rows),
