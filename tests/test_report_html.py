@@ -444,9 +444,14 @@ def test_re_checks_of_stored_runs_are_listed_apart_from_what_was_not_measured() 
     assert html.escape(recheck) in rechecked.split("</ul>", 1)[0]
 
 
-def test_timeline_says_which_slot_ran_each_run_of_a_parallel_search() -> None:
+def test_timeline_draws_one_lane_per_slot_of_a_parallel_search() -> None:
     runs = searched().runs
-    config = searched(runs=(*runs[:4], replace(runs[4], slot="cuda:1"),
-                            replace(runs[5], slot="cuda:0", start_s=runs[4].start_s)))
-    names = list(timeline_plot(config).figure.data[0].y)
-    assert names[-2:] == ["#4 trial bf16/off 16 [cuda:1]", "#5 probe bf16/default 64 [cuda:0]"]
+    slots = ("cuda:0", "cuda:0", "cuda:0", "cuda:0", "cuda:1", "cuda:0")
+    config = searched(runs=(runs[0], *(replace(r, slot=s) for r, s in zip(
+        runs[1:6], slots[1:], strict=True)), replace(runs[6], slot="cuda:1")))
+    drawn = timeline_plot(config)
+    bars = drawn.figure.data[0]
+    assert list(bars.y) == ["cuda:0", "cuda:0", "cuda:0", "cuda:1", "cuda:0", "cuda:1"]
+    assert bars.hovertext[3].startswith("#4 trial bf16/off 16 [cuda:1]: ")
+    assert "One lane per slot of 2" in " ".join(drawn.notes)
+    assert timeline_plot(searched()).figure.data[0].y[0] == "#1 trial fp32/off 64"
