@@ -214,3 +214,37 @@ def test_ctrl_c_kills_the_running_children_and_records_none_as_a_result() -> Non
     assert killed.is_set()  # not left to run out its timeout
     # The killed run's crash says nothing of its candidate: it ends as interrupted.
     assert [(d.result, type(d.error)) for d in seen] == [(None, KeyboardInterrupt)]
+
+
+@pytest.mark.subprocess
+def test_a_real_parallel_search_pins_every_child_and_says_its_cost(tmp_path: Path) -> None:
+    if CORES < 2:
+        pytest.skip("needs 2 cores")
+    tuned = autotune.search(TINY, target_batch=4, device="cpu", parallel=2,
+                            precisions=["fp32"], compile_modes=["off"], out=tmp_path,
+                            settings=autotune.search.SearchSettings(cache=False,
+                                                                    num_timed_steps=3))
+    runs = tuned.config.runs
+    cores = sorted(os.sched_getaffinity(0))
+    labels = {f"cpu {cores[0]}", f"cpu {cores[1]}"}
+    assert runs and {r.slot for r in runs} <= labels and f"cpu {cores[0]}" in {
+        r.slot for r in runs}  # every run pinned: one made alone on the first slot
+    cost = tuned.config.cost
+    assert cost is not None and cost.parallel == 2 and cost.wall_s and cost.device_s
+    assert "on 2 slots at once" in cost.describe()
+
+
+def test_a_parallel_search_from_a_later_cuda_device_is_refused_with_the_way_to_choose() -> None:
+    from autotune.api import TuneRequest
+    from autotune.names import FLAGS
+    from tests.scripted import GPU
+
+    request = TuneRequest(target_batch=8, parallel=2)
+    later = replace(GPU, device="cuda:3")
+    said = request._parallel_problems(later, 8, FLAGS)
+    assert said == ["--device cuda:3 with --parallel 2: a parallel search runs on the first 2 "
+                    "visible devices, not from cuda:3; choose them with CUDA_VISIBLE_DEVICES "
+                    "(e.g. CUDA_VISIBLE_DEVICES=3,4) and --device cuda"]
+    assert request._parallel_problems(GPU, 8, FLAGS) == []
+    assert "is more than this machine runs at once: 1 CUDA device(s)" in \
+        request._parallel_problems(GPU, 1, FLAGS)[0]

@@ -250,6 +250,12 @@ class TuneRequest:
         counting each job's ``nproc_per_node`` devices (its type and range:
         ``check_settings``)."""
         width, ranks = self.slots(device), max(1, self.nproc_per_node)
+        if device.is_cuda and width > 1 and device.device not in ("cuda", "cuda:0"):
+            return [f"{name.given('device', device.device)} with "
+                    f"{name.given('parallel', self.parallel)}: a parallel search runs on the "
+                    f"first {width * ranks} visible devices, not from {device.device}; choose "
+                    "them with CUDA_VISIBLE_DEVICES (e.g. CUDA_VISIBLE_DEVICES=3,4) and "
+                    f"{name.given('device', 'cuda')}"]
         if width * ranks <= most:
             return []
         what = f"{most} CUDA device(s)" if device.is_cuda else (
