@@ -98,9 +98,13 @@ def _slots(run: Callable[[TrialSpec], TrialResult], width: int = 2) -> ThreadSlo
                        lambda spec, slot, on_start: run(spec))
 
 
-def _search(device: KnobDevice, width: int) -> SearchOutcome:
+def _search(device: KnobDevice, width: int, said: list[str] | None = None) -> SearchOutcome:
+    def on_trial(count, stage, candidate, record) -> None:  # type: ignore[no-untyped-def]
+        if said is not None:
+            said.append(f"{stage} {candidate.key()}" + (" ended" if record else ""))
+
     return run_search(plan(), CLASSES, SETTINGS, values=VALUES, run=device,
-                      slots=_slots(device, width) if width > 1 else None)
+                      slots=_slots(device, width) if width > 1 else None, on_trial=on_trial)
 
 
 def _ran(outcome: SearchOutcome) -> list[tuple[str, str]]:
@@ -109,13 +113,17 @@ def _ran(outcome: SearchOutcome) -> list[tuple[str, str]]:
 
 def test_a_search_on_two_slots_runs_the_same_candidates_and_picks_the_same() -> None:
     speeds = by_class(100, 150, 160, 200, 300, 330)
-    one, two = _search(KnobDevice(speeds), 1), _search(KnobDevice(speeds), 2)
+    said: list[str] = []
+    one, two = _search(KnobDevice(speeds), 1), _search(KnobDevice(speeds), 2, said)
     assert _ran(two) == _ran(one)
     assert pick_winner_record(two) == pick_winner_record(one)
     assert {r.slot for r in one.runs} == {""}  # one at a time: no slot said
     # A batch ran on both; a run outside one, on the first (pinned as the batch's are).
     assert {r.slot for r in two.runs} == {"cpu 0", "cpu 1"}
     assert two.cost.parallel == 2 and two.cost.device_s == pytest.approx(two.cost.child_s)
+    # Each run's progress, as it begins and as it ends, says its slot.
+    assert said and all(" [cpu " in line for line in said)
+    assert any(line.startswith("joint [cpu 1] ") for line in said)
 
 
 class _Slow(KnobDevice):

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from autotune.config import TrialResult, TrialSpec
 from autotune.schema import RunKind, TrialRecord
 from autotune.search._records import Candidate, classify
 from autotune.search.executor import Executor, Proposal, Stop
-from autotune.search.slots import Begun, Done, dispatch
+from autotune.search.slots import Begun, Done, Slot, dispatch
 
 Refused = Callable[[Proposal, Stop], None]
 """Called when a limit stops a proposal (before it starts, or cutting it short)."""
@@ -49,7 +50,7 @@ def measure_all(ex: Executor, specs: Sequence[TrialSpec]) -> None:
         return rec
 
     try:
-        for _ in dispatch(ex.slots, specs, start, end):
+        for _ in dispatch(ex.slots, specs, start, end, partial(_started, ex)):
             pass
     finally:
         ex.slot = ""
@@ -98,7 +99,7 @@ def run_proposals(ex: Executor, batch: Sequence[Proposal], *, alone: bool = Fals
             raise
 
     try:
-        for proposal, value in dispatch(ex.slots, batch, start, end):
+        for proposal, value in dispatch(ex.slots, batch, start, end, partial(_started, ex)):
             again, rec = value  # type: ignore[misc]
             yield proposal, again, rec
     finally:
@@ -119,16 +120,22 @@ class _Run:
 
 
 def _begin(ex: Executor, spec: TrialSpec, kind: RunKind) -> Begun[Any]:
-    """A run's start: its limits (``Executor.limited``), its progress, its study trial."""
+    """A run's start: its limits (``Executor.limited``), its study trial (its progress once it
+    has a slot: ``_started``)."""
     key = Candidate.of(spec)
     spec = ex.limited(spec)
-    ex.slot = ""
-    ex.progress(key, None)
     running = ex.study.running(key, ex.plan.micro_batches)
     trial = running.__enter__()
     ex.in_flight += 1
     return Begun(spec, _Run(spec, kind, running, trial, ex.clock() - ex.tally.start,
                             ex.kept_s))
+
+
+def _started(ex: Executor, item: object, run: object, slot: Slot) -> None:
+    """A run begun on ``slot``: its progress says so."""
+    assert isinstance(run, _Run)
+    ex.slot = slot.label
+    ex.progress(Candidate.of(run.spec), None)
 
 
 def _end(ex: Executor, run: _Run, done: Done, told: Callable[[TrialResult], Any]) -> Any:

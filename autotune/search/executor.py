@@ -379,7 +379,8 @@ class Executor:
             count = forecast(self.ev, self.stage, tally.num_runs, tally.cost["child_s"],
                              self.clock() - tally.start, starting=rec is None,
                              in_stage=tally.num_runs - self.stage_began_at)
-            self.on_trial(count, f"{self.stage} [{self.slot}]" if self.slot else self.stage,
+            slot = self.slot or (self.slots.alone if self.slots is not None else "")
+            self.on_trial(count, f"{self.stage} [{slot}]" if slot else self.stage,
                           candidate, rec)
 
 

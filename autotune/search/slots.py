@@ -199,10 +199,12 @@ class Begun(Generic[T]):
 
 
 def dispatch(slots: Slots, items: Sequence[T], start: Callable[[T], Begun[T]],
-             end: Callable[[T, object, Done], R]) -> Iterator[tuple[T, R | object]]:
-    """Run ``items`` on ``slots``: each started in order (``start``) as a slot frees, each
-    yielded with its ``end`` in the order the runs end (an item answered without a run, at
-    once).
+             end: Callable[[T, object, Done], R],
+             started: Callable[[T, object, Slot], None] | None = None,
+             ) -> Iterator[tuple[T, R | object]]:
+    """Run ``items`` on ``slots``: each started in order (``start``) as a slot frees (and
+    said, ``started``, once it has its slot), each yielded with its ``end`` in the order the
+    runs end (an item answered without a run, at once).
 
     Nothing finished is lost: where ``start`` or ``end`` raises (a limit's ``Stop``), no item
     starts after it, the runs still running end and are yielded, then it is raised; where the
@@ -227,7 +229,9 @@ def dispatch(slots: Slots, items: Sequence[T], start: Callable[[T], Begun[T]],
                     continue
                 ticket = next(tickets)
                 running[ticket] = (item, begun.token)
-                slots.submit(ticket, begun.spec)
+                slot = slots.submit(ticket, begun.spec)
+                if started is not None:
+                    started(item, begun.token, slot)
                 continue
             if not running:
                 break
