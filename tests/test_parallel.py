@@ -256,3 +256,20 @@ def test_a_parallel_search_from_a_later_cuda_device_is_refused_with_the_way_to_c
     assert request._parallel_problems(GPU, 8, FLAGS) == []
     assert "is more than this machine runs at once: 1 CUDA device(s)" in \
         request._parallel_problems(GPU, 1, FLAGS)[0]
+
+
+def test_cpu_slots_share_the_memory_the_default_budget_split_and_a_larger_one_refused(
+        tmp_path: Path) -> None:
+    from autotune.api import TuneRequest, env
+    from autotune.config import WorkloadSpec
+
+    info = env("cpu")
+    spec = WorkloadSpec(kind="file", target=TINY)
+    _, one, *_ = TuneRequest(workload=spec, target_batch=2, device="cpu").validate(info)
+    _, two, *_ = TuneRequest(workload=spec, target_batch=2, device="cpu",
+                             parallel=2).validate(info)
+    assert two.budget_bytes == min(one.budget_bytes, info.available_memory_bytes // 2)
+    assert "split between 2 children at once (parallel=2)" in two.note
+    result = _cli("--parallel", "2", "--memory-budget", "95%", "--out", str(tmp_path))
+    assert result.exit_code == 2, result.output
+    assert "2 children at once on the CPU share its memory" in " ".join(result.output.split())

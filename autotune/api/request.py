@@ -245,6 +245,37 @@ class TuneRequest:
             return int(self.parallel)
         return max(1, backend_for(device.device).max_ranks() // max(1, self.nproc_per_node))
 
+    def _shared(self, budget: Budget, device: DeviceInfo, name: Names) -> Budget:
+        """On CPU the slots of a parallel search share the machine's memory: the default
+        budget is what is free split between them (said in its note); a budget given that N
+        children at once would take more than is free is refused. On CUDA each slot has its
+        own device and the budget is per device.
+
+        Raises:
+            ConfigError: N x the budget given is more than the CPU has free.
+        """
+        width = self.slots(device) if self.parallel == "auto" or (
+            isinstance(self.parallel, int) and self.parallel > 1) else 1
+        if device.is_cuda or width <= 1:
+            return budget
+        free = device.available_memory_bytes
+        if self.memory_budget is None:
+            share = min(budget.budget_bytes, free // width)
+            return replace(budget, budget_bytes=share,
+                           usable_bytes=int(share * (1 - budget.headroom)),
+                           note="; ".join(filter(None, [budget.note, (
+                               f"memory budget {format_bytes(share)}: the "
+                               f"{format_bytes(free)} free split between {width} children at "
+                               f"once ({name.given('parallel', self.parallel)})")])))
+        if width * budget.budget_bytes > free:
+            raise ConfigError(
+                f"{name.given('memory_budget', self.memory_budget)} with "
+                f"{name.given('parallel', self.parallel)}: {width} children at once on the CPU "
+                f"share its memory, {width} x {format_bytes(budget.budget_bytes)} is more than "
+                f"the {format_bytes(free)} free; give {name('memory_budget')} "
+                f"{free // width // MIB}MiB or less, or fewer at once")
+        return budget
+
     def _parallel_problems(self, device: DeviceInfo, most: int, name: Names) -> list[str]:
         """``parallel`` beyond what this machine has: more jobs than devices (CPU: cores),
         counting each job's ``nproc_per_node`` devices (its type and range:
@@ -336,7 +367,8 @@ class TuneRequest:
         results: list[Any] = []
         for check in (
             lambda: exact_target(self.target_batch, self.world_size, self.allow_inexact, name),
-            lambda: resolve_budget(device, self.memory_budget, self.headroom, name),
+            lambda: self._shared(resolve_budget(device, self.memory_budget, self.headroom,
+                                                name), device, name),
             lambda: knob_values(device, self._job(device, name), name),
             lambda: self._shapes_apply(name),
         ):
