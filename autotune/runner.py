@@ -29,6 +29,7 @@ from autotune.config import ChildRun, TrialResult, TrialSpec, WorkloadSpec
 from autotune.device import backend_for
 from autotune.errors import WorkloadError
 from autotune.knob_adapters import child_environment as knob_environment
+from autotune.pinning import RANKS, pin_to_slot
 from autotune.serialize import from_json_dict, to_json_dict
 
 _OUTPUT_TAIL_CHARS = 3000
@@ -320,7 +321,7 @@ def _rank_path(result_path: str, rank: int) -> str:
 
 
 _LAUNCH = "--launch-ranks"
-_RANKS = "AUTOTUNE_RANKS"
+_RANKS = RANKS
 _EXITS = ".exits"
 """Beside the ranks' results: how each failed rank ended (rank -> exit code), from the
 launcher (a rank it stopped with SIGTERM once another failed is no cause)."""
@@ -414,33 +415,6 @@ def child_main(handler: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(3)
-
-
-SLOT_CORES = "AUTOTUNE_SLOT_CORES"
-"""The cores a child of a parallel search on CPU runs on (``0,1``): set by its slot
-(``search.slots``), applied by the child itself (``pin_to_slot``). An autotune variable, read
-only once a child starts: every slot's children fork from one warm server (``child``)."""
-
-
-def pin_to_slot() -> None:
-    """A child of a slot on CPU: its affinity to the slot's cores, and torch's threads (and
-    inductor's compile threads) to their count (a rank of a job: its share), before it runs
-    anything; nothing outside a slot. Called first thing in a child (``child_main``), before
-    torch starts its thread pools."""
-    cores = [int(c) for c in os.environ.get(SLOT_CORES, "").split(",") if c.strip()]
-    if not cores or not hasattr(os, "sched_setaffinity"):
-        return
-    os.sched_setaffinity(0, cores)
-    ranks = int(os.environ.get(_RANKS) or 1) if os.environ.get("RANK") else 1
-    threads = max(1, len(cores) // ranks)
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = str(len(cores))
-    import torch
-
-    torch.set_num_threads(threads)
-    inductor = sys.modules.get("torch._inductor.config")
-    if inductor is not None:  # imported by the fork server already: its value was read then
-        inductor.compile_threads = len(cores)  # type: ignore[attr-defined]
 
 
 def _run_trial(request: dict[str, Any]) -> dict[str, Any]:

@@ -28,7 +28,8 @@ from typing import Generic, TypeVar
 
 from autotune.child import Child
 from autotune.config import TrialResult, TrialSpec
-from autotune.runner import SLOT_CORES, run_isolated
+from autotune.pinning import SLOT_CORES
+from autotune.runner import run_isolated
 
 T = TypeVar("T")
 R = TypeVar("R")
