@@ -5,7 +5,9 @@ Every run a search makes goes through ``Executor.measure`` (a probe or a first t
 user's first launch compiles): each is limited by ``--max-trials`` and ``--time-budget`` (read
 from the clock the replay sets), told to the study (a resumed search answers from it), counted
 (``Tally``, ``Reach``) and said through ``on_trial``. What it measures lands in the
-``Evidence``; it judges nothing (the stages and the policy do).
+``Evidence``; it judges nothing (the stages and the policy do). With several slots
+(``--parallel``) a stage's batch goes through ``batch`` instead, which starts each run here
+(``limited``, ``answered``) and records it here as it ends (``ran``, ``took``).
 """
 
 from __future__ import annotations
