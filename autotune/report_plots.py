@@ -279,9 +279,13 @@ def timeline_plot(c: TunedConfig) -> Drawn:
     if not runs:
         return Drawn(figure=None, notes=("every run was reused from the study store" if c.runs
                                          else "this file records no run times",))
-    names = [_e(f"#{r.number} {r.kind} {r.label()}" + (
+    names = [_e(f"#{r.number} {r.kind} {r.label()}" + (f" [{r.slot}]" if r.slot else "") + (
         " (cut by the budget)" if r.cut else "" if r.status == "ok" else f" ({r.status})"))
         for r in runs]
+    # A parallel search (``--parallel``): one lane per slot, each run a bar in its slot's lane
+    # (a slot runs one at a time); else one row per run.
+    lanes = sorted({r.slot for r in runs if r.slot})
+    rows = [_e(r.slot or "one at a time") for r in runs] if lanes else names
     parts = []
     for r in runs:
         wall = r.wall_s or 0.0
@@ -294,17 +298,20 @@ def timeline_plot(c: TunedConfig) -> Drawn:
     for i, (name, color) in enumerate((
             ("start-up, warm-up and memory steps", "#c7c7c7"), ("compile", "#ff7f0e"),
             ("timed steps", "#1f77b4"))):
-        fig.add_bar(y=names, x=[p[i] for p in parts], base=list(offsets), orientation="h",
+        fig.add_bar(y=rows, x=[p[i] for p in parts], base=list(offsets), orientation="h",
                     name=name, marker={"color": color,
                                        "pattern": {"shape": [pattern[r.kind] for r in runs]}},
                     hovertext=[f"{n}: {name} {p[i]:.1f} s (run {r.wall_s or 0:.1f} s)"
                                for n, p, r in zip(names, parts, runs, strict=True)],
                     hoverinfo="text")
         offsets = [o + p[i] for o, p in zip(offsets, parts, strict=True)]
-    fig.update_layout(height=160 + 24 * len(runs), barmode="overlay",
-                      xaxis_title="seconds since the search started",
+    fig.update_layout(height=160 + (40 * len(set(rows)) if lanes else 24 * len(runs)),
+                      barmode="overlay", xaxis_title="seconds since the search started",
                       yaxis={"autorange": "reversed", "type": "category"})
     notes = [note, "Dotted bars: memory probes; hatched: re-measurements of a close race."]
+    if lanes:
+        notes.append(f"One lane per slot of {len(lanes)} that ran children at once "
+                     "(--parallel): hover a bar for its run.")
     if c.cost is not None:
         notes.append(f"In all: {c.cost.describe()}.")
     return Drawn(figure=fig, notes=tuple(notes))

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -29,6 +29,7 @@ from autotune.config import ChildRun, TrialResult, TrialSpec, WorkloadSpec
 from autotune.device import backend_for
 from autotune.errors import WorkloadError
 from autotune.knob_adapters import child_environment as knob_environment
+from autotune.pinning import RANKS, pin_to_slot
 from autotune.serialize import from_json_dict, to_json_dict
 
 _OUTPUT_TAIL_CHARS = 3000
@@ -55,16 +56,23 @@ def allocator_notes(device: str) -> str:
     return backend_for(device).allocator_notes(child_environment(device))
 
 
-def run_isolated(spec: TrialSpec) -> TrialResult:
+def run_isolated(spec: TrialSpec, *, slot_env: Mapping[str, str] | None = None,
+                 on_start: Callable[[child.Child], None] | None = None) -> TrialResult:
     """Run ``spec`` in a new Python process and classify what happened.
 
     The child gets ``spec.timeout_s`` seconds of wall time; after that its whole process group
     is killed and the result is a ``timeout``. A child that dies without writing its result
     (killed by a signal, segfault, ``os._exit``) or cannot be started is a ``crash`` with the
     reason (and the end of its output).
+
+    Args:
+        spec: the run.
+        slot_env: what pins the child to its slot of a parallel search
+            (``search.slots.Slot.env``): its devices, or its cores (``SLOT_CORES``).
+        on_start: called with the child once it started (a parallel search's cancel).
     """
     ranks = spec.ranks if spec.knobs.distributed else 0
-    extra_env = knob_environment(spec.knobs, dict(os.environ))
+    extra_env = {**knob_environment(spec.knobs, dict(os.environ)), **(slot_env or {})}
     with contextlib.ExitStack() as stack:
         if spec.cold_compile:  # inductor's on-disk caches (FX graphs, AOT autograd) live there
             extra_env["TORCHINDUCTOR_CACHE_DIR"] = stack.enter_context(
@@ -72,7 +80,7 @@ def run_isolated(spec: TrialSpec) -> TrialResult:
                                             ignore_cleanup_errors=True))
         run = run_in_child("autotune.runner", to_json_dict(spec), timeout_s=spec.timeout_s,
                            device=spec.device, extra_env=extra_env, ranks=ranks,
-                           preload=preloads(spec.workload))
+                           preload=preloads(spec.workload), on_start=on_start)
     if ranks and run.data is not None:
         return replace(merge_ranks(run.data["ranks"], run.message,
                                    stopped=run.data.get("stopped", ())), wall_s=run.wall_s)
@@ -176,7 +184,8 @@ _IMPORTS_TRANSFORMERS = re.compile(r"^\s*(import|from)\s+transformers\b", re.MUL
 
 def run_in_child(module: str, request: dict[str, Any], *, timeout_s: float,
                  device: str = "cpu", extra_env: dict[str, str] | None = None,
-                 ranks: int = 0, preload: Sequence[str] = ()) -> ChildRun:
+                 ranks: int = 0, preload: Sequence[str] = (),
+                 on_start: Callable[[child.Child], None] | None = None) -> ChildRun:
     """Run ``python -m module request.json result.json`` in a child process and wait for it.
 
     The module's main calls ``child_main(handler)``. The child starts in its own session and
@@ -201,6 +210,7 @@ def run_in_child(module: str, request: dict[str, Any], *, timeout_s: float,
             once another had failed), and the launcher's output end as ``message``.
         preload: modules the child imports before it measures anything, which a fork server
             may import once for every such child (``child.start``).
+        on_start: called with the child once it started.
 
     Returns:
         ``ok`` with the handler's result in ``data``; ``timeout``; or ``crash`` (the child did
@@ -226,6 +236,8 @@ def run_in_child(module: str, request: dict[str, Any], *, timeout_s: float,
             return ChildRun(status="crash", wall_s=time.perf_counter() - start, message=(
                 f"could not start the child process: {type(exc).__name__}: {exc}"))
         try:
+            if on_start is not None:
+                on_start(proc)
             returncode = proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             proc.kill()
@@ -309,7 +321,7 @@ def _rank_path(result_path: str, rank: int) -> str:
 
 
 _LAUNCH = "--launch-ranks"
-_RANKS = "AUTOTUNE_RANKS"
+_RANKS = RANKS
 _EXITS = ".exits"
 """Beside the ranks' results: how each failed rank ended (rank -> exit code), from the
 launcher (a rank it stopped with SIGTERM once another failed is no cause)."""
@@ -377,6 +389,7 @@ def child_main(handler: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     arms the parent-death signal (``child.die_with_parent``).
     """
     die_with_parent()
+    pin_to_slot()
     request_path, result_path = sys.argv[1], sys.argv[2]
     rank = os.environ.get("RANK") if os.environ.get(_RANKS) else None
     if rank is not None:  # one rank of a job: its own result, beside its peers'

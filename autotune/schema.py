@@ -174,14 +174,23 @@ class SearchCost:
     by another child of the same setting and micro-batch, or an earlier search)."""
     timed_s: Float
     """Of that, timed steps."""
+    parallel: Count = 1
+    """Slots the search ran children on at once (``--parallel``)."""
+    wall_s: Float | None = None
+    """The search's wall time, from its first run to its last (None: not recorded)."""
+    device_s: Float | None = None
+    """Device-seconds its children held: each run's wall times the devices its job held."""
 
     def describe(self) -> str:
         """``12 child runs, 310 s (compile 95 s, timed steps 120 s; 2 of 6 compiled runs
-        reused inductor's cache)``."""
+        reused inductor's cache)``; with several slots, their wall time and device-seconds."""
         cached = (f"; {self.num_cached_compiles} of {self.num_compiled_runs} compiled runs "
                   "reused inductor's cache" if self.num_compiled_runs else "")
+        slots = (f"; on {self.parallel} slots at once: {self.wall_s:,.0f} s wall, "
+                 f"{self.device_s:,.0f} device-seconds" if self.parallel > 1
+                 and self.wall_s is not None and self.device_s is not None else "")
         return (f"{self.num_runs} child runs, {self.child_s:,.0f} s (compile "
-                f"{self.compile_s:,.0f} s, timed steps {self.timed_s:,.0f} s{cached})")
+                f"{self.compile_s:,.0f} s, timed steps {self.timed_s:,.0f} s{cached}){slots}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -241,6 +250,9 @@ class RunRecord(HasKnobs):
     cut: bool = False
     """``--time-budget`` cut it short: its timeout was what was left of the budget, not
     ``--trial-timeout`` (its status says ``timeout``; it says nothing of its candidate)."""
+    slot: Text = ""
+    """The slot that ran it in a search of several at once (``--parallel``: ``cuda:3``,
+    ``cpu 0-3``); "" one at a time."""
 
     def label(self) -> str:
         """E.g. ``bf16/default 16`` (the micro-batch)."""

@@ -22,7 +22,10 @@
 # CPU's C++ kernels are rebuilt, 1.23x only). And issue 48's: the shape policies on the
 # variable-length GPT, searched and side by side, `python3 benchmarks/shapes.py --device cuda
 # --precision bf16 --machine h100 --target 64 --rounds 2 --timed-steps 10 --load-note 'GPU.'
-# && cp benchmarks/results/shapes_varlen-gpt-h100-* "$OUT"/` (only $OUT comes back).
+# && cp benchmarks/results/shapes_varlen-gpt-h100-* "$OUT"/` (only $OUT comes back). And issue
+# 60's, on a machine of several GPUs: `TESTS_S=0 gpu_call.sh 570 search-gpt2 search-gpt2-parallel`
+# (the same search with --parallel auto: its wall_s and device_s against search-gpt2's;
+# rehearsed on the CPU with `gpu_suite.py --rehearse --only search-gpt2-parallel`).
 # Here first: `bash benchmarks/gpu_wheels.sh` (optuna and what the device lacks, into .whl/).
 # Then the device tool's run: command `bash benchmarks/gpu_call.sh`, carry [".whl"],
 # timeout_s 600. Results under $OUT/gpu (else benchmarks/results/gpu).

@@ -135,6 +135,11 @@ def plan(full: bool, setup: Setup = GPU) -> list[Step]:
              "nccl on the GPU) on the default workload: peak, samples/s and the per-rank "
              "estimate", settings={"strategies": ["none", "ddp", "fsdp"], "micro_batch": 4,
                                    "precision": "fp32" if setup.rehearsal else "bf16"}),
+        # Issue 60: on a node of several GPUs, the same search on every device at once
+        # (compare its wall_s with search-gpt2's; on one GPU, auto is 1).
+        Step(name="search-gpt2-parallel", budget_s=200, opt_in=True, what="api.search default "
+             f"workload --target-batch {TARGET} --parallel auto",
+             settings={"workload": setup.gpt2.label(), "parallel": "auto", **restrict}),
         Step(name="oracle-gpt2", budget_s=380, opt_in=True, what="exhaustive oracle (one "
              "pass) on the default workload vs search-gpt2 (this run's, or --search-from's)",
              settings={"classes": oracle_classes, "min_micro_batch": min_micro_batch,
@@ -194,6 +199,7 @@ def run_search(step: Step, spec: WorkloadSpec, setup: Setup) -> dict:
                         precisions=step.settings.get("precisions"),
                         compile_modes=step.settings.get("compile_modes"),
                         memory_budget=step.settings.get("memory_budget"),
+                        parallel=step.settings.get("parallel", 1),
                         out=tempfile.mkdtemp(prefix=f"{step.name}-"), force=True,
                         settings=settings, on_step=_probe_line, on_trial=_trial_line)
     cfg = result.config
@@ -205,6 +211,8 @@ def run_search(step: Step, spec: WorkloadSpec, setup: Setup) -> dict:
             "max_micro_batch": cfg.memory.max_micro_batch, "peak_bytes": cfg.memory.peak_bytes,
             "num_probes": sum(p.num_probes for p in result.probe.probes),
             "stop_reason": str(result.stop_reason),
+            "parallel": cfg.cost.parallel if cfg.cost is not None else 1,
+            "device_s": cfg.cost.device_s if cfg.cost is not None else None,
             "stop_exit": result.stop_reason.exit_code if result.stop_reason.by_signal else None,
             "skipped": cfg.skipped,
             "trials": [{"label": t.label(), "verdict": t.verdict, "samples_per_s": t.samples_per_s,
@@ -469,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         "oracle-gpt2": lambda s: run_oracle_step(s, search_of("search-gpt2"), setup,
                                                  setup.gpt2),
         "search-gpt2-capped": lambda s: run_search(s, setup.gpt2, setup),
+        "search-gpt2-parallel": lambda s: run_search(s, setup.gpt2, setup),
         "oracle-gpt2-capped": lambda s: run_oracle_step(s, search_of("search-gpt2-capped"),
                                                         setup, setup.gpt2),
         "oracle-gpt2-capped-rest": lambda s: run_oracle_step(

@@ -158,6 +158,7 @@ WRONG: dict[str, st.SearchStrategy[object]] = {
     "headroom": _ANY.filter(_not(int, float)) | st.sampled_from([math.nan, math.inf]),
     "world_size": _ANY.filter(_not(int)),
     "nproc_per_node": _ANY.filter(_not(int)),
+    "parallel": _ANY.filter(lambda v: _not(int)(v) and v != "auto"),
     "allow_inexact": _ANY.filter(_not(bool)),
     "precisions": _ANY.filter(lambda v: v is not None and not (
         isinstance(v, _NAMES) and all(isinstance(x, str) for x in v))),

@@ -442,3 +442,16 @@ def test_re_checks_of_stored_runs_are_listed_apart_from_what_was_not_measured() 
     skipped_part, rechecked = not_measured.split("Re-checked: stored runs measured again", 1)
     assert html.escape(recheck) not in skipped_part
     assert html.escape(recheck) in rechecked.split("</ul>", 1)[0]
+
+
+def test_timeline_draws_one_lane_per_slot_of_a_parallel_search() -> None:
+    runs = searched().runs
+    slots = ("cuda:0", "cuda:0", "cuda:0", "cuda:0", "cuda:1", "cuda:0")
+    config = searched(runs=(runs[0], *(replace(r, slot=s) for r, s in zip(
+        runs[1:6], slots[1:], strict=True)), replace(runs[6], slot="cuda:1")))
+    drawn = timeline_plot(config)
+    bars = drawn.figure.data[0]
+    assert list(bars.y) == ["cuda:0", "cuda:0", "cuda:0", "cuda:1", "cuda:0", "cuda:1"]
+    assert bars.hovertext[3].startswith("#4 trial bf16/off 16 [cuda:1]: ")
+    assert "One lane per slot of 2" in " ".join(drawn.notes)
+    assert timeline_plot(searched()).figure.data[0].y[0] == "#1 trial fp32/off 64"

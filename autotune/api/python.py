@@ -93,7 +93,8 @@ def search(
         settings: every other search setting (``autotune.search.SearchSettings``).
         **fields: ``TuneRequest`` fields: ``device``, ``memory_budget``, ``headroom``,
             ``world_size``, ``precisions``, ``compile_modes``, ``knob_values``,
-            ``nproc_per_node``, ``allow_inexact``.
+            ``nproc_per_node``, ``allow_inexact``, ``parallel`` (child runs at once, each
+            on its own device or cores: a number, or ``"auto"``; ``--parallel``).
 
     Returns:
         ``Tuned``: ``micro_batch``, ``accumulate_steps``, ``knobs``, ``config`` (the whole

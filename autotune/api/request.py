@@ -186,6 +186,9 @@ class TuneRequest:
     nproc_per_node: int = 1
     """Ranks each probe and trial runs as one job on this machine (``--nproc-per-node``):
     with ``strategy`` ddp or fsdp. ``world_size`` left at 1 means this many."""
+    parallel: int | str = 1
+    """Child runs at once, each on its own device(s) or cores (``--parallel``): a whole
+    number, or ``auto`` for every visible device (CPU: cores // cores a job needs)."""
 
     def __post_init__(self) -> None:
         if self.world_size == 1 and isinstance(self.nproc_per_node, int) and (
@@ -206,6 +209,7 @@ class TuneRequest:
             raise ConfigError(f"{name('nproc_per_node')} must be a whole number of at least 1, "
                               f"got {ranks!r}")
         most = backend_for(device.device).max_ranks()
+        problems += self._parallel_problems(device, most, name)
         if ranks > most:
             problems.append(
                 f"{name.given('nproc_per_node', ranks)} is more than this machine runs: "
@@ -232,6 +236,67 @@ class TuneRequest:
         if problems:
             raise ConfigError("; ".join(problems))
         return values
+
+    def slots(self, device: DeviceInfo) -> int:
+        """How many child runs go at once (``parallel``, ``auto`` resolved): every visible
+        device a job of ``nproc_per_node`` ranks can have its own of (CPU: the cores, one
+        per rank), at least 1."""
+        if self.parallel != "auto":
+            return int(self.parallel)
+        return max(1, backend_for(device.device).max_ranks() // max(1, self.nproc_per_node))
+
+    def _shared(self, budget: Budget, device: DeviceInfo, name: Names) -> Budget:
+        """On CPU the slots of a parallel search share the machine's memory: the default
+        budget is what is free split between them (said in its note); a budget given that N
+        children at once would take more than is free is refused. On CUDA each slot has its
+        own device and the budget is per device.
+
+        Raises:
+            ConfigError: N x the budget given is more than the CPU has free.
+        """
+        width = self.slots(device) if self.parallel == "auto" or (
+            isinstance(self.parallel, int) and self.parallel > 1) else 1
+        if device.is_cuda or width <= 1:
+            return budget
+        free = device.available_memory_bytes
+        if self.memory_budget is None:
+            share = min(budget.budget_bytes, free // width)
+            return replace(budget, budget_bytes=share,
+                           usable_bytes=int(share * (1 - budget.headroom)),
+                           note="; ".join(filter(None, [budget.note, (
+                               f"memory budget {format_bytes(share)}: the "
+                               f"{format_bytes(free)} free split between {width} children at "
+                               f"once ({name.given('parallel', self.parallel)})")])))
+        if width * budget.budget_bytes > free:
+            raise ConfigError(
+                f"{name.given('memory_budget', self.memory_budget)} with "
+                f"{name.given('parallel', self.parallel)}: {width} children at once on the CPU "
+                f"share its memory, {width} x {format_bytes(budget.budget_bytes)} is more than "
+                f"the {format_bytes(free)} free; give {name('memory_budget')} "
+                f"{free // width // MIB}MiB or less, or fewer at once")
+        return budget
+
+    def _parallel_problems(self, device: DeviceInfo, most: int, name: Names) -> list[str]:
+        """``parallel`` beyond what this machine has: more jobs than devices (CPU: cores),
+        counting each job's ``nproc_per_node`` devices (its type and range:
+        ``check_settings``)."""
+        width, ranks = self.slots(device), max(1, self.nproc_per_node)
+        if device.is_cuda and width > 1 and device.device not in ("cuda", "cuda:0"):
+            return [f"{name.given('device', device.device)} with "
+                    f"{name.given('parallel', self.parallel)}: a parallel search runs on the "
+                    f"first {width * ranks} visible devices, not from {device.device}; choose "
+                    "them with CUDA_VISIBLE_DEVICES (e.g. CUDA_VISIBLE_DEVICES=3,4) and "
+                    f"{name.given('device', 'cuda')}"]
+        if width * ranks <= most:
+            return []
+        what = f"{most} CUDA device(s)" if device.is_cuda else (
+            f"{most} CPU core(s) (a child needs a core of its own, or its timings are "
+            "another's)")
+        job = (f": a job of {name.given('nproc_per_node', ranks)} takes {ranks} devices, so "
+               f"{width} jobs need {width * ranks}" if ranks > 1 else "")
+        return [f"{name.given('parallel', self.parallel)} is more than this machine runs at "
+                f"once: {what}{job}; use at most {max(1, most // ranks)}, or "
+                f"{name.given('parallel', 'auto')}"]
 
     def _shapes_apply(self, name: Names) -> None:
         """Refuse shape policies other than ``max`` for a workload known here to declare no
@@ -302,7 +367,8 @@ class TuneRequest:
         results: list[Any] = []
         for check in (
             lambda: exact_target(self.target_batch, self.world_size, self.allow_inexact, name),
-            lambda: resolve_budget(device, self.memory_budget, self.headroom, name),
+            lambda: self._shared(resolve_budget(device, self.memory_budget, self.headroom,
+                                                name), device, name),
             lambda: knob_values(device, self._job(device, name), name),
             lambda: self._shapes_apply(name),
         ):

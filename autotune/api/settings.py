@@ -87,6 +87,10 @@ REQUEST: dict[str, Setting] = {
                            kind=lambda v: isinstance(v, Mapping)),
     "allow_inexact": Setting(what="True or False", example=True, kind=_switch),
     "nproc_per_node": Setting(what="a whole number of ranks", example=2, kind=_count),
+    "parallel": Setting(
+        what="a whole number of child runs at once, at least 1, or 'auto' (every visible "
+        "device)", example=2, kind=lambda v: _count(v) or v == "auto",
+        ok=lambda v: v == "auto" or v >= 1),
 }
 """``TuneRequest``'s fields (their ranges: ``TuneRequest.validate``, against the device)."""
 SEARCH: dict[str, Setting] = {

@@ -44,6 +44,7 @@ from autotune.search import (
     recall,
     remember,
     run_search,
+    thread_slots,
     tuned_config,
 )
 from autotune.signals import SignalGuard, guarded, interrupted_by
@@ -205,7 +206,9 @@ def search(
     # timed there is a result, and no Ctrl-C or SIGTERM may cost it (autotune.signals).
     with guarded() as guard:
         outcome = run_search(plan, classes, settings, values=values, on_trial=on_trial,
-                             on_step=on_step, guard=guard)
+                             on_step=on_step, guard=guard,
+                             slots=thread_slots(info.device, request.slots(info),
+                                                plan.nproc_per_node))
         report = replace(plan, probes=outcome.probes, skipped=plan.skipped + not_timed)
         if outcome.baseline is None or outcome.baseline not in outcome.results:
             if outcome.interrupted and outcome.stop_reason.by_signal:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -51,6 +52,10 @@ NprocOpt = Annotated[int, typer.Option(
     "--nproc-per-node", help="Ranks each probe and trial runs as one job on this machine "
     "(torch's elastic launcher, as torchrun; gloo on CPU, nccl on CUDA), each capped like a "
     "device: at most this machine's GPUs (CPU: cores). --world-size defaults to it.")]
+ParallelOpt = Annotated[str, typer.Option(
+    "--parallel", help="Child runs at once, each on its own device(s) (CPU: its own cores): "
+    "a number, or auto for every visible device (CPU: cores // cores a run needs). A job of "
+    "--nproc-per-node k ranks takes k devices. Finalists are re-measured alone.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
 TrialTimeoutOpt = Annotated[str, typer.Option(
     "--trial-timeout", help="Most wall time of one child run (probe or trial), e.g. 90s or "
@@ -124,6 +129,13 @@ def _knob_help(knob: Knob) -> str:
     """A knob option's help, from its one description in ``knobs.KNOBS``."""
     return " ".join(filter(None, [
         f"Comma-separated subset of {','.join(knob.values)}: {knob.help}.", knob.default_help]))
+
+
+def parallel_option(text: str) -> int | str:
+    """``--parallel``'s value: a whole number, or the text as given (``auto``; anything else
+    is refused with the other settings, ``check_settings``)."""
+    stripped = text.strip()
+    return int(stripped) if re.fullmatch(r"[+-]?\d{1,9}", stripped) else stripped
 
 
 def seconds(text: str, option: str) -> float:

@@ -21,6 +21,7 @@ from autotune.cli.options import (
     ModelOpt,
     ModesOpt,
     NprocOpt,
+    ParallelOpt,
     PrecisionsOpt,
     PretrainedOpt,
     SeqLenOpt,
@@ -29,6 +30,7 @@ from autotune.cli.options import (
     WorkloadOpt,
     WorldOpt,
     knob_options,
+    parallel_option,
     seconds,
     split_knob_options,
     split_option,
@@ -115,6 +117,7 @@ def search(
     compile_modes: ModesOpt = None,
     knob_options: KnobOptions = KNOB_OPTIONS,
     nproc_per_node: NprocOpt = 1,
+    parallel: ParallelOpt = "1",
     out: Annotated[Path, typer.Option("--out", help="Folder for autotune.json.")] = Path("."),
     force: Annotated[bool, typer.Option(
         "--force", help="Overwrite autotune.json, train_autotuned.py and autotune.html.")
@@ -200,7 +203,8 @@ def search(
             precisions=split_option(precisions, "--precisions"),
             compile_modes=split_option(compile_modes, "--compile-modes"),
             knob_values=split_knob_options(knob_options),
-            nproc_per_node=nproc_per_node, allow_inexact=allow_inexact)
+            nproc_per_node=nproc_per_node, allow_inexact=allow_inexact,
+            parallel=parallel_option(parallel))
         for line in request.demo_defaults(info)[1] if info is not None else ():
             say(err, line)  # what the first search tries, before it starts
         with progress_bar() as progress:

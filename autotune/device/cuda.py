@@ -154,7 +154,7 @@ def _describe_cuda(index: int) -> DeviceInfo:
     if pynvml is not None:
         try:
             pynvml.nvmlInit()
-            handle = pynvml.nvmlDeviceGetHandleByIndex(_nvml_index(index))
+            handle = _nvml_handle(pynvml, index)
             name = pynvml.nvmlDeviceGetName(handle)
             name = name.decode() if isinstance(name, bytes) else name
             mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
@@ -177,6 +177,38 @@ def _nvml_index(index: int) -> int:
     return index
 
 
+def _nvml_handle(pynvml: Any, index: int) -> Any:
+    """NVML's handle of torch's device ``index``: by UUID where ``CUDA_VISIBLE_DEVICES``
+    names it so (a slot of a parallel search, ``search.slots``), else by index."""
+    ids = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+           if v.strip()]
+    if index < len(ids) and ids[index].startswith(("GPU-", "MIG-")):
+        return pynvml.nvmlDeviceGetHandleByUUID(ids[index])
+    return pynvml.nvmlDeviceGetHandleByIndex(_nvml_index(index))
+
+
+def visible_uuids() -> list[str]:
+    """The UUIDs of the CUDA devices torch sees, in its order (NVML: no CUDA context in this
+    process); a device NVML cannot name keeps its index."""
+    import torch
+
+    count = torch.cuda.device_count()
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return [str(_nvml_index(i)) for i in range(count)]
+    found = []
+    for i in range(count):
+        try:
+            uuid = pynvml.nvmlDeviceGetUUID(_nvml_handle(pynvml, i))
+            found.append(uuid.decode() if isinstance(uuid, bytes) else uuid)
+        except Exception:
+            found.append(str(_nvml_index(i)))
+    return found
+
+
 def _cuda_info(index: int, name: str, total: int, free: int, major: int, minor: int,
                notes: tuple[str, ...]) -> DeviceInfo:
     import torch
@@ -196,7 +228,7 @@ def nvml_process_used_bytes(index: int) -> int | None:
         import pynvml
 
         pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(_nvml_index(index))
+        handle = _nvml_handle(pynvml, index)
         for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
             if proc.pid == os.getpid() and proc.usedGpuMemory is not None:
                 return int(proc.usedGpuMemory)
@@ -212,6 +244,6 @@ def nvml_used_bytes(index: int) -> int | None:
 
         pynvml.nvmlInit()
         return int(pynvml.nvmlDeviceGetMemoryInfo(
-            pynvml.nvmlDeviceGetHandleByIndex(_nvml_index(index))).used)
+            _nvml_handle(pynvml, index)).used)
     except Exception:
         return None

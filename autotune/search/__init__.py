@@ -45,6 +45,7 @@ from autotune.search.executor import OnTrial
 from autotune.search.forecast import RunCount
 from autotune.search.outcome import SearchOutcome, tuned_config
 from autotune.search.pick import break_even_steps, pick_winner
+from autotune.search.slots import Slots, ThreadSlots, plan_slots, thread_slots
 
 __all__ = [
     "CONSTRAINT",
@@ -55,6 +56,8 @@ __all__ = [
     "RunCount",
     "SearchOutcome",
     "SearchSettings",
+    "Slots",
+    "ThreadSlots",
     "break_even_steps",
     "cache_dir",
     "check_storage",
@@ -66,6 +69,7 @@ __all__ = [
     "objective",
     "open_study",
     "pick_winner",
+    "plan_slots",
     "probed",
     "recall",
     "redact",
@@ -73,5 +77,6 @@ __all__ = [
     "run_search",
     "score",
     "store_path",
+    "thread_slots",
     "tuned_config",
 ]

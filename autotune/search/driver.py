@@ -23,6 +23,7 @@ from autotune.search.evidence import Evidence
 from autotune.search.executor import Executor, OnTrial, Reach, Runner, Stale, Stop
 from autotune.search.outcome import SearchOutcome, outcome
 from autotune.search.plan import Plan
+from autotune.search.slots import Slots
 from autotune.search.stages import joint, knobs, probe, race, refine
 from autotune.signals import SignalGuard
 
@@ -103,7 +104,8 @@ def run_search(report: ProbeReport, classes: Sequence[Knobs], settings: SearchSe
                *, values: Mapping[str, Sequence[str]] | None = None, run: Runner = run_isolated,
                on_trial: OnTrial | None = None, on_step: OnStep | None = None,
                guard: SignalGuard | None = None,
-               clock: Callable[[], float] = time.perf_counter) -> SearchOutcome:
+               clock: Callable[[], float] = time.perf_counter,
+               slots: Slots | None = None) -> SearchOutcome:
     """Probe and time the classes in stages, pruning what cannot win (``docs/search.md``).
 
     Args:
@@ -122,6 +124,8 @@ def run_search(report: ProbeReport, classes: Sequence[Knobs], settings: SearchSe
             the caller's writes; None leaves signals as they are.
         clock: the seconds the time budget and each run's start are read from (a replay of
             recorded runs sets its simulated clock here).
+        slots: where a stage's batch of runs goes at once (``--parallel``,
+            ``search.slots``); None: one run at a time through ``run``.
 
     Raises:
         ConfigError: a storage that cannot be opened or holds another search.
@@ -130,7 +134,7 @@ def run_search(report: ProbeReport, classes: Sequence[Knobs], settings: SearchSe
     plan = Plan.of(report, classes, values)
     assert plan.base in plan.classes, "fp32 eager is the baseline: the api adds it"
     ex = Executor(Evidence(plan, settings), run, on_trial, on_step, clock,
-                  reserve=race.launch_reserve_s)
+                  reserve=race.launch_reserve_s, slots=slots)
     stop_reason = StopReason()
     try:
         with (guard or SignalGuard()).armed():
@@ -141,7 +145,7 @@ def run_search(report: ProbeReport, classes: Sequence[Knobs], settings: SearchSe
                     gave_up = ex.study
                     ex = Executor(Evidence(plan, replace(settings, fresh=True)), run,
                                   on_trial, on_step, clock, before=ex,
-                                  reserve=race.launch_reserve_s)
+                                  reserve=race.launch_reserve_s, slots=slots)
                     ex.study.note(gave_up.record.note if not gave_up.ok else "")
                     ex.study.note(str(stale))
                     stages(ex)

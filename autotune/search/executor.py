@@ -5,7 +5,9 @@ Every run a search makes goes through ``Executor.measure`` (a probe or a first t
 user's first launch compiles): each is limited by ``--max-trials`` and ``--time-budget`` (read
 from the clock the replay sets), told to the study (a resumed search answers from it), counted
 (``Tally``, ``Reach``) and said through ``on_trial``. What it measures lands in the
-``Evidence``; it judges nothing (the stages and the policy do).
+``Evidence``; it judges nothing (the stages and the policy do). With several slots
+(``--parallel``) a stage's batch goes through ``batch`` instead, which starts each run here
+(``limited``, ``answered``) and records it here as it ends (``ran``, ``took``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from autotune.config import Knobs, StopReason, TrialResult, TrialSpec
 from autotune.lengths import POOL_STEPS
@@ -26,6 +29,7 @@ from autotune.search._study import open_study, redact, study_identity
 from autotune.search.evidence import Evidence, Interval
 from autotune.search.forecast import RunCount, forecast
 from autotune.search.plan import Plan
+from autotune.search.slots import Slots
 
 Runner = Callable[[TrialSpec], TrialResult]
 Reserve = Callable[["Executor"], float]
@@ -137,12 +141,19 @@ class Executor:
 
     def __init__(self, ev: Evidence, run: Runner, on_trial: OnTrial | None,
                  on_step: OnStep | None, clock: Callable[[], float] = time.perf_counter, *,
-                 before: Executor | None = None, reserve: Reserve | None = None) -> None:
+                 before: Executor | None = None, reserve: Reserve | None = None,
+                 slots: Slots | None = None) -> None:
         """``before``: the executor of a search given up (its stored runs were stale); its
         runs, cost and clock carry over, so the limits and the record cover both.
         ``reserve``: the seconds of ``--time-budget`` no run but a first-launch check may
-        take (``limited``); None keeps none."""
+        take (``limited``); None keeps none. ``slots``: where a batch's runs go at once
+        (``--parallel``, ``batch``); None or one slot: one run at a time."""
         self.ev = ev
+        self.slots = slots if slots is not None and slots.width > 1 else None
+        self.in_flight = 0
+        """Runs started on slots and not yet ended (``--max-trials`` counts them)."""
+        self.slot = ""
+        """The slot of the run said now (its progress says it)."""
         self.run, self.on_trial, self.on_step, self.clock = run, on_trial, on_step, clock
         self.reserve: Reserve = reserve or (lambda ex: 0.0)
         self.kept_s = 0.0
@@ -232,7 +243,24 @@ class Executor:
 
     def measure(self, spec: TrialSpec) -> TrialResult:
         """Run a spec in a child (or reuse the study's result for it) and record it."""
-        candidate = key = Candidate.of(spec)
+        candidate = Candidate.of(spec)
+        timed = spec.num_timed_steps > 0
+        answered = self.answered(spec)
+        if answered is not None:
+            return answered
+        spec = self.limited(spec)
+        self.progress(candidate, None)
+        with self.study.running(candidate, self.plan.micro_batches) as trial:
+            result = self.run_child(spec, "trial" if timed else "probe")
+            rec = self.took(spec, trial, result)
+            if rec is None:  # its line comes from the probe's on_step
+                return result
+        self.progress(candidate, rec)
+        return result
+
+    def answered(self, spec: TrialSpec) -> TrialResult | None:
+        """The spec's answer without a run: the evidence's, or the study's (``measure``)."""
+        key = Candidate.of(spec)
         timed = spec.num_timed_steps > 0
         self.ev.asked(key)
         if not timed and key in self.ev.probe_runs and key not in self.ev.results:
@@ -246,22 +274,22 @@ class Executor:
             return self.ev.results[key]
         if not timed and key in self.ev.probe_runs:
             return self.ev.probe_runs[key]
-        spec = self.limited(spec)
-        self.progress(candidate, None)
-        with self.study.running(candidate, self.plan.micro_batches) as trial:
-            result = self.run_child(spec, "trial" if timed else "probe")
-            self.ev.learned(result)
-            if not timed:  # its line comes from the probe's on_step
-                self.study.tell(trial, result, None, kind="probe")
-                self.ev.probed_at(key, result)
-                return result
-            self.ev.took(key, result)
-            rec, value = classify(candidate, result, self.ev.results, self.ev.baseline,
-                                  self.plan.report,
-                                  self.settings)
-            self.study.tell(trial, result, value)
-        self.progress(candidate, rec)
-        return result
+        return None
+
+    def took(self, spec: TrialSpec, trial: Any, result: TrialResult) -> TrialRecord | None:
+        """A measured run into the evidence and the study: its record (a memory probe: None,
+        its line comes from the probe's ``on_step``)."""
+        key = Candidate.of(spec)
+        self.ev.learned(result)
+        if spec.num_timed_steps <= 0:
+            self.study.tell(trial, result, None, kind="probe")
+            self.ev.probed_at(key, result)
+            return None
+        self.ev.took(key, result)
+        rec, value = classify(key, result, self.ev.results, self.ev.baseline,
+                              self.plan.report, self.settings)
+        self.study.tell(trial, result, value)
+        return rec
 
     def uncapped(self, candidate: Candidate) -> TrialResult:
         """A memory probe of ``candidate`` capped only by what the device has free (as a run
@@ -279,7 +307,7 @@ class Executor:
         the time ``reserve`` says that check needs: its timeout ends before it, and where
         less than ``MIN_CHILD_S`` is left beside it, the ``Stop`` says so (``kept_s``) and
         the check runs in the time kept (``driver.run_search``)."""
-        if self.tally.num_runs >= self.settings.max_trials:
+        if self.tally.num_runs + self.in_flight >= self.settings.max_trials:
             raise Stop(StopReason("max-trials", str(self.tally.num_runs)))
         timeout_s = self.settings.timeout_s
         self.kept_s = 0.0
@@ -298,14 +326,21 @@ class Executor:
     def run_child(self, spec: TrialSpec, kind: RunKind) -> TrialResult:
         """Run one limited spec. A run the time budget cut short says nothing of its
         candidate: it ends the search (its Optuna trial fails) instead of being recorded."""
+        start_s = self.clock() - self.tally.start
+        if self.slots is not None:  # pinned as the batches' runs are
+            return self.ran(spec, kind, self.slots.run_alone(spec), start_s, self.kept_s,
+                            self.slots.alone)
+        return self.ran(spec, kind, self.run(spec), start_s, self.kept_s)
+
+    def ran(self, spec: TrialSpec, kind: RunKind, result: TrialResult, start_s: float,
+            kept_s: float, slot: str = "") -> TrialResult:
+        """A child run's cost and record (``run_child``; a slot's run: ``batch``)."""
         tally = self.tally
-        start_s = self.clock() - tally.start
-        result = self.run(spec)
         tally.num_runs += 1
         cut = result.status == "timeout" and spec.timeout_s < self.settings.timeout_s
-        tally.run_log.append(run_record(
+        tally.run_log.append(replace(run_record(
             len(tally.run_log), kind, Candidate.of(spec), result, self.plan.usable,
-            start_s=start_s, compiled=spec.compiled, cut=cut))
+            start_s=start_s, compiled=spec.compiled, cut=cut), slot=slot))
         tally.cost["child_s"] += result.wall_s or 0.0
         tally.cost["compile_s"] += (result.compile_s or 0.0) if spec.compiled \
             else 0.0
@@ -317,7 +352,7 @@ class Executor:
         self.ev.ran(Candidate.of(spec), result)
         if cut:
             raise Stop(StopReason("time-budget", Candidate.of(spec).key()), cut=True,
-                       kept_s=self.kept_s)
+                       kept_s=kept_s)
         return result
 
     def run_proposal(self, proposal: Proposal) -> tuple[TrialResult, TrialRecord]:
@@ -346,7 +381,9 @@ class Executor:
             count = forecast(self.ev, self.stage, tally.num_runs, tally.cost["child_s"],
                              self.clock() - tally.start, starting=rec is None,
                              in_stage=tally.num_runs - self.stage_began_at)
-            self.on_trial(count, self.stage, candidate, rec)
+            slot = self.slot or (self.slots.alone if self.slots is not None else "")
+            self.on_trial(count, f"{self.stage} [{slot}]" if slot else self.stage,
+                          candidate, rec)
 
 
 def open_search_study(ev: Evidence) -> Ledger:

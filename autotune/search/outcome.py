@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
+from typing import Any
 
 from autotune import __version__
 from autotune.config import MemoryProbe, ProbeReport, StopReason, TrialResult
@@ -113,7 +114,17 @@ def outcome(ev: Evidence, ex: Executor, stop: StopReason,
                          ledger=ex.study,
                          cost=SearchCost(num_runs=ex.tally.num_runs, **ex.tally.cost,
                                          num_compiled_runs=ex.tally.compiles[0],
-                                         num_cached_compiles=ex.tally.compiles[1]))
+                                         num_cached_compiles=ex.tally.compiles[1],
+                                         **_slots_cost(ex)))
+
+
+def _slots_cost(ex: Executor) -> dict[str, Any]:
+    """With several slots (``--parallel``): how many, the wall time and device-seconds."""
+    if ex.slots is None:
+        return {}
+    devices = max(1, ex.plan.report.nproc_per_node)
+    return {"parallel": ex.slots.width, "wall_s": ex.clock() - ex.tally.start,
+            "device_s": ex.tally.cost["child_s"] * devices}
 
 
 def tuned_config(report: ProbeReport, outcome: SearchOutcome,

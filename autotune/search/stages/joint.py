@@ -21,6 +21,7 @@ from autotune.config import Knobs
 from autotune.knobs import KNOBS, skip_reason
 from autotune.search import bounds
 from autotune.search._records import OUT_OF_MEMORY, Candidate
+from autotune.search.batch import measure_all
 from autotune.search.evidence import Evidence, Interval
 from autotune.search.executor import Executor, Proposal
 from autotune.search.rules import Skip, skip
@@ -37,8 +38,7 @@ def run(ex: Executor) -> None:
         batch = proposals(ex)
         if not batch:
             return
-        for proposal in batch:
-            ex.measure(proposal.spec)
+        measure_all(ex, [proposal.spec for proposal in batch])  # at once on free slots
 
 
 def anchor_of(knobs: Knobs) -> Knobs:

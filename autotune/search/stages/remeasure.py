@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 
 from autotune.config import TrialResult
 from autotune.schema import TrialRecord
 from autotune.search import fits
 from autotune.search._records import Candidate
+from autotune.search.batch import run_proposals
 from autotune.search.executor import Executor, Proposal, Stale, Stop
 from autotune.search.policy import rechecked, unchecked
 
@@ -25,8 +27,10 @@ def remeasure(ex: Executor, keys: Sequence[Candidate], *,
     evidence as it ends (``tell``: in any order, one worker or several); a resumed search
     answers each from the study's runs in the order they were made."""
     ran: dict[Candidate, TrialResult] = {}
-    for proposal in proposals(ex, keys, cold_first=cold_first):
-        again, rec = _run(ex, proposal)
+    # The finalists (the confirm stage's) run alone: no neighbour shares their machine.
+    for proposal, again, rec in run_proposals(
+            ex, proposals(ex, keys, cold_first=cold_first), refused=partial(_refused, ex),
+            alone=ex.stage in ("confirm", "first launch")):
         tell(ex, proposal, again, rec)
         ran[proposal.candidate] = again
     return ran
@@ -58,13 +62,18 @@ def proposals(ex: Executor, keys: Sequence[Candidate], *,
 
 def _run(ex: Executor, proposal: Proposal) -> tuple[TrialResult, TrialRecord]:
     """``Executor.run_proposal``; a first-launch check that a limit stops before it runs
-    says the winner unchecked."""
+    says the winner unchecked (``_refused``)."""
     try:
         return ex.run_proposal(proposal)
     except Stop as stop:
-        if proposal.cold and not stop.cut:
-            ex.ev.decide(unchecked(proposal.candidate, str(stop)))
+        _refused(ex, proposal, stop)
         raise
+
+
+def _refused(ex: Executor, proposal: Proposal, stop: Stop) -> None:
+    """A first-launch check that a limit stops before it runs says the winner unchecked."""
+    if proposal.cold and not stop.cut:
+        ex.ev.decide(unchecked(proposal.candidate, str(stop)))
 
 
 def tell(ex: Executor, proposal: Proposal, again: TrialResult, rec: TrialRecord) -> None:

@@ -1,0 +1,156 @@
+"""A stage's batch of runs: one after another, or at once on the free slots (``--parallel``).
+
+A stage that has several runs to make whatever their results (the joint screen's proposals, a
+re-measure's) hands them over here. With one slot they run as they always did, in order
+(``Executor.measure``, ``Executor.run_proposal``). With several, ``slots.dispatch`` starts each
+as a slot frees, and each is told to the evidence and the study in the order it ends: the
+stages' decisions are the same; only when each result arrives differs. A run whose
+candidate a result told meanwhile would have ruled out is not stopped: it ends, and its result
+is kept as evidence (a batch is proposed from the evidence before it, as one worker would run
+it). The confirm stage's re-measures (the finalists, before the pick) run alone
+(``alone``): no neighbour shares their machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from autotune.config import TrialResult, TrialSpec
+from autotune.schema import RunKind, TrialRecord
+from autotune.search._records import Candidate, classify
+from autotune.search.executor import Executor, Proposal, Stop
+from autotune.search.slots import Begun, Done, Slot, dispatch
+
+Refused = Callable[[Proposal, Stop], None]
+"""Called when a limit stops a proposal (before it starts, or cutting it short)."""
+
+
+def measure_all(ex: Executor, specs: Sequence[TrialSpec]) -> None:
+    """Each spec measured (``Executor.measure``): in order with one slot; at once on the
+    free slots with several, each told as it ends."""
+    if ex.slots is None:
+        for spec in specs:
+            ex.measure(spec)
+        return
+
+    def start(spec: TrialSpec) -> Begun[TrialSpec]:
+        answered = ex.answered(spec)
+        if answered is not None:
+            return Begun(value=answered)
+        return _begin(ex, spec, "trial" if spec.num_timed_steps > 0 else "probe")
+
+    def end(spec: TrialSpec, run: object, done: Done) -> TrialRecord | None:
+        assert isinstance(run, _Run)
+        rec = _end(ex, run, done, lambda result: ex.took(run.spec, run.trial, result))
+        if rec is not None:
+            ex.progress(Candidate.of(spec), rec)
+        return rec
+
+    try:
+        for _ in dispatch(ex.slots, specs, start, end, partial(_started, ex)):
+            pass
+    finally:
+        ex.slot = ""
+
+
+def run_proposals(ex: Executor, batch: Sequence[Proposal], *, alone: bool = False,
+                  refused: Refused | None = None,
+                  ) -> Iterator[tuple[Proposal, TrialResult, TrialRecord]]:
+    """Each proposal run (``Executor.run_proposal``), yielded with its result and record as
+    it ends: in order with one slot or ``alone``; at once on the free slots otherwise."""
+    if ex.slots is None or alone:
+        for proposal in batch:
+            try:
+                again, rec = ex.run_proposal(proposal)
+            except Stop as stop:
+                if refused is not None:
+                    refused(proposal, stop)
+                raise
+            yield proposal, again, rec
+        return
+
+    def start(proposal: Proposal) -> Begun[Proposal]:
+        if proposal.stored is not None:  # the study answers it: no child runs
+            return Begun(value=ex.run_proposal(proposal))
+        try:
+            return _begin(ex, proposal.spec, "re-measure")
+        except Stop as stop:
+            if refused is not None:
+                refused(proposal, stop)
+            raise
+
+    def end(proposal: Proposal, run: object, done: Done) -> tuple[TrialResult, TrialRecord]:
+        assert isinstance(run, _Run)
+
+        def told(again: TrialResult) -> tuple[TrialResult, TrialRecord]:
+            rec, value = classify(proposal.candidate, again, ex.ev.results, ex.ev.baseline,
+                                  ex.plan.report, ex.settings)
+            ex.study.tell(run.trial, again, value, kind="re-measure")
+            return again, rec
+
+        try:
+            return _end(ex, run, done, told)
+        except Stop as stop:
+            if refused is not None:
+                refused(proposal, stop)
+            raise
+
+    try:
+        for proposal, value in dispatch(ex.slots, batch, start, end, partial(_started, ex)):
+            again, rec = value  # type: ignore[misc]
+            yield proposal, again, rec
+    finally:
+        ex.slot = ""
+
+
+@dataclass
+class _Run:
+    """A run started on a slot: what its end needs."""
+
+    spec: TrialSpec
+    kind: RunKind
+    running: Any
+    """The study's trial context (``Ledger.running``), entered."""
+    trial: Any
+    start_s: float
+    kept_s: float
+
+
+def _begin(ex: Executor, spec: TrialSpec, kind: RunKind) -> Begun[Any]:
+    """A run's start: its limits (``Executor.limited``), its study trial (its progress once it
+    has a slot: ``_started``)."""
+    key = Candidate.of(spec)
+    spec = ex.limited(spec)
+    running = ex.study.running(key, ex.plan.micro_batches)
+    trial = running.__enter__()
+    ex.in_flight += 1
+    return Begun(spec, _Run(spec, kind, running, trial, ex.clock() - ex.tally.start,
+                            ex.kept_s))
+
+
+def _started(ex: Executor, item: object, run: object, slot: Slot) -> None:
+    """A run begun on ``slot``: its progress says so."""
+    assert isinstance(run, _Run)
+    ex.slot = slot.label
+    ex.progress(Candidate.of(run.spec), None)
+
+
+def _end(ex: Executor, run: _Run, done: Done, told: Callable[[TrialResult], Any]) -> Any:
+    """A run's end: its cost and record (``Executor.ran``), then ``told`` (evidence and
+    study) inside its study trial, which fails where either raises."""
+    ex.in_flight -= 1
+    ex.slot = done.slot.label
+    try:
+        if done.error is not None:
+            raise done.error
+        assert done.result is not None
+        value = told(ex.ran(run.spec, run.kind, done.result, run.start_s, run.kept_s,
+                            done.slot.label))
+    except BaseException as exc:
+        run.running.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    run.running.__exit__(None, None, None)
+    return value

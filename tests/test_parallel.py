@@ -1,0 +1,275 @@
+"""``--parallel N`` (issue 60): its checks, the slots' pinning of a real child, and a search
+whose batches run on several slots at once deciding as one run at a time does
+(``autotune/search/slots.py``, ``batch.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import autotune
+from autotune.child import Child
+from autotune.cli import app
+from autotune.config import TrialResult, TrialSpec
+from autotune.errors import ConfigError
+from autotune.runner import run_in_child
+from autotune.search import SearchOutcome, run_search
+from autotune.search.slots import Begun, Done, Slot, ThreadSlots, dispatch, plan_slots
+from tests.scripted import CLASSES, SETTINGS, VALUES, KnobDevice, by_class, pick_winner_record, plan
+
+TINY = str(Path(__file__).resolve().parent / "workloads.py") + ":tiny"
+
+CORES = len(os.sched_getaffinity(0))
+
+
+def _cli(*args: str):
+    return CliRunner().invoke(app, ["search", "--workload", TINY, "--target-batch",
+                                    "2", "--device", "cpu", *args])
+
+
+@pytest.mark.parametrize(("value", "said"), [
+    ("0", "--parallel must be a whole number of child runs at once, at least 1, or 'auto'"),
+    ("-2", "got -2"),
+    ("1.5", "got '1.5' (a str)"),
+    (str(CORES + 1), f"--parallel {CORES + 1} is more than this machine runs at once: "
+                     f"{CORES} CPU core(s)"),
+])
+def test_a_bad_parallel_exits_2_naming_the_value(value: str, said: str,
+                                                 tmp_path: Path) -> None:
+    result = _cli("--parallel", value, "--out", str(tmp_path))
+    assert result.exit_code == 2, result.output
+    assert said in result.output
+    assert not (tmp_path / "autotune.json").exists()
+
+
+def test_jobs_of_ranks_count_their_devices_against_the_machine(tmp_path: Path) -> None:
+    result = _cli("--parallel", "2", "--nproc-per-node", str(CORES), "--out", str(tmp_path))
+    assert result.exit_code == 2, result.output
+    assert (f"a job of --nproc-per-node {CORES} takes {CORES} devices, so 2 jobs need "
+            f"{2 * CORES}") in result.output
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.0, "two", CORES + 1])
+def test_the_library_refuses_a_bad_parallel_before_anything_runs(value: object) -> None:
+    with pytest.raises(ConfigError, match=r"parallel"):
+        autotune.search(TINY, target_batch=2, device="cpu", parallel=value)
+
+
+def test_cpu_slots_take_disjoint_cores_and_their_share_of_compile_threads() -> None:
+    slots = plan_slots("cpu", 2, cores=[0, 1, 2, 3])
+    assert [dict(s.env)["AUTOTUNE_SLOT_CORES"] for s in slots] == ["0,1", "2,3"]
+    assert [s.label for s in slots] == ["cpu 0-1", "cpu 2-3"]
+    assert {dict(s.env)["TORCHINDUCTOR_COMPILE_THREADS"] for s in slots} == {"2"}
+    cuda = plan_slots("cuda", 2, ranks=2, uuids=["GPU-a", "GPU-b", "GPU-c", "GPU-d"])
+    assert [dict(s.env)["CUDA_VISIBLE_DEVICES"] for s in cuda] == ["GPU-a,GPU-b", "GPU-c,GPU-d"]
+    assert {dict(s.env)["CUDA_DEVICE_ORDER"] for s in cuda} == {"PCI_BUS_ID"}
+
+
+@pytest.mark.subprocess
+def test_a_real_child_runs_pinned_to_its_slot() -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    slot = plan_slots("cpu", len(cores), cores=cores)[-1]  # one core: the last
+    run = run_in_child("tests.child_slot", {}, timeout_s=120, extra_env=dict(slot.env))
+    assert run.status == "ok", run.message
+    assert run.data is not None
+    assert run.data["cores"] == [cores[-1]] and run.data["threads"] == 1
+    assert run.data["OMP_NUM_THREADS"] == "1"
+    assert run.data["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
+    gpu = plan_slots("cuda", 1, uuids=["GPU-0000-test"])[0]
+    run = run_in_child("tests.child_slot", {}, timeout_s=120, extra_env=dict(gpu.env))
+    assert run.status == "ok", run.message
+    assert run.data is not None
+    assert (run.data["CUDA_VISIBLE_DEVICES"], run.data["CUDA_DEVICE_ORDER"]) == (
+        "GPU-0000-test", "PCI_BUS_ID")
+    assert run.data["cores"] == cores  # no slot of cores: its affinity left alone
+
+
+def _slots(run: Callable[[TrialSpec], TrialResult], width: int = 2) -> ThreadSlots:
+    """Real threads on scripted children, each slot a core label."""
+    return ThreadSlots([Slot(i, f"cpu {i}") for i in range(width)],
+                       lambda spec, slot, on_start: run(spec))
+
+
+def _search(device: KnobDevice, width: int, said: list[str] | None = None) -> SearchOutcome:
+    def on_trial(count, stage, candidate, record) -> None:  # type: ignore[no-untyped-def]
+        if said is not None:
+            said.append(f"{stage} {candidate.key()}" + (" ended" if record else ""))
+
+    return run_search(plan(), CLASSES, SETTINGS, values=VALUES, run=device,
+                      slots=_slots(device, width) if width > 1 else None, on_trial=on_trial)
+
+
+def _ran(outcome: SearchOutcome) -> list[tuple[str, str]]:
+    return sorted((r.kind, f"{r.knobs.label()}/{r.micro_batch}") for r in outcome.runs)
+
+
+def test_a_search_on_two_slots_runs_the_same_candidates_and_picks_the_same() -> None:
+    speeds = by_class(100, 150, 160, 200, 300, 330)
+    said: list[str] = []
+    one, two = _search(KnobDevice(speeds), 1), _search(KnobDevice(speeds), 2, said)
+    assert _ran(two) == _ran(one)
+    assert pick_winner_record(two) == pick_winner_record(one)
+    assert {r.slot for r in one.runs} == {""}  # one at a time: no slot said
+    # A batch ran on both; a run outside one, on the first (pinned as the batch's are).
+    assert {r.slot for r in two.runs} == {"cpu 0", "cpu 1"}
+    assert two.cost.parallel == 2 and two.cost.device_s == pytest.approx(two.cost.child_s)
+    # Each run's progress, as it begins and as it ends, says its slot.
+    assert said and all(" [cpu " in line for line in said)
+    assert any(line.startswith("joint [cpu 1] ") for line in said)
+
+
+class _Slow(KnobDevice):
+    """Runs of some settings take a while, in real time (the others end first)."""
+
+    def __call__(self, spec: TrialSpec) -> TrialResult:
+        if spec.knobs.optimizer_impl == "foreach":
+            time.sleep(0.3)
+        return super().__call__(spec)
+
+
+def test_a_run_behind_a_result_told_while_it_ran_is_kept_as_evidence() -> None:
+    # The joint screen's batch runs at once: foreach's run starts with fused's and ends after
+    # it, behind it. It is not stopped: it ends, and its result is kept and judged.
+    outcome = _search(_Slow(by_class(100, 150, 160, 200, 300, 330)), 2)
+    trials = [r for r in outcome.runs if r.kind == "trial"]
+    fused, foreach = next(  # foreach began first, and ended after fused: on another slot
+        (u, f) for u in trials for f in trials if u.knobs.optimizer_impl == "fused"
+        and f.knobs == u.knobs.with_(optimizer_impl="foreach") and f.micro_batch == u.micro_batch
+        and f.start_s <= u.start_s and f.number > u.number)
+    assert foreach.slot != fused.slot and foreach.status == "ok"
+    records = {(r.knobs, r.micro_batch): r for r in outcome.records}
+    kept, ahead = records[foreach.knobs, foreach.micro_batch], records[
+        fused.knobs, fused.micro_batch]
+    assert kept.samples_per_s and ahead.samples_per_s
+    assert kept.samples_per_s < ahead.samples_per_s and kept.verdict == "ok"
+
+
+def test_a_crash_in_one_slot_loses_no_other_slots_result() -> None:
+    ended: list[str] = []
+    release = threading.Event()
+
+    def run(spec: TrialSpec, slot: Slot, on_start: Callable[[Child], None]) -> TrialResult:
+        if spec.micro_batch == 1:  # the runner itself fails while the other still runs
+            raise RuntimeError("the slot's child could not be watched")
+        release.wait(5)
+        return TrialResult(status="ok", wall_s=1.0)
+
+    specs = [replace(_spec(), micro_batch=m) for m in (1, 2)]
+
+    def start(spec: TrialSpec) -> Begun[TrialSpec]:
+        return Begun(spec)
+
+    def end(spec: TrialSpec, token: object, done: Done) -> str:
+        release.set()
+        if done.error is not None:
+            raise done.error
+        ended.append(f"{spec.micro_batch}: {done.result.status}")  # type: ignore[union-attr]
+        return "kept"
+
+    slots = ThreadSlots([Slot(0, "cpu 0"), Slot(1, "cpu 1")], run)
+    got = []
+    with pytest.raises(RuntimeError, match="could not be watched"):
+        for item, value in dispatch(slots, specs, start, end):
+            got.append((item.micro_batch, value))
+    assert ended == ["2: ok"] and got == [(2, "kept")]
+
+
+def _spec() -> TrialSpec:
+    from autotune.memory import probe_spec
+
+    p = plan()
+    return probe_spec(p.workload, "cpu", CLASSES[0], 1, p.budget_bytes, 60.0)
+
+
+def test_ctrl_c_kills_the_running_children_and_records_none_as_a_result() -> None:
+    killed = threading.Event()
+
+    class _Killable(Child):
+        pid = 0
+
+        def kill(self) -> None:
+            killed.set()
+
+    def run(spec: TrialSpec, slot: Slot, on_start: Callable[[Child], None]) -> TrialResult:
+        on_start(_Killable())
+        killed.wait(5)  # a child runs until it is killed
+        return TrialResult(status="crash", message="child killed by SIGKILL", wall_s=1.0)
+
+    seen: list[Done] = []
+
+    def start(spec: TrialSpec) -> Begun[TrialSpec]:
+        if spec.micro_batch == 2:  # Ctrl-C while the first one runs
+            raise KeyboardInterrupt
+        return Begun(spec)
+
+    def end(spec: TrialSpec, token: object, done: Done) -> None:
+        seen.append(done)
+        if done.error is not None:
+            raise done.error
+
+    specs = [replace(_spec(), micro_batch=m) for m in (1, 2)]
+    slots = ThreadSlots([Slot(0, "cpu 0"), Slot(1, "cpu 1")], run)
+    with pytest.raises(KeyboardInterrupt):
+        list(dispatch(slots, specs, start, end))
+    assert killed.is_set()  # not left to run out its timeout
+    # The killed run's crash says nothing of its candidate: it ends as interrupted.
+    assert [(d.result, type(d.error)) for d in seen] == [(None, KeyboardInterrupt)]
+
+
+@pytest.mark.subprocess
+def test_a_real_parallel_search_pins_every_child_and_says_its_cost(tmp_path: Path) -> None:
+    if CORES < 2:
+        pytest.skip("needs 2 cores")
+    tuned = autotune.search(TINY, target_batch=4, device="cpu", parallel=2,
+                            precisions=["fp32"], compile_modes=["off"], out=tmp_path,
+                            settings=autotune.search.SearchSettings(cache=False,
+                                                                    num_timed_steps=3))
+    runs = tuned.config.runs
+    cores = sorted(os.sched_getaffinity(0))
+    labels = {f"cpu {cores[0]}", f"cpu {cores[1]}"}
+    assert runs and {r.slot for r in runs} <= labels and f"cpu {cores[0]}" in {
+        r.slot for r in runs}  # every run pinned: one made alone on the first slot
+    cost = tuned.config.cost
+    assert cost is not None and cost.parallel == 2 and cost.wall_s and cost.device_s
+    assert "on 2 slots at once" in cost.describe()
+
+
+def test_a_parallel_search_from_a_later_cuda_device_is_refused_with_the_way_to_choose() -> None:
+    from autotune.api import TuneRequest
+    from autotune.names import FLAGS
+    from tests.scripted import GPU
+
+    request = TuneRequest(target_batch=8, parallel=2)
+    later = replace(GPU, device="cuda:3")
+    said = request._parallel_problems(later, 8, FLAGS)
+    assert said == ["--device cuda:3 with --parallel 2: a parallel search runs on the first 2 "
+                    "visible devices, not from cuda:3; choose them with CUDA_VISIBLE_DEVICES "
+                    "(e.g. CUDA_VISIBLE_DEVICES=3,4) and --device cuda"]
+    assert request._parallel_problems(GPU, 8, FLAGS) == []
+    assert "is more than this machine runs at once: 1 CUDA device(s)" in \
+        request._parallel_problems(GPU, 1, FLAGS)[0]
+
+
+def test_cpu_slots_share_the_memory_the_default_budget_split_and_a_larger_one_refused(
+        tmp_path: Path) -> None:
+    from autotune.api import TuneRequest, env
+    from autotune.config import WorkloadSpec
+
+    info = env("cpu")
+    spec = WorkloadSpec(kind="file", target=TINY)
+    _, one, *_ = TuneRequest(workload=spec, target_batch=2, device="cpu").validate(info)
+    _, two, *_ = TuneRequest(workload=spec, target_batch=2, device="cpu",
+                             parallel=2).validate(info)
+    assert two.budget_bytes == min(one.budget_bytes, info.available_memory_bytes // 2)
+    assert "split between 2 children at once (parallel=2)" in two.note
+    result = _cli("--parallel", "2", "--memory-budget", "95%", "--out", str(tmp_path))
+    assert result.exit_code == 2, result.output
+    assert "2 children at once on the CPU share its memory" in " ".join(result.output.split())
