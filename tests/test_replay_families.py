@@ -26,6 +26,7 @@ from replay_families import (  # noqa: E402
     REPLAY_SEEDS,
     SYNTHETIC,
     budget_shrink,
+    precision_swap,
     stall,
     synthetic_table,
     variants,
@@ -185,6 +186,25 @@ def test_budget_shrink_without_micro_batch_1_applies_where_the_baseline_still_fi
         replace(r, peak_bytes=r.peak_bytes + 2000 * MIB) for r in e.runs])
         if k.startswith("fp32/off/") else e for k, e in no_one.entries.items()})
     assert budget_shrink(heavy, 0.25, 0) is None
+
+
+def test_precision_swap_swaps_a_candidate_without_a_twin_like_its_kin() -> None:
+    """A bf16 candidate whose fp32 twin was not recorded (a micro-batch only bf16 fits, a knob
+    value recorded for one precision) is swapped like its own setting's nearest micro-batch,
+    else its class: before, it kept its speed and became a best no machine has (bf16 with a
+    fused optimizer 9x bf16 without it on the precision-swapped GPU table)."""
+    base = hand_table()
+    lone = Entry("bf16/default+opt=fused/4", 1, runs=[
+        replace(base.entries["bf16/default/4"].runs[0])])
+    base = replace(base, entries={**{k: e for k, e in base.entries.items()
+                                     if k != "fp32/off/4"}, lone.key: lone})
+    t = precision_swap(base, 1.0, 0)
+    # its class was swapped to fp32's speed: so is it (it ran as bf16/default/4 did)
+    assert t.truth(lone.key) == pytest.approx(t.truth("bf16/default/4"), rel=0.1)
+    # a micro-batch whose twin is missing follows its setting's nearest micro-batch
+    ratio = t.truth("bf16/off/4") / base.truth("bf16/off/4")
+    assert ratio == pytest.approx(t.truth("bf16/off/2") / base.truth("bf16/off/2"), rel=0.1)
+    assert ratio < 0.8
 
 
 def test_the_develop_and_judge_sets_share_no_family_parameter_and_seed() -> None:
