@@ -7,8 +7,12 @@ Three of its answers were biased before issue 59 and are not now:
 - **Steps scatter one-sided.** A run's steps scatter about its recorded median as its recorded
   spread (p90 - p10 over the median) says, skewed to the slow side: step = median x exp(s x
   (|Z| - 0.674)), Z normal, s = spread / 1.519 (a half-normal's p90 - p10), so the median and
-  the spread are the recorded ones and no step runs more than exp(-0.674 s) below the median.
-  Before, the scatter was symmetric: a run whose spread came from a few stalled steps had steps
+  the spread are the recorded ones. The fast side scatters by the table's typical spread at
+  most (the median over its ok runs: ``typical_spread``): a spread that came from stalled steps
+  slows steps, it does not draw them faster (since 2026-11-29; before, no step ran more than
+  exp(-0.674 s) below the median, which for deep_gpt-epyc-50MiB's fp32/off/2, a run of spread
+  6.5, was 0.055x: its replayed runs came out 1.5-2x its truth and won the pick). Before issue
+  59, the scatter was symmetric: a run whose spread came from a few stalled steps had steps
   drawn as much faster as its stalls were slower.
 - **A cold compile's wall is charged.** The first run of a compiled graph in a search
   (``Candidate.graph``: knobs outside the graph share it) and every run compiled afresh
@@ -79,6 +83,9 @@ class ReplayDevice:
         walls = [r.wall_s for e in self.table.entries.values() for r in e.runs if r.wall_s]
         self.missing_wall_s = statistics.median(walls) if walls else 0.0
         self.cold_extra_s = cold_extra_s(self.table)
+        spreads = [r.spread for e in self.table.entries.values() for r in e.runs
+                   if r.status == "ok" and r.spread]
+        self.typical_spread = statistics.median(spreads) if spreads else 0.0
 
     def clock(self) -> float:
         return self.now_s
@@ -158,7 +165,9 @@ class ReplayDevice:
         z = self.rng.gauss(0.0, 1.0)
         if not self.one_sided:
             return math.exp(z * spread / P10_SD)
-        return math.exp(spread / HALF_P10_P90 * (abs(z) - HALF_MEDIAN))
+        above = abs(z) - HALF_MEDIAN  # > 0: the slow side, the whole spread
+        width = spread if above > 0 else min(spread, self.typical_spread)
+        return math.exp(width / HALF_P10_P90 * above)
 
     def _result(self, spec: TrialSpec, why: str, peak: int | None, times: tuple,
                 wall: float, entry: Entry | None, info: dict) -> TrialResult:

@@ -15,7 +15,9 @@ precision swap where only fp32 was recorded, gives none and says so):
   more below 1, less above), its wall seconds by the same seconds; truth follows.
 - ``precision-swap``: each bf16 candidate's step times exchanged with its fp32 twin's (same
   knobs and micro-batch), the parameter the share of the log-ratio exchanged (1: a full swap);
-  peaks stay (memory does not follow speed). Truth follows.
+  a candidate without a twin is swapped like its setting's nearest micro-batch, else its
+  class (``_lone_factor``; since 2026-11-29); peaks stay (memory does not follow speed).
+  Truth follows.
 - ``budget-shrink``: the usable budget set at the parameter's quantile of the fitting peaks (the
   fit boundary moves down; runs whose peak exceeds the new cap become ``oom``); truth stays.
   Not applicable to a table without micro-batch 1 (the GPU tables start at 8) where the
@@ -200,7 +202,25 @@ def precision_swap(base: Table, share: float, seed: int) -> Table | None:
             factors[k] = (mine / theirs) ** share
     if not any(k.startswith("bf16/") for k in factors):
         return None  # no bf16 twin recorded (an fp32-only table)
-    return _with_truths(_map_runs(t, lambda k: factors.get(k, 1.0)))
+    return _with_truths(_map_runs(t, lambda k: factors.get(k) or _lone_factor(k, factors)))
+
+
+def _lone_factor(key: str, factors: dict[str, float]) -> float:
+    """A candidate without a twin of the other precision (one fits a micro-batch the other
+    does not, or a knob value was recorded for one only) is swapped like its nearest twinned
+    kin: its own setting at the nearest micro-batch, else its class (precision x compile
+    mode) by the geometric mean of its factors, else 1. Before 2026-11-29 it kept its speed,
+    so the swapped table had, e.g., bf16 with a fused optimizer 9x bf16 without it on the
+    GPU (every other bf16 run swapped to fp32's speed, fused's twin unrecorded): a table no
+    machine has, whose best no search that bounds a knob's gain times."""
+    c = Candidate.from_key(key)
+    same = [(abs(math.log(d.micro_batch / c.micro_batch)), f) for k, f in factors.items()
+            if (d := Candidate.from_key(k)).knobs == c.knobs]
+    if same:
+        return min(same)[1]
+    kin = [f for k, f in factors.items() if (d := Candidate.from_key(k)).knobs.precision
+           == c.knobs.precision and d.knobs.compile_mode == c.knobs.compile_mode]
+    return math.exp(statistics.fmean(math.log(f) for f in kin)) if kin else 1.0
 
 
 def budget_shrink(base: Table, quantile: float, seed: int) -> Table | None:

@@ -26,6 +26,7 @@ from replay_families import (  # noqa: E402
     REPLAY_SEEDS,
     SYNTHETIC,
     budget_shrink,
+    precision_swap,
     stall,
     synthetic_table,
     variants,
@@ -143,6 +144,24 @@ def test_a_runs_steps_scatter_only_a_little_faster_than_its_median() -> None:
     assert sorted(steps)[len(steps) // 2] == pytest.approx(1.0, abs=0.03)
 
 
+def test_a_stalled_runs_steps_scatter_faster_only_by_the_tables_typical_spread() -> None:
+    """One recorded run of spread 6.5 (stalled steps) among runs of spread 0.05: its steps
+    scatter slower by its own spread, faster only by the typical one, so its replayed runs
+    do not come out faster than it ran (before: steps down to 0.055x the median, and runs of
+    deep_gpt-epyc-50MiB's fp32/off/2 1.5-2x its truth, picked over the best)."""
+    t = hand_table(spread=0.05)
+    key = "fp32/off/4"
+    stalled = replace(t.entries[key].runs[0], spread=6.5)
+    t = replace(t, entries={**t.entries, key: replace(t.entries[key], runs=[stalled])})
+    device = ReplayDevice(t, 1)
+    median = stalled.median_s
+    runs = [device(spec_of(key)) for _ in range(100)]
+    steps = [s / median for r in runs for s in r.step_times_s]
+    assert min(steps) >= math.exp(-HALF_MEDIAN * 0.05 / HALF_P10_P90) - 1e-12
+    assert max(steps) > 3.0
+    assert min(r.median_step_s() / median for r in runs if r.median_step_s()) >= 0.97
+
+
 def test_a_compiled_graphs_first_run_pays_a_cold_compile() -> None:
     t = hand_table(sources=("a", "b"))  # compiled overheads 10 s (warm) and 40 s (cold)
     for seed in range(6):
@@ -185,6 +204,25 @@ def test_budget_shrink_without_micro_batch_1_applies_where_the_baseline_still_fi
         replace(r, peak_bytes=r.peak_bytes + 2000 * MIB) for r in e.runs])
         if k.startswith("fp32/off/") else e for k, e in no_one.entries.items()})
     assert budget_shrink(heavy, 0.25, 0) is None
+
+
+def test_precision_swap_swaps_a_candidate_without_a_twin_like_its_kin() -> None:
+    """A bf16 candidate whose fp32 twin was not recorded (a micro-batch only bf16 fits, a knob
+    value recorded for one precision) is swapped like its own setting's nearest micro-batch,
+    else its class: before, it kept its speed and became a best no machine has (bf16 with a
+    fused optimizer 9x bf16 without it on the precision-swapped GPU table)."""
+    base = hand_table()
+    lone = Entry("bf16/default+opt=fused/4", 1, runs=[
+        replace(base.entries["bf16/default/4"].runs[0])])
+    base = replace(base, entries={**{k: e for k, e in base.entries.items()
+                                     if k != "fp32/off/4"}, lone.key: lone})
+    t = precision_swap(base, 1.0, 0)
+    # its class was swapped to fp32's speed: so is it (it ran as bf16/default/4 did)
+    assert t.truth(lone.key) == pytest.approx(t.truth("bf16/default/4"), rel=0.1)
+    # a micro-batch whose twin is missing follows its setting's nearest micro-batch
+    ratio = t.truth("bf16/off/4") / base.truth("bf16/off/4")
+    assert ratio == pytest.approx(t.truth("bf16/off/2") / base.truth("bf16/off/2"), rel=0.1)
+    assert ratio < 0.8
 
 
 def test_the_develop_and_judge_sets_share_no_family_parameter_and_seed() -> None:
