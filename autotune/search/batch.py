@@ -21,6 +21,7 @@ from typing import Any
 from autotune.config import TrialResult, TrialSpec
 from autotune.schema import RunKind, TrialRecord
 from autotune.search._records import Candidate, classify
+from autotune.search.claims import Elsewhere
 from autotune.search.executor import Executor, Proposal, Stop
 from autotune.search.slots import Begun, Done, Slot, dispatch
 
@@ -32,7 +33,13 @@ def measure_all(ex: Executor, specs: Sequence[TrialSpec]) -> None:
     """Each spec measured (``Executor.measure``): in order with one slot; at once on the
     free slots with several, each told as it ends."""
     if ex.slots is None:
-        for spec in specs:
+        later = []
+        for spec in specs:  # in a joined study, what another node runs now is heard last
+            try:
+                ex.measure(spec, wait=not ex.settings.join)
+            except Elsewhere:
+                later.append(spec)
+        for spec in later:
             ex.measure(spec)
         return
 

@@ -1,0 +1,91 @@
+"""``--join``: one study shared by the searches of several nodes through PostgreSQL.
+
+Each node is its own coordinator process (tests/join_node.py: a scripted device, no
+training) on a throwaway PostgreSQL cluster (test_storage's fixture; skipped where
+``initdb`` is missing). Together they run each candidate once; a node killed mid-run leaves
+its claim to go stale, and another node fails it and runs the candidate again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune.search import run_search
+from tests.scripted import CLASSES, ScriptedDevice, plan
+from tests.scripted import SETTINGS as IN_MEMORY
+from tests.test_storage import Cluster, postgres  # noqa: F401  (the fixture)
+from tests.test_store import SPEEDS, winner
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _node(url: str, study: str, out: Path, hang: str = "") -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "tests.join_node", url, study, str(out),
+                             *([hang] if hang else [])], cwd=ROOT, stderr=subprocess.PIPE)
+
+
+def _first_runs(ran: list[list[str]]) -> Counter[tuple[str, str]]:
+    """The probes and first timings a node made (re-measures of its finalists are its own)."""
+    return Counter((kind, cand) for kind, cand in ran if kind != "re-measure")
+
+
+@pytest.mark.subprocess
+def test_two_nodes_share_one_study_and_together_run_each_candidate_once(
+        postgres: Cluster, tmp_path: Path) -> None:  # noqa: F811
+    url = postgres.readme_url()
+    solo = run_search(plan(), CLASSES, replace(IN_MEMORY, storage=url, study_name="solo",
+                                               join=True), run=ScriptedDevice(SPEEDS))
+    alone = _first_runs([[r.kind, f"{r.knobs.label()}/{r.micro_batch}"] for r in solo.runs])
+    nodes = [_node(url, "pair", tmp_path / f"{n}.json") for n in "ab"]
+    for node in nodes:
+        assert node.wait(timeout=240) == 0, node.stderr.read().decode()[-3000:] \
+            if node.stderr else ""
+    a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in "ab")
+    together = _first_runs(a["ran"]) + _first_runs(b["ran"])
+    assert max(together.values()) == 1, together  # no probe or timing made twice
+    assert set(together) == set(alone)  # and none left out
+    assert a["winner"] == b["winner"] == winner(solo) == "bf16/default/32"
+
+
+@pytest.mark.subprocess
+def test_a_node_killed_mid_run_has_its_claim_failed_by_the_heartbeat_and_run_again(
+        postgres: Cluster, tmp_path: Path) -> None:  # noqa: F811
+    url = postgres.readme_url()
+    first = run_search(plan(), CLASSES, IN_MEMORY, run=ScriptedDevice(SPEEDS)).runs[0]
+    hang = f"{first.knobs.label()}/{first.micro_batch}"
+    dead = _node(url, "killed", tmp_path / "dead.json", hang)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "dead.json.hang").exists():  # its claim is written, its run begun
+        assert dead.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    os.kill(dead.pid, signal.SIGKILL)
+    dead.wait()
+    other = _node(url, "killed", tmp_path / "other.json")
+    assert other.wait(timeout=240) == 0, other.stderr.read().decode()[-3000:] \
+        if other.stderr else ""
+    out = json.loads((tmp_path / "other.json").read_text())
+    assert out["winner"] == "bf16/default/32"
+    assert [first.kind, hang] in out["ran"]  # run again, here
+    study = optuna.load_study(study_name="killed", storage=url)
+    runs_of = [t for t in study.get_trials(deepcopy=False)
+               if t.user_attrs.get("kind") == first.kind
+               and t.user_attrs.get("candidate") == hang]
+    states = sorted((t.state.name, t.user_attrs["claimed_by"].rsplit(":", 1)[1])
+                    for t in runs_of)
+    assert states == sorted([("FAIL", str(dead.pid)),
+                             ("COMPLETE" if first.kind == "trial" else "PRUNED",
+                              str(other.pid))])
+    assert (f"(claimed by {runs_of[0].user_attrs['claimed_by'].rsplit(':', 1)[0]}:{dead.pid}) "
+            "was failed (its heartbeat stopped) and its candidate run again") in out["note"]
+
