@@ -5,7 +5,8 @@ search (tests.scripted, no training) on the PostgreSQL study named on the comman
 
 Each child run takes ``RUN_S``; a run of the candidate ``HANG`` (``label/micro_batch``) first
 writes ``OUT.json.hang`` and then sleeps until killed (a node that dies mid-run). Heartbeats
-every second, a claim stale after 3 s. Writes what it ran and what it picked to OUT.json.
+every second, a claim stale after 3 s. Writes what it ran, what it picked and who writes the outputs
+(``Ledger.outputs_by``: '' when this node does) to OUT.json.
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ def main(url: str, study: str, out: str, hang: str = "") -> None:
     with warnings.catch_warnings(record=True):
         outcome = run_search(plan(), CLASSES, settings, run=run)
     config = tuned_config(plan(), outcome, settings)
+    writer = outcome.ledger.outputs_by() if outcome.ledger is not None else "?"
     Path(out).write_text(json.dumps({
         "winner": f"{config.knobs.label()}/{config.micro_batch}",
         "ran": [[r.kind, f"{r.knobs.label()}/{r.micro_batch}"] for r in outcome.runs
                 if r.stored_at is None],
-        "note": outcome.study.note if outcome.study is not None else ""}))
+        "note": outcome.study.note if outcome.study is not None else "",
+        "outputs_by": writer, "me": claims.who()}))
 
 
 if __name__ == "__main__":

@@ -20,8 +20,11 @@ from pathlib import Path
 
 import optuna
 import pytest
+from typer.testing import CliRunner
 
-from autotune.search import run_search
+from autotune.cli import app
+from autotune.errors import ConfigError
+from autotune.search import SearchSettings, run_search
 from tests.scripted import CLASSES, ScriptedDevice, plan
 from tests.scripted import SETTINGS as IN_MEMORY
 from tests.test_storage import Cluster, postgres  # noqa: F401  (the fixture)
@@ -56,6 +59,12 @@ def test_two_nodes_share_one_study_and_together_run_each_candidate_once(
     assert max(together.values()) == 1, together  # no probe or timing made twice
     assert set(together) == set(alone)  # and none left out
     assert a["winner"] == b["winner"] == winner(solo) == "bf16/default/32"
+    # The outputs: written by the first node to end, once; the other names it.
+    assert (a["outputs_by"], b["outputs_by"]) in (("", a["me"]), (b["me"], ""))
+    # A search of the study that begins after they ended (a resume) writes its own.
+    third = tmp_path / "c.json"
+    assert _node(url, "pair", third).wait(timeout=240) == 0
+    assert json.loads(third.read_text())["outputs_by"] == ""
 
 
 @pytest.mark.subprocess
@@ -89,3 +98,56 @@ def test_a_node_killed_mid_run_has_its_claim_failed_by_the_heartbeat_and_run_aga
     assert (f"(claimed by {runs_of[0].user_attrs['claimed_by'].rsplit(':', 1)[0]}:{dead.pid}) "
             "was failed (its heartbeat stopped) and its candidate run again") in out["note"]
 
+
+
+@pytest.mark.parametrize(("extra", "said"), [
+    ([], "--join shares one study between the nodes' searches through the store every node "
+         "reaches: add --storage postgresql+psycopg2://user:pass@db-host/autotune and "
+         "--study-name NAME"),
+    (["--storage", "sqlite:////shared/autotune.db"],
+     "--join needs a PostgreSQL --storage, got a sqlite:// URL (SQLite's locking is unsafe "
+     "over a network file system"),
+    (["--storage", "postgresql+psycopg2://u:secret@db-host/autotune", "--parallel", "2"],
+     "--join runs one child at a time on each node for now, got --parallel 2"),
+])
+def test_join_without_a_postgresql_storage_or_with_parallel_is_refused_before_anything_runs(
+        extra: list[str], said: str, tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["search", "--join", "--device", "cpu", "--out",
+                                      str(tmp_path), *extra])
+    words = " ".join(result.stderr.split())
+    assert result.exit_code == 2 and said in words, words
+    assert "secret" not in words and not list(tmp_path.iterdir())
+
+
+def test_join_from_python_is_refused_in_its_keywords() -> None:
+    import autotune
+
+    with pytest.raises(ConfigError) as info:
+        autotune.search(target_batch=8, device="cpu", settings=SearchSettings(join=True))
+    assert str(info.value).startswith(
+        "join=True shares one study between the nodes' searches through the store every node "
+        "reaches: add storage='postgresql+psycopg2://user:pass@db-host/autotune' and "
+        "study_name='NAME'"), str(info.value)
+
+
+@pytest.mark.subprocess
+def test_a_joined_search_whose_server_goes_away_goes_on_locally_and_says_so(
+        postgres: Cluster) -> None:  # noqa: F811
+    settings = replace(IN_MEMORY, storage=postgres.readme_url(), study_name="gone", join=True)
+    device = ScriptedDevice(SPEEDS)
+
+    def run(spec):
+        if len(device.specs) == 3:
+            postgres.ctl("-m", "fast", "stop")
+        return device(spec)
+
+    try:
+        with pytest.warns(UserWarning, match="its server cannot be reached"):
+            outcome = run_search(plan(), CLASSES, settings, run=run)
+    finally:
+        postgres.start()  # for whichever test runs next
+    alone = run_search(plan(), CLASSES, IN_MEMORY, run=ScriptedDevice(SPEEDS))
+    assert not outcome.interrupted and winner(outcome) == winner(alone) == "bf16/default/32"
+    assert outcome.num_runs == alone.num_runs  # every run made here, none waited for
+    assert outcome.study is not None and "the search goes on without it" in outcome.study.note
+    assert outcome.ledger is not None and outcome.ledger.outputs_by() == ""  # writes its own

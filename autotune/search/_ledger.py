@@ -180,6 +180,18 @@ class Ledger:
             time.sleep(claims.POLL_S)
         return asked
 
+    def outputs_by(self) -> str:
+        """In a joined study, the node that writes the outputs when it is another ('': this
+        one; also without a joined study, or once the store failed: each node then writes
+        its own)."""
+        if self.claims is None or self._study is None:
+            return ""
+        try:
+            return self.claims.outputs()
+        except Exception as exc:
+            self._failed("claiming the outputs", exc)
+            return ""
+
     def release(self, asked: _study.Asked | None) -> None:
         """A claimed run that did not start (a limit stopped it): its claim failed, so
         another node may run it."""

@@ -26,6 +26,7 @@ import threading
 import warnings
 import zlib
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import TrialSpec
@@ -40,6 +41,8 @@ HEARTBEAT_S = 5
 GRACE_S = 30
 """A claim whose heartbeat is older than this is failed and its candidate run again: long
 enough for a loaded database server, short against a child run."""
+OUTPUTS_ATTR = "outputs_written_by"
+"""The study attribute naming the node that writes the joined searches' outputs, and when."""
 POLL_S = 1.0
 """Seconds between looks at a candidate another node runs, while its result is waited for."""
 EXAMPLE_URL = "postgresql+psycopg2://user:pass@db-host/autotune"
@@ -68,8 +71,9 @@ def check_join(join: bool, storage: str | None, name: Names = KEYWORDS) -> list[
     them atomic)."""
     if not join:
         return []
+    join_flag = name.given("join", True)
     if not storage:
-        return [f"{name('join')} shares one study between the nodes' searches through the "
+        return [f"{join_flag} shares one study between the nodes' searches through the "
                 f"store every node reaches: add {name.given('storage', EXAMPLE_URL)} "
                 f"and {name.given('study_name', 'NAME')}"]
     scheme = storage.partition("://")[0].split("+")[0].lower()
@@ -77,8 +81,8 @@ def check_join(join: bool, storage: str | None, name: Names = KEYWORDS) -> list[
         why = ("SQLite's locking is unsafe over a network file system, and a file on one node "
                "is not reached by the others" if scheme == "sqlite" else
                "claims are made atomic with PostgreSQL's advisory locks")
-        return [f"{name('join')} needs a PostgreSQL {name('storage')}, got a {scheme or '?'}:// "
-                f"URL ({why}): pass e.g. "
+        return [f"{join_flag} needs a PostgreSQL {name('storage')}, got a "
+                f"{scheme or '?'}:// URL ({why}): pass e.g. "
                 f"{name.given('storage', EXAMPLE_URL)}"]
     return []
 
@@ -132,6 +136,8 @@ class Claims:
         self.failed: list[str] = []
         """Claims failed because their heartbeat stopped: ``candidate (claimed by host:pid)``."""
         getattr(storage, "_backend", storage).heartbeat_stale_trial_callback = self._stale
+        with self._engine.connect() as conn:  # the server's clock: nodes' clocks may differ
+            self.opened = conn.execute(text("select now()")).scalar_one()
 
     def claim(self, candidate: str, kinds: tuple[str, ...], trial: optuna.trial.FrozenTrial
               ) -> Claimed | Taken:
@@ -162,6 +168,21 @@ class Claims:
                          name=f"autotune-heartbeat-{trial_id}").start()
         return claimed
 
+    def outputs(self) -> str:
+        """Who writes this search's outputs: '' when this node does (the first of the joined
+        searches to end, since this one opened the study; said in the study, attribute
+        ``outputs_written_by``), else the node that does (``host:pid``)."""
+        from sqlalchemy import text
+
+        with self._engine.connect() as conn, conn.begin():
+            conn.execute(self._lock_sql, {"key": self._key})
+            now = conn.execute(text("select now()")).scalar_one()
+            before = self.study.user_attrs.get(OUTPUTS_ATTR)
+            if isinstance(before, dict) and _after(before.get("at"), self.opened):
+                return str(before.get("by", "?"))
+            self.study.set_user_attr(OUTPUTS_ATTR, {"by": who(), "at": now.isoformat()})
+        return ""
+
     def _stale(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         """A claim failed by its stopped heartbeat (``fail_stale_trials``): noted."""
         self.failed.append(f"{trial.user_attrs.get('candidate')} (claimed by "
@@ -184,6 +205,14 @@ def refuse_mismatch(exc: ConfigError) -> ConfigError:
     return ConfigError(f"{exc} (--join shares evidence only between nodes of the same device "
                        "kind and memory, torch version and memory budget: run each other kind "
                        "under its own --study-name)")
+
+
+def _after(stamp: object, opened: datetime) -> bool:
+    """Whether ``stamp`` (the outputs' claim, ISO text) is later than ``opened``."""
+    try:
+        return datetime.fromisoformat(str(stamp)) > opened
+    except (TypeError, ValueError):
+        return False
 
 
 def finish(study: optuna.Study, claimed: Claimed, trial: optuna.trial.FrozenTrial) -> None:
