@@ -24,18 +24,37 @@ from typer.testing import CliRunner
 
 from autotune.cli import app
 from autotune.errors import ConfigError
-from autotune.search import SearchSettings, run_search
-from tests.scripted import CLASSES, ScriptedDevice, plan
+from autotune.search import SearchSettings, run_search, tuned_config
+from tests.scripted import CLASSES, VALUES, KnobDevice, ScriptedDevice, by_class, plan
 from tests.scripted import SETTINGS as IN_MEMORY
 from tests.test_storage import Cluster, postgres  # noqa: F401  (the fixture)
 from tests.test_store import SPEEDS, winner
 
+
+def winner_of(outcome: object) -> str:
+    """The pick of a search of the knobs (``winner`` says the class's)."""
+    config = tuned_config(plan(), outcome, IN_MEMORY)  # type: ignore[arg-type]
+    return f"{config.knobs.label()}/{config.micro_batch}"
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _node(url: str, study: str, out: Path, hang: str = "") -> subprocess.Popen[bytes]:
+def _node(url: str, study: str, out: Path, hang: str = "", width: int = 1
+          ) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "tests.join_node", url, study, str(out),
-                             *([hang] if hang else [])], cwd=ROOT, stderr=subprocess.PIPE)
+                             hang, str(width)], cwd=ROOT, stderr=subprocess.PIPE)
+
+
+def _fresh_database(postgres: Cluster, name: str) -> str:  # noqa: F811
+    """A new, empty database on the cluster: its URL."""
+    import psycopg2
+
+    db = psycopg2.connect(host="127.0.0.1", port=postgres.port, user=postgres.user,
+                          password=postgres.password, dbname="postgres")
+    db.autocommit = True
+    db.cursor().execute(f"create database {name}")
+    db.close()
+    return postgres.readme_url().rsplit("/", 1)[0] + f"/{name}"
 
 
 def _first_runs(ran: list[list[str]]) -> Counter[tuple[str, str]]:
@@ -65,6 +84,24 @@ def test_two_nodes_share_one_study_and_together_run_each_candidate_once(
     third = tmp_path / "c.json"
     assert _node(url, "pair", third).wait(timeout=240) == 0
     assert json.loads(third.read_text())["outputs_by"] == ""
+
+
+@pytest.mark.subprocess
+def test_two_nodes_of_two_slots_each_split_the_joint_screens_batches(
+        postgres: Cluster, tmp_path: Path) -> None:  # noqa: F811
+    speeds = by_class(100, 150, 160, 200, 300, 330)
+    solo = run_search(plan(), CLASSES, IN_MEMORY, values=VALUES, run=KnobDevice(speeds))
+    alone = _first_runs([[r.kind, f"{r.knobs.label()}/{r.micro_batch}"] for r in solo.runs])
+    url = _fresh_database(postgres, "slots")  # both open it at once: tables made once
+    nodes = [_node(url, "slots", tmp_path / f"{n}.json", width=2) for n in "ab"]
+    for node in nodes:
+        assert node.wait(timeout=280) == 0, node.stderr.read().decode()[-3000:] \
+            if node.stderr else ""
+    a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in "ab")
+    together = _first_runs(a["ran"]) + _first_runs(b["ran"])
+    assert max(together.values()) == 1, together
+    assert set(together) == set(alone)
+    assert a["winner"] == b["winner"] == winner_of(solo)
 
 
 @pytest.mark.subprocess
@@ -107,10 +144,8 @@ def test_a_node_killed_mid_run_has_its_claim_failed_by_the_heartbeat_and_run_aga
     (["--storage", "sqlite:////shared/autotune.db"],
      "--join needs a PostgreSQL --storage, got a sqlite:// URL (SQLite's locking is unsafe "
      "over a network file system"),
-    (["--storage", "postgresql+psycopg2://u:secret@db-host/autotune", "--parallel", "2"],
-     "--join runs one child at a time on each node for now, got --parallel 2"),
 ])
-def test_join_without_a_postgresql_storage_or_with_parallel_is_refused_before_anything_runs(
+def test_join_without_a_postgresql_storage_is_refused_before_anything_runs(
         extra: list[str], said: str, tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["search", "--join", "--device", "cpu", "--out",
                                       str(tmp_path), *extra])
@@ -151,3 +186,18 @@ def test_a_joined_search_whose_server_goes_away_goes_on_locally_and_says_so(
     assert outcome.num_runs == alone.num_runs  # every run made here, none waited for
     assert outcome.study is not None and "the search goes on without it" in outcome.study.note
     assert outcome.ledger is not None and outcome.ledger.outputs_by() == ""  # writes its own
+
+
+@pytest.mark.subprocess
+def test_a_node_of_another_device_or_budget_is_refused_saying_what_joined_nodes_share(
+        postgres: Cluster) -> None:  # noqa: F811
+    settings = replace(IN_MEMORY, storage=postgres.readme_url(), study_name="kinds", join=True)
+    run_search(plan(), CLASSES, settings, run=ScriptedDevice(SPEEDS))
+    other = replace(plan(), device=replace(plan().device, name="NVIDIA A100-SXM4-40GB"))
+    with pytest.raises(ConfigError) as info:
+        run_search(other, CLASSES, settings, run=ScriptedDevice(SPEEDS))
+    said = str(info.value)
+    assert "device: " in said and "'NVIDIA A100-SXM4-40GB' now" in said, said
+    assert said.endswith("(--join shares evidence only between nodes of the same device kind "
+                         "and memory, torch version and memory budget: run each other kind "
+                         "under its own --study-name)"), said

@@ -203,11 +203,6 @@ def check_settings(name: Names, *parts: TuneRequest | SearchSettings | None,
             f"{name.given('storage', redact(given['storage']))}: name another "
             f"{name('study_name')} to start that study afresh")
     problems += check_join(given.get("join") is True, given.get("storage"), name)
-    if given.get("join") is True and given.get("parallel", 1) not in (1, "1"):
-        problems.append(f"{name.given('join', True)} runs one child at a time on each node "
-                        f"for now, got "
-                        f"{name.given('parallel', given['parallel'])}: pass "
-                        f"{name.given('parallel', 1)} (each node claims its runs one by one)")
     if _text(given.get("storage")):
         try:
             check_storage(given["storage"], name)

@@ -204,25 +204,28 @@ def open_study(settings: SearchSettings, identity: dict[str, str],
     optuna = _optuna()
     name = settings.study_name or ("autotune" if settings.storage else None)
     shown = redact(settings.storage) if settings.storage else None
-    try:
-        study = optuna.create_study(storage=claims.shared_storage(settings.storage)
-                                    if settings.join and settings.storage else settings.storage,
-                                    study_name=name,
-                                    direction=direction, load_if_exists=True)
-    except Exception as exc:  # sqlalchemy and optuna raise many types for a bad URL
-        why = redact_text(str(exc).splitlines()[0] if str(exc) else "", settings.storage)
-        raise ConfigError(f"cannot open --storage {shown!r}: {type(exc).__name__}: {why}; use "
-                          "e.g. sqlite:///autotune.db or postgresql+psycopg2://user:pass@host/db"
-                          ) from None
-    try:
-        return _check_identity(study, name, shown, identity, direction)
-    except ConfigError as exc:
-        raise claims.refuse_mismatch(exc) if settings.join else exc from None
-    except Exception as exc:  # the storage failed while reading what the study holds
-        why = redact_text(str(exc).splitlines()[0] if str(exc) else "", settings.storage)
-        raise ConfigError(f"cannot open --storage {shown!r}: {type(exc).__name__}: {why}"
-                          ) from None
-
+    # Joined nodes open one at a time: Optuna's table creation, and a new study's identity,
+    # race on an empty database otherwise (a duplicate key, or two identities).
+    with claims.opening(settings.storage) if settings.join and settings.storage \
+            else contextlib.nullcontext():
+        try:
+            study = optuna.create_study(storage=claims.shared_storage(settings.storage)
+                                        if settings.join and settings.storage
+                                        else settings.storage, study_name=name,
+                                        direction=direction, load_if_exists=True)
+        except Exception as exc:  # sqlalchemy and optuna raise many types for a bad URL
+            why = redact_text(str(exc).splitlines()[0] if str(exc) else "", settings.storage)
+            raise ConfigError(f"cannot open --storage {shown!r}: {type(exc).__name__}: {why}; "
+                              "use e.g. sqlite:///autotune.db or "
+                              "postgresql+psycopg2://user:pass@host/db") from None
+        try:
+            return _check_identity(study, name, shown, identity, direction)
+        except ConfigError as exc:
+            raise claims.refuse_mismatch(exc) if settings.join else exc from None
+        except Exception as exc:  # the storage failed while reading what the study holds
+            why = redact_text(str(exc).splitlines()[0] if str(exc) else "", settings.storage)
+            raise ConfigError(f"cannot open --storage {shown!r}: {type(exc).__name__}: {why}"
+                              ) from None
 
 def _check_identity(study: optuna.Study, name: str | None, shown: str | None,
                     identity: dict[str, str], direction: str) -> optuna.Study:

@@ -20,11 +20,13 @@ the claimed trial (its attributes, constraint and state: several writes; ``_stud
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
 import warnings
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -85,6 +87,37 @@ def check_join(join: bool, storage: str | None, name: Names = KEYWORDS) -> list[
                 f"{scheme or '?'}:// URL ({why}): pass e.g. "
                 f"{name.given('storage', EXAMPLE_URL)}"]
     return []
+
+
+OPENING_KEY = zlib.crc32(b"autotune:opening")
+"""The advisory lock under which joined nodes open the database one at a time."""
+
+
+@contextlib.contextmanager
+def opening(url: str) -> Iterator[None]:
+    """Hold PostgreSQL's session advisory lock ``OPENING_KEY`` on ``url``'s database while
+    a node opens its study; a server that cannot be reached holds nothing (opening the study
+    then says why)."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.pool import NullPool
+
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        conn = engine.connect()
+    except Exception:  # said by the study's own opening
+        engine.dispose()
+        yield
+        return
+    try:
+        conn.execute(text("select pg_advisory_lock(:key)"), {"key": OPENING_KEY})
+        conn.commit()
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            conn.execute(text("select pg_advisory_unlock(:key)"), {"key": OPENING_KEY})
+            conn.commit()
+        conn.close()
+        engine.dispose()
 
 
 def shared_storage(url: str) -> optuna.storages.RDBStorage:

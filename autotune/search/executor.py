@@ -12,7 +12,6 @@ from the clock the replay sets), told to the study (a resumed search answers fro
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -21,11 +20,10 @@ from typing import Any
 from autotune.config import Knobs, StopReason, TrialResult, TrialSpec
 from autotune.lengths import POOL_STEPS
 from autotune.memory import OnStep, probe_spec
-from autotune.schema import RunKind, RunRecord, StudyRecord, TrialRecord
-from autotune.search._ledger import Ledger
+from autotune.schema import RunKind, RunRecord, TrialRecord
 from autotune.search._records import Candidate, SearchSettings, classify, run_record
-from autotune.search._store import open_local, study_key
-from autotune.search._study import Asked, open_study, redact, study_identity
+from autotune.search._store import open_search_study
+from autotune.search._study import Asked
 from autotune.search.claims import Elsewhere
 from autotune.search.evidence import Evidence, Interval
 from autotune.search.forecast import RunCount, forecast
@@ -40,11 +38,6 @@ OnTrial = Callable[[RunCount, str, Candidate, TrialRecord | None], None]
 None when starting)."""
 MIN_CHILD_S = 1.0
 """A child run needs at least this much of the time budget left to be started."""
-_SPACE_SETTINGS = frozenset((
-    "num_timed_steps", "rank_precision", "min_timed_s", "micro_batches_per_class",
-    "refine_within", "slower_factor", "stop_margin", "num_confirm", "confirm_within",
-    "timeout_s"))
-"""Settings that change what a search measures: part of the local store's key."""
 
 
 @dataclass(frozen=True)
@@ -410,25 +403,3 @@ class Executor:
             self.on_trial(count, f"{self.stage} [{slot}]" if slot else self.stage,
                           candidate, rec)
 
-
-def open_search_study(ev: Evidence) -> Ledger:
-    """``--storage``'s study, or the local store's study for this search's key, or (with
-    ``--no-cache``) one in memory."""
-    settings, plan = ev.settings, ev.plan
-    direction = "minimize" if settings.train_steps else "maximize"
-    identity = study_identity(plan.report, settings)
-    if settings.storage is not None or not settings.cache:
-        study = open_study(settings, identity, direction)
-        return Ledger(study, StudyRecord(storage=redact(settings.storage or ""),
-                                         name=study.study_name if settings.storage else ""),
-                      shared=settings.join)
-    space = {
-        "classes": sorted(k.label() for k in plan.classes),
-        "values": {k: sorted(v) for k, v in sorted(plan.values.items())},
-        **{f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)
-           if f.name in _SPACE_SETTINGS}}
-    name, key = study_key(identity, space)
-    local = open_local(name, key, direction, fresh=settings.fresh)
-    return Ledger(local.study, StudyRecord(storage=local.storage or "",
-                                           name=name if local.storage else "",
-                                           note=local.note))
