@@ -116,6 +116,8 @@ class Ledger:
         if self._study is None:
             return
         self._study = None
+        if self.claims is not None:  # its claims are never finished: let them go stale
+            self.claims.stop_all()
         _, why = store_trouble(exc)
         line = _study.redact_text(
             f"{STORE_FAILED}{what}: {why}; the search goes on without it (the runs from here "

@@ -166,6 +166,8 @@ class Claims:
         self._engine = getattr(storage, "_backend", storage).engine
         self._lock_sql = text("select pg_advisory_xact_lock(:key)")
         self._key = zlib.crc32(f"autotune:{study._study_id}".encode())
+        self.live: list[Claimed] = []
+        """The claims made here whose heartbeats may still beat (``stop_all``)."""
         self.failed: list[str] = []
         """Claims failed because their heartbeat stopped: ``candidate (claimed by host:pid)``."""
         getattr(storage, "_backend", storage).heartbeat_stale_trial_callback = self._stale
@@ -197,6 +199,7 @@ class Claims:
             trial_id = storage.create_new_trial(self.study._study_id, template_trial=trial)
             storage.record_heartbeat(trial_id)
         claimed = Claimed(trial_id)
+        self.live = [c for c in self.live if not c._stop.is_set()] + [claimed]
         threading.Thread(target=self._beat, args=(claimed,), daemon=True,
                          name=f"autotune-heartbeat-{trial_id}").start()
         return claimed
@@ -215,6 +218,12 @@ class Claims:
                 return str(before.get("by", "?"))
             self.study.set_user_attr(OUTPUTS_ATTR, {"by": who(), "at": now.isoformat()})
         return ""
+
+    def stop_all(self) -> None:
+        """Stop every heartbeat of this node (the search stopped using the store): a claim
+        it will never finish goes stale, and another node runs its candidate."""
+        for claimed in self.live:
+            claimed.stop()
 
     def _stale(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         """A claim failed by its stopped heartbeat (``fail_stale_trials``): noted."""
@@ -252,14 +261,16 @@ def finish(study: optuna.Study, claimed: Claimed, trial: optuna.trial.FrozenTria
     """End a claimed run: its trial gets ``trial``'s attributes, constraint and state (the
     state last: until then the claim is RUNNING, and a node that dies here leaves it to go
     stale and be run again)."""
-    claimed.stop()
     storage = study._storage
-    for key, value in trial.user_attrs.items():
-        storage.set_trial_user_attr(claimed.trial_id, key, value)
-    for key, value in trial.system_attrs.items():  # the constraint Optuna reads
-        storage.set_trial_system_attr(claimed.trial_id, key, value)
-    storage.set_trial_state_values(claimed.trial_id, trial.state,
-                                   None if trial.value is None else [trial.value])
+    try:  # beating until the state is written: a slow finish is no stale claim
+        for key, value in trial.user_attrs.items():
+            storage.set_trial_user_attr(claimed.trial_id, key, value)
+        for key, value in trial.system_attrs.items():  # the constraint Optuna reads
+            storage.set_trial_system_attr(claimed.trial_id, key, value)
+        storage.set_trial_state_values(claimed.trial_id, trial.state,
+                                       None if trial.value is None else [trial.value])
+    finally:
+        claimed.stop()
 
 
 def claim_trial(params: dict[str, object],
