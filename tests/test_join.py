@@ -201,3 +201,43 @@ def test_a_node_of_another_device_or_budget_is_refused_saying_what_joined_nodes_
     assert said.endswith("(--join shares evidence only between nodes of the same device kind "
                          "and memory, torch version and memory budget: run each other kind "
                          "under its own --study-name)"), said
+
+
+@pytest.mark.slow  # one real search of the tiniest workload, on the CPU
+@pytest.mark.subprocess
+def test_a_joined_search_ended_after_another_nodes_writes_no_outputs_and_names_it(
+        postgres: Cluster, tmp_path: Path) -> None:  # noqa: F811
+    """The outputs are written once: by the node whose search ends first. Here another node
+    (``node-b:1``) claims them while this search runs; this one writes nothing and says so."""
+    import psycopg2
+
+    from autotune import api
+    from tests.conftest import workload_target
+
+    url = _fresh_database(postgres, "outputs")
+
+    def other_node_ends_first(*_: object) -> None:
+        study = optuna.load_study(study_name="tiny", storage=url)
+        if "outputs_written_by" in study.user_attrs:
+            return
+        db = psycopg2.connect(host="127.0.0.1", port=postgres.port, user=postgres.user,
+                              password=postgres.password, dbname="postgres")
+        with db, db.cursor() as cur:
+            cur.execute("select now()")
+            [(now,)] = cur.fetchall()
+        db.close()
+        study.set_user_attr("outputs_written_by", {"by": "node-b:1", "at": now.isoformat()})
+
+    with pytest.warns(UserWarning, match="the outputs are written by node-b:1, the first of "
+                                         "the joined searches to end"):
+        request = api.TuneRequest(
+            workload=api.workload_spec(workload=workload_target("tiny")), target_batch=1,
+            device="cpu", precisions=("fp32",), compile_modes=("off",),
+            memory_budget="2GiB")
+        result = api.search(  # as the CLI calls it
+            request, out=tmp_path, on_trial=other_node_ends_first,
+            settings=SearchSettings(storage=url, study_name="tiny", join=True,
+                                    num_timed_steps=3, micro_batches_per_class=1))
+    assert result.path is None and list(tmp_path.iterdir()) == []
+    assert result.config.study is not None
+    assert (f"this node writes no {tmp_path / 'autotune.json'}") in result.config.study.note
