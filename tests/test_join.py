@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -39,10 +40,26 @@ def winner_of(outcome: object) -> str:
 ROOT = Path(__file__).resolve().parent.parent
 
 
+_STARTED: list[subprocess.Popen[bytes]] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_node_left() -> Iterator[None]:
+    """A node a failed test left waiting (e.g. on a claim never failed) is killed."""
+    yield
+    while _STARTED:
+        node = _STARTED.pop()
+        if node.poll() is None:
+            node.kill()
+            node.wait()
+
+
 def _node(url: str, study: str, out: Path, hang: str = "", width: int = 1
           ) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "tests.join_node", url, study, str(out),
+    node = subprocess.Popen([sys.executable, "-m", "tests.join_node", url, study, str(out),
                              hang, str(width)], cwd=ROOT, stderr=subprocess.PIPE)
+    _STARTED.append(node)
+    return node
 
 
 def _fresh_database(postgres: Cluster, name: str) -> str:  # noqa: F811
