@@ -20,6 +20,7 @@ from autotune.errors import ConfigError
 from autotune.knobs import KNOB, KNOBS
 from autotune.names import Names
 from autotune.search import SearchSettings, check_storage, redact
+from autotune.search.claims import check_join
 
 if TYPE_CHECKING:
     from autotune.api.request import TuneRequest
@@ -114,6 +115,7 @@ SEARCH: dict[str, Setting] = {
     "storage": Setting(what="a database URL", example="sqlite:///autotune.db", kind=_text,
                        optional=True),
     "study_name": Setting(what="a name", example="my-search", kind=_text, optional=True),
+    "join": Setting(what="True or False", example=True, kind=_switch),
     "cache": Setting(what="True or False", example=False, kind=_switch),
     "fresh": Setting(what="True or False", example=True, kind=_switch),
     "timeout_s": Setting(what="a positive number of seconds", example=900, kind=_number,
@@ -200,6 +202,7 @@ def check_settings(name: Names, *parts: TuneRequest | SearchSettings | None,
             f"{name('fresh')} applies to the local study store, not to "
             f"{name.given('storage', redact(given['storage']))}: name another "
             f"{name('study_name')} to start that study afresh")
+    problems += check_join(given.get("join") is True, given.get("storage"), name)
     if _text(given.get("storage")):
         try:
             check_storage(given["storage"], name)

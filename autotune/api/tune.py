@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -230,6 +231,9 @@ def search(
                                    ranks=plan.nproc_per_node, uncapped=outcome.uncapped,
                                    name=name)
         config, stop_reason = _finish(report, outcome, settings, started, guard)
+        writer = outcome.ledger.outputs_by() if outcome.ledger is not None else ""
+        if writer and path is not None:  # --join: the first node to end writes them, once
+            config, path = _written_elsewhere(config, writer, path), None
         if path is not None and script is not None:  # both checked before the search began
             runs_left = settings.max_trials - outcome.num_runs - len(config.memory.calibration)
             config, saved = with_compile_artifacts(
@@ -343,6 +347,17 @@ def _calibrate(report: ProbeReport, config: TunedConfig, timeout_s: float, runs_
                           growth_estimate_bytes=traced[point.micro_batch])
         calibration[label] = record
     return calibration, notes
+
+
+def _written_elsewhere(config: TunedConfig, writer: str, path: Path) -> TunedConfig:
+    """A joined search whose outputs another node writes (the first to end): ``path`` is
+    not written here, and the config's study note (the footer) and a warning say who does."""
+    line = (f"the outputs are written by {writer}, the first of the joined searches to end "
+            f"(--join): this node writes no {path}")
+    warnings.warn(line, stacklevel=3)
+    study = config.study
+    return replace(config, study=replace(study, note="; ".join(filter(None, (
+        study.note, line))))) if study is not None else config
 
 
 def _check_writable(path: Path, force: bool, name: Names) -> None:

@@ -131,6 +131,10 @@ def search(
         "--storage", help="Optuna RDB storage to resume or share, e.g. sqlite:///autotune.db.")
     ] = None,
     study_name: Annotated[Optional[str], typer.Option("--study-name")] = None,
+    join: Annotated[bool, typer.Option(
+        "--join", help="Share the --storage study (PostgreSQL) with the searches of other "
+                       "nodes: each claims a run before it starts, so together they run each "
+                       "candidate once.")] = False,
     no_cache: Annotated[bool, typer.Option(
         "--no-cache", help=(
             "Keep no runs: without --storage a search records them in the local study store "
@@ -188,7 +192,8 @@ def search(
             micro_batches_per_class=0 if micro_batches == "all" else int(micro_batches),
             time_budget_s=seconds(time_budget, "--time-budget") if time_budget else None,
             timeout_s=seconds(trial_timeout, "--trial-timeout"),
-            storage=storage, study_name=study_name, cache=not no_cache, fresh=fresh)
+            storage=storage, study_name=study_name, join=join, cache=not no_cache,
+            fresh=fresh)
         try:  # the device it runs on, named (a device not there: the search says so)
             info = api.env(device)
         except errors.ConfigError:

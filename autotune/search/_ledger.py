@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
+import time
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -19,8 +21,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from autotune.config import TrialResult
 from autotune.schema import STORE_FAILED, RunRecord, StudyRecord
-from autotune.search import _study
+from autotune.search import _study, claims
 from autotune.search._records import Candidate
+from autotune.serialize import from_json_dict
 
 if TYPE_CHECKING:
     import optuna
@@ -88,11 +91,15 @@ class Ledger:
     """The search's study, behind one seam: each call that touches the store turns its
     failure into "not cached" (a note, a warning once), never an error of the search."""
 
-    def __init__(self, study: optuna.Study, record: StudyRecord) -> None:
+    def __init__(self, study: optuna.Study, record: StudyRecord, *,
+                 shared: bool = False) -> None:
+        """``shared``: the study is joined by other nodes' searches (``--join``): each run
+        is claimed first (``claim``)."""
         self._study: optuna.Study | None = study
         self.record = record
         """What the search says of its study (``SearchOutcome.study``): its note grows."""
         self._shown = record.storage
+        self.claims = claims.Claims(study) if shared else None
 
     @property
     def ok(self) -> bool:
@@ -109,6 +116,8 @@ class Ledger:
         if self._study is None:
             return
         self._study = None
+        if self.claims is not None:  # its claims are never finished: let them go stale
+            self.claims.stop_all()
         _, why = store_trouble(exc)
         line = _study.redact_text(
             f"{STORE_FAILED}{what}: {why}; the search goes on without it (the runs from here "
@@ -143,14 +152,66 @@ class Ledger:
                 self._failed("reading its runs", exc)
         return []
 
+    def claim(self, candidate: Candidate, kind: Literal["trial", "probe"],
+              micro_batches: Sequence[int], *, wait: bool = True
+              ) -> _study.Asked | TrialResult | None:
+        """In a joined study, claim ``candidate``'s run before it starts (``claims``): this
+        node's run (its ``Asked``, to pass to ``running``), or the result another node
+        finished (no run here), or None when another node runs it now and ``wait`` is False
+        (with ``wait``, the result is waited for, and a claim gone stale is taken over).
+        Without a store (it failed) the run is this node's, unrecorded."""
+        asked = _study.ask(self._study, candidate, micro_batches)
+        while self._study is not None and self.claims is not None:
+            kinds = ("trial",) if kind == "trial" else ("probe", "trial")
+            try:
+                got = self.claims.claim(candidate.key(), kinds, claims.claim_trial(
+                    asked.params, asked.distributions, candidate.key(), kind))
+            except Exception as exc:
+                self._failed(f"claiming {candidate.key()}", exc)
+                break
+            for line in self.claims.failed:
+                self.note(f"the claim of {line} was failed (its heartbeat stopped) and its "
+                          "candidate run again")
+            self.claims.failed.clear()
+            if isinstance(got, claims.Claimed):
+                return replace(asked, claimed=got)
+            if got.attrs is not None:
+                return from_json_dict(TrialResult, json.loads(got.attrs["result"]))
+            if not wait:
+                return None
+            time.sleep(claims.POLL_S)
+        return asked
+
+    def outputs_by(self) -> str:
+        """In a joined study, the node that writes the outputs when it is another ('': this
+        one; also without a joined study, or once the store failed: each node then writes
+        its own)."""
+        if self.claims is None or self._study is None:
+            return ""
+        try:
+            return self.claims.outputs()
+        except Exception as exc:
+            self._failed("claiming the outputs", exc)
+            return ""
+
+    def release(self, asked: _study.Asked | None) -> None:
+        """A claimed run that did not start (a limit stopped it): its claim failed, so
+        another node may run it."""
+        if asked is not None and asked.claimed is not None and self._study is not None:
+            try:
+                _study.fail(self._study, asked)
+            except Exception as exc:
+                self._failed(f"releasing the claim of {asked.candidate.key()}", exc)
+
     @contextlib.contextmanager
-    def running(self, candidate: Candidate,
-                micro_batches: Sequence[int]) -> Iterator[_study.Asked | None]:
+    def running(self, candidate: Candidate, micro_batches: Sequence[int],
+                claimed: _study.Asked | None = None) -> Iterator[_study.Asked | None]:
         """The run of ``candidate`` beginning (None once the store failed), written when it
         ends (``tell``); a run that raises (Ctrl-C) is written failed. Only the store's own
-        failures are caught: what the run raises goes on up."""
-        asked = _study.ask(self._study, candidate, micro_batches) \
-            if self._study is not None else None
+        failures are caught: what the run raises goes on up. ``claimed``: its claim in a
+        joined study (``claim``), which its end finishes."""
+        asked = None if self._study is None else claimed if claimed is not None else \
+            _study.ask(self._study, candidate, micro_batches)
         try:
             yield asked
         except BaseException:

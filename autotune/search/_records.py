@@ -77,6 +77,9 @@ class SearchSettings:
     storage: str | None = None
     """An Optuna RDB URL to resume or share (``--storage``); None: the local study store."""
     study_name: str | None = None
+    join: bool = False
+    """Share ``storage``'s study with the searches of other nodes (``--join``): each
+    candidate is claimed before it runs, so together they run it once (``claims``)."""
     cache: bool = True
     """Without ``storage``, record runs in the local study store and reuse what it holds for
     the same key (``_store``); False: in memory only (``--no-cache``)."""

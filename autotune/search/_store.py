@@ -16,6 +16,7 @@ open, the search touches it only through its ``Ledger``, which turns any later f
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -30,11 +31,20 @@ from typing import IO, TYPE_CHECKING, Any
 from autotune import __version__
 from autotune.errors import ConfigError
 from autotune.files import not_a_file
-from autotune.search._ledger import inner_error, store_trouble
-from autotune.search._study import budget_moved
+from autotune.schema import StudyRecord
+from autotune.search._ledger import Ledger, inner_error, store_trouble
+from autotune.search._study import budget_moved, open_study, redact, study_identity
 
 if TYPE_CHECKING:
     import optuna
+
+    from autotune.search.evidence import Evidence
+
+_SPACE_SETTINGS = frozenset((
+    "num_timed_steps", "rank_precision", "min_timed_s", "micro_batches_per_class",
+    "refine_within", "slower_factor", "stop_margin", "num_confirm", "confirm_within",
+    "timeout_s"))
+"""Settings that change what a search measures: part of the local store's key."""
 
 STORE_NAME = "studies.db"
 KEY_ATTR = "autotune_key"
@@ -319,6 +329,29 @@ def clear_studies() -> list[Path]:
             raise ConfigError(f"cannot remove {path}: {exc.strerror or exc}") from exc
         removed.append(path)
     return removed
+
+
+def open_search_study(ev: Evidence) -> Ledger:
+    """``--storage``'s study, or the local store's study for this search's key, or (with
+    ``--no-cache``) one in memory."""
+    settings, plan = ev.settings, ev.plan
+    direction = "minimize" if settings.train_steps else "maximize"
+    identity = study_identity(plan.report, settings)
+    if settings.storage is not None or not settings.cache:
+        study = open_study(settings, identity, direction)
+        return Ledger(study, StudyRecord(storage=redact(settings.storage or ""),
+                                         name=study.study_name if settings.storage else ""),
+                      shared=settings.join)
+    space = {
+        "classes": sorted(k.label() for k in plan.classes),
+        "values": {k: sorted(v) for k, v in sorted(plan.values.items())},
+        **{f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)
+           if f.name in _SPACE_SETTINGS}}
+    name, key = study_key(identity, space)
+    local = open_local(name, key, direction, fresh=settings.fresh)
+    return Ledger(local.study, StudyRecord(storage=local.storage or "",
+                                           name=name if local.storage else "",
+                                           note=local.note))
 
 
 def _optuna() -> Any:

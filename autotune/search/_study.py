@@ -28,6 +28,7 @@ from autotune.errors import ConfigError
 from autotune.knobs import KNOBS, Knobs
 from autotune.names import KEYWORDS, Names
 from autotune.schema import RunRecord
+from autotune.search import claims
 from autotune.search._records import Candidate, SearchSettings, run_record
 from autotune.serialize import from_json_dict, to_json_dict
 
@@ -203,23 +204,28 @@ def open_study(settings: SearchSettings, identity: dict[str, str],
     optuna = _optuna()
     name = settings.study_name or ("autotune" if settings.storage else None)
     shown = redact(settings.storage) if settings.storage else None
-    try:
-        study = optuna.create_study(storage=settings.storage, study_name=name,
-                                    direction=direction, load_if_exists=True)
-    except Exception as exc:  # sqlalchemy and optuna raise many types for a bad URL
-        why = redact_text(str(exc).splitlines()[0] if str(exc) else "", settings.storage)
-        raise ConfigError(f"cannot open --storage {shown!r}: {type(exc).__name__}: {why}; use "
-                          "e.g. sqlite:///autotune.db or postgresql+psycopg2://user:pass@host/db"
-                          ) from None
-    try:
-        return _check_identity(study, name, shown, identity, direction)
-    except ConfigError:
-        raise
-    except Exception as exc:  # the storage failed while reading what the study holds
-        why = redact_text(str(exc).splitlines()[0] if str(exc) else "", settings.storage)
-        raise ConfigError(f"cannot open --storage {shown!r}: {type(exc).__name__}: {why}"
-                          ) from None
-
+    # Joined nodes open one at a time: Optuna's table creation, and a new study's identity,
+    # race on an empty database otherwise (a duplicate key, or two identities).
+    with claims.opening(settings.storage) if settings.join and settings.storage \
+            else contextlib.nullcontext():
+        try:
+            study = optuna.create_study(storage=claims.shared_storage(settings.storage)
+                                        if settings.join and settings.storage
+                                        else settings.storage, study_name=name,
+                                        direction=direction, load_if_exists=True)
+        except Exception as exc:  # sqlalchemy and optuna raise many types for a bad URL
+            why = redact_text(str(exc).splitlines()[0] if str(exc) else "", settings.storage)
+            raise ConfigError(f"cannot open --storage {shown!r}: {type(exc).__name__}: {why}; "
+                              "use e.g. sqlite:///autotune.db or "
+                              "postgresql+psycopg2://user:pass@host/db") from None
+        try:
+            return _check_identity(study, name, shown, identity, direction)
+        except ConfigError as exc:
+            raise claims.refuse_mismatch(exc) if settings.join else exc from None
+        except Exception as exc:  # the storage failed while reading what the study holds
+            why = redact_text(str(exc).splitlines()[0] if str(exc) else "", settings.storage)
+            raise ConfigError(f"cannot open --storage {shown!r}: {type(exc).__name__}: {why}"
+                              ) from None
 
 def _check_identity(study: optuna.Study, name: str | None, shown: str | None,
                     identity: dict[str, str], direction: str) -> optuna.Study:
@@ -298,9 +304,11 @@ class Asked:
     params: dict[str, object]
     distributions: dict[str, optuna.distributions.BaseDistribution]
     started: datetime
+    claimed: claims.Claimed | None = None
+    """Its claim in a joined study (``--join``): its end finishes that trial."""
 
 
-def ask(study: optuna.Study, candidate: Candidate, micro_batches: Sequence[int]) -> Asked:
+def ask(study: optuna.Study | None, candidate: Candidate, micro_batches: Sequence[int]) -> Asked:
     """A run of ``candidate`` beginning: its trial is written when it ends (``tell``, or
     ``fail`` when the run raises). The search decides what runs; Optuna records it, with every
     parameter the candidate's (no sampler asked, no queue popped: a queue is shared by every
@@ -322,6 +330,9 @@ def _write(study: optuna.Study, asked: Asked, state: Any, attrs: dict[str, Any],
         state=state, value=value, params=asked.params, distributions=asked.distributions,
         user_attrs={"candidate": asked.candidate.key(), **attrs}, constraints=constraints)
     trial.datetime_start = asked.started
+    if asked.claimed is not None:
+        claims.finish(study, asked.claimed, trial)
+        return
     study.add_trial(trial)
 
 

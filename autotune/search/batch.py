@@ -21,6 +21,8 @@ from typing import Any
 from autotune.config import TrialResult, TrialSpec
 from autotune.schema import RunKind, TrialRecord
 from autotune.search._records import Candidate, classify
+from autotune.search._study import Asked
+from autotune.search.claims import Elsewhere
 from autotune.search.executor import Executor, Proposal, Stop
 from autotune.search.slots import Begun, Done, Slot, dispatch
 
@@ -32,15 +34,30 @@ def measure_all(ex: Executor, specs: Sequence[TrialSpec]) -> None:
     """Each spec measured (``Executor.measure``): in order with one slot; at once on the
     free slots with several, each told as it ends."""
     if ex.slots is None:
-        for spec in specs:
+        later = []
+        for spec in specs:  # in a joined study, what another node runs now is heard last
+            try:
+                ex.measure(spec, wait=not ex.settings.join)
+            except Elsewhere:
+                later.append(spec)
+        for spec in later:
             ex.measure(spec)
         return
+
+    later: list[TrialSpec] = []
 
     def start(spec: TrialSpec) -> Begun[TrialSpec]:
         answered = ex.answered(spec)
         if answered is not None:
             return Begun(value=answered)
-        return _begin(ex, spec, "trial" if spec.num_timed_steps > 0 else "probe")
+        kind: RunKind = "trial" if spec.num_timed_steps > 0 else "probe"
+        claimed = ex.study.claim(Candidate.of(spec), kind, ex.plan.micro_batches, wait=False)
+        if claimed is None:  # another node runs it now: heard after the batch
+            later.append(spec)
+            return Begun()
+        if isinstance(claimed, TrialResult):  # another node's result: no run here
+            return Begun(value=ex.heard(spec, claimed))
+        return _begin(ex, spec, kind, claimed)
 
     def end(spec: TrialSpec, run: object, done: Done) -> TrialRecord | None:
         assert isinstance(run, _Run)
@@ -54,6 +71,8 @@ def measure_all(ex: Executor, specs: Sequence[TrialSpec]) -> None:
             pass
     finally:
         ex.slot = ""
+    for spec in later:  # waited for (run here, alone, if its claim went stale)
+        ex.measure(spec)
 
 
 def run_proposals(ex: Executor, batch: Sequence[Proposal], *, alone: bool = False,
@@ -119,12 +138,18 @@ class _Run:
     kept_s: float
 
 
-def _begin(ex: Executor, spec: TrialSpec, kind: RunKind) -> Begun[Any]:
+def _begin(ex: Executor, spec: TrialSpec, kind: RunKind, claimed: Asked | None = None
+           ) -> Begun[Any]:
     """A run's start: its limits (``Executor.limited``), its study trial (its progress once it
-    has a slot: ``_started``)."""
+    has a slot: ``_started``); ``claimed``: its claim in a joined study, released when a
+    limit stops it."""
     key = Candidate.of(spec)
-    spec = ex.limited(spec)
-    running = ex.study.running(key, ex.plan.micro_batches)
+    try:
+        spec = ex.limited(spec)
+    except Stop:
+        ex.study.release(claimed)
+        raise
+    running = ex.study.running(key, ex.plan.micro_batches, claimed)
     trial = running.__enter__()
     ex.in_flight += 1
     return Begun(spec, _Run(spec, kind, running, trial, ex.clock() - ex.tally.start,

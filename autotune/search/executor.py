@@ -12,7 +12,6 @@ from the clock the replay sets), told to the study (a resumed search answers fro
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -21,11 +20,11 @@ from typing import Any
 from autotune.config import Knobs, StopReason, TrialResult, TrialSpec
 from autotune.lengths import POOL_STEPS
 from autotune.memory import OnStep, probe_spec
-from autotune.schema import RunKind, RunRecord, StudyRecord, TrialRecord
-from autotune.search._ledger import Ledger
+from autotune.schema import RunKind, RunRecord, TrialRecord
 from autotune.search._records import Candidate, SearchSettings, classify, run_record
-from autotune.search._store import open_local, study_key
-from autotune.search._study import open_study, redact, study_identity
+from autotune.search._store import open_search_study
+from autotune.search._study import Asked
+from autotune.search.claims import Elsewhere
 from autotune.search.evidence import Evidence, Interval
 from autotune.search.forecast import RunCount, forecast
 from autotune.search.plan import Plan
@@ -39,11 +38,6 @@ OnTrial = Callable[[RunCount, str, Candidate, TrialRecord | None], None]
 None when starting)."""
 MIN_CHILD_S = 1.0
 """A child run needs at least this much of the time budget left to be started."""
-_SPACE_SETTINGS = frozenset((
-    "num_timed_steps", "rank_precision", "min_timed_s", "micro_batches_per_class",
-    "refine_within", "slower_factor", "stop_margin", "num_confirm", "confirm_within",
-    "timeout_s"))
-"""Settings that change what a search measures: part of the local store's key."""
 
 
 @dataclass(frozen=True)
@@ -241,21 +235,45 @@ class Executor:
         width = (self.ev.results[leader].halfwidth() or 0.0) if leader is not None else 0.0
         return min(max(self.settings.stop_margin, width), self.settings.slower_factor - 1)
 
-    def measure(self, spec: TrialSpec) -> TrialResult:
-        """Run a spec in a child (or reuse the study's result for it) and record it."""
+    def measure(self, spec: TrialSpec, *, wait: bool = True) -> TrialResult:
+        """Run a spec in a child (or reuse the study's result for it) and record it. In a
+        joined study another node may run it (``Ledger.claim``): its result is waited for,
+        or without ``wait`` a ``Elsewhere`` is raised (``batch.measure_all`` comes back)."""
         candidate = Candidate.of(spec)
         timed = spec.num_timed_steps > 0
         answered = self.answered(spec)
         if answered is not None:
             return answered
-        spec = self.limited(spec)
+        claimed = self.study.claim(candidate, "trial" if timed else "probe",
+                                   self.plan.micro_batches, wait=wait)
+        if not isinstance(claimed, Asked):
+            return self.heard(spec, claimed)
+        try:
+            spec = self.limited(spec)
+        except Stop:
+            self.study.release(claimed)
+            raise
         self.progress(candidate, None)
-        with self.study.running(candidate, self.plan.micro_batches) as trial:
+        with self.study.running(candidate, self.plan.micro_batches, claimed) as trial:
             result = self.run_child(spec, "trial" if timed else "probe")
             rec = self.took(spec, trial, result)
             if rec is None:  # its line comes from the probe's on_step
                 return result
         self.progress(candidate, rec)
+        return result
+
+    def heard(self, spec: TrialSpec, result: TrialResult | None) -> TrialResult:
+        """Another node's result for ``spec`` (a joined study) into the evidence, as a stored
+        run's; ``Elsewhere`` while it is still running there."""
+        if result is None:
+            raise Elsewhere(spec)
+        key = Candidate.of(spec)
+        self.ev.learned(result)
+        if spec.num_timed_steps > 0:
+            self.ev.took(key, result)
+        else:
+            self.ev.probed_at(key, result)
+        self.reach.begin(key.knobs)
         return result
 
     def answered(self, spec: TrialSpec) -> TrialResult | None:
@@ -385,24 +403,3 @@ class Executor:
             self.on_trial(count, f"{self.stage} [{slot}]" if slot else self.stage,
                           candidate, rec)
 
-
-def open_search_study(ev: Evidence) -> Ledger:
-    """``--storage``'s study, or the local store's study for this search's key, or (with
-    ``--no-cache``) one in memory."""
-    settings, plan = ev.settings, ev.plan
-    direction = "minimize" if settings.train_steps else "maximize"
-    identity = study_identity(plan.report, settings)
-    if settings.storage is not None or not settings.cache:
-        study = open_study(settings, identity, direction)
-        return Ledger(study, StudyRecord(storage=redact(settings.storage or ""),
-                                         name=study.study_name if settings.storage else ""))
-    space = {
-        "classes": sorted(k.label() for k in plan.classes),
-        "values": {k: sorted(v) for k, v in sorted(plan.values.items())},
-        **{f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)
-           if f.name in _SPACE_SETTINGS}}
-    name, key = study_key(identity, space)
-    local = open_local(name, key, direction, fresh=settings.fresh)
-    return Ledger(local.study, StudyRecord(storage=local.storage or "",
-                                           name=name if local.storage else "",
-                                           note=local.note))

@@ -1,0 +1,285 @@
+"""One study shared by several nodes (``--storage postgresql+... --study-name NAME --join``).
+
+Each node's coordinator runs the same search against the same PostgreSQL study. Before a run
+starts, its coordinator claims the candidate in the store: under a PostgreSQL advisory lock
+held by one coordinator at a time (``pg_advisory_xact_lock`` on the study's id), it fails the
+claims whose heartbeat stopped (``optuna.storages.fail_stale_trials``), reads the study's
+trials of that candidate, and either takes a result another node finished (its evidence, no
+run), finds it running elsewhere (a live claim: the candidate is left to that node), or
+writes its own claim: a RUNNING trial with the candidate's parameters and who claimed it
+(``claimed_by``, host:pid), its first heartbeat recorded before the lock is released. So two
+coordinators never both run a candidate, and each candidate of a batch is run once by
+whichever claims it first.
+
+A claim's heartbeat is refreshed by a thread every ``HEARTBEAT_S`` (Optuna's heartbeat table,
+stamped with the database server's clock, so nodes' clocks need not agree); a claim not
+refreshed for ``GRACE_S`` is failed by the next coordinator that claims anything (its node
+died or lost the server), and its candidate is claimed and run again. The run's end finishes
+the claimed trial (its attributes, constraint and state: several writes; ``_study._write``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import warnings
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from autotune.config import TrialSpec
+from autotune.errors import ConfigError
+from autotune.names import KEYWORDS, Names
+
+if TYPE_CHECKING:
+    import optuna
+
+HEARTBEAT_S = 5
+"""Seconds between a claim's heartbeats."""
+GRACE_S = 30
+"""A claim whose heartbeat is older than this is failed and its candidate run again: long
+enough for a loaded database server, short against a child run."""
+OUTPUTS_ATTR = "outputs_written_by"
+"""The study attribute naming the node that writes the joined searches' outputs, and when."""
+POLL_S = 1.0
+"""Seconds between looks at a candidate another node runs, while its result is waited for."""
+EXAMPLE_URL = "postgresql+psycopg2://user:pass@db-host/autotune"
+POOL_SIZE = 2
+"""Connections each coordinator keeps to the server: the search's writes and a heartbeat."""
+
+
+class Elsewhere(Exception):
+    """Another node runs this spec now (``Executor.measure`` told not to wait for it)."""
+
+    def __init__(self, spec: TrialSpec) -> None:
+        super().__init__(spec.knobs.label())
+        self.spec = spec
+
+
+def who() -> str:
+    """This coordinator, as a claim names it: ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def check_join(join: bool, storage: str | None, name: Names = KEYWORDS) -> list[str]:
+    """What is wrong with ``join`` beside ``storage`` (nothing: an empty list): a shared
+    study needs a PostgreSQL server every node reaches. SQLite is refused (its locking over
+    a network file system is unsafe, and a file on one node is no study shared by others);
+    so is another server kind (its claims are not written: PostgreSQL's advisory locks make
+    them atomic)."""
+    if not join:
+        return []
+    join_flag = name.given("join", True)
+    if not storage:
+        return [f"{join_flag} shares one study between the nodes' searches through the "
+                f"store every node reaches: add {name.given('storage', EXAMPLE_URL)} "
+                f"and {name.given('study_name', 'NAME')}"]
+    scheme = storage.partition("://")[0].split("+")[0].lower()
+    if scheme != "postgresql":
+        why = ("SQLite's locking is unsafe over a network file system, and a file on one node "
+               "is not reached by the others" if scheme == "sqlite" else
+               "claims are made atomic with PostgreSQL's advisory locks")
+        return [f"{join_flag} needs a PostgreSQL {name('storage')}, got a "
+                f"{scheme or '?'}:// URL ({why}): pass e.g. "
+                f"{name.given('storage', EXAMPLE_URL)}"]
+    return []
+
+
+OPENING_KEY = zlib.crc32(b"autotune:opening")
+"""The advisory lock under which joined nodes open the database one at a time."""
+
+
+@contextlib.contextmanager
+def opening(url: str) -> Iterator[None]:
+    """Hold PostgreSQL's session advisory lock ``OPENING_KEY`` on ``url``'s database while
+    a node opens its study; a server that cannot be reached holds nothing (opening the study
+    then says why)."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.pool import NullPool
+
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        conn = engine.connect()
+    except Exception:  # said by the study's own opening
+        engine.dispose()
+        yield
+        return
+    try:
+        conn.execute(text("select pg_advisory_lock(:key)"), {"key": OPENING_KEY})
+        conn.commit()
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            conn.execute(text("select pg_advisory_unlock(:key)"), {"key": OPENING_KEY})
+            conn.commit()
+        conn.close()
+        engine.dispose()
+
+
+def shared_storage(url: str) -> optuna.storages.RDBStorage:
+    """The storage of a joined study: a small connection pool checked before each use (a
+    server restarted meanwhile), heartbeats on."""
+    import optuna
+
+    with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna since 2.9
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.RDBStorage(
+            url, engine_kwargs={"pool_size": POOL_SIZE, "max_overflow": 2,
+                                "pool_pre_ping": True},
+            heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+
+
+@dataclass
+class Claimed:
+    """A candidate this coordinator claimed: its RUNNING trial, kept alive by a heartbeat
+    until ``stop``."""
+
+    trial_id: int
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+@dataclass
+class Taken:
+    """A candidate claimed elsewhere: its result when another node finished it (None: still
+    running there)."""
+
+    attrs: dict[str, Any] | None
+    by: str = ""
+
+
+class Claims:
+    """Claims of one joined study (``Ledger`` uses them; any store error goes up to it)."""
+
+    def __init__(self, study: optuna.Study) -> None:
+        from sqlalchemy import text
+
+        self.study = study
+        storage = study._storage
+        # the storage's pool (behind Optuna's cache of finished trials): the lock uses it
+        self._engine = getattr(storage, "_backend", storage).engine
+        self._lock_sql = text("select pg_advisory_xact_lock(:key)")
+        self._key = zlib.crc32(f"autotune:{study._study_id}".encode())
+        self.live: list[Claimed] = []
+        """The claims made here whose heartbeats may still beat (``stop_all``)."""
+        self.failed: list[str] = []
+        """Claims failed because their heartbeat stopped: ``candidate (claimed by host:pid)``."""
+        getattr(storage, "_backend", storage).heartbeat_stale_trial_callback = self._stale
+        with self._engine.connect() as conn:  # the server's clock: nodes' clocks may differ
+            self.opened = conn.execute(text("select now()")).scalar_one()
+
+    def claim(self, candidate: str, kinds: tuple[str, ...], trial: optuna.trial.FrozenTrial
+              ) -> Claimed | Taken:
+        """Claim ``candidate`` for a run of one of ``kinds`` (the first is the run's), or say
+        who has it: ``trial`` is the RUNNING trial to write (parameters, attributes)."""
+        import optuna
+
+        state = optuna.trial.TrialState
+        storage = self.study._storage
+        with self._engine.connect() as conn, conn.begin():
+            conn.execute(self._lock_sql, {"key": self._key})  # held until this block ends
+            with warnings.catch_warnings():  # "experimental" since Optuna 2.9
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                optuna.storages.fail_stale_trials(self.study)  # ``_stale`` notes each
+            mine = [t for t in self.study.get_trials(deepcopy=False)
+                    if t.user_attrs.get("candidate") == candidate
+                    and t.user_attrs.get("kind") in kinds]
+            for t in mine:
+                if t.state in (state.COMPLETE, state.PRUNED) and "result" in t.user_attrs:
+                    return Taken(dict(t.user_attrs), str(t.user_attrs.get("claimed_by", "")))
+            for t in mine:
+                if t.state == state.RUNNING and t.user_attrs.get("kind") == kinds[0]:
+                    return Taken(None, str(t.user_attrs.get("claimed_by", "")))
+            trial_id = storage.create_new_trial(self.study._study_id, template_trial=trial)
+            storage.record_heartbeat(trial_id)
+        claimed = Claimed(trial_id)
+        self.live = [c for c in self.live if not c._stop.is_set()] + [claimed]
+        threading.Thread(target=self._beat, args=(claimed,), daemon=True,
+                         name=f"autotune-heartbeat-{trial_id}").start()
+        return claimed
+
+    def outputs(self) -> str:
+        """Who writes this search's outputs: '' when this node does (the first of the joined
+        searches to end, since this one opened the study; said in the study, attribute
+        ``outputs_written_by``), else the node that does (``host:pid``)."""
+        from sqlalchemy import text
+
+        with self._engine.connect() as conn, conn.begin():
+            conn.execute(self._lock_sql, {"key": self._key})
+            now = conn.execute(text("select now()")).scalar_one()
+            before = self.study.user_attrs.get(OUTPUTS_ATTR)
+            if isinstance(before, dict) and _after(before.get("at"), self.opened):
+                return str(before.get("by", "?"))
+            self.study.set_user_attr(OUTPUTS_ATTR, {"by": who(), "at": now.isoformat()})
+        return ""
+
+    def stop_all(self) -> None:
+        """Stop every heartbeat of this node (the search stopped using the store): a claim
+        it will never finish goes stale, and another node runs its candidate."""
+        for claimed in self.live:
+            claimed.stop()
+
+    def _stale(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        """A claim failed by its stopped heartbeat (``fail_stale_trials``): noted."""
+        self.failed.append(f"{trial.user_attrs.get('candidate')} (claimed by "
+                           f"{trial.user_attrs.get('claimed_by')})")
+
+    def _beat(self, claimed: Claimed) -> None:
+        """Refresh the claim's heartbeat until its run ends. A store failure here is left to
+        the search's own next write to find (its ledger says it once)."""
+        storage = self.study._storage
+        while not claimed._stop.wait(HEARTBEAT_S):
+            try:
+                storage.record_heartbeat(claimed.trial_id)
+            except Exception:  # the server gone: the claim goes stale, as a dead node's
+                return
+
+
+def refuse_mismatch(exc: ConfigError) -> ConfigError:
+    """A joined study that holds another search's runs: the identity check's refusal, saying
+    that nodes share evidence only for the same device kind and memory, torch and budget."""
+    return ConfigError(f"{exc} (--join shares evidence only between nodes of the same device "
+                       "kind and memory, torch version and memory budget: run each other kind "
+                       "under its own --study-name)")
+
+
+def _after(stamp: object, opened: datetime) -> bool:
+    """Whether ``stamp`` (the outputs' claim, ISO text) is later than ``opened``."""
+    try:
+        return datetime.fromisoformat(str(stamp)) > opened
+    except (TypeError, ValueError):
+        return False
+
+
+def finish(study: optuna.Study, claimed: Claimed, trial: optuna.trial.FrozenTrial) -> None:
+    """End a claimed run: its trial gets ``trial``'s attributes, constraint and state (the
+    state last: until then the claim is RUNNING, and a node that dies here leaves it to go
+    stale and be run again)."""
+    storage = study._storage
+    try:  # beating until the state is written: a slow finish is no stale claim
+        for key, value in trial.user_attrs.items():
+            storage.set_trial_user_attr(claimed.trial_id, key, value)
+        for key, value in trial.system_attrs.items():  # the constraint Optuna reads
+            storage.set_trial_system_attr(claimed.trial_id, key, value)
+        storage.set_trial_state_values(claimed.trial_id, trial.state,
+                                       None if trial.value is None else [trial.value])
+    finally:
+        claimed.stop()
+
+
+def claim_trial(params: dict[str, object],
+                distributions: dict[str, optuna.distributions.BaseDistribution],
+                candidate: str, kind: str) -> optuna.trial.FrozenTrial:
+    """The RUNNING trial a claim writes: the candidate's parameters, what run it is for, and
+    which coordinator runs it."""
+    import optuna
+
+    return optuna.trial.create_trial(
+        state=optuna.trial.TrialState.RUNNING, params=params, distributions=distributions,
+        user_attrs={"candidate": candidate, "kind": kind, "claimed_by": who()})

@@ -1,0 +1,260 @@
+"""``--join``: one study shared by the searches of several nodes through PostgreSQL.
+
+Each node is its own coordinator process (tests/join_node.py: a scripted device, no
+training) on a throwaway PostgreSQL cluster (test_storage's fixture; skipped where
+``initdb`` is missing). Together they run each candidate once; a node killed mid-run leaves
+its claim to go stale, and another node fails it and runs the candidate again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import optuna
+import pytest
+from typer.testing import CliRunner
+
+from autotune.cli import app
+from autotune.errors import ConfigError
+from autotune.search import SearchSettings, run_search, tuned_config
+from tests.scripted import CLASSES, VALUES, KnobDevice, ScriptedDevice, by_class, plan
+from tests.scripted import SETTINGS as IN_MEMORY
+from tests.test_storage import Cluster, postgres  # noqa: F401  (the fixture)
+from tests.test_store import SPEEDS, winner
+
+
+def winner_of(outcome: object) -> str:
+    """The pick of a search of the knobs (``winner`` says the class's)."""
+    config = tuned_config(plan(), outcome, IN_MEMORY)  # type: ignore[arg-type]
+    return f"{config.knobs.label()}/{config.micro_batch}"
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+_STARTED: list[subprocess.Popen[bytes]] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_node_left() -> Iterator[None]:
+    """A node a failed test left waiting (e.g. on a claim never failed) is killed."""
+    yield
+    while _STARTED:
+        node = _STARTED.pop()
+        if node.poll() is None:
+            node.kill()
+            node.wait()
+
+
+def _node(url: str, study: str, out: Path, hang: str = "", width: int = 1
+          ) -> subprocess.Popen[bytes]:
+    node = subprocess.Popen([sys.executable, "-m", "tests.join_node", url, study, str(out),
+                             hang, str(width)], cwd=ROOT, stderr=subprocess.PIPE)
+    _STARTED.append(node)
+    return node
+
+
+def _fresh_database(postgres: Cluster, name: str) -> str:  # noqa: F811
+    """A new, empty database on the cluster: its URL."""
+    import psycopg2
+
+    db = psycopg2.connect(host="127.0.0.1", port=postgres.port, user=postgres.user,
+                          password=postgres.password, dbname="postgres")
+    db.autocommit = True
+    db.cursor().execute(f"create database {name}")
+    db.close()
+    return postgres.readme_url().rsplit("/", 1)[0] + f"/{name}"
+
+
+def _first_runs(ran: list[list[str]]) -> Counter[tuple[str, str]]:
+    """The probes and first timings a node made (re-measures of its finalists are its own)."""
+    return Counter((kind, cand) for kind, cand in ran if kind != "re-measure")
+
+
+@pytest.mark.subprocess
+def test_two_nodes_share_one_study_and_together_run_each_candidate_once(
+        postgres: Cluster, tmp_path: Path) -> None:  # noqa: F811
+    url = postgres.readme_url()
+    solo = run_search(plan(), CLASSES, replace(IN_MEMORY, storage=url, study_name="solo",
+                                               join=True), run=ScriptedDevice(SPEEDS))
+    alone = _first_runs([[r.kind, f"{r.knobs.label()}/{r.micro_batch}"] for r in solo.runs])
+    nodes = [_node(url, "pair", tmp_path / f"{n}.json") for n in "ab"]
+    for node in nodes:
+        assert node.wait(timeout=240) == 0, node.stderr.read().decode()[-3000:] \
+            if node.stderr else ""
+    a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in "ab")
+    together = _first_runs(a["ran"]) + _first_runs(b["ran"])
+    assert max(together.values()) == 1, together  # no probe or timing made twice
+    assert set(together) == set(alone)  # and none left out
+    assert a["winner"] == b["winner"] == winner(solo) == "bf16/default/32"
+    # The outputs: written by the first node to end, once; the other names it.
+    assert (a["outputs_by"], b["outputs_by"]) in (("", a["me"]), (b["me"], ""))
+    # A search of the study that begins after they ended (a resume) writes its own.
+    third = tmp_path / "c.json"
+    assert _node(url, "pair", third).wait(timeout=240) == 0
+    assert json.loads(third.read_text())["outputs_by"] == ""
+
+
+@pytest.mark.subprocess
+def test_two_nodes_of_two_slots_each_split_the_joint_screens_batches(
+        postgres: Cluster, tmp_path: Path) -> None:  # noqa: F811
+    speeds = by_class(100, 150, 160, 200, 300, 330)
+    solo = run_search(plan(), CLASSES, IN_MEMORY, values=VALUES, run=KnobDevice(speeds))
+    alone = _first_runs([[r.kind, f"{r.knobs.label()}/{r.micro_batch}"] for r in solo.runs])
+    url = _fresh_database(postgres, "slots")  # both open it at once: tables made once
+    nodes = [_node(url, "slots", tmp_path / f"{n}.json", width=2) for n in "ab"]
+    for node in nodes:
+        assert node.wait(timeout=280) == 0, node.stderr.read().decode()[-3000:] \
+            if node.stderr else ""
+    a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in "ab")
+    together = _first_runs(a["ran"]) + _first_runs(b["ran"])
+    assert max(together.values()) == 1, together
+    assert set(together) == set(alone)
+    assert a["winner"] == b["winner"] == winner_of(solo)
+
+
+@pytest.mark.subprocess
+def test_a_node_killed_mid_run_has_its_claim_failed_by_the_heartbeat_and_run_again(
+        postgres: Cluster, tmp_path: Path) -> None:  # noqa: F811
+    url = postgres.readme_url()
+    first = run_search(plan(), CLASSES, IN_MEMORY, run=ScriptedDevice(SPEEDS)).runs[0]
+    hang = f"{first.knobs.label()}/{first.micro_batch}"
+    dead = _node(url, "killed", tmp_path / "dead.json", hang)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "dead.json.hang").exists():  # its claim is written, its run begun
+        assert dead.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    os.kill(dead.pid, signal.SIGKILL)
+    dead.wait()
+    other = _node(url, "killed", tmp_path / "other.json")
+    assert other.wait(timeout=240) == 0, other.stderr.read().decode()[-3000:] \
+        if other.stderr else ""
+    out = json.loads((tmp_path / "other.json").read_text())
+    assert out["winner"] == "bf16/default/32"
+    assert [first.kind, hang] in out["ran"]  # run again, here
+    study = optuna.load_study(study_name="killed", storage=url)
+    runs_of = [t for t in study.get_trials(deepcopy=False)
+               if t.user_attrs.get("kind") == first.kind
+               and t.user_attrs.get("candidate") == hang]
+    states = sorted((t.state.name, t.user_attrs["claimed_by"].rsplit(":", 1)[1])
+                    for t in runs_of)
+    assert states == sorted([("FAIL", str(dead.pid)),
+                             ("COMPLETE" if first.kind == "trial" else "PRUNED",
+                              str(other.pid))])
+    assert (f"(claimed by {runs_of[0].user_attrs['claimed_by'].rsplit(':', 1)[0]}:{dead.pid}) "
+            "was failed (its heartbeat stopped) and its candidate run again") in out["note"]
+
+
+
+@pytest.mark.parametrize(("extra", "said"), [
+    ([], "--join shares one study between the nodes' searches through the store every node "
+         "reaches: add --storage postgresql+psycopg2://user:pass@db-host/autotune and "
+         "--study-name NAME"),
+    (["--storage", "sqlite:////shared/autotune.db"],
+     "--join needs a PostgreSQL --storage, got a sqlite:// URL (SQLite's locking is unsafe "
+     "over a network file system"),
+])
+def test_join_without_a_postgresql_storage_is_refused_before_anything_runs(
+        extra: list[str], said: str, tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["search", "--join", "--device", "cpu", "--out",
+                                      str(tmp_path), *extra])
+    words = " ".join(result.stderr.split())
+    assert result.exit_code == 2 and said in words, words
+    assert "secret" not in words and not list(tmp_path.iterdir())
+
+
+def test_join_from_python_is_refused_in_its_keywords() -> None:
+    import autotune
+
+    with pytest.raises(ConfigError) as info:
+        autotune.search(target_batch=8, device="cpu", settings=SearchSettings(join=True))
+    assert str(info.value).startswith(
+        "join=True shares one study between the nodes' searches through the store every node "
+        "reaches: add storage='postgresql+psycopg2://user:pass@db-host/autotune' and "
+        "study_name='NAME'"), str(info.value)
+
+
+@pytest.mark.subprocess
+def test_a_joined_search_whose_server_goes_away_goes_on_locally_and_says_so(
+        postgres: Cluster) -> None:  # noqa: F811
+    settings = replace(IN_MEMORY, storage=postgres.readme_url(), study_name="gone", join=True)
+    device = ScriptedDevice(SPEEDS)
+
+    def run(spec):
+        if len(device.specs) == 3:
+            postgres.ctl("-m", "fast", "stop")
+        return device(spec)
+
+    try:
+        with pytest.warns(UserWarning, match="its server cannot be reached"):
+            outcome = run_search(plan(), CLASSES, settings, run=run)
+    finally:
+        postgres.start()  # for whichever test runs next
+    alone = run_search(plan(), CLASSES, IN_MEMORY, run=ScriptedDevice(SPEEDS))
+    assert not outcome.interrupted and winner(outcome) == winner(alone) == "bf16/default/32"
+    assert outcome.num_runs == alone.num_runs  # every run made here, none waited for
+    assert outcome.study is not None and "the search goes on without it" in outcome.study.note
+    assert outcome.ledger is not None and outcome.ledger.outputs_by() == ""  # writes its own
+
+
+@pytest.mark.subprocess
+def test_a_node_of_another_device_or_budget_is_refused_saying_what_joined_nodes_share(
+        postgres: Cluster) -> None:  # noqa: F811
+    settings = replace(IN_MEMORY, storage=postgres.readme_url(), study_name="kinds", join=True)
+    run_search(plan(), CLASSES, settings, run=ScriptedDevice(SPEEDS))
+    other = replace(plan(), device=replace(plan().device, name="NVIDIA A100-SXM4-40GB"))
+    with pytest.raises(ConfigError) as info:
+        run_search(other, CLASSES, settings, run=ScriptedDevice(SPEEDS))
+    said = str(info.value)
+    assert "device: " in said and "'NVIDIA A100-SXM4-40GB' now" in said, said
+    assert said.endswith("(--join shares evidence only between nodes of the same device kind "
+                         "and memory, torch version and memory budget: run each other kind "
+                         "under its own --study-name)"), said
+
+
+@pytest.mark.slow  # one real search of the tiniest workload, on the CPU
+@pytest.mark.subprocess
+def test_a_joined_search_ended_after_another_nodes_writes_no_outputs_and_names_it(
+        postgres: Cluster, tmp_path: Path) -> None:  # noqa: F811
+    """The outputs are written once: by the node whose search ends first. Here another node
+    (``node-b:1``) claims them while this search runs; this one writes nothing and says so."""
+    import psycopg2
+
+    from autotune import api
+    from tests.conftest import workload_target
+
+    url = _fresh_database(postgres, "outputs")
+
+    def other_node_ends_first(*_: object) -> None:
+        study = optuna.load_study(study_name="tiny", storage=url)
+        if "outputs_written_by" in study.user_attrs:
+            return
+        db = psycopg2.connect(host="127.0.0.1", port=postgres.port, user=postgres.user,
+                              password=postgres.password, dbname="postgres")
+        with db, db.cursor() as cur:
+            cur.execute("select now()")
+            [(now,)] = cur.fetchall()
+        db.close()
+        study.set_user_attr("outputs_written_by", {"by": "node-b:1", "at": now.isoformat()})
+
+    with pytest.warns(UserWarning, match="the outputs are written by node-b:1, the first of "
+                                         "the joined searches to end"):
+        request = api.TuneRequest(
+            workload=api.workload_spec(workload=workload_target("tiny")), target_batch=1,
+            device="cpu", precisions=("fp32",), compile_modes=("off",),
+            memory_budget="2GiB")
+        result = api.search(  # as the CLI calls it
+            request, out=tmp_path, on_trial=other_node_ends_first,
+            settings=SearchSettings(storage=url, study_name="tiny", join=True,
+                                    num_timed_steps=3, micro_batches_per_class=1))
+    assert result.path is None and list(tmp_path.iterdir()) == []
+    assert result.config.study is not None
+    assert (f"this node writes no {tmp_path / 'autotune.json'}") in result.config.study.note
