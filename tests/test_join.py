@@ -28,7 +28,7 @@ from autotune.errors import ConfigError
 from autotune.search import SearchSettings, run_search, tuned_config
 from tests.scripted import CLASSES, VALUES, KnobDevice, ScriptedDevice, by_class, plan
 from tests.scripted import SETTINGS as IN_MEMORY
-from tests.test_storage import Cluster, postgres  # noqa: F401  (the fixture)
+from tests.test_storage import Cluster, postgres, search_with_server_stopped  # noqa: F401
 from tests.test_store import SPEEDS, winner
 
 
@@ -185,19 +185,8 @@ def test_join_from_python_is_refused_in_its_keywords() -> None:
 @pytest.mark.subprocess
 def test_a_joined_search_whose_server_goes_away_goes_on_locally_and_says_so(
         postgres: Cluster) -> None:  # noqa: F811
-    settings = replace(IN_MEMORY, storage=postgres.readme_url(), study_name="gone", join=True)
-    device = ScriptedDevice(SPEEDS)
-
-    def run(spec):
-        if len(device.specs) == 3:
-            postgres.ctl("-m", "fast", "stop")
-        return device(spec)
-
-    try:
-        with pytest.warns(UserWarning, match="its server cannot be reached"):
-            outcome = run_search(plan(), CLASSES, settings, run=run)
-    finally:
-        postgres.start()  # for whichever test runs next
+    outcome = search_with_server_stopped(postgres, replace(
+        IN_MEMORY, storage=postgres.readme_url(), study_name="gone", join=True))
     alone = run_search(plan(), CLASSES, IN_MEMORY, run=ScriptedDevice(SPEEDS))
     assert not outcome.interrupted and winner(outcome) == winner(alone) == "bf16/default/32"
     assert outcome.num_runs == alone.num_runs  # every run made here, none waited for

@@ -286,10 +286,9 @@ def test_readmes_postgresql_url_records_resumes_and_never_shows_its_password(
                   str(refused.value)) == []
 
 
-@pytest.mark.subprocess
-def test_a_postgresql_server_gone_mid_search_costs_the_cache_not_the_search(
-        postgres: Cluster) -> None:
-    settings = replace(IN_MEMORY, storage=postgres.readme_url(), study_name="gone")
+def search_with_server_stopped(postgres: Cluster, settings: SearchSettings):
+    """A scripted search whose PostgreSQL server stops before its fourth run (warned that it
+    cannot be reached); the server started again after, for whichever test runs next."""
     device = ScriptedDevice(SPEEDS)
 
     def run(spec):
@@ -299,9 +298,16 @@ def test_a_postgresql_server_gone_mid_search_costs_the_cache_not_the_search(
 
     try:
         with pytest.warns(UserWarning, match="its server cannot be reached"):
-            outcome = run_search(plan(), CLASSES, settings, run=run)
+            return run_search(plan(), CLASSES, settings, run=run)
     finally:
-        postgres.start()  # for whichever test runs next
+        postgres.start()
+
+
+@pytest.mark.subprocess
+def test_a_postgresql_server_gone_mid_search_costs_the_cache_not_the_search(
+        postgres: Cluster) -> None:
+    outcome = search_with_server_stopped(postgres, replace(
+        IN_MEMORY, storage=postgres.readme_url(), study_name="gone"))
     assert not outcome.interrupted and winner(outcome) == "bf16/default/32"
     assert outcome.study is not None and outcome.study.note.startswith("failed while ")
     assert "the search goes on without it" in outcome.study.note
