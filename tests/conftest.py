@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from autotune import child
 
@@ -16,6 +17,13 @@ from autotune import child
 # worker and every child would otherwise rewrite and compile it all again (about 8 s a worker).
 sys.dont_write_bytecode = False
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
+# Each pytest-xdist worker runs its in-process steps (the estimator's traces, the fallback's
+# real steps) on one intra-op thread: `-n auto` runs 2 x cores + 1 workers, and two OpenMP
+# threads in each spun against each other's (the non-subprocess tests took 313 s on 2 cores
+# with torch's default of 2, 261 s with 1). Children keep torch's default: a child's threads
+# are part of the memory and speed a search measures.
+torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = Path(__file__).resolve().parent / "workloads.py"

@@ -130,6 +130,9 @@ def test_tuned_compile_loads_them_in_a_fresh_process(folder: Path, tmp_path: Pat
     assert hits >= 1 and misses == 0, run.stdout + run.stderr
 
 
+# slow: a compiled search's artifacts, made by the fixture; the everyday run
+# keeps damaged artifacts refused (test_no_damaged_file_is_loaded_or_raises)
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_tf32_flags_unlike_the_searchs_are_said_when_loading(
         folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:

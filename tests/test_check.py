@@ -243,6 +243,9 @@ def estimate_cli(*args: str):
                                *args])
 
 
+# slow: the everyday run keeps the device and kernels an estimate answers for
+# (test_estimate_says_the_device_it_answers_for_and_agrees_with_assert_fits)
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_estimate_on_a_machine_without_cuda_models_cpu_kernels_and_says_so() -> None:
     """The defect: on a CPU CI machine the default modelled CUDA's kernels (micro-batch 16

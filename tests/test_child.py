@@ -81,6 +81,9 @@ def test_a_child_is_a_fresh_process_in_a_session_of_its_own(
     assert (tmp_path / "state.txt").read_text() == "the child's own output\n"
 
 
+# slow: four fork servers started; the everyday run keeps a server's fork, its
+# environment and its faults
+@pytest.mark.slow
 def test_one_server_per_environment_but_for_what_is_read_late(tmp_path: Path) -> None:
     first = _state(tmp_path, name="first")
     late = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path), "AUTOTUNE_CACHE_DIR": str(tmp_path),

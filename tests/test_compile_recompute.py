@@ -121,6 +121,9 @@ def test_a_budget_keeps_fewer_activations_trains_the_same_and_does_not_leak(
     assert saved_bytes(lambda: eager(**batches[0])) > kept_plain
 
 
+# slow: a compiled trial; the everyday run keeps the budget's traces in this
+# process
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_the_trial_compiles_with_the_budget(monkeypatch: pytest.MonkeyPatch,
                                             fresh_dynamo: None) -> None:

@@ -61,6 +61,9 @@ def test_train_plain_refuses_another_world_size(tmp_path: Path) -> None:
     assert result.returncode != 0 and "tuned for 1 device" in result.stderr
 
 
+# slow: the everyday run keeps examples/train_plain.py and a real Trainer built
+# from the config (test_compile_scope.py, test_compile_shapes.py)
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_train_hf_trainer(tmp_path: Path) -> None:
     if importlib.util.find_spec("accelerate") is None:

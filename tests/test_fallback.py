@@ -426,6 +426,9 @@ def test_the_script_survives_a_longer_sequence_under_a_real_cap(tmp_path: Path) 
     assert off.returncode != 0 and "can't allocate memory" in off.stderr
 
 
+# slow: the script's fallbacks used up are said in this process
+# (test_the_scripts_fallbacks_used_up_are_said_with_its_flag)
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_the_script_stops_after_its_fallbacks_in_a_row(tmp_path: Path) -> None:
     result = run_script(tmp_path, 4, "--oom-fallbacks", "1",

@@ -103,6 +103,9 @@ def test_two_nodes_share_one_study_and_together_run_each_candidate_once(
     assert json.loads(third.read_text())["outputs_by"] == ""
 
 
+# slow: the everyday run keeps two nodes sharing one study and a real two-slot
+# search (test_parallel.py)
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_two_nodes_of_two_slots_each_split_the_joint_screens_batches(
         postgres: Cluster, tmp_path: Path) -> None:  # noqa: F811

@@ -73,6 +73,9 @@ def test_cpu_slots_take_disjoint_cores_and_their_share_of_compile_threads() -> N
     assert {dict(s.env)["CUDA_DEVICE_ORDER"] for s in cuda} == {"PCI_BUS_ID"}
 
 
+# slow: the everyday run keeps a real two-slot search, each run on its slot, and
+# every slot's environment
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_a_real_child_runs_pinned_to_its_slot() -> None:
     cores = sorted(os.sched_getaffinity(0))

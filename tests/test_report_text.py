@@ -208,6 +208,9 @@ def _workload_file(tmp_path: Path) -> Path:
     return path
 
 
+# slow: the everyday run keeps a workload name and path with brackets, printed
+# as typed
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_a_workload_error_with_brackets_exits_2_and_prints_as_typed(tmp_path: Path) -> None:
     workload = f"{_workload_file(tmp_path)}:fails"

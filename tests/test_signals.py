@@ -231,6 +231,9 @@ def _write_under_a_file_size_limit(tmp_path: Path, limit_bytes: int) -> tuple[in
     return proc.returncode, " ".join(proc.stdout.split()) + proc.stderr
 
 
+# slow: the everyday run keeps a config the disk cannot take; the page's and
+# script's writes are the same atomic write
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_a_page_the_disk_cannot_take_costs_neither_config_nor_script(tmp_path: Path) -> None:
     """The page (megabytes) fails, the config and script (kilobytes) were written: a warning
@@ -243,6 +246,9 @@ def test_a_page_the_disk_cannot_take_costs_neither_config_nor_script(tmp_path: P
             f"`autotune report {tmp_path / 'autotune.json'}` writes the page") in said
 
 
+# slow: the everyday run keeps a config the disk cannot take; the page's and
+# script's writes are the same atomic write
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_a_script_the_disk_cannot_take_names_the_config_that_was_written(tmp_path: Path) -> None:
     code, said = _write_under_a_file_size_limit(tmp_path, 15_000)  # the config fits, not the script
