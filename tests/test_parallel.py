@@ -152,6 +152,35 @@ def test_a_run_behind_a_result_told_while_it_ran_is_kept_as_evidence() -> None:
     assert kept.samples_per_s < ahead.samples_per_s and kept.verdict == "ok"
 
 
+def test_with_two_slots_two_classes_probe_at_once_each_its_own_chain() -> None:
+    # Issue 60: after the baseline, each class's memory probe is a chain of its own; with two
+    # slots two classes' runs are in flight together, each class's next step decided when
+    # its own run before has been told (``on_step``), not after the other class's probe.
+    events: list[tuple[str, str, str]] = []  # (what, class, slot)
+
+    def on_trial(count, stage, candidate, record) -> None:  # type: ignore[no-untyped-def]
+        if stage.startswith("probe [") and record is None:
+            events.append(("began", candidate.knobs.label(), stage.split("[")[1][:-1]))
+
+    def on_step(knobs, step) -> None:  # type: ignore[no-untyped-def]
+        events.append(("told", knobs.label(), ""))
+
+    device = KnobDevice(by_class(100, 150, 160, 200, 300, 330))
+    outcome = run_search(plan(), CLASSES, SETTINGS, values=VALUES, run=device,
+                         slots=_slots(device, 2), on_trial=on_trial, on_step=on_step)
+    together = [(a, b) for a, b in zip(events, events[1:], strict=False)
+                if a[0] == b[0] == "began" and a[1] != b[1] and a[2] != b[2]]
+    assert together, events  # two classes began, on two slots, neither told in between
+    # The class told first (either: the slots' threads race) begins its next run at once,
+    # while the other's run is still in flight: the chains do not wait for each other.
+    after = events[events.index(together[0][1]) + 1:]
+    first_told = next(i for i, e in enumerate(after) if e[0] == "told")
+    assert after[first_told + 1][:2] == ("began", after[first_told][1]), events
+    assert after[first_told][1] in {together[0][0][1], together[0][1][1]}
+    one_alone = _search(KnobDevice(by_class(100, 150, 160, 200, 300, 330)), 1)
+    assert pick_winner_record(outcome) == pick_winner_record(one_alone)
+
+
 def test_a_crash_in_one_slot_loses_no_other_slots_result() -> None:
     ended: list[str] = []
     release = threading.Event()

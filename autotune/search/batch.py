@@ -16,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from autotune.config import TrialResult, TrialSpec
+from autotune.memory import Steps, drive
 from autotune.schema import RunKind, TrialRecord
 from autotune.search._records import Candidate, classify
 from autotune.search._study import Asked
@@ -26,6 +27,7 @@ from autotune.search.claims import Elsewhere
 from autotune.search.executor import Executor, Proposal, Stop
 from autotune.search.slots import Begun, Done, Slot, dispatch
 
+R = TypeVar("R")
 Refused = Callable[[Proposal, Stop], None]
 """Called when a limit stops a proposal (before it starts, or cutting it short)."""
 
@@ -123,6 +125,74 @@ def run_proposals(ex: Executor, batch: Sequence[Proposal], *, alone: bool = Fals
             yield proposal, again, rec
     finally:
         ex.slot = ""
+
+
+def run_chains(ex: Executor, chains: Sequence[Steps[R]]) -> list[R]:
+    """Chains of runs (``memory.Steps``: each class's memory probe) side by side, their
+    answers in the chains' order. With one slot each chain runs to its end in turn
+    (``memory.drive``, through ``Executor.measure``). With several, each chain has one run
+    at a time on a slot: its next run is decided (the chain resumed with the result) once
+    the one before has ended and been told, and starts as a slot frees; the chains do not
+    wait for each other. A step the evidence or the study answers costs no run; one another
+    node runs now (a joined study) is waited for once the others are done."""
+    if ex.slots is None:
+        return [drive(chain, ex.measure) for chain in chains]
+    answers: dict[int, R] = {}
+    told: dict[int, TrialResult] = {}  # per chain, the result its next step is decided on
+    parked: dict[int, TrialSpec] = {}  # per chain, the run another node makes now
+    feed: list[int] = []
+
+    def start(i: int) -> Begun[int]:
+        result = told.pop(i, None)
+        while True:
+            try:
+                spec = chains[i].send(result)  # (None: a chain's first step)
+            except StopIteration as done:
+                answers[i] = done.value
+                return Begun()
+            result = ex.answered(spec)
+            if result is not None:
+                continue
+            kind: RunKind = "trial" if spec.num_timed_steps > 0 else "probe"
+            claimed = ex.study.claim(Candidate.of(spec), kind, ex.plan.micro_batches,
+                                     wait=False)
+            if claimed is None:
+                parked[i] = spec
+                return Begun()
+            if isinstance(claimed, TrialResult):
+                result = ex.heard(spec, claimed)
+                continue
+            return _begin(ex, spec, kind, claimed)
+
+    def end(i: int, run: object, done: Done) -> None:
+        assert isinstance(run, _Run)
+        rec = _end(ex, run, done, lambda result: ex.took(run.spec, run.trial, result))
+        assert done.result is not None  # (``_end`` raised its error otherwise)
+        told[i] = done.result
+        if rec is not None:
+            ex.progress(Candidate.of(run.spec), rec)
+        feed.append(i)  # its next step, decided when it starts
+
+    try:
+        for _ in dispatch(ex.slots, range(len(chains)), start, end, partial(_started, ex),
+                          feed=feed):
+            pass
+    finally:
+        ex.slot = ""
+    for i, spec in parked.items():  # waited for, then the chain goes on alone
+        answers[i] = _finish(chains[i], ex.measure(spec), ex.measure)
+    return [answers[i] for i in range(len(chains))]
+
+
+def _finish(chain: Steps[R], result: TrialResult, run: Callable[[TrialSpec], TrialResult]
+            ) -> R:
+    """A chain resumed with ``result``, run to its end one run at a time."""
+    try:
+        spec = chain.send(result)
+        while True:
+            spec = chain.send(run(spec))
+    except StopIteration as done:
+        return done.value
 
 
 @dataclass

@@ -202,10 +202,12 @@ class Begun(Generic[T]):
 def dispatch(slots: Slots, items: Sequence[T], start: Callable[[T], Begun[T]],
              end: Callable[[T, object, Done], R],
              started: Callable[[T, object, Slot], None] | None = None,
-             ) -> Iterator[tuple[T, R | object]]:
+             feed: list[T] | None = None) -> Iterator[tuple[T, R | object]]:
     """Run ``items`` on ``slots``: each started in order (``start``) as a slot frees (and
     said, ``started``, once it has its slot), each yielded with its ``end`` in the order the
-    runs end (an item answered without a run, at once).
+    runs end (an item answered without a run, at once). ``feed``: items the caller adds
+    while it runs (at a yield: a chain's next run once the one before it was told), started
+    after those waiting.
 
     Nothing finished is lost: where ``start`` or ``end`` raises (a limit's ``Stop``), no item
     starts after it, the runs still running end and are yielded, then it is raised; where the
@@ -217,7 +219,10 @@ def dispatch(slots: Slots, items: Sequence[T], start: Callable[[T], Begun[T]],
     tickets = itertools.count()
     error: BaseException | None = None
     try:
-        while waiting or running:
+        while waiting or running or feed:
+            if feed:
+                waiting += feed
+                feed.clear()
             if waiting and error is None and len(running) < slots.width:
                 item = waiting.pop(0)
                 try:

@@ -15,9 +15,10 @@ from __future__ import annotations
 from autotune.config import Knobs, MemoryProbe
 from autotune.errors import BROKEN
 from autotune.knobs import KNOBS, skip_reason, timed_baseline
-from autotune.memory import broken_uncapped, hint_for, probe_memory
+from autotune.memory import Steps, broken_uncapped, drive, hint_for, probe_steps
 from autotune.search import bounds, fits
 from autotune.search._records import Candidate
+from autotune.search.batch import run_chains
 from autotune.search.executor import Executor
 from autotune.search.rules import Skip, skip
 from autotune.search.stages.remeasure import remeasure
@@ -30,6 +31,13 @@ def run(ex: Executor) -> bool:
     ev, plan = ex.ev, ex.plan
     first = plan.first_classes()
     for i, knobs in enumerate(first):
+        if ex.slots is not None and knobs != plan.base:
+            # Several slots: the classes after the baseline probed at once, each its own
+            # chain of runs (one class's probe does not wait for another's), eager first.
+            rest = sorted(first[i:], key=lambda c: (
+                c.compiled, -ev.precision_best(c.precision) if c.compiled else 0.0))
+            run_chains(ex, [setting_steps(ex, k) for k in rest])
+            break
         if knobs.compiled:  # the most promising precision first (its eager
             # run's speed): a strong leader early lets the probes after it stop sooner
             first[i:] = sorted(first[i:], key=lambda c: -ev.precision_best(c.precision))
@@ -42,13 +50,17 @@ def run(ex: Executor) -> bool:
                 measure_noise(ex)
             elif not rescue_baseline(ex):
                 return False
+    left = []  # (several slots: the refinements worth a probe, probed at once)
     for knobs in plan.refining_classes():
         why_not = bounds.mode(ev, knobs)
         if why_not:
             ex.reach.consider(knobs)
             ev.decide(why_not)
-        else:
+        elif ex.slots is None:
             probe_setting(ex, knobs)
+        else:
+            left.append(knobs)
+    run_chains(ex, [setting_steps(ex, k) for k in left])
     return True
 
 
@@ -70,7 +82,14 @@ def measure_noise(ex: Executor) -> None:
 
 
 def probe_setting(ex: Executor, knobs: Knobs, *, above: int = 0) -> MemoryProbe:
-    """Find the setting's largest fitting micro-batch, and time it.
+    """Find the setting's largest fitting micro-batch, and time it (``setting_steps``, one
+    run at a time)."""
+    return drive(setting_steps(ex, knobs, above=above), ex.measure)
+
+
+def setting_steps(ex: Executor, knobs: Knobs, *, above: int = 0) -> Steps[MemoryProbe]:
+    """Find the setting's largest fitting micro-batch, and time it: a chain of runs
+    (``memory.Steps``), each decided on the evidence as it stands when the one before ends.
 
     A probe that may be the largest fit times its config in the same run; bisection
     points only measure memory. When the boundary turns out to be such a point, it is
@@ -115,12 +134,12 @@ def probe_setting(ex: Executor, knobs: Knobs, *, above: int = 0) -> MemoryProbe:
         return 0 < fits.largest_fit(ex.ev, knobs) < micro_batch
 
     considered = [m for m in ex.plan.micro_batches if m > above]
-    probe = probe_memory(
+    probe = yield from probe_steps(
         ex.plan.report.workload, ex.plan.report.device.device, knobs, considered,
         budget_bytes=ex.plan.report.budget_bytes, usable_bytes=ex.plan.usable,
         timeout_s=ex.ev.settings.timeout_s,
         hint=considered[0] if above else hint_for(knobs, ex.ev.probes.values()),
-        run=ex.measure, on_step=ex.on_step, stop_above=stop_above,
+        on_step=ex.on_step, stop_above=stop_above,
         stop_below=stop_below,
         make_spec=lambda m, largest: ex.spec(candidate(m), timed=timed(m, largest)),
         known={c.micro_batch: r for c, r in [*ex.ev.probe_runs.items(),
@@ -134,7 +153,7 @@ def probe_setting(ex: Executor, knobs: Knobs, *, above: int = 0) -> MemoryProbe:
                                          for n in probe.notes):
         ex.ev.unfound(knobs)  # its smaller micro-batches were never tried: not "none"
     if probe.max_micro_batch:
-        ex.measure(ex.spec(candidate(probe.max_micro_batch)))  # reused when timed
+        yield ex.spec(candidate(probe.max_micro_batch))  # reused when timed
     return probe
 
 
