@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -168,7 +169,7 @@ def test_with_two_slots_two_classes_probe_at_once_each_its_own_chain() -> None:
     device = KnobDevice(by_class(100, 150, 160, 200, 300, 330))
     outcome = run_search(plan(), CLASSES, SETTINGS, values=VALUES, run=device,
                          slots=_slots(device, 2), on_trial=on_trial, on_step=on_step)
-    together = [(a, b) for a, b in zip(events, events[1:], strict=False)
+    together = [(a, b) for a, b in pairwise(events)
                 if a[0] == b[0] == "began" and a[1] != b[1] and a[2] != b[2]]
     assert together, events  # two classes began, on two slots, neither told in between
     # The class told first (either: the slots' threads race) begins its next run at once,
