@@ -13,13 +13,12 @@ it). The confirm stage's re-measures (the finalists, before the pick) run alone
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
 from autotune.config import TrialResult, TrialSpec
-from autotune.memory import Steps, drive
 from autotune.schema import RunKind, TrialRecord
 from autotune.search._records import Candidate, classify
 from autotune.search._study import Asked
@@ -106,14 +105,8 @@ def run_proposals(ex: Executor, batch: Sequence[Proposal], *, alone: bool = Fals
     def end(proposal: Proposal, run: object, done: Done) -> tuple[TrialResult, TrialRecord]:
         assert isinstance(run, _Run)
 
-        def told(again: TrialResult) -> tuple[TrialResult, TrialRecord]:
-            rec, value = classify(proposal.candidate, again, ex.ev.results, ex.ev.baseline,
-                                  ex.plan.report, ex.settings)
-            ex.study.tell(run.trial, again, value, kind="re-measure")
-            return again, rec
-
         try:
-            return _end(ex, run, done, told)
+            return _end(ex, run, done, partial(_remeasured, ex, proposal, run))
         except Stop as stop:
             if refused is not None:
                 refused(proposal, stop)
@@ -127,51 +120,71 @@ def run_proposals(ex: Executor, batch: Sequence[Proposal], *, alone: bool = Fals
         ex.slot = ""
 
 
-def run_chains(ex: Executor, chains: Sequence[Steps[R]]) -> list[R]:
-    """Chains of runs (``memory.Steps``: each class's memory probe) side by side, their
-    answers in the chains' order. With one slot each chain runs to its end in turn
+Chain = Generator[TrialSpec | Proposal, Any, R]
+"""A chain of runs (as ``memory.Steps``): each step a spec (a probe or a timing, sent its
+result) or a ``Proposal`` (a re-measure, sent its result and record)."""
+
+
+def run_chains(ex: Executor, chains: Sequence[Chain[R]], *, first: bool = False
+               ) -> list[R]:
+    """Chains of runs (``Chain``: each class's memory probe, a knob's values) side by side,
+    their answers in the chains' order. With one slot each chain runs to its end in turn
     (``memory.drive``, through ``Executor.measure``). With several, each chain has one run
     at a time on a slot: its next run is decided (the chain resumed with the result) once
     the one before has ended and been told, and starts as a slot frees; the chains do not
-    wait for each other. A step the evidence or the study answers costs no run; one another
-    node runs now (a joined study) is waited for once the others are done."""
+    wait for each other. ``first``: the first chain's every run is told before any other
+    chain's next run is decided (the noise's re-measure, which every cut reads: the others'
+    first runs start beside it). A step the evidence or the study answers costs no run; one
+    another node runs now (a joined study) is waited for once the others are done."""
     if ex.slots is None:
-        return [drive(chain, ex.measure) for chain in chains]
+        return [_finish(chain, None, ex) for chain in chains]
     answers: dict[int, R] = {}
-    told: dict[int, TrialResult] = {}  # per chain, the result its next step is decided on
+    told: dict[int, Any] = {}  # per chain, the result its next step is decided on
     parked: dict[int, TrialSpec] = {}  # per chain, the run another node makes now
+    held: list[int] = []  # chains told while the first still runs (``first``)
     feed: list[int] = []
 
     def start(i: int) -> Begun[int]:
         result = told.pop(i, None)
         while True:
             try:
-                spec = chains[i].send(result)  # (None: a chain's first step)
+                step = chains[i].send(result)  # (None: a chain's first step)
             except StopIteration as done:
                 answers[i] = done.value
+                if i == 0:
+                    feed.extend(held)
+                    held.clear()
                 return Begun()
-            result = ex.answered(spec)
+            if isinstance(step, Proposal):
+                if step.stored is not None:  # the study answers it: no child runs
+                    result = ex.run_proposal(step)
+                    continue
+                return _begin(ex, step.spec, "re-measure", proposal=step)
+            result = ex.answered(step)
             if result is not None:
                 continue
-            kind: RunKind = "trial" if spec.num_timed_steps > 0 else "probe"
-            claimed = ex.study.claim(Candidate.of(spec), kind, ex.plan.micro_batches,
+            kind: RunKind = "trial" if step.num_timed_steps > 0 else "probe"
+            claimed = ex.study.claim(Candidate.of(step), kind, ex.plan.micro_batches,
                                      wait=False)
             if claimed is None:
-                parked[i] = spec
+                parked[i] = step
                 return Begun()
             if isinstance(claimed, TrialResult):
-                result = ex.heard(spec, claimed)
+                result = ex.heard(step, claimed)
                 continue
-            return _begin(ex, spec, kind, claimed)
+            return _begin(ex, step, kind, claimed)
 
     def end(i: int, run: object, done: Done) -> None:
         assert isinstance(run, _Run)
-        rec = _end(ex, run, done, lambda result: ex.took(run.spec, run.trial, result))
-        assert done.result is not None  # (``_end`` raised its error otherwise)
-        told[i] = done.result
-        if rec is not None:
-            ex.progress(Candidate.of(run.spec), rec)
-        feed.append(i)  # its next step, decided when it starts
+        if run.proposal is not None:
+            told[i] = _end(ex, run, done, partial(_remeasured, ex, run.proposal, run))
+        else:
+            rec = _end(ex, run, done, lambda result: ex.took(run.spec, run.trial, result))
+            if rec is not None:
+                ex.progress(Candidate.of(run.spec), rec)
+            told[i] = done.result
+        # its next step, decided when it starts (after the first chain's end: ``first``)
+        (held if first and i and 0 not in answers else feed).append(i)
 
     try:
         for _ in dispatch(ex.slots, range(len(chains)), start, end, partial(_started, ex),
@@ -180,19 +193,30 @@ def run_chains(ex: Executor, chains: Sequence[Steps[R]]) -> list[R]:
     finally:
         ex.slot = ""
     for i, spec in parked.items():  # waited for, then the chain goes on alone
-        answers[i] = _finish(chains[i], ex.measure(spec), ex.measure)
+        answers[i] = _finish(chains[i], ex.measure(spec), ex)
     return [answers[i] for i in range(len(chains))]
 
 
-def _finish(chain: Steps[R], result: TrialResult, run: Callable[[TrialSpec], TrialResult]
-            ) -> R:
-    """A chain resumed with ``result``, run to its end one run at a time."""
+def _finish(chain: Chain[R], result: Any, ex: Executor) -> R:
+    """A chain resumed with ``result`` (None: from its start), run to its end one run at a
+    time (``Executor.measure``, ``Executor.run_proposal``)."""
     try:
-        spec = chain.send(result)
+        step = chain.send(result)
         while True:
-            spec = chain.send(run(spec))
+            step = chain.send(ex.run_proposal(step) if isinstance(step, Proposal)
+                              else ex.measure(step))
     except StopIteration as done:
         return done.value
+
+
+def _remeasured(ex: Executor, proposal: Proposal, run: _Run, again: TrialResult
+                ) -> tuple[TrialResult, TrialRecord]:
+    """A re-measure's result classified and told to the study (its evidence is the
+    stage's to take: ``remeasure.tell``)."""
+    rec, value = classify(proposal.candidate, again, ex.ev.results, ex.ev.baseline,
+                          ex.plan.report, ex.settings)
+    ex.study.tell(run.trial, again, value, kind="re-measure")
+    return again, rec
 
 
 @dataclass
@@ -206,10 +230,12 @@ class _Run:
     trial: Any
     start_s: float
     kept_s: float
+    proposal: Proposal | None = None
+    """A re-measure's proposal (a chain's step: ``run_chains``); None for a measure."""
 
 
-def _begin(ex: Executor, spec: TrialSpec, kind: RunKind, claimed: Asked | None = None
-           ) -> Begun[Any]:
+def _begin(ex: Executor, spec: TrialSpec, kind: RunKind, claimed: Asked | None = None,
+           proposal: Proposal | None = None) -> Begun[Any]:
     """A run's start: its limits (``Executor.limited``), its study trial (its progress once it
     has a slot: ``_started``); ``claimed``: its claim in a joined study, released when a
     limit stops it."""
@@ -223,7 +249,7 @@ def _begin(ex: Executor, spec: TrialSpec, kind: RunKind, claimed: Asked | None =
     trial = running.__enter__()
     ex.in_flight += 1
     return Begun(spec, _Run(spec, kind, running, trial, ex.clock() - ex.tally.start,
-                            ex.kept_s))
+                            ex.kept_s, proposal))
 
 
 def _started(ex: Executor, item: object, run: object, slot: Slot) -> None:

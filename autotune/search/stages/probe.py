@@ -18,10 +18,10 @@ from autotune.knobs import KNOBS, skip_reason, timed_baseline
 from autotune.memory import Steps, broken_uncapped, drive, hint_for, probe_steps
 from autotune.search import bounds, fits
 from autotune.search._records import Candidate
-from autotune.search.batch import run_chains
+from autotune.search.batch import Chain, run_chains
 from autotune.search.executor import Executor
 from autotune.search.rules import Skip, skip
-from autotune.search.stages.remeasure import remeasure
+from autotune.search.stages.remeasure import proposals, remeasure, tell
 from autotune.skip_sentences import Context
 
 
@@ -30,13 +30,17 @@ def run(ex: Executor) -> bool:
     frees memory rescues it: no baseline, the search ends (the api says what it would take)."""
     ev, plan = ex.ev, ex.plan
     first = plan.first_classes()
+    noisy = False  # the noise's re-measure left to run beside the next probes
     for i, knobs in enumerate(first):
-        if ex.slots is not None and knobs != plan.base:
+        if ex.slots is not None and i:
             # Several slots: the classes after the baseline probed at once, each its own
-            # chain of runs (one class's probe does not wait for another's), eager first.
+            # chain of runs (one class's probe does not wait for another's), eager first,
+            # beside the noise's re-measure (told before any of them goes on: every cut
+            # reads it).
             rest = sorted(first[i:], key=lambda c: (
                 c.compiled, -ev.precision_best(c.precision) if c.compiled else 0.0))
-            run_chains(ex, [setting_steps(ex, k) for k in rest])
+            probes = [setting_steps(ex, k) for k in rest]
+            run_chains(ex, [noise_steps(ex), *probes] if noisy else probes, first=noisy)
             break
         if knobs.compiled:  # the most promising precision first (its eager
             # run's speed): a strong leader early lets the probes after it stop sooner
@@ -47,7 +51,9 @@ def run(ex: Executor) -> bool:
             base = ev.probes[plan.base]
             if base.max_micro_batch:
                 name_baseline(ex, Candidate(knobs=knobs, micro_batch=base.max_micro_batch))
-                measure_noise(ex)
+                noisy = ex.slots is not None and len(first) > 1  # beside the next probes
+                if not noisy:
+                    measure_noise(ex)
             elif not rescue_baseline(ex):
                 return False
     left = []  # (several slots: the refinements worth a probe, probed at once)
@@ -70,11 +76,36 @@ def measure_noise(ex: Executor) -> None:
     of ``Evidence.noise_level``, which every bound and cut reads. Not where the baseline's
     timing came from the store (its re-check is the race's), nothing is re-measured
     (``--confirm 0``) or its run did not time every step."""
+    base = _noise_key(ex)
+    if base is not None:
+        remeasure(ex, [base], cold_first=False)
+        _noise_said(ex, base)
+
+
+def noise_steps(ex: Executor) -> Chain[None]:
+    """``measure_noise`` as a chain of one run (``batch.run_chains``: with several slots,
+    beside the next classes' first runs)."""
+    base = _noise_key(ex)
+    if base is None:
+        return
+    proposal = proposals(ex, [base], cold_first=False)[0]
+    again, rec = yield proposal
+    tell(ex, proposal, again, rec)
+    _noise_said(ex, base)
+
+
+def _noise_key(ex: Executor) -> Candidate | None:
+    """The baseline, where its noise is measured (``measure_noise``); else None."""
     ev, base = ex.ev, ex.ev.baseline
     if base is None or base in ev.stored or ev.settings.num_confirm <= 0 \
             or ev.runs.get(base, 1) >= 2 or ev.score(base, full=True) is None:
-        return
-    remeasure(ex, [base], cold_first=False)
+        return None
+    return base
+
+
+def _noise_said(ex: Executor, base: Candidate) -> None:
+    """The gap between the baseline's two runs, said (rule ``noise``)."""
+    ev = ex.ev
     gap = ev.drift.get(base)
     if gap is not None:
         ev.decide(skip("noise", base.key(), gap=gap, noise=ev.noise_level,
