@@ -13,17 +13,24 @@ N asked: wall cost (simulated wall / the table's serial exhaustive pass), device
 runs' walls / that pass), pick quality (the pick's truth / the best's), and whether the pick is
 N = 1's.
 
+The replay device draws each run's noise in the order runs are made, so a search of N
+slots, whose runs come in another order, draws other noise for every later run: ``same``
+then counts the noise's doing too. ``--noise keyed`` draws each run's noise by its
+candidate instead (``KeyedDevice``), so that N = 1 and N = 8 differ by their decisions.
+
 Run: ``python benchmarks/replay_parallel.py [--seeds 10] [--workers 1,2,4,8] [--only NAME]
-[--write NAME]``.
+[--noise drawn|keyed] [--write NAME]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import heapq
 import io
 import json
+import random
 import statistics
 import sys
 import time
@@ -74,11 +81,29 @@ class SimSlots(Slots):
         return Done(ticket, slot, result)  # type: ignore[arg-type]
 
 
-def replay_one(table: Table, seed: int, width: int, plan) -> dict:
-    """One search of ``table`` at ``seed`` on ``width`` simulated slots."""
+class KeyedDevice(ReplayDevice):
+    """The replay device with each run's draws (which recorded run, its noise) seeded by the
+    table's seed, its candidate and how many runs of it came before, not by the order of all
+    runs (``--noise keyed``): N slots reorder the runs without reshuffling every later run's
+    noise, so what differs between N = 1 and N = 8 is their decisions."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.seen: collections.Counter = collections.Counter()
+
+    def __call__(self, spec: TrialSpec) -> TrialResult:
+        key = (Candidate.of(spec).key(), spec.cold_compile, spec.num_timed_steps > 0)
+        self.rng = random.Random(f"{self.seed}/{key}/{self.seen[key]}")
+        self.seen[key] += 1
+        return super().__call__(spec)
+
+
+def replay_one(table: Table, seed: int, width: int, plan, keyed: bool = False) -> dict:
+    """One search of ``table`` at ``seed`` on ``width`` simulated slots (``keyed``: its
+    noise drawn per candidate, ``KeyedDevice``)."""
     plan_, classes, values = plan
     settings = settings_of(table)
-    device = ReplayDevice(table, seed)
+    device = (KeyedDevice if keyed else ReplayDevice)(table, seed)
     slots = SimSlots(device, width) if width > 1 else None
     with contextlib.redirect_stderr(io.StringIO()):
         outcome = run_search(plan_, classes, settings, values=values, run=device,
@@ -93,10 +118,10 @@ def replay_one(table: Table, seed: int, width: int, plan) -> dict:
             "on_slots": sum(1 for r in outcome.runs if r.slot not in ("", "sim 0"))}
 
 
-def score(table: Table, seeds: int, workers: list[int]) -> dict:
+def score(table: Table, seeds: int, workers: list[int], keyed: bool = False) -> dict:
     """Per N: the medians over seeds, and the share of seeds picking N = 1's pick."""
     plan = plan_of(table)
-    by_n = {n: [replay_one(table, s, n, plan) for s in range(seeds)] for n in workers}
+    by_n = {n: [replay_one(table, s, n, plan, keyed) for s in range(seeds)] for n in workers}
     serial = by_n[1]
     out = {"name": table.name, "candidates": len(table.entries), "pass_s": table.pass_s(),
            "by_workers": {}}
@@ -166,11 +191,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", default="1,2,4,8")
     parser.add_argument("--only", default="")
     parser.add_argument("--write", metavar="NAME", default="")
+    parser.add_argument("--noise", choices=("drawn", "keyed"), default="drawn",
+                        help="drawn: the replay device's draws in the order of the runs; "
+                             "keyed: per candidate (KeyedDevice)")
     args = parser.parse_args(argv)
     workers = sorted({1, *(int(n) for n in args.workers.split(","))})
     started, commit = time.perf_counter(), _commit()
     tables = [t for t in all_tables() if not args.only or t.name in args.only.split(",")]
-    results = [score(t, args.seeds, workers) for t in tables]
+    results = [score(t, args.seeds, workers, args.noise == "keyed") for t in tables]
     summ = summary(results, workers)
     text = render(results, workers)
     print(text)
