@@ -123,7 +123,11 @@ def score(table: Table, seeds: int, workers: list[int], keyed: bool = False) -> 
     plan = plan_of(table)
     by_n = {n: [replay_one(table, s, n, plan, keyed) for s in range(seeds)] for n in workers}
     serial = by_n[1]
+    # The pick's own noise: N = 1 under the other noise (drawn <-> keyed), the same decisions.
+    other = [replay_one(table, s, 1, plan, not keyed) for s in range(seeds)]
     out = {"name": table.name, "candidates": len(table.entries), "pass_s": table.pass_s(),
+           "same_pick_1_other_noise": sum(f["pick"] == s["pick"] for f, s in zip(
+               other, serial, strict=True)) / seeds,
            "by_workers": {}}
     for n, found in by_n.items():
         q = [f["quality"] for f in found]
@@ -145,9 +149,10 @@ def score(table: Table, seeds: int, workers: list[int], keyed: bool = False) -> 
 
 
 def render(results: list[dict], workers: list[int]) -> str:
-    """A table per N: wall cost, device cost, pick quality, same pick as N = 1."""
+    """A table per N: wall cost, device cost, pick quality, same pick as N = 1; then
+    ``noise``: the share of seeds where N = 1 under the other noise picks the same."""
     lines = [f"{'table':<26} {'cands':>5}  " + "  ".join(
-        f"N={n}: wall  dev  q.med  q.p10 same" for n in workers)]
+        f"N={n}: wall  dev  q.med  q.p10 same" for n in workers) + "  noise"]
     for r in results:
         cells = []
         for n in workers:
@@ -155,14 +160,16 @@ def render(results: list[dict], workers: list[int]) -> str:
             cells.append(f"     {b['wall_cost']['median']:.3f} {b['device_cost']['median']:.3f}"
                          f"  {b['pick_quality']['median']:.3f}  {b['pick_quality']['p10']:.3f}"
                          f" {b['same_pick_as_1']:.2f}")
-        lines.append(f"{r['name']:<26} {r['candidates']:>5}  " + "  ".join(cells))
+        lines.append(f"{r['name']:<26} {r['candidates']:>5}  " + "  ".join(cells)
+                     + f"   {r['same_pick_1_other_noise']:.2f}")
     return "\n".join(lines)
 
 
 def summary(results: list[dict], workers: list[int]) -> dict:
     """Per N, over tables: the median and worst wall cost (all; the large spaces' median and
     best), the speedup over N = 1 (median, best, tables over 1.01x), the worst pick quality
-    median and the same-pick share."""
+    median and the same-pick share (and N = 1's under the other noise: the pick's own
+    noise, the same for every N)."""
     out = {}
     for n in workers:
         rows = [r["by_workers"][str(n)] for r in results]
@@ -181,6 +188,10 @@ def summary(results: list[dict], workers: list[int]) -> dict:
             "quality_median_worst": min(b["pick_quality"]["median"] for b in rows),
             "same_pick_as_1_median": statistics.median(b["same_pick_as_1"] for b in rows),
             "same_pick_as_1_worst": min(b["same_pick_as_1"] for b in rows),
+            "same_pick_1_other_noise_median": statistics.median(
+                r["same_pick_1_other_noise"] for r in results),
+            "same_pick_1_other_noise_worst": min(
+                r["same_pick_1_other_noise"] for r in results),
         }
     return out
 
@@ -215,7 +226,9 @@ def main(argv: list[str] | None = None) -> int:
               f"`{head['command']}` in {head['replay_s']:.0f} s. How: the docstring of "
               "`benchmarks/replay_parallel.py`. Costs are shares of one serial exhaustive "
               "pass; wall: the simulated clock with N slots; dev: device-seconds; q: pick "
-              "quality; same: share of seeds picking N=1's pick.\n\n```\n" + text + "\n```\n\n"
+              "quality; same: share of seeds picking N=1's pick; noise: share of seeds "
+              "where N=1 under the other noise (drawn/keyed) picks the same.\n\n```\n"
+              + text + "\n```\n\n"
               "Summary over tables:\n\n```\n" + json.dumps(summ, indent=1) + "\n```\n")
         for suffix, content in ((".json", json.dumps(body, indent=1) + "\n"), (".md", md)):
             path = here / "results" / f"{args.write}{suffix}"
