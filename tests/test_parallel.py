@@ -182,6 +182,46 @@ def test_with_two_slots_two_classes_probe_at_once_each_its_own_chain() -> None:
     assert pick_winner_record(outcome) == pick_winner_record(one_alone)
 
 
+class _SlowNoise(KnobDevice):
+    """The baseline's second timed run of one micro-batch (the noise's re-measure) takes a
+    while, in real time: the classes' first runs beside it end first."""
+
+    def __call__(self, spec: TrialSpec) -> TrialResult:
+        if spec.knobs == CLASSES[0] and spec.num_timed_steps > 0:
+            timed = self.__dict__.setdefault("timed", [])
+            if spec.micro_batch in timed:
+                time.sleep(0.5)
+            timed.append(spec.micro_batch)
+        return super().__call__(spec)
+
+
+def test_with_two_slots_no_class_goes_on_before_the_noise_is_told() -> None:
+    # The noise's re-measure runs beside the next classes' first runs; every cut reads it, so
+    # no class's next run is decided (begins) before it is told, though that class's first
+    # run ended earlier.
+    events: list[tuple[str, str]] = []
+
+    def on_trial(count, stage, candidate, record) -> None:  # type: ignore[no-untyped-def]
+        if stage.startswith("probe ["):
+            events.append(("ended" if record else "began", candidate.key()))
+
+    device = _SlowNoise(by_class(100, 150, 160, 200, 300, 330))
+    run_search(plan(), CLASSES, SETTINGS, values=VALUES, run=device, slots=_slots(device, 2),
+               on_trial=on_trial)
+    began_noise = next(i for i, (what, key) in enumerate(events) if what == "began"
+                       and events.index(("began", key)) < i)  # the baseline's fit again
+    noise = events[began_noise][1]
+    told = events.index(("ended", noise), began_noise)
+    beside = [key for what, key in events[began_noise + 1:told] if what == "began"]
+    ended = [key for what, key in events[began_noise + 1:told] if what == "ended"]
+    assert ended, events  # classes' first runs began, and ended, beside it
+    setting = {key: key.rsplit("/", 1)[0] for _, key in events}
+    # One run per class beside it: a class's next run begins only once the noise is told.
+    assert len({setting[key] for key in beside}) == len(beside), events
+    after = {setting[key] for what, key in events[told:] if what == "began"}
+    assert {setting[key] for key in ended} <= after, events
+
+
 def test_a_crash_in_one_slot_loses_no_other_slots_result() -> None:
     ended: list[str] = []
     release = threading.Event()
