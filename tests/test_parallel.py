@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 import autotune
 from autotune.child import Child
 from autotune.cli import app
-from autotune.config import TrialResult, TrialSpec
-from autotune.errors import ConfigError
+from autotune.config import Knobs, TrialResult, TrialSpec
+from autotune.errors import ConfigError, WorkloadError
 from autotune.runner import run_in_child
 from autotune.search import SearchOutcome, run_search
 from autotune.search.slots import Begun, Done, Slot, ThreadSlots, dispatch, plan_slots
@@ -220,6 +220,36 @@ def test_with_two_slots_no_class_goes_on_before_the_noise_is_told() -> None:
     assert len({setting[key] for key in beside}) == len(beside), events
     after = {setting[key] for what, key in events[told:] if what == "began"}
     assert {setting[key] for key in ended} <= after, events
+
+
+class _FailsOn(_SlowNoise):
+    """The workload fails on one class (its factory, say, refuses bf16 eager)."""
+
+    def __call__(self, spec: TrialSpec) -> TrialResult:
+        if spec.knobs == Knobs(precision="bf16", compile_mode="off"):
+            return TrialResult(status="workload_error", message="bf16 refused", wall_s=0.1)
+        return super().__call__(spec)
+
+
+def test_a_workload_error_in_one_class_probe_ends_the_search_once_the_others_are_recorded(
+        ) -> None:
+    # bf16 eager's probe fails beside the noise's re-measure (its chain goes on once the
+    # noise is told); the next classes' first runs take its slot meanwhile: each ends and is
+    # recorded, then the workload's error stops the search.
+    events: list[tuple[str, str]] = []
+
+    def on_trial(count, stage, candidate, record) -> None:  # type: ignore[no-untyped-def]
+        events.append(("ended" if record else "began", candidate.key()))
+
+    device = _FailsOn(by_class(100, 150, 160, 200, 300, 330))
+    with pytest.raises(WorkloadError, match="bf16 refused"):
+        run_search(plan(), CLASSES, SETTINGS, values=VALUES, run=device,
+                   slots=_slots(device, 2), on_trial=on_trial)
+    after = events[events.index(("began", "bf16/off/32")):]
+    began = [key for what, key in after if what == "began"]
+    assert {key.rsplit("/", 1)[0] for key in began} - {"bf16/off"}, events  # others beside
+    assert all(("ended", key) in after for key in began), events  # each one recorded
+    assert after[-1] == ("ended", "fp32/off/32"), events  # the noise told; then the error
 
 
 def test_a_crash_in_one_slot_loses_no_other_slots_result() -> None:

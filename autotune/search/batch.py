@@ -9,6 +9,10 @@ candidate a result told meanwhile would have ruled out is not stopped: it ends, 
 is kept as evidence (a batch is proposed from the evidence before it, as one worker would run
 it). The confirm stage's re-measures (the finalists, before the pick) run alone
 (``alone``): no neighbour shares their machine.
+
+A stage whose runs are chains of decisions independent of each other (each class's memory
+probe, each value of a knob) hands the chains over (``run_chains``): with several slots each
+chain has a run in flight, its next decided as soon as its own run before is told.
 """
 
 from __future__ import annotations

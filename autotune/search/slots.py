@@ -3,8 +3,10 @@
 A search process is the coordinator: it decides, and it alone writes the study store; its
 children run on slots. With one slot every run goes as before (``Executor.run``, one after
 another). With N, a batch of runs a stage makes whatever their results (the joint screen's
-proposals, a re-measure's) goes through ``dispatch``: up to N at once, a new one started as
-soon as a slot frees, each result told in the order it arrives.
+proposals, a re-measure's), or chains of runs each decided on its own results (the classes'
+memory probes, a knob's values: ``batch.run_chains``, each chain's next run fed in as it is
+decided), goes through ``dispatch``: up to N at once, a new one started as soon as a slot
+frees, each result told in the order it arrives.
 
 A slot pins its child (``Slot.env``): on CUDA to its own device(s) by UUID
 (``CUDA_VISIBLE_DEVICES`` with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``), on CPU to a disjoint set of
