@@ -9,7 +9,8 @@ boundary and one or two more probes confirm it; before that the search bisects i
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from typing import TypeVar
 
 from autotune.boundary import (
     Point,
@@ -27,6 +28,21 @@ from autotune.units import format_bytes
 
 Runner = Callable[[TrialSpec], TrialResult]
 OnStep = Callable[[Knobs, ProbeStep], None]
+R = TypeVar("R")
+Steps = Generator[TrialSpec, TrialResult, R]
+"""A chain of runs, each decided on the results before: it yields a spec, is sent the spec's
+result, and returns what it found (``drive`` runs one; several run side by side on slots,
+``search.batch.run_chains``)."""
+
+
+def drive(steps: Steps[R], run: Runner) -> R:
+    """Run a chain (``Steps``) one run at a time through ``run``: its answer."""
+    try:
+        spec = next(steps)
+        while True:
+            spec = steps.send(run(spec))
+    except StopIteration as done:
+        return done.value
 
 
 def probe_spec(workload: WorkloadSpec, device: str, knobs: Knobs, micro_batch: int,
@@ -92,7 +108,42 @@ def probe_memory(
     stop_below: Callable[[int, int], str | None] | None = None,
     known: Mapping[int, TrialResult] | None = None,
 ) -> MemoryProbe:
-    """The largest candidate micro-batch whose real training step fits.
+    """The largest candidate micro-batch whose real training step fits (``probe_steps``
+    run one at a time through ``run``).
+
+    Args:
+        run: how to run a spec (the isolated runner; the search passes one that records
+            each run as a trial); the others: ``probe_steps``.
+
+    Raises:
+        WorkloadError: the workload itself fails (factory, batch or model errors).
+    """
+    return drive(probe_steps(
+        workload, device, knobs, candidates, budget_bytes=budget_bytes,
+        usable_bytes=usable_bytes, timeout_s=timeout_s, hint=hint, on_step=on_step,
+        make_spec=make_spec, ranks=ranks, stop_above=stop_above, stop_below=stop_below,
+        known=known), run)
+
+
+def probe_steps(
+    workload: WorkloadSpec,
+    device: str,
+    knobs: Knobs,
+    candidates: Sequence[int],
+    *,
+    budget_bytes: int,
+    usable_bytes: int,
+    timeout_s: float = 900.0,
+    hint: int | None = None,
+    on_step: OnStep | None = None,
+    make_spec: Callable[[int, bool], TrialSpec] | None = None,
+    ranks: int = 1,
+    stop_above: Callable[[int, int], str | None] | None = None,
+    stop_below: Callable[[int, int], str | None] | None = None,
+    known: Mapping[int, TrialResult] | None = None,
+) -> Steps[MemoryProbe]:
+    """The largest candidate micro-batch whose real training step fits, as a chain of runs
+    (``Steps``: each spec yielded is sent its result; ``probe_memory`` runs it).
 
     A candidate fits when its capped child ran every step and its measured peak stayed within
     ``usable_bytes`` (the budget minus headroom). The cap itself is ``budget_bytes``: the gap
@@ -107,8 +158,6 @@ def probe_memory(
         usable_bytes: a fitting peak must stay under this.
         timeout_s: per child.
         hint: a first guess (e.g. another class's boundary); default: the largest candidate.
-        run: how to run a spec (the isolated runner; the search passes one that records
-            each run as a trial).
         on_step: called after each probe, for progress output.
         make_spec: the spec for a micro-batch, told whether the probe may be the class's
             largest fit (default: ``probe_spec``, no timing; the search times such probes, so
@@ -198,7 +247,7 @@ def probe_memory(
         spec = (make_spec(micro_batch, may_be_largest) if make_spec is not None else
                 probe_spec(workload, device, knobs, micro_batch, budget_bytes, timeout_s,
                            ranks=ranks))
-        result = run(spec)
+        result = yield spec
         if result.status in ("workload_error", "error"):
             raise WorkloadError(
                 f"the workload failed at micro-batch {micro_batch} ({knobs.label()}):\n"

@@ -13,17 +13,24 @@ N asked: wall cost (simulated wall / the table's serial exhaustive pass), device
 runs' walls / that pass), pick quality (the pick's truth / the best's), and whether the pick is
 N = 1's.
 
+The replay device draws each run's noise in the order runs are made, so a search of N
+slots, whose runs come in another order, draws other noise for every later run: ``same``
+then counts the noise's doing too. ``--noise keyed`` draws each run's noise by its
+candidate instead (``KeyedDevice``), so that N = 1 and N = 8 differ by their decisions.
+
 Run: ``python benchmarks/replay_parallel.py [--seeds 10] [--workers 1,2,4,8] [--only NAME]
-[--write NAME]``.
+[--noise drawn|keyed] [--write NAME]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import heapq
 import io
 import json
+import random
 import statistics
 import sys
 import time
@@ -74,11 +81,29 @@ class SimSlots(Slots):
         return Done(ticket, slot, result)  # type: ignore[arg-type]
 
 
-def replay_one(table: Table, seed: int, width: int, plan) -> dict:
-    """One search of ``table`` at ``seed`` on ``width`` simulated slots."""
+class KeyedDevice(ReplayDevice):
+    """The replay device with each run's draws (which recorded run, its noise) seeded by the
+    table's seed, its candidate and how many runs of it came before, not by the order of all
+    runs (``--noise keyed``): N slots reorder the runs without reshuffling every later run's
+    noise, so what differs between N = 1 and N = 8 is their decisions."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.seen: collections.Counter = collections.Counter()
+
+    def __call__(self, spec: TrialSpec) -> TrialResult:
+        key = (Candidate.of(spec).key(), spec.cold_compile, spec.num_timed_steps > 0)
+        self.rng = random.Random(f"{self.seed}/{key}/{self.seen[key]}")
+        self.seen[key] += 1
+        return super().__call__(spec)
+
+
+def replay_one(table: Table, seed: int, width: int, plan, keyed: bool = False) -> dict:
+    """One search of ``table`` at ``seed`` on ``width`` simulated slots (``keyed``: its
+    noise drawn per candidate, ``KeyedDevice``)."""
     plan_, classes, values = plan
     settings = settings_of(table)
-    device = ReplayDevice(table, seed)
+    device = (KeyedDevice if keyed else ReplayDevice)(table, seed)
     slots = SimSlots(device, width) if width > 1 else None
     with contextlib.redirect_stderr(io.StringIO()):
         outcome = run_search(plan_, classes, settings, values=values, run=device,
@@ -93,12 +118,16 @@ def replay_one(table: Table, seed: int, width: int, plan) -> dict:
             "on_slots": sum(1 for r in outcome.runs if r.slot not in ("", "sim 0"))}
 
 
-def score(table: Table, seeds: int, workers: list[int]) -> dict:
+def score(table: Table, seeds: int, workers: list[int], keyed: bool = False) -> dict:
     """Per N: the medians over seeds, and the share of seeds picking N = 1's pick."""
     plan = plan_of(table)
-    by_n = {n: [replay_one(table, s, n, plan) for s in range(seeds)] for n in workers}
+    by_n = {n: [replay_one(table, s, n, plan, keyed) for s in range(seeds)] for n in workers}
     serial = by_n[1]
+    # The pick's own noise: N = 1 under the other noise (drawn <-> keyed), the same decisions.
+    other = [replay_one(table, s, 1, plan, not keyed) for s in range(seeds)]
     out = {"name": table.name, "candidates": len(table.entries), "pass_s": table.pass_s(),
+           "same_pick_1_other_noise": sum(f["pick"] == s["pick"] for f, s in zip(
+               other, serial, strict=True)) / seeds,
            "by_workers": {}}
     for n, found in by_n.items():
         q = [f["quality"] for f in found]
@@ -120,9 +149,10 @@ def score(table: Table, seeds: int, workers: list[int]) -> dict:
 
 
 def render(results: list[dict], workers: list[int]) -> str:
-    """A table per N: wall cost, device cost, pick quality, same pick as N = 1."""
+    """A table per N: wall cost, device cost, pick quality, same pick as N = 1; then
+    ``noise``: the share of seeds where N = 1 under the other noise picks the same."""
     lines = [f"{'table':<26} {'cands':>5}  " + "  ".join(
-        f"N={n}: wall  dev  q.med  q.p10 same" for n in workers)]
+        f"N={n}: wall  dev  q.med  q.p10 same" for n in workers) + "  noise"]
     for r in results:
         cells = []
         for n in workers:
@@ -130,14 +160,16 @@ def render(results: list[dict], workers: list[int]) -> str:
             cells.append(f"     {b['wall_cost']['median']:.3f} {b['device_cost']['median']:.3f}"
                          f"  {b['pick_quality']['median']:.3f}  {b['pick_quality']['p10']:.3f}"
                          f" {b['same_pick_as_1']:.2f}")
-        lines.append(f"{r['name']:<26} {r['candidates']:>5}  " + "  ".join(cells))
+        lines.append(f"{r['name']:<26} {r['candidates']:>5}  " + "  ".join(cells)
+                     + f"   {r['same_pick_1_other_noise']:.2f}")
     return "\n".join(lines)
 
 
 def summary(results: list[dict], workers: list[int]) -> dict:
     """Per N, over tables: the median and worst wall cost (all; the large spaces' median and
     best), the speedup over N = 1 (median, best, tables over 1.01x), the worst pick quality
-    median and the same-pick share."""
+    median and the same-pick share (and N = 1's under the other noise: the pick's own
+    noise, the same for every N)."""
     out = {}
     for n in workers:
         rows = [r["by_workers"][str(n)] for r in results]
@@ -156,6 +188,10 @@ def summary(results: list[dict], workers: list[int]) -> dict:
             "quality_median_worst": min(b["pick_quality"]["median"] for b in rows),
             "same_pick_as_1_median": statistics.median(b["same_pick_as_1"] for b in rows),
             "same_pick_as_1_worst": min(b["same_pick_as_1"] for b in rows),
+            "same_pick_1_other_noise_median": statistics.median(
+                r["same_pick_1_other_noise"] for r in results),
+            "same_pick_1_other_noise_worst": min(
+                r["same_pick_1_other_noise"] for r in results),
         }
     return out
 
@@ -166,11 +202,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", default="1,2,4,8")
     parser.add_argument("--only", default="")
     parser.add_argument("--write", metavar="NAME", default="")
+    parser.add_argument("--noise", choices=("drawn", "keyed"), default="drawn",
+                        help="drawn: the replay device's draws in the order of the runs; "
+                             "keyed: per candidate (KeyedDevice)")
     args = parser.parse_args(argv)
     workers = sorted({1, *(int(n) for n in args.workers.split(","))})
     started, commit = time.perf_counter(), _commit()
     tables = [t for t in all_tables() if not args.only or t.name in args.only.split(",")]
-    results = [score(t, args.seeds, workers) for t in tables]
+    results = [score(t, args.seeds, workers, args.noise == "keyed") for t in tables]
     summ = summary(results, workers)
     text = render(results, workers)
     print(text)
@@ -187,7 +226,9 @@ def main(argv: list[str] | None = None) -> int:
               f"`{head['command']}` in {head['replay_s']:.0f} s. How: the docstring of "
               "`benchmarks/replay_parallel.py`. Costs are shares of one serial exhaustive "
               "pass; wall: the simulated clock with N slots; dev: device-seconds; q: pick "
-              "quality; same: share of seeds picking N=1's pick.\n\n```\n" + text + "\n```\n\n"
+              "quality; same: share of seeds picking N=1's pick; noise: share of seeds "
+              "where N=1 under the other noise (drawn/keyed) picks the same.\n\n```\n"
+              + text + "\n```\n\n"
               "Summary over tables:\n\n```\n" + json.dumps(summ, indent=1) + "\n```\n")
         for suffix, content in ((".json", json.dumps(body, indent=1) + "\n"), (".md", md)):
             path = here / "results" / f"{args.write}{suffix}"

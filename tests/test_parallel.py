@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,8 @@ from typer.testing import CliRunner
 import autotune
 from autotune.child import Child
 from autotune.cli import app
-from autotune.config import TrialResult, TrialSpec
-from autotune.errors import ConfigError
+from autotune.config import Knobs, TrialResult, TrialSpec
+from autotune.errors import ConfigError, WorkloadError
 from autotune.runner import run_in_child
 from autotune.search import SearchOutcome, run_search
 from autotune.search.slots import Begun, Done, Slot, ThreadSlots, dispatch, plan_slots
@@ -153,6 +154,105 @@ def test_a_run_behind_a_result_told_while_it_ran_is_kept_as_evidence() -> None:
         fused.knobs, fused.micro_batch]
     assert kept.samples_per_s and ahead.samples_per_s
     assert kept.samples_per_s < ahead.samples_per_s and kept.verdict == "ok"
+
+
+def test_with_two_slots_two_classes_probe_at_once_each_its_own_chain() -> None:
+    # Issue 60: after the baseline, each class's memory probe is a chain of its own; with two
+    # slots two classes' runs are in flight together, each class's next step decided when
+    # its own run before has been told (``on_step``), not after the other class's probe.
+    events: list[tuple[str, str, str]] = []  # (what, class, slot)
+
+    def on_trial(count, stage, candidate, record) -> None:  # type: ignore[no-untyped-def]
+        if stage.startswith("probe [") and record is None:
+            events.append(("began", candidate.knobs.label(), stage.split("[")[1][:-1]))
+
+    def on_step(knobs, step) -> None:  # type: ignore[no-untyped-def]
+        events.append(("told", knobs.label(), ""))
+
+    device = KnobDevice(by_class(100, 150, 160, 200, 300, 330))
+    outcome = run_search(plan(), CLASSES, SETTINGS, values=VALUES, run=device,
+                         slots=_slots(device, 2), on_trial=on_trial, on_step=on_step)
+    together = [(a, b) for a, b in pairwise(events)
+                if a[0] == b[0] == "began" and a[1] != b[1] and a[2] != b[2]]
+    assert together, events  # two classes began, on two slots, neither told in between
+    # The class told first (either: the slots' threads race) begins its next run at once,
+    # while the other's run is still in flight: the chains do not wait for each other.
+    after = events[events.index(together[0][1]) + 1:]
+    first_told = next(i for i, e in enumerate(after) if e[0] == "told")
+    assert after[first_told + 1][:2] == ("began", after[first_told][1]), events
+    assert after[first_told][1] in {together[0][0][1], together[0][1][1]}
+    one_alone = _search(KnobDevice(by_class(100, 150, 160, 200, 300, 330)), 1)
+    assert pick_winner_record(outcome) == pick_winner_record(one_alone)
+
+
+class _SlowNoise(KnobDevice):
+    """The baseline's second timed run of one micro-batch (the noise's re-measure) takes a
+    while, in real time: the classes' first runs beside it end first."""
+
+    def __call__(self, spec: TrialSpec) -> TrialResult:
+        if spec.knobs == CLASSES[0] and spec.num_timed_steps > 0:
+            timed = self.__dict__.setdefault("timed", [])
+            if spec.micro_batch in timed:
+                time.sleep(0.5)
+            timed.append(spec.micro_batch)
+        return super().__call__(spec)
+
+
+def test_with_two_slots_no_class_goes_on_before_the_noise_is_told() -> None:
+    # The noise's re-measure runs beside the next classes' first runs; every cut reads it, so
+    # no class's next run is decided (begins) before it is told, though that class's first
+    # run ended earlier.
+    events: list[tuple[str, str]] = []
+
+    def on_trial(count, stage, candidate, record) -> None:  # type: ignore[no-untyped-def]
+        if stage.startswith("probe ["):
+            events.append(("ended" if record else "began", candidate.key()))
+
+    device = _SlowNoise(by_class(100, 150, 160, 200, 300, 330))
+    run_search(plan(), CLASSES, SETTINGS, values=VALUES, run=device, slots=_slots(device, 2),
+               on_trial=on_trial)
+    began_noise = next(i for i, (what, key) in enumerate(events) if what == "began"
+                       and events.index(("began", key)) < i)  # the baseline's fit again
+    noise = events[began_noise][1]
+    told = events.index(("ended", noise), began_noise)
+    beside = [key for what, key in events[began_noise + 1:told] if what == "began"]
+    ended = [key for what, key in events[began_noise + 1:told] if what == "ended"]
+    assert ended, events  # classes' first runs began, and ended, beside it
+    setting = {key: key.rsplit("/", 1)[0] for _, key in events}
+    # One run per class beside it: a class's next run begins only once the noise is told.
+    assert len({setting[key] for key in beside}) == len(beside), events
+    after = {setting[key] for what, key in events[told:] if what == "began"}
+    assert {setting[key] for key in ended} <= after, events
+
+
+class _FailsOn(_SlowNoise):
+    """The workload fails on one class (its factory, say, refuses bf16 eager)."""
+
+    def __call__(self, spec: TrialSpec) -> TrialResult:
+        if spec.knobs == Knobs(precision="bf16", compile_mode="off"):
+            return TrialResult(status="workload_error", message="bf16 refused", wall_s=0.1)
+        return super().__call__(spec)
+
+
+def test_a_workload_error_in_one_class_probe_ends_the_search_once_the_others_are_recorded(
+        ) -> None:
+    # bf16 eager's probe fails beside the noise's re-measure (its chain goes on once the
+    # noise is told); the next classes' first runs take its slot meanwhile: each ends and is
+    # recorded, then the workload's error stops the search.
+    events: list[tuple[str, str]] = []
+
+    def on_trial(count, stage, candidate, record) -> None:  # type: ignore[no-untyped-def]
+        events.append(("ended" if record else "began", candidate.key()))
+
+    device = _FailsOn(by_class(100, 150, 160, 200, 300, 330))
+    with pytest.raises(WorkloadError, match="bf16 refused"):
+        run_search(plan(), CLASSES, SETTINGS, values=VALUES, run=device,
+                   slots=_slots(device, 2), on_trial=on_trial)
+    after = events[events.index(("began", "bf16/off/32")):]
+    began = [key for what, key in after if what == "began"]
+    assert {key.rsplit("/", 1)[0] for key in began} - {"bf16/off"}, events  # others beside
+    assert all(("ended", key) in after for key in began), events  # each one recorded
+    assert after[-1] == ("ended", "fp32/off/32"), events  # the noise told; then the error
 
 
 def test_a_crash_in_one_slot_loses_no_other_slots_result() -> None:

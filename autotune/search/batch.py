@@ -9,14 +9,18 @@ candidate a result told meanwhile would have ruled out is not stopped: it ends, 
 is kept as evidence (a batch is proposed from the evidence before it, as one worker would run
 it). The confirm stage's re-measures (the finalists, before the pick) run alone
 (``alone``): no neighbour shares their machine.
+
+A stage whose runs are chains of decisions independent of each other (each class's memory
+probe, each value of a knob) hands the chains over (``run_chains``): with several slots each
+chain has a run in flight, its next decided as soon as its own run before is told.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from autotune.config import TrialResult, TrialSpec
 from autotune.schema import RunKind, TrialRecord
@@ -26,6 +30,7 @@ from autotune.search.claims import Elsewhere
 from autotune.search.executor import Executor, Proposal, Stop
 from autotune.search.slots import Begun, Done, Slot, dispatch
 
+R = TypeVar("R")
 Refused = Callable[[Proposal, Stop], None]
 """Called when a limit stops a proposal (before it starts, or cutting it short)."""
 
@@ -104,14 +109,8 @@ def run_proposals(ex: Executor, batch: Sequence[Proposal], *, alone: bool = Fals
     def end(proposal: Proposal, run: object, done: Done) -> tuple[TrialResult, TrialRecord]:
         assert isinstance(run, _Run)
 
-        def told(again: TrialResult) -> tuple[TrialResult, TrialRecord]:
-            rec, value = classify(proposal.candidate, again, ex.ev.results, ex.ev.baseline,
-                                  ex.plan.report, ex.settings)
-            ex.study.tell(run.trial, again, value, kind="re-measure")
-            return again, rec
-
         try:
-            return _end(ex, run, done, told)
+            return _end(ex, run, done, partial(_remeasured, ex, proposal, run))
         except Stop as stop:
             if refused is not None:
                 refused(proposal, stop)
@@ -125,6 +124,105 @@ def run_proposals(ex: Executor, batch: Sequence[Proposal], *, alone: bool = Fals
         ex.slot = ""
 
 
+Chain = Generator[TrialSpec | Proposal, Any, R]
+"""A chain of runs (as ``memory.Steps``): each step a spec (a probe or a timing, sent its
+result) or a ``Proposal`` (a re-measure, sent its result and record)."""
+
+
+def run_chains(ex: Executor, chains: Sequence[Chain[R]], *, first: bool = False
+               ) -> list[R]:
+    """Chains of runs (``Chain``: each class's memory probe, a knob's values) side by side,
+    their answers in the chains' order. With one slot each chain runs to its end in turn
+    (``memory.drive``, through ``Executor.measure``). With several, each chain has one run
+    at a time on a slot: its next run is decided (the chain resumed with the result) once
+    the one before has ended and been told, and starts as a slot frees; the chains do not
+    wait for each other. ``first``: the first chain's every run is told before any other
+    chain's next run is decided (the noise's re-measure, which every cut reads: the others'
+    first runs start beside it). A step the evidence or the study answers costs no run; one
+    another node runs now (a joined study) is waited for once the others are done."""
+    if ex.slots is None:
+        return [_finish(chain, None, ex) for chain in chains]
+    answers: dict[int, R] = {}
+    told: dict[int, Any] = {}  # per chain, the result its next step is decided on
+    parked: dict[int, TrialSpec] = {}  # per chain, the run another node makes now
+    held: list[int] = []  # chains told while the first still runs (``first``)
+    feed: list[int] = []
+
+    def start(i: int) -> Begun[int]:
+        result = told.pop(i, None)
+        while True:
+            try:
+                step = chains[i].send(result)  # (None: a chain's first step)
+            except StopIteration as done:
+                answers[i] = done.value
+                if i == 0:
+                    feed.extend(held)
+                    held.clear()
+                return Begun()
+            if isinstance(step, Proposal):
+                if step.stored is not None:  # the study answers it: no child runs
+                    result = ex.run_proposal(step)
+                    continue
+                return _begin(ex, step.spec, "re-measure", proposal=step)
+            result = ex.answered(step)
+            if result is not None:
+                continue
+            kind: RunKind = "trial" if step.num_timed_steps > 0 else "probe"
+            claimed = ex.study.claim(Candidate.of(step), kind, ex.plan.micro_batches,
+                                     wait=False)
+            if claimed is None:
+                parked[i] = step
+                return Begun()
+            if isinstance(claimed, TrialResult):
+                result = ex.heard(step, claimed)
+                continue
+            return _begin(ex, step, kind, claimed)
+
+    def end(i: int, run: object, done: Done) -> None:
+        assert isinstance(run, _Run)
+        if run.proposal is not None:
+            told[i] = _end(ex, run, done, partial(_remeasured, ex, run.proposal, run))
+        else:
+            rec = _end(ex, run, done, lambda result: ex.took(run.spec, run.trial, result))
+            if rec is not None:
+                ex.progress(Candidate.of(run.spec), rec)
+            told[i] = done.result
+        # its next step, decided when it starts (after the first chain's end: ``first``)
+        (held if first and i and 0 not in answers else feed).append(i)
+
+    try:
+        for _ in dispatch(ex.slots, range(len(chains)), start, end, partial(_started, ex),
+                          feed=feed):
+            pass
+    finally:
+        ex.slot = ""
+    for i, spec in parked.items():  # waited for, then the chain goes on alone
+        answers[i] = _finish(chains[i], ex.measure(spec), ex)
+    return [answers[i] for i in range(len(chains))]
+
+
+def _finish(chain: Chain[R], result: Any, ex: Executor) -> R:
+    """A chain resumed with ``result`` (None: from its start), run to its end one run at a
+    time (``Executor.measure``, ``Executor.run_proposal``)."""
+    try:
+        step = chain.send(result)
+        while True:
+            step = chain.send(ex.run_proposal(step) if isinstance(step, Proposal)
+                              else ex.measure(step))
+    except StopIteration as done:
+        return done.value
+
+
+def _remeasured(ex: Executor, proposal: Proposal, run: _Run, again: TrialResult
+                ) -> tuple[TrialResult, TrialRecord]:
+    """A re-measure's result classified and told to the study (its evidence is the
+    stage's to take: ``remeasure.tell``)."""
+    rec, value = classify(proposal.candidate, again, ex.ev.results, ex.ev.baseline,
+                          ex.plan.report, ex.settings)
+    ex.study.tell(run.trial, again, value, kind="re-measure")
+    return again, rec
+
+
 @dataclass
 class _Run:
     """A run started on a slot: what its end needs."""
@@ -136,10 +234,12 @@ class _Run:
     trial: Any
     start_s: float
     kept_s: float
+    proposal: Proposal | None = None
+    """A re-measure's proposal (a chain's step: ``run_chains``); None for a measure."""
 
 
-def _begin(ex: Executor, spec: TrialSpec, kind: RunKind, claimed: Asked | None = None
-           ) -> Begun[Any]:
+def _begin(ex: Executor, spec: TrialSpec, kind: RunKind, claimed: Asked | None = None,
+           proposal: Proposal | None = None) -> Begun[Any]:
     """A run's start: its limits (``Executor.limited``), its study trial (its progress once it
     has a slot: ``_started``); ``claimed``: its claim in a joined study, released when a
     limit stops it."""
@@ -153,7 +253,7 @@ def _begin(ex: Executor, spec: TrialSpec, kind: RunKind, claimed: Asked | None =
     trial = running.__enter__()
     ex.in_flight += 1
     return Begun(spec, _Run(spec, kind, running, trial, ex.clock() - ex.tally.start,
-                            ex.kept_s))
+                            ex.kept_s, proposal))
 
 
 def _started(ex: Executor, item: object, run: object, slot: Slot) -> None:

@@ -3,8 +3,10 @@
 A search process is the coordinator: it decides, and it alone writes the study store; its
 children run on slots. With one slot every run goes as before (``Executor.run``, one after
 another). With N, a batch of runs a stage makes whatever their results (the joint screen's
-proposals, a re-measure's) goes through ``dispatch``: up to N at once, a new one started as
-soon as a slot frees, each result told in the order it arrives.
+proposals, a re-measure's), or chains of runs each decided on its own results (the classes'
+memory probes, a knob's values: ``batch.run_chains``, each chain's next run fed in as it is
+decided), goes through ``dispatch``: up to N at once, a new one started as soon as a slot
+frees, each result told in the order it arrives.
 
 A slot pins its child (``Slot.env``): on CUDA to its own device(s) by UUID
 (``CUDA_VISIBLE_DEVICES`` with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``), on CPU to a disjoint set of
@@ -202,10 +204,12 @@ class Begun(Generic[T]):
 def dispatch(slots: Slots, items: Sequence[T], start: Callable[[T], Begun[T]],
              end: Callable[[T, object, Done], R],
              started: Callable[[T, object, Slot], None] | None = None,
-             ) -> Iterator[tuple[T, R | object]]:
+             feed: list[T] | None = None) -> Iterator[tuple[T, R | object]]:
     """Run ``items`` on ``slots``: each started in order (``start``) as a slot frees (and
     said, ``started``, once it has its slot), each yielded with its ``end`` in the order the
-    runs end (an item answered without a run, at once).
+    runs end (an item answered without a run, at once). ``feed``: items the caller adds
+    while it runs (at a yield: a chain's next run once the one before it was told), started
+    after those waiting.
 
     Nothing finished is lost: where ``start`` or ``end`` raises (a limit's ``Stop``), no item
     starts after it, the runs still running end and are yielded, then it is raised; where the
@@ -217,7 +221,10 @@ def dispatch(slots: Slots, items: Sequence[T], start: Callable[[T], Begun[T]],
     tickets = itertools.count()
     error: BaseException | None = None
     try:
-        while waiting or running:
+        while waiting or running or feed:
+            if feed:
+                waiting += feed
+                feed.clear()
             if waiting and error is None and len(running) < slots.width:
                 item = waiting.pop(0)
                 try:

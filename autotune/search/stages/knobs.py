@@ -14,13 +14,15 @@ from collections.abc import Sequence
 
 from autotune.config import Knobs
 from autotune.knobs import KNOBS, Knob, skip_reason
+from autotune.memory import Steps, drive
 from autotune.search import bounds, fits
 from autotune.search._records import Candidate
+from autotune.search.batch import run_chains
 from autotune.search.evidence import Interval
 from autotune.search.executor import Executor
 from autotune.search.plan import recompute_twin
 from autotune.search.rules import skip
-from autotune.search.stages.probe import probe_setting
+from autotune.search.stages.probe import probe_setting, setting_steps
 
 
 def run(ex: Executor) -> None:
@@ -108,7 +110,11 @@ def screen_knob(ex: Executor, knob: Knob, leader: Candidate,
                 lowered: list[tuple[str, str, Candidate]]) -> Candidate | None:
     """The knobs stage for one knob: each of its values on ``leader`` (``screen``); a value that
     peaked below the leader joins ``lowered``. For a knob that frees no memory, the
-    leader after it (None for one that does)."""
+    leader after it (None for one that does). Each value's runs are a chain of their own
+    (``value_steps``, ``probe_recompute``, ``setting_steps``): one after another with one
+    slot; with several, the values' chains side by side (``batch.run_chains``), each decided
+    on the leader as the knob's screening began."""
+    chains: list[Steps[object]] = []
     for value in ex.plan.values.get(knob.name, ()):
         if value == getattr(leader.knobs, knob.name):
             continue
@@ -125,23 +131,39 @@ def screen_knob(ex: Executor, knob: Knob, leader: Candidate,
             why = bounds.recompute(ex.ev, leader)
         if why:
             ex.ev.decide(why.within("not-tried", knobs.label()))
-        elif recompute:
-            probe_recompute(ex, knobs)
-        elif value in knob.frees_memory:
-            probe_setting(ex, knobs)
+            continue
+        chain = recompute_steps(ex, knobs) if recompute else setting_steps(ex, knobs) \
+            if value in knob.frees_memory else value_steps(ex, knob, value, leader, lowered)
+        if ex.slots is None:
+            drive(chain, ex.measure)
         else:
-            result = ex.measure(ex.spec(timed_here))
-            if result.status == "oom":  # it needs more memory than the leader's
-                probe_setting(ex, knobs)
-            elif fits.lower_peak(ex.ev, leader, timed_here):
-                # its boundary may be above the leader's
-                lowered.append((knob.name, value, timed_here))
+            chains.append(chain)
+    run_chains(ex, chains)
     now = ex.ev.leader()
     ex.reach.screen(knob.name)
     return None if knob.frees_memory else now
 
 
+def value_steps(ex: Executor, knob: Knob, value: str, leader: Candidate,
+                lowered: list[tuple[str, str, Candidate]]) -> Steps[None]:
+    """A value of a knob that frees no memory timed on the leader at its micro-batch;
+    probed where it needs more memory than the leader's, or joins ``lowered`` where it
+    peaked lower (``screen_knob``)."""
+    knobs = leader.knobs.with_(**{knob.name: value})
+    timed_here = Candidate(knobs=knobs, micro_batch=leader.micro_batch)
+    result = yield ex.spec(timed_here)
+    if result.status == "oom":  # it needs more memory than the leader's
+        yield from setting_steps(ex, knobs)
+    elif fits.lower_peak(ex.ev, leader, timed_here):  # its boundary may be above the leader's
+        lowered.append((knob.name, value, timed_here))
+
+
 def probe_recompute(ex: Executor, knobs: Knobs) -> None:
+    """``recompute_steps`` one run at a time."""
+    drive(recompute_steps(ex, knobs), ex.measure)
+
+
+def recompute_steps(ex: Executor, knobs: Knobs) -> Steps[None]:
     """Probe a checkpointing value above the largest micro-batch its setting fits without
     it: checkpointing recomputes each checkpointed block's forward, so at a micro-batch
     the setting fits without it (without allocator retries: memory pressure is what
@@ -155,14 +177,14 @@ def probe_recompute(ex: Executor, knobs: Knobs) -> None:
     # can make a step faster.
     fit = fits.largest_fit(ex.ev, twin, calm=True)
     if not fit:  # nothing known to fit without it: the whole range is open
-        probe_setting(ex, knobs)
+        yield from setting_steps(ex, knobs)
         return
     if fit >= ex.plan.per_device:
         ex.ev.decide(skip(
             "recompute-twin", knobs.label(), "whole-batch", context="not-tried",
             twin=twin.label(), per_device=ex.plan.per_device, largest=fit))
         return
-    probe = probe_setting(ex, knobs, above=fit)
+    probe = yield from setting_steps(ex, knobs, above=fit)
     if probe.max_micro_batch:
         ex.ev.decide(skip("recompute-twin", knobs.label(), "below-fit",
                           twin=twin.label(), largest=fit))

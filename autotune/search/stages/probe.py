@@ -15,12 +15,13 @@ from __future__ import annotations
 from autotune.config import Knobs, MemoryProbe
 from autotune.errors import BROKEN
 from autotune.knobs import KNOBS, skip_reason, timed_baseline
-from autotune.memory import broken_uncapped, hint_for, probe_memory
+from autotune.memory import Steps, broken_uncapped, drive, hint_for, probe_steps
 from autotune.search import bounds, fits
 from autotune.search._records import Candidate
+from autotune.search.batch import Chain, run_chains
 from autotune.search.executor import Executor
 from autotune.search.rules import Skip, skip
-from autotune.search.stages.remeasure import remeasure
+from autotune.search.stages.remeasure import proposals, remeasure, tell
 from autotune.skip_sentences import Context
 
 
@@ -29,7 +30,18 @@ def run(ex: Executor) -> bool:
     frees memory rescues it: no baseline, the search ends (the api says what it would take)."""
     ev, plan = ex.ev, ex.plan
     first = plan.first_classes()
+    noisy = False  # the noise's re-measure left to run beside the next probes
     for i, knobs in enumerate(first):
+        if ex.slots is not None and i:
+            # Several slots: the classes after the baseline probed at once, each its own
+            # chain of runs (one class's probe does not wait for another's), eager first,
+            # beside the noise's re-measure (told before any of them goes on: every cut
+            # reads it).
+            rest = sorted(first[i:], key=lambda c: (
+                c.compiled, -ev.precision_best(c.precision) if c.compiled else 0.0))
+            probes = [setting_steps(ex, k) for k in rest]
+            run_chains(ex, [noise_steps(ex), *probes] if noisy else probes, first=noisy)
+            break
         if knobs.compiled:  # the most promising precision first (its eager
             # run's speed): a strong leader early lets the probes after it stop sooner
             first[i:] = sorted(first[i:], key=lambda c: -ev.precision_best(c.precision))
@@ -39,16 +51,22 @@ def run(ex: Executor) -> bool:
             base = ev.probes[plan.base]
             if base.max_micro_batch:
                 name_baseline(ex, Candidate(knobs=knobs, micro_batch=base.max_micro_batch))
-                measure_noise(ex)
+                noisy = ex.slots is not None and len(first) > 1  # beside the next probes
+                if not noisy:
+                    measure_noise(ex)
             elif not rescue_baseline(ex):
                 return False
+    left = []  # (several slots: the refinements worth a probe, probed at once)
     for knobs in plan.refining_classes():
         why_not = bounds.mode(ev, knobs)
         if why_not:
             ex.reach.consider(knobs)
             ev.decide(why_not)
-        else:
+        elif ex.slots is None:
             probe_setting(ex, knobs)
+        else:
+            left.append(knobs)
+    run_chains(ex, [setting_steps(ex, k) for k in left])
     return True
 
 
@@ -58,11 +76,36 @@ def measure_noise(ex: Executor) -> None:
     of ``Evidence.noise_level``, which every bound and cut reads. Not where the baseline's
     timing came from the store (its re-check is the race's), nothing is re-measured
     (``--confirm 0``) or its run did not time every step."""
+    base = _noise_key(ex)
+    if base is not None:
+        remeasure(ex, [base], cold_first=False)
+        _noise_said(ex, base)
+
+
+def noise_steps(ex: Executor) -> Chain[None]:
+    """``measure_noise`` as a chain of one run (``batch.run_chains``: with several slots,
+    beside the next classes' first runs)."""
+    base = _noise_key(ex)
+    if base is None:
+        return
+    proposal = proposals(ex, [base], cold_first=False)[0]
+    again, rec = yield proposal
+    tell(ex, proposal, again, rec)
+    _noise_said(ex, base)
+
+
+def _noise_key(ex: Executor) -> Candidate | None:
+    """The baseline, where its noise is measured (``measure_noise``); else None."""
     ev, base = ex.ev, ex.ev.baseline
     if base is None or base in ev.stored or ev.settings.num_confirm <= 0 \
             or ev.runs.get(base, 1) >= 2 or ev.score(base, full=True) is None:
-        return
-    remeasure(ex, [base], cold_first=False)
+        return None
+    return base
+
+
+def _noise_said(ex: Executor, base: Candidate) -> None:
+    """The gap between the baseline's two runs, said (rule ``noise``)."""
+    ev = ex.ev
     gap = ev.drift.get(base)
     if gap is not None:
         ev.decide(skip("noise", base.key(), gap=gap, noise=ev.noise_level,
@@ -70,7 +113,14 @@ def measure_noise(ex: Executor) -> None:
 
 
 def probe_setting(ex: Executor, knobs: Knobs, *, above: int = 0) -> MemoryProbe:
-    """Find the setting's largest fitting micro-batch, and time it.
+    """Find the setting's largest fitting micro-batch, and time it (``setting_steps``, one
+    run at a time)."""
+    return drive(setting_steps(ex, knobs, above=above), ex.measure)
+
+
+def setting_steps(ex: Executor, knobs: Knobs, *, above: int = 0) -> Steps[MemoryProbe]:
+    """Find the setting's largest fitting micro-batch, and time it: a chain of runs
+    (``memory.Steps``), each decided on the evidence as it stands when the one before ends.
 
     A probe that may be the largest fit times its config in the same run; bisection
     points only measure memory. When the boundary turns out to be such a point, it is
@@ -115,12 +165,12 @@ def probe_setting(ex: Executor, knobs: Knobs, *, above: int = 0) -> MemoryProbe:
         return 0 < fits.largest_fit(ex.ev, knobs) < micro_batch
 
     considered = [m for m in ex.plan.micro_batches if m > above]
-    probe = probe_memory(
+    probe = yield from probe_steps(
         ex.plan.report.workload, ex.plan.report.device.device, knobs, considered,
         budget_bytes=ex.plan.report.budget_bytes, usable_bytes=ex.plan.usable,
         timeout_s=ex.ev.settings.timeout_s,
         hint=considered[0] if above else hint_for(knobs, ex.ev.probes.values()),
-        run=ex.measure, on_step=ex.on_step, stop_above=stop_above,
+        on_step=ex.on_step, stop_above=stop_above,
         stop_below=stop_below,
         make_spec=lambda m, largest: ex.spec(candidate(m), timed=timed(m, largest)),
         known={c.micro_batch: r for c, r in [*ex.ev.probe_runs.items(),
@@ -134,7 +184,7 @@ def probe_setting(ex: Executor, knobs: Knobs, *, above: int = 0) -> MemoryProbe:
                                          for n in probe.notes):
         ex.ev.unfound(knobs)  # its smaller micro-batches were never tried: not "none"
     if probe.max_micro_batch:
-        ex.measure(ex.spec(candidate(probe.max_micro_batch)))  # reused when timed
+        yield ex.spec(candidate(probe.max_micro_batch))  # reused when timed
     return probe
 
 
