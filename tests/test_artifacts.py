@@ -242,6 +242,9 @@ def _record(folder: Path) -> CompileArtifacts:
     return record
 
 
+# slow: a compiled child's artifacts, made by the fixture; the everyday run keeps every refusal of a
+# handmade file in this process
+@pytest.mark.slow
 @pytest.mark.subprocess
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -427,6 +427,8 @@ def test_the_deep_gpt_workload_needs_checkpointing_for_micro_batch_8_under_its_c
     assert fits(Knobs(checkpointing="blocks"), 16)
 
 
+# slow: the slow set rehearses every step of the GPU suite on the CPU
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_gpu_suite_dry_run_lists_every_step_within_ten_minutes(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}

@@ -604,7 +604,10 @@ def test_script_sets_the_allocator_before_cuda(tmp_path: Path,
     # fp16 runs everyday in test_generated_script_writes_its_checkpoint_where_out_says_..., a
     # file workload in test_file_workload_is_imported_by_path: slow here
     pytest.param("default-fp16", marks=pytest.mark.slow),
-    pytest.param("file-fp32", marks=pytest.mark.slow), "default-ckpt-foreach"])
+    pytest.param("file-fp32", marks=pytest.mark.slow),
+    # slow too: the everyday run keeps the default script's run (test_codegen_parts.py) and
+    # checkpointing and foreach applied by the library step (test_estimate.py, test_knobs.py)
+    pytest.param("default-ckpt-foreach", marks=pytest.mark.slow)])
 def test_generated_script_runs(tmp_path: Path, name: str) -> None:
     config = {"default-fp16": small(precision="fp16"),
               "file-fp32": small(workload=my_workload_spec()),
@@ -679,6 +682,9 @@ def test_generated_script_runs_its_strategy_under_torchrun(tmp_path: Path,
         assert exp_avg.shape == trained["blocks.0.fc.weight"].shape
 
 
+# slow: the everyday run keeps an FSDP job of two ranks (test_ranks.py) and the generated DDP step
+# under two ranks
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_generated_fsdp_script_without_torchrun_says_so_and_runs_one_process(
         tmp_path: Path) -> None:
@@ -857,8 +863,10 @@ def test_hostile_hf_values_stay_literals() -> None:
 
 @pytest.mark.subprocess
 @pytest.mark.parametrize("file_name", [
-    pytest.param("model.v2.py", marks=pytest.mark.slow),  # slow: the same path as a stdlib name
-    "time.py"])
+    # slow, both: a workload file imported by path runs everyday in test_check.py's moved
+    # checkout
+    pytest.param("model.v2.py", marks=pytest.mark.slow),
+    pytest.param("time.py", marks=pytest.mark.slow)])
 def test_file_workload_is_imported_by_path(tmp_path: Path, file_name: str) -> None:
     """A dotted stem or a stdlib name broke ``import_module(stem)``; by path they run."""
     workload = _workload_file(tmp_path / "wl", file_name, helper=True)

@@ -109,6 +109,8 @@ def test_a_tuned_compiled_hf_lm_fed_random_lengths_recompiles_at_most_twice_per_
     assert not hits  # no frame fell back to eager
 
 
+# slow: inductor compiles until the limit; the everyday run keeps how each entry point compiles
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_a_recompile_limit_hit_is_said_in_one_line_with_what_to_do(
         compiles: _Compiles) -> None:

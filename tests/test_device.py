@@ -137,6 +137,9 @@ print(json.dumps(said))
 """
 
 
+# slow: a search under ulimit -v in a shell; the everyday run keeps the budget's arithmetic under a
+# hard limit in this process
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_a_hard_address_space_limit_bounds_the_budget_and_names_itself() -> None:
     """Under a hard ``ulimit -v`` every child failed with "ValueError: current limit exceeds

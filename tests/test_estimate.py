@@ -505,6 +505,10 @@ def test_assert_fits_with_knobs():
                     compile_mode="default")
 
 
+# slow: ten traces of a deep GPT; the everyday run keeps assert_fits
+# (test_assert_fits_passes_and_fails) and the checkpointed estimate
+# (test_checkpointing_frees_the_blocks_activations)
+@pytest.mark.slow
 @pytest.mark.subprocess
 @pytest.mark.slow
 @pytest.mark.parametrize("checkpointing", ["blocks", "alternate"])

@@ -124,6 +124,8 @@ def test_two_nodes_of_two_slots_each_split_the_joint_screens_batches(
     assert a["winner"] == b["winner"] == winner_of(solo)
 
 
+# slow: waits out a claim's 30 s; the everyday run keeps two nodes sharing one study
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_a_node_killed_mid_run_has_its_claim_failed_by_the_heartbeat_and_run_again(
         postgres: Cluster, tmp_path: Path) -> None:  # noqa: F811

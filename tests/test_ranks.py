@@ -229,7 +229,9 @@ def test_a_job_of_ranks_leaves_nothing_in_the_temporary_folder(
 
 @pytest.mark.subprocess
 @pytest.mark.parametrize(("workload", "status", "cause"), [
-    ("rank_killed", "crash", "rank 1 of 2 killed by SIGKILL"),
+    # slow: a killed child named as a crash runs everyday (test_runner.py's segfault), a rank's
+    # fault ending the job in the case below
+    pytest.param("rank_killed", "crash", "rank 1 of 2 killed by SIGKILL", marks=pytest.mark.slow),
     # slow: a rank's OOM named as the job's cause runs everyday in test_the_cause_wins_over_its_
     # echoes, a fault that leaves no rank behind in the case above
     pytest.param("rank_oom", "oom", "rank 1 of 2: RuntimeError", marks=pytest.mark.slow),

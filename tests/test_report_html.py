@@ -400,6 +400,9 @@ needs_browser = pytest.mark.skipif(
                               "install one (apt-get install chromium) to run the browser test")
 
 
+# slow: a real browser; the everyday run keeps the page's HTML, script and data checked in this
+# process
+@pytest.mark.slow
 @pytest.mark.subprocess
 @needs_browser
 def test_page_renders_in_headless_chromium(tmp_path: Path) -> None:
@@ -416,6 +419,9 @@ def test_page_renders_in_headless_chromium(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
 
 
+# slow: a real browser; the everyday run keeps the page's HTML, script and data checked in this
+# process
+@pytest.mark.slow
 @pytest.mark.subprocess
 @needs_browser
 def test_page_shows_its_own_script_errors_and_undrawn_plots(tmp_path: Path) -> None:

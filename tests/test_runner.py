@@ -233,7 +233,10 @@ def test_a_leak_is_named_when_it_runs_out_of_memory(results: dict[str, TrialResu
     assert probe.status == "ok", probe.message  # what a probe of micro-batch 1 sees
     assert result.status == "oom", result.message
     first = result.message.splitlines()[0]
-    assert first.startswith("memory grew by 4.0 MiB every optimizer step (steps 2-"), first
+    # 2 MiB a sample at micro-batch 2 kept each step: 4.0 MiB, 4.2 seen beside other tests
+    # (the address space counts the allocator's own growth too)
+    rate = re.match(r"memory grew by (\d+\.\d) MiB every optimizer step \(steps 2-", first)
+    assert rate and 3.9 <= float(rate[1]) <= 4.5, first
     assert "a leak" in first
     assert "can't allocate memory" in result.message  # the OOM itself follows
     # The series was kept although a later step failed.

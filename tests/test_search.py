@@ -115,6 +115,9 @@ def test_probes_that_oom_are_recorded_infeasible(tmp_path: Path) -> None:
     assert len(study.trials) == outcome.num_runs == len(trials) + len(probes)
 
 
+# slow: the everyday run keeps the store's reuse of every run (test_store.py) and the README's
+# PostgreSQL resume (test_storage.py)
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_resume_from_storage_reuses_completed_runs(tmp_path: Path) -> None:
     settings = dataclasses.replace(FAST, num_confirm=0, storage=f"sqlite:///{tmp_path}/s.db",
@@ -198,6 +201,10 @@ def test_a_search_ended_by_max_trials_says_so_not_interrupted(tmp_path: Path) ->
         assert "was interrupted" not in text, written
 
 
+# slow: a search interrupted mid-trial; the everyday run keeps a signal in the window where the
+# outputs are written (test_signals.py), the slow set Ctrl-C twice and SIGTERM on a whole search
+# (test_reliability.py)
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_ctrl_c_keeps_and_writes_the_best_so_far(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "autotune.cli", "search", "--workload", TINY.target,

@@ -127,7 +127,9 @@ def test_a_second_signal_while_the_first_is_handled_keeps_the_search_s_result() 
 
 
 @pytest.mark.subprocess
-@pytest.mark.parametrize("where", ["tuned_config", "write_outputs"])
+@pytest.mark.parametrize("where", [
+    # slow: the same window, entered one call earlier
+    pytest.param("tuned_config", marks=pytest.mark.slow), "write_outputs"])
 def test_a_signal_after_the_last_run_waits_for_the_writes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
     """The window the defect lived in (4 of 4 tries lost the search): the runs are over, the
