@@ -279,13 +279,14 @@ def timeline_plot(c: TunedConfig) -> Drawn:
     if not runs:
         return Drawn(figure=None, notes=("every run was reused from the study store" if c.runs
                                          else "this file records no run times",))
-    names = [_e(f"#{r.number} {r.kind} {r.label()}" + (f" [{r.slot}]" if r.slot else "") + (
-        " (cut by the budget)" if r.cut else "" if r.status == "ok" else f" ({r.status})"))
-        for r in runs]
-    # A parallel search (``--parallel``): one lane per slot, each run a bar in its slot's lane
-    # (a slot runs one at a time); else one row per run.
-    lanes = sorted({r.slot for r in runs if r.slot})
-    rows = [_e(r.slot or "one at a time") for r in runs] if lanes else names
+    names = [_e(f"#{r.number} {r.kind} {r.label()}" + (f" [{r.where()}]" if r.where() else "")
+                + (" (cut by the budget)" if r.cut else "" if r.status == "ok"
+                   else f" ({r.status})")) for r in runs]
+    # A parallel search (``--parallel``) or a node of a joined study (``--join``): one lane per
+    # slot and node, each run a bar in its lane (a slot runs one at a time); else one row per
+    # run.
+    lanes = sorted({r.where() for r in runs if r.where()})
+    rows = [_e(r.where() or "one at a time") for r in runs] if lanes else names
     parts = []
     for r in runs:
         wall = r.wall_s or 0.0
@@ -310,8 +311,10 @@ def timeline_plot(c: TunedConfig) -> Drawn:
                       yaxis={"autorange": "reversed", "type": "category"})
     notes = [note, "Dotted bars: memory probes; hatched: re-measurements of a close race."]
     if lanes:
-        notes.append(f"One lane per slot of {len(lanes)} that ran children at once "
-                     "(--parallel): hover a bar for its run.")
+        joined = any(r.node for r in runs)
+        notes.append(f"One lane per {'node and ' if joined else ''}slot of {len(lanes)} that ran "
+                     f"children{'' if joined else ' at once'} "
+                     f"({'--join' if joined else '--parallel'}): hover a bar for its run.")
     if c.cost is not None:
         notes.append(f"In all: {c.cost.describe()}.")
     return Drawn(figure=fig, notes=tuple(notes))

@@ -253,10 +253,17 @@ class RunRecord(HasKnobs):
     slot: Text = ""
     """The slot that ran it in a search of several at once (``--parallel``: ``cuda:3``,
     ``cpu 0-3``); "" one at a time."""
+    node: Text = ""
+    """The node that ran it in a study several nodes share (``--join``: ``host:pid``, as its
+    claim in the study names it); "" for a search of one node."""
 
     def label(self) -> str:
         """E.g. ``bf16/default 16`` (the micro-batch)."""
         return f"{self.knobs.label()} {self.micro_batch}"
+
+    def where(self) -> str:
+        """Where it ran: ``node5:4121 cuda:3`` (node and slot), "" one at a time on one node."""
+        return " ".join(filter(None, (self.node, self.slot)))
 
 
 RuleId = Annotated[str, Field(pattern=r"^[a-z][a-z-]{0,39}$")]

@@ -55,7 +55,8 @@ def main(url: str, study: str, out: str, hang: str = "", width: str = "1") -> No
         "ran": [[r.kind, f"{r.knobs.label()}/{r.micro_batch}"] for r in outcome.runs
                 if r.stored_at is None],
         "note": outcome.study.note if outcome.study is not None else "",
-        "outputs_by": writer, "me": claims.who()}))
+        "outputs_by": writer, "me": claims.who(),
+        "nodes": sorted({r.node for r in outcome.runs if r.stored_at is None})}))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 
 from autotune.cli import app
 from autotune.errors import ConfigError
-from autotune.search import SearchSettings, run_search, tuned_config
+from autotune.search import SearchSettings, claims, run_search, tuned_config
 from tests.scripted import CLASSES, VALUES, KnobDevice, ScriptedDevice, by_class, plan
 from tests.scripted import SETTINGS as IN_MEMORY
 from tests.test_storage import Cluster, postgres, search_with_server_stopped  # noqa: F401
@@ -95,6 +95,9 @@ def test_two_nodes_share_one_study_and_together_run_each_candidate_once(
     assert max(together.values()) == 1, together  # no probe or timing made twice
     assert set(together) == set(alone)  # and none left out
     assert a["winner"] == b["winner"] == winner(solo) == "bf16/default/32"
+    # Each node's runs name it (runs[].node: host:pid, as its claims do); a search alone, none.
+    assert a["nodes"] == [a["me"]] and b["nodes"] == [b["me"]] and a["me"] != b["me"]
+    assert {r.node for r in solo.runs} == {claims.who()}
     # The outputs: written by the first node to end, once; the other names it.
     assert (a["outputs_by"], b["outputs_by"]) in (("", a["me"]), (b["me"], ""))
     # A search of the study that begins after they ended (a resume) writes its own.

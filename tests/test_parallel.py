@@ -122,6 +122,7 @@ def test_a_search_on_two_slots_runs_the_same_candidates_and_picks_the_same() -> 
     assert _ran(two) == _ran(one)
     assert pick_winner_record(two) == pick_winner_record(one)
     assert {r.slot for r in one.runs} == {""}  # one at a time: no slot said
+    assert {r.node for r in one.runs} == {r.node for r in two.runs} == {""}  # one node
     # A batch ran on both; a run outside one, on the first (pinned as the batch's are).
     assert {r.slot for r in two.runs} == {"cpu 0", "cpu 1"}
     assert two.cost.parallel == 2 and two.cost.device_s == pytest.approx(two.cost.child_s)

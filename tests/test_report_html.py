@@ -461,3 +461,18 @@ def test_timeline_draws_one_lane_per_slot_of_a_parallel_search() -> None:
     assert bars.hovertext[3].startswith("#4 trial bf16/off 16 [cuda:1]: ")
     assert "One lane per slot of 2" in " ".join(drawn.notes)
     assert timeline_plot(searched()).figure.data[0].y[0] == "#1 trial fp32/off 64"
+
+
+def test_timeline_of_a_joined_node_names_the_node_in_each_lane_and_bar() -> None:
+    """--join (issue 60): the node that ran each run, host:pid as its claim names it, beside
+    its slot; without slots one lane for the node."""
+    runs = searched().runs
+    node = "node5:4121"
+    drawn = timeline_plot(searched(runs=tuple(replace(r, node=node) for r in runs)))
+    bars = drawn.figure.data[0]
+    assert set(bars.y) == {node}
+    assert bars.hovertext[0].startswith(f"#1 trial fp32/off 64 [{node}]: ")
+    assert "One lane per node and slot of 1 that ran children (--join)" in " ".join(drawn.notes)
+    both = timeline_plot(searched(runs=tuple(replace(r, node=node, slot="cuda:1")
+                                             for r in runs)))
+    assert set(both.figure.data[0].y) == {f"{node} cuda:1"}

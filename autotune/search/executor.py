@@ -24,7 +24,7 @@ from autotune.schema import RunKind, RunRecord, TrialRecord
 from autotune.search._records import Candidate, SearchSettings, classify, run_record
 from autotune.search._store import open_search_study
 from autotune.search._study import Asked
-from autotune.search.claims import Elsewhere
+from autotune.search.claims import Elsewhere, who
 from autotune.search.evidence import Evidence, Interval
 from autotune.search.forecast import RunCount, forecast
 from autotune.search.plan import Plan
@@ -358,7 +358,8 @@ class Executor:
         cut = result.status == "timeout" and spec.timeout_s < self.settings.timeout_s
         tally.run_log.append(replace(run_record(
             len(tally.run_log), kind, Candidate.of(spec), result, self.plan.usable,
-            start_s=start_s, compiled=spec.compiled, cut=cut), slot=slot))
+            start_s=start_s, compiled=spec.compiled, cut=cut), slot=slot,
+            node=who() if self.settings.join else ""))
         tally.cost["child_s"] += result.wall_s or 0.0
         tally.cost["compile_s"] += (result.compile_s or 0.0) if spec.compiled \
             else 0.0
