@@ -215,6 +215,10 @@ TEMPLATES: Mapping[str, str] = {
     "baseline-rescued": (
         "{base} fits no micro-batch in {usable:bytes} usable: the baseline is {target}, the "
         "first setting that frees enough memory"),
+    "near-miss": (
+        "{target} peaked at {peak:bytes}, over the {usable:bytes} usable but under the "
+        "{budget:bytes} cap (the headroom kept for the allocator's noise): {tried} probed from "
+        "there too, each a value that frees no memory by design but may land under"),
     "fsdp-root": (
         "fsdp: no repeated blocks to shard one by one, so FSDP2 shards the root alone (every "
         "parameter gathered at once in forward and backward: less memory saved at the peak); "

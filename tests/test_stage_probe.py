@@ -178,6 +178,67 @@ def test_when_fp32_eager_fits_nothing_checkpointing_is_the_baseline_offered() ->
                for s in outcome.skipped)
 
 
+def _near_miss_device(fp32_off_1_mib: float) -> KnobDevice:
+    """fp32 eager peaks ``fp32_off_1_mib`` at micro-batch 1 (900 MiB usable, a 1000 MiB
+    cap); the fused optimizer's temporaries are 40 MiB smaller, and fused at 1 outruns what
+    checkpointing fits (as the shrunk EPYC deep GPT of the replay's budget-shrink family).
+    Every other class fits nothing."""
+    return KnobDevice(by_class(100, 150, 160, 200, 300, 330),
+                      peak_mib=lambda m: 100 + (fp32_off_1_mib - 100) * m,
+                      peaks={c: lambda m: 5000 * m for c in (
+                          "fp32/default", "fp32/max-autotune", "bf16/off", "bf16/default",
+                          "bf16/max-autotune")},
+                      ckpt_speed={"off": 1.0, "alternate": 0.7, "blocks": 0.6},
+                      impl_saves_mib={"fused": 40.0})
+
+
+def test_a_baseline_that_misses_within_the_headroom_has_its_other_values_probed_there() -> None:
+    # fp32/off/1 ran every step at 920 MiB: over the 900 usable, under the 1000 cap (rule
+    # near-miss). Checkpointing still rescues the baseline; the optimizer values are probed
+    # at 1 as well, and fused fits there (880 MiB): it runs 55 samples/s, where the best
+    # checkpointing fits runs 0.6 x 0.6 x 100 (blocks at 2) or 0.7 x 1.1 x 0.5 x 100
+    # (alternate with fused at 1).
+    device = _near_miss_device(920)
+    outcome, records = knob_search(device)
+    assert outcome.baseline is not None and outcome.baseline.knobs.checkpointing == "blocks"
+    winner = pick_winner_record(outcome)
+    assert winner is not None and f"{winner.knobs.label()}/{winner.micro_batch}" \
+        == "fp32/off+opt=fused/1"
+    assert records["fp32/off+opt=fused/1"].samples_per_s == pytest.approx(55)
+    assert any(s.startswith("fp32/off/1 peaked at 920.00 MiB, over the 900.00 MiB usable "
+                            "but under the 1000.00 MiB cap") for s in outcome.skipped)
+
+
+def test_a_baseline_over_the_cap_has_no_other_value_probed_without_freeing_memory() -> None:
+    # 1020 MiB at 1 is over the cap (the run was killed): no near miss, the rescue alone.
+    device = _near_miss_device(1020)
+    outcome, _ = knob_search(device)
+    assert outcome.baseline is not None and outcome.baseline.knobs.checkpointing == "blocks"
+    assert not any(s.knobs.checkpointing == "off" and s.knobs.optimizer_impl != "default"
+                   and s.micro_batch == 1 for s in device.specs)
+    assert not any("peaked at" in s and "under the" in s for s in outcome.skipped)
+
+
+def test_another_class_that_misses_within_the_headroom_has_its_other_values_probed() -> None:
+    # fp32 eager fits 32; bf16 eager peaks 920 MiB at 1 (inside the headroom), and the fused
+    # optimizer's 40 MiB less fits there: 500 x 1.1 x 0.5 = 275 samples/s, where fp32
+    # eager's best with fused is 110 (as the shrunk EPYC CNN of the replay's budget-shrink
+    # family, where bf16 eager just missed at 1).
+    device = KnobDevice(by_class(100, 150, 160, 500, 300, 330),
+                        peaks={"bf16/off": lambda m: 920 * m,
+                               **{c: lambda m: 5000 * m for c in (
+                                   "fp32/default", "fp32/max-autotune", "bf16/default",
+                                   "bf16/max-autotune")}},
+                        impl_saves_mib={"fused": 40.0})
+    outcome, records = knob_search(device)
+    assert outcome.baseline is not None and outcome.baseline.key() == "fp32/off/32"
+    winner = pick_winner_record(outcome)
+    assert winner is not None and f"{winner.knobs.label()}/{winner.micro_batch}" \
+        == "bf16/off+opt=fused/1"
+    assert records["bf16/off+opt=fused/1"].samples_per_s == pytest.approx(275)
+    assert any(s.startswith("bf16/off/1 peaked at 920.00 MiB") for s in outcome.skipped)
+
+
 def _pair_device(above_8: float) -> KnobDevice:
     """Memory binds at 8 (100 + 90 MiB a sample) but for bf16 eager (40 MiB a sample: it fits
     16, and its probe times 8 and 16); above 8 each sample runs ``above_8`` times as fast as

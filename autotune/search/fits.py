@@ -134,3 +134,17 @@ def known_baseline(ev: Evidence) -> Candidate | None:
     fits = [c for c, r in ev.results.items()
             if c.knobs == ev.plan.base and r.fits(ev.usable)]
     return max(fits, key=lambda c: c.micro_batch, default=None)
+
+
+def near_miss(ev: Evidence, knobs: Knobs) -> int | None:
+    """The peak of ``knobs`` at the smallest micro-batch where that run went through every
+    step under the cap but peaked over the usable memory (rule ``near-miss``): a miss inside
+    the headroom, the margin kept for the allocator's run-to-run noise, so a value that frees
+    no memory by design may land under it. None: it fit, failed, or was not run there."""
+    probe = ev.probes.get(knobs)
+    smallest = ev.plan.micro_batches[0]
+    step = next((s for s in (probe.steps if probe else ()) if s.micro_batch == smallest), None)
+    if step is None or step.fits or step.status != "ok" or not step.peak_bytes \
+            or not ev.usable < step.peak_bytes <= ev.plan.report.budget_bytes:
+        return None
+    return step.peak_bytes

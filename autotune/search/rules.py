@@ -66,6 +66,8 @@ RULES: Mapping[str, str] = {
     # notes on the space
     "baseline-rescued": "fp32 eager fits nothing: the first value that frees memory is the "
                         "baseline",
+    "near-miss": "a class whose smallest micro-batch peaked inside the headroom has the "
+                 "values that free no memory by design probed there too",
     "fsdp-root": "FSDP2 without repeated blocks shards the root alone",
     "probe": "a memory probe's own note",
     "space": "a class or knob value the device or the request leaves out of the space",

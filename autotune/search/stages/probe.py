@@ -56,6 +56,9 @@ def run(ex: Executor) -> bool:
                     measure_noise(ex)
             elif not rescue_baseline(ex):
                 return False
+    for knobs in first:
+        if knobs != plan.base:  # the baseline's near miss is its rescue's
+            near_miss(ex, knobs)
     left = []  # (several slots: the refinements worth a probe, probed at once)
     for knobs in plan.refining_classes():
         why_not = bounds.mode(ev, knobs)
@@ -112,20 +115,23 @@ def _noise_said(ex: Executor, base: Candidate) -> None:
                        confirm_within=ev.settings.confirm_within))
 
 
-def probe_setting(ex: Executor, knobs: Knobs, *, above: int = 0) -> MemoryProbe:
+def probe_setting(ex: Executor, knobs: Knobs, *, above: int = 0,
+                  hint: int | None = None) -> MemoryProbe:
     """Find the setting's largest fitting micro-batch, and time it (``setting_steps``, one
     run at a time)."""
-    return drive(setting_steps(ex, knobs, above=above), ex.measure)
+    return drive(setting_steps(ex, knobs, above=above, hint=hint), ex.measure)
 
 
-def setting_steps(ex: Executor, knobs: Knobs, *, above: int = 0) -> Steps[MemoryProbe]:
+def setting_steps(ex: Executor, knobs: Knobs, *, above: int = 0,
+                  hint: int | None = None) -> Steps[MemoryProbe]:
     """Find the setting's largest fitting micro-batch, and time it: a chain of runs
     (``memory.Steps``), each decided on the evidence as it stands when the one before ends.
 
     A probe that may be the largest fit times its config in the same run; bisection
     points only measure memory. When the boundary turns out to be such a point, it is
     timed afterwards. ``above``: only larger micro-batches are considered (the probe
-    starts at the next one up: the smaller ones cannot win, ``probe_recompute``)."""
+    starts at the next one up: the smaller ones cannot win, ``probe_recompute``); ``hint``:
+    the first micro-batch tried (default: the most alike setting's boundary)."""
 
     def candidate(micro_batch: int) -> Candidate:
         return Candidate(knobs=knobs, micro_batch=micro_batch)
@@ -169,7 +175,7 @@ def setting_steps(ex: Executor, knobs: Knobs, *, above: int = 0) -> Steps[Memory
         ex.plan.report.workload, ex.plan.report.device.device, knobs, considered,
         budget_bytes=ex.plan.report.budget_bytes, usable_bytes=ex.plan.usable,
         timeout_s=ex.ev.settings.timeout_s,
-        hint=considered[0] if above else hint_for(knobs, ex.ev.probes.values()),
+        hint=considered[0] if above else hint or hint_for(knobs, ex.ev.probes.values()),
         on_step=ex.on_step, stop_above=stop_above,
         stop_below=stop_below,
         make_spec=lambda m, largest: ex.spec(candidate(m), timed=timed(m, largest)),
@@ -223,7 +229,7 @@ def rescue_baseline(ex: Executor) -> bool:
             return False
     for knob in KNOBS[2:]:
         for value in knob.frees_memory:
-            if value not in ex.plan.values.get(knob.name, ()):
+            if value not in ex.plan.values.get(knob.name, ()) or ex.ev.baseline is not None:
                 continue
             knobs = ex.plan.base.with_(**{knob.name: value})
             why = skip_reason(knobs, ex.ev.traits)
@@ -237,8 +243,33 @@ def rescue_baseline(ex: Executor) -> bool:
                 ex.ev.decide(skip(
                     "baseline-rescued", ex.ev.baseline.key(),
                     base=ex.plan.base.label(), usable=ex.plan.usable))
-                return True
-    return False
+    near_miss(ex, ex.plan.base)
+    return ex.ev.baseline is not None
+
+
+def near_miss(ex: Executor, setting: Knobs) -> None:
+    """``setting``'s smallest micro-batch ran under the cap but peaked over the usable memory
+    (``fits.near_miss``, rule ``near-miss``): each value the plan offers of a knob that frees
+    no memory by design is probed on it from there up (one knob changed, as the rescue's),
+    for it may land under; one that fits is a setting like any probed. Where nothing rescued
+    the baseline (``setting`` fp32 eager), the first that fits here is the baseline."""
+    peak, smallest = fits.near_miss(ex.ev, setting), ex.plan.micro_batches[0]
+    if peak is None:
+        return
+    tried = [knobs for knob in KNOBS[2:] for value in ex.plan.values.get(knob.name, ())
+             if value != knob.default and value not in knob.frees_memory
+             and not skip_reason(knobs := setting.with_(**{knob.name: value}), ex.ev.traits)
+             and knobs not in ex.ev.probes]
+    if tried:
+        ex.ev.decide(skip("near-miss", Candidate(knobs=setting, micro_batch=smallest).key(),
+                          peak=peak, usable=ex.plan.usable, budget=ex.plan.report.budget_bytes,
+                          tried=", ".join(k.label() for k in tried)))
+    for knobs in tried:
+        probe = probe_setting(ex, knobs, hint=smallest)
+        if probe.max_micro_batch and ex.ev.baseline is None and setting == ex.plan.base:
+            name_baseline(ex, Candidate(knobs=knobs, micro_batch=probe.max_micro_batch))
+            ex.ev.decide(skip("baseline-rescued", ex.ev.baseline.key(),
+                              base=ex.plan.base.label(), usable=ex.plan.usable))
 
 
 def _probe_note(target: str, note: str) -> Skip:
