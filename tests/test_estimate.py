@@ -445,6 +445,9 @@ def test_the_request_travels_to_a_child_with_its_knobs():
     assert from_json_dict(EstimateRequest, data) == request
 
 
+# slow: the everyday run keeps the checkpointed estimate (test_checkpointing_frees_the_blocks_
+# activations) and check measuring a checkpointed config as checkpointed (below)
+@pytest.mark.slow
 def test_check_estimates_a_checkpointed_config_as_checkpointed(tmp_path):
     """An autotune.json tuned with checkpointing=blocks is checked with its blocks
     checkpointed, and corrected by the calibration stored under its own label."""
@@ -491,6 +494,10 @@ def test_check_measures_a_checkpointed_config_as_checkpointed(tmp_path):
     assert "measured on the device;" in checkpointed.message
 
 
+# slow: ten traces of a deep GPT; the everyday run keeps assert_fits
+# (test_assert_fits_passes_and_fails) and the checkpointed estimate
+# (test_checkpointing_frees_the_blocks_activations)
+@pytest.mark.slow
 def test_assert_fits_with_knobs():
     workload = deep_gpt(2)
     off = estimate_step(workload, 8, kernels="cuda").peak_bytes
@@ -505,10 +512,6 @@ def test_assert_fits_with_knobs():
                     compile_mode="default")
 
 
-# slow: ten traces of a deep GPT; the everyday run keeps assert_fits
-# (test_assert_fits_passes_and_fails) and the checkpointed estimate
-# (test_checkpointing_frees_the_blocks_activations)
-@pytest.mark.slow
 @pytest.mark.subprocess
 @pytest.mark.slow
 @pytest.mark.parametrize("checkpointing", ["blocks", "alternate"])

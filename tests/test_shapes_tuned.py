@@ -83,12 +83,12 @@ def test_a_tuned_compiled_config_fed_30_random_lengths_stays_within_its_policys_
     assert not hits  # no frame fell back to eager
 
 
+# slow, every policy: the everyday run keeps a trial timing drawn lengths (test_shapes.py,
+# buckets) and the tuned config's padding of each length in this process (above)
+@pytest.mark.slow
 @pytest.mark.subprocess
 @pytest.mark.parametrize(("shapes", "compile_mode"), [
-    pytest.param("max", "off", marks=pytest.mark.slow), ("buckets", "off"),
-    pytest.param("dynamic", "off", marks=pytest.mark.slow),
-    pytest.param("buckets", "default", marks=pytest.mark.slow)])  # compiled: the default run
-# keeps the script's eager buckets and a tuned compiled config fed random lengths
+    ("max", "off"), ("buckets", "off"), ("dynamic", "off"), ("buckets", "default")])
 def test_the_generated_script_trains_on_drawn_lengths_under_each_policy(
         tmp_path, shapes: str, compile_mode: str) -> None:
     import subprocess
