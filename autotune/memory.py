@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from autotune.boundary import (
     Point,
@@ -90,39 +90,16 @@ def hint_for(knobs: Knobs, probes: Iterable[MemoryProbe]) -> int | None:
     return max(found, key=alike).max_micro_batch
 
 
-def probe_memory(
-    workload: WorkloadSpec,
-    device: str,
-    knobs: Knobs,
-    candidates: Sequence[int],
-    *,
-    budget_bytes: int,
-    usable_bytes: int,
-    timeout_s: float = 900.0,
-    hint: int | None = None,
-    run: Runner = run_isolated,
-    on_step: OnStep | None = None,
-    make_spec: Callable[[int, bool], TrialSpec] | None = None,
-    ranks: int = 1,
-    stop_above: Callable[[int, int], str | None] | None = None,
-    stop_below: Callable[[int, int], str | None] | None = None,
-    known: Mapping[int, TrialResult] | None = None,
-) -> MemoryProbe:
-    """The largest candidate micro-batch whose real training step fits (``probe_steps``
-    run one at a time through ``run``).
-
-    Args:
-        run: how to run a spec (the isolated runner; the search passes one that records
-            each run as a trial); the others: ``probe_steps``.
+def probe_memory(workload: WorkloadSpec, device: str, knobs: Knobs, candidates: Sequence[int],
+                 *, run: Runner = run_isolated, **options: Any) -> MemoryProbe:
+    """The largest candidate micro-batch whose real training step fits: ``probe_steps`` (its
+    ``options``: the budget, usable memory, hint, limits) run one at a time through ``run``
+    (the isolated runner; the search passes one that records each run as a trial).
 
     Raises:
         WorkloadError: the workload itself fails (factory, batch or model errors).
     """
-    return drive(probe_steps(
-        workload, device, knobs, candidates, budget_bytes=budget_bytes,
-        usable_bytes=usable_bytes, timeout_s=timeout_s, hint=hint, on_step=on_step,
-        make_spec=make_spec, ranks=ranks, stop_above=stop_above, stop_below=stop_below,
-        known=known), run)
+    return drive(probe_steps(workload, device, knobs, candidates, **options), run)
 
 
 def probe_steps(
