@@ -169,6 +169,10 @@ TEMPLATES: Mapping[str, str] = {
     "joint:down": (
         "{target} timed one micro-batch down: at {above} it {how} (a value that needs more "
         "memory can win below where it is pressed)"),
+    "joint:over-budget": (
+        "{target} timed: {over} ran {share:.2f}x the leader ({leader}), within the noise "
+        "({noise:.0%}) or ahead, but peaked {peak:bytes} over the {usable:bytes} usable; "
+        "checkpointing frees memory there"),
     "clear-lead": (
         "no re-measurement: the runner-up ({runner_up}) is {share:.2f}x the leader ({target}), "
         "a gap wider than the noise measured ({noise:.0%}: 95% interval of the ratio, at least "

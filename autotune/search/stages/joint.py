@@ -20,7 +20,7 @@ from __future__ import annotations
 from autotune.config import Knobs
 from autotune.knobs import KNOBS, skip_reason
 from autotune.search import bounds
-from autotune.search._records import OUT_OF_MEMORY, Candidate
+from autotune.search._records import OUT_OF_MEMORY, Candidate, objective, score
 from autotune.search.batch import measure_all
 from autotune.search.evidence import Evidence, Interval
 from autotune.search.executor import Executor, Proposal
@@ -128,11 +128,40 @@ def proposals(ex: Executor) -> list[Proposal]:
             # refine stage walked it from its own fit, or not at all where it came later)
             propose(Candidate(knobs=anchor.knobs.with_(**{name: value}),
                               micro_batch=anchor.micro_batch), probed=anchor in tied)
-    for key, note in down(ev, leader):
+    for key, note in [*down(ev, leader), *relieved(ev, leader)]:
         if key not in ev.results and key not in batch:
             decide(note)
         propose(key)
     return list(batch.values())
+
+
+def relieved(ev: Evidence, leader: Candidate) -> list[tuple[Candidate, Skip]]:
+    """Each run without checkpointing that ran every step but peaked over the usable budget
+    and whose speed reaches the leader's within the noise, timed at its micro-batch with each
+    checkpointing value that frees memory (``joint``, ``over-budget``): checkpointing frees
+    memory, so it may fit there, and recomputes, so it runs no faster than that run (its
+    optimistic bound). Any setting's, not only the leader's: the knobs stage screens
+    checkpointing on the leader alone, whose fit may hold no gain, while a class whose
+    larger micro-batch ran ahead beyond the budget wins with it (a budget where the fit
+    boundary moves: the replay's budget-shrink and precision-swap tables, compiled code
+    over the budget at 8 ahead of the leader, checkpointed at 8 the best)."""
+    top = ev.score(leader, full=True) or 0.0
+    ckpt = next(k for k in KNOBS if k.name == "checkpointing")
+    offered = [v for v in ckpt.frees_memory if v in ev.plan.values.get("checkpointing", ())]
+    found: list[tuple[Candidate, Skip]] = []
+    for key, result in ev.results.items():
+        if key.knobs.checkpointing != ckpt.default or not top or fits(ev, key) \
+                or result.status in OUT_OF_MEMORY:
+            continue
+        sps = score(objective(result, ev.settings), ev.settings)
+        noise = ev.noise(key, leader)
+        if not sps or Interval(top, noise).beats(sps):
+            continue
+        found += [(c, skip("joint", c.key(), "over-budget", over=key.key(), share=sps / top,
+                           leader=leader.key(), peak=result.peak_bytes or 0,
+                           usable=ev.plan.usable, noise=noise))
+                  for v in offered if (c := replace_knob(key, "checkpointing", v))]
+    return found
 
 
 def down(ev: Evidence, leader: Candidate) -> list[tuple[Candidate, Skip]]:
