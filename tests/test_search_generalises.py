@@ -226,3 +226,22 @@ def test_a_memory_format_is_screened_on_an_eager_class_far_behind_the_compiled_l
                                     "fused": 1.0})
     outcome, records = knob_search(device)
     assert _picked(outcome) == "bf16/off+format=channels_last/32", sorted(records)
+
+
+def test_a_class_that_ran_ahead_over_the_budget_is_timed_there_with_checkpointing() -> None:
+    # bf16/max-autotune runs 1.1x the leader (bf16/default at 32) at 32, but peaks 948 MiB
+    # there, over the 900 MiB usable (under the 1000 MiB cap): it fits 16 at most, 0.99x
+    # the leader. Checkpointing (alternate) frees memory so 32 fits (609 MiB) and costs 3%:
+    # 1.06x the leader. Checkpointing was screened on the leader alone (whose 64 it fits,
+    # no faster per sample), never where a class ran ahead beyond the budget.
+    device = KnobDevice(by_class(100, 150, 160, 200, 300, 330),
+                        shape=lambda m: min(1.0, 1 - 0.1 * math.log2(32 / m)),
+                        peaks={"bf16/max-autotune": lambda m: 100 + 26.5 * m},
+                        ckpt_speed={"off": 1.0, "alternate": 0.97, "blocks": 0.8},
+                        impl_speed={"default": 1.0, "for-loop": 1.0, "foreach": 1.0,
+                                    "fused": 1.0})
+    outcome, records = knob_search(device)
+    assert records["bf16/max-autotune/32"].verdict == "over_budget"
+    assert _picked(outcome) == "bf16/max-autotune+ckpt=alternate/32", sorted(records)
+    assert any(s.rule == "joint" and s.variant == "over-budget"
+               and s.target == "bf16/max-autotune+ckpt=alternate/32" for s in outcome.skips)
