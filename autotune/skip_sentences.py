@@ -172,7 +172,7 @@ TEMPLATES: Mapping[str, str] = {
     "joint:over-budget": (
         "{target} timed: {over} ran {share:.2f}x the leader ({leader}), within the noise "
         "({noise:.0%}) or ahead, but peaked {peak:bytes} over the {usable:bytes} usable; "
-        "checkpointing frees memory there"),
+        "checkpointing frees memory, and another value of a knob moves the peak"),
     "clear-lead": (
         "no re-measurement: the runner-up ({runner_up}) is {share:.2f}x the leader ({target}), "
         "a gap wider than the noise measured ({noise:.0%}: 95% interval of the ratio, at least "

@@ -137,17 +137,21 @@ def proposals(ex: Executor) -> list[Proposal]:
 
 def relieved(ev: Evidence, leader: Candidate) -> list[tuple[Candidate, Skip]]:
     """Each run without checkpointing that ran every step but peaked over the usable budget
-    and whose speed reaches the leader's within the noise, timed at its micro-batch with each
-    checkpointing value that frees memory (``joint``, ``over-budget``): checkpointing frees
-    memory, so it may fit there, and recomputes, so it runs no faster than that run (its
-    optimistic bound). Any setting's, not only the leader's: the knobs stage screens
-    checkpointing on the leader alone, whose fit may hold no gain, while a class whose
-    larger micro-batch ran ahead beyond the budget wins with it (a budget where the fit
-    boundary moves: the replay's budget-shrink and precision-swap tables, compiled code
-    over the budget at 8 ahead of the leader, checkpointed at 8 the best)."""
+    (inside the headroom: over the cap it would not have run) and whose speed reaches the
+    leader's within the noise, timed at its micro-batch with each checkpointing value that
+    frees memory, and with each value of the timing knobs, one changed (``joint``,
+    ``over-budget``): checkpointing frees memory, and an optimizer implementation or a
+    memory format moves the peak a little either way, so either may land it under; neither
+    runs it faster than checkpointing lets it, so that run is its optimistic bound. Any
+    setting's, not only the leader's, at any micro-batch, not only its class's smallest
+    (``near-miss``): the knobs stage screens checkpointing on the leader alone, whose fit
+    may hold no gain, while a class whose larger micro-batch ran ahead over the budget wins
+    there with it (the replay's budget-shrink and precision-swap tables: compiled code over
+    the budget at 8, ahead of the leader; checkpointed at 8, the best)."""
     top = ev.score(leader, full=True) or 0.0
     ckpt = next(k for k in KNOBS if k.name == "checkpointing")
-    offered = [v for v in ckpt.frees_memory if v in ev.plan.values.get("checkpointing", ())]
+    offered = [("checkpointing", v) for v in ckpt.frees_memory
+               if v in ev.plan.values.get("checkpointing", ())]
     found: list[tuple[Candidate, Skip]] = []
     for key, result in ev.results.items():
         if key.knobs.checkpointing != ckpt.default or not top or fits(ev, key) \
@@ -157,10 +161,12 @@ def relieved(ev: Evidence, leader: Candidate) -> list[tuple[Candidate, Skip]]:
         noise = ev.noise(key, leader)
         if not sps or Interval(top, noise).beats(sps):
             continue
+        timing = [(k.name, v) for k in TIMING for v in ev.plan.values.get(k.name, ())
+                  if v != getattr(key.knobs, k.name)]
         found += [(c, skip("joint", c.key(), "over-budget", over=key.key(), share=sps / top,
                            leader=leader.key(), peak=result.peak_bytes or 0,
                            usable=ev.plan.usable, noise=noise))
-                  for v in offered if (c := replace_knob(key, "checkpointing", v))]
+                  for name, v in [*offered, *timing] if (c := replace_knob(key, name, v))]
     return found
 
 
