@@ -166,7 +166,8 @@ def relieved(ev: Evidence, leader: Candidate) -> list[tuple[Candidate, Skip]]:
         found += [(c, skip("joint", c.key(), "over-budget", over=key.key(), share=sps / top,
                            leader=leader.key(), peak=result.peak_bytes or 0,
                            usable=ev.plan.usable, noise=noise))
-                  for name, v in [*offered, *timing] if (c := replace_knob(key, name, v))]
+                  for name, v in [*offered, *timing] if skip_reason(
+                      (c := replace_knob(key, name, v)).knobs, ev.traits) is None]
     return found
 
 
