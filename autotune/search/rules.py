@@ -48,8 +48,8 @@ RULES: Mapping[str, str] = {
     "re-measure-first": "a single run within the widest drift seen is timed again before a "
                         "cut excludes its setting",
     "joint": "knobs screened jointly: on each setting that could win with them, at a "
-             "micro-batch tied with its best, and one divisor down where a value tied or did "
-             "not fit",
+             "micro-batch tied with its best, one divisor down where a value tied or did "
+             "not fit, and with checkpointing where a run over the budget could win",
     "clear-lead": "a lead wider than the noise stands without a re-measure",
     "within-drift": "timed once within the drift two runs of one config showed",
     "rounds": "interleaved rounds decide a gap within the drift",

@@ -8,7 +8,9 @@ memory can tie where the leader's micro-batch presses it and win one divisor dow
 values are screened on each setting's best (an "anchor": a setting with those knobs at their
 defaults, its best candidate) that could win with them (``bounds.knob_reach``), and a value
 that did not fit or tied with the leader at its anchor's micro-batch is timed one divisor
-down; one that did not fit is timed with each checkpointing value that frees memory too.
+down; one that did not fit is timed with each checkpointing value that frees memory too. A
+run over the budget that could win, of any setting at any micro-batch, is timed there with
+checkpointing and with each timing knob's value (``relieved``).
 
 The runs are proposed as one batch from the evidence (``proposals``: a list of ``Proposal``,
 each a run the evidence takes in any order); one worker runs them, and the next batch is
