@@ -12,7 +12,12 @@ it). The confirm stage's re-measures (the finalists, before the pick) run alone
 
 A stage whose runs are chains of decisions independent of each other (each class's memory
 probe, each value of a knob) hands the chains over (``run_chains``): with several slots each
-chain has a run in flight, its next decided as soon as its own run before is told.
+chain has a run in flight, its next decided as soon as its own run before is told. A stage
+whose batches are proposed one from the results of the one before (the joint screen) hands
+its proposer over (``run_batches``): with several slots it proposes again as each result is
+told, and a slot does not wait for the rest of its batch. An eager walk down (the refine
+stage) has its next steps timed at once on the free slots (``walk_ahead``), then decides on
+them one by one as it would have.
 """
 
 from __future__ import annotations
