@@ -29,6 +29,7 @@ import collections
 import contextlib
 import heapq
 import io
+import itertools
 import json
 import random
 import statistics
@@ -59,9 +60,14 @@ class SimSlots(Slots):
         self._ends: list[tuple[float, int, int, Slot, object]] = []
         self._seq = 0
         self.device_s = 0.0
+        self.spans: list[tuple[float, float, int, bool]] = []
+        """Each run made, in the order begun: its start, end, slot and whether alone."""
 
     def run_alone(self, spec: TrialSpec) -> TrialResult:
-        return self.device(spec)  # nothing else runs: the clock moves by its wall
+        start = self.device.now_s
+        result = self.device(spec)  # nothing else runs: the clock moves by its wall
+        self.spans.append((start, self.device.now_s, 0, True))
+        return result
 
     def submit(self, ticket: int, spec: TrialSpec) -> Slot:
         slot = self._free.pop(0)
@@ -69,6 +75,7 @@ class SimSlots(Slots):
         result = self.device(spec)  # answers now, and moves the clock by its wall: undone
         wall = self.device.now_s - start
         self.device.now_s = start
+        self.spans.append((start, start + wall, slot.index, False))
         self._seq += 1
         heapq.heappush(self._ends, (start + wall, self._seq, ticket, slot, result))
         return slot
@@ -105,9 +112,15 @@ def replay_one(table: Table, seed: int, width: int, plan, keyed: bool = False) -
     settings = settings_of(table)
     device = (KeyedDevice if keyed else ReplayDevice)(table, seed)
     slots = SimSlots(device, width) if width > 1 else None
+    stages: list[str] = []  # each run's stage, in the order begun (its progress line)
+
+    def on_trial(count, label, candidate, rec) -> None:
+        if rec is None:
+            stages.append(label.split(" [")[0])
+
     with contextlib.redirect_stderr(io.StringIO()):
         outcome = run_search(plan_, classes, settings, values=values, run=device,
-                             clock=device.clock, slots=slots)
+                             clock=device.clock, slots=slots, on_trial=on_trial)
     winner = pick_winner(outcome.records, settings)
     pick = Candidate(knobs=winner.knobs, micro_batch=winner.micro_batch).key() if winner \
         else None
@@ -115,7 +128,35 @@ def replay_one(table: Table, seed: int, width: int, plan, keyed: bool = False) -
     device_s = sum(r.wall_s or 0.0 for r in outcome.runs if r.stored_at is None)
     return {"pick": pick, "quality": quality, "wall": device.now_s / table.pass_s(),
             "device": device_s / table.pass_s(), "runs": device.calls,
-            "on_slots": sum(1 for r in outcome.runs if r.slot not in ("", "sim 0"))}
+            "on_slots": sum(1 for r in outcome.runs if r.slot not in ("", "sim 0")),
+            "breakdown": breakdown(slots, stages, table.pass_s()) if slots else None}
+
+
+def breakdown(slots: SimSlots, stages: list[str], pass_s: float) -> dict:
+    """Where a search's wall went on ``slots`` (``--breakdown``): per stage, the wall while
+    its runs ran (shares of the serial pass), how much of it one run alone held (a run
+    made outside a batch, or the only one running), its device-seconds and runs; per
+    slot, its busy share of the wall. Each run's stage is its progress line's."""
+    assert len(stages) == len(slots.spans), (len(stages), len(slots.spans))
+    cuts = sorted({t for start, end, _, _ in slots.spans for t in (start, end)})
+    out: dict[str, dict] = {}
+    for stage, (start, end, _, alone) in zip(stages, slots.spans, strict=True):
+        row = out.setdefault(stage, {"wall": 0.0, "alone": 0.0, "device": 0.0, "runs": 0,
+                                     "runs_alone": 0})
+        row["device"] += (end - start) / pass_s
+        row["runs"] += 1
+        row["runs_alone"] += alone
+    for a, b in itertools.pairwise(cuts):
+        on = [i for i, (start, end, _, _) in enumerate(slots.spans) if start < b and end > a]
+        if not on:
+            continue
+        for stage in {stages[i] for i in on}:  # (chains of two stages at once: both)
+            out[stage]["wall"] += (b - a) / pass_s
+            out[stage]["alone"] += (b - a) / pass_s if len(on) == 1 else 0.0
+    wall = slots.device.now_s or 1.0
+    busy = [sum(end - start for start, end, i, _ in slots.spans if i == n) / wall
+            for n in range(slots.width)]
+    return {"stages": out, "slot_busy": busy}
 
 
 def score(table: Table, seeds: int, workers: list[int], keyed: bool = False) -> dict:
@@ -141,11 +182,48 @@ def score(table: Table, seeds: int, workers: list[int], keyed: bool = False) -> 
             "same_pick_as_1": sum(f["pick"] == s["pick"] for f, s in zip(
                 found, serial, strict=True)) / len(found),
             "runs_on_slots": {"median": statistics.median(f["on_slots"] for f in found)},
+            "breakdown": merged([f["breakdown"] for f in found]) if n > 1 else None,
             "speedup": {"median": statistics.median(
                 s["wall"] / f["wall"] for f, s in zip(found, serial, strict=True)
                 if f["wall"])},
         }
     return out
+
+
+STAGE_ORDER = ("probe", "knobs", "refine", "joint", "confirm", "first launch")
+
+
+def merged(found: list[dict]) -> dict:
+    """Per stage and figure, and per slot's busy share, the median over seeds (a stage a
+    seed never entered: 0)."""
+    names = sorted({s for f in found for s in f["stages"]}, key=lambda s: (
+        STAGE_ORDER.index(s) if s in STAGE_ORDER else len(STAGE_ORDER), s))
+    return {"stages": {s: {k: statistics.median(f["stages"].get(s, {}).get(k, 0.0)
+                                                 for f in found)
+                           for k in ("wall", "alone", "device", "runs", "runs_alone")}
+                       for s in names},
+            "slot_busy": [statistics.median(f["slot_busy"][i] for f in found)
+                          for i in range(len(found[0]["slot_busy"]))]}
+
+
+def render_breakdown(results: list[dict], n: int) -> str:
+    """Per table with ``n`` workers (medians over seeds): each stage's wall as a share of
+    the serial pass, of it held by one run alone in brackets, and its runs (alone); the
+    slots' mean busy share."""
+    lines = [f"{'table':<26} {'wall':>6}  busy  " + "  ".join(
+        f"{s + ': wall(alone) runs(alone)':<34}" for s in STAGE_ORDER)]
+    for r in results:
+        b = r["by_workers"][str(n)]
+        rows = b["breakdown"]["stages"]
+        cells = []
+        for s in STAGE_ORDER:
+            x = rows.get(s)
+            cells.append(f"{x['wall']:.3f}({x['alone']:.3f}) {x['runs']:.0f}({x['runs_alone']:.0f})"
+                         if x else "-")
+        busy = statistics.mean(b["breakdown"]["slot_busy"])
+        lines.append(f"{r['name']:<26} {b['wall_cost']['median']:.3f}  {busy:.2f}  " + "  ".join(
+            f"{c:<34}" for c in cells))
+    return "\n".join(lines)
 
 
 def render(results: list[dict], workers: list[int]) -> str:
@@ -212,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     results = [score(t, args.seeds, workers, args.noise == "keyed") for t in tables]
     summ = summary(results, workers)
     text = render(results, workers)
+    if workers[-1] > 1:
+        text += (f"\n\nWhere the wall went with N={workers[-1]} (medians over seeds; shares "
+                 "of the serial pass):\n\n" + render_breakdown(results, workers[-1]))
     print(text)
     print(json.dumps(summ, indent=1))
     if args.write:

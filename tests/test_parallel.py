@@ -5,11 +5,12 @@ whose batches run on several slots at once deciding as one run at a time does
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from pathlib import Path
 
@@ -254,6 +255,96 @@ def test_a_workload_error_in_one_class_probe_ends_the_search_once_the_others_are
     assert {key.rsplit("/", 1)[0] for key in began} - {"bf16/off"}, events  # others beside
     assert all(("ended", key) in after for key in began), events  # each one recorded
     assert after[-1] == ("ended", "fp32/off/32"), events  # the noise told; then the error
+
+
+def test_with_two_slots_an_eager_walk_down_times_its_next_micro_batch_beside_the_one_before(
+        ) -> None:
+    # Issue 60: the refine stage's walk down an eager setting (each micro-batch faster than
+    # the one above) asks for one run after another; with two slots its next step is timed
+    # beside the one before (``batch.walk_ahead``), and the walk decides on them as it would.
+    events: list[tuple[str, str, str]] = []  # (began/ended, candidate, slot)
+
+    def on_trial(count, stage, candidate, record) -> None:  # type: ignore[no-untyped-def]
+        if stage.startswith("refine"):
+            events.append(("ended" if record else "began", candidate.key(),
+                            stage.partition("[")[2][:-1]))
+
+    def device() -> KnobDevice:  # fp32 eager: faster at each smaller micro-batch
+        return KnobDevice(by_class(300, 150, 160, 200, 250, 260),
+                          shapes={"fp32/off": lambda m: 1 + 0.2 * math.log2(32 / m)})
+
+    dev = device()
+    two = run_search(plan(), CLASSES, SETTINGS, values=VALUES, run=dev,
+                     slots=_slots(dev, 2), on_trial=on_trial)
+    first_end = next(i for i, e in enumerate(events) if e[0] == "ended")
+    began = [e for e in events[:first_end] if e[0] == "began"]
+    assert [key for _, key, _ in began] == ["fp32/off/16", "fp32/off/8"], events
+    assert began[0][2] != began[1][2], events  # on two slots at once
+    one = _search(device(), 1)
+    assert _ran(two) == _ran(one)  # the walk went as far: no other run made
+    assert pick_winner_record(two) == pick_winner_record(one)
+
+
+@dataclass
+class _HeldFirst(KnobDevice):
+    """The joint screen's first run (checkpointed, foreach) ends only once ``released`` is
+    set (at most 10 s later): what begins meanwhile begins while it still runs."""
+
+    released: threading.Event = field(default_factory=threading.Event)
+
+    def __call__(self, spec: TrialSpec) -> TrialResult:
+        if spec.knobs.optimizer_impl == "foreach" and spec.knobs.checkpointing == "alternate":
+            self.released.wait(10)
+        return super().__call__(spec)
+
+
+def test_with_two_slots_the_joint_screen_proposes_again_as_each_result_is_told(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 60: the joint screen's batches, asynchronous: with two slots, once a run of the
+    # first batch is told the evidence proposes again, and a run it adds (one divisor down)
+    # begins on the free slot while the first batch's slow run still runs; it does not
+    # wait for the whole batch.
+    from autotune.search.stages import joint
+
+    batches: list[list[str]] = []
+    real = joint.proposals
+
+    def spy(ex):  # type: ignore[no-untyped-def]
+        found = real(ex)
+        batches.append([p.candidate.key() for p in found])
+        return found
+
+    monkeypatch.setattr(joint, "proposals", spy)
+    events: list[tuple[str, str]] = []
+
+    def fused(knobs: Knobs, m: int) -> float:  # (ties at 32, 1.15x one divisor down)
+        return 1.0 if knobs.optimizer_impl != "fused" else 1.15 if m <= 16 else 1 / 1.1
+
+    def device(kind: type[KnobDevice] = KnobDevice) -> KnobDevice:
+        return kind(by_class(100, 150, 160, 200, 300, 330), factor=fused,
+                    extra_mib=lambda k, m: 100.0 if k.optimizer_impl == "fused" else 0.0,
+                    impl_speed={"default": 1.0, "for-loop": 1.0, "foreach": 1.0,
+                                "fused": 1.1})
+
+    dev = device(_HeldFirst)
+    assert isinstance(dev, _HeldFirst)
+
+    def on_trial(count, stage, candidate, record) -> None:  # type: ignore[no-untyped-def]
+        if stage.startswith("joint"):
+            events.append(("ended" if record else "began", candidate.key()))
+            if record is None and candidate.key() not in batches[0]:
+                dev.released.set()  # a later batch's run began: the held one may end
+
+    two = run_search(plan(), CLASSES, SETTINGS, values=VALUES, run=dev,
+                     slots=_slots(dev, 2), on_trial=on_trial)
+    first = batches[0]
+    slow = events[0][1]
+    assert slow in first and "ckpt=alternate+opt=foreach" in slow, events
+    during = events[1:events.index(("ended", slow))]
+    assert any(what == "began" and key not in first for what, key in during), (events, first)
+    monkeypatch.setattr(joint, "proposals", real)
+    picks = [pick_winner_record(o) for o in (two, _search(device(), 1))]
+    assert len({(p.knobs, p.micro_batch) for p in picks if p is not None}) == 1, picks
 
 
 def test_a_crash_in_one_slot_loses_no_other_slots_result() -> None:

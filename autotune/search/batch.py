@@ -12,7 +12,12 @@ it). The confirm stage's re-measures (the finalists, before the pick) run alone
 
 A stage whose runs are chains of decisions independent of each other (each class's memory
 probe, each value of a knob) hands the chains over (``run_chains``): with several slots each
-chain has a run in flight, its next decided as soon as its own run before is told.
+chain has a run in flight, its next decided as soon as its own run before is told. A stage
+whose batches are proposed one from the results of the one before (the joint screen) hands
+its proposer over (``run_batches``): with several slots it proposes again as each result is
+told, and a slot does not wait for the rest of its batch. An eager walk down (the refine
+stage) has its next steps timed at once on the free slots (``walk_ahead``), then decides on
+them one by one as it would have.
 """
 
 from __future__ import annotations
@@ -35,9 +40,13 @@ Refused = Callable[[Proposal, Stop], None]
 """Called when a limit stops a proposal (before it starts, or cutting it short)."""
 
 
-def measure_all(ex: Executor, specs: Sequence[TrialSpec]) -> None:
+def measure_all(ex: Executor, specs: Sequence[TrialSpec], *,
+                feed: list[TrialSpec] | None = None,
+                told: Callable[[TrialSpec], None] | None = None) -> None:
     """Each spec measured (``Executor.measure``): in order with one slot; at once on the
-    free slots with several, each told as it ends."""
+    free slots with several, each told as it ends. Several slots only: ``told`` is called
+    with each spec once its result is told (or answered without a run), and specs the
+    caller adds to ``feed`` meanwhile start as slots free (``run_batches``)."""
     if ex.slots is None:
         later = []
         for spec in specs:  # in a joined study, what another node runs now is heard last
@@ -72,12 +81,69 @@ def measure_all(ex: Executor, specs: Sequence[TrialSpec]) -> None:
         return rec
 
     try:
-        for _ in dispatch(ex.slots, specs, start, end, partial(_started, ex)):
-            pass
+        for spec, _ in dispatch(ex.slots, specs, start, end, partial(_started, ex), feed=feed):
+            if told is not None and spec not in later:
+                told(spec)
     finally:
         ex.slot = ""
     for spec in later:  # waited for (run here, alone, if its claim went stale)
         ex.measure(spec)
+        if told is not None:
+            told(spec)
+
+
+def run_batches(ex: Executor, propose: Callable[[], Sequence[Proposal]], rounds: int
+                ) -> None:
+    """Batches of runs, each proposed on the evidence the runs before left (``propose``:
+    the runs to make now, none made yet; the joint screen's), at most ``rounds`` of them.
+    With one slot, a batch at a time: each run in turn (``measure_all``), the next batch
+    proposed once it has ended. With several, asynchronously: the first batch starts on
+    the free slots, and each time a run's result is told the evidence proposes again, the
+    runs it adds (not made, not running) starting as slots free; a slot does not wait for
+    the rest of its batch. A run proposed on a result of the k-th batch counts as the
+    (k+1)-th (``rounds`` bounds it as one slot's batches)."""
+    if ex.slots is None:
+        for _ in range(rounds):
+            batch = propose()
+            if not batch:
+                return
+            measure_all(ex, [proposal.spec for proposal in batch])
+        return
+    nth: dict[Candidate, int] = {}  # each run proposed: the batch it counts in
+
+    def more(k: int, feed: list[TrialSpec]) -> None:
+        if k <= rounds:
+            for proposal in propose():
+                if proposal.candidate not in nth:
+                    nth[proposal.candidate] = k
+                    feed.append(proposal.spec)
+
+    pending: list[TrialSpec] = []
+    more(1, pending)
+    while pending:  # (again: what runs another node made proposed once the slots were done)
+        feed: list[TrialSpec] = []
+        measure_all(ex, pending, feed=feed, told=partial(_more_after, more, nth, feed))
+        pending = feed
+
+
+def walk_ahead(ex: Executor, keys: Sequence[Candidate]) -> None:
+    """Several slots: a walk's next runs (``keys``, in the order the walk would ask for them,
+    the first its next one), measured at once on the free slots (``measure_all``), at most
+    one per slot, so that each the walk then asks for is answered without a wait. One
+    after another it would wait for each; the walk decides as it would, step by step, on
+    the results (a run it stops before is evidence, as a batch's run behind a result is).
+    With one slot, nothing: the walk measures its runs as it asks."""
+    if ex.slots is None:
+        return
+    ahead = [k for k in keys[:ex.slots.width] if k not in ex.ev.results]
+    if len(ahead) > 1:
+        measure_all(ex, [ex.spec(k) for k in ahead])
+
+
+def _more_after(more: Callable[[int, list[TrialSpec]], None], nth: dict[Candidate, int],
+                feed: list[TrialSpec], spec: TrialSpec) -> None:
+    """``run_batches``: a run told: the evidence proposes again, counted one batch later."""
+    more(nth[Candidate.of(spec)] + 1, feed)
 
 
 def run_proposals(ex: Executor, batch: Sequence[Proposal], *, alone: bool = False,

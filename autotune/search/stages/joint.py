@@ -23,7 +23,7 @@ from autotune.config import Knobs
 from autotune.knobs import KNOBS, skip_reason
 from autotune.search import bounds
 from autotune.search._records import OUT_OF_MEMORY, Candidate, objective, score
-from autotune.search.batch import measure_all
+from autotune.search.batch import run_batches
 from autotune.search.evidence import Evidence, Interval
 from autotune.search.executor import Executor, Proposal
 from autotune.search.rules import Skip, skip
@@ -35,12 +35,9 @@ ROUNDS = 4
 
 
 def run(ex: Executor) -> None:
-    """The stage: batches of proposals, each run, until none is left (``proposals``)."""
-    for _ in range(ROUNDS):
-        batch = proposals(ex)
-        if not batch:
-            return
-        measure_all(ex, [proposal.spec for proposal in batch])  # at once on free slots
+    """The stage: batches of proposals, each run, until none is left (``proposals``; with
+    several slots, proposed again as each result is told: ``batch.run_batches``)."""
+    run_batches(ex, lambda: proposals(ex), ROUNDS)
 
 
 def anchor_of(knobs: Knobs) -> Knobs:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from autotune.config import Knobs, MemoryProbe
 from autotune.search import bounds, policy
 from autotune.search._records import Candidate
+from autotune.search.batch import walk_ahead
 from autotune.search.evidence import Interval
 from autotune.search.executor import Executor
 from autotune.search.rules import skip
@@ -71,6 +72,9 @@ def refine(ex: Executor, probe: MemoryProbe) -> None:
             if why_not:
                 ex.ev.decide(why_not.within("not-timed", label, untimed=rest))
                 return
+            if not knobs.compiled:  # several slots: the walk's next steps at once
+                walk_ahead(ex, [Candidate(knobs=knobs, micro_batch=x) for x in fitting[
+                    i:i + (per_class - len(walked) + past if per_class else len(fitting))]])
             ex.measure(ex.spec(key))
         if walked and per_class:
             best = max((Candidate(knobs=knobs, micro_batch=x) for x in walked),
@@ -94,6 +98,9 @@ def refine(ex: Executor, probe: MemoryProbe) -> None:
                 if later and time_the_other_end(ex, knobs, later[-1],
                                                 len(walked) - past + 1):
                     later = later[:-1]
+                # (several slots: those timed ahead of the walk, ``walk_ahead``, were timed)
+                later = [x for x in later if Candidate(knobs=knobs, micro_batch=x)
+                         not in ex.ev.results]
                 if later:
                     ex.ev.decide(skip(
                         "walk-not-faster", label, context="not-timed",
