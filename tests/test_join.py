@@ -255,3 +255,53 @@ def test_a_joined_search_ended_after_another_nodes_writes_no_outputs_and_names_i
     assert result.path is None and list(tmp_path.iterdir()) == []
     assert result.config.study is not None
     assert (f"this node writes no {tmp_path / 'autotune.json'}") in result.config.study.note
+
+
+
+def _claim_of(key: str, claimed_by: str = "") -> optuna.trial.FrozenTrial:
+    """The RUNNING trial a node's claim of ``key`` writes (``claimed_by``: another node's)."""
+    from autotune.search import _study
+    from autotune.search._records import Candidate
+
+    asked = _study.ask(None, Candidate.from_key(key), (8, 16))
+    trial = claims.claim_trial(asked.params, asked.distributions, key, "trial")
+    if claimed_by:
+        trial.set_user_attr("claimed_by", claimed_by)
+    return trial
+
+
+@pytest.mark.subprocess  # the PostgreSQL cluster
+def test_a_claim_whose_first_heartbeat_never_came_is_failed_and_taken_over(
+        postgres: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    # A node that died between its claim's two commits (the RUNNING trial, then its first
+    # heartbeat) leaves a claim Optuna's fail_stale_trials never finds: another node must
+    # not wait on it for ever. One that beats is left to its node however long it runs.
+    monkeypatch.setattr(claims, "GRACE_S", 1)
+    monkeypatch.setattr(claims, "HEARTBEAT_S", 0.2)
+    study = optuna.create_study(storage=claims.shared_storage(_fresh_database(
+        postgres, "unbeaten")), study_name="unbeaten", direction="maximize")
+    dead, alive = "fp32/off/8", "fp32/off/16"
+    study._storage.create_new_trial(study._study_id,  # a claim without its heartbeat
+                                    template_trial=_claim_of(dead, "gone-node:1"))
+    beating = claims.Claims(study).claim(alive, ("trial",), _claim_of(alive))
+    assert isinstance(beating, claims.Claimed)
+    other = claims.Claims(study)
+    try:
+        first = other.claim(dead, ("trial",), _claim_of(dead))
+        assert isinstance(first, claims.Taken) and first.attrs is None
+        assert first.by == "gone-node:1" and other.failed == []
+        time.sleep(1.5)  # GRACE_S of the server's clock since this node first saw it
+        taken = other.claim(dead, ("trial",), _claim_of(dead))
+        assert isinstance(taken, claims.Claimed)
+        taken.stop()
+        assert other.failed == [f"{dead} (claimed by gone-node:1) was failed (no heartbeat "
+                                "came)"]
+        # The beating claim, older than GRACE_S too, is still its node's.
+        still = other.claim(alive, ("trial",), _claim_of(alive))
+        assert isinstance(still, claims.Taken) and still.attrs is None
+    finally:
+        beating.stop()
+    states = sorted((t.user_attrs["claimed_by"], t.state.name)
+                    for t in study.get_trials(deepcopy=False)
+                    if t.user_attrs["candidate"] == dead)
+    assert states == sorted([("gone-node:1", "FAIL"), (claims.who(), "RUNNING")])

@@ -170,8 +170,7 @@ class Ledger:
                 self._failed(f"claiming {candidate.key()}", exc)
                 break
             for line in self.claims.failed:
-                self.note(f"the claim of {line} was failed (its heartbeat stopped) and its "
-                          "candidate run again")
+                self.note(f"the claim of {line} and its candidate run again")
             self.claims.failed.clear()
             if isinstance(got, claims.Claimed):
                 return replace(asked, claimed=got)

@@ -14,7 +14,9 @@ whichever claims it first.
 A claim's heartbeat is refreshed by a thread every ``HEARTBEAT_S`` (Optuna's heartbeat table,
 stamped with the database server's clock, so nodes' clocks need not agree); a claim not
 refreshed for ``GRACE_S`` is failed by the next coordinator that claims anything (its node
-died or lost the server), and its candidate is claimed and run again. The run's end finishes
+died or lost the server), and its candidate is claimed and run again; so is a claim whose
+first heartbeat has not come ``GRACE_S`` after a coordinator first saw it (its node died
+between the claim's two commits: ``Claims._never_beat``). The run's end finishes
 the claimed trial (its attributes, constraint and state: several writes; ``_study._write``).
 """
 
@@ -169,7 +171,11 @@ class Claims:
         self.live: list[Claimed] = []
         """The claims made here whose heartbeats may still beat (``stop_all``)."""
         self.failed: list[str] = []
-        """Claims failed because their heartbeat stopped: ``candidate (claimed by host:pid)``."""
+        """Claims failed because their heartbeat stopped or never began, each as its note's
+        clause: ``candidate (claimed by host:pid) was failed (its heartbeat stopped)``."""
+        self._unbeaten: dict[int, datetime] = {}
+        """Claims seen RUNNING without a heartbeat yet, by trial id: when first seen
+        (``_never_beat``)."""
         getattr(storage, "_backend", storage).heartbeat_stale_trial_callback = self._stale
         with self._engine.connect() as conn:  # the server's clock: nodes' clocks may differ
             self.opened = conn.execute(text("select now()")).scalar_one()
@@ -193,9 +199,14 @@ class Claims:
             for t in mine:
                 if t.state in (state.COMPLETE, state.PRUNED) and "result" in t.user_attrs:
                     return Taken(dict(t.user_attrs), str(t.user_attrs.get("claimed_by", "")))
-            for t in mine:
-                if t.state == state.RUNNING and t.user_attrs.get("kind") == kinds[0]:
-                    return Taken(None, str(t.user_attrs.get("claimed_by", "")))
+            running = [t for t in mine
+                       if t.state == state.RUNNING and t.user_attrs.get("kind") == kinds[0]]
+            for t in self._never_beat(conn, running):
+                storage.set_trial_state_values(t._trial_id, state.FAIL)
+                self._stale(self.study, t, "no heartbeat came")
+                running.remove(t)
+            if running:
+                return Taken(None, str(running[0].user_attrs.get("claimed_by", "")))
             trial_id = storage.create_new_trial(self.study._study_id, template_trial=trial)
             storage.record_heartbeat(trial_id)
         claimed = Claimed(trial_id)
@@ -203,6 +214,34 @@ class Claims:
         threading.Thread(target=self._beat, args=(claimed,), daemon=True,
                          name=f"autotune-heartbeat-{trial_id}").start()
         return claimed
+
+    def _never_beat(self, conn: Any, running: list[optuna.trial.FrozenTrial]
+                    ) -> list[optuna.trial.FrozenTrial]:
+        """The claims of ``running`` whose first heartbeat never came within ``GRACE_S``.
+
+        A claim's first heartbeat is written one commit after the claim itself (``claim``):
+        a node that died between the two leaves a RUNNING trial without a heartbeat, which
+        ``fail_stale_trials`` never finds (it times only heartbeats), and every other node
+        would wait on it for ever. Each such claim is timed from when this node first saw it
+        (the database server's clock, as heartbeats are); one still without a heartbeat
+        ``GRACE_S`` later is gone."""
+        from sqlalchemy import text
+
+        if not running:
+            return []
+        now = conn.execute(text("select now()")).scalar_one()
+        beating = {row[0] for row in conn.execute(
+            text("select trial_id from trial_heartbeats where trial_id = any(:ids)"),
+            {"ids": [t._trial_id for t in running]})}
+        gone = []
+        for t in running:
+            if t._trial_id in beating:
+                self._unbeaten.pop(t._trial_id, None)
+                continue
+            first = self._unbeaten.setdefault(t._trial_id, now)
+            if (now - first).total_seconds() > GRACE_S:
+                gone.append(t)
+        return gone
 
     def outputs(self) -> str:
         """Who writes this search's outputs: '' when this node does (the first of the joined
@@ -225,10 +264,12 @@ class Claims:
         for claimed in self.live:
             claimed.stop()
 
-    def _stale(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        """A claim failed by its stopped heartbeat (``fail_stale_trials``): noted."""
+    def _stale(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
+               why: str = "its heartbeat stopped") -> None:
+        """A claim failed by its stopped heartbeat (``fail_stale_trials``), or one whose
+        first heartbeat never came (``_never_beat``): noted."""
         self.failed.append(f"{trial.user_attrs.get('candidate')} (claimed by "
-                           f"{trial.user_attrs.get('claimed_by')})")
+                           f"{trial.user_attrs.get('claimed_by')}) was failed ({why})")
 
     def _beat(self, claimed: Claimed) -> None:
         """Refresh the claim's heartbeat until its run ends. A store failure here is left to
