@@ -305,3 +305,36 @@ def test_a_claim_whose_first_heartbeat_never_came_is_failed_and_taken_over(
                     for t in study.get_trials(deepcopy=False)
                     if t.user_attrs["candidate"] == dead)
     assert states == sorted([("gone-node:1", "FAIL"), (claims.who(), "RUNNING")])
+
+
+@pytest.mark.subprocess  # the PostgreSQL cluster
+def test_a_node_waiting_on_another_nodes_run_stops_at_its_time_budget(
+        postgres: Cluster) -> None:  # noqa: F811
+    # One node's first run goes on (its claim beats); the other node needs that result
+    # first and waits, bounded by its --time-budget as a run of its own would be.
+    import threading
+
+    url = _fresh_database(postgres, "waits")
+    settings = replace(IN_MEMORY, storage=url, study_name="waits", join=True)
+    begun, release = threading.Event(), threading.Event()
+    device = ScriptedDevice(SPEEDS)
+
+    def held(spec):  # the first node's first run: until the test releases it
+        begun.set()
+        release.wait(120)
+        return device(spec)
+
+    first = threading.Thread(target=run_search, args=(plan(), CLASSES, settings),
+                             kwargs={"run": held}, daemon=True)
+    first.start()
+    try:
+        assert begun.wait(60)
+        start = time.monotonic()
+        outcome = run_search(plan(), CLASSES, replace(settings, time_budget_s=3.0),
+                             run=ScriptedDevice(SPEEDS))
+        waited = time.monotonic() - start
+        assert outcome.num_runs == 0 and outcome.stop_reason.kind == "time-budget"
+        assert waited < 30  # not until the other node's run ended (the test releases it)
+    finally:
+        release.set()
+        first.join(120)

@@ -15,7 +15,7 @@ import errno
 import json
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -153,12 +153,15 @@ class Ledger:
         return []
 
     def claim(self, candidate: Candidate, kind: Literal["trial", "probe"],
-              micro_batches: Sequence[int], *, wait: bool = True
+              micro_batches: Sequence[int], *, wait: bool = True,
+              waiting: Callable[[], None] | None = None
               ) -> _study.Asked | TrialResult | None:
         """In a joined study, claim ``candidate``'s run before it starts (``claims``): this
         node's run (its ``Asked``, to pass to ``running``), or the result another node
         finished (no run here), or None when another node runs it now and ``wait`` is False
-        (with ``wait``, the result is waited for, and a claim gone stale is taken over).
+        (with ``wait``, the result is waited for, and a claim gone stale is taken over;
+        ``waiting`` is called before each look again, and what it raises ends the wait: the
+        search's limits, ``Executor.waiting``).
         Without a store (it failed) the run is this node's, unrecorded."""
         asked = _study.ask(self._study, candidate, micro_batches)
         while self._study is not None and self.claims is not None:
@@ -178,6 +181,8 @@ class Ledger:
                 return from_json_dict(TrialResult, json.loads(got.attrs["result"]))
             if not wait:
                 return None
+            if waiting is not None:
+                waiting()
             time.sleep(claims.POLL_S)
         return asked
 

@@ -245,7 +245,7 @@ class Executor:
         if answered is not None:
             return answered
         claimed = self.study.claim(candidate, "trial" if timed else "probe",
-                                   self.plan.micro_batches, wait=wait)
+                                   self.plan.micro_batches, wait=wait, waiting=self.waiting)
         if not isinstance(claimed, Asked):
             return self.heard(spec, claimed)
         try:
@@ -316,6 +316,13 @@ class Executor:
                        memory_budget_bytes=self.plan.report.device.available_memory_bytes)
         self.progress(candidate, None)
         return self.run_child(self.limited(spec), "probe")
+
+    def waiting(self) -> None:
+        """While this node waits on a run another node makes (a joined study): a ``Stop``
+        once the time budget leaves no child run here, as ``limited`` says before a run."""
+        if self.settings.time_budget_s is not None and (
+                self.settings.time_budget_s - (self.clock() - self.tally.start) < MIN_CHILD_S):
+            raise Stop(StopReason("time-budget"))
 
     def limited(self, spec: TrialSpec) -> TrialSpec:
         """The spec with a timeout that ends within the time budget; a ``Stop`` when a limit
