@@ -24,9 +24,10 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune.cli import app
+from autotune.config import WorkloadSpec
 from autotune.errors import ConfigError
 from autotune.search import SearchSettings, claims, run_search, tuned_config
-from tests.scripted import CLASSES, VALUES, KnobDevice, ScriptedDevice, by_class, plan
+from tests.scripted import BUDGET, CLASSES, VALUES, KnobDevice, ScriptedDevice, by_class, plan
 from tests.scripted import SETTINGS as IN_MEMORY
 from tests.test_storage import Cluster, postgres, search_with_server_stopped  # noqa: F401
 from tests.test_store import SPEEDS, winner
@@ -203,18 +204,32 @@ def test_a_joined_search_whose_server_goes_away_goes_on_locally_and_says_so(
 
 
 @pytest.mark.subprocess
-def test_a_node_of_another_device_or_budget_is_refused_saying_what_joined_nodes_share(
+def test_a_node_of_another_device_kind_gets_its_own_answer_and_another_budget_is_refused(
         postgres: Cluster) -> None:  # noqa: F811
+    # A mixed pool (H100 and A100 nodes) joined under one --study-name: one answer per device
+    # kind, each from its own runs; the same device under another budget, or another kind
+    # with another workload, is another search and refused, naming what differs.
     settings = replace(IN_MEMORY, storage=postgres.readme_url(), study_name="kinds", join=True)
-    run_search(plan(), CLASSES, settings, run=ScriptedDevice(SPEEDS))
-    other = replace(plan(), device=replace(plan().device, name="NVIDIA A100-SXM4-40GB"))
-    with pytest.raises(ConfigError) as info:
-        run_search(other, CLASSES, settings, run=ScriptedDevice(SPEEDS))
-    said = str(info.value)
-    assert "device: " in said and "'NVIDIA A100-SXM4-40GB' now" in said, said
-    assert said.endswith("(--join shares evidence only between nodes of the same device kind "
-                         "and memory, torch version and memory budget: run each other kind "
-                         "under its own --study-name)"), said
+    first = run_search(plan(), CLASSES, settings, run=ScriptedDevice(SPEEDS))
+    a100 = replace(plan(), device=replace(plan().device, name="NVIDIA A100-SXM4-40GB"))
+    other = run_search(a100, CLASSES, settings, run=ScriptedDevice(SPEEDS))
+    assert first.study is not None and other.study is not None
+    assert (first.study.name, other.study.name) == ("kinds", "kinds on NVIDIA A100-SXM4-40GB")
+    assert other.num_runs == first.num_runs  # its own runs: none taken from the first kind
+    assert other.ledger is not None and other.ledger.outputs_by() == ""  # its own outputs
+    again = run_search(a100, CLASSES, settings, run=ScriptedDevice(SPEEDS))
+    assert again.num_runs < other.num_runs  # a node of that kind joins that kind's study
+    for report, differs in [(replace(plan(), budget_bytes=BUDGET // 2), "budget"),
+                            (replace(a100, workload=WorkloadSpec(kind="hf", target="gpt2")),
+                             "workload: ")]:
+        with pytest.raises(ConfigError) as info:
+            run_search(report, CLASSES, settings, run=ScriptedDevice(SPEEDS))
+        said = str(info.value)
+        assert differs in said and "study 'kinds' in" in said, said
+        assert said.endswith("(--join shares evidence only between nodes of the same device "
+                             "kind and memory, torch version and memory budget; a node of "
+                             "another device kind gets its own answer, under the same "
+                             "--study-name)"), said
 
 
 @pytest.mark.slow  # one real search of the tiniest workload, on the CPU

@@ -48,6 +48,10 @@ def _optuna() -> Any:
     return optuna
 
 
+IDENTITY_ATTR = "autotune_identity"
+"""The study attribute holding what its runs were measured for (``study_identity``)."""
+
+
 def study_identity(report: ProbeReport, settings: SearchSettings) -> dict[str, str]:
     """What a stored run was measured for: a study holding runs of another identity (another
     model source, target, world size, ranks per node, budget, device or torch) is refused,
@@ -201,7 +205,6 @@ def open_study(settings: SearchSettings, identity: dict[str, str],
         ConfigError: the storage cannot be opened, or the study holds another search.
     """
     check_storage(settings.storage)
-    optuna = _optuna()
     name = settings.study_name or ("autotune" if settings.storage else None)
     shown = redact(settings.storage) if settings.storage else None
     # Joined nodes open one at a time: Optuna's table creation, and a new study's identity,
@@ -209,16 +212,19 @@ def open_study(settings: SearchSettings, identity: dict[str, str],
     with claims.opening(settings.storage) if settings.join and settings.storage \
             else contextlib.nullcontext():
         try:
-            study = optuna.create_study(storage=claims.shared_storage(settings.storage)
-                                        if settings.join and settings.storage
-                                        else settings.storage, study_name=name,
-                                        direction=direction, load_if_exists=True)
+            study = _create(settings, name, direction)
         except Exception as exc:  # sqlalchemy and optuna raise many types for a bad URL
             why = redact_text(str(exc).splitlines()[0] if str(exc) else "", settings.storage)
             raise ConfigError(f"cannot open --storage {shown!r}: {type(exc).__name__}: {why}; "
                               "use e.g. sqlite:///autotune.db or "
                               "postgresql+psycopg2://user:pass@host/db") from None
         try:
+            if settings.join and claims.other_kind(study.user_attrs.get(IDENTITY_ATTR),
+                                                   identity):
+                # a mixed pool: each device kind has the study of its own (its answer, its
+                # outputs), beside the first kind's under the name given
+                name = claims.kind_study_name(str(name), identity["device"])
+                study = _create(settings, name, direction)
             return _check_identity(study, name, shown, identity, direction)
         except ConfigError as exc:
             raise claims.refuse_mismatch(exc) if settings.join else exc from None
@@ -227,14 +233,21 @@ def open_study(settings: SearchSettings, identity: dict[str, str],
             raise ConfigError(f"cannot open --storage {shown!r}: {type(exc).__name__}: {why}"
                               ) from None
 
+def _create(settings: SearchSettings, name: str | None, direction: str) -> optuna.Study:
+    """Optuna's ``create_study`` of ``name`` (loaded if it exists) in ``--storage``."""
+    return _optuna().create_study(
+        storage=claims.shared_storage(settings.storage) if settings.join and settings.storage
+        else settings.storage, study_name=name, direction=direction, load_if_exists=True)
+
+
 def _check_identity(study: optuna.Study, name: str | None, shown: str | None,
                     identity: dict[str, str], direction: str) -> optuna.Study:
     if study.direction.name.lower() != direction:
         raise ConfigError(f"study {name!r} optimizes {study.direction.name.lower()}; this search "
                           f"would {direction} (objective changed): use another --study-name")
-    existing = study.user_attrs.get("autotune_identity")
+    existing = study.user_attrs.get(IDENTITY_ATTR)
     if existing is None:
-        study.set_user_attr("autotune_identity", identity)
+        study.set_user_attr(IDENTITY_ATTR, identity)
         return study
     existing = existing if isinstance(existing, dict) else {}
     moved = budget_moved(existing, identity)

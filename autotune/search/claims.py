@@ -282,12 +282,29 @@ class Claims:
                 return
 
 
+def other_kind(stored: object, identity: dict[str, str]) -> bool:
+    """Whether a joined study's stored identity is the same search on another device kind
+    (a mixed pool: this node's kind gets a study of its own, ``kind_study_name``): the device
+    differs, and nothing else but the memory budget that follows from it. Another workload,
+    target or torch is refused as ever."""
+    if not isinstance(stored, dict) or stored.get("device") in (None, identity["device"]):
+        return False
+    return all(stored.get(k) == v for k, v in identity.items()
+               if k not in ("device", "budget_bytes")) and set(stored) == set(identity)
+
+
+def kind_study_name(name: str, device: str) -> str:
+    """The study of one device kind in a mixed pool joined under ``name``: its runs, its
+    answer and its outputs (the first kind to open ``name`` keeps ``name`` itself)."""
+    return f"{name} on {device}"
+
+
 def refuse_mismatch(exc: ConfigError) -> ConfigError:
     """A joined study that holds another search's runs: the identity check's refusal, saying
     that nodes share evidence only for the same device kind and memory, torch and budget."""
     return ConfigError(f"{exc} (--join shares evidence only between nodes of the same device "
-                       "kind and memory, torch version and memory budget: run each other kind "
-                       "under its own --study-name)")
+                       "kind and memory, torch version and memory budget; a node of another "
+                       "device kind gets its own answer, under the same --study-name)")
 
 
 def _after(stamp: object, opened: datetime) -> bool:
