@@ -273,12 +273,13 @@ def test_a_joined_search_ended_after_another_nodes_writes_no_outputs_and_names_i
 
 
 
-def _claim_of(key: str, claimed_by: str = "") -> optuna.trial.FrozenTrial:
+def _claim_of(key: str, claimed_by: str = "",
+              micro_batches: tuple[int, ...] = (8, 16)) -> optuna.trial.FrozenTrial:
     """The RUNNING trial a node's claim of ``key`` writes (``claimed_by``: another node's)."""
     from autotune.search import _study
     from autotune.search._records import Candidate
 
-    asked = _study.ask(None, Candidate.from_key(key), (8, 16))
+    asked = _study.ask(None, Candidate.from_key(key), micro_batches)
     trial = claims.claim_trial(asked.params, asked.distributions, key, "trial")
     if claimed_by:
         trial.set_user_attr("claimed_by", claimed_by)
@@ -353,3 +354,38 @@ def test_a_node_waiting_on_another_nodes_run_stops_at_its_time_budget(
     finally:
         release.set()
         first.join(120)
+
+
+@pytest.mark.subprocess  # the PostgreSQL cluster
+def test_a_joined_max_trials_counts_the_runs_of_every_node(postgres: Cluster) -> None:  # noqa: F811
+    # Nodes that together make a search make at most --max-trials runs together: here,
+    # once this node's first run has begun, another node claims three runs of its own (and
+    # a fourth it released, which is no run), and this node (--max-trials 5) makes one more.
+    url = _fresh_database(postgres, "capped")
+    divisors = (1, 2, 4, 8, 16, 32, 64)  # the search's micro-batches of 64
+    settings = replace(IN_MEMORY, storage=url, study_name="capped", join=True, max_trials=5)
+    device, others = ScriptedDevice(SPEEDS), []
+
+    def first_run_then_another_node(spec):
+        if not others:
+            study = optuna.load_study(study_name="capped", storage=url)
+            node = claims.Claims(study)
+            others.extend(node.claim(key, ("trial",), _claim_of(key, "node-b:2", divisors))
+                          for key in ("fp16/off/8", "fp16/off/16", "fp16/default/8"))
+            released = node.claim("fp16/default/16", ("trial",),
+                                  _claim_of("fp16/default/16", "node-b:2", divisors))
+            study._storage.set_trial_state_values(released.trial_id,  # a claim released
+                                                  optuna.trial.TrialState.FAIL)
+            released.stop()
+        return device(spec)
+
+    try:
+        outcome = run_search(plan(), CLASSES, settings, run=first_run_then_another_node)
+    finally:
+        for claimed in others:
+            claimed.stop()
+    assert len(others) == 3 and all(isinstance(c, claims.Claimed) for c in others)
+    assert outcome.num_runs == 2 and outcome.stop_reason.kind == "max-trials"
+    alone = run_search(plan(), CLASSES, replace(IN_MEMORY, max_trials=5),
+                       run=ScriptedDevice(SPEEDS))
+    assert alone.num_runs == 5  # the same search alone makes its five

@@ -186,6 +186,17 @@ class Ledger:
             time.sleep(claims.POLL_S)
         return asked
 
+    def joint_runs(self) -> int | None:
+        """In a joined study, every node's runs since this node opened it
+        (``Claims.runs_since_opened``); None alone, or once the store failed."""
+        if self.claims is None or self._study is None:
+            return None
+        try:
+            return self.claims.runs_since_opened()
+        except Exception as exc:
+            self._failed("counting the joined runs", exc)
+            return None
+
     def outputs_by(self) -> str:
         """In a joined study, the node that writes the outputs when it is another ('': this
         one; also without a joined study, or once the store failed: each node then writes

@@ -311,7 +311,7 @@ def _begin(ex: Executor, spec: TrialSpec, kind: RunKind, claimed: Asked | None =
     limit stops it."""
     key = Candidate.of(spec)
     try:
-        spec = ex.limited(spec)
+        spec = ex.limited(spec, claimed)
     except Stop:
         ex.study.release(claimed)
         raise

@@ -50,6 +50,8 @@ OUTPUTS_ATTR = "outputs_written_by"
 POLL_S = 1.0
 """Seconds between looks at a candidate another node runs, while its result is waited for."""
 EXAMPLE_URL = "postgresql+psycopg2://user:pass@db-host/autotune"
+CLAIMED_AT = "claimed_at"
+"""A claim's user attribute: when it was claimed, by the database server's clock."""
 POOL_SIZE = 2
 """Connections each coordinator keeps to the server: the search's writes and a heartbeat."""
 
@@ -185,6 +187,7 @@ class Claims:
         """Claim ``candidate`` for a run of one of ``kinds`` (the first is the run's), or say
         who has it: ``trial`` is the RUNNING trial to write (parameters, attributes)."""
         import optuna
+        from sqlalchemy import text
 
         state = optuna.trial.TrialState
         storage = self.study._storage
@@ -207,6 +210,8 @@ class Claims:
                 running.remove(t)
             if running:
                 return Taken(None, str(running[0].user_attrs.get("claimed_by", "")))
+            trial.set_user_attr(CLAIMED_AT, conn.execute(text("select now()")).scalar_one(
+                ).isoformat())  # the server's clock: what a joined --max-trials counts from
             trial_id = storage.create_new_trial(self.study._study_id, template_trial=trial)
             storage.record_heartbeat(trial_id)
         claimed = Claimed(trial_id)
@@ -242,6 +247,16 @@ class Claims:
             if (now - first).total_seconds() > GRACE_S:
                 gone.append(t)
         return gone
+
+    def runs_since_opened(self) -> int:
+        """The runs every node claimed since this node opened the study, its own included,
+        finished or running (a claim failed or released is none): what a joined search's
+        ``--max-trials`` counts, so that the nodes together make at most that many."""
+        import optuna
+
+        failed = optuna.trial.TrialState.FAIL
+        return sum(1 for t in self.study.get_trials(deepcopy=False)
+                   if t.state != failed and _after(t.user_attrs.get(CLAIMED_AT), self.opened))
 
     def outputs(self) -> str:
         """Who writes this search's outputs: '' when this node does (the first of the joined

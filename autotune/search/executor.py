@@ -249,7 +249,7 @@ class Executor:
         if not isinstance(claimed, Asked):
             return self.heard(spec, claimed)
         try:
-            spec = self.limited(spec)
+            spec = self.limited(spec, claimed)
         except Stop:
             self.study.release(claimed)
             raise
@@ -324,16 +324,20 @@ class Executor:
                 self.settings.time_budget_s - (self.clock() - self.tally.start) < MIN_CHILD_S):
             raise Stop(StopReason("time-budget"))
 
-    def limited(self, spec: TrialSpec) -> TrialSpec:
+    def limited(self, spec: TrialSpec, claimed: Asked | None = None) -> TrialSpec:
         """The spec with a timeout that ends within the time budget; a ``Stop`` when a limit
-        (``--max-trials``, ``--time-budget``) allows no further child run.
+        (``--max-trials``, ``--time-budget``) allows no further child run. In a joined study
+        ``--max-trials`` counts every node's runs (``claimed``: this run's own claim).
 
         A run other than a first-launch check (one compiled afresh, ``cold_compile``) leaves
         the time ``reserve`` says that check needs: its timeout ends before it, and where
         less than ``MIN_CHILD_S`` is left beside it, the ``Stop`` says so (``kept_s``) and
         the check runs in the time kept (``driver.run_search``)."""
-        if self.tally.num_runs + self.in_flight >= self.settings.max_trials:
-            raise Stop(StopReason("max-trials", str(self.tally.num_runs)))
+        made = self.tally.num_runs + self.in_flight
+        if (joint := self.study.joint_runs()) is not None:  # every node's, less this claim
+            made = max(made, joint - (claimed is not None and claimed.claimed is not None))
+        if made >= self.settings.max_trials:
+            raise Stop(StopReason("max-trials", str(made)))
         timeout_s = self.settings.timeout_s
         self.kept_s = 0.0
         if self.settings.time_budget_s is not None:
