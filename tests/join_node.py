@@ -8,8 +8,9 @@ on WIDTH slots of threads (``--parallel``), as tests/test_parallel.py runs it.
 
 Each child run takes ``RUN_S``; a run of the candidate ``HANG`` (``label/micro_batch``) first
 writes ``OUT.json.hang`` and then sleeps until killed (a node that dies mid-run). Heartbeats
-every second, a claim stale after 3 s. Writes what it ran, what it picked and who writes the outputs
-(``Ledger.outputs_by``: '' when this node does) to OUT.json.
+every second, a claim stale after 3 s. Writes what it ran, what it picked, who writes the outputs
+(``Ledger.outputs_by``: '' when this node does) and the runs its outcome lists (its own and
+those the other nodes finished meanwhile, each with its node) to OUT.json.
 """
 
 from __future__ import annotations
@@ -53,10 +54,12 @@ def main(url: str, study: str, out: str, hang: str = "", width: str = "1") -> No
     Path(out).write_text(json.dumps({
         "winner": f"{config.knobs.label()}/{config.micro_batch}",
         "ran": [[r.kind, f"{r.knobs.label()}/{r.micro_batch}"] for r in outcome.runs
-                if r.stored_at is None],
+                if r.stored_at is None and r.node == claims.who()],
         "note": outcome.study.note if outcome.study is not None else "",
         "outputs_by": writer, "me": claims.who(),
-        "nodes": sorted({r.node for r in outcome.runs if r.stored_at is None})}))
+        "nodes": sorted({r.node for r in outcome.runs}),
+        "listed": [[r.node, r.kind, f"{r.knobs.label()}/{r.micro_batch}"]
+                   for r in outcome.runs]}))
 
 
 if __name__ == "__main__":

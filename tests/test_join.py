@@ -96,11 +96,22 @@ def test_two_nodes_share_one_study_and_together_run_each_candidate_once(
     assert max(together.values()) == 1, together  # no probe or timing made twice
     assert set(together) == set(alone)  # and none left out
     assert a["winner"] == b["winner"] == winner(solo) == "bf16/default/32"
-    # Each node's runs name it (runs[].node: host:pid, as its claims do); a search alone, none.
-    assert a["nodes"] == [a["me"]] and b["nodes"] == [b["me"]] and a["me"] != b["me"]
-    assert {r.node for r in solo.runs} == {claims.who()}
     # The outputs: written by the first node to end, once; the other names it.
     assert (a["outputs_by"], b["outputs_by"]) in (("", a["me"]), (b["me"], ""))
+    # Each node's outcome lists every node's runs that ended before it did (the writer's
+    # autotune.json lists them), each naming the node that ran it (runs[].node: host:pid, as
+    # claims name them): the node that ended last lists every first run of the search.
+    assert a["me"] != b["me"]
+    for node in (a, b):
+        listed = Counter((n, k, c) for n, k, c in node["listed"] if k != "re-measure")
+        assert max(listed.values()) == 1
+        for me in (a, b):
+            assert {(k, c) for n, k, c in listed if n == me["me"]} <= set(_first_runs(me["ran"]))
+    writer, last = (a, b) if a["outputs_by"] == "" else (b, a)
+    assert {(k, c) for n, k, c in writer["listed"] if n == writer["me"]} >= set(
+        _first_runs(writer["ran"]))
+    assert Counter((k, c) for n, k, c in last["listed"] if k != "re-measure") == together
+    assert {r.node for r in solo.runs} == {claims.who()}
     # A search of the study that begins after they ended (a resume) writes its own.
     third = tmp_path / "c.json"
     assert _node(url, "pair", third).wait(timeout=240) == 0

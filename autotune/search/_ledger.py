@@ -100,6 +100,8 @@ class Ledger:
         """What the search says of its study (``SearchOutcome.study``): its note grows."""
         self._shown = record.storage
         self.claims = claims.Claims(study) if shared else None
+        self._known: set[int] = set()
+        """The study's finished trials ``stored_runs`` read (``others_runs`` adds the rest)."""
 
     @property
     def ok(self) -> bool:
@@ -147,6 +149,7 @@ class Ledger:
         """``_study.stored_runs``, or none once the store failed."""
         if self._study is not None:
             try:
+                self._known = _study.finished(self._study)
                 return _study.stored_runs(self._study, usable_bytes)
             except Exception as exc:
                 self._failed("reading its runs", exc)
@@ -196,6 +199,18 @@ class Ledger:
         except Exception as exc:
             self._failed("counting the joined runs", exc)
             return None
+
+    def others_runs(self, usable_bytes: int) -> list[RunRecord]:
+        """In a joined study, the runs other nodes finished that ``stored_runs`` did not read
+        (``_study.others_runs``: the writer's outputs list every node's runs); none alone, or
+        once the store failed."""
+        if self.claims is None or self._study is None:
+            return []
+        try:
+            return _study.others_runs(self.claims, self._known, usable_bytes)
+        except Exception as exc:
+            self._failed("reading the other nodes' runs", exc)
+            return []
 
     def outputs_by(self) -> str:
         """In a joined study, the node that writes the outputs when it is another ('': this

@@ -17,7 +17,7 @@ import importlib.util
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -379,21 +379,47 @@ def tell(study: optuna.Study, asked: Asked, result: TrialResult, value: float | 
            constraints={CONSTRAINT: _INFEASIBLE if value is None else 0.0})
 
 
+def others_runs(joined: claims.Claims, known: set[int], usable_bytes: int) -> list[RunRecord]:
+    """The runs other nodes of a joined study finished that this search did not read as
+    stored, each naming its node, on this search's timeline (``Claims.others_finished``)."""
+    runs: list[RunRecord] = []
+    for t, start_s in joined.others_finished(known):
+        if (run := _run_of(t, len(runs), usable_bytes, start_s=start_s)) is not None:
+            runs.append(run)
+    return runs
+
+
+def finished(study: optuna.Study) -> set[int]:
+    """The numbers of the study's finished trials (what ``stored_runs`` reads)."""
+    state = _optuna().trial.TrialState
+    return {t.number for t in study.get_trials(deepcopy=False,
+                                               states=(state.COMPLETE, state.PRUNED))}
+
+
 def stored_runs(study: optuna.Study, usable_bytes: int) -> list[RunRecord]:
     """The runs the study held before this search, in the order they ended, each with when it
     was measured (the report's memory plot draws them; its timeline does not)."""
     state = _optuna().trial.TrialState
     runs: list[RunRecord] = []
     for t in study.get_trials(deepcopy=False, states=(state.COMPLETE, state.PRUNED)):
-        key = _candidate(t.params)
-        if "result" not in t.user_attrs or key is None:
-            continue
-        result = from_json_dict(TrialResult, json.loads(t.user_attrs["result"]))
-        kind = t.user_attrs.get("kind", "trial")
         ended = t.datetime_complete or t.datetime_start
-        runs.append(run_record(
-            len(runs), kind if kind in ("probe", "trial", "re-measure") else "trial", key,
-            result, usable_bytes, compiled=key.knobs.compiled,
-            stored_at=ended.astimezone(timezone.utc).isoformat(timespec="seconds")
-            if ended else None))
+        run = _run_of(t, len(runs), usable_bytes, stored_at=ended.astimezone(
+            timezone.utc).isoformat(timespec="seconds") if ended else None)
+        if run is not None:
+            runs.append(run)
     return runs
+
+
+def _run_of(t: optuna.trial.FrozenTrial, number: int, usable_bytes: int,
+            **fields: Any) -> RunRecord | None:
+    """A finished trial's run as the report draws it, naming the node whose claim it was in
+    a joined study (None: not one of ours)."""
+    key = _candidate(t.params)
+    if "result" not in t.user_attrs or key is None:
+        return None
+    result = from_json_dict(TrialResult, json.loads(t.user_attrs["result"]))
+    kind = t.user_attrs.get("kind", "trial")
+    return replace(run_record(
+        number, kind if kind in ("probe", "trial", "re-measure") else "trial", key, result,
+        usable_bytes, compiled=key.knobs.compiled, **fields),
+        node=str(t.user_attrs.get("claimed_by", "")))

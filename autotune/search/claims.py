@@ -258,6 +258,21 @@ class Claims:
         return sum(1 for t in self.study.get_trials(deepcopy=False)
                    if t.state != failed and _after(t.user_attrs.get(CLAIMED_AT), self.opened))
 
+    def others_finished(self, known: set[int]) -> list[tuple[optuna.trial.FrozenTrial, float]]:
+        """The runs other nodes finished that are not ``known`` (the trial numbers this node
+        read when it opened the study), each with when it was claimed, in seconds after that
+        opening (the server's clock: a timeline all nodes share; 0 for one claimed before);
+        in the order they were claimed."""
+        import optuna
+
+        state, me, runs = optuna.trial.TrialState, who(), []
+        for t in self.study.get_trials(deepcopy=False, states=(state.COMPLETE, state.PRUNED)):
+            at = t.user_attrs.get(CLAIMED_AT)
+            if t.user_attrs.get("claimed_by") not in (None, me) and t.number not in known:
+                runs.append((t, (datetime.fromisoformat(at) - self.opened).total_seconds()
+                             if _after(at, self.opened) else 0.0))
+        return sorted(runs, key=lambda run: run[1])
+
     def outputs(self) -> str:
         """Who writes this search's outputs: '' when this node does (the first of the joined
         searches to end, since this one opened the study; said in the study, attribute

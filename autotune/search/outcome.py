@@ -102,6 +102,9 @@ def outcome(ev: Evidence, ex: Executor, stop: StopReason,
         replace(ev.record(k, r), number=i, num_runs=ev.runs.get(k, 1),
                 timed_s=ev.timed_s.get(k) or None)
         for i, (k, r) in enumerate(ev.results.items()))
+    runs = list(ex.tally.run_log)  # and in a joined study, what the other nodes ran meanwhile
+    runs += [replace(r, number=len(runs) + i)
+             for i, r in enumerate(ex.study.others_runs(ex.plan.usable))]
     return SearchOutcome(records=records, results=ev.results, baseline=ev.baseline,
                          first_launch=fits.first_launch(ev), drift=dict(ev.drift),
                          uncapped=ev.uncapped,
@@ -110,7 +113,7 @@ def outcome(ev: Evidence, ex: Executor, stop: StopReason,
                          interrupted=interrupted, stop_reason=stop,
                          not_reached=not_reached,
                          num_runs=ex.tally.num_runs,
-                         runs=tuple(ex.tally.run_log), study=ex.study.record,
+                         runs=tuple(runs), study=ex.study.record,
                          ledger=ex.study,
                          cost=SearchCost(num_runs=ex.tally.num_runs, **ex.tally.cost,
                                          num_compiled_runs=ex.tally.compiles[0],
