@@ -366,7 +366,7 @@ def test_a_stored_trial_from_before_a_knob_existed_reads_as_that_knob_at_its_def
     from autotune.config import TrialResult
     from autotune.knobs import Knobs
     from autotune.search._records import Candidate
-    from autotune.search._study import completed
+    from autotune.search._trials import completed
     from autotune.serialize import to_json_dict
 
     study = optuna.create_study(direction="maximize")

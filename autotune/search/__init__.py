@@ -12,8 +12,9 @@ win?), ``fits`` (what the evidence says of memory) and ``executor`` (one child r
 the study, cost), ``evidence`` (every run, the decisions beside them, the leader, the
 ``Interval``), ``plan`` (the space and its relations), ``rules`` (the rule ids and the typed
 ``Skip``), ``pick`` (the winner, the rounds' majority rule); ``_records`` the verdict on each
-run, ``_study`` the study, ``_ledger`` the one seam through which a search touches it (a store
-that fails costs the cache, not the search), ``_store`` the local store.
+run, ``_study`` the study (``_trials`` what its trials say, read back), ``_ledger`` the one
+seam through which a search touches it (a store that fails costs the cache, not the search),
+``_store`` the local store.
 """
 
 from autotune.search._ledger import Ledger, recall, remember
@@ -35,11 +36,10 @@ from autotune.search._store import (
 from autotune.search._study import (
     CONSTRAINT,
     check_storage,
-    completed,
     open_study,
-    probed,
     redact,
 )
+from autotune.search._trials import completed, probed
 from autotune.search.driver import run_search
 from autotune.search.executor import OnTrial
 from autotune.search.forecast import RunCount

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from autotune.config import TrialResult
 from autotune.schema import STORE_FAILED, RunRecord, StudyRecord
-from autotune.search import _study, claims
+from autotune.search import _study, _trials, claims
 from autotune.search._records import Candidate
 from autotune.serialize import from_json_dict
 
@@ -128,29 +128,29 @@ class Ledger:
         warnings.warn(f"study store {line}", stacklevel=3)
 
     def completed(self) -> dict[Candidate, list[TrialResult]]:
-        """``_study.completed``, or nothing once the store failed."""
+        """``_trials.completed``, or nothing once the store failed."""
         if self._study is not None:
             try:
-                return _study.completed(self._study)
+                return _trials.completed(self._study)
             except Exception as exc:  # any store failure: not cached
                 self._failed("reading its runs", exc)
         return {}
 
     def probed(self) -> dict[Candidate, TrialResult]:
-        """``_study.probed``, or nothing once the store failed."""
+        """``_trials.probed``, or nothing once the store failed."""
         if self._study is not None:
             try:
-                return _study.probed(self._study)
+                return _trials.probed(self._study)
             except Exception as exc:
                 self._failed("reading its probes", exc)
         return {}
 
     def stored_runs(self, usable_bytes: int) -> list[RunRecord]:
-        """``_study.stored_runs``, or none once the store failed."""
+        """``_trials.stored_runs``, or none once the store failed."""
         if self._study is not None:
             try:
-                self._known = _study.finished(self._study)
-                return _study.stored_runs(self._study, usable_bytes)
+                self._known = _trials.finished(self._study)
+                return _trials.stored_runs(self._study, usable_bytes)
             except Exception as exc:
                 self._failed("reading its runs", exc)
         return []
@@ -202,12 +202,12 @@ class Ledger:
 
     def others_runs(self, usable_bytes: int) -> list[RunRecord]:
         """In a joined study, the runs other nodes finished that ``stored_runs`` did not read
-        (``_study.others_runs``: the writer's outputs list every node's runs); none alone, or
+        (``_trials.others_runs``: the writer's outputs list every node's runs); none alone, or
         once the store failed."""
         if self.claims is None or self._study is None:
             return []
         try:
-            return _study.others_runs(self.claims, self._known, usable_bytes)
+            return _trials.others_runs(self.claims, self._known, usable_bytes)
         except Exception as exc:
             self._failed("reading the other nodes' runs", exc)
             return []

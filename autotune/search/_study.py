@@ -17,20 +17,19 @@ import importlib.util
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import unquote
 
 from autotune.config import ProbeReport, TrialResult, WorkloadSpec
 from autotune.errors import ConfigError
-from autotune.knobs import KNOBS, Knobs
+from autotune.knobs import KNOBS
 from autotune.names import KEYWORDS, Names
-from autotune.schema import RunRecord
 from autotune.search import claims
-from autotune.search._records import Candidate, SearchSettings, run_record
-from autotune.serialize import from_json_dict, to_json_dict
+from autotune.search._records import Candidate, SearchSettings
+from autotune.serialize import to_json_dict
 
 if TYPE_CHECKING:
     import optuna
@@ -264,40 +263,6 @@ def _check_identity(study: optuna.Study, name: str | None, shown: str | None,
     return study
 
 
-def _candidate(params: dict[str, object]) -> Candidate | None:
-    """The candidate an Optuna trial's parameters name (None: not one of ours). A knob newer
-    than the trial is at its default there: that is what the trial ran."""
-    try:
-        knobs = Knobs(**{k.name: params.get(k.name, k.default)  # type: ignore[arg-type]
-                         for k in KNOBS})
-        return Candidate(knobs=knobs, micro_batch=int(params["micro_batch"]))  # type: ignore[arg-type]
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-def completed(study: optuna.Study) -> dict[Candidate, list[TrialResult]]:
-    """Timed runs already in the study, per candidate in the order they ended (a re-measured
-    one has two or more: a resumed search answers each ask with the next)."""
-    done: dict[Candidate, list[TrialResult]] = {}
-    for t in study.get_trials(deepcopy=False, states=(_optuna().trial.TrialState.COMPLETE,)):
-        key = _candidate(t.params)
-        if "result" not in t.user_attrs or key is None:
-            continue
-        done.setdefault(key, []).append(
-            from_json_dict(TrialResult, json.loads(t.user_attrs["result"])))
-    return done
-
-
-def probed(study: optuna.Study) -> dict[Candidate, TrialResult]:
-    """Memory probes already in the study: runs that stopped before timed steps (pruned)."""
-    done: dict[Candidate, TrialResult] = {}
-    for t in study.get_trials(deepcopy=False, states=(_optuna().trial.TrialState.PRUNED,)):
-        key = _candidate(t.params)
-        if "result" in t.user_attrs and key is not None:
-            done[key] = from_json_dict(TrialResult, json.loads(t.user_attrs["result"]))
-    return done
-
-
 def distributions(micro_batches: Sequence[int]) -> dict[str, optuna.distributions.BaseDistribution]:
     """One categorical parameter per knob over all its values, and the micro-batch: the same
     choices whatever a search is restricted to, so restricted and resumed searches share a
@@ -377,49 +342,3 @@ def tell(study: optuna.Study, asked: Asked, result: TrialResult, value: float | 
     worst = 0.0 if study.direction == _optuna().study.StudyDirection.MAXIMIZE else 1e18
     _write(study, asked, state.COMPLETE, attrs, value=worst if value is None else value,
            constraints={CONSTRAINT: _INFEASIBLE if value is None else 0.0})
-
-
-def others_runs(joined: claims.Claims, known: set[int], usable_bytes: int) -> list[RunRecord]:
-    """The runs other nodes of a joined study finished that this search did not read as
-    stored, each naming its node, on this search's timeline (``Claims.others_finished``)."""
-    runs: list[RunRecord] = []
-    for t, start_s in joined.others_finished(known):
-        if (run := _run_of(t, len(runs), usable_bytes, start_s=start_s)) is not None:
-            runs.append(run)
-    return runs
-
-
-def finished(study: optuna.Study) -> set[int]:
-    """The numbers of the study's finished trials (what ``stored_runs`` reads)."""
-    state = _optuna().trial.TrialState
-    return {t.number for t in study.get_trials(deepcopy=False,
-                                               states=(state.COMPLETE, state.PRUNED))}
-
-
-def stored_runs(study: optuna.Study, usable_bytes: int) -> list[RunRecord]:
-    """The runs the study held before this search, in the order they ended, each with when it
-    was measured (the report's memory plot draws them; its timeline does not)."""
-    state = _optuna().trial.TrialState
-    runs: list[RunRecord] = []
-    for t in study.get_trials(deepcopy=False, states=(state.COMPLETE, state.PRUNED)):
-        ended = t.datetime_complete or t.datetime_start
-        run = _run_of(t, len(runs), usable_bytes, stored_at=ended.astimezone(
-            timezone.utc).isoformat(timespec="seconds") if ended else None)
-        if run is not None:
-            runs.append(run)
-    return runs
-
-
-def _run_of(t: optuna.trial.FrozenTrial, number: int, usable_bytes: int,
-            **fields: Any) -> RunRecord | None:
-    """A finished trial's run as the report draws it, naming the node whose claim it was in
-    a joined study (None: not one of ours)."""
-    key = _candidate(t.params)
-    if "result" not in t.user_attrs or key is None:
-        return None
-    result = from_json_dict(TrialResult, json.loads(t.user_attrs["result"]))
-    kind = t.user_attrs.get("kind", "trial")
-    return replace(run_record(
-        number, kind if kind in ("probe", "trial", "re-measure") else "trial", key, result,
-        usable_bytes, compiled=key.knobs.compiled, **fields),
-        node=str(t.user_attrs.get("claimed_by", "")))
