@@ -64,6 +64,32 @@ def fit_line(points: Sequence[Point]) -> tuple[float, float] | None:
     return slope, mean_y - slope * mean_x
 
 
+LINEAR_WITHIN = 0.05
+"""A line through three or more measured peaks is trusted anywhere when each lies within this
+share of it (``line_reach``): the peaks were seen to grow linearly."""
+
+
+def line_reach(points: Sequence[Point]) -> float:
+    """The largest micro-batch the line through these points' measured peaks may predict a
+    peak for, to exclude it without a run (rule ``peak-line``, ``growth-over-budget``).
+
+    A CPU's peak is not linear in the micro-batch at small sizes (the process's baseline and
+    the allocator's arenas are a large share of it): in the recorded CPU tables the line
+    through the peaks at 1 and 2 put 4 at up to 2.5x its peak, through 4 and 8 put 16 at up
+    to 1.6x (``benchmarks/rule_checks.py`` (3)). So a line predicts
+    no further beyond its largest point than its points are apart, unless three or more
+    peaks lie on it (within ``LINEAR_WITHIN``): then anywhere. 0 with fewer than two peaks."""
+    measured = {p.micro_batch: p.peak_bytes for p in points if p.peak_bytes is not None}
+    line = fit_line(points)
+    if line is None:
+        return 0
+    slope, intercept = line
+    if len(measured) >= 3 and all(abs(slope * m + intercept - b) <= LINEAR_WITHIN * b
+                                  for m, b in measured.items()):
+        return math.inf
+    return 2 * max(measured) - min(measured)
+
+
 def predicted_largest(between: Sequence[int], line: tuple[float, float],
                       usable_bytes: int) -> int | None:
     """The largest open candidate the line predicts to fit, or None (an increasing line
@@ -113,9 +139,11 @@ def confirm_over(between: Sequence[int], points: Sequence[Point],
     """The peak the line through the measured peaks predicts for the smallest open candidate
     when it is above ``over_bytes`` (e.g. a child's hard cap: the run could only end out of
     memory), else None (run it to confirm the failure). Only a line through two fitting runs
-    predicts here, and only above the largest of them (no extrapolation below a failure)."""
-    line = fit_line([p for p in points if p.fits])
-    if over_bytes is None or line is None or not between:
+    predicts here, and only above the largest of them (no extrapolation below a failure), and
+    no further than ``line_reach``: beyond it, the run is made."""
+    fitting = [p for p in points if p.fits]
+    line = fit_line(fitting)
+    if over_bytes is None or line is None or not between or between[0] > line_reach(fitting):
         return None
     slope, intercept = line
     predicted = slope * between[0] + intercept
