@@ -132,17 +132,15 @@ def _scripted(peak_mib: Callable[[int], float], cap_mib: float,
 
 @pytest.mark.parametrize("known_at_8", ["ok", "timeout", "none", "not a candidate"])
 def test_known_runs_put_their_peaks_on_the_line_from_the_start(known_at_8: str) -> None:
-    # 100 MiB + 40 a sample, cap 1000 (usable 900): 16 fits (740), 32 does not (1380). Runs
-    # at 4 and 8 measured before the probe (260, 340 MiB) and the probe's own at the hint 16
-    # put 32 over the cap by their line, three peaks on it (``boundary.line_reach``): the
-    # probe ends without running it. A run that says nothing of
+    # 100 MiB + 40 a sample, cap 1000 (usable 900): 16 fits (740), 32 does not (1380). A run
+    # at 8 measured before the probe (340 MiB) and the probe's own at the hint 16 put 32 over
+    # the cap by their line: the probe ends without running it. A run that says nothing of
     # memory (a timeout) or of another micro-batch is not on the line: 32 is run (an OOM).
     def peak(m: int) -> float:
         return 100 + 40 * m
 
     ran: list[int] = []
-    known = {"ok": {m: TrialResult(status="ok", peak_bytes=int(peak(m) * MIB), wall_s=1.0)
-                    for m in (4, 8)},
+    known = {"ok": {8: TrialResult(status="ok", peak_bytes=int(peak(8) * MIB), wall_s=1.0)},
              "timeout": {8: TrialResult(status="timeout", wall_s=1.0)},
              "none": {},
              "not a candidate": {7: TrialResult(status="ok", peak_bytes=int(peak(7) * MIB),
@@ -153,10 +151,9 @@ def test_known_runs_put_their_peaks_on_the_line_from_the_start(known_at_8: str) 
     assert probe.max_micro_batch == 16
     if known_at_8 == "ok":
         assert ran == [16]
-        assert [(s.micro_batch, s.status) for s in probe.steps] == [
-            (4, "ok"), (8, "ok"), (16, "ok")]
+        assert [(s.micro_batch, s.status) for s in probe.steps] == [(8, "ok"), (16, "ok")]
         assert probe.notes == ("micro-batches above 16 not probed: the line through the peaks "
-                               "at 4, 8, 16 puts 32 at 1.35 GiB, over the 1000.00 MiB cap",)
+                               "at 8, 16 puts 32 at 1.35 GiB, over the 1000.00 MiB cap",)
     else:
         assert ran == [16, 32]
         assert [(s.micro_batch, s.status) for s in probe.steps] == [(16, "ok"), (32, "oom")]
