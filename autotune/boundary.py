@@ -74,9 +74,10 @@ def flattens(points: Sequence[Point]) -> bool:
     """Whether these measured peaks grow less per sample at larger micro-batches: the line
     through two of them puts the next larger one over its measured peak by more than
     ``LINEAR_WITHIN``. A CPU's peak does so at small sizes (the process's baseline and the
-    allocator's arenas are a large share of it): in the recorded CPU tables the line through
-    the peaks at 1 and 2 put 4 at up to 2.5x its peak, through 4 and 8 put 16 at up to 1.6x;
-    on the H200 none was over (``benchmarks/rule_checks.py`` (3))."""
+    allocator's arenas are a large share of it): in the replay's recorded CPU tables
+    (``benchmarks/replay_tables.py``) the line through the peaks at 1 and 2 put 4 at up to
+    2.5x its peak (34 of 111 such triples on the EPYC over 1.1x), through 4 and 8 put 16 at
+    up to 1.6x; on the H200 none was over (12 triples)."""
     measured = sorted({p.micro_batch: p.peak_bytes for p in points if p.peak_bytes}.items())
     triples = zip(measured, measured[1:], measured[2:], strict=False)  # the last two: none
     return any(b1 + (b1 - b0) / (m1 - m0) * (m2 - m1) > b2 * (1 + LINEAR_WITHIN)
