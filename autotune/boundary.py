@@ -64,6 +64,43 @@ def fit_line(points: Sequence[Point]) -> tuple[float, float] | None:
     return slope, mean_y - slope * mean_x
 
 
+LINEAR_WITHIN = 0.05
+"""How far a peak may fall under the line through two smaller ones before the peaks are said
+to flatten (``flattens``), and how close three or more peaks must lie to their line for it
+to be trusted anywhere (``line_reach``)."""
+
+
+def flattens(points: Sequence[Point]) -> bool:
+    """Whether these measured peaks grow less per sample at larger micro-batches: the line
+    through two of them puts the next larger one over its measured peak by more than
+    ``LINEAR_WITHIN``. A CPU's peak does so at small sizes (the process's baseline and the
+    allocator's arenas are a large share of it): in the replay's recorded CPU tables
+    (``benchmarks/replay_tables.py``) the line through the peaks at 1 and 2 put 4 at up to
+    2.5x its peak (34 of 111 such triples on the EPYC over 1.1x), through 4 and 8 put 16 at
+    up to 1.6x; on the H200 none was over (12 triples)."""
+    measured = sorted({p.micro_batch: p.peak_bytes for p in points if p.peak_bytes}.items())
+    triples = zip(measured, measured[1:], measured[2:], strict=False)  # the last two: none
+    return any(b1 + (b1 - b0) / (m1 - m0) * (m2 - m1) > b2 * (1 + LINEAR_WITHIN)
+               for (m0, b0), (m1, b1), (m2, b2) in triples)
+
+
+def line_reach(points: Sequence[Point]) -> float:
+    """The largest micro-batch the line through these points' measured peaks may predict a
+    peak for, to exclude it without a run, where the peaks were seen to flatten
+    (``flattens``: rules ``peak-line``, ``growth-over-budget``): no further beyond its
+    largest point than its points are apart, unless three or more peaks lie on it (within
+    ``LINEAR_WITHIN``), then anywhere. 0 with fewer than two peaks."""
+    measured = {p.micro_batch: p.peak_bytes for p in points if p.peak_bytes is not None}
+    line = fit_line(points)
+    if line is None:
+        return 0
+    slope, intercept = line
+    if len(measured) >= 3 and all(abs(slope * m + intercept - b) <= LINEAR_WITHIN * b
+                                  for m, b in measured.items()):
+        return math.inf
+    return 2 * max(measured) - min(measured)
+
+
 def predicted_largest(between: Sequence[int], line: tuple[float, float],
                       usable_bytes: int) -> int | None:
     """The largest open candidate the line predicts to fit, or None (an increasing line
@@ -77,7 +114,8 @@ def predicted_largest(between: Sequence[int], line: tuple[float, float],
 
 
 def next_candidate(candidates: Sequence[int], points: Sequence[Point], usable_bytes: int,
-                   hint: int | None = None, *, over_bytes: float | None = None) -> int | None:
+                   hint: int | None = None, *, over_bytes: float | None = None,
+                   flat: bool = False) -> int | None:
     """The micro-batch to measure next, or None when the boundary is decided.
 
     After a first run at the hint, its neighbour settles the boundary if the hint was right;
@@ -97,7 +135,7 @@ def next_candidate(candidates: Sequence[int], points: Sequence[Point], usable_by
         predicted = predicted_largest(between, line, usable_bytes)
         if predicted is not None:
             return predicted
-        return None if confirm_over(between, points, over_bytes) else between[0]
+        return None if confirm_over(between, points, over_bytes, flat=flat) else between[0]
     lo, hi = bracket(points)
     if lo == 0:
         return between[0]
@@ -109,13 +147,18 @@ def next_candidate(candidates: Sequence[int], points: Sequence[Point], usable_by
 
 
 def confirm_over(between: Sequence[int], points: Sequence[Point],
-                 over_bytes: float | None) -> float | None:
+                 over_bytes: float | None, *, flat: bool = False) -> float | None:
     """The peak the line through the measured peaks predicts for the smallest open candidate
     when it is above ``over_bytes`` (e.g. a child's hard cap: the run could only end out of
     memory), else None (run it to confirm the failure). Only a line through two fitting runs
-    predicts here, and only above the largest of them (no extrapolation below a failure)."""
-    line = fit_line([p for p in points if p.fits])
+    predicts here, and only above the largest of them (no extrapolation below a failure), and
+    where this machine's peaks flatten (``flat``, or these points do: ``flattens``), no
+    further than ``line_reach``: beyond it, the run is made."""
+    fitting = [p for p in points if p.fits]
+    line = fit_line(fitting)
     if over_bytes is None or line is None or not between:
+        return None
+    if (flat or flattens(points)) and between[0] > line_reach(fitting):
         return None
     slope, intercept = line
     predicted = slope * between[0] + intercept

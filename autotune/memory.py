@@ -118,6 +118,7 @@ def probe_steps(
     stop_above: Callable[[int, int], str | None] | None = None,
     stop_below: Callable[[int, int], str | None] | None = None,
     known: Mapping[int, TrialResult] | None = None,
+    flat: bool = False,
 ) -> Steps[MemoryProbe]:
     """The largest candidate micro-batch whose real training step fits, as a chain of runs
     (``Steps``: each spec yielded is sent its result; ``probe_memory`` runs it).
@@ -157,6 +158,10 @@ def probe_steps(
             line through both puts it over the cap). Only a run that ended ``ok`` or ``oom``
             counts (a crash or a timeout says nothing of memory); they are the probe's first
             steps, without ``on_step`` (they were reported when they ran).
+        flat: this machine's peaks were seen to grow less per sample at larger micro-batches
+            (``boundary.flattens``): a line through the peaks puts a micro-batch over the cap
+            without a run only within its reach (``boundary.line_reach``), as where this
+            probe's own peaks flatten.
 
     Raises:
         WorkloadError: the workload itself fails (factory, batch or model errors).
@@ -185,7 +190,7 @@ def probe_steps(
         where the boundary is decided or not worth a run (said in ``stopped``)."""
         nonlocal stopped
         fit, _ = bracket(points)
-        over = confirm_over(open_candidates(cands, points), points, budget_bytes)
+        over = confirm_over(open_candidates(cands, points), points, budget_bytes, flat=flat)
         if micro_batch is None and over is not None:
             above = open_candidates(cands, points)[0]
             fitted = ", ".join(str(p.micro_batch) for p in points if p.fits)
@@ -216,7 +221,7 @@ def probe_steps(
         micro_batch = advance(hint)  # the first guess still, if the known runs leave it open
     else:
         micro_batch = advance(next_candidate(cands, points, usable_bytes, hint,
-                                             over_bytes=budget_bytes))
+                                             over_bytes=budget_bytes, flat=flat))
     # The first guess is the expected boundary; after known runs, as the points say.
     may_be_largest = micro_batch is not None and (
         not points or is_largest_candidate(micro_batch, cands, points, usable_bytes))
@@ -236,7 +241,7 @@ def probe_steps(
         if result.status == "unsupported":  # no micro-batch changes that
             break
         micro_batch = advance(next_candidate(cands, points, usable_bytes, hint,
-                                             over_bytes=budget_bytes))
+                                             over_bytes=budget_bytes, flat=flat))
         if micro_batch is not None:
             may_be_largest = is_largest_candidate(micro_batch, cands, points, usable_bytes)
 

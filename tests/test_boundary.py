@@ -13,6 +13,8 @@ from autotune.boundary import (
     confirm_over,
     first_candidate,
     fit_line,
+    flattens,
+    line_reach,
     may_be_largest,
     next_candidate,
 )
@@ -46,6 +48,25 @@ def test_line_predicts_the_largest_fitting() -> None:
 
 def test_line_predicting_nothing_confirms_just_above_lo() -> None:
     assert next_candidate(DIVISORS_48, [oom(48), fits(1, 110), fits(6, 160)], 170) == 8
+
+
+def test_two_peaks_predict_no_further_beyond_them_than_they_are_apart_where_peaks_flatten(
+) -> None:
+    # The replay's shrunk EPYC CNN (bf16 eager, channels_last): 9.9 and 11.1 MiB at 1 and 2
+    # put 4 at 13.5 MiB, over the 12.8 MiB cap; it peaks 11.0 there. fp32 eager's peaks on
+    # the same machine (4.4, 11.5, 12.4 at 1, 2, 4) flatten: the line through 1 and 2 put 4
+    # at 25.7. Where peaks flatten, two peaks reach 3: 4 is run.
+    fp32 = [fits(1, 44), fits(2, 115), fits(4, 124)]
+    assert flattens(fp32) and not flattens([fits(1, 100), fits(2, 120), fits(4, 160)])
+    assert line_reach(fp32) == 7  # off their own line: no further than 4 beyond 4
+    points = [fits(1, 99), fits(2, 111)]
+    assert line_reach(points) == 3
+    assert confirm_over([4], points, 128, flat=True) is None
+    assert next_candidate([1, 2, 4, 8], points, 115, over_bytes=128, flat=True) == 4
+    # Nothing seen to flatten (a GPU's peaks): the line is trusted as before.
+    assert next_candidate([1, 2, 4, 8], points, 115, over_bytes=128) is None
+    # Three peaks on their line are trusted anywhere.
+    assert line_reach([fits(8, 274), fits(16, 312), fits(32, 389)]) == math.inf
 
 
 def test_a_failure_the_line_puts_over_the_cap_is_not_run_to_confirm() -> None:

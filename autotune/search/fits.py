@@ -7,7 +7,7 @@ Pure queries of ``Evidence``: nothing here runs or records anything.
 
 from __future__ import annotations
 
-from autotune.boundary import Point, fit_line
+from autotune.boundary import Point, fit_line, flattens, line_reach
 from autotune.config import Knobs
 from autotune.search._records import Candidate
 from autotune.search.evidence import Evidence
@@ -32,11 +32,15 @@ def lower_peak(ev: Evidence, leader: Candidate, timed: Candidate) -> bool:
             and bool(led.peak_bytes) and (ran.peak_bytes or 0) < (led.peak_bytes or 0))
 
 
-def growth(ev: Evidence, knobs: Knobs, micro_batch: int) -> float | None:
-    """Peak bytes per sample above ``micro_batch`` for ``knobs``, or None (not known).
+def growth(ev: Evidence, knobs: Knobs, micro_batch: int, above: int) -> float | None:
+    """Peak bytes per sample from ``micro_batch`` up to ``above`` for ``knobs``, or None (not
+    known).
 
     Measured on a setting of the same memory class at two or more micro-batches that
-    completed, the slope of the line through them (``boundary.fit_line``); else a lower
+    completed, the slope of the line through them (``boundary.fit_line``; through those at
+    ``micro_batch`` and above where two are: a CPU's peak grows less per sample at larger
+    micro-batches), where that line reaches ``above`` (``boundary.line_reach``, where this
+    machine's peaks flatten: ``flat``); else a lower
     bound from the class's probe that stopped at ``micro_batch``: its run above failed, so
     its peak there exceeded the budget (or is the measured one)."""
     cls = memory_class(knobs)
@@ -46,8 +50,11 @@ def growth(ev: Evidence, knobs: Knobs, micro_batch: int) -> float | None:
             continue
         points = sorted({s.micro_batch: s.peak_bytes for s in probe.steps
                          if s.status == "ok" and s.peak_bytes}.items())
-        line = fit_line([Point(micro_batch=m, peak_bytes=b, fits=True) for m, b in points])
-        if line is not None:
+        measured = [Point(micro_batch=m, peak_bytes=b, fits=True) for m, b in points]
+        local = [p for p in measured if p.micro_batch >= micro_batch]
+        measured = local if len(local) >= 2 else measured
+        line = fit_line(measured)
+        if line is not None and (above <= line_reach(measured) or not flat(ev)):
             return max(0.0, line[0])
         over = min((s for s in probe.steps if s.micro_batch > micro_batch and not s.fits),
                    key=lambda s: s.micro_batch, default=None)
@@ -56,6 +63,15 @@ def growth(ev: Evidence, knobs: Knobs, micro_batch: int) -> float | None:
                 ev.plan.report.budget_bytes
             bound = max(0.0, (end - points[-1][1]) / (over.micro_batch - micro_batch))
     return bound
+
+
+def flat(ev: Evidence) -> bool:
+    """Whether a setting's probe measured peaks that grow less per sample at larger
+    micro-batches (``boundary.flattens``): then a line through two peaks is not trusted
+    further beyond them than they are apart (``boundary.line_reach``)."""
+    return any(flattens([Point(micro_batch=s.micro_batch, peak_bytes=s.peak_bytes, fits=s.fits)
+                         for s in probe.steps if s.status == "ok"])
+               for probe in ev.probes.values())
 
 
 def recompute_floor(ev: Evidence, knobs: Knobs) -> int:

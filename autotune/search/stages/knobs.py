@@ -234,7 +234,7 @@ def probe_lowered(ex: Executor, lowered: Sequence[tuple[str, str, Candidate]]) -
     for c in sorted(pool, key=peak.__getitem__):
         m = c.micro_batch
         above = next(x for x in ex.plan.micro_batches if x > m)
-        growth = fits.growth(ex.ev, c.knobs, m)
+        growth = fits.growth(ex.ev, c.knobs, m, above)
         need = None if growth is None else peak[c] + growth * (above - m)
         if none_above is not None:
             ex.ev.decide(skip(

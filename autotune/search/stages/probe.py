@@ -181,7 +181,8 @@ def setting_steps(ex: Executor, knobs: Knobs, *, above: int = 0,
         make_spec=lambda m, largest: ex.spec(candidate(m), timed=timed(m, largest)),
         known={c.micro_batch: r for c, r in [*ex.ev.probe_runs.items(),
                                              *ex.ev.results.items()]
-               if c.knobs == knobs and c in ex.ev.reached})
+               if c.knobs == knobs and c in ex.ev.reached},
+        flat=fits.flat(ex.ev))
     ex.ev.found(probe)
     for note in probe.notes:
         if note.startswith(("micro-batches above", "micro-batches below")):
