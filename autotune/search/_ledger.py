@@ -149,8 +149,8 @@ class Ledger:
         """``_trials.stored_runs``, or none once the store failed."""
         if self._study is not None:
             try:
-                self._known = _trials.finished(self._study)
-                return _trials.stored_runs(self._study, usable_bytes)
+                runs, self._known = _trials.stored_runs(self._study, usable_bytes)
+                return runs
             except Exception as exc:
                 self._failed("reading its runs", exc)
         return []

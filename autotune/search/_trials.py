@@ -65,25 +65,21 @@ def others_runs(joined: claims.Claims, known: set[int], usable_bytes: int) -> li
     return runs
 
 
-def finished(study: optuna.Study) -> set[int]:
-    """The numbers of the study's finished trials (what ``stored_runs`` reads)."""
-    state = _optuna().trial.TrialState
-    return {t.number for t in study.get_trials(deepcopy=False,
-                                               states=(state.COMPLETE, state.PRUNED))}
-
-
-def stored_runs(study: optuna.Study, usable_bytes: int) -> list[RunRecord]:
+def stored_runs(study: optuna.Study, usable_bytes: int) -> tuple[list[RunRecord], set[int]]:
     """The runs the study held before this search, in the order they ended, each with when it
-    was measured (the report's memory plot draws them; its timeline does not)."""
+    was measured (the report's memory plot draws them; its timeline does not), and the numbers
+    of the trials read (one read: ``others_runs`` adds only what came after it)."""
     state = _optuna().trial.TrialState
     runs: list[RunRecord] = []
+    read: set[int] = set()
     for t in study.get_trials(deepcopy=False, states=(state.COMPLETE, state.PRUNED)):
+        read.add(t.number)
         ended = t.datetime_complete or t.datetime_start
         run = _run_of(t, len(runs), usable_bytes, stored_at=ended.astimezone(
             timezone.utc).isoformat(timespec="seconds") if ended else None)
         if run is not None:
             runs.append(run)
-    return runs
+    return runs, read
 
 
 def _run_of(t: optuna.trial.FrozenTrial, number: int, usable_bytes: int,
