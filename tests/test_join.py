@@ -356,12 +356,10 @@ def test_a_node_waiting_on_another_nodes_run_stops_at_its_time_budget(
     first.start()
     try:
         assert begun.wait(60)
-        start = time.monotonic()
+        # the other node's run ends only when this test releases it, after this search
         outcome = run_search(plan(), CLASSES, replace(settings, time_budget_s=3.0),
                              run=ScriptedDevice(SPEEDS))
-        waited = time.monotonic() - start
         assert outcome.num_runs == 0 and outcome.stop_reason.kind == "time-budget"
-        assert waited < 30  # not until the other node's run ended (the test releases it)
     finally:
         release.set()
         first.join(120)

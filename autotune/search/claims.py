@@ -202,16 +202,16 @@ class Claims:
             for t in mine:
                 if t.state in (state.COMPLETE, state.PRUNED) and "result" in t.user_attrs:
                     return Taken(dict(t.user_attrs), str(t.user_attrs.get("claimed_by", "")))
+            now = conn.execute(text("select now()")).scalar_one()  # the server's clock
             running = [t for t in mine
                        if t.state == state.RUNNING and t.user_attrs.get("kind") == kinds[0]]
-            for t in self._never_beat(conn, running):
+            for t in self._never_beat(conn, running, now):
                 storage.set_trial_state_values(t._trial_id, state.FAIL)
                 self._stale(self.study, t, "no heartbeat came")
                 running.remove(t)
             if running:
                 return Taken(None, str(running[0].user_attrs.get("claimed_by", "")))
-            trial.set_user_attr(CLAIMED_AT, conn.execute(text("select now()")).scalar_one(
-                ).isoformat())  # the server's clock: what a joined --max-trials counts from
+            trial.set_user_attr(CLAIMED_AT, now.isoformat())  # a joined --max-trials counts it
             trial_id = storage.create_new_trial(self.study._study_id, template_trial=trial)
             storage.record_heartbeat(trial_id)
         claimed = Claimed(trial_id)
@@ -220,8 +220,8 @@ class Claims:
                          name=f"autotune-heartbeat-{trial_id}").start()
         return claimed
 
-    def _never_beat(self, conn: Any, running: list[optuna.trial.FrozenTrial]
-                    ) -> list[optuna.trial.FrozenTrial]:
+    def _never_beat(self, conn: Any, running: list[optuna.trial.FrozenTrial],
+                    now: datetime) -> list[optuna.trial.FrozenTrial]:
         """The claims of ``running`` whose first heartbeat never came within ``GRACE_S``.
 
         A claim's first heartbeat is written one commit after the claim itself (``claim``):
@@ -234,7 +234,6 @@ class Claims:
 
         if not running:
             return []
-        now = conn.execute(text("select now()")).scalar_one()
         beating = {row[0] for row in conn.execute(
             text("select trial_id from trial_heartbeats where trial_id = any(:ids)"),
             {"ids": [t._trial_id for t in running]})}

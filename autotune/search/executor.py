@@ -317,11 +317,16 @@ class Executor:
         self.progress(candidate, None)
         return self.run_child(self.limited(spec), "probe")
 
+    def left_s(self) -> float | None:
+        """Seconds the time budget has left (None: no budget)."""
+        if self.settings.time_budget_s is None:
+            return None
+        return self.settings.time_budget_s - (self.clock() - self.tally.start)
+
     def waiting(self) -> None:
         """While this node waits on a run another node makes (a joined study): a ``Stop``
         once the time budget leaves no child run here, as ``limited`` says before a run."""
-        if self.settings.time_budget_s is not None and (
-                self.settings.time_budget_s - (self.clock() - self.tally.start) < MIN_CHILD_S):
+        if (left := self.left_s()) is not None and left < MIN_CHILD_S:
             raise Stop(StopReason("time-budget"))
 
     def limited(self, spec: TrialSpec, claimed: Asked | None = None) -> TrialSpec:
@@ -340,8 +345,7 @@ class Executor:
             raise Stop(StopReason("max-trials", str(made)))
         timeout_s = self.settings.timeout_s
         self.kept_s = 0.0
-        if self.settings.time_budget_s is not None:
-            left = self.settings.time_budget_s - (self.clock() - self.tally.start)
+        if (left := self.left_s()) is not None:
             if left < MIN_CHILD_S:
                 raise Stop(StopReason("time-budget"))
             kept = 0.0 if spec.cold_compile else self.reserve(self)
