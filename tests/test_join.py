@@ -398,3 +398,23 @@ def test_a_joined_max_trials_counts_the_runs_of_every_node(postgres: Cluster) ->
     alone = run_search(plan(), CLASSES, replace(IN_MEMORY, max_trials=5),
                        run=ScriptedDevice(SPEEDS))
     assert alone.num_runs == 5  # the same search alone makes its five
+
+
+@pytest.mark.parametrize("claimed_by", ["node-a:1\n[experimental]", "a\u2028b:2", 7])
+def test_a_claim_read_back_names_its_node_as_text_the_file_can_hold(claimed_by: object) -> None:
+    # A shared study is written by other tools too: what its claims say of their node reaches
+    # autotune.json's runs[].node, whose reader refuses control characters.
+    from autotune.search._trials import stored_runs
+    from autotune.serialize import control_character
+
+    study = optuna.create_study(direction="maximize")
+    trial = _claim_of("fp32/off/8")
+    study.add_trial(optuna.trial.create_trial(
+        state=optuna.trial.TrialState.COMPLETE, value=1.0, params=trial.params,
+        distributions=trial.distributions, user_attrs={
+            "candidate": "fp32/off/8", "kind": "trial", "claimed_by": claimed_by,
+            "result": json.dumps({"status": "ok"})}))
+    [run], _ = stored_runs(study, 2**30)
+    assert control_character(run.node) is None and run.node != ""
+    assert run.node == (str(claimed_by) if isinstance(claimed_by, int)
+                        else claimed_by.encode("unicode_escape").decode())
