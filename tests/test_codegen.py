@@ -376,6 +376,10 @@ def test_generated_step_with_a_file_workload(tmp_path: Path) -> None:
     assert_same_grads(generated.grads, full, float32_weights=True)
 
 
+# slow: two torchrun ranks; the everyday run keeps a job of two gloo ranks (test_ranks.py) and
+# the generated step's normalization in one process
+# (test_generated_step_equals_library_step_and_one_big_batch)
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_generated_step_under_ddp_normalizes_over_all_ranks(default_script: ModuleType,
                                                            tmp_path: Path) -> None:

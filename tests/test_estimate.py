@@ -107,6 +107,9 @@ def test_largest_fitting_traces_the_boundary():
     assert len(search.estimates) <= 6
 
 
+# slow: the everyday run checks the same JSON's pairs and largest fit
+# (test_check.py::test_largest_that_fits_is_a_divisor_of_the_target_and_the_raw_maximum_apart)
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_estimate_cli_json_and_pairs():
     result = runner.invoke(app, ["estimate", "--micro-batch", "4", "--device-memory", "200MiB",

@@ -143,7 +143,7 @@ def test_the_script_classifies_as_the_library(script: ModuleType, exc: BaseExcep
 # The step: a real allocator error in the forward, the same gradients as the smaller micro-batch.
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=6, deadline=None)
 @given(data=st.data(), max_in_a_row=st.integers(1, 4))
 def test_a_step_that_runs_out_of_memory_gives_the_smaller_micro_batchs_gradients(
         data: st.DataObject, max_in_a_row: int) -> None:

@@ -214,6 +214,8 @@ def test_a_joined_search_whose_server_goes_away_goes_on_locally_and_says_so(
     assert outcome.ledger is not None and outcome.ledger.outputs_by() == ""  # writes its own
 
 
+# slow: three nodes' searches; the everyday run keeps two nodes sharing one study
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_a_node_of_another_device_kind_gets_its_own_answer_and_another_budget_is_refused(
         postgres: Cluster) -> None:  # noqa: F811
@@ -334,6 +336,8 @@ def test_a_claim_whose_first_heartbeat_never_came_is_failed_and_taken_over(
     assert states == sorted([("gone-node:1", "FAIL"), (claims.who(), "RUNNING")])
 
 
+# slow: a node waits out its budget; the everyday run keeps two nodes sharing one study
+@pytest.mark.slow
 @pytest.mark.subprocess  # the PostgreSQL cluster
 def test_a_node_waiting_on_another_nodes_run_stops_at_its_time_budget(
         postgres: Cluster) -> None:  # noqa: F811
@@ -365,6 +369,8 @@ def test_a_node_waiting_on_another_nodes_run_stops_at_its_time_budget(
         first.join(120)
 
 
+# slow: two nodes' searches again; the everyday run keeps two nodes sharing one study
+@pytest.mark.slow
 @pytest.mark.subprocess  # the PostgreSQL cluster
 def test_a_joined_max_trials_counts_the_runs_of_every_node(postgres: Cluster) -> None:  # noqa: F811
     # Nodes that together make a search make at most --max-trials runs together: here,

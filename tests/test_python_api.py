@@ -185,7 +185,7 @@ def test_the_one_check_knows_every_field_of_a_request_and_of_the_search_settings
     assert list(SEARCH) == [f.name for f in dataclasses.fields(SearchSettings)]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(data=st.data())
 def test_a_wrong_type_for_any_parameter_is_a_config_error_before_anything_starts(
         data: st.DataObject) -> None:

@@ -372,7 +372,7 @@ def test_directory_is_said(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
-@settings(max_examples=40, deadline=None,
+@settings(max_examples=20, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(fields=st.lists(st.sampled_from(["target_batch", "micro_batch", "accumulate_steps",
                                         "world_size", "requested_batch"]), min_size=1,
@@ -773,7 +773,7 @@ EXAMPLES = {"count": 0, "accepted": 0, "rejected": 0}
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(fuzzed())
 def test_fuzzed_file_is_accepted_and_safe_or_rejected_cleanly(case: tuple[str, Any]) -> None:
     _, data = case

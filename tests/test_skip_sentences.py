@@ -64,7 +64,7 @@ def _figure(name: str, spec: str) -> st.SearchStrategy[Any]:
     return st.integers(1, 4096) | st.text("abcdefg/+=-0123456789 ,", min_size=1, max_size=30)
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(data=st.data())
 @pytest.mark.parametrize("key", sorted(TEMPLATES))
 def test_every_template_renders_from_figures_of_its_kind(key: str, data: st.DataObject) -> None:

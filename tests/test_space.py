@@ -179,7 +179,7 @@ def test_the_largest_target_is_tuned_and_one_more_is_refused() -> None:
         per_device_batch(10**300, 1)
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(huge=_HUGE)
 def test_every_command_refuses_a_huge_count_with_exit_2(huge: int, tmp_path_factory:
                                                          pytest.TempPathFactory) -> None:

@@ -120,7 +120,7 @@ def test_redact_leaves_urls_without_a_password_as_they_are() -> None:
         assert redact(url) == url
 
 
-@hyp_settings(max_examples=25, deadline=None)
+@hyp_settings(max_examples=12, deadline=None)
 @given(urls())
 def test_a_storage_that_cannot_be_opened_is_refused_without_its_password(
         written: tuple[str, str]) -> None:
