@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import optuna
@@ -424,3 +426,94 @@ def test_a_claim_read_back_names_its_node_as_text_the_file_can_hold(claimed_by: 
     assert control_character(run.node) is None and run.node != ""
     assert run.node == (str(claimed_by) if isinstance(claimed_by, int)
                         else claimed_by.encode("unicode_escape").decode())
+
+
+def _server_now(study: optuna.Study) -> datetime:
+    """The database server's clock (the one claims and joined searches are stamped with)."""
+    from sqlalchemy import text
+
+    with study._storage._backend.engine.connect() as conn:
+        return conn.execute(text("select now()")).scalar_one()
+
+
+def _began(study: optuna.Study, seconds_ago: float, by: str = "node-a:1") -> None:
+    """Another node began a joined search on ``study`` ``seconds_ago`` (server clock)."""
+    at = _server_now(study) - timedelta(seconds=seconds_ago)
+    study.set_user_attr(claims.SEARCH_ATTR, {"by": by, "at": at.isoformat()})
+
+
+@pytest.mark.subprocess  # the PostgreSQL cluster
+def test_a_node_that_joins_late_counts_its_budget_and_runs_from_when_the_search_began(
+        postgres: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    # Node A began the joined search 20 s ago and has a run under way, claimed after it
+    # began, with one more it finished: a node opening now joins that search (its start, its
+    # runs), not one of its own; it is over once A wrote the outputs, once this node's
+    # budget is spent since it began, or once no run was under way or claimed for IDLE_S.
+    monkeypatch.setattr(claims, "HEARTBEAT_S", 0.2)
+    study = optuna.create_study(storage=claims.shared_storage(_fresh_database(
+        postgres, "late")), study_name="late", direction="maximize")
+    _began(study, 20)
+    other = claims.Claims(study)
+    running = other.claim("fp32/off/8", ("trial",), _claim_of("fp32/off/8", "node-a:1"))
+    finished = other.claim("fp32/off/16", ("trial",), _claim_of("fp32/off/16", "node-a:1"))
+    assert isinstance(running, claims.Claimed) and isinstance(finished, claims.Claimed)
+    study._storage.set_trial_state_values(finished.trial_id, optuna.trial.TrialState.COMPLETE,
+                                          [1.0])
+    finished.stop()
+    try:
+        late = claims.Claims(study, time_budget_s=600)
+        assert late.began_by == "node-a:1" and 20 <= late.late_s < 60
+        assert late.began < late.opened and late.runs_since_began() == 2
+        # a budget spent since the search began: this node begins a search of its own
+        spent = claims.Claims(study, time_budget_s=15)
+        assert spent.began_by == "" and spent.late_s == 0 and spent.runs_since_began() == 0
+        assert study.user_attrs[claims.SEARCH_ATTR]["by"] == claims.who()
+        # ... which the next node joins as this node's (the same host:pid here: not late)
+        assert claims.Claims(study, time_budget_s=600).began == spent.began
+        _began(study, 20)
+        study.set_user_attr(claims.OUTPUTS_ATTR, {"by": "node-a:1", "at": _server_now(
+            study).isoformat()})  # A ended and wrote the outputs: that search is over
+        assert claims.Claims(study).began_by == ""
+    finally:
+        running.stop()
+    # No run under way (A's claim failed, its heartbeat gone) nor claimed for IDLE_S: over.
+    study._storage.set_trial_state_values(running.trial_id, optuna.trial.TrialState.FAIL)
+    study.set_user_attr(claims.OUTPUTS_ATTR, {"by": "node-a:1", "at": (
+        _server_now(study) - timedelta(seconds=60)).isoformat()})  # an earlier search's
+    monkeypatch.setattr(claims, "IDLE_S", 1)
+    time.sleep(1.5)  # IDLE_S of the server's clock since the last claim
+    _began(study, 20)
+    assert claims.Claims(study).began_by == ""
+    _began(study, 0.5)  # began just now, nothing claimed since: under way
+    assert claims.Claims(study).began_by == "node-a:1"
+
+
+@pytest.mark.subprocess  # the PostgreSQL cluster
+def test_a_node_joining_a_search_near_its_budget_stops_on_it_and_says_why(
+        postgres: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    # The search node A began 15 s ago has a run under way; this node's --time-budget of 30 s
+    # counts from then: less than a child run needs (20 s here) is left, and the outcome says
+    # it joined. Alone, the same budget runs.
+    from autotune.search import executor
+
+    monkeypatch.setattr(executor, "MIN_CHILD_S", 20.0)
+    url = _fresh_database(postgres, "nearly")
+    study = optuna.create_study(storage=claims.shared_storage(url), study_name="nearly",
+                                direction="maximize")
+    _began(study, 15)
+    running = claims.Claims(study).claim("fp32/off/8", ("trial",), _claim_of(
+        "fp32/off/8", "node-a:1", (1, 2, 4, 8, 16, 32, 64)))  # the search's micro-batches
+    settings = replace(IN_MEMORY, storage=url, study_name="nearly", join=True,
+                       time_budget_s=30.0)
+    try:
+        outcome = run_search(plan(), CLASSES, settings, run=ScriptedDevice(SPEEDS))
+        alone = run_search(plan(), CLASSES, replace(IN_MEMORY, time_budget_s=30.0),
+                           run=ScriptedDevice(SPEEDS))
+    finally:
+        assert isinstance(running, claims.Claimed)
+        running.stop()
+    assert outcome.num_runs == 0 and outcome.stop_reason.kind == "time-budget"
+    assert re.search(r"joined the search node-a:1 began 1[5-9] s before \(the database "
+                     r"server's clock\): this node's --time-budget and --max-trials count "
+                     "from then", outcome.study.note), outcome.study.note
+    assert alone.num_runs > 0  # the same budget alone runs

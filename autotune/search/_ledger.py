@@ -92,14 +92,19 @@ class Ledger:
     failure into "not cached" (a note, a warning once), never an error of the search."""
 
     def __init__(self, study: optuna.Study, record: StudyRecord, *,
-                 shared: bool = False) -> None:
+                 shared: bool = False, time_budget_s: float | None = None) -> None:
         """``shared``: the study is joined by other nodes' searches (``--join``): each run
-        is claimed first (``claim``)."""
+        is claimed first (``claim``); ``time_budget_s``: this node's ``--time-budget``
+        (``Claims``)."""
         self._study: optuna.Study | None = study
         self.record = record
         """What the search says of its study (``SearchOutcome.study``): its note grows."""
         self._shown = record.storage
-        self.claims = claims.Claims(study) if shared else None
+        self.claims = claims.Claims(study, time_budget_s) if shared else None
+        if self.claims is not None and self.claims.began_by:
+            self.note(f"joined the search {self.claims.began_by} began "
+                      f"{self.claims.late_s:,.0f} s before (the database server's clock): "
+                      "this node's --time-budget and --max-trials count from then")
         self._known: set[int] = set()
         """The study's finished trials ``stored_runs`` read (``others_runs`` adds the rest)."""
 
@@ -189,13 +194,19 @@ class Ledger:
             time.sleep(claims.POLL_S)
         return asked
 
+    @property
+    def late_s(self) -> float:
+        """How long before this node opened the study the joined search it joined began (0:
+        alone, or this node began it): ``--time-budget`` counts from then."""
+        return self.claims.late_s if self.claims is not None else 0.0
+
     def joint_runs(self) -> int | None:
-        """In a joined study, every node's runs since this node opened it
-        (``Claims.runs_since_opened``); None alone, or once the store failed."""
+        """In a joined study, every node's runs since the joined search began
+        (``Claims.runs_since_began``); None alone, or once the store failed."""
         if self.claims is None or self._study is None:
             return None
         try:
-            return self.claims.runs_since_opened()
+            return self.claims.runs_since_began()
         except Exception as exc:
             self._failed("counting the joined runs", exc)
             return None

@@ -341,7 +341,7 @@ def open_search_study(ev: Evidence) -> Ledger:
         study = open_study(settings, identity, direction)
         return Ledger(study, StudyRecord(storage=redact(settings.storage or ""),
                                          name=study.study_name if settings.storage else ""),
-                      shared=settings.join)
+                      shared=settings.join, time_budget_s=settings.time_budget_s)
     space = {
         "classes": sorted(k.label() for k in plan.classes),
         "values": {k: sorted(v) for k, v in sorted(plan.values.items())},

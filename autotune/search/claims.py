@@ -54,6 +54,13 @@ CLAIMED_AT = "claimed_at"
 """A claim's user attribute: when it was claimed, by the database server's clock."""
 POOL_SIZE = 2
 """Connections each coordinator keeps to the server: the search's writes and a heartbeat."""
+SEARCH_ATTR = "joined_search"
+"""The study attribute saying when the joined search under way began and on which node (the
+database server's clock): a node that joins it later counts its ``--time-budget`` and
+``--max-trials`` from then (``Claims.began``)."""
+IDLE_S = 60
+"""A joined search with no run under way and none claimed for this long is over (its nodes
+ended or died): the next node to open the study begins another."""
 
 
 class Elsewhere(Exception):
@@ -161,7 +168,9 @@ class Taken:
 class Claims:
     """Claims of one joined study (``Ledger`` uses them; any store error goes up to it)."""
 
-    def __init__(self, study: optuna.Study) -> None:
+    def __init__(self, study: optuna.Study, time_budget_s: float | None = None) -> None:
+        """``time_budget_s``: this node's ``--time-budget`` (a joined search it has spent
+        since it began is over: this node begins another)."""
         from sqlalchemy import text
 
         self.study = study
@@ -179,8 +188,40 @@ class Claims:
         """Claims seen RUNNING without a heartbeat yet, by trial id: when first seen
         (``_never_beat``)."""
         getattr(storage, "_backend", storage).heartbeat_stale_trial_callback = self._stale
-        with self._engine.connect() as conn:  # the server's clock: nodes' clocks may differ
-            self.opened = conn.execute(text("select now()")).scalar_one()
+        with self._engine.connect() as conn, conn.begin():  # the server's clock, not a node's
+            conn.execute(self._lock_sql, {"key": self._key})
+            self.opened: datetime = conn.execute(text("select now()")).scalar_one()
+            self.began, self.began_by = self._joined(time_budget_s)
+        self.late_s = (self.opened - self.began).total_seconds() if self.began_by else 0.0
+        """How long before this node opened the study another node began the joined search
+        it joins (0: this node began it)."""
+
+    def _joined(self, time_budget_s: float | None) -> tuple[datetime, str]:
+        """The joined search under way (``SEARCH_ATTR``): when it began and on which node
+        ("" for this one), unless it is over (its outputs written, ``time_budget_s`` spent
+        since it began, or ``IDLE_S`` without a run); then this node begins one now."""
+        import optuna
+
+        under_way = self.study.user_attrs.get(SEARCH_ATTR)
+        at = _stamp(under_way.get("at")) if isinstance(under_way, dict) else None
+        if at is not None and isinstance(under_way, dict):
+            with warnings.catch_warnings():  # "experimental" since Optuna 2.9
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                optuna.storages.fail_stale_trials(self.study)  # ``_stale`` notes each
+            outputs = self.study.user_attrs.get(OUTPUTS_ATTR)
+            claimed = [(t.state, stamp) for t in self.study.get_trials(deepcopy=False)
+                       if (stamp := _stamp(t.user_attrs.get(CLAIMED_AT))) and stamp > at]
+            last = max((stamp for _, stamp in claimed), default=at)
+            over = ((isinstance(outputs, dict) and _after(outputs.get("at"), at))
+                    or (time_budget_s is not None
+                        and (self.opened - at).total_seconds() >= time_budget_s)
+                    or (all(state != optuna.trial.TrialState.RUNNING for state, _ in claimed)
+                        and (self.opened - last).total_seconds() > IDLE_S))
+            by = str(under_way.get("by", "?"))
+            if not over:
+                return at, "" if by == who() else by
+        self.study.set_user_attr(SEARCH_ATTR, {"by": who(), "at": self.opened.isoformat()})
+        return self.opened, ""
 
     def claim(self, candidate: str, kinds: tuple[str, ...], trial: optuna.trial.FrozenTrial
               ) -> Claimed | Taken:
@@ -247,15 +288,16 @@ class Claims:
                 gone.append(t)
         return gone
 
-    def runs_since_opened(self) -> int:
-        """The runs every node claimed since this node opened the study, its own included,
-        finished or running (a claim failed or released is none): what a joined search's
-        ``--max-trials`` counts, so that the nodes together make at most that many."""
+    def runs_since_began(self) -> int:
+        """The runs every node claimed since the joined search began (``began``), this
+        node's included, finished or running (a claim failed or released is none): what a
+        joined search's ``--max-trials`` counts, so that the nodes together make at most that
+        many, however late one joined."""
         import optuna
 
         failed = optuna.trial.TrialState.FAIL
         return sum(1 for t in self.study.get_trials(deepcopy=False)
-                   if t.state != failed and _after(t.user_attrs.get(CLAIMED_AT), self.opened))
+                   if t.state != failed and _after(t.user_attrs.get(CLAIMED_AT), self.began))
 
     def others_finished(self, known: set[int]) -> list[tuple[optuna.trial.FrozenTrial, float]]:
         """The runs other nodes finished that are not ``known`` (the trial numbers this node
@@ -338,10 +380,18 @@ def refuse_mismatch(exc: ConfigError) -> ConfigError:
 
 def _after(stamp: object, opened: datetime) -> bool:
     """Whether ``stamp`` (the outputs' claim, ISO text) is later than ``opened``."""
+    when = _stamp(stamp)
+    return when is not None and when > opened
+
+
+def _stamp(text: object) -> datetime | None:
+    """A time another node wrote (ISO text, the server's clock, with its zone); None for
+    anything else."""
     try:
-        return datetime.fromisoformat(str(stamp)) > opened
+        when = datetime.fromisoformat(str(text))
     except (TypeError, ValueError):
-        return False
+        return None
+    return when if when.tzinfo is not None else None
 
 
 def finish(study: optuna.Study, claimed: Claimed, trial: optuna.trial.FrozenTrial) -> None:

@@ -318,10 +318,12 @@ class Executor:
         return self.run_child(self.limited(spec), "probe")
 
     def left_s(self) -> float | None:
-        """Seconds the time budget has left (None: no budget)."""
+        """Seconds the time budget has left (None: no budget): in a joined study, counted
+        from when the joined search began (``Ledger.late_s``)."""
         if self.settings.time_budget_s is None:
             return None
-        return self.settings.time_budget_s - (self.clock() - self.tally.start)
+        return (self.settings.time_budget_s - self.study.late_s
+                - (self.clock() - self.tally.start))
 
     def waiting(self) -> None:
         """While this node waits on a run another node makes (a joined study): a ``Stop``
