@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 from autotune.cli import app
 from autotune.config import WorkloadSpec
 from autotune.errors import ConfigError
-from autotune.search import SearchSettings, claims, run_search, tuned_config
+from autotune.search import SearchSettings, claims, joining, run_search, tuned_config
 from tests.scripted import BUDGET, CLASSES, VALUES, KnobDevice, ScriptedDevice, by_class, plan
 from tests.scripted import SETTINGS as IN_MEMORY
 from tests.test_storage import Cluster, postgres, search_with_server_stopped  # noqa: F401
@@ -309,7 +309,7 @@ def test_a_claim_whose_first_heartbeat_never_came_is_failed_and_taken_over(
     # not wait on it for ever. One that beats is left to its node however long it runs.
     monkeypatch.setattr(claims, "GRACE_S", 1)
     monkeypatch.setattr(claims, "HEARTBEAT_S", 0.2)
-    study = optuna.create_study(storage=claims.shared_storage(_fresh_database(
+    study = optuna.create_study(storage=joining.shared_storage(_fresh_database(
         postgres, "unbeaten")), study_name="unbeaten", direction="maximize")
     dead, alive = "fp32/off/8", "fp32/off/16"
     study._storage.create_new_trial(study._study_id,  # a claim without its heartbeat
@@ -450,7 +450,7 @@ def test_a_node_that_joins_late_counts_its_budget_and_runs_from_when_the_search_
     # runs), not one of its own; it is over once A wrote the outputs, once this node's
     # budget is spent since it began, or once no run was under way or claimed for IDLE_S.
     monkeypatch.setattr(claims, "HEARTBEAT_S", 0.2)
-    study = optuna.create_study(storage=claims.shared_storage(_fresh_database(
+    study = optuna.create_study(storage=joining.shared_storage(_fresh_database(
         postgres, "late")), study_name="late", direction="maximize")
     _began(study, 20)
     other = claims.Claims(study)
@@ -498,7 +498,7 @@ def test_a_node_joining_a_search_near_its_budget_stops_on_it_and_says_why(
 
     monkeypatch.setattr(executor, "MIN_CHILD_S", 20.0)
     url = _fresh_database(postgres, "nearly")
-    study = optuna.create_study(storage=claims.shared_storage(url), study_name="nearly",
+    study = optuna.create_study(storage=joining.shared_storage(url), study_name="nearly",
                                 direction="maximize")
     _began(study, 15)
     running = claims.Claims(study).claim("fp32/off/8", ("trial",), _claim_of(

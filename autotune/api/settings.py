@@ -20,7 +20,7 @@ from autotune.errors import ConfigError
 from autotune.knobs import KNOB, KNOBS
 from autotune.names import Names
 from autotune.search import SearchSettings, check_storage, redact
-from autotune.search.claims import check_join
+from autotune.search.joining import check_join
 
 if TYPE_CHECKING:
     from autotune.api.request import TuneRequest

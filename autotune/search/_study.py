@@ -27,7 +27,7 @@ from autotune.config import ProbeReport, TrialResult, WorkloadSpec
 from autotune.errors import ConfigError
 from autotune.knobs import KNOBS
 from autotune.names import KEYWORDS, Names
-from autotune.search import claims
+from autotune.search import claims, joining
 from autotune.search._records import Candidate, SearchSettings
 from autotune.serialize import to_json_dict
 
@@ -208,7 +208,7 @@ def open_study(settings: SearchSettings, identity: dict[str, str],
     shown = redact(settings.storage) if settings.storage else None
     # Joined nodes open one at a time: Optuna's table creation, and a new study's identity,
     # race on an empty database otherwise (a duplicate key, or two identities).
-    with claims.opening(settings.storage) if settings.join and settings.storage \
+    with joining.opening(settings.storage) if settings.join and settings.storage \
             else contextlib.nullcontext():
         try:
             study = _create(settings, name, direction)
@@ -218,15 +218,15 @@ def open_study(settings: SearchSettings, identity: dict[str, str],
                               "use e.g. sqlite:///autotune.db or "
                               "postgresql+psycopg2://user:pass@host/db") from None
         try:
-            if settings.join and claims.other_kind(study.user_attrs.get(IDENTITY_ATTR),
+            if settings.join and joining.other_kind(study.user_attrs.get(IDENTITY_ATTR),
                                                    identity):
                 # a mixed pool: each device kind has the study of its own (its answer, its
                 # outputs), beside the first kind's under the name given
-                name = claims.kind_study_name(str(name), identity["device"])
+                name = joining.kind_study_name(str(name), identity["device"])
                 study = _create(settings, name, direction)
             return _check_identity(study, name, shown, identity, direction)
         except ConfigError as exc:
-            raise claims.refuse_mismatch(exc) if settings.join else exc from None
+            raise joining.refuse_mismatch(exc) if settings.join else exc from None
         except Exception as exc:  # the storage failed while reading what the study holds
             why = redact_text(str(exc).splitlines()[0] if str(exc) else "", settings.storage)
             raise ConfigError(f"cannot open --storage {shown!r}: {type(exc).__name__}: {why}"
@@ -235,7 +235,7 @@ def open_study(settings: SearchSettings, identity: dict[str, str],
 def _create(settings: SearchSettings, name: str | None, direction: str) -> optuna.Study:
     """Optuna's ``create_study`` of ``name`` (loaded if it exists) in ``--storage``."""
     return _optuna().create_study(
-        storage=claims.shared_storage(settings.storage) if settings.join and settings.storage
+        storage=joining.shared_storage(settings.storage) if settings.join and settings.storage
         else settings.storage, study_name=name, direction=direction, load_if_exists=True)
 
 

@@ -22,20 +22,16 @@ the claimed trial (its attributes, constraint and state: several writes; ``_stud
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import threading
 import warnings
 import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import TrialSpec
-from autotune.errors import ConfigError
-from autotune.names import KEYWORDS, Names
 
 if TYPE_CHECKING:
     import optuna
@@ -49,11 +45,8 @@ OUTPUTS_ATTR = "outputs_written_by"
 """The study attribute naming the node that writes the joined searches' outputs, and when."""
 POLL_S = 1.0
 """Seconds between looks at a candidate another node runs, while its result is waited for."""
-EXAMPLE_URL = "postgresql+psycopg2://user:pass@db-host/autotune"
 CLAIMED_AT = "claimed_at"
 """A claim's user attribute: when it was claimed, by the database server's clock."""
-POOL_SIZE = 2
-"""Connections each coordinator keeps to the server: the search's writes and a heartbeat."""
 SEARCH_ATTR = "joined_search"
 """The study attribute saying when the joined search under way began and on which node (the
 database server's clock): a node that joins it later counts its ``--time-budget`` and
@@ -74,74 +67,6 @@ class Elsewhere(Exception):
 def who() -> str:
     """This coordinator, as a claim names it: ``host:pid``."""
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def check_join(join: bool, storage: str | None, name: Names = KEYWORDS) -> list[str]:
-    """What is wrong with ``join`` beside ``storage`` (nothing: an empty list): a shared
-    study needs a PostgreSQL server every node reaches. SQLite is refused (its locking over
-    a network file system is unsafe, and a file on one node is no study shared by others);
-    so is another server kind (its claims are not written: PostgreSQL's advisory locks make
-    them atomic)."""
-    if not join:
-        return []
-    join_flag = name.given("join", True)
-    if not storage:
-        return [f"{join_flag} shares one study between the nodes' searches through the "
-                f"store every node reaches: add {name.given('storage', EXAMPLE_URL)} "
-                f"and {name.given('study_name', 'NAME')}"]
-    scheme = storage.partition("://")[0].split("+")[0].lower()
-    if scheme != "postgresql":
-        why = ("SQLite's locking is unsafe over a network file system, and a file on one node "
-               "is not reached by the others" if scheme == "sqlite" else
-               "claims are made atomic with PostgreSQL's advisory locks")
-        return [f"{join_flag} needs a PostgreSQL {name('storage')}, got a "
-                f"{scheme or '?'}:// URL ({why}): pass e.g. "
-                f"{name.given('storage', EXAMPLE_URL)}"]
-    return []
-
-
-OPENING_KEY = zlib.crc32(b"autotune:opening")
-"""The advisory lock under which joined nodes open the database one at a time."""
-
-
-@contextlib.contextmanager
-def opening(url: str) -> Iterator[None]:
-    """Hold PostgreSQL's session advisory lock ``OPENING_KEY`` on ``url``'s database while
-    a node opens its study; a server that cannot be reached holds nothing (opening the study
-    then says why)."""
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.pool import NullPool
-
-    engine = create_engine(url, poolclass=NullPool)
-    try:
-        conn = engine.connect()
-    except Exception:  # said by the study's own opening
-        engine.dispose()
-        yield
-        return
-    try:
-        conn.execute(text("select pg_advisory_lock(:key)"), {"key": OPENING_KEY})
-        conn.commit()
-        yield
-    finally:
-        with contextlib.suppress(Exception):
-            conn.execute(text("select pg_advisory_unlock(:key)"), {"key": OPENING_KEY})
-            conn.commit()
-        conn.close()
-        engine.dispose()
-
-
-def shared_storage(url: str) -> optuna.storages.RDBStorage:
-    """The storage of a joined study: a small connection pool checked before each use (a
-    server restarted meanwhile), heartbeats on."""
-    import optuna
-
-    with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna since 2.9
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.storages.RDBStorage(
-            url, engine_kwargs={"pool_size": POOL_SIZE, "max_overflow": 2,
-                                "pool_pre_ping": True},
-            heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
 
 
 @dataclass
@@ -351,31 +276,6 @@ class Claims:
                 storage.record_heartbeat(claimed.trial_id)
             except Exception:  # the server gone: the claim goes stale, as a dead node's
                 return
-
-
-def other_kind(stored: object, identity: dict[str, str]) -> bool:
-    """Whether a joined study's stored identity is the same search on another device kind
-    (a mixed pool: this node's kind gets a study of its own, ``kind_study_name``): the device
-    differs, and nothing else but the memory budget that follows from it. Another workload,
-    target or torch is refused as ever."""
-    if not isinstance(stored, dict) or stored.get("device") in (None, identity["device"]):
-        return False
-    return all(stored.get(k) == v for k, v in identity.items()
-               if k not in ("device", "budget_bytes")) and set(stored) == set(identity)
-
-
-def kind_study_name(name: str, device: str) -> str:
-    """The study of one device kind in a mixed pool joined under ``name``: its runs, its
-    answer and its outputs (the first kind to open ``name`` keeps ``name`` itself)."""
-    return f"{name} on {device}"
-
-
-def refuse_mismatch(exc: ConfigError) -> ConfigError:
-    """A joined study that holds another search's runs: the identity check's refusal, saying
-    that nodes share evidence only for the same device kind and memory, torch and budget."""
-    return ConfigError(f"{exc} (--join shares evidence only between nodes of the same device "
-                       "kind and memory, torch version and memory budget; a node of another "
-                       "device kind gets its own answer, under the same --study-name)")
 
 
 def _after(stamp: object, opened: datetime) -> bool:
