@@ -20,11 +20,12 @@ from autotune.runner import run_isolated
 from autotune.search import fits
 from autotune.search._records import SearchSettings, classify
 from autotune.search.evidence import Evidence
-from autotune.search.executor import Executor, OnTrial, Reach, Runner, Stale, Stop
+from autotune.search.executor import Executor, OnTrial, Runner, Stale, Stop
 from autotune.search.outcome import SearchOutcome, outcome
 from autotune.search.plan import Plan
 from autotune.search.slots import Slots
 from autotune.search.stages import joint, knobs, probe, race, refine
+from autotune.search.tally import Reach
 from autotune.signals import SignalGuard
 
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from autotune.config import Knobs, StopReason, TrialResult, TrialSpec
+from autotune.config import StopReason, TrialResult, TrialSpec
 from autotune.lengths import POOL_STEPS
 from autotune.memory import OnStep, probe_spec
-from autotune.schema import RunKind, RunRecord, TrialRecord
+from autotune.schema import RunKind, TrialRecord
 from autotune.search._records import Candidate, SearchSettings, classify, run_record
 from autotune.search._store import open_search_study
 from autotune.search._study import Asked
@@ -29,6 +29,7 @@ from autotune.search.evidence import Evidence, Interval
 from autotune.search.forecast import RunCount, forecast
 from autotune.search.plan import Plan
 from autotune.search.slots import Slots
+from autotune.search.tally import Reach, Tally
 
 Runner = Callable[[TrialSpec], TrialResult]
 Reserve = Callable[["Executor"], float]
@@ -70,64 +71,6 @@ class Stop(Exception):
 
 class Stale(Exception):
     """A re-check ran another model than the stored runs did (its fingerprint differs)."""
-
-
-@dataclass
-class Tally:
-    """What a search spent, from its start: child runs, their cost and every run's record."""
-
-    start: float
-    num_runs: int = 0
-    cost: dict[str, float] = field(default_factory=lambda: {
-        "child_s": 0.0, "compile_s": 0.0, "timed_s": 0.0})
-    compiles: list[int] = field(default_factory=lambda: [0, 0])
-    """Compiled runs, and those whose graphs all came from inductor's on-disk cache."""
-    run_log: list[RunRecord] = field(default_factory=list)
-    """Every child run: the study's stored ones first, then this search's, in order."""
-
-
-@dataclass
-class Reach:
-    """How far a search got: what one stopped early never reached is said in
-    ``TunedConfig.not_reached`` (``driver.not_reached``)."""
-
-    stage: str = ""
-    """The stage running now (said with each run's progress)."""
-    entered: list[str] = field(default_factory=list)
-    """The stages entered, in order."""
-    ran_in: set[str] = field(default_factory=set)
-    """The stages where a run began (``begin``)."""
-    considered: set[tuple[str, str]] = field(default_factory=set)
-    """(precision, compile mode) of the settings a run began on, or ruled out."""
-    began: set[Knobs] = field(default_factory=set)
-    """The settings a run began on (or the study answered for)."""
-    screened: set[str] = field(default_factory=set)
-    """The knobs whose screening ran a value or ended."""
-    classes_screened: set[str] = field(default_factory=set)
-    """The knobs screened per class (``Knob.per_class``) whose screening on every class
-    ended: a value no run tried was ruled out, not left unreached."""
-
-    def enter(self, name: str) -> None:
-        self.stage = name
-        if name not in self.entered:
-            self.entered.append(name)
-
-    def begin(self, knobs: Knobs) -> None:
-        """A run of ``knobs`` begins (or the study answers for one): its stage, its setting
-        and, in the knobs stage, the knobs it changes count as reached."""
-        self.ran_in.add(self.stage)
-        self.began.add(knobs)
-        self.consider(knobs)
-        if self.stage == "knobs":
-            self.screened.update(knobs.changed())
-
-    def consider(self, knobs: Knobs) -> None:
-        """A setting a run began on, or that a bound ruled out, counts as reached."""
-        self.considered.add((knobs.precision, knobs.compile_mode))
-
-    def screen(self, name: str) -> None:
-        """A knob's screening ran a value or ended: it counts as reached."""
-        self.screened.add(name)
 
 
 class Executor:
