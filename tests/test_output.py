@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from autotune import api, report, report_progress
+from autotune import api, report, report_progress, report_skips
 from autotune.cli import app
 from autotune.cli.output import plain_console, progress_bar, say
 from autotune.config import DeviceInfo, ProbeStep
@@ -271,7 +271,7 @@ def test_fifteen_long_skipped_reasons_print_as_a_few_short_grouped_lines() -> No
     lines = _footer(replace(realistic(), skips=notes(*SKIPPED)))
     about = [line for line in lines if line.startswith(("skipped", "measured again",
                                                         "the full reasons"))]
-    assert len(about) <= report.MAX_SKIPPED_LINES + 2 == 6
+    assert len(about) <= report_skips.MAX_SKIPPED_LINES + 2 == 6
     assert all(len(line) <= 100 for line in about), about
     assert "skipped (3 not tried): bf16/max-autotune not tried: bf16's best" in about[0]
     # The two runs that were made are not "skipped".
@@ -286,8 +286,8 @@ RULE_IDS = st.sampled_from(["note", *RULES])
 @given(st.lists(st.tuples(RULE_IDS, st.text(min_size=1, max_size=400)), max_size=40))
 def test_any_skipped_reasons_take_at_most_seven_lines_of_100(
         skipped: list[tuple[str, str]]) -> None:
-    lines = report.skipped_lines(tuple(SkipRecord(rule=r, text=t) for r, t in skipped))
-    assert len(lines) <= report.MAX_SKIPPED_LINES + 3 == 7
+    lines = report_skips.skipped_lines(tuple(SkipRecord(rule=r, text=t) for r, t in skipped))
+    assert len(lines) <= report_skips.MAX_SKIPPED_LINES + 3 == 7
     assert all(len(line) <= 100 and len(line.splitlines()) <= 1 for line in lines)
     assert bool(lines) == bool(skipped)
 
@@ -297,7 +297,7 @@ def test_skipped_lines_group_by_rule_and_put_runs_made_apart() -> None:
              SkipRecord(rule="gain-ceiling", text="fp32/off: micro-batches above 4 not probed"),
              SkipRecord(rule="recheck", text="bf16/off/8: stored 10.0, now 9.9"),
              SkipRecord(text="re-check of fp32/off/4 (stored run): a schema 2 note"))
-    lines = report.skipped_lines(skips)
+    lines = report_skips.skipped_lines(skips)
     assert lines == [
         "skipped (2 gain-ceiling): bf16/off: micro-batches above 8 not probed",
         "measured again (2 runs): bf16/off/8: stored 10.0, now 9.9",
@@ -309,14 +309,14 @@ def test_skipped_lines_group_by_rule_and_put_runs_made_apart() -> None:
     many = tuple(SkipRecord(rule=r, text=f"{r}: a reason") for r in (
         "frees-nothing", "not-applicable", "behind-refine", "walk-not-faster"))
     calibration = SkipRecord(rule="calibration", text="no estimator calibration: interrupted")
-    lines = report.skipped_lines((*space, calibration, *skips[:2], *many))
+    lines = report_skips.skipped_lines((*space, calibration, *skips[:2], *many))
     assert lines[0] == "skipped (2 space): precision tf32 skipped: not supported on X (cpu)"
     assert lines[3].startswith("skipped: 3 more, of 3 other kinds")
     assert lines[-2:] == ["calibration: no estimator calibration: interrupted",
                           "the full reasons: autotune.json (skipped)"]
     # a file without rules (schema 2) is grouped by each sentence's words, as before
     notes = tuple(SkipRecord(text=s.text) for s in space)
-    assert len(report.skipped_lines(notes)) == 3
+    assert len(report_skips.skipped_lines(notes)) == 3
 
 
 def test_the_footer_says_how_to_use_the_result_next(tmp_path: Path) -> None:

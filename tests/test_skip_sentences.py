@@ -27,7 +27,7 @@ sys.path.insert(0, str(BENCH))
 from replay import ReplayDevice, plan_of, settings_of  # noqa: E402
 from replay_tables import all_tables  # noqa: E402
 
-from autotune.report import skipped_lines  # noqa: E402
+from autotune.report_skips import skipped_lines  # noqa: E402
 from autotune.schema import SkipRecord  # noqa: E402
 from autotune.search import run_search  # noqa: E402
 from autotune.search.outcome import skip_records  # noqa: E402
