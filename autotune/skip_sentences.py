@@ -108,6 +108,24 @@ TEMPLATES: Mapping[str, str] = {
         "{candidate} not timed (below {out}, out as a first launch): " + _NOT_FASTER_RECOMPUTE
         + " ({twin}/{largest} fits, compiled afresh as a first launch compiles it, without "
         "allocator retries)"),
+    "oom-class-reach": (
+        "{target} not probed with checkpointing ({value}): it ran out of memory at every "
+        "micro-batch, and its eager class's best ({eager}) is {share:.2f}x the leader's "
+        "({leader}); times the most compiling gained here ({gain:.2f}x, {compiled} over "
+        "{its_eager}), and checkpointing's recompute (no faster), it reaches {reach:,.1f} "
+        "samples/s: behind by more than the noise ({noise:.0%})"),
+    "oom-class-reach:no-eager": (
+        "{target} not probed with checkpointing ({value}): it ran out of memory at every "
+        "micro-batch, and its eager class ({eager}) has no timed run to bound its speed"),
+    "oom-class-reach:probed": (
+        "{target} ran out of memory at every micro-batch: probed with checkpointing ({value}), "
+        "for its eager class's best ({eager}) is {share:.2f}x the leader's ({leader}), and "
+        "times the most compiling gained here ({gain:.2f}x, {compiled} over {its_eager}) it "
+        "reaches {reach:,.1f} samples/s: not behind by more than the noise ({noise:.0%})"),
+    "oom-class-reach:unbounded": (
+        "{target} ran out of memory at every micro-batch: probed with checkpointing ({value}), "
+        "for its eager class's best ({eager}) is {share:.2f}x the leader's ({leader}), and "
+        "{why}"),
     "compiled-whole-batch": (
         "{largest} (the whole per-device batch) ran without allocator retries, so a smaller "
         "one only adds accumulation steps, each at the cost of a compile (--micro-batches all "
