@@ -119,6 +119,10 @@ TEMPLATES: Mapping[str, str] = {
     "oom-class-reach:no-eager": (
         "{target} not probed with checkpointing ({value}): it ran out of memory at every "
         "micro-batch, and its eager class ({eager}) has no timed run to bound its speed"),
+    "oom-class-reach:peak-not-below": (
+        "{target} not probed with checkpointing ({value}): {other} fit no micro-batch with it, "
+        "and {target}'s eager class peaked no lower at {micro_batch} ({peak:bytes} against "
+        "{other_peak:bytes}): checkpointing frees activations, not what compiling adds"),
     "oom-class-reach:probed": (
         "{target} ran out of memory at every micro-batch: probed with checkpointing ({value}), "
         "for its eager class's best ({eager}) is {share:.2f}x the leader's ({leader}), and "

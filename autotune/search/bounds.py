@@ -417,3 +417,27 @@ def oom_class_reach(ev: Evidence, knobs: Knobs,
     if Interval(top, noise).beats(sps * gain):
         return skip("oom-class-reach", knobs.label(), **figures), None
     return None, skip("oom-class-reach", knobs.label(), "probed", **figures)
+
+
+def oom_class_peak(ev: Evidence, knobs: Knobs, missed: Sequence[Knobs],
+                   value: str) -> Skip | None:
+    """Why a compiled class out of memory everywhere is not probed with checkpointing
+    (``value``) after another such class's probe with it fit nothing (``missed``), if so: its
+    eager class peaked no lower than that class's eager class at a micro-batch both ran
+    (checkpointing frees activations, not what compiling adds: a class that needs more memory
+    eager fits no more compiled). None: probe it (no such class, or no common point)."""
+    def peaks(k: Knobs) -> dict[int, int]:
+        probe = ev.probes.get(k.with_(compile_mode="off", checkpointing="off"))
+        return {s.micro_batch: s.peak_bytes for s in (probe.steps if probe else ())
+                if s.status == "ok" and s.peak_bytes}
+
+    mine = peaks(knobs)
+    for other in missed:
+        theirs = peaks(other)
+        common = sorted(set(mine) & set(theirs))
+        if common and mine[common[-1]] >= theirs[common[-1]]:
+            m = common[-1]
+            return skip("oom-class-reach", knobs.label(), "peak-not-below", value=value,
+                        other=other.label(), micro_batch=m, peak=mine[m],
+                        other_peak=theirs[m])
+    return None

@@ -278,9 +278,12 @@ def out_of_memory_everywhere(ex: Executor) -> None:
     """Each compiled class that ran out of memory at every micro-batch down to the smallest
     (none timed: the joint stage's ``relieved`` needs a run that ran), probed with the
     checkpointing value that frees most where it could win so (``bounds.oom_class_reach``,
-    rule ``oom-class-reach``): as fp32 eager's rescue frees memory for the baseline."""
+    rule ``oom-class-reach``): as fp32 eager's rescue frees memory for the baseline. Where
+    one's probe fit nothing, a class whose eager class peaks no lower is not probed
+    (``bounds.oom_class_peak``)."""
     ev, smallest = ex.ev, ex.plan.micro_batches[0]
     ckpt = next(k for k in KNOBS if k.name == "checkpointing")
+    missed: list[Knobs] = []  # the classes whose probe with it fit nothing
     # The most promising precision first (its best), compile mode default before the
     # others: what one finds bounds the next.
     for knobs, probe in sorted(ev.probes.items(), key=lambda t: (
@@ -296,11 +299,13 @@ def out_of_memory_everywhere(ex: Executor) -> None:
         if freed is None:
             continue
         why_not, note = bounds.oom_class_reach(ev, knobs, freed.checkpointing)
+        why_not = why_not or bounds.oom_class_peak(ev, knobs, missed, freed.checkpointing)
         if why_not is not None:
             ev.decide(why_not)
         elif note is not None:
             ev.decide(note)
-            probe_setting(ex, freed)
+            if not probe_setting(ex, freed).max_micro_batch:
+                missed.append(knobs)
 
 
 def _probe_note(target: str, note: str) -> Skip:
