@@ -313,3 +313,27 @@ def test_a_compiled_class_out_of_memory_everywhere_that_cannot_win_is_not_probed
     assert why.figures["compiled"] == "fp32/default" and why.figures["reach"] == 120.0, why
     assert why.text.startswith("bf16/default not probed with checkpointing (blocks): it ran "
                                "out of memory at every micro-batch"), why.text
+
+
+def test_after_a_checkpointed_probe_fits_nothing_a_class_peaking_no_lower_is_not_probed() -> None:
+    # Every compiled class runs out of memory, checkpointed too (5000 MiB a sample: 30% of it
+    # is still over the cap). bf16 eager leads, so bf16/default is probed first and fits
+    # nothing; fp32 eager peaks higher than bf16 eager (50 MiB more at every micro-batch),
+    # so fp32/default, whose compile adds to that, is not probed with checkpointing.
+    device = KnobDevice(by_class(100, 150, 160, 150, 300, 330),
+                        peaks={"fp32/off": lambda m: 150 + 20 * m,
+                               **{c: lambda m: 5000 * m for c in (
+                                   "fp32/default", "fp32/max-autotune", "bf16/default",
+                                   "bf16/max-autotune")}},
+                        impl_speed={"default": 1.0, "for-loop": 1.0, "foreach": 1.0,
+                                    "fused": 1.0})
+    outcome, records = knob_search(device)
+    assert [k for k in records if k.startswith("bf16/default+ckpt=blocks/")], sorted(records)
+    assert not [k for k in records if k.startswith("fp32/default+ckpt")], sorted(records)
+    notes = {s.target: s for s in outcome.skips if s.rule == "oom-class-reach"}
+    assert notes["bf16/default"].variant == "unbounded", notes
+    assert notes["fp32/default"].variant == "peak-not-below", notes
+    assert notes["fp32/default"].text.startswith(
+        "fp32/default not probed with checkpointing (blocks): bf16/default fit no micro-batch "
+        "with it, and fp32/default's eager class peaked no lower at 32 (790.00 MiB against "
+        "740.00 MiB)"), notes["fp32/default"].text
