@@ -61,6 +61,8 @@ _NOT_FASTER_RECOMPUTE = ("checkpointing recomputes, so it runs no faster where {
                          "without it")
 _FITS_NONE = "{target}: fits no micro-batch above {largest}"
 _FITS_NONE_END = ", and is not tried at {largest} or below: " + _NOT_FASTER_RECOMPUTE
+_GAINED = ("the most another compiled class gained here, {compiled} over {its_eager}, "
+           "{measured:.2f}x, and 1 at least")
 _ROUNDS = ("{challenger} and {leader} ran in {rounds} interleaved rounds, back to back, the "
            "order reversed each round: two runs of {config} drifted {drift:.0%} apart here, "
            "wider than their {gap:.0%} gap. {challenger} ran ")
@@ -108,6 +110,28 @@ TEMPLATES: Mapping[str, str] = {
         "{candidate} not timed (below {out}, out as a first launch): " + _NOT_FASTER_RECOMPUTE
         + " ({twin}/{largest} fits, compiled afresh as a first launch compiles it, without "
         "allocator retries)"),
+    "oom-class-reach": (
+        "{target} not probed with checkpointing ({value}): it ran out of memory at every "
+        "micro-batch, and its eager class's best ({eager}) is {share:.2f}x the leader's "
+        "({leader}); times what compiling can gain ({gain:.2f}x: " + _GAINED + "), and "
+        "checkpointing's recompute (no faster), it reaches {reach:,.1f} samples/s: behind by "
+        "more than the noise ({noise:.0%})"),
+    "oom-class-reach:no-eager": (
+        "{target} not probed with checkpointing ({value}): it ran out of memory at every "
+        "micro-batch, and its eager class ({eager}) has no timed run to bound its speed"),
+    "oom-class-reach:peak-not-below": (
+        "{target} not probed with checkpointing ({value}): {other} fit no micro-batch with it, "
+        "and {target}'s eager class peaked no lower at {micro_batch} ({peak:bytes} against "
+        "{other_peak:bytes}): checkpointing frees activations, not what compiling adds"),
+    "oom-class-reach:probed": (
+        "{target} ran out of memory at every micro-batch: probed with checkpointing ({value}), "
+        "for its eager class's best ({eager}) is {share:.2f}x the leader's ({leader}), and "
+        "times what compiling can gain ({gain:.2f}x: " + _GAINED + ") it reaches "
+        "{reach:,.1f} samples/s: not behind by more than the noise ({noise:.0%})"),
+    "oom-class-reach:unbounded": (
+        "{target} ran out of memory at every micro-batch: probed with checkpointing ({value}), "
+        "for its eager class's best ({eager}) is {share:.2f}x the leader's ({leader}), and "
+        "{why}"),
     "compiled-whole-batch": (
         "{largest} (the whole per-device batch) ran without allocator retries, so a smaller "
         "one only adds accumulation steps, each at the cost of a compile (--micro-batches all "

@@ -22,7 +22,13 @@ smaller one, where that run is behind the best by more than ``--refine-within``;
 compiled run that loads its graphs from inductor's cache runs slower than one that compiled
 them afresh: an oracle's pass 2 loads every compiled candidate from the cache, so pass 1 over
 pass 2 medians are compared between candidates that compiled afresh in pass 1 and those that
-loaded the cache there too (a slower cache shows as a lower ratio for the first).
+loaded the cache there too (a slower cache shows as a lower ratio for the first); (12) a
+compiled class's optimistic bound where it ran out of memory everywhere (``oom-class-reach``):
+its precision's eager class's best times the most another compiled class gained over its own
+precision's eager best, 1 at least (the classes at default knobs, as the probe stage times
+them), against what the class reached with checkpointing (its best checkpointed setting) and
+the oracle's best: where the bound is behind the best of the classes by more than 5% and the
+class's checkpointed best came within 3% of the oracle's best, the rule would have cut a pick.
 Run: ``python benchmarks/rule_checks.py``.
 """
 
@@ -432,6 +438,57 @@ def cached_against_afresh() -> None:
               f"median {statistics.median(split[False]):.3f}")
 
 
+def oom_class_reach() -> None:
+    """``bounds.oom_class_reach`` on every oracle: each compiled class's bound (its eager
+    class's best times the most any other compiled class gained over its precision's eager
+    best, 1 at least; all at default knobs, as the probe stage leaves them) against its
+    checkpointed best and the best of the classes (the probe stage's leader)."""
+    seen: set[tuple] = set()
+    bounded, over, cut = 0, [], []
+    for name, candidates in oracle_candidates():
+        cls: dict[tuple[str, str], float] = collections.defaultdict(float)
+        ckpt: dict[tuple[str, str], float] = collections.defaultdict(float)
+        best = 0.0
+        for c in candidates:
+            if not c.get("samples_per_s") or not fits_everywhere(c):
+                continue
+            precision, rest = c["key"].rsplit("/", 1)[0].split("/", 1)
+            mode, *extras = rest.split("+")
+            sps = c["samples_per_s"]
+            best = max(best, sps)
+            if not extras:
+                cls[(precision, mode)] = max(cls[(precision, mode)], sps)
+            elif any(e.startswith("ckpt=") for e in extras):
+                ckpt[(precision, mode)] = max(ckpt[(precision, mode)], sps)
+        key = tuple(sorted((k, round(v, 6)) for k, v in cls.items()))
+        if key in seen or not best:
+            continue
+        seen.add(key)
+        for (precision, mode), sps in ckpt.items():
+            # the probe stage's leader: the best of the other classes (this one fit nothing)
+            leader = max((v for k, v in cls.items() if k != (precision, mode)), default=0.0)
+            eager = cls.get((precision, "off"))
+            gains = [v / e for (p, m), v in cls.items() if m != "off" and (p, m) != (
+                precision, mode) and (e := cls.get((p, "off")))]
+            if mode == "off" or not eager or not gains:
+                continue
+            bounded += 1
+            bound = eager * max(1.0, *gains)
+            if sps > bound * 1.05:
+                over.append((sps / bound, name, f"{precision}/{mode}"))
+            if bound < leader * 0.95 and sps >= best * 0.97 and leader:
+                cut.append((sps / best, name, f"{precision}/{mode}", bound / leader))
+    top = max(over, default=None)
+    print(f"(12) {bounded} compiled classes (per distinct oracle) with a checkpointed fit and "
+          f"another compiled class's gain to bound them: their checkpointed best over the bound "
+          f"by more than 5% in {len(over)}"
+          + (f" (at most {top[0]:.2f}x: {top[2]} in {top[1]})" if top else "")
+          + f"; the bound behind the classes' best by more than 5% where the class "
+          f"checkpointed came within 3% of the oracle's best: {len(cut)}"
+          + "".join(f"\n    {n}: {label} at {share:.2f} of the best, its bound "
+                    f"{b:.2f} of the classes' best" for share, n, label, b in cut))
+
+
 if __name__ == "__main__":
     found = walks()
     other_end(found)
@@ -445,3 +502,4 @@ if __name__ == "__main__":
     checkpointing_above_the_bound()
     compiled_below_over()
     cached_against_afresh()
+    oom_class_reach()

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import math
 
-import pytest
-
 from autotune.config import Knobs
 from autotune.search import tuned_config
 from tests.scripted import (
@@ -275,14 +273,6 @@ def test_a_micro_batch_two_small_peaks_put_over_the_cap_is_probed_where_peaks_fl
     assert _picked(outcome) == "bf16/off+format=channels_last/4", sorted(records)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 59: a class that ran out of memory at every micro-batch, none timed, is never "
-    "probed with checkpointing (only fp32 eager is rescued, and the joint stage's over-budget "
-    "rule needs a run that ran). Probing each such class with the value that frees most "
-    "(tried 2026-11-29, helper-26) cost 0.02-0.11 of a pass more on the budget-shrink tables "
-    "and lost on others (slow_gpt2-epyc 0.25: median 1.000 -> 0.941; cnn-epyc 0.5: p10 "
-    "0.960 -> 0.857), while slow_bert-xeon 0.5 stayed a coin toss (its checkpointed compiled "
-    "run draws an out-of-memory too): it needs a bound on the class's speed first"))
 def test_a_compiled_class_out_of_memory_everywhere_is_probed_with_checkpointing() -> None:
     # bf16/default peaks over the 1000 MiB cap at every micro-batch (1100 MiB + 200 a
     # sample: its compile's memory, as the shrunk Xeon BERT's compiled bf16 drew); with
@@ -297,3 +287,53 @@ def test_a_compiled_class_out_of_memory_everywhere_is_probed_with_checkpointing(
     outcome, records = knob_search(device)
     assert records["bf16/default/32"].verdict == "oom"
     assert _picked(outcome) == "bf16/default+ckpt=blocks/8", sorted(records)
+    notes = [s for s in outcome.skips if s.rule == "oom-class-reach"]
+    # bf16 first (its eager class leads): nothing bounds its compile gain, so it is probed;
+    # what it gained then bounds the others (fp32 eager at 0.52x the new leader cannot win).
+    assert [(s.target, s.variant) for s in notes] == [
+        ("bf16/default", "unbounded"), ("bf16/max-autotune", "probed"),
+        ("fp32/default", "")], notes
+
+
+def test_a_compiled_class_out_of_memory_everywhere_that_cannot_win_is_not_probed() -> None:
+    # As above, but fp32 compiled fits and gains 1.5x over fp32 eager (150 against 100), and
+    # bf16 eager runs 80: bf16/default, out of memory everywhere, reaches at most 80 x 1.5 =
+    # 120 samples/s with checkpointing (which recomputes: no faster), behind the leader
+    # (fp32/default at 150) beyond the noise. Checkpointed it would run 0.8 x 0.8 x 170.
+    device = KnobDevice(by_class(100, 150, 140, 80, 170, 170),
+                        peaks={c: lambda m: 1100 + 200 * m
+                               for c in ("bf16/default", "bf16/max-autotune")},
+                        impl_speed={"default": 1.0, "for-loop": 1.0, "foreach": 1.0,
+                                    "fused": 1.0})
+    outcome, records = knob_search(device)
+    assert records["bf16/default/32"].verdict == "oom"
+    assert not [k for k in records if k.startswith("bf16/default+ckpt")], sorted(records)
+    why = next(s for s in outcome.skips if s.rule == "oom-class-reach")
+    assert (why.target, why.variant) == ("bf16/default", ""), why
+    assert why.figures["compiled"] == "fp32/default" and why.figures["reach"] == 120.0, why
+    assert why.text.startswith("bf16/default not probed with checkpointing (blocks): it ran "
+                               "out of memory at every micro-batch"), why.text
+
+
+def test_after_a_checkpointed_probe_fits_nothing_a_class_peaking_no_lower_is_not_probed() -> None:
+    # Every compiled class runs out of memory, checkpointed too (5000 MiB a sample: 30% of it
+    # is still over the cap). bf16 eager leads, so bf16/default is probed first and fits
+    # nothing; fp32 eager peaks higher than bf16 eager (50 MiB more at every micro-batch),
+    # so fp32/default, whose compile adds to that, is not probed with checkpointing.
+    device = KnobDevice(by_class(100, 150, 160, 150, 300, 330),
+                        peaks={"fp32/off": lambda m: 150 + 20 * m,
+                               **{c: lambda m: 5000 * m for c in (
+                                   "fp32/default", "fp32/max-autotune", "bf16/default",
+                                   "bf16/max-autotune")}},
+                        impl_speed={"default": 1.0, "for-loop": 1.0, "foreach": 1.0,
+                                    "fused": 1.0})
+    outcome, records = knob_search(device)
+    assert [k for k in records if k.startswith("bf16/default+ckpt=blocks/")], sorted(records)
+    assert not [k for k in records if k.startswith("fp32/default+ckpt")], sorted(records)
+    notes = {s.target: s for s in outcome.skips if s.rule == "oom-class-reach"}
+    assert notes["bf16/default"].variant == "unbounded", notes
+    assert notes["fp32/default"].variant == "peak-not-below", notes
+    assert notes["fp32/default"].text.startswith(
+        "fp32/default not probed with checkpointing (blocks): bf16/default fit no micro-batch "
+        "with it, and fp32/default's eager class peaked no lower at 32 (790.00 MiB against "
+        "740.00 MiB)"), notes["fp32/default"].text

@@ -29,6 +29,9 @@ RULES: Mapping[str, str] = {
     "frees-nothing": "the leader runs the whole per-device batch without retries",
     "recompute-twin": "checkpointing runs no faster where its setting fits without it "
                       "(rule_checks 2, 9)",
+    "oom-class-reach": "a compiled class out of memory everywhere is probed with checkpointing "
+                       "only where its eager class times the compile gain seen reaches the "
+                       "leader (rule_checks 12)",
     "compiled-whole-batch": "a compiled class at the whole per-device batch is not walked "
                             "down",
     "sibling-ratio": "a sibling timed at both micro-batches says a smaller one gains "

@@ -70,6 +70,7 @@ def run(ex: Executor) -> bool:
         else:
             left.append(knobs)
     run_chains(ex, [setting_steps(ex, k) for k in left])
+    out_of_memory_everywhere(ex)
     return True
 
 
@@ -271,6 +272,40 @@ def near_miss(ex: Executor, setting: Knobs) -> None:
             name_baseline(ex, Candidate(knobs=knobs, micro_batch=probe.max_micro_batch))
             ex.ev.decide(skip("baseline-rescued", ex.ev.baseline.key(),
                               base=ex.plan.base.label(), usable=ex.plan.usable))
+
+
+def out_of_memory_everywhere(ex: Executor) -> None:
+    """Each compiled class that ran out of memory at every micro-batch down to the smallest
+    (none timed: the joint stage's ``relieved`` needs a run that ran), probed with the
+    checkpointing value that frees most where it could win so (``bounds.oom_class_reach``,
+    rule ``oom-class-reach``): as fp32 eager's rescue frees memory for the baseline. Where
+    one's probe fit nothing, a class whose eager class peaks no lower is not probed
+    (``bounds.oom_class_peak``)."""
+    ev, smallest = ex.ev, ex.plan.micro_batches[0]
+    ckpt = next(k for k in KNOBS if k.name == "checkpointing")
+    missed: list[Knobs] = []  # the classes whose probe with it fit nothing
+    # The most promising precision first (its best), compile mode default before the
+    # others: what one finds bounds the next.
+    for knobs, probe in sorted(ev.probes.items(), key=lambda t: (
+            -ev.precision_best(t[0].precision), t[0].compile_mode != "default")):
+        at_smallest = [s for s in probe.steps if s.micro_batch == smallest]
+        if not knobs.compiled or knobs.checkpointing != ckpt.default or probe.max_micro_batch \
+                or not at_smallest or any(s.fits or s.status not in ("oom", "crash", "ok")
+                                          for s in probe.steps):
+            continue
+        freed = next((f for v in ckpt.frees_memory if v in ex.plan.values.get(ckpt.name, ())
+                      and (f := knobs.with_(checkpointing=v)) not in ev.probes
+                      and skip_reason(f, ev.traits) is None), None)
+        if freed is None:
+            continue
+        why_not, note = bounds.oom_class_reach(ev, knobs, freed.checkpointing)
+        why_not = why_not or bounds.oom_class_peak(ev, knobs, missed, freed.checkpointing)
+        if why_not is not None:
+            ev.decide(why_not)
+        elif note is not None:
+            ev.decide(note)
+            if not probe_setting(ex, freed).max_micro_batch:
+                missed.append(knobs)
 
 
 def _probe_note(target: str, note: str) -> Skip:
