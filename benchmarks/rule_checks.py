@@ -439,7 +439,7 @@ def cached_against_afresh() -> None:
 
 
 def oom_class_reach() -> None:
-    """``bounds.oom_class_reach`` on every oracle: each compiled class's bound (its eager
+    """``reach_bounds.oom_class_reach`` on every oracle: each compiled class's bound (its eager
     class's best times the most any other compiled class gained over its precision's eager
     best, 1 at least; all at default knobs, as the probe stage leaves them) against its
     checkpointed best and the best of the classes (the probe stage's leader)."""

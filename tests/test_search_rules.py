@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from autotune.config import Knobs, StopReason, TrialResult
 from autotune.errors import Interrupted
-from autotune.search import bounds
+from autotune.search import bounds, reach_bounds
 from autotune.search._records import Candidate, SearchSettings
 from autotune.search.evidence import Evidence
 from autotune.search.plan import Plan
@@ -306,15 +306,15 @@ def test_knob_reach_bounds_an_optimizer_by_the_update_it_could_save() -> None:
 
     for share, screened in ((0.4, True), (0.1, False)):
         ev = evidence(bf16_default_32=run(400, 32), bf16_off_32=with_update(share))
-        why, note = bounds.knob_reach(ev, at(EAGER, 32), {"optimizer_impl"})
+        why, note = reach_bounds.knob_reach(ev, at(EAGER, 32), {"optimizer_impl"})
         assert (why is None) == screened and (note is not None) == screened
         assert (note or why).figures["ceiling"] == pytest.approx(1 / (1 - share))
     ev = evidence(bf16_default_32=run(400, 32), bf16_off_32=with_update(0.4))
-    why, _ = bounds.knob_reach(ev, at(EAGER, 32), {"optimizer_impl", "compile_scope"})
+    why, _ = reach_bounds.knob_reach(ev, at(EAGER, 32), {"optimizer_impl", "compile_scope"})
     assert why is not None and why.figures["ceiling"] == pytest.approx(1 / 0.9)
     # A memory format's gain has no bound the runs show (eager convolutions gained 1.7x
     # with channels_last on CPU tables where compiled code gained 1.06x): screened.
-    why, note = bounds.knob_reach(ev, at(EAGER, 32), {"optimizer_impl", "memory_format"})
+    why, note = reach_bounds.knob_reach(ev, at(EAGER, 32), {"optimizer_impl", "memory_format"})
     assert why is None and note is not None and note.variant == "unbounded"
     assert "ceiling" not in note.figures and "has no bound" in note.text
 

@@ -6,7 +6,7 @@ on eager code, whose compiled graph fuses the update already; a gain that holds 
 checkpointing, where checkpointing leads at a larger micro-batch), and a value that needs more
 memory can tie where the leader's micro-batch presses it and win one divisor down. So the
 values are screened on each setting's best (an "anchor": a setting with those knobs at their
-defaults, its best candidate) that could win with them (``bounds.knob_reach``), and a value
+defaults, its best candidate) that could win with them (``reach_bounds.knob_reach``), and a value
 that did not fit or tied with the leader at its anchor's micro-batch is timed one divisor
 down; one that did not fit is timed with each checkpointing value that frees memory too. A
 run over the budget that could win, of any setting at any micro-batch, is timed there with
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from autotune.config import Knobs
 from autotune.knobs import KNOBS, skip_reason
-from autotune.search import bounds
+from autotune.search import reach_bounds
 from autotune.search._records import OUT_OF_MEMORY, Candidate, objective, score
 from autotune.search.batch import run_batches
 from autotune.search.evidence import Evidence, Interval
@@ -112,7 +112,7 @@ def proposals(ex: Executor) -> list[Proposal]:
                    and skip_reason(c.knobs, ev.traits) is None]
         if not untried:
             continue
-        why, reach = bounds.knob_reach(ev, anchor, {name for name, _ in untried})
+        why, reach = reach_bounds.knob_reach(ev, anchor, {name for name, _ in untried})
         if why is not None:
             decide(why)
             continue

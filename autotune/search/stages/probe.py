@@ -16,7 +16,7 @@ from autotune.config import Knobs, MemoryProbe
 from autotune.errors import BROKEN
 from autotune.knobs import KNOBS, skip_reason, timed_baseline
 from autotune.memory import Steps, broken_uncapped, drive, hint_for, probe_steps
-from autotune.search import bounds, fits
+from autotune.search import bounds, fits, reach_bounds
 from autotune.search._records import Candidate
 from autotune.search.batch import Chain, run_chains
 from autotune.search.executor import Executor
@@ -277,10 +277,10 @@ def near_miss(ex: Executor, setting: Knobs) -> None:
 def out_of_memory_everywhere(ex: Executor) -> None:
     """Each compiled class that ran out of memory at every micro-batch down to the smallest
     (none timed: the joint stage's ``relieved`` needs a run that ran), probed with the
-    checkpointing value that frees most where it could win so (``bounds.oom_class_reach``,
+    checkpointing value that frees most where it could win so (``reach_bounds.oom_class_reach``,
     rule ``oom-class-reach``): as fp32 eager's rescue frees memory for the baseline. Where
     one's probe fit nothing, a class whose eager class peaks no lower is not probed
-    (``bounds.oom_class_peak``)."""
+    (``reach_bounds.oom_class_peak``)."""
     ev, smallest = ex.ev, ex.plan.micro_batches[0]
     ckpt = next(k for k in KNOBS if k.name == "checkpointing")
     missed: list[Knobs] = []  # the classes whose probe with it fit nothing
@@ -298,8 +298,8 @@ def out_of_memory_everywhere(ex: Executor) -> None:
                       and skip_reason(f, ev.traits) is None), None)
         if freed is None:
             continue
-        why_not, note = bounds.oom_class_reach(ev, knobs, freed.checkpointing)
-        why_not = why_not or bounds.oom_class_peak(ev, knobs, missed, freed.checkpointing)
+        why_not, note = reach_bounds.oom_class_reach(ev, knobs, freed.checkpointing)
+        why_not = why_not or reach_bounds.oom_class_peak(ev, knobs, missed, freed.checkpointing)
         if why_not is not None:
             ev.decide(why_not)
         elif note is not None:
