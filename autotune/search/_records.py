@@ -261,7 +261,10 @@ def as_rounds_said(run: TrialResult, rival: TrialResult, shares: Sequence[float]
     own, other = run.samples_per_s(), rival.samples_per_s()
     if not (run.ok and rival.ok and own and other and shares):
         return run
-    target = math.sqrt(own * other * statistics.median(shares))
+    # The median round on a log scale: the two sides' shares are each other's inverses, so
+    # the pair reads one ratio from either side (of two rounds, their geometric mean).
+    ratio = math.exp(statistics.median(math.log(s) for s in shares))
+    target = math.sqrt(own * other * ratio)
     return replace(run, step_times_s=tuple(t * own / target for t in run.step_times_s))
 
 
