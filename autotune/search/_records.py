@@ -95,8 +95,9 @@ class SearchSettings:
     """Sequential stopping: stop timing a candidate once its fastest of 3 or more timed steps
     is this much slower than the leader's median step (or the leader's spread, when wider)."""
     num_confirm: int = 2
-    """Most contenders re-measured with the leader before the pick (0: none); each keeps its
-    better run, since a slow period of the machine only ever inflates times."""
+    """Most contenders re-measured with the leader before the pick (0: none); the race's
+    bounds read each one's better run, since a slow period of the machine only ever inflates
+    times (its record, the typical of its runs: ``typical_run``)."""
     confirm_within: float = 0.05
     """A candidate is a contender, re-measured with the leader, when its score is within this
     share of the leader's or within the step-time spread either run measured: a lead wider
