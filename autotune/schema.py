@@ -108,7 +108,8 @@ class TrialRecord(HasKnobs):
     """compile_s + train_steps x median_step_s, when an objective in steps was given."""
     wall_s: Float | None = None
     num_runs: Positive = 1
-    """Times it was measured; a close race is re-measured and each keeps its better run."""
+    """Times it was measured; a close race is re-measured: its figures are the median of
+    three or more full runs, the better of two (``search._records.typical_run``)."""
     timed_s: Float | None = None
     """Seconds of timed steps over all its runs (what the search spent timing it)."""
     round_shares: tuple[Float, ...] = ()

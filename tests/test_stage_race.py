@@ -643,11 +643,11 @@ def test_interleaved_rounds_pick_the_config_ahead_back_to_back_over_a_best_run_o
     assert config.reason.startswith("bf16/max-autotune 32x2 won at 246.2 samples/s"), \
         config.reason
     assert config.reason.endswith(
-        "; the runner-up bf16/default 32x2 (best run 300.0 samples/s): run back to back with it "
+        "; the runner-up bf16/default 32x2 (230.8 samples/s): run back to back with it "
         "in 2 interleaved rounds, 1.07x, 1.07x its samples/s: ahead in 2 of 2 (two runs of one "
         "config here drifted further apart than their gap)"), config.reason
     lost = next(t for t in config.trials if t.label() == "bf16/default 32x2")
-    assert lost.reason == ("1.22x the winner's samples/s; run back to back with it in 2 "
+    assert lost.reason == ("0.94x the winner's samples/s; run back to back with it in 2 "
                            "interleaved rounds, 0.94x, 0.94x its samples/s: ahead in 0 of 2")
     # Without the rounds (a quiet machine: no drift) the same race is decided by the runs.
     outcome = run_search(plan(), CLASSES, replace(settings, fresh=True), run=ScriptedDevice(
@@ -779,8 +779,9 @@ def test_a_round_run_out_of_memory_ends_the_rounds_and_that_candidate_is_out() -
     assert not [s for s in outcome.skipped if "interleaved rounds" in s]
     out = next(r for r in outcome.records if r.label() == "bf16/max-autotune 32x2")
     assert out.verdict == "oom" and "another run of it fit" in out.reason, out
+    # Its figure is the median of its three runs (a quiet 300, then two busy 231), not its best.
     assert tuned_config(plan(), outcome, settings).reason.startswith(
-        "bf16/default 32x2 won at 300.0 samples/s")
+        "bf16/default 32x2 won at 230.8 samples/s")
 
 
 def test_ctrl_c_during_the_interleaved_rounds_keeps_the_best_so_far_and_no_partial_round(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from autotune.config import Knobs, ProbeReport, TrialResult, TrialSpec
@@ -13,6 +15,7 @@ from autotune.schema import (
     RunRecord,
     TrialRecord,
 )
+from autotune.timing import MIN_STEPS_TO_STOP
 from autotune.units import accumulate_steps, format_bytes
 
 # Numerics guard: allowed relative distance of the first loss from fp32 eager's, per precision.
@@ -92,8 +95,9 @@ class SearchSettings:
     """Sequential stopping: stop timing a candidate once its fastest of 3 or more timed steps
     is this much slower than the leader's median step (or the leader's spread, when wider)."""
     num_confirm: int = 2
-    """Most contenders re-measured with the leader before the pick (0: none); each keeps its
-    better run, since a slow period of the machine only ever inflates times."""
+    """Most contenders re-measured with the leader before the pick (0: none); the race's
+    bounds read each one's better run, since a slow period of the machine only ever inflates
+    times (its record, the typical of its runs: ``typical_run``)."""
     confirm_within: float = 0.05
     """A candidate is a contender, re-measured with the leader, when its score is within this
     share of the leader's or within the step-time spread either run measured: a lead wider
@@ -224,6 +228,45 @@ def keep_better(first: TrialResult, again: TrialResult) -> TrialResult:
                                   (first.median_step_s() or 1e18)) else first
     peaks = [r.peak_bytes for r in (first, again) if r.ok and r.peak_bytes is not None]
     return replace(kept, peak_bytes=max(peaks)) if peaks else kept
+
+
+def typical_run(runs: Sequence[TrialResult]) -> TrialResult:
+    """The run a candidate's figures are read from (its record, the table, the speedups and
+    the pick), of all its runs (``Evidence.timed``). With three or more full timed runs (ok,
+    not stopped early), the one whose median step time is their median (of an even count the
+    faster of the middle two); with fewer, the better of its runs (``keep_better``: a slow
+    period of the machine only inflates times, and of two runs one cannot tell the stalled
+    one from the typical). Best-of-k favours a candidate timed more often: under symmetric
+    noise its best run is its luckiest, and the pick leaned to whatever was re-measured most
+    (issue 59). Either way it carries the largest peak of its runs, and a run that ran out
+    of memory or leaked wins (the candidate is out, ``keep_better``)."""
+    kept = functools.reduce(keep_better, runs)
+    full = sorted((r for r in runs if r.ok and r.median_step_s() and not r.leak_note()
+                   and len(r.step_times_s) >= MIN_STEPS_TO_STOP
+                   and r.timing_stop not in ("behind", "time_limit")),
+                  key=lambda r: r.median_step_s() or math.inf)
+    if not kept.ok or kept.leak_note() or len(full) < 3:
+        return kept
+    return replace(full[(len(full) - 1) // 2], peak_bytes=kept.peak_bytes)
+
+
+def as_rounds_said(run: TrialResult, rival: TrialResult, shares: Sequence[float]
+                   ) -> TrialResult:
+    """``run`` with its step times scaled so that, against its rival of the confirm stage's
+    interleaved rounds, the two read as the rounds said: their samples/s in the ratio of
+    the median round (``shares``: ``run``'s samples/s over the rival's in each round),
+    about the geometric mean of their own figures (``typical_run``). The rounds ran the two
+    back to back, so their ratio is the pair's best-measured figure; its median is above 1
+    exactly where ``run`` was ahead in most rounds (``pick.won_rounds``), so the winner of
+    the rounds is never shown slower than the other."""
+    own, other = run.samples_per_s(), rival.samples_per_s()
+    if not (run.ok and rival.ok and own and other and shares):
+        return run
+    # The median round on a log scale: the two sides' shares are each other's inverses, so
+    # the pair reads one ratio from either side (of two rounds, their geometric mean).
+    ratio = math.exp(statistics.median(math.log(s) for s in shares))
+    target = math.sqrt(own * other * ratio)
+    return replace(run, step_times_s=tuple(t * own / target for t in run.step_times_s))
 
 
 def flops_per_sample(baseline: TrialResult | None) -> float | None:

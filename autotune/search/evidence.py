@@ -23,9 +23,11 @@ from autotune.search._records import (
     OUT_OF_MEMORY,
     Candidate,
     SearchSettings,
+    as_rounds_said,
     classify,
     keep_better,
     score,
+    typical_run,
 )
 from autotune.search.pick import pick_winner
 from autotune.search.plan import Plan
@@ -91,7 +93,12 @@ class Evidence:
     (another search's, in a shared study) join the race (``release_held``)."""
     measured: dict[Candidate, TrialResult] = field(default_factory=dict)
     """Timed runs this search asked for (run now, or answered from ``held``): the better of a
-    candidate's runs, as measured (``results`` says them as judged)."""
+    candidate's runs, as measured (``results`` says them as judged): what the stages' bounds
+    read (a slow period only inflates times, so what they exclude stays excluded)."""
+    timed: dict[Candidate, list[TrialResult]] = field(default_factory=dict)
+    """Every timed run of each candidate in ``measured``, in the order they came (a stale
+    stored one dropped, ``rechecked``): what its record shows and the pick reads
+    (``figure``)."""
     probe_runs: dict[Candidate, TrialResult] = field(default_factory=dict)
     """Memory probes that timed nothing (bisection points)."""
     runs: dict[Candidate, int] = field(default_factory=dict)
@@ -109,6 +116,8 @@ class Evidence:
     """Candidates timed twice in this search, and how far apart."""
     round_shares: dict[Candidate, tuple[float, ...]] = field(default_factory=dict)
     """Interleaved rounds: each candidate's samples/s over the other's in each round."""
+    rivals: dict[Candidate, Candidate] = field(default_factory=dict)
+    """Interleaved rounds: each candidate's other of the pair."""
     timed_s: dict[Candidate, float] = field(default_factory=dict)
     """Seconds of timed steps per candidate, over its runs in this search."""
     probes: dict[Knobs, MemoryProbe] = field(default_factory=dict)
@@ -169,6 +178,7 @@ class Evidence:
 
     def took(self, key: Candidate, result: TrialResult) -> None:
         """A candidate's first timing, run now or answered from the study."""
+        self.timed[key] = [result]
         self._keep(key, result)
 
     def probed_at(self, key: Candidate, result: TrialResult) -> None:
@@ -221,6 +231,7 @@ class Evidence:
         samples/s over the leader's in each round), said in ``note``."""
         self.round_shares[challenger] = tuple(shares)
         self.round_shares[leader] = tuple(1 / s for s in shares)
+        self.rivals[challenger], self.rivals[leader] = leader, challenger
         self.decide(note)
 
     def rechecked(self, key: Candidate, again: TrialResult, *, fresh: bool, note: Skip) -> None:
@@ -228,6 +239,7 @@ class Evidence:
         ``fresh`` (the stored run is stale) the fresh run alone counts."""
         self.stored.discard(key)
         if fresh:
+            self.timed[key] = [again]
             self._keep(key, again)
         self.decide(note)
 
@@ -269,6 +281,7 @@ class Evidence:
         # afresh does not slow the steps after it (benchmarks/cold_vs_cached.py).
         if cold or key not in self.stored:
             self.note_drift(key, before, again)
+        self.timed.setdefault(key, [before]).append(again)
         self._keep(key, keep_better(before, again))
 
     def answer(self, key: Candidate) -> TrialResult | None:
@@ -290,8 +303,10 @@ class Evidence:
             if key in self.results:
                 self.runs[key] = self.runs.get(key, 1) + len(rest)
                 best = keep_better(self.measured[key], best)
+                self.timed.setdefault(key, [self.measured[key]]).extend(rest)
             else:  # the local store's count, or the runs held
                 self.runs.setdefault(key, len(rest))
+                self.timed[key] = list(rest)
             self._keep(key, best)
 
     def held_best(self, key: Candidate) -> TrialResult:
@@ -388,14 +403,37 @@ class Evidence:
         return max(self.probes, key=lambda k: sum(
             getattr(k, f.name) == getattr(leader.knobs, f.name) for f in dataclasses.fields(k)))
 
-    def record(self, key: Candidate, result: TrialResult) -> TrialRecord:
-        """``classify``'s record, with the candidate's interleaved rounds."""
-        rec = classify(key, result, self.results, self.baseline, self.plan.report,
-                       self.settings)[0]
+    def record(self, key: Candidate, result: TrialResult,
+               results: Mapping[Candidate, TrialResult] | None = None) -> TrialRecord:
+        """``classify``'s record, with the candidate's interleaved rounds (its speedup over
+        the baseline's run in ``results``, ``results`` by default)."""
+        rec = classify(key, result, self.results if results is None else results,
+                       self.baseline, self.plan.report, self.settings)[0]
         return replace(rec, round_shares=self.round_shares.get(key, ()))
 
+    def figure(self, key: Candidate) -> TrialResult:
+        """The run ``key``'s record shows and the pick reads: the typical of its runs
+        (``typical_run``), and for one of the interleaved rounds, scaled so the pair reads
+        as the rounds said (``as_rounds_said``); one judged out, as judged."""
+        result = self.results[key]
+        if key in self.out or key not in self.timed:
+            return result
+        run = typical_run(self.timed[key])
+        rival = self.rivals.get(key)
+        if rival is not None and rival in self.timed and rival not in self.out:
+            run = as_rounds_said(run, typical_run(self.timed[rival]), self.round_shares[key])
+        return run
+
+    def figured(self, key: Candidate) -> TrialRecord:
+        """The record of ``key``'s ``figure``, its speedup over the baseline's ``figure``:
+        what the table shows and the pick reads."""
+        base = self.baseline
+        results = {base: self.figure(base)} if base in self.results else {}
+        return self.record(key, self.figure(key), results)  # type: ignore[arg-type]
+
     def winner(self) -> Candidate | None:
-        """The candidate the outcome would pick now (``pick_winner`` over the verdicts)."""
-        records = {k: self.record(k, r) for k, r in self.results.items()}
+        """The candidate the outcome would pick now (``pick_winner`` over the records of the
+        candidates' ``figure``)."""
+        records = {k: self.figured(k) for k in self.results}
         best = pick_winner(tuple(records.values()), self.settings)
         return next((k for k, rec in records.items() if rec is best), None)

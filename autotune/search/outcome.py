@@ -99,9 +99,9 @@ def outcome(ev: Evidence, ex: Executor, stop: StopReason,
         first.setdefault(one.text, one)
     skips = tuple(first.values())
     records = tuple(
-        replace(ev.record(k, r), number=i, num_runs=ev.runs.get(k, 1),
+        replace(ev.figured(k), number=i, num_runs=ev.runs.get(k, 1),
                 timed_s=ev.timed_s.get(k) or None)
-        for i, (k, r) in enumerate(ev.results.items()))
+        for i, k in enumerate(ev.results))
     runs = list(ex.tally.run_log)  # and in a joined study, what the other nodes ran meanwhile
     runs += [replace(r, number=len(runs) + i)
              for i, r in enumerate(ex.study.others_runs(ex.plan.usable))]
@@ -253,7 +253,7 @@ def _why(winner: TrialRecord, baseline: TrialRecord, records: tuple[TrialRecord,
         return text
     if standing == "rounds":
         # the confirm stage's rounds decided between the two: the lead is theirs, not the best runs'
-        text += (f"; the runner-up {runner_up.label()} (best run {runner_up.samples_per_s:,.1f}"
+        text += (f"; the runner-up {runner_up.label()} ({runner_up.samples_per_s:,.1f}"
                  f" samples/s): {_rounds(winner)} (two runs of one config here drifted "
                  f"further apart than their gap)")
     elif ahead is None:  # the objective is not samples/s: no lead in it

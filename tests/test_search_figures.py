@@ -1,0 +1,74 @@
+"""What a candidate's record shows when it ran more than once (issue 59): the typical of its
+runs, not its luckiest, and for the pair of the confirm stage's interleaved rounds, figures
+that read as the rounds said."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from autotune.config import Knobs, TrialResult
+from autotune.report import short_reason
+from autotune.search import run_search, tuned_config
+from autotune.search._records import as_rounds_said, typical_run
+from tests.scripted import CLASSES, SLOW, ScriptedDevice, by_class, plan
+
+
+def _run(step_s: float, *, steps: int = 10, stop: str = "steps", peak: int = 100
+         ) -> TrialResult:
+    """A timed run of ``steps`` steps of ``step_s`` seconds (64 samples a step)."""
+    return TrialResult(status="ok", step_times_s=(step_s,) * steps, timing_stop=stop,  # type: ignore[arg-type]
+                       samples_per_step=64, peak_bytes=peak)
+
+
+def test_typical_run_is_the_median_of_three_full_runs_and_the_better_of_two() -> None:
+    lucky, slow, usual = _run(0.5, peak=300), _run(0.8), _run(0.7, peak=200)
+    # Three full runs: the median run (not the lucky one), carrying the largest peak.
+    three = typical_run([lucky, slow, usual])
+    assert (three.median_step_s(), three.peak_bytes) == (0.7, 300)
+    # Four: the faster of the middle two (a slow period only inflates times).
+    assert typical_run([lucky, slow, usual, _run(0.75)]).median_step_s() == 0.7
+    # Two: the better (a stall is one-sided; of two runs, the slower may be the stalled one).
+    assert typical_run([slow, usual]).median_step_s() == 0.7
+    # A run stopped early (behind the leader) is no full run: two full ones, the better.
+    assert typical_run([slow, usual, _run(0.6, steps=3, stop="behind")]
+                       ).median_step_s() == 0.6
+    # A run out of memory puts the candidate out, whatever its other runs timed.
+    oom = TrialResult(status="oom", message="CUDA out of memory", samples_per_step=64)
+    assert typical_run([lucky, oom, usual, slow]).status == "oom"
+
+
+def test_as_rounds_said_puts_the_pair_in_the_rounds_ratio_about_their_own_figures() -> None:
+    # By their own runs the rounds' loser reads faster (its run 0.5 s a step against 0.6 s),
+    # but the winner was ahead 1.1x and 1.2x back to back: the pair reads 1.15x apart, the
+    # winner ahead (the two rounds' geometric mean), about the geometric mean of the two
+    # figures.
+    winner, loser = _run(0.6), _run(0.5)
+    shares = (1.1, 1.2)
+    one = as_rounds_said(winner, loser, shares)
+    other = as_rounds_said(loser, winner, tuple(1 / s for s in shares))
+    a, b = one.samples_per_s() or 0.0, other.samples_per_s() or 0.0
+    assert math.isclose(a / b, math.sqrt(1.1 * 1.2)) and a > b
+    assert math.isclose(a * b, (winner.samples_per_s() or 0.0) * (loser.samples_per_s() or 0.0))
+
+
+def test_a_baseline_with_one_lucky_run_does_not_show_the_rounds_winner_slower() -> None:
+    # fp32/off (the baseline) runs 100 samples/s, but its first run drew a quiet minute: 120.
+    # fp32/default runs 108. The baseline's two runs drifted 20% apart, wider than the 10% gap
+    # its lucky run shows, so the two run in interleaved rounds, and fp32/default is ahead in
+    # both: it is picked. Before, the table read the baseline's lucky run: the winner showed
+    # 0.90x the baseline and the runner-up 1.11x the winner.
+    baseline = Knobs(precision="fp32", compile_mode="off").label()
+    settings = replace(SLOW, refine_within=0.0, confirm_within=0.1)
+    device = ScriptedDevice(by_class(100, 108, 40, 40, 40, 40), jitter=(0.0, 0.02, -0.02),
+                            shape=lambda m: 0.5 ** math.log2(32 / m),
+                            between_runs={f"{baseline}/32": (1 / 1.2,)})
+    outcome = run_search(plan(), CLASSES, settings, run=device)
+    assert "fp32/default/32 stands as the pick of the two" in outcome.skipped[-1]
+    config = tuned_config(plan(), outcome, settings)
+    winner = next(t for t in config.trials if t.verdict == "winner")
+    assert winner.label() == "fp32/default 32x2" and config.runner_up == "rounds"
+    assert winner.speedup is not None and winner.speedup >= 1, winner.speedup
+    assert config.speedup == winner.speedup
+    ratio = float(short_reason(config).split("Runner-up fp32/off 32x2 at ")[1].split("x")[0])
+    assert ratio <= 1, short_reason(config)
