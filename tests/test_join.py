@@ -486,6 +486,10 @@ def test_a_node_that_joins_late_counts_its_budget_and_runs_from_when_the_search_
     assert claims.Claims(study).began_by == ""
     _began(study, 0.5)  # began just now, nothing claimed since: under way
     assert claims.Claims(study).began_by == "node-a:1"
+    # Another tool wrote the node's name: its control characters are escaped (the note goes
+    # into autotune.json, whose reader refuses them).
+    _began(study, 0.5, by="node-a:1\n[experimental]")
+    assert claims.Claims(study).began_by == "node-a:1\\n[experimental]"
 
 
 @pytest.mark.subprocess  # the PostgreSQL cluster

@@ -15,7 +15,7 @@ from autotune.schema import RunRecord
 from autotune.search import claims
 from autotune.search._records import Candidate, run_record
 from autotune.search._study import _optuna
-from autotune.serialize import control_character, from_json_dict
+from autotune.serialize import from_json_dict
 
 if TYPE_CHECKING:
     import optuna
@@ -94,12 +94,4 @@ def _run_of(t: optuna.trial.FrozenTrial, number: int, usable_bytes: int,
     return replace(run_record(
         number, kind if kind in ("probe", "trial", "re-measure") else "trial", key, result,
         usable_bytes, compiled=key.knobs.compiled, **fields),
-        node=_node(t.user_attrs.get("claimed_by", "")))
-
-
-def _node(claimed_by: object) -> str:
-    """A claim's ``host:pid`` as ``runs[].node`` may hold it: text a study shared by other
-    tools may have set to anything, its control characters escaped (``autotune.json``'s
-    reader refuses them)."""
-    node = str(claimed_by)
-    return node if control_character(node) is None else node.encode("unicode_escape").decode()
+        node=claims.node_text(t.user_attrs.get("claimed_by", "")))

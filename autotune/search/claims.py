@@ -32,6 +32,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import TrialSpec
+from autotune.serialize import control_character
 
 if TYPE_CHECKING:
     import optuna
@@ -62,6 +63,14 @@ class Elsewhere(Exception):
     def __init__(self, spec: TrialSpec) -> None:
         super().__init__(spec.knobs.label())
         self.spec = spec
+
+
+def node_text(claimed_by: object) -> str:
+    """A node's ``host:pid`` as another node wrote it (a claim, the joined search's beginning)
+    as ``autotune.json`` may hold it: text a study shared by other tools may have set to
+    anything, its control characters escaped (``autotune.json``'s reader refuses them)."""
+    node = str(claimed_by)
+    return node if control_character(node) is None else node.encode("unicode_escape").decode()
 
 
 def who() -> str:
@@ -142,7 +151,7 @@ class Claims:
                         and (self.opened - at).total_seconds() >= time_budget_s)
                     or (all(state != optuna.trial.TrialState.RUNNING for state, _ in claimed)
                         and (self.opened - last).total_seconds() > IDLE_S))
-            by = str(under_way.get("by", "?"))
+            by = node_text(under_way.get("by", "?"))
             if not over:
                 return at, "" if by == who() else by
         self.study.set_user_attr(SEARCH_ATTR, {"by": who(), "at": self.opened.isoformat()})
