@@ -139,9 +139,7 @@ class Claims:
         under_way = self.study.user_attrs.get(SEARCH_ATTR)
         at = _stamp(under_way.get("at")) if isinstance(under_way, dict) else None
         if at is not None and isinstance(under_way, dict):
-            with warnings.catch_warnings():  # "experimental" since Optuna 2.9
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                optuna.storages.fail_stale_trials(self.study)  # ``_stale`` notes each
+            self._fail_stale()
             outputs = self.study.user_attrs.get(OUTPUTS_ATTR)
             claimed = [(t.state, stamp) for t in self.study.get_trials(deepcopy=False)
                        if (stamp := _stamp(t.user_attrs.get(CLAIMED_AT))) and stamp > at]
@@ -157,6 +155,14 @@ class Claims:
         self.study.set_user_attr(SEARCH_ATTR, {"by": who(), "at": self.opened.isoformat()})
         return self.opened, ""
 
+    def _fail_stale(self) -> None:
+        """Fail the claims whose heartbeat stopped (``_stale`` notes each)."""
+        import optuna
+
+        with warnings.catch_warnings():  # "experimental" since Optuna 2.9
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(self.study)
+
     def claim(self, candidate: str, kinds: tuple[str, ...], trial: optuna.trial.FrozenTrial
               ) -> Claimed | Taken:
         """Claim ``candidate`` for a run of one of ``kinds`` (the first is the run's), or say
@@ -168,9 +174,7 @@ class Claims:
         storage = self.study._storage
         with self._engine.connect() as conn, conn.begin():
             conn.execute(self._lock_sql, {"key": self._key})  # held until this block ends
-            with warnings.catch_warnings():  # "experimental" since Optuna 2.9
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                optuna.storages.fail_stale_trials(self.study)  # ``_stale`` notes each
+            self._fail_stale()
             mine = [t for t in self.study.get_trials(deepcopy=False)
                     if t.user_attrs.get("candidate") == candidate
                     and t.user_attrs.get("kind") in kinds]

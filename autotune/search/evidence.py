@@ -424,16 +424,17 @@ class Evidence:
             run = as_rounds_said(run, typical_run(self.timed[rival]), self.round_shares[key])
         return run
 
-    def figured(self, key: Candidate) -> TrialRecord:
-        """The record of ``key``'s ``figure``, its speedup over the baseline's ``figure``:
-        what the table shows and the pick reads."""
+    def figured(self) -> dict[Candidate, TrialRecord]:
+        """Each candidate's record of its ``figure``, its speedup over the baseline's
+        ``figure``: what the table shows and the pick reads."""
         base = self.baseline
         results = {base: self.figure(base)} if base in self.results else {}
-        return self.record(key, self.figure(key), results)  # type: ignore[arg-type]
+        return {k: self.record(k, self.figure(k), results)  # type: ignore[arg-type]
+                for k in self.results}
 
     def winner(self) -> Candidate | None:
         """The candidate the outcome would pick now (``pick_winner`` over the records of the
         candidates' ``figure``)."""
-        records = {k: self.figured(k) for k in self.results}
+        records = self.figured()
         best = pick_winner(tuple(records.values()), self.settings)
         return next((k for k, rec in records.items() if rec is best), None)

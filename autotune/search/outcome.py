@@ -99,9 +99,8 @@ def outcome(ev: Evidence, ex: Executor, stop: StopReason,
         first.setdefault(one.text, one)
     skips = tuple(first.values())
     records = tuple(
-        replace(ev.figured(k), number=i, num_runs=ev.runs.get(k, 1),
-                timed_s=ev.timed_s.get(k) or None)
-        for i, k in enumerate(ev.results))
+        replace(rec, number=i, num_runs=ev.runs.get(k, 1), timed_s=ev.timed_s.get(k) or None)
+        for i, (k, rec) in enumerate(ev.figured().items()))
     runs = list(ex.tally.run_log)  # and in a joined study, what the other nodes ran meanwhile
     runs += [replace(r, number=len(runs) + i)
              for i, r in enumerate(ex.study.others_runs(ex.plan.usable))]
