@@ -490,6 +490,11 @@ def test_a_node_that_joins_late_counts_its_budget_and_runs_from_when_the_search_
     # into autotune.json, whose reader refuses them).
     _began(study, 0.5, by="node-a:1\n[experimental]")
     assert claims.Claims(study).began_by == "node-a:1\\n[experimental]"
+    # What another tool wrote there, unreadable as a search's beginning: this node begins one.
+    for written in ({"by": "node-a:1", "at": "not a time"}, {"by": "node-a:1",
+                    "at": "2026-11-29T10:00:00"}, "node-a:1", None, {"at": 7}):
+        study.set_user_attr(claims.SEARCH_ATTR, written)
+        assert claims.Claims(study).began_by == "", written
 
 
 @pytest.mark.subprocess  # the PostgreSQL cluster
