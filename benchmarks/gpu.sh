@@ -3,7 +3,8 @@
 # BERT-base, the exhaustive oracle on BERT-base, the naive baseline, the estimator table.
 # Results: $OUT/gpu/ when OUT is set, else benchmarks/results/gpu/. Pass --dry-run to list.
 # Before a GPU call, here: `bash benchmarks/gpu.sh --rehearse` runs every step's code on the
-# CPU with tiny models (about 2 minutes; -> gpu-rehearsal/, no GPU figures).
+# CPU with tiny models, each search stopped after 5 child runs (about 2 minutes; -> gpu-rehearsal/,
+# no GPU figures).
 # `--tests` runs the CUDA tests instead (tests/test_gpu.py, marker gpu) -> gpu/gpu_tests.txt.
 # PYTHON picks the interpreter (default: python3 on PATH).
 #

@@ -69,6 +69,12 @@ class Setup:
         """Timing overrides: a rehearsal times short windows (its figures mean nothing)."""
         return {"num_timed_steps": 3, "min_timed_s": 0.2} if self.rehearsal else {}
 
+    def search_limits(self) -> dict:
+        """A rehearsal's searches stop after 5 child runs (its probe, the baseline twice and
+        two knobs): every line of the suite's own code runs, and the search's stages are
+        the everyday tests' (a whole rehearsal search took 160 s on the 2-core Xeon)."""
+        return {"max_trials": 5} if self.rehearsal else {}
+
 
 GPU = Setup(device="cuda:0",
             gpt2=WorkloadSpec(),  # the built-in default: GPT-2 small sized on CUDA, seq 1024
@@ -193,7 +199,8 @@ def run_search(step: Step, spec: WorkloadSpec, setup: Setup) -> dict:
     settings = SearchSettings(
         micro_batches_per_class=step.settings.get("micro_batches_per_class", 3),
         # Its share less the start (imports) and the end (calibration, writing the files).
-        time_budget_s=max(step.budget_s * 0.6, step.budget_s - 40), **setup.search_settings())
+        time_budget_s=max(step.budget_s * 0.6, step.budget_s - 40), **setup.search_settings(),
+        **setup.search_limits())
     start = time.perf_counter()
     result = api.search(spec, target_batch=TARGET, device=setup.device,
                         precisions=step.settings.get("precisions"),

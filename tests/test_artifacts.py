@@ -332,8 +332,8 @@ def test_a_record_outside_the_folder_is_refused_on_read(tmp_path: Path) -> None:
 
 @pytest.mark.subprocess
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # two searches, one compiled: 344 s alone on the quiet 2-core Xeon
-# (2026-11-29), past 600 s beside the GPU suite's rehearsals on a third worker
+# two searches, one compiled whose first launch compiles afresh (its cold compile was most of
+# the 344 s this took alone on the 2-core Xeon until ``Fusable`` took 8 ops, 2026-11-29)
 def test_a_compiled_search_writes_artifacts_an_eager_one_none(tmp_path: Path) -> None:
     fast = SearchSettings(num_timed_steps=3, min_timed_s=0.2, micro_batches_per_class=1,
                           num_confirm=0, cache=False)
