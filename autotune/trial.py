@@ -24,6 +24,7 @@ from autotune.device.backend import TrialMemory
 from autotune.errors import WorkloadError
 from autotune.knob_adapters import shapes_dynamic
 from autotune.knobs import KNOB, KnobUnsupported
+from autotune.oom_text import oom_clause
 from autotune.shapes import (
     declared_lengths,
     drawn_steps,
@@ -288,6 +289,10 @@ def _agreed(values: Sequence[float], device: torch.device) -> list[float]:
     return tensor.tolist()
 
 
+def _raw(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
 def _failed(status: TrialStatus, exc: BaseException, info: dict[str, Any],
             at_cap: str = "") -> TrialResult:
     """The result of a trial that raised: the cause named, then the workload's own frames.
@@ -300,7 +305,7 @@ def _failed(status: TrialStatus, exc: BaseException, info: dict[str, Any],
     elif isinstance(exc, (WorkloadError, KnobUnsupported)):
         message = str(exc)  # says what the workload did, with its traceback when it raised
     else:
-        message = f"{at_cap}{type(exc).__name__}: {exc}"
+        message = f"{at_cap}{(oom_clause(exc) if status == 'oom' else None) or _raw(exc)}"
     if status in ("error", "compile_error") or isinstance(exc, SystemExit):
         frames = user_traceback(exc)
         message += f"\n{frames}" if frames else ""

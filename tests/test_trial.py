@@ -237,3 +237,32 @@ def test_a_probe_warms_up_on_two_micro_batches_and_times_the_configs_accumulatio
     assert short.flops_per_step and short.flops_per_step == full.flops_per_step
     assert short.samples_per_step == full.samples_per_step == 2 * 6
     assert short.num_optimizer_steps == full.num_optimizer_steps == 2 + 2
+
+
+def test_an_allocators_out_of_memory_is_said_in_one_clause_with_its_size() -> None:
+    # The CPU allocator's own error, raised for real: three lines of source location and
+    # error code in a probe's progress line before; one clause now, the size it asked for.
+    from autotune.oom_text import oom_clause
+    from autotune.trial import _failed
+
+    try:
+        torch.empty(2**60, dtype=torch.uint8)
+    except RuntimeError as exc:
+        raised: BaseException = exc
+    result = _failed(classify_exception(raised), raised, {})
+    assert result.status == "oom"
+    assert result.message == ("out of memory: the CPU allocator could not allocate "
+                              "1073741824.00 GiB more (RuntimeError)")
+    # CUDA's, as torch words it (from 2.1): the size asked for and what was free.
+    cuda = torch.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 1.95 GiB. GPU 0 has a total capacity of 14.57 "
+        "GiB of which 1.58 GiB is free. Process 2493055 has 12.02 GiB memory in use. Of the "
+        "allocated memory 734.07 MiB is allocated by PyTorch, and 33.93 MiB is reserved by "
+        "PyTorch but unallocated. If reserved but unallocated memory is large try setting "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.")
+    assert oom_clause(cuda) == ("CUDA out of memory: could not allocate 1.95 GiB more, "
+                                "1.58 GiB free of 14.57 GiB (OutOfMemoryError)")
+    # Another out-of-memory error, or another error, is said as raised.
+    assert oom_clause(MemoryError()) is None
+    other = _failed("oom", RuntimeError("std::bad_alloc"), {})
+    assert other.message == "RuntimeError: std::bad_alloc"
