@@ -18,13 +18,13 @@ _CUDA_OOM = re.compile(r"^(CUDA out of memory)\. Tried to allocate ([\d.]+ [KMGT
 def oom_clause(exc: BaseException) -> str | None:
     """An allocator's out-of-memory error said in one clause, with the size it asked for
     (the CPU allocator's is three lines of its source location and error code in a probe's
-    progress line); None for another error (said as raised)."""
+    progress line), inside no parentheses of its own (a progress line wraps it in one pair);
+    None for another error (said as raised)."""
     text = str(exc)
     if cpu := _CPU_ALLOCATOR.search(text):
         return (f"out of memory: the CPU allocator could not allocate "
-                f"{format_bytes(int(cpu.group(1)))} more ({type(exc).__name__})")
+                f"{format_bytes(int(cpu.group(1)))} more")
     if cuda := _CUDA_OOM.match(text):
         free = f", {cuda.group(4)} free of {cuda.group(3)}" if cuda.group(3) else ""
-        return (f"{cuda.group(1)}: could not allocate {cuda.group(2)} more{free} "
-                f"({type(exc).__name__})")
+        return f"{cuda.group(1)}: could not allocate {cuda.group(2)} more{free}"
     return None

@@ -252,7 +252,7 @@ def test_an_allocators_out_of_memory_is_said_in_one_clause_with_its_size() -> No
     result = _failed(classify_exception(raised), raised, {})
     assert result.status == "oom"
     assert result.message == ("out of memory: the CPU allocator could not allocate "
-                              "1073741824.00 GiB more (RuntimeError)")
+                              "1073741824.00 GiB more")
     # CUDA's, as torch words it (from 2.1): the size asked for and what was free.
     cuda = torch.OutOfMemoryError(
         "CUDA out of memory. Tried to allocate 1.95 GiB. GPU 0 has a total capacity of 14.57 "
@@ -261,7 +261,7 @@ def test_an_allocators_out_of_memory_is_said_in_one_clause_with_its_size() -> No
         "PyTorch but unallocated. If reserved but unallocated memory is large try setting "
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.")
     assert oom_clause(cuda) == ("CUDA out of memory: could not allocate 1.95 GiB more, "
-                                "1.58 GiB free of 14.57 GiB (OutOfMemoryError)")
+                                "1.58 GiB free of 14.57 GiB")
     # Another out-of-memory error, or another error, is said as raised.
     assert oom_clause(MemoryError()) is None
     other = _failed("oom", RuntimeError("std::bad_alloc"), {})
