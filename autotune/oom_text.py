@@ -9,7 +9,9 @@ import re
 from autotune.units import format_bytes
 
 _CPU_ALLOCATOR = re.compile(r"DefaultCPUAllocator: can't allocate memory: you tried to allocate "
-                           r"(\d+) bytes")
+                           r"(\d{1,20}) bytes")
+"""The size is a ``size_t`` (20 digits at most): a workload's own error that mimics the text
+with a longer number is said as raised, never turned into a float that overflows."""
 _CUDA_OOM = re.compile(r"^(CUDA out of memory)\. Tried to allocate ([\d.]+ [KMGT]?i?B)\."
                        r"(?: GPU \d+ has a total capacity of ([\d.]+ [KMGT]?i?B) of which "
                        r"([\d.]+ [KMGT]?i?B) is free)?")

@@ -262,6 +262,12 @@ def test_an_allocators_out_of_memory_is_said_in_one_clause_with_its_size() -> No
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.")
     assert oom_clause(cuda) == ("CUDA out of memory: could not allocate 1.95 GiB more, "
                                 "1.58 GiB free of 14.57 GiB")
+    # A workload's own error that mimics the allocator with a number no size_t holds is said
+    # as raised (its size would overflow a float).
+    mimic = RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+                         f"{10**400} bytes")
+    assert oom_clause(mimic) is None
+    assert _failed("oom", mimic, {}).message == f"RuntimeError: {mimic}"
     # Another out-of-memory error, or another error, is said as raised.
     assert oom_clause(MemoryError()) is None
     other = _failed("oom", RuntimeError("std::bad_alloc"), {})
