@@ -524,7 +524,8 @@ class Fusable(nn.Module):
     whole activation, inductor fuses the chain into one loop, so compiled wins by a wide
     margin on CPU (a search's compiled winner, without timing luck: 1.7x on the 2-core Xeon).
     Eight ops over a wide activation: sixteen made a cold compile (the first-launch check's)
-    take 220 s here, eight 50 s."""
+    take 220 s here, eight 50-54 s (``python benchmarks/fusable_compile.py 16 16`` and
+    ``... 8 128``; compiled 1.7-2.7x eager, by the machine's load)."""
 
     def __init__(self) -> None:
         super().__init__()
