@@ -289,10 +289,6 @@ def _agreed(values: Sequence[float], device: torch.device) -> list[float]:
     return tensor.tolist()
 
 
-def _raw(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
-
-
 def _failed(status: TrialStatus, exc: BaseException, info: dict[str, Any],
             at_cap: str = "") -> TrialResult:
     """The result of a trial that raised: the cause named, then the workload's own frames.
@@ -305,7 +301,8 @@ def _failed(status: TrialStatus, exc: BaseException, info: dict[str, Any],
     elif isinstance(exc, (WorkloadError, KnobUnsupported)):
         message = str(exc)  # says what the workload did, with its traceback when it raised
     else:
-        message = f"{at_cap}{(oom_clause(exc) if status == 'oom' else None) or _raw(exc)}"
+        said = oom_clause(exc) if status == "oom" else None
+        message = f"{at_cap}{said or f'{type(exc).__name__}: {exc}'}"
     if status in ("error", "compile_error") or isinstance(exc, SystemExit):
         frames = user_traceback(exc)
         message += f"\n{frames}" if frames else ""
