@@ -19,10 +19,9 @@ sys.dont_write_bytecode = False
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 # Each pytest-xdist worker runs its in-process steps (the estimator's traces, the fallback's
-# real steps) on one intra-op thread: `-n auto` runs 2 x cores + 1 workers, and two OpenMP
-# threads in each spun against each other's (the non-subprocess tests took 313 s on 2 cores
-# with torch's default of 2, 261 s with 1). Children keep torch's default: a child's threads
-# are part of the memory and speed a search measures.
+# real steps) on one intra-op thread: two OpenMP threads in each of several workers spun against
+# each other's (the non-subprocess tests took 313 s on 2 cores with torch's default of 2, 261 s
+# with 1). The everyday run's children train on one thread too (``pytest_configure``).
 torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,12 +34,22 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: two workers a core and one more (a test waits on its children, their
-    start, a timeout or a signal much of the time: on 2 cores, 3 workers kept 1.1-1.4 cores
-    busy and ran README's command in 597 s, 5 workers in 501 s, 8 in 702 s, all beside another
-    job's load: `time python -m pytest -q -n N` compares them), at most 8 (each child of a
-    test imports torch: memory, not cores, binds beyond)."""
-    return max(2, min(2 * (os.cpu_count() or 1) + 1, 8))
+    """``-n auto``: a worker a core and one more (a test waits on its children, their start, a
+    timeout or a signal much of the time), at most 8 (each child of a test imports torch:
+    memory, not cores, binds beyond). README's command on this project's quiet 2-core machine,
+    children on one thread: 3 workers 291 s, 4 workers 315 s, 5 workers 325 s (each worker
+    collects the suite again: 11 s of CPU); `time python -m pytest -q -n N` compares them."""
+    return max(2, min((os.cpu_count() or 1) + 1, 8))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The everyday run's children train on one OpenMP thread (``OMP_NUM_THREADS=1`` unless
+    set): several workers each waiting on a child at torch's default, a thread a core,
+    oversubscribed the cores and spun (README's command took 338-345 s with 5 workers, 325 s
+    with children on one thread). What a test of a child asserts holds on any thread count;
+    the slow set (``-m slow``) keeps torch's default, so CI runs children both ways."""
+    if "slow" not in (config.getoption("-m") or ""):
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def workload_target(name: str) -> str:
