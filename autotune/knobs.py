@@ -19,6 +19,7 @@ compile mode ``off``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, get_args
@@ -138,21 +139,9 @@ class Knobs:
         Raises:
             ConfigError: not a label of known knobs and values.
         """
-        base, *extras = text.split("+")
-        precision, sep, mode = base.partition("/")
-        values: dict[str, str] = {"precision": precision, "compile_mode": mode}
-        by_tag = {k.tag: k for k in KNOBS}
-        for extra in extras:
-            tag, _, value = extra.partition("=")
-            if tag not in by_tag:
-                raise ConfigError(f"{text!r}: unknown knob {tag!r} (known: "
-                                  f"{', '.join(k.tag for k in KNOBS[2:])})")
-            values[by_tag[tag].name] = value
-        problems = [f"{k.name} {values[k.name]!r} is not one of {', '.join(k.values)}"
-                    for k in KNOBS if k.name in values and values[k.name] not in k.values]
-        if not sep or problems:
-            raise ConfigError(f"{text!r} is not a knob label ({'; '.join(problems) or 'no /'})")
-        return cls(**values)  # type: ignore[arg-type]
+        if not isinstance(text, str):
+            raise ConfigError(f"{text!r} is not a knob label (not text)")
+        return _knobs_of_label(text)
 
     @classmethod
     def checked(cls, **values: str) -> Knobs:
@@ -190,6 +179,28 @@ class Knobs:
         micro-batch, so the second loads them from inductor's cache."""
         return dataclasses.replace(self, **{  # type: ignore[arg-type]
             k.name: k.default for k in KNOBS if not k.in_graph})
+
+
+@functools.lru_cache(maxsize=4096)
+def _knobs_of_label(text: str) -> Knobs:
+    """``Knobs.from_label``, kept per label (Knobs are frozen; a bad label raises each time):
+    the search's records and the replay's tables name candidates by label, read back many
+    thousand times a replayed search."""
+    base, *extras = text.split("+")
+    precision, sep, mode = base.partition("/")
+    values: dict[str, str] = {"precision": precision, "compile_mode": mode}
+    by_tag = {k.tag: k for k in KNOBS}
+    for extra in extras:
+        tag, _, value = extra.partition("=")
+        if tag not in by_tag:
+            raise ConfigError(f"{text!r}: unknown knob {tag!r} (known: "
+                              f"{', '.join(k.tag for k in KNOBS[2:])})")
+        values[by_tag[tag].name] = value
+    problems = [f"{k.name} {values[k.name]!r} is not one of {', '.join(k.values)}"
+                for k in KNOBS if k.name in values and values[k.name] not in k.values]
+    if not sep or problems:
+        raise ConfigError(f"{text!r} is not a knob label ({'; '.join(problems) or 'no /'})")
+    return Knobs(**values)  # type: ignore[arg-type]
 
 
 class HasKnobs:
