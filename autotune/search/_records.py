@@ -149,32 +149,7 @@ def classify(candidate: Candidate, result: TrialResult,
     base = results.get(baseline) if baseline is not None else None
     base_sps = base.samples_per_s() if base is not None else None
     sps = result.samples_per_s()
-    verdict, reason = result.status, result.message.splitlines()[0] if result.message else ""
-    if result.ok:
-        verdict, reason = "ok", ""
-        usable = report.usable_bytes()
-        # The reference is fp32 eager on the trial's own batches (older stored results lack
-        # it: then the baseline's first loss, on batches made the same way).
-        ref = result.reference_loss if result.reference_loss is not None else (
-            base.first_loss if base is not None else None)
-        tol = LOSS_TOLERANCE.get(candidate.knobs.precision, 0.05)
-        if result.peak_bytes is not None and result.peak_bytes > usable:
-            verdict = "over_budget"
-            reason = (f"ran, but its peak {result.peak_bytes / 2**20:,.1f} MiB is over the "
-                      f"{usable / 2**20:,.1f} MiB usable (budget minus headroom)")
-        elif ref is not None and result.first_loss is not None and ref != 0:
-            distance = abs(result.first_loss - ref) / abs(ref)
-            if distance > tol:
-                verdict = "numerics"
-                reason = (f"first loss {result.first_loss:.4g} is {distance:.1%} from fp32 "
-                          f"eager's {ref:.4g} on the same batches (allowed {tol:.0%})")
-        if verdict == "ok" and (leak := result.leak_note()):
-            verdict, reason = "oom", f"{leak}; a run of more steps runs out of memory"
-        if verdict == "ok" and _stopped_behind(result, settings):
-            verdict = "slower"
-            reason = (f"stopped after {len(result.step_times_s)} timed steps: clearly behind "
-                      "the leader (its fastest step slower than the leader's median beyond the "
-                      f"noise, or over {settings.slower_factor:g}x its time)")
+    verdict, reason = judge(candidate, result, base, report, settings)
     value = objective(result, settings) if verdict in ("ok", "slower") else None
     tokens = sps * result.tokens_per_sample if sps and result.tokens_per_sample else None
     per_sample = flops_per_sample(base)
@@ -201,6 +176,39 @@ def classify(candidate: Candidate, result: TrialResult,
         wall_s=result.wall_s,
     )
     return record, value
+
+
+def judge(candidate: Candidate, result: TrialResult, base: TrialResult | None,
+          report: ProbeReport, settings: SearchSettings) -> tuple[str, str]:
+    """``classify``'s verdict and its reason alone (``base``: the baseline's run), for a
+    reader of the verdict only (``Evidence.score``, at every comparison)."""
+    verdict, reason = result.status, result.message.splitlines()[0] if result.message else ""
+    if result.ok:
+        verdict, reason = "ok", ""
+        usable = report.usable_bytes()
+        # The reference is fp32 eager on the trial's own batches (older stored results lack
+        # it: then the baseline's first loss, on batches made the same way).
+        ref = result.reference_loss if result.reference_loss is not None else (
+            base.first_loss if base is not None else None)
+        tol = LOSS_TOLERANCE.get(candidate.knobs.precision, 0.05)
+        if result.peak_bytes is not None and result.peak_bytes > usable:
+            verdict = "over_budget"
+            reason = (f"ran, but its peak {result.peak_bytes / 2**20:,.1f} MiB is over the "
+                      f"{usable / 2**20:,.1f} MiB usable (budget minus headroom)")
+        elif ref is not None and result.first_loss is not None and ref != 0:
+            distance = abs(result.first_loss - ref) / abs(ref)
+            if distance > tol:
+                verdict = "numerics"
+                reason = (f"first loss {result.first_loss:.4g} is {distance:.1%} from fp32 "
+                          f"eager's {ref:.4g} on the same batches (allowed {tol:.0%})")
+        if verdict == "ok" and (leak := result.leak_note()):
+            verdict, reason = "oom", f"{leak}; a run of more steps runs out of memory"
+        if verdict == "ok" and _stopped_behind(result, settings):
+            verdict = "slower"
+            reason = (f"stopped after {len(result.step_times_s)} timed steps: clearly behind "
+                      "the leader (its fastest step slower than the leader's median beyond the "
+                      f"noise, or over {settings.slower_factor:g}x its time)")
+    return verdict, reason
 
 
 def _stopped_behind(result: TrialResult, settings: SearchSettings) -> bool:

@@ -25,7 +25,9 @@ from autotune.search._records import (
     SearchSettings,
     as_rounds_said,
     classify,
+    judge,
     keep_better,
+    objective,
     score,
     typical_run,
 )
@@ -323,11 +325,11 @@ class Evidence:
         result = self.results.get(key)
         if result is None:
             return None
-        rec, value = classify(key, result, self.results, self.baseline, self.plan.report,
-                              self.settings)
-        if rec.verdict not in (("ok",) if full else ("ok", "slower")):
+        base = self.results.get(self.baseline) if self.baseline is not None else None
+        verdict, _ = judge(key, result, base, self.plan.report, self.settings)
+        if verdict not in (("ok",) if full else ("ok", "slower")):
             return None
-        return score(value, self.settings)
+        return score(objective(result, self.settings), self.settings)
 
     def noise(self, *keys: Candidate) -> float:
         """``noise_of`` the candidates' runs (those that ran), at this machine's measured
