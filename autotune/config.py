@@ -6,6 +6,7 @@ so it can be written to JSON and read back (``autotune.serialize``: ``to_json_di
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import statistics
@@ -28,6 +29,12 @@ from autotune.serialize import STRICT_FIELDS, Pattern, Text
 from autotune.timing import TimingStop, relative_halfwidth
 from autotune.traits import WorkloadTraits
 from autotune.units import MIB, accumulate_steps
+
+_halfwidth_of = functools.lru_cache(maxsize=4096)(relative_halfwidth)
+"""``relative_halfwidth`` kept per tuple of a finished run's step times: the search reads each
+run's figure again at every comparison (``statistics.stdev`` sums exact fractions: a third of
+a replayed search's time before). A child's timing loop calls ``relative_halfwidth`` itself,
+so nothing is kept in the process whose memory is measured."""
 
 TrialStatus = Literal[
     "ok", "oom", "compile_error", "non_finite", "timeout", "crash", "workload_error", "error",
@@ -280,7 +287,7 @@ class TrialResult:
 
     def halfwidth(self) -> float | None:
         """The median step time's 95% interval half-width over the median (``timing``)."""
-        return relative_halfwidth(self.step_times_s)
+        return _halfwidth_of(self.step_times_s)
 
     def samples_per_s(self) -> float | None:
         """Throughput from the median step time."""

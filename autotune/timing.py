@@ -21,7 +21,6 @@ timed micro-batch sizes of one setting predict the others.
 
 from __future__ import annotations
 
-import functools
 import math
 import statistics
 from collections.abc import Sequence
@@ -56,14 +55,6 @@ def relative_halfwidth(times: Sequence[float]) -> float | None:
     """Half-width of the 95% interval of the median of ``times``, over that median.
 
     None with fewer than 2 times (no spread to measure) or a median that is not positive."""
-    return _relative_halfwidth(tuple(times))
-
-
-@functools.lru_cache(maxsize=4096)
-def _relative_halfwidth(times: tuple[float, ...]) -> float | None:
-    """``relative_halfwidth``, kept per tuple of times: the search reads each run's figure
-    again at every score (``statistics.stdev`` sums exact fractions: a third of a replayed
-    search's time before)."""
     if len(times) < 2:
         return None
     median = statistics.median(times)

@@ -39,8 +39,8 @@ def test_t_quantiles_fall_towards_the_normal_one() -> None:
 def test_the_median_interval_of_a_few_steps() -> None:
     assert relative_halfwidth([1.0]) is None  # no spread from one step
     assert relative_halfwidth([2.0, 2.0, 2.0]) == 0.0
-    seen = [2.0, 2.0, 2.0]  # kept per value of the times, never per list: a list grown
-    assert relative_halfwidth(seen) == 0.0  # between two calls (the timing loop's) reads anew
+    seen = [2.0, 2.0, 2.0]  # a list grown between two calls (the timing loop's) reads anew
+    assert relative_halfwidth(seen) == 0.0
     seen.append(3.0)
     assert relative_halfwidth(seen) == relative_halfwidth((2.0, 2.0, 2.0, 3.0)) > 0
     # Three steps 1, 2, 3: stdev 1, median 2: 4.303 x 1.2533 x 1 / sqrt(3) / 2.

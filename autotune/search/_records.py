@@ -49,13 +49,13 @@ class Candidate:
         return Candidate(knobs=self.knobs.graph(), micro_batch=self.micro_batch)
 
 
-
 @functools.lru_cache(maxsize=4096)
 def _candidate_of_key(key: str) -> Candidate:
     """``Candidate.from_key``, kept per key (a candidate is frozen): the replay's tables name
     candidates by key, read back many thousand times a replayed search."""
     label, _, micro_batch = key.rpartition("/")
     return Candidate(knobs=Knobs.from_label(label), micro_batch=int(micro_batch))
+
 
 @dataclass(frozen=True, kw_only=True)
 class SearchSettings:
