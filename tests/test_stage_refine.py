@@ -7,8 +7,11 @@ A scripted device (``tests/scripted.py``) stands in for the runner.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
+from autotune.config import TrialResult, TrialSpec
+from autotune.search.pick import pick_winner
+from autotune.units import MIB
 from tests.scripted import (
     CLASSES,
     SETTINGS,
@@ -236,3 +239,39 @@ def test_the_smallest_micro_batch_is_timed_and_the_knobs_screened_again_where_it
     assert "bf16/off+opt=foreach/1" in records
     speed = {k: r.samples_per_s or 0 for k, r in records.items()}
     assert max(speed, key=speed.get) == "bf16/off+opt=fused/1"
+
+
+@dataclass
+class PeakRisesDevice(ScriptedDevice):
+    """A scripted device whose ``label/micro_batch`` in ``risen`` peaks at the given MiB from
+    its second timed run on (the allocator's noise between runs)."""
+
+    risen: dict[str, float] = field(default_factory=dict)
+    timed: dict[str, int] = field(default_factory=dict)
+
+    def __call__(self, spec: TrialSpec) -> TrialResult:
+        result = super().__call__(spec)
+        key = f"{spec.knobs.label()}/{spec.micro_batch}"
+        if spec.num_timed_steps and result.ok:
+            self.timed[key] = self.timed.get(key, 0) + 1
+            if self.timed[key] >= 2 and key in self.risen:
+                return replace(result, peak_bytes=int(self.risen[key] * MIB))
+        return result
+
+
+def test_a_baseline_that_peaks_over_the_budget_when_timed_again_is_walked_down() -> None:
+    # Every class but fp32 eager runs out of memory everywhere; fp32 eager fits 32 in its
+    # probe (880 of 900 MiB usable), but its early re-measure peaks at 920 MiB: over the
+    # usable budget, inside the cap. No run that fits has timed its steps, so there is no
+    # leader to be behind: the walk down times 16 (which fits), and the search picks it
+    # (it ended with no winner: behind-refine said "its best did not run").
+    oom = {c.label(): (lambda m: 5000.0) for c in CLASSES if c.label() != "fp32/off"}
+    device = PeakRisesDevice(by_class(100, 150, 160, 200, 300, 330),
+                             peak_mib=lambda m: 100 + 24.375 * m, peaks=oom,
+                             risen={"fp32/off/32": 920.0})
+    outcome, records = search(device)
+    assert records["fp32/off/32"].verdict == "over_budget"
+    assert records["fp32/off/16"].verdict == "ok"
+    winner = pick_winner(outcome.records, SETTINGS)
+    assert winner is not None and (winner.knobs.label(), winner.micro_batch) == ("fp32/off", 16)
+    assert not any(s.startswith("fp32/off: micro-batches 16") for s in outcome.skipped)

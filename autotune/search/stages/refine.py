@@ -114,9 +114,11 @@ def refine(ex: Executor, probe: MemoryProbe) -> None:
 def settled_refines(ex: Executor, knobs: Knobs) -> bool:
     """Whether the setting's best is near enough the leader to refine (``bounds.refines``);
     where it is not on a single run that this machine's slowest runs could have put there
-    (``policy.remeasure_first``), that run is timed again first, and its better run decides."""
+    (``policy.remeasure_first``), that run is timed again first, and its better run decides.
+    With no leader (no run that fits has timed its steps: the only one did not fit when
+    timed again), no setting is behind one: each is walked down to what fits."""
     best = ex.ev.setting_best(knobs)
-    if knobs == ex.ev.leaders_setting() or bounds.refines(
+    if ex.ev.leader() is None or knobs == ex.ev.leaders_setting() or bounds.refines(
             ex.ev, ex.ev.share(ex.ev.class_best(knobs))):
         return True  # (the leader's own setting: behind only by what its knobs gained)
     note = policy.remeasure_first(ex.ev, best) if best is not None else None
