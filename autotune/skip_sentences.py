@@ -197,6 +197,11 @@ TEMPLATES: Mapping[str, str] = {
         "{target} timed: {over} ran {share:.2f}x the leader ({leader}), within the noise "
         "({noise:.0%}) or ahead, but peaked {peak:bytes} over the {usable:bytes} usable; "
         "checkpointing frees memory, and another value of a knob moves the peak"),
+    "joint:over-budget-gain": (
+        "{target} timed: {over} ran {share:.2f}x the leader ({leader}), and {value} ran up "
+        "to {gain:.2f}x faster elsewhere, within the noise ({noise:.0%}) or ahead with it, "
+        "but peaked {peak:bytes} over the {usable:bytes} usable; checkpointing frees memory, "
+        "and another value of a knob moves the peak"),
     "clear-lead": (
         "no re-measurement: the runner-up ({runner_up}) is {share:.2f}x the leader ({target}), "
         "a gap wider than the noise measured ({noise:.0%}: 95% interval of the ratio, at least "

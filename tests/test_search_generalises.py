@@ -337,3 +337,31 @@ def test_after_a_checkpointed_probe_fits_nothing_a_class_peaking_no_lower_is_not
         "fp32/default not probed with checkpointing (blocks): bf16/default fit no micro-batch "
         "with it, and fp32/default's eager class peaked no lower at 32 (790.00 MiB against "
         "740.00 MiB)"), notes["fp32/default"].text
+
+
+def test_a_checkpointed_run_just_over_the_budget_is_timed_with_a_format_that_frees_a_little(
+        ) -> None:
+    # A CNN: without checkpointing 16 fits at most (884 of 900 MiB usable); checkpointing
+    # fits 32 only just not (alternate peaks 931 MiB, blocks 915: over the usable budget,
+    # under the 1000 MiB cap), and runs 0.85x the leader there. channels_last frees 40 MiB
+    # and runs 1.5x: with it, checkpointed 32 fits (891 MiB) and runs 1.27x the leader
+    # (bf16/off+format=channels_last/16). The over-budget rule looked at runs without
+    # checkpointing alone, and at their speed alone, not the gain a value showed.
+    device = KnobDevice(by_class(100, 120, 130, 200, 180, 190), traits=CONV,
+                        shape=lambda m: math.sqrt(m / 32), peak_mib=lambda m: 100 + 49 * m,
+                        ckpt_memory={"off": 1.0, "alternate": 0.53, "blocks": 0.52},
+                        format_speed=1.5, format_saves_mib=40.0,
+                        impl_speed={"default": 1.0, "for-loop": 1.0, "foreach": 1.0,
+                                    "fused": 1.0})
+    outcome, records = knob_search(device)
+    assert records["bf16/off+ckpt=alternate/32"].verdict == "over_budget"
+    assert _picked(outcome) == "bf16/off+ckpt=alternate+format=channels_last/32", \
+        sorted(records)
+    note = next(s for s in outcome.skips if s.rule == "joint" and s.variant == "over-budget-gain"
+                and s.target == "bf16/off+ckpt=alternate+format=channels_last/32")
+    assert note.text == (
+        "bf16/off+ckpt=alternate+format=channels_last/32 timed: bf16/off+ckpt=alternate/32 "
+        "ran 0.85x the leader (bf16/off+format=channels_last/16), and format=channels_last "
+        "ran up to 1.50x faster elsewhere, within the noise (5%) or ahead with it, but peaked "
+        "931.04 MiB over the 900.00 MiB usable; checkpointing frees memory, and another value "
+        "of a knob moves the peak")

@@ -422,20 +422,24 @@ def test_a_sibling_that_loaded_the_leaders_graphs_runs_afresh_once_before_it_win
 
 def test_a_runner_up_that_fit_only_from_the_cache_is_named_with_its_first_launch_unchecked(
         ) -> None:
-    # As above: the fused winner ran afresh and fits; the runner-up, foreach on the same
-    # setting, only ever loaded the setting's graphs: "why" must not send a user to it as if
-    # it fit a first launch.
+    # As above: the fused winner ran afresh and fits; the runner-up, fused with checkpointing
+    # at 64 (timed where alternate/64 ran over the budget and fused could lift it past the
+    # leader: ``joint.relieved``), and foreach on the winner's setting only ever loaded the
+    # graphs others compiled: "why" must not send a user to either as if it fit a first
+    # launch.
     device = CompileCacheDevice(KnobDevice(by_class(100, 150, 160, 200, 300, 330)),
                                 compile_mib=50)
     outcome, _ = cpu_search(device, values=VALUES)
     reason = tuned_config(replace(plan(), device=CPU), outcome, SETTINGS).reason
     assert reason.startswith("bf16/max-autotune+opt=fused 32x2 won at ")
-    assert "ahead of the runner-up bf16/max-autotune+opt=foreach 32x2 by " in reason
+    assert "ahead of the runner-up bf16/max-autotune+ckpt=alternate+opt=fused 64x1 by " in reason
     assert reason.endswith(
         "; the runner-up's fit as a first launch: unchecked (its runs loaded their compiled "
         "graphs from inductor's cache, which lowers the peak)")
     foreach = Candidate(knobs=Knobs.from_label("bf16/max-autotune+opt=foreach"), micro_batch=32)
     assert foreach in outcome.first_launch
+    assert Candidate(knobs=Knobs.from_label("bf16/max-autotune+ckpt=alternate+opt=fused"),
+                     micro_batch=64) in outcome.first_launch
     # The winner's and its own setting's runs compiled afresh and fit: nothing said of them.
     for label in ("bf16/max-autotune+opt=fused", "bf16/max-autotune"):
         assert Candidate(knobs=Knobs.from_label(label), micro_batch=32) not in \

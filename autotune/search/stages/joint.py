@@ -135,39 +135,65 @@ def proposals(ex: Executor) -> list[Proposal]:
 
 
 def relieved(ev: Evidence, leader: Candidate) -> list[tuple[Candidate, Skip]]:
-    """Each run without checkpointing that ran every step but peaked over the usable budget
-    (inside the headroom: over the cap it would not have run) and whose speed reaches the
-    leader's within the noise, timed at its micro-batch with each checkpointing value that
-    frees memory, and with each value of the timing knobs, one changed (``joint``,
-    ``over-budget``): checkpointing frees memory, and an optimizer implementation or a
-    memory format moves the peak a little either way, so either may land it under; neither
-    runs it faster than checkpointing lets it, so that run is its optimistic bound. Any
-    setting's, not only the leader's, at any micro-batch, not only its class's smallest
-    (``near-miss``): the knobs stage screens checkpointing on the leader alone, whose fit
-    may hold no gain, while a class whose larger micro-batch ran ahead over the budget wins
-    there with it (the replay's budget-shrink and precision-swap tables: compiled code over
-    the budget at 8, ahead of the leader; checkpointed at 8, the best)."""
+    """Each run that ran every step but peaked over the usable budget (inside the headroom:
+    over the cap it would not have run), timed at its micro-batch with each checkpointing
+    value that frees memory (other than its own) and with each value of the timing knobs, one
+    changed (``joint``, ``over-budget``), where that change could reach the leader within the
+    noise: checkpointing frees memory and runs it no faster (the run is its optimistic
+    bound), and an optimizer implementation or a memory format moves the peak a little
+    either way, so either may land it under, at up to the gain that value showed elsewhere
+    (``value_gains``). Any setting's, checkpointed or not, at any micro-batch, not only its
+    class's smallest (``near-miss``): the knobs stage screens checkpointing on the leader
+    alone, whose fit may hold no gain, while a class whose larger micro-batch ran ahead over
+    the budget wins there with it (the replay's budget-shrink and precision-swap tables:
+    compiled code over the budget at 8, ahead of the leader; checkpointed at 8, the best),
+    and a checkpointed run just over the budget lands under it with a memory format that
+    both frees a little and runs faster (the budget-shrink tables of a CNN)."""
     top = ev.score(leader, full=True) or 0.0
     ckpt = next(k for k in KNOBS if k.name == "checkpointing")
-    offered = [("checkpointing", v) for v in ckpt.frees_memory
-               if v in ev.plan.values.get("checkpointing", ())]
+    gains = value_gains(ev)
     found: list[tuple[Candidate, Skip]] = []
     for key, result in ev.results.items():
-        if key.knobs.checkpointing != ckpt.default or not top or fits(ev, key) \
-                or result.status in OUT_OF_MEMORY:
+        if not top or fits(ev, key) or result.status in OUT_OF_MEMORY:
             continue
         sps = score(objective(result, ev.settings), ev.settings)
         noise = ev.noise(key, leader)
-        if not sps or Interval(top, noise).beats(sps):
+        if not sps:
             continue
-        timing = [(k.name, v) for k in TIMING for v in ev.plan.values.get(k.name, ())
-                  if v != getattr(key.knobs, k.name)]
-        found += [(c, skip("joint", c.key(), "over-budget", over=key.key(), share=sps / top,
-                           leader=leader.key(), peak=result.peak_bytes or 0,
-                           usable=ev.plan.usable, noise=noise))
-                  for name, v in [*offered, *timing] if skip_reason(
-                      (c := replace_knob(key, name, v)).knobs, ev.traits) is None]
+        offered = [(ckpt, v, 1.0) for v in ckpt.frees_memory
+                   if v in ev.plan.values.get("checkpointing", ())
+                   and v != key.knobs.checkpointing]
+        timing = [(k, v, gains.get((k.name, v), 1.0)) for k in TIMING
+                  for v in ev.plan.values.get(k.name, ()) if v != getattr(key.knobs, k.name)]
+        for knob, v, gain in [*offered, *timing]:
+            c = replace_knob(key, knob.name, v)
+            if Interval(top, noise).beats(sps * gain) or skip_reason(c.knobs, ev.traits):
+                continue
+            alone = not Interval(top, noise).beats(sps)  # (its speed alone reaches it)
+            found.append((c, skip(
+                "joint", c.key(), "over-budget" if alone else "over-budget-gain",
+                over=key.key(), share=sps / top, leader=leader.key(),
+                peak=result.peak_bytes or 0, usable=ev.plan.usable, noise=noise,
+                **({} if alone else {"value": f"{knob.tag}={v}", "gain": gain}))))
     return found
+
+
+def value_gains(ev: Evidence) -> dict[tuple[str, str], float]:
+    """Per timing knob's value, the most it ran faster than its setting without it (the knob
+    at its default, the rest the same) at one micro-batch, over every pair timed in full:
+    what a run over the budget may gain with it (``relieved``). At least 1: a value not timed
+    beside its default yet is bounded by the run alone."""
+    gains: dict[tuple[str, str], float] = {}
+    for key in ev.results:
+        sps = ev.score(key, full=True)
+        for k in TIMING:
+            value = getattr(key.knobs, k.name)
+            if value == k.default or not sps:
+                continue
+            base = ev.score(replace_knob(key, k.name, k.default), full=True)
+            if base:
+                gains[(k.name, value)] = max(gains.get((k.name, value), 1.0), sps / base)
+    return gains
 
 
 def down(ev: Evidence, leader: Candidate) -> list[tuple[Candidate, Skip]]:
