@@ -275,3 +275,20 @@ def test_a_baseline_that_peaks_over_the_budget_when_timed_again_is_walked_down()
     winner = pick_winner(outcome.records, SETTINGS)
     assert winner is not None and (winner.knobs.label(), winner.micro_batch) == ("fp32/off", 16)
     assert not any(s.startswith("fp32/off: micro-batches 16") for s in outcome.skipped)
+
+
+def test_a_sibling_of_another_precision_does_not_predict_an_eager_setting_s_walk() -> None:
+    # fp32 eager leads at 32 and runs 0.9x there at 16; bf16 eager runs 0.9x the leader at 32
+    # and 1.3x at 16 (half the bytes per element: the micro-batch whose working set fits a
+    # cache moves with the precision). fp32's ratio of 16 to 32 predicted bf16 no faster at
+    # 16, and bf16/off/16, the best, was never timed (the precision-swap tables of the
+    # replay: 0.70 of the best).
+    device = ScriptedDevice(by_class(200, 100, 100, 180, 100, 100),
+                            shapes={"bf16/off": lambda m: {32: 1.0, 16: 1.3}.get(m, 0.8)})
+    outcome, records = search(device)
+    assert records["fp32/off/16"].verdict != "oom"  # the sibling walked 16 first
+    assert "bf16/off/16" in records
+    winner = pick_winner(outcome.records, SETTINGS)
+    assert (winner.knobs.label(), winner.micro_batch) == ("bf16/off", 16)
+    # (No bf16 sibling was timed at both 16 and 32, so nothing predicted bf16 eager's walk.)
+    assert not any(s.rule == "sibling-ratio" and s.target == "bf16/off" for s in outcome.skips)

@@ -186,7 +186,11 @@ def sibling_ratio(ev: Evidence, knobs: Knobs, walked: Sequence[int],
     faster at ``micro_batch`` (its own walk down), so this one, scaled by the sibling's
     ratio, is predicted not faster than its best by more than the noise. What grows with
     the micro-batch is the same work in both (the knobs between them change how much, not
-    the trend).
+    the trend). An eager setting takes a sibling of its own precision only: the bytes per
+    element set the micro-batch whose working set fits a cache, so another precision's
+    ratio does not carry over (the replay's precision-swap tables: bf16 eager ran 1.6x at
+    micro-batch 1 what it ran at 2, where fp32's ratio said 1.05x, and was never timed
+    there: 0.70 of the best).
 
     A compiled setting, the leader's too, needs that evidence the other way to be walked
     (each micro-batch it steps down costs a compile of its own): time per micro-batch
@@ -215,7 +219,8 @@ def sibling_ratio(ev: Evidence, knobs: Knobs, walked: Sequence[int],
     def pair(other: Knobs) -> tuple[Candidate, Candidate] | None:
         at, at_best = (Candidate(knobs=other, micro_batch=x) for x in (micro_batch, best_m))
         runs = [ev.results.get(c) for c in (at, at_best)]
-        if other == knobs or any(r is None or r.num_alloc_retries for r in runs):
+        if other == knobs or any(r is None or r.num_alloc_retries for r in runs) or (
+                not compiled and other.precision != knobs.precision):
             return None
         if any(ev.score(c, full=True) is None for c in (at, at_best)):
             return None
