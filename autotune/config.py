@@ -355,8 +355,11 @@ class MemoryProbe:
         return None if self.peak_bytes is None else self.usable_bytes - self.peak_bytes
 
     def fitting(self) -> tuple[int, ...]:
-        """Candidate micro-batches up to the largest that fits."""
-        return tuple(m for m in self.candidates if m <= self.max_micro_batch)
+        """Candidate micro-batches up to the largest that fits, less any the probe saw fail
+        (memory need not grow with the micro-batch: ``memory.rising_gap``)."""
+        failed = {s.micro_batch for s in self.steps if not s.fits}
+        return tuple(m for m in self.candidates
+                     if m <= self.max_micro_batch and m not in failed)
 
 
 @dataclass(frozen=True, kw_only=True)

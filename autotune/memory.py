@@ -9,6 +9,7 @@ boundary and one or two more probes confirm it; before that the search bisects i
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -244,6 +245,10 @@ def probe_steps(
                                              over_bytes=budget_bytes, flat=flat))
         if micro_batch is not None:
             may_be_largest = is_largest_candidate(micro_batch, cands, points, usable_bytes)
+        elif not stopped:
+            gap = rising_gap(cands, steps, budget_bytes, usable_bytes)
+            micro_batch = advance(gap[len(gap) // 2]) if gap else None
+            may_be_largest = False  # (the search times the boundary once it is found)
 
     lo, _ = bracket(points)
     best = next((s for s in steps if s.micro_batch == lo and s.fits), None)
@@ -253,6 +258,46 @@ def probe_steps(
         peak_bytes=best.peak_bytes if best else None, budget_bytes=budget_bytes,
         usable_bytes=usable_bytes, candidates=tuple(cands), steps=tuple(steps), notes=notes,
     )
+
+
+GAP_EXCESS_SHARE = 0.5
+"""``rising_gap``: the most a larger micro-batch's failure may overshoot the cap, as a share
+of the smaller one's overshoot, for the micro-batches between to be probed."""
+
+
+def rising_gap(candidates: Sequence[int], steps: Sequence[ProbeStep], budget_bytes: int,
+               usable_bytes: int) -> list[int]:
+    """Where nothing fit and a smaller micro-batch failed at a higher peak than a larger one
+    did, the candidates not yet run between the largest such smaller one and the next
+    micro-batch run above it, where that one failed nearer the cap (its peak over the cap by
+    at most ``GAP_EXCESS_SHARE`` of the smaller one's excess: the need falls toward the cap
+    across the gap, so one between may land under it); else none. "Nothing fits"
+    rests on memory growing with the micro-batch, and these peaks deny it here: a CPU kernel
+    picks its workspace by shape (tiny_cnn on the Xeon, bf16 eager: micro-batch 1 peaked at
+    35 MiB out of memory, 16 at 28.7 against a 25.5 MiB cap, while 2 and 4 fit in 23; its
+    compiled classes failed at 114-131 MiB at every micro-batch, a floor the compile sets,
+    and nothing between fits). Once one between fits, the candidates between it and the
+    next run above it (a failure there is the boundary); a probe whose fit came without a
+    failure below it was decided by the bracket. Each step runs a candidate not run yet, the
+    middle one of the gap: the probe ends."""
+    ran = {s.micro_batch for s in steps}
+    if any(s.fits for s in steps):
+        lo = max(s.micro_batch for s in steps if s.fits)
+        if not any(s.micro_batch < lo and not s.fits for s in steps):
+            return []  # (found without a rising peak: the bracket decided it)
+        high = min((m for m in ran if m > lo), default=math.inf)
+        return [c for c in candidates if lo < c < high and c not in ran]
+    peaks = sorted((s.micro_batch, s.peak_bytes) for s in steps if s.peak_bytes)
+    rises = [m for i, (m, peak) in enumerate(peaks)
+             if any(peak > other for _, other in peaks[i + 1:])]
+    if not rises:
+        return []
+    low = max(rises)
+    high = min((m for m in ran if m > low), default=math.inf)
+    excess = {m: p - budget_bytes for m, p in peaks}
+    if high not in excess or excess[high] > GAP_EXCESS_SHARE * excess[low]:
+        return []
+    return [c for c in candidates if low < c < high and c not in ran]
 
 
 def _notes(steps: list[ProbeStep]) -> tuple[str, ...]:

@@ -130,6 +130,58 @@ def _scripted(peak_mib: Callable[[int], float], cap_mib: float,
     return run
 
 
+def _peaked(peak_mib: dict[int, float], cap_mib: float,
+            ran: list[int]) -> Callable[[TrialSpec], TrialResult]:
+    """A run whose peak is ``peak_mib[micro_batch]``: out of memory over ``cap_mib``, with
+    the peak it reached (as a capped child reports it)."""
+
+    def run(spec: TrialSpec) -> TrialResult:
+        ran.append(spec.micro_batch)
+        peak = int(peak_mib[spec.micro_batch] * MIB)
+        return TrialResult(status="oom" if peak > cap_mib * MIB else "ok", peak_bytes=peak,
+                           message="out of memory" if peak > cap_mib * MIB else "",
+                           wall_s=1.0)
+
+    return run
+
+
+# tiny_cnn on the Xeon, bf16 eager (the recorded table's peaks, MiB): micro-batch 1 needs
+# more than 2 and 4, and 8 and up more again.
+NOT_MONOTONE = {1: 35.3, 2: 22.9, 4: 23.0, 8: 27.5, 16: 28.7, 32: 31.5, 64: 36.9}
+
+
+@pytest.mark.parametrize(("usable", "found", "runs", "fitting"), [
+    # 16, 8 and 1 fail, 1 at a higher peak than 8: 4 (the gap's middle) fits, and nothing
+    # lies between it and 8
+    (25.0, 4, [16, 8, 1, 4], (2, 4)),
+    (22.95, 2, [16, 8, 1, 4, 2], (2,)),  # 4 over too: the gap below it
+    (22.0, 0, [16, 8, 1, 4, 2], ()),  # nothing between fits either
+    (40.0, 64, [16, 32, 64], (1, 2, 4, 8, 16, 32, 64)),  # memory to spare: as ever
+])
+def test_a_smaller_micro_batch_failing_at_a_higher_peak_opens_the_ones_between(
+        usable: float, found: int, runs: list[int], fitting: tuple[int, ...]) -> None:
+    ran: list[int] = []
+    probe = probe_memory(TINY, "cpu", FP32, divisors(64), budget_bytes=int(usable / 0.9 * MIB),
+                         usable_bytes=int(usable * MIB), hint=16,
+                         run=_peaked(NOT_MONOTONE, usable / 0.9, ran))
+    assert probe.max_micro_batch == found
+    assert ran == runs
+    assert probe.fitting() == fitting  # never 1 below a fit: the probe saw it fail
+
+
+@pytest.mark.parametrize("peaks", [
+    {m: 12.0 + m for m in divisors(64)},  # grows with the micro-batch: 1 fails lowest
+    # a floor the compile sets (tiny_cnn's compiled classes on the Xeon): 1 fails higher,
+    # but 8 and 16 fail 114 MiB over the 10 MiB cap, more than GAP_EXCESS_SHARE of 1's 121
+    {**{m: 124.0 for m in divisors(64)}, 1: 131.0},
+])
+def test_a_failure_that_rises_no_nearer_the_cap_opens_nothing(peaks: dict[int, float]) -> None:
+    ran: list[int] = []
+    probe = probe_memory(TINY, "cpu", FP32, divisors(64), budget_bytes=10 * MIB,
+                         usable_bytes=9 * MIB, hint=16, run=_peaked(peaks, 10.0, ran))
+    assert probe.max_micro_batch == 0 and ran == [16, 8, 1]
+
+
 @pytest.mark.parametrize("known_at_8", ["ok", "timeout", "none", "not a candidate"])
 def test_known_runs_put_their_peaks_on_the_line_from_the_start(known_at_8: str) -> None:
     # 100 MiB + 40 a sample, cap 1000 (usable 900): 16 fits (740), 32 does not (1380). A run
