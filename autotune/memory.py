@@ -287,7 +287,8 @@ def rising_gap(candidates: Sequence[int], steps: Sequence[ProbeStep], budget_byt
             return []  # (found without a rising peak: the bracket decided it)
         high = min((m for m in ran if m > lo), default=math.inf)
         return [c for c in candidates if lo < c < high and c not in ran]
-    peaks = sorted((s.micro_batch, s.peak_bytes) for s in steps if s.peak_bytes)
+    peaks = sorted((s.micro_batch, s.peak_bytes) for s in steps  # memory verdicts alone
+                   if s.peak_bytes and s.status in ("ok", MEMORY_STATUS))
     rises = [m for i, (m, peak) in enumerate(peaks)
              if any(peak > other for _, other in peaks[i + 1:])]
     if not rises:

@@ -169,6 +169,24 @@ def test_a_smaller_micro_batch_failing_at_a_higher_peak_opens_the_ones_between(
     assert probe.fitting() == fitting  # never 1 below a fit: the probe saw it fail
 
 
+def test_a_crash_at_a_higher_peak_says_nothing_of_memory() -> None:
+    # Micro-batch 1 crashed (killed, not out of memory) at a peak above 16's failure: a crash is no
+    # memory verdict, so nothing between is probed.
+    ran: list[int] = []
+    oom = _peaked(NOT_MONOTONE, 25.0 / 0.9, ran)
+
+    def run(spec: TrialSpec) -> TrialResult:
+        result = oom(spec)
+        if spec.micro_batch == 1:
+            return TrialResult(status="crash", peak_bytes=result.peak_bytes,
+                               message="child killed by SIGSEGV", wall_s=1.0)
+        return result
+
+    probe = probe_memory(TINY, "cpu", FP32, divisors(64), budget_bytes=int(25.0 / 0.9 * MIB),
+                         usable_bytes=int(25.0 * MIB), hint=16, run=run)
+    assert probe.max_micro_batch == 0 and ran == [16, 8, 1]
+
+
 @pytest.mark.parametrize("peaks", [
     {m: 12.0 + m for m in divisors(64)},  # grows with the micro-batch: 1 fails lowest
     # a floor the compile sets (tiny_cnn's compiled classes on the Xeon): 1 fails higher,
