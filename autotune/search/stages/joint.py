@@ -20,7 +20,7 @@ proposed from what they found, until none is left. ``docs/search.md`` states the
 from __future__ import annotations
 
 from autotune.config import Knobs
-from autotune.knobs import KNOBS, skip_reason
+from autotune.knobs import KNOB, KNOBS, skip_reason
 from autotune.search import reach_bounds
 from autotune.search._records import OUT_OF_MEMORY, Candidate, objective, score
 from autotune.search.batch import run_batches
@@ -150,7 +150,7 @@ def relieved(ev: Evidence, leader: Candidate) -> list[tuple[Candidate, Skip]]:
     and a checkpointed run just over the budget lands under it with a memory format that
     both frees a little and runs faster (the budget-shrink tables of a CNN)."""
     top = ev.score(leader, full=True) or 0.0
-    ckpt = next(k for k in KNOBS if k.name == "checkpointing")
+    ckpt = KNOB["checkpointing"]
     gains = value_gains(ev)
     found: list[tuple[Candidate, Skip]] = []
     for key, result in ev.results.items():
@@ -165,11 +165,11 @@ def relieved(ev: Evidence, leader: Candidate) -> list[tuple[Candidate, Skip]]:
                    and v != key.knobs.checkpointing]
         timing = [(k, v, gains.get((k.name, v), 1.0)) for k in TIMING
                   for v in ev.plan.values.get(k.name, ()) if v != getattr(key.knobs, k.name)]
+        alone = not Interval(top, noise).beats(sps)  # (its speed alone reaches the leader)
         for knob, v, gain in [*offered, *timing]:
             c = replace_knob(key, knob.name, v)
             if Interval(top, noise).beats(sps * gain) or skip_reason(c.knobs, ev.traits):
                 continue
-            alone = not Interval(top, noise).beats(sps)  # (its speed alone reaches it)
             found.append((c, skip(
                 "joint", c.key(), "over-budget" if alone else "over-budget-gain",
                 over=key.key(), share=sps / top, leader=leader.key(),
@@ -205,7 +205,7 @@ def down(ev: Evidence, leader: Candidate) -> list[tuple[Candidate, Skip]]:
     micro-batch."""
     top = ev.score(leader, full=True) or 0.0
     found: list[tuple[Candidate, Skip]] = []
-    ckpt = next(k for k in KNOBS if k.name == "checkpointing")
+    ckpt = KNOB["checkpointing"]
     for a_knobs, anchor in anchors(ev).items():
         twin = Candidate(knobs=a_knobs, micro_batch=anchor.micro_batch)
         base, base_score = ev.results.get(twin), ev.score(twin)

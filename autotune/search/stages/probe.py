@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from autotune.config import Knobs, MemoryProbe
 from autotune.errors import BROKEN
-from autotune.knobs import KNOBS, skip_reason, timed_baseline
+from autotune.knobs import KNOB, KNOBS, skip_reason, timed_baseline
 from autotune.memory import Steps, broken_uncapped, drive, hint_for, probe_steps
 from autotune.search import bounds, fits, reach_bounds
 from autotune.search._records import Candidate
@@ -282,7 +282,7 @@ def out_of_memory_everywhere(ex: Executor) -> None:
     one's probe fit nothing, a class whose eager class peaks no lower is not probed
     (``reach_bounds.oom_class_peak``)."""
     ev, smallest = ex.ev, ex.plan.micro_batches[0]
-    ckpt = next(k for k in KNOBS if k.name == "checkpointing")
+    ckpt = KNOB["checkpointing"]
     missed: list[Knobs] = []  # the classes whose probe with it fit nothing
     # The most promising precision first (its best), compile mode default before the
     # others: what one finds bounds the next.
