@@ -75,6 +75,9 @@ class ScriptedDevice:
     """Per ``label/micro_batch``, each timed run's step-time factor in turn (1.8: a run that
     stalled 1.8x slower; past the tuple's end, 1.0): the noise between runs of one config."""
     timed_runs_of: dict[str, int] = field(default_factory=dict)
+    oom_peak: bool = False
+    """An out-of-memory run reports the peak it needed (as the replay's recorded tables keep
+    it; a live run reports what it had reached when the allocation failed); else none."""
     specs: list[TrialSpec] = field(default_factory=list)
     timed_steps: list[int] = field(default_factory=list)
     """Timed steps of each run that fitted, in order."""
@@ -88,7 +91,8 @@ class ScriptedDevice:
         peak = int(self.peaks.get(spec.knobs.label(), self.peak_mib)(spec.micro_batch) * MIB)
         info = {"samples_per_step": spec.micro_batch * spec.accumulate_steps, "wall_s": 1.0}
         if peak > BUDGET:
-            return TrialResult(status="oom", message="CUDA out of memory", **info)
+            return TrialResult(status="oom", message="CUDA out of memory",
+                               peak_bytes=peak if self.oom_peak else None, **info)
         shape = self.shapes.get(spec.knobs.label(), self.shape)
         sps = self.speed[spec.knobs.label()] * shape(spec.micro_batch)
         step_s = info["samples_per_step"] / sps
@@ -225,7 +229,8 @@ class KnobDevice(ScriptedDevice):
             - self.impl_saves_mib.get(spec.knobs.optimizer_impl, 0.0)
             - (self.format_saves_mib if channels_last else 0.0)
             + self.extra_mib(spec.knobs, m),
-            retries_at=self.retries_at, update_share=self.update_of(spec.knobs))(scaled)
+            retries_at=self.retries_at, update_share=self.update_of(spec.knobs),
+            oom_peak=self.oom_peak)(scaled)
         self.specs.append(spec)
         return replace(result, traits=self.traits)
 

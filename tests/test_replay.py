@@ -153,3 +153,18 @@ def test_a_rule_is_charged_only_with_the_micro_batches_its_skip_left_out() -> No
     _, named = skipped_of(Skip("behind-refine", "fp32/off", {"untimed": "4, 2, 1"},
                                context="not-timed"))
     assert [m for m in (1, 2, 4, 8) if named(m)] == [1, 2, 4]
+
+
+def test_the_near_miss_bound_covers_what_a_value_took_off_a_recorded_peak() -> None:
+    """``VALUE_PEAK_DROP`` (rule ``near-miss``) covers what an optimizer implementation or a
+    memory format took off a CPU run's peak of 10 MiB or more on the recorded tables
+    (``benchmarks/value_peaks.py``): at least 95% of those drops, at most 99% (the last
+    percent, up to 35%, would open a near miss at 1.5x the usable memory)."""
+    from value_peaks import pairs
+
+    from autotune.search.fits import VALUE_PEAK_DROP
+
+    drops = sorted(1 - ratio for ratio, _, _, peak_mib in pairs() if peak_mib >= 10)
+    assert len(drops) > 1000
+    covered = sum(d <= VALUE_PEAK_DROP for d in drops) / len(drops)
+    assert 0.95 <= covered <= 0.99

@@ -152,15 +152,33 @@ def known_baseline(ev: Evidence) -> Candidate | None:
     return max(fits, key=lambda c: c.micro_batch, default=None)
 
 
-def near_miss(ev: Evidence, knobs: Knobs) -> int | None:
-    """The peak of ``knobs`` at the smallest micro-batch where that run went through every
-    step under the cap but peaked over the usable memory (rule ``near-miss``): a miss inside
-    the headroom, the margin kept for the allocator's run-to-run noise, so a value that frees
-    no memory by design may land under it. None: it fit, failed, or was not run there."""
+VALUE_PEAK_DROP = 0.25
+"""The share of a run's peak that a knob value freeing no memory by design (an optimizer
+implementation, a memory format) may take off it: on the recorded CPU tables, of 1,408 such
+values set beside their setting at peaks of 10 MiB or more, 95% took at most 23% off its
+peak, 99% at most 27%, one 35% (channels_last on the EPYC CNN at 11.6 MiB); the deep GPT's
+foreach optimizer took 22% off at micro-batch 1 (``benchmarks/value_peaks.py``): mostly at
+small micro-batches, where the allocator's blocks and a kernel's workspace weigh most. A
+miss within it of the usable memory is near (rule ``near-miss``)."""
+
+
+def near_miss(ev: Evidence, knobs: Knobs) -> tuple[int, bool] | None:
+    """The peak of ``knobs`` at the smallest micro-batch where that run missed the usable
+    memory by no more than a value freeing no memory by design may take off a peak (rule
+    ``near-miss``), and whether it went through every step under the cap (a miss inside the
+    headroom, the margin kept for the allocator's run-to-run noise) or, fp32 eager's (whose
+    rescue tries only the values that free memory), ran out of memory there
+    (``VALUE_PEAK_DROP``; a live run reports the peak it had reached when an allocation
+    failed, at most the cap, so on a live machine any out-of-memory there is near; the
+    replay's tables keep what the run needed). None: it fit, failed otherwise, or was not
+    run there."""
     probe = ev.probes.get(knobs)
     smallest = ev.plan.micro_batches[0]
     step = next((s for s in (probe.steps if probe else ()) if s.micro_batch == smallest), None)
-    if step is None or step.fits or step.status != "ok" or not step.peak_bytes \
-            or not ev.usable < step.peak_bytes <= ev.plan.report.budget_bytes:
+    if step is None or step.fits or not step.peak_bytes or step.peak_bytes <= ev.usable:
         return None
-    return step.peak_bytes
+    headroom = step.status == "ok" and step.peak_bytes <= ev.plan.report.budget_bytes
+    if headroom or (step.status == "oom" and knobs == ev.plan.base
+                    and step.peak_bytes * (1 - VALUE_PEAK_DROP) <= ev.usable):
+        return step.peak_bytes, headroom
+    return None

@@ -69,7 +69,8 @@ RULES: Mapping[str, str] = {
     # notes on the space
     "baseline-rescued": "fp32 eager fits nothing: the first value that frees memory is the "
                         "baseline",
-    "near-miss": "a class whose smallest micro-batch peaked inside the headroom has the "
+    "near-miss": "a class whose smallest micro-batch peaked inside the headroom (fp32 eager: "
+                 "or ran out of memory within what a value may take off a peak) has the "
                  "values that free no memory by design probed there too",
     "fsdp-root": "FSDP2 without repeated blocks shards the root alone",
     "probe": "a memory probe's own note",

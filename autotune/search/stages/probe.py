@@ -250,22 +250,25 @@ def rescue_baseline(ex: Executor) -> bool:
 
 
 def near_miss(ex: Executor, setting: Knobs) -> None:
-    """``setting``'s smallest micro-batch ran under the cap but peaked over the usable memory
-    (``fits.near_miss``, rule ``near-miss``): each value the plan offers of a knob that frees
+    """``setting``'s smallest micro-batch peaked over the usable memory, inside the headroom
+    or out of memory within what a value may take off a peak (``fits.near_miss``, rule
+    ``near-miss``): each value the plan offers of a knob that frees
     no memory by design is probed on it from there up (one knob changed, as the rescue's),
     for it may land under; one that fits is a setting like any probed. Where nothing rescued
     the baseline (``setting`` fp32 eager), the first that fits here is the baseline."""
-    peak, smallest = fits.near_miss(ex.ev, setting), ex.plan.micro_batches[0]
-    if peak is None:
+    missed, smallest = fits.near_miss(ex.ev, setting), ex.plan.micro_batches[0]
+    if missed is None:
         return
+    peak, headroom = missed
     tried = [knobs for knob in KNOBS[2:] for value in ex.plan.values.get(knob.name, ())
              if value != knob.default and value not in knob.frees_memory
              and not skip_reason(knobs := setting.with_(**{knob.name: value}), ex.ev.traits)
              and knobs not in ex.ev.probes]
     if tried:
         ex.ev.decide(skip("near-miss", Candidate(knobs=setting, micro_batch=smallest).key(),
-                          peak=peak, usable=ex.plan.usable, budget=ex.plan.report.budget_bytes,
-                          tried=", ".join(k.label() for k in tried)))
+                          "headroom" if headroom else "oom", peak=peak,
+                          usable=ex.plan.usable, budget=ex.plan.report.budget_bytes,
+                          drop=fits.VALUE_PEAK_DROP, tried=", ".join(k.label() for k in tried)))
     for knobs in tried:
         probe = probe_setting(ex, knobs, hint=smallest)
         if probe.max_micro_batch and ex.ev.baseline is None and setting == ex.plan.base:
