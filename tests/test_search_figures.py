@@ -10,7 +10,7 @@ from dataclasses import replace
 from autotune.config import Knobs, TrialResult
 from autotune.report import short_reason
 from autotune.search import run_search, tuned_config
-from autotune.search._records import as_rounds_said, typical_run
+from autotune.search._records import Candidate, as_rounds_said, typical_run
 from tests.scripted import CLASSES, SLOW, ScriptedDevice, by_class, plan
 
 
@@ -28,14 +28,53 @@ def test_typical_run_is_the_median_of_three_full_runs_and_the_better_of_two() ->
     assert (three.median_step_s(), three.peak_bytes) == (0.7, 300)
     # Four: the faster of the middle two (a slow period only inflates times).
     assert typical_run([lucky, slow, usual, _run(0.75)]).median_step_s() == 0.7
-    # Two: the better (a stall is one-sided; of two runs, the slower may be the stalled one).
+    # Two further apart than the noise: the better (a stall is one-sided; of two runs, the
+    # slower may be the stalled one).
     assert typical_run([slow, usual]).median_step_s() == 0.7
+    assert typical_run([slow, usual], noise=0.14).median_step_s() == 0.7
     # A run stopped early (behind the leader) is no full run: two full ones, the better.
     assert typical_run([slow, usual, _run(0.6, steps=3, stop="behind")]
                        ).median_step_s() == 0.6
     # A run out of memory puts the candidate out, whatever its other runs timed.
     oom = TrialResult(status="oom", message="CUDA out of memory", samples_per_step=64)
     assert typical_run([lucky, oom, usual, slow]).status == "oom"
+
+
+def test_two_runs_within_the_measured_noise_read_as_their_geometric_mean() -> None:
+    # Two full runs 0.70 and 0.77 s a step (10% apart) on a machine whose other configs' two
+    # runs landed 12% apart: two draws of one config, read as their geometric mean (the better
+    # of two is the luckier), with the larger peak. On a machine whose runs land 5% apart,
+    # 10% says one of them stalled: the better. The order of the runs does not matter.
+    usual, slower = _run(0.7, peak=300), _run(0.77, peak=200)
+    for runs in ([usual, slower], [slower, usual]):
+        mean = typical_run(runs, noise=0.12)
+        assert math.isclose(mean.median_step_s() or 0.0, math.sqrt(0.7 * 0.77))
+        assert mean.peak_bytes == 300 and mean.ok
+        assert typical_run(runs, noise=0.05).median_step_s() == 0.7
+    # One full run and one stopped early are not two draws: the better.
+    assert typical_run([slower, _run(0.72, steps=3, stop="behind")], noise=0.12
+                       ).median_step_s() == 0.72
+
+
+def test_two_runs_are_judged_by_the_drift_of_the_other_configs_not_their_own() -> None:
+    # The leader's two runs land 40% apart (a busy minute on its second); the others' two runs
+    # landed 1-2% apart: the leader's gap is judged against theirs (it stalled, and keeps its
+    # better run: ``test_a_leader_whose_two_runs_drifted_apart...`` picks it), never against
+    # a median its own 40% pulled up.
+    from autotune.search.evidence import Evidence
+    from autotune.search.plan import Plan
+
+    evidence = Evidence(Plan.of(plan(), CLASSES, {}), SLOW)
+    keys = [Candidate(knobs=k, micro_batch=32) for k in CLASSES[:3]]
+    evidence.drift.update(zip(keys, (0.02, 0.01, 0.4), strict=True))
+    assert [round(evidence.drift_beside(k), 6) for k in keys] == [0.205, 0.21, 0.015]
+    # So the leader's figure is its better run, and a pair within 1.5% its mean.
+    stalled = [_run(0.5), _run(0.7)]
+    assert typical_run(stalled, evidence.drift_beside(keys[2])).median_step_s() == 0.5
+    assert typical_run(stalled, evidence.drift_beside(keys[0])).median_step_s() == 0.5
+    close = [_run(0.5), _run(0.505)]
+    assert math.isclose(typical_run(close, evidence.drift_beside(keys[2])).median_step_s()
+                        or 0.0, math.sqrt(0.5 * 0.505))
 
 
 def test_as_rounds_said_puts_the_pair_in_the_rounds_ratio_about_their_own_figures() -> None:

@@ -245,24 +245,43 @@ def keep_better(first: TrialResult, again: TrialResult) -> TrialResult:
     return replace(kept, peak_bytes=max(peaks)) if peaks else kept
 
 
-def typical_run(runs: Sequence[TrialResult]) -> TrialResult:
+def typical_run(runs: Sequence[TrialResult], noise: float = 0.0) -> TrialResult:
     """The run a candidate's figures are read from (its record, the table, the speedups and
     the pick), of all its runs (``Evidence.timed``). With three or more full timed runs (ok,
     not stopped early), the one whose median step time is their median (of an even count the
-    faster of the middle two); with fewer, the better of its runs (``keep_better``: a slow
-    period of the machine only inflates times, and of two runs one cannot tell the stalled
-    one from the typical). Best-of-k favours a candidate timed more often: under symmetric
-    noise its best run is its luckiest, and the pick leaned to whatever was re-measured most
-    (issue 59). Either way it carries the largest peak of its runs, and a run that ran out
-    of memory or leaked wins (the candidate is out, ``keep_better``)."""
+    faster of the middle two). With two full runs within ``noise`` of each other (this
+    machine's measured run-to-run noise, ``Evidence.noise_level``), their geometric mean
+    (``mean_of_two``); with two further apart, or fewer, the better of its runs
+    (``keep_better``: a slow period of the machine only inflates times, and two runs further
+    apart than the noise says one of them stalled). Best-of-k favours a candidate timed more
+    often: under symmetric noise its best run is its luckiest, and the pick leaned to
+    whatever was re-measured most (issue 59). Either way it carries the largest peak of its
+    runs, and a run that ran out of memory or leaked wins (the candidate is out,
+    ``keep_better``)."""
     kept = functools.reduce(keep_better, runs)
     full = sorted((r for r in runs if r.ok and r.median_step_s() and not r.leak_note()
                    and len(r.step_times_s) >= MIN_STEPS_TO_STOP
                    and r.timing_stop not in ("behind", "time_limit")),
                   key=lambda r: r.median_step_s() or math.inf)
-    if not kept.ok or kept.leak_note() or len(full) < 3:
+    if not kept.ok or kept.leak_note() or len(full) < 2:
         return kept
+    if len(full) == 2:
+        return mean_of_two(full[0], full[1], noise, kept)
     return replace(full[(len(full) - 1) // 2], peak_bytes=kept.peak_bytes)
+
+
+def mean_of_two(faster: TrialResult, slower: TrialResult, noise: float, kept: TrialResult
+                ) -> TrialResult:
+    """Of two full runs, ``faster`` with its step times scaled to the geometric mean of the
+    two medians where they lie within ``noise`` of each other (two draws of one config: the
+    better of two is the luckier), else ``kept`` (the better run: one of them stalled).
+    Either way with ``kept``'s peak (the larger of the two)."""
+    fast, slow = faster.median_step_s() or 0.0, slower.median_step_s() or 0.0
+    if not fast or slow / fast - 1 > noise:
+        return kept
+    scale = math.sqrt(slow / fast)
+    return replace(faster, step_times_s=tuple(t * scale for t in faster.step_times_s),
+                   peak_bytes=kept.peak_bytes)
 
 
 def as_rounds_said(run: TrialResult, rival: TrialResult, shares: Sequence[float]

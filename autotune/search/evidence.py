@@ -348,6 +348,15 @@ class Evidence:
         gaps = sorted(self.drift.values())
         return max(self.settings.confirm_within, statistics.median(gaps) if gaps else 0.0)
 
+    def drift_beside(self, key: Candidate) -> float:
+        """How far two runs of one config land apart here as measured on the others than
+        ``key`` (the median of their ``drift``; 0 before any other ran twice): whether
+        ``key``'s two runs are two draws of one config or one of them stalled
+        (``typical_run``), which their own gap cannot say. Measured only, without
+        ``confirm_within``'s floor: a setting, not a measurement."""
+        gaps = sorted(g for k, g in self.drift.items() if k != key)
+        return statistics.median(gaps) if gaps else 0.0
+
     def refine_floor(self) -> float:
         """The least share of the leader's score a setting's best needs to be refined (its
         smaller micro-batches timed, a precision's other compile modes tried):
@@ -420,10 +429,11 @@ class Evidence:
         result = self.results[key]
         if key in self.out or key not in self.timed:
             return result
-        run = typical_run(self.timed[key])
+        run = typical_run(self.timed[key], self.drift_beside(key))
         rival = self.rivals.get(key)
         if rival is not None and rival in self.timed and rival not in self.out:
-            run = as_rounds_said(run, typical_run(self.timed[rival]), self.round_shares[key])
+            run = as_rounds_said(run, typical_run(self.timed[rival], self.drift_beside(rival)),
+                                 self.round_shares[key])
         return run
 
     def figured(self) -> dict[Candidate, TrialRecord]:
