@@ -109,7 +109,8 @@ class TrialRecord(HasKnobs):
     wall_s: Float | None = None
     num_runs: Positive = 1
     """Times it was measured; a close race is re-measured: its figures are the median of
-    three or more full runs, the better of two (``search._records.typical_run``)."""
+    three or more full runs; of two, their geometric mean within the drift other configs
+    showed, else the better (``search._records.typical_run``)."""
     timed_s: Float | None = None
     """Seconds of timed steps over all its runs (what the search spent timing it)."""
     round_shares: tuple[Float, ...] = ()
