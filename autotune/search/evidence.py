@@ -12,6 +12,7 @@ modules read its fields and write only through its methods (``took``, ``remeasur
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -108,7 +109,13 @@ class Evidence:
     run now."""
     stored: set[Candidate] = field(default_factory=set)
     """Candidates whose timing came from the local study store: re-checked before they pick
-    (their ``held`` is their better run, their ``runs`` the store's count)."""
+    (their ``held`` is their first run, their ``runs`` the store's count)."""
+    stored_rest: dict[Candidate, list[TrialResult]] = field(default_factory=dict)
+    """The local store's later runs of each candidate: they join its record at its re-check,
+    or as the search ends (``join_stored``), never answering an ask (a re-measure of a stored
+    timing runs afresh). Until then the candidate reads as the search that ran it first read
+    it: a re-check decides on fresh evidence, not on what a later run of it carried (a CPU
+    peak moves by a few 100 KiB a run)."""
     reached: set[Candidate] = field(default_factory=set)
     """Candidates this search asked for: a probe starts from those of its setting."""
     cold: dict[Candidate, TrialResult] = field(default_factory=dict)
@@ -162,15 +169,17 @@ class Evidence:
         """What the study holds as the search starts: its timed runs in this search's space
         (``held``), its memory probes, the workload's traits from any run, and each run
         that compiled afresh (``note_cold``). ``local``: the local store, a cache whose
-        timings are re-checked, not replayed: each candidate's better run answers its first
-        ask, and a re-measure runs afresh (``stored``)."""
+        timings are re-checked, not replayed: each candidate's first run answers its first
+        ask (as the search that ran it read it), its later runs wait (``stored_rest``), and a
+        re-measure runs afresh (``stored``)."""
         self.held = {c: r for c, r in completed.items() if self.plan.allowed(c.knobs)}
         self.probe_runs = probed
         held = [(k, r) for k, runs in self.held.items() for r in runs]
         self.traits = next((r.traits for _, r in held if r.traits is not None), None)
         if local:
             self.stored, self.runs = set(self.held), {k: len(v) for k, v in self.held.items()}
-            self.held = {k: [self.held_best(k)] for k in self.held}
+            self.stored_rest = {k: v[1:] for k, v in self.held.items() if len(v) > 1}
+            self.held = {k: v[:1] for k, v in self.held.items()}
         for key, result in [*self.probe_runs.items(), *held]:
             self.note_cold(key, result)
 
@@ -241,9 +250,20 @@ class Evidence:
         ``fresh`` (the stored run is stale) the fresh run alone counts."""
         self.stored.discard(key)
         if fresh:
+            self.stored_rest.pop(key, None)
             self.timed[key] = [again]
             self._keep(key, again)
+        else:
+            self.join_stored(key)
         self.decide(note)
+
+    def join_stored(self, key: Candidate) -> None:
+        """A local stored candidate's later runs (``stored_rest``) join its record: its count
+        has them already."""
+        rest = self.stored_rest.pop(key, [])
+        if rest and key in self.measured:
+            self.timed.setdefault(key, [self.measured[key]]).extend(rest)
+            self._keep(key, functools.reduce(keep_better, rest, self.measured[key]))
 
     def note_drift(self, key: Candidate, one: TrialResult, two: TrialResult) -> None:
         """How far apart two full timings of one candidate landed (``drift``)."""
@@ -300,8 +320,12 @@ class Evidence:
         """The stored runs of candidates this search never asked for join the race, each its
         better run (the race's re-measures of those asked for answer from the rest); with
         ``asked``, the rest too (the search ends: it picks from all the study holds)."""
+        if asked:
+            for key in [k for k in self.stored_rest if k in self.measured]:
+                self.join_stored(key)
         for key in [k for k in self.held if asked or k not in self.results]:
-            best, rest = self.held_best(key), self.held.pop(key)
+            best = self.held_best(key)
+            rest = self.held.pop(key) + self.stored_rest.pop(key, [])
             if key in self.results:
                 self.runs[key] = self.runs.get(key, 1) + len(rest)
                 best = keep_better(self.measured[key], best)
@@ -312,8 +336,9 @@ class Evidence:
             self._keep(key, best)
 
     def held_best(self, key: Candidate) -> TrialResult:
-        """The better of the study's runs of ``key`` not yet asked for (``keep_better``)."""
-        first, *rest = self.held[key]
+        """The better of the study's runs of ``key`` not yet asked for (``keep_better``), the
+        local store's later ones too."""
+        first, *rest = self.held[key] + self.stored_rest.get(key, [])
         for result in rest:
             first = keep_better(first, result)
         return first
