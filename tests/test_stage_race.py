@@ -159,7 +159,7 @@ def test_the_pick_says_by_how_much_it_leads_and_how_sure_that_is() -> None:
     assert gap is not None, config.reason
     # The search's own comparison says it (issue 62): the noise is the two runs' interval
     # (both ran twice here: no --confirm-within standing in for a second run).
-    from autotune.search.evidence import Interval, noise_between
+    from autotune.search.intervals import Interval, noise_between
     winner = next(r for r in config.trials if r.verdict == "winner")
     second = max((r for r in config.trials if r.verdict == "ok"), key=lambda r: r.samples_per_s)
     assert winner.num_runs == second.num_runs == 2

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 
 from autotune.config import Knobs, TrialResult
 from autotune.search._records import Candidate
-from autotune.search.evidence import Evidence, Interval
+from autotune.search.evidence import Evidence
+from autotune.search.intervals import Interval
 from autotune.search.plan import alike
 from autotune.search.rules import Skip, skip
 from autotune.timing import (

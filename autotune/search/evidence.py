@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -32,54 +31,11 @@ from autotune.search._records import (
     score,
     typical_run,
 )
+from autotune.search.intervals import noise_of
 from autotune.search.pick import pick_winner
 from autotune.search.plan import Plan
 from autotune.search.rules import Skip
 from autotune.timing import MIN_STEPS_TO_STOP
-
-
-@dataclass(frozen=True)
-class Interval:
-    """A figure (a score, a speed, a ratio) with the noise around it, relative: another figure
-    differs from it only outside ``[low, high]``. Every bound, cut and race of the search
-    compares through it ("beats the leader beyond the noise", ``docs/search.md``), so what the
-    noise is, and how it widens the figure, is said here once."""
-
-    value: float
-    noise: float
-
-    @property
-    def low(self) -> float:
-        """The figure's pessimistic end."""
-        return self.value * (1 - self.noise)
-
-    @property
-    def high(self) -> float:
-        """The figure's optimistic end."""
-        return self.value * (1 + self.noise)
-
-    def beats(self, other: float) -> bool:
-        """Whether this figure beats ``other`` beyond the noise (``other`` under its low end)."""
-        return other < self.low
-
-    def beaten_by(self, other: float) -> bool:
-        """Whether ``other`` beats this figure beyond the noise (``other`` over its high end)."""
-        return other > self.high
-
-
-def noise_of(settings: SearchSettings, *results: TrialResult, level: float = 0.0) -> float:
-    """Relative gap runs need before it counts: the run-to-run noise of this machine as the
-    search measured it (``level``, ``Evidence.noise_level``; ``confirm_within`` its floor),
-    or the 95% interval of the runs' ratio when wider (their medians' half-widths in
-    quadrature: a short or noisy timing says less)."""
-    return max(level, noise_between(settings.confirm_within,
-                                    *(r.halfwidth() for r in results)))
-
-
-def noise_between(confirm_within: float, *halfwidths: float | None) -> float:
-    """``noise_of`` from the runs' relative half-widths (a record's ``halfwidth``; None: not
-    measured), without the machine's measured level."""
-    return max(confirm_within, math.hypot(*(h or 0.0 for h in halfwidths)))
 
 
 @dataclass

@@ -25,8 +25,9 @@ from autotune.search._records import Candidate, SearchSettings, classify, run_re
 from autotune.search._store import open_search_study
 from autotune.search._study import Asked
 from autotune.search.claims import Elsewhere, who
-from autotune.search.evidence import Evidence, Interval
+from autotune.search.evidence import Evidence
 from autotune.search.forecast import RunCount, forecast
+from autotune.search.intervals import Interval
 from autotune.search.plan import Plan
 from autotune.search.slots import Slots
 from autotune.search.tally import Reach, Tally

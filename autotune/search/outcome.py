@@ -25,8 +25,9 @@ from autotune.schema import (
 from autotune.search import fits
 from autotune.search._ledger import Ledger
 from autotune.search._records import Candidate, SearchSettings, flops_per_sample
-from autotune.search.evidence import Evidence, Interval, noise_between
+from autotune.search.evidence import Evidence
 from autotune.search.executor import Executor
+from autotune.search.intervals import Interval, noise_between
 from autotune.search.pick import break_even_steps, pick_winner, rounds_ahead
 from autotune.search.policy import unchecked
 from autotune.search.rules import Skip, skip

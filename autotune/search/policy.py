@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from autotune.config import TrialResult
 from autotune.search._records import Candidate, SearchSettings
-from autotune.search.evidence import Evidence, Interval, noise_of
+from autotune.search.evidence import Evidence
+from autotune.search.intervals import Interval, noise_of
 from autotune.search.pick import split_rounds
 from autotune.search.rules import Skip, skip
 

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 from autotune.config import Knobs
 from autotune.search._records import Candidate
-from autotune.search.evidence import Evidence, Interval
+from autotune.search.evidence import Evidence
+from autotune.search.intervals import Interval
 from autotune.search.rules import Skip, skip
 
 UNBOUNDED_FORMAT = ("a memory layout's gain has no bound the runs can show: eager "

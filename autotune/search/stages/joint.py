@@ -24,8 +24,9 @@ from autotune.knobs import KNOB, KNOBS, skip_reason
 from autotune.search import reach_bounds
 from autotune.search._records import OUT_OF_MEMORY, Candidate, objective, score
 from autotune.search.batch import run_batches
-from autotune.search.evidence import Evidence, Interval
+from autotune.search.evidence import Evidence
 from autotune.search.executor import Executor, Proposal
+from autotune.search.intervals import Interval
 from autotune.search.rules import Skip, skip
 
 TIMING = tuple(k for k in KNOBS[2:] if not k.frees_memory and not k.per_class)

@@ -18,8 +18,8 @@ from autotune.memory import Steps, drive
 from autotune.search import bounds, fits
 from autotune.search._records import Candidate
 from autotune.search.batch import run_chains
-from autotune.search.evidence import Interval
 from autotune.search.executor import Executor
+from autotune.search.intervals import Interval
 from autotune.search.plan import recompute_twin
 from autotune.search.rules import skip
 from autotune.search.stages.probe import probe_setting, setting_steps

@@ -11,8 +11,8 @@ from autotune.config import Knobs, MemoryProbe
 from autotune.search import bounds, policy
 from autotune.search._records import Candidate
 from autotune.search.batch import walk_ahead
-from autotune.search.evidence import Interval
 from autotune.search.executor import Executor
+from autotune.search.intervals import Interval
 from autotune.search.rules import skip
 from autotune.search.stages.knobs import screen
 from autotune.search.stages.remeasure import remeasure
