@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -76,6 +78,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 has_cuda = torch.cuda.is_available()
             if not has_cuda:
                 item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _temporary_files_under_pytests_folder(
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every temporary file of a test run, its children's and their launchers' too (a child's
+    folder, torchrun's ``torchelastic_*``, the GPU suite rehearsal's stores), under pytest's
+    own folder (``$TMPDIR``, read by ``tempfile``, by each child and by each launcher), which
+    pytest prunes to its last three runs: a run of the tests left folders in /tmp that nothing
+    removed (a test killed mid-run, a launcher's own folder, a child killed by design)."""
+    temp = tmp_path_factory.mktemp("tmp", numbered=False)
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(temp)
+    tempfile.tempdir = None  # read again from $TMPDIR
+    yield
+    if before is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before
+    tempfile.tempdir = None
 
 
 @pytest.fixture(autouse=True)
