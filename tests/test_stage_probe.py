@@ -193,40 +193,40 @@ def _near_miss_device(fp32_off_1_mib: float, saves_mib: float = 40.0) -> KnobDev
                       impl_saves_mib={"fused": saves_mib}, oom_peak=True)
 
 
-def test_a_baseline_that_misses_within_the_headroom_has_its_other_values_probed_there() -> None:
-    # fp32/off/1 ran every step at 920 MiB: over the 900 usable, under the 1000 cap (rule
-    # near-miss). Checkpointing still rescues the baseline; the optimizer values are probed
-    # at 1 as well, and fused fits there (880 MiB): it runs 55 samples/s, where the best
-    # checkpointing fits runs 0.6 x 0.6 x 100 (blocks at 2) or 0.7 x 1.1 x 0.5 x 100
-    # (alternate with fused at 1).
-    device = _near_miss_device(920)
-    outcome, records = knob_search(device)
-    assert outcome.baseline is not None and outcome.baseline.knobs.checkpointing == "blocks"
-    winner = pick_winner_record(outcome)
-    assert winner is not None and f"{winner.knobs.label()}/{winner.micro_batch}" \
-        == "fp32/off+opt=fused/1"
-    assert records["fp32/off+opt=fused/1"].samples_per_s == pytest.approx(55)
-    assert any(s.startswith("fp32/off/1 peaked at 920.00 MiB, over the 900.00 MiB usable "
-                            "but under the 1000.00 MiB cap") for s in outcome.skipped)
+HEADROOM_MISS = ("fp32/off/1 peaked at 920.00 MiB, over the 900.00 MiB usable but under the "
+                 "1000.00 MiB cap (the headroom kept for the allocator's noise): "
+                 "fp32/off+opt=foreach, fp32/off+opt=fused probed from there too, each a value "
+                 "that frees no memory by design but may land under")
+OOM_MISS = ("fp32/off/1 ran out of memory at 1.03 GiB, within 25% of a peak over the 900.00 MiB "
+            "usable (what a value that frees no memory by design, an optimizer implementation "
+            "or a memory format, took off a CPU run's peak): fp32/off+opt=foreach, "
+            "fp32/off+opt=fused probed from there too, each of which may land under")
 
 
-def test_a_baseline_out_of_memory_within_what_a_value_takes_off_has_its_values_probed() -> None:
+@pytest.mark.parametrize(("need_mib", "saves_mib", "said"), [
+    # fp32/off/1 ran every step at 920 MiB: over the 900 usable, under the 1000 cap. Fused's
+    # 40 MiB less fits there (880 MiB).
+    (920, 40, HEADROOM_MISS),
     # fp32/off/1 ran out of memory needing 1050 MiB: over the 1000 cap, but within 25% of a
     # peak over the 900 usable (an optimizer implementation took 22% off a CPU run's peak in
     # the recorded tables: the shrunk EPYC deep GPT's best, foreach at 1, fits where the
-    # default ran out). Fused's 200 MiB less fits there (850 MiB) and outruns checkpointing.
-    device = _near_miss_device(1050, saves_mib=200)
+    # default ran out). Fused's 200 MiB less fits there (850 MiB).
+    (1050, 200, OOM_MISS),
+])
+def test_a_baseline_that_misses_near_the_budget_has_its_other_values_probed_there(
+        need_mib: float, saves_mib: float, said: str) -> None:
+    # Rule near-miss. Checkpointing still rescues the baseline; the optimizer values are
+    # probed at 1 as well, and fused fits there: it runs 55 samples/s, where the best
+    # checkpointing fits runs 0.6 x 0.6 x 100 (blocks at 2) or 0.7 x 1.1 x 0.5 x 100
+    # (alternate with fused at 1).
+    device = _near_miss_device(need_mib, saves_mib=saves_mib)
     outcome, records = knob_search(device)
     assert outcome.baseline is not None and outcome.baseline.knobs.checkpointing == "blocks"
     winner = pick_winner_record(outcome)
     assert winner is not None and f"{winner.knobs.label()}/{winner.micro_batch}" \
         == "fp32/off+opt=fused/1"
     assert records["fp32/off+opt=fused/1"].samples_per_s == pytest.approx(55)
-    assert "fp32/off/1 ran out of memory at 1.03 GiB, within 25% of a peak over the " \
-        "900.00 MiB usable (what a value that frees no memory by design, an optimizer " \
-        "implementation or a memory format, took off a CPU run's peak): " \
-        "fp32/off+opt=foreach, fp32/off+opt=fused probed from there too, each of which may " \
-        "land under" in outcome.skipped
+    assert said in outcome.skipped
 
 
 @pytest.mark.parametrize("need_mib", [1210, 2000])
