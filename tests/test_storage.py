@@ -229,7 +229,10 @@ def postgres() -> Iterator[Cluster]:
         except KeyError:
             pytest.skip("running as root and no 'postgres' user to run PostgreSQL as")
         as_user = ["runuser", "-u", "postgres", "--"]
-    home = Path(tempfile.mkdtemp(prefix="autotune-pg-"))  # /tmp: reachable by postgres
+    # In the system's /tmp, not the session's $TMPDIR (tests/conftest.py): pytest's folder is
+    # its user's alone, and the cluster runs as postgres. Removed after the module.
+    home = Path(tempfile.mkdtemp(prefix="autotune-pg-",
+                                 dir="/tmp" if as_user and Path("/tmp").is_dir() else None))
     password = "S3cr%t@P:w/x?y"
     (home / "pw").write_text(password)
     if as_user:
