@@ -252,10 +252,6 @@ TEMPLATES: Mapping[str, str] = {
         "{target} peaked at {peak:bytes}, over the {usable:bytes} usable but under the "
         "{budget:bytes} cap (the headroom kept for the allocator's noise): {tried} probed from "
         "there too, each a value that frees no memory by design but may land under"),
-    "near-miss:headroom": (
-        "{target} peaked at {peak:bytes}, over the {usable:bytes} usable but under the "
-        "{budget:bytes} cap (the headroom kept for the allocator's noise): {tried} probed from "
-        "there too, each a value that frees no memory by design but may land under"),
     "near-miss:oom": (
         "{target} ran out of memory at {peak:bytes}, within {drop:.0%} of a peak over the "
         "{usable:bytes} usable (what a value that frees no memory by design, an optimizer "

@@ -53,6 +53,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lowest", type=int, default=10, help="pairs listed (default 10)")
     args = parser.parse_args()
+    if args.lowest < 0:
+        parser.error(f"--lowest {args.lowest}: a count of pairs, 0 or more")
     found = pairs()
     by_table = collections.defaultdict(list)
     for ratio, table, _, _ in found:

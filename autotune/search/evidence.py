@@ -294,10 +294,7 @@ class Evidence:
     def held_best(self, key: Candidate) -> TrialResult:
         """The better of the study's runs of ``key`` not yet asked for (``keep_better``), the
         local store's later ones too."""
-        first, *rest = self.held[key] + self.stored_rest.get(key, [])
-        for result in rest:
-            first = keep_better(first, result)
-        return first
+        return functools.reduce(keep_better, self.held[key] + self.stored_rest.get(key, []))
 
     # -- scores -----------------------------------------------------------------------------
 

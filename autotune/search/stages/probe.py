@@ -266,7 +266,7 @@ def near_miss(ex: Executor, setting: Knobs) -> None:
              and knobs not in ex.ev.probes]
     if tried:
         ex.ev.decide(skip("near-miss", Candidate(knobs=setting, micro_batch=smallest).key(),
-                          "headroom" if headroom else "oom", peak=peak,
+                          "" if headroom else "oom", peak=peak,
                           usable=ex.plan.usable, budget=ex.plan.report.budget_bytes,
                           drop=fits.VALUE_PEAK_DROP, tried=", ".join(k.label() for k in tried)))
     for knobs in tried:
