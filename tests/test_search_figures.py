@@ -77,6 +77,31 @@ def test_two_runs_are_judged_by_the_drift_of_the_other_configs_not_their_own() -
                         or 0.0, math.sqrt(0.5 * 0.505))
 
 
+def test_a_candidate_reads_the_mean_of_two_runs_within_twice_the_others_typical_gap() -> None:
+    # Two configs' two runs landed 10% and 12% apart here. A candidate whose two runs landed
+    # 18% apart reads as their geometric mean: the others' typical gap (the median of 10%,
+    # 12% and the stalled one's 60%) is 12%, and 18% is within two of them (24%), where a
+    # pair of one config lands 82% of the time under normal noise. (At one typical gap it
+    # read as its better run, the luckier draw.) One whose runs landed 60% apart (a stall)
+    # reads as its better run.
+    from autotune.search.evidence import Evidence
+    from autotune.search.intervals import SINGLE_RUN_GAPS
+    from autotune.search.plan import Plan
+
+    ev = Evidence(Plan.of(plan(), CLASSES, {}), SLOW)
+    others = [Candidate(knobs=k, micro_batch=32) for k in CLASSES[:2]]
+    for key, gap in zip(others, (1.10, 1.12), strict=True):
+        ev.took(key, _run(0.5))
+        ev.remeasured(key, _run(0.5 * gap))
+    drawn, stalled = (Candidate(knobs=k, micro_batch=32) for k in CLASSES[2:4])
+    for key, gap in ((drawn, 1.18), (stalled, 1.6)):
+        ev.took(key, _run(0.5))
+        ev.remeasured(key, _run(0.5 * gap))
+    assert SINGLE_RUN_GAPS == 2.0 and math.isclose(ev.drift_beside(drawn), 0.12)
+    assert math.isclose(ev.figure(drawn).median_step_s() or 0.0, 0.5 * math.sqrt(1.18))
+    assert ev.figure(stalled).median_step_s() == 0.5
+
+
 def test_as_rounds_said_puts_the_pair_in_the_rounds_ratio_about_their_own_figures() -> None:
     # By their own runs the rounds' loser reads faster (its run 0.5 s a step against 0.6 s),
     # but the winner was ahead 1.1x and 1.2x back to back: the pair reads 1.15x apart, the

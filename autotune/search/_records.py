@@ -249,8 +249,9 @@ def typical_run(runs: Sequence[TrialResult], noise: float = 0.0) -> TrialResult:
     """The run a candidate's figures are read from (its record, the table, the speedups and
     the pick), of all its runs (``Evidence.timed``). With three or more full timed runs (ok,
     not stopped early), the one whose median step time is their median (of an even count the
-    faster of the middle two). With two full runs within ``noise`` of each other (this
-    machine's measured run-to-run noise, ``Evidence.noise_level``), their geometric mean
+    faster of the middle two). With two full runs within ``noise`` of each other (how far
+    apart two runs of one config land on this machine: ``Evidence.figure`` gives twice the
+    others' typical gap, ``intervals.SINGLE_RUN_GAPS``), their geometric mean
     (``mean_of_two``); with two further apart, or fewer, the better of its runs
     (``keep_better``: a slow period of the machine only inflates times, and two runs further
     apart than the noise says one of them stalled). Best-of-k favours a candidate timed more

@@ -31,7 +31,7 @@ from autotune.search._records import (
     score,
     typical_run,
 )
-from autotune.search.intervals import noise_of
+from autotune.search.intervals import SINGLE_RUN_GAPS, noise_of
 from autotune.search.pick import pick_winner
 from autotune.search.plan import Plan
 from autotune.search.rules import Skip
@@ -402,17 +402,21 @@ class Evidence:
 
     def figure(self, key: Candidate) -> TrialResult:
         """The run ``key``'s record shows and the pick reads: the typical of its runs
-        (``typical_run``), and for one of the interleaved rounds, scaled so the pair reads
+        (``_typical``), and for one of the interleaved rounds, scaled so the pair reads
         as the rounds said (``as_rounds_said``); one judged out, as judged."""
         result = self.results[key]
         if key in self.out or key not in self.timed:
             return result
-        run = typical_run(self.timed[key], self.drift_beside(key))
+        run = self._typical(key)
         rival = self.rivals.get(key)
         if rival is not None and rival in self.timed and rival not in self.out:
-            run = as_rounds_said(run, typical_run(self.timed[rival], self.drift_beside(rival)),
-                                 self.round_shares[key])
+            run = as_rounds_said(run, self._typical(rival), self.round_shares[key])
         return run
+
+    def _typical(self, key: Candidate) -> TrialResult:
+        """``typical_run`` of ``key``'s runs: two read as their mean within ``SINGLE_RUN_GAPS``
+        of the gap two runs of the other configs showed here (``drift_beside``)."""
+        return typical_run(self.timed[key], SINGLE_RUN_GAPS * self.drift_beside(key))
 
     def figured(self) -> dict[Candidate, TrialRecord]:
         """Each candidate's record of its ``figure``, its speedup over the baseline's

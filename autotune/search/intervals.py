@@ -12,6 +12,16 @@ from dataclasses import dataclass
 from autotune.config import TrialResult
 from autotune.search._records import SearchSettings
 
+SINGLE_RUN_GAPS = 2.0
+"""How many of this machine's typical gaps between two runs of one config (their median, as
+measured on the other configs: ``Evidence.drift_beside``) a candidate's own two runs may land
+apart and still read as two draws of one config, their geometric mean, before one of them
+counts as a run that stalled and the better is read (``Evidence.figure``,
+``_records.typical_run``). Under normal noise of a run's sigma the gap between two runs has a
+median of 0.95 sigma and twice that is its 82nd percentile; a stall (a neighbour, a slow
+minute) is 1.5x and more. At one typical gap, half of all pairs of one config read as a stall,
+and their better run, the luckier draw, made the pick lean to whatever ran twice."""
+
 
 @dataclass(frozen=True)
 class Interval:
