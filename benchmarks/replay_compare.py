@@ -61,6 +61,9 @@ def load(path: Path) -> dict:
             or "sets" not in data or "seeds" not in data:
         raise CompareError(f"{path}: not a replay of the generated families (no tables, sets "
                            "and seeds); give one written by replay.py --families ... --json")
+    if not data["tables"]:
+        raise CompareError(f"{path}: holds no tables (a replay of nothing: --only matched "
+                           "none?); replay at least one table")
     for t in data["tables"]:
         if not isinstance(t, dict) or "name" not in t or not all(
                 _figure(t, f) is not None for f in FIGURES):

@@ -107,6 +107,7 @@ def test_files_that_cannot_be_compared_are_an_error_that_says_what_differs(
         "lacks.json": (replay_file([table("t0", 0.8), {"name": "t1", "within_3pct": 0.9}]),
                        "lacks.json: table t1 lacks a figure (within_3pct, pick_quality, cost)"),
         "plain.json": ({"tables": []}, "plain.json: not a replay of the generated families"),
+        "empty.json": (replay_file([]), "empty.json: holds no tables (a replay of nothing"),
     }
     for name, (data, said) in cases.items():
         path = write(tmp_path, name, data)
