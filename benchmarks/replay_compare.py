@@ -116,8 +116,9 @@ def change(pairs: list[tuple[dict, dict]], key: str) -> dict:
 
 
 def counts(tables: list[dict]) -> dict:
-    """The counts ``docs/benchmarks.md`` reports, and the worst table."""
-    worst = min(tables, key=lambda t: t["pick_quality"]["median"])
+    """The counts ``docs/benchmarks.md`` reports, and the worst table (as the replay's report
+    names it, ``replay_report.family_summary``: the lowest median, then p10)."""
+    worst = min(tables, key=lambda t: (t["pick_quality"]["median"], t["pick_quality"]["p10"]))
     return {"under_0.97": sum(t["pick_quality"]["median"] < 0.97 for t in tables),
             "p10_under_0.93": sum(t["pick_quality"]["p10"] < 0.93 for t in tables),
             "within_3pct_under_0.8": sum(t["within_3pct"] < 0.8 for t in tables),
