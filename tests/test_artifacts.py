@@ -333,7 +333,8 @@ def test_a_record_outside_the_folder_is_refused_on_read(tmp_path: Path) -> None:
 @pytest.mark.subprocess
 @pytest.mark.slow
 # two searches, one compiled whose first launch compiles afresh (its cold compile was most of
-# the 344 s this took alone on the 2-core Xeon until ``Fusable`` took 8 ops, 2026-11-29)
+# the 344 s this took alone on the 2-core Xeon until ``Fusable`` took 8 ops, 2026-11-29; 2 ops
+# and an eager pause that makes compiled win whatever the load, 2026-11-30)
 def test_a_compiled_search_writes_artifacts_an_eager_one_none(tmp_path: Path) -> None:
     fast = SearchSettings(num_timed_steps=3, min_timed_s=0.2, micro_batches_per_class=1,
                           num_confirm=0, cache=False)

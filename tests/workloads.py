@@ -519,21 +519,30 @@ def unseeded() -> Workload:
     return Workload(name="unseeded", build_model=build, make_batch=_batch, loss=_loss)
 
 
+EAGER_PAUSE_S = 0.05  # per eager forward of Fusable: 50 ms, many times a step's compute here
+
+
 class Fusable(nn.Module):
-    """A small linear layer, then a long chain of elementwise ops: eager runs each op over the
-    whole activation, inductor fuses the chain into one loop, so compiled wins by a wide
-    margin on CPU (a search's compiled winner, without timing luck: 1.7x on the 2-core Xeon).
-    Eight ops over a wide activation: sixteen made a cold compile (the first-launch check's)
-    take 220 s here, eight 50-54 s (``python benchmarks/fusable_compile.py 16 16`` and
-    ``... 8 128``; compiled 1.7-2.7x eager, by the machine's load)."""
+    """A small linear layer, then a chain of elementwise ops over a wide activation: eager runs
+    each op over the whole activation, inductor fuses the chain into one loop (two ops: compiled
+    2.8x eager, cold compile 14.5 s on the 2-core Xeon; eight: 2.0x, 64 s; sixteen: 220 s, by
+    ``python benchmarks/fusable_compile.py 2 128``, ``... 8 128``, ``... 16 16``).
+
+    The fusion alone did not make compiled the search's winner without timing luck: under the
+    slow set's two busy workers, a CI run (2026-11-30) timed eager (eight ops) ahead. So eager
+    also pauses ``EAGER_PAUSE_S`` per forward, a branch the compiled graph does not hold
+    (``is_compiling`` is constant while dynamo traces): compiled wins by that pause whatever
+    the load, and the chain can be short, its cold compile (the first-launch check's) cheap."""
 
     def __init__(self) -> None:
         super().__init__()
         self.proj = nn.Linear(IN_DIM, IN_DIM)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if not torch.compiler.is_compiling():
+            time.sleep(EAGER_PAUSE_S)
         h = self.proj(x).repeat(1, 1, 128)
-        for _ in range(8):
+        for _ in range(2):
             h = torch.sin(h) * 0.9 + h * 0.1
         return nn.functional.mse_loss(h[..., :IN_DIM], y)
 
