@@ -2,7 +2,7 @@
 
 ``ReplayDevice`` is a runner (``TrialSpec -> TrialResult``) on a simulated clock (``clock``):
 how a run, a probe and a missing candidate are answered is said in ``replay``'s docstring.
-Three of its answers were biased before issue 59 and are not now:
+Four of its answers were biased before issue 59 and are not now:
 
 - **Steps scatter one-sided.** A run's steps scatter about its recorded median as its recorded
   spread (p90 - p10 over the median) says, skewed to the slow side: step = median x exp(s x
@@ -21,6 +21,13 @@ Three of its answers were biased before issue 59 and are not now:
   candidates recorded twice or more, of their largest overhead less their smallest: what a
   compile that inductor's cache did not hold costs). Later runs of the graph pay a drawn run's
   own. Before, every run paid a drawn run's overhead: a warm-cache one half the time.
+- **A cold compile's memory is charged** (since 2026-11-30), where the compile's memory counts
+  in the peak (CPU): such a run peaks at least at its graphs' cold peak
+  (``Table.cold_peak``, the largest recorded over the candidates sharing them), as a candidate
+  fits the table only within it (``Table.fits``). Before, a knob variant recorded after its
+  graphs were compiled (so without the compile's 12-40 MiB) fit a shrunk budget its own first
+  launch would not: the budget-shrink family's best was then a compiled setting whose
+  knob-default twin ran out of memory at every micro-batch.
 """
 
 from __future__ import annotations
@@ -124,17 +131,20 @@ class ReplayDevice:
                 TrialResult(status="oom", message="out of memory (replayed)", wall_s=wall,
                             **info)
         run = self.rng.choice(entry.runs)
-        wall = run.overhead_s()
+        wall, peak = run.overhead_s(), run.peak_bytes
         if self.charge_cold_compile and spec.compile_mode != "off":
             graph = Candidate.of(spec).graph().key()
             if spec.cold_compile or graph not in self.compiled:
                 wall = max(wall, cold_overhead_s(entry, self.cold_extra_s))
+                cold = self.table.cold_peak(key)
+                if run.status == "ok" and peak is not None and cold is not None:
+                    peak = max(peak, cold)
             self.compiled.add(graph)
-        if run.status != "ok" or (spec.memory_budget_bytes and run.peak_bytes
-                                  and run.peak_bytes > spec.memory_budget_bytes):
+        if run.status != "ok" or (spec.memory_budget_bytes and peak
+                                  and peak > spec.memory_budget_bytes):
             status = "oom" if run.status == "ok" else run.status
             return TrialResult(status=status, message=f"{status} (replayed)",
-                               peak_bytes=run.peak_bytes, wall_s=run.wall_s or wall, **info)
+                               peak_bytes=peak, wall_s=run.wall_s or wall, **info)
         median = run.median_s * spec.accumulate_steps / entry.accumulate_steps
         if len(entry.ok_medians()) == 1:
             median *= math.exp(self.rng.gauss(0.0, self.table.sigma))
@@ -151,7 +161,6 @@ class ReplayDevice:
                               min_elapsed_s=spec.min_timed_s, max_elapsed_s=spec.max_timed_s,
                               precision=spec.timing_precision,
                               stop_above_s=spec.stop_above_step_s)
-        peak = run.peak_bytes
         if spec.cold_compile and not entry.fits_first_launch and peak is not None:
             peak = max(peak, self.table.usable_bytes() + 1)  # the table's verdict, no peak
         if times:

@@ -175,6 +175,32 @@ def test_a_compiled_graphs_first_run_pays_a_cold_compile() -> None:
         assert cold.wall_s - sum(cold.step_times_s) == pytest.approx(40.0)
 
 
+def test_a_compiled_run_recorded_from_the_cache_fits_only_where_its_graphs_cold_peak_does(
+) -> None:
+    """An exhaustive pass records a knob variant after its graphs were compiled (an optimizer
+    implementation leaves the compiled model alone): its peak lacks the compile's memory. On
+    CPU (the compile in the capped process) it fits the table, and a replayed first run of its
+    graphs peaks, as the cold run of its knob-default twin did; on a GPU, as recorded."""
+    t = hand_table()
+    fused = Entry("bf16/default+opt=fused/2", 2, runs=[
+        Run("ok", 0.2, 10, 0.0, 270 * MIB, 12.0)])  # 30 MiB under its twin's 300
+    entries = {**t.entries, fused.key: fused}
+    t = replace(t, entries=entries, budget_bytes=320 * MIB)  # usable 288 MiB: between them
+    assert t.cold_peak(fused.key) == 300 * MIB and t.cold_peak("bf16/off/2") is None
+    assert not t.fits(fused.key) and not t.fits("bf16/default/2") and t.fits("bf16/default/1")
+    device = ReplayDevice(t, 0)
+    cap = replace(spec_of(fused.key), memory_budget_bytes=t.budget_bytes)
+    first = device(cap)
+    assert first.ok and first.peak_bytes == 300 * MIB  # over usable: not a fit
+    assert device(cap).peak_bytes == 270 * MIB  # its graphs in the cache now
+    assert device(replace(cap, cold_compile=True)).peak_bytes == 300 * MIB
+    assert ReplayDevice(t, 0)(replace(cap, memory_budget_bytes=290 * MIB)).status == "oom"
+
+    gpu = replace(t, device=replace(CPU, device="cuda:0", name="hand GPU"))
+    assert gpu.cold_peak(fused.key) is None and gpu.fits(fused.key)
+    assert ReplayDevice(gpu, 0)(cap).peak_bytes == 270 * MIB
+
+
 def test_budget_shrink_moves_the_fit_and_runs_over_the_new_cap_run_out_of_memory() -> None:
     base = hand_table()
     t = budget_shrink(base, 0.25, 0)
