@@ -298,7 +298,7 @@ def _workload_section(config: TunedConfig, script_dir: Path | None) -> tuple[lis
     spec = config.workload
     std = ["import argparse", "import errno", "import functools", "import gc", "import hashlib",
            "import importlib", "import inspect", "import logging", "import mmap", "import os",
-           "import platform", "import stat", "import threading", "import time"]
+           "import platform", "import re", "import stat", "import threading", "import time"]
     third = ["import torch", "import torch.distributed as dist"]
     tail = ["from torch import nn",
             "from torch.distributed.checkpoint.state_dict import StateDictOptions, "

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import torch
 
 from autotune.errors import ConfigError, OutOfMemoryFallbackError, WorkloadError
+from autotune.oom_text import oom_cause
 from autotune.trial import is_out_of_memory
 from autotune.units import accumulate_steps
 from autotune.workload import Batch
@@ -227,16 +228,16 @@ class OomFallback:
                 if checks.count == len(batches) and _ddp_job(model):
                     raise OutOfMemoryFallbackError(
                         f"out of memory in the last micro-batch's backward "
-                        f"({_first_line(exc)}), where DDP all-reduces the gradients: the other "
+                        f"({oom_cause(exc)}), where DDP all-reduces the gradients: the other "
                         "ranks wait inside that all-reduce, so the ranks cannot agree on a "
                         "fallback; lower the micro-batch in autotune.json (codegen again) or "
                         "free memory") from exc
                 if checks.count > len(batches):  # every rank passed the last check: the update
                     raise OutOfMemoryFallbackError(
                         f"out of memory in the optimizer's update, which a smaller "
-                        f"micro-batch does not shrink ({_first_line(exc)}): free memory "
+                        f"micro-batch does not shrink ({oom_cause(exc)}): free memory "
                         "elsewhere, or shard the optimizer state (strategy fsdp)") from exc
-                failure = _first_line(exc)
+                failure = oom_cause(exc)
                 any_rank(True, device)  # the others leave the attempt at this check
             else:
                 self.in_a_row = 0
@@ -355,8 +356,3 @@ class _Checks:
         self.count += 1
         if any_rank(False, self.device):
             raise PeerOutOfMemory("another rank ran out of memory")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:200] if text else ''}"

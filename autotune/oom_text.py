@@ -30,3 +30,16 @@ def oom_clause(exc: BaseException) -> str | None:
         free = f", {cuda.group(4)} free of {cuda.group(3)}" if cuda.group(3) else ""
         return f"{cuda.group(1)}: could not allocate {cuda.group(2)} more{free}"
     return None
+
+
+def oom_cause(exc: BaseException) -> str:
+    """What an out-of-memory fallback says ran out, in the parentheses of "out of memory at
+    micro-batch 4 (...)": the allocator's error as ``oom_clause`` says it, without its own
+    "out of memory: " (the sentence says it already), or else the error's type and its first
+    line (200 characters at most). ``train_autotuned.py`` carries the same function
+    (``codegen_fallback.FALLBACK``: ``oom_cause``; a test keeps the two equal)."""
+    clause = oom_clause(exc)
+    if clause is not None:
+        return clause.removeprefix("out of memory: ")
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:200] if lines else ''}"

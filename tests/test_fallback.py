@@ -20,6 +20,7 @@ from autotune import fallback, step
 from autotune.codegen import SCRIPT_NAME, render_train_script
 from autotune.config import WorkloadSpec
 from autotune.errors import ConfigError, OutOfMemoryFallbackError, WorkloadError
+from autotune.oom_text import oom_cause
 from autotune.trial import _OOM_MESSAGES, is_out_of_memory
 from autotune.usage import Tuned
 from autotune.workload import Workload, causal_lm_label_count
@@ -111,8 +112,15 @@ def test_ragged_micro_batches_are_never_joined(script: ModuleType) -> None:
         fallback.split_micro_batches(batches, 3)
 
 
-_MESSAGES = st.sampled_from([*_OOM_MESSAGES, "CUDA Out Of Memory. Tried", "shape mismatch",
-                             "DefaultCPUAllocator: can't allocate memory: you tried", ""])
+_CPU_OOM = ("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate "
+            "memory: you tried to allocate {} bytes. Error code 12 (Cannot allocate memory)")
+_CUDA_OOM = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+             "79.19 GiB of which 1.06 GiB is free. Including non-PyTorch memory, ...")
+_MESSAGES = st.one_of(
+    st.sampled_from([*_OOM_MESSAGES, "CUDA Out Of Memory. Tried", "shape mismatch",
+                     "DefaultCPUAllocator: can't allocate memory: you tried", "", _CUDA_OOM,
+                     "CUDA out of memory. Tried to allocate 20.00 MiB.", "two\nlines"]),
+    st.integers(0, 10**21).map(_CPU_OOM.format), st.text(max_size=300))
 
 
 @st.composite
@@ -137,6 +145,17 @@ def test_the_script_carries_the_one_classifier(script: ModuleType) -> None:
 @given(exc=exceptions())
 def test_the_script_classifies_as_the_library(script: ModuleType, exc: BaseException) -> None:
     assert script.is_out_of_memory(exc) == is_out_of_memory(exc)
+    assert script.oom_cause(exc) == oom_cause(exc)
+
+
+def test_a_fallback_says_what_ran_out_in_one_clause() -> None:
+    # The allocator's three lines of source location and error code, said as what it could
+    # not allocate (as a probe's progress line says it); another error as raised, one line.
+    assert oom_cause(RuntimeError(_CPU_OOM.format(12582912))) == (
+        "the CPU allocator could not allocate 12.00 MiB more")
+    assert oom_cause(torch.OutOfMemoryError(_CUDA_OOM)) == (
+        "CUDA out of memory: could not allocate 2.00 GiB more, 1.06 GiB free of 79.19 GiB")
+    assert oom_cause(MemoryError("first\nsecond")) == "MemoryError: first"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -239,7 +258,8 @@ def test_each_fallback_is_one_log_line(caplog: pytest.LogCaptureFixture) -> None
                          grows_above(3), oom_fallback=True)
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2 and all("\n" not in line for line in lines)
-    assert lines[0].startswith("out of memory at micro-batch 6 (RuntimeError: ")
+    assert lines[0].startswith(
+        "out of memory at micro-batch 6 (the CPU allocator could not allocate ")
     assert "redoing the step with micro-batch 4 x 3 accumulation" in lines[0]
     assert "with micro-batch 3 x 4 accumulation" in lines[1]
 
@@ -294,7 +314,8 @@ def test_the_fallbacks_used_up_are_said_with_the_setting_that_goes_on() -> None:
         tuned.train_step(model, GradRecorder(model), batches, workload, oom_fallback=True,
                          max_oom_fallbacks=1)
     message = str(info.value)
-    assert message.startswith("out of memory at micro-batch 4 (RuntimeError: ")
+    assert message.startswith(
+        "out of memory at micro-batch 4 (the CPU allocator could not allocate ")
     assert message.endswith(
         "1 fallback in a row used up (max_oom_fallbacks=1) with smaller micro-batches left to "
         "try (3, 2, 1): raise max_oom_fallbacks (max_oom_fallbacks=4 tries them all), or lower "
@@ -320,7 +341,8 @@ def test_the_scripts_fallbacks_used_up_are_said_with_its_flag(script: ModuleType
         script.OomFallback(1, "cpu", master=True).train_step(
             model, GradRecorder(model), scaler, batches, torch.autocast("cpu", enabled=False))
     message = str(info.value.code)
-    assert message.startswith("out of memory at micro-batch 4 (RuntimeError: ")
+    assert message.startswith(
+        "out of memory at micro-batch 4 (the CPU allocator could not allocate ")
     assert message.endswith(
         "1 fallback in a row used up (--oom-fallbacks 1) with smaller micro-batches left to "
         "try (3, 2, 1): raise --oom-fallbacks (--oom-fallbacks 4 tries them all), or lower "
@@ -414,7 +436,8 @@ def test_the_script_survives_a_longer_sequence_under_a_real_cap(tmp_path: Path) 
     assert capped.returncode == 0, capped.stdout + capped.stderr
     said = [line for line in capped.stdout.splitlines() if line.startswith("out of memory")]
     assert len(said) == 1, capped.stdout
-    assert said[0].startswith("out of memory at micro-batch 4 (RuntimeError: ")
+    assert said[0].startswith(
+        "out of memory at micro-batch 4 (the CPU allocator could not allocate ")
     assert "redoing the step with micro-batch 2 x 4 accumulation" in said[0]
     assert "training 4 steps of 8 samples" in capped.stdout
     # The same samples at micro-batch 2 from the start, uncapped: the same model at the end.
@@ -434,7 +457,7 @@ def test_the_script_stops_after_its_fallbacks_in_a_row(tmp_path: Path) -> None:
     result = run_script(tmp_path, 4, "--oom-fallbacks", "1",
                         env={**CAP, "OOM_LONG": "16384"})
     assert result.returncode == 1, result.stdout + result.stderr
-    assert ("out of memory at micro-batch 2 (RuntimeError: [enforce fail at alloc_cpu.cpp"
+    assert ("out of memory at micro-batch 2 (the CPU allocator could not allocate "
             in result.stderr), result.stderr
     assert ("1 fallback in a row used up (--oom-fallbacks 1) with smaller micro-batches left to "
             "try (1): raise --oom-fallbacks (--oom-fallbacks 2 tries them all)"
@@ -453,7 +476,7 @@ def test_the_script_says_what_to_do_when_the_update_runs_out_of_memory(tmp_path:
     said = result.stderr.strip().splitlines()[-1]
     assert said.startswith(
         "out of memory in the optimizer's update, which a smaller micro-batch does not shrink "
-        "(RuntimeError: [enforce fail at alloc_cpu.cpp"), said
+        "(the CPU allocator could not allocate "), said
     assert said.endswith("): free memory elsewhere, or shard the optimizer state (strategy "
                          "fsdp)"), said
     assert "redoing the step" not in result.stdout and not (tmp_path / "ck.pt").exists()
@@ -550,7 +573,7 @@ def test_out_of_memory_in_ddps_last_backward_ends_the_job_with_what_happened(
     assert library.returncode != 0
     assert "Received data size doesn't match" not in library.stdout + library.stderr
     assert ("OutOfMemoryFallbackError: out of memory in the last micro-batch's backward "
-            "(RuntimeError: [enforce fail" in library.stderr), library.stderr
+            "(the CPU allocator could not allocate " in library.stderr), library.stderr
     assert "where DDP all-reduces the gradients" in library.stderr
 
 

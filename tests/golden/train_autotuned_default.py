@@ -17,6 +17,7 @@ import importlib
 import logging
 import mmap
 import os
+import re
 import threading
 import time
 from contextlib import nullcontext
@@ -390,6 +391,26 @@ def is_out_of_memory(exc):
     return False
 
 
+CPU_ALLOCATOR_OOM = re.compile(r"DefaultCPUAllocator: can't allocate memory: you tried to "
+                               r"allocate (\d{1,20}) bytes")
+CUDA_OOM = re.compile(r"^(CUDA out of memory)\. Tried to allocate ([\d.]+ [KMGT]?i?B)\."
+                      r"(?: GPU \d+ has a total capacity of ([\d.]+ [KMGT]?i?B) of which "
+                      r"([\d.]+ [KMGT]?i?B) is free)?")
+
+
+def oom_cause(exc):
+    """What ran out, said in one clause: the allocator's size where its error gives one, else
+    the error's type and first line (autotune's oom_text.oom_cause, kept equal by a test)."""
+    text = str(exc)
+    if cpu := CPU_ALLOCATOR_OOM.search(text):
+        return f"the CPU allocator could not allocate {format_bytes(int(cpu.group(1)))} more"
+    if cuda := CUDA_OOM.match(text):
+        free = f", {cuda.group(4)} free of {cuda.group(3)}" if cuda.group(3) else ""
+        return f"{cuda.group(1)}: could not allocate {cuda.group(2)} more{free}"
+    lines = text.strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:200] if lines else ''}"
+
+
 def batch_size(batch):
     """Samples in a batch: the first dimension of its first tensor."""
     if isinstance(batch, torch.Tensor):
@@ -513,7 +534,7 @@ class OomFallback:
                     getattr(model, "_orig_mod", model), DDP)
                 if not is_out_of_memory(exc) or in_all_reduce:
                     raise
-                failure = f"{type(exc).__name__}: {str(exc).strip()[:200]}".splitlines()[0]
+                failure = oom_cause(exc)
                 if self.checks > len(batches):  # every rank passed the last check: the update
                     raise SystemExit(
                         f"out of memory in the optimizer's update, which a smaller micro-batch "
