@@ -25,7 +25,7 @@ Four of its answers were biased before issue 59 and are not now:
   in the peak (CPU): such a run peaks at least at its graphs' cold peak
   (``Table.cold_peak``, the largest recorded over the candidates sharing them), as a candidate
   fits the table only within it (``Table.fits``). Before, a knob variant recorded after its
-  graphs were compiled (so without the compile's 12-40 MiB) fit a shrunk budget its own first
+  graphs were compiled (so without the compile's memory) fit a shrunk budget its own first
   launch would not: the budget-shrink family's best was then a compiled setting whose
   knob-default twin ran out of memory at every micro-batch.
 """

@@ -130,10 +130,10 @@ class Table:
         compiled model alone). An exhaustive pass runs them one after another, so only the
         first compiled afresh; the others loaded its graphs from inductor's cache, and their
         peaks lack the compile (in the recorded CPU tables the knob-default run, made first,
-        peaks the highest in 171 of the 198 such groups that have one, by 1.5-40 MiB, the
-        median per table, up to 61 MiB). None: not compiled, not such a device, or no peak
-        recorded."""
-        if not self._compile_in_peak() or not Candidate.from_key(key).knobs.compiled:
+        peaks the highest in 171 of the 198 such groups that have one, by 5-42 MiB, the median
+        per table, up to 61 MiB: ``python benchmarks/cold_peaks.py``). None: not compiled,
+        not such a device, or no peak recorded."""
+        if not self.compile_in_peak() or not Candidate.from_key(key).knobs.compiled:
             return None
         if self._cold is None or self._cold[0] is not self.entries:
             groups: dict[str, int] = {}
@@ -145,7 +145,9 @@ class Table:
             self._cold = (self.entries, groups)
         return self._cold[1].get(Candidate.from_key(key).graph().key())
 
-    def _compile_in_peak(self) -> bool:
+    def compile_in_peak(self) -> bool:
+        """Whether a compile's own memory counts in this table's peaks (its device's backend:
+        CPU, where the compile runs in the capped process)."""
         return backend_for(self.device.device).compile_in_peak
 
     def truth(self, key: str) -> float | None:
