@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from autotune.codegen_fallback import FALLBACK
 from autotune.codegen_memory import MEMORY
 from autotune.oom_text import oom_cause
+from autotune.trial import is_out_of_memory
 
 
 def script_oom_cause() -> types.FunctionType:
@@ -31,14 +32,21 @@ def script_oom_cause() -> types.FunctionType:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", choices=("cpu", "cuda"),
+                        default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here (torch.cuda.is_available() is False)")
     try:
         torch.empty(2**50, dtype=torch.uint8, device=args.device)
-    except (RuntimeError, torch.OutOfMemoryError) as exc:
+    except Exception as exc:  # an out-of-memory error is what it asks for; any other, said
+        if not is_out_of_memory(exc):
+            print(f"{args.device}: not an out-of-memory error: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)
+            return 2
         caught = exc
     else:
-        print(f"{args.device}: 1 PiB was allocated: no error to say")
+        print(f"{args.device}: 1 PiB was allocated: no error to say", file=sys.stderr)
         return 1
     library, script = oom_cause(caught), script_oom_cause()(caught)
     print(f"{args.device} ({torch.__version__}): {type(caught).__name__}: "
