@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from autotune.artifacts import compile_cache_counts
 from autotune.config import TrialResult, TrialSpec, TrialStatus
 from autotune.device import backend_for
 from autotune.device.backend import TrialMemory
@@ -173,18 +174,6 @@ def _dynamo_counts() -> tuple[int, int]:
     return graphs, breaks
 
 
-def _compile_cache_counts() -> tuple[int, int]:
-    """(hits, misses) of inductor's on-disk caches (AOT autograd's and the FX graph cache)
-    in this process: a compile paid once is reused by the next child of the same graphs."""
-    from torch._dynamo.utils import counters
-
-    hits = counters["aot_autograd"]["autograd_cache_hit"] + counters["inductor"][
-        "fxgraph_cache_hit"]
-    misses = counters["aot_autograd"]["autograd_cache_miss"] + counters["inductor"][
-        "fxgraph_cache_miss"]
-    return int(hits), int(misses)
-
-
 def run_trial(spec: TrialSpec) -> TrialResult:
     """Run one trial in this (child) process and describe what happened.
 
@@ -235,7 +224,7 @@ def run_trial(spec: TrialSpec) -> TrialResult:
         if spec.compiled and "torch._dynamo" in sys.modules:
             with contextlib.suppress(Exception):  # whether it was compiling afresh
                 info["compile_cache_hits"], info["compile_cache_misses"] = \
-                    _compile_cache_counts()
+                    compile_cache_counts()
         return _failed(status, exc, info, at_cap)
 
 
@@ -442,7 +431,7 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: TrialM
     info.update(first_loss=values[0], last_loss=values[-1], num_skipped_steps=num_skipped)
     if spec.compiled:
         info["num_graphs"], info["num_graph_breaks"] = _dynamo_counts()
-        info["compile_cache_hits"], info["compile_cache_misses"] = _compile_cache_counts()
+        info["compile_cache_hits"], info["compile_cache_misses"] = compile_cache_counts()
         if info["num_graphs"] == 0:
             return TrialResult(status="compile_error", message=(
                 "torch.compile produced no graph: the step silently ran eager (recompile limit "
