@@ -14,11 +14,11 @@ spec from the candidate's recorded runs, and ``run_search`` reads its simulated 
   answered as recorded; a peak over the spec's cap answers ``oom`` (a table's peaks were
   recorded under its own cap, which the search is given). A compiled candidate the table
   says fits only when its graphs load from inductor's cache (``fits_first_launch`` false: no
-  first-launch peak is recorded, only the verdict) answers a run that compiles afresh
-  (``cold_compile``) with a peak just over the usable budget. A run past the spec's timeout
-  (the time budget's end) is killed there (``timeout``), as the runner kills a child. Wall
-  seconds: the drawn run's own
-  less its timed steps, plus the replayed steps.
+  first-launch peak is recorded, only the verdict) answers a run that compiles afresh (its
+  graphs' first run in the search, or ``cold_compile``) with a peak just over the usable
+  budget. A run past the spec's timeout (the time budget's end) is killed there
+  (``timeout``), as the runner kills a child. Wall seconds: the drawn run's own less its
+  timed steps, plus the replayed steps.
 - **Not recorded**: a run of a micro-batch the table lacks at or above one its setting ran out
   of memory at answers ``oom`` (memory grows with the micro-batch: the oracle did not run
   it); a memory probe (no timed steps) the table lacks, where its setting has recorded peaks,

@@ -128,15 +128,27 @@ def test_every_committed_oracle_is_a_table() -> None:
 
 
 def test_a_compiled_fit_only_from_the_cache_peaks_over_the_budget_when_compiled_afresh() -> None:
+    """A graph's first run in a search compiles it afresh (a search on a fresh machine: the
+    replay charges its cold compile) and says so as a child does, by inductor's cache
+    counters (nothing read, something written): the search takes it as a first launch. So
+    the table's verdict that the candidate fits only from the cache holds for that run and
+    for every run compiled afresh; a later run loads its graphs: as recorded."""
     t = table()
     t.entries["bf16/default/2"].fits_first_launch = False  # the table's verdict, no peak
     spec = TrialSpec(workload=WorkloadSpec(), device="cpu", micro_batch=2, accumulate_steps=2,
                      knobs=Knobs(precision="bf16", compile_mode="default"), num_timed_steps=10,
                      memory_budget_bytes=900 * MIB)
     device = ReplayDevice(t, 0)
-    assert device(spec).peak_bytes == 500 * MIB  # loaded from the cache: as recorded
+    first, warm = device(spec), device(spec)
+    assert (first.compile_cache_hits, first.compile_cache_misses) == (0, 1)
+    assert first.ok and first.peak_bytes is not None and first.peak_bytes > t.usable_bytes()
+    assert (warm.compile_cache_hits, warm.compile_cache_misses) == (1, 0)
+    assert warm.peak_bytes == 500 * MIB  # loaded from the cache: as recorded
     cold = device(replace(spec, cold_compile=True))
     assert cold.ok and cold.peak_bytes is not None and cold.peak_bytes > t.usable_bytes()
+    assert cold.compile_cache_hits == 0
+    eager = device(replace(spec, knobs=Knobs(precision="bf16")))
+    assert eager.compile_cache_hits is None and eager.compile_cache_misses is None
     assert not t.fits("bf16/default/2") and t.best()[0] != "bf16/default/2"
 
 
