@@ -91,6 +91,20 @@ def hint_for(knobs: Knobs, probes: Iterable[MemoryProbe]) -> int | None:
     return max(found, key=alike).max_micro_batch
 
 
+def probe_step(micro_batch: int, result: TrialResult, usable_bytes: int, *,
+               timed: bool = False) -> ProbeStep:
+    """One point of a memory probe from its run: it fits when it ran every step with its peak
+    within ``usable_bytes``; its message is the run's first line, or why a run that ended
+    well does not fit."""
+    fits = result.fits(usable_bytes)
+    message = result.message.splitlines()[0] if result.message else ""
+    if result.ok and not fits:
+        message = "ran, but its peak is over the usable budget (budget minus headroom)"
+    return ProbeStep(micro_batch=micro_batch, status=result.status,
+                     peak_bytes=result.peak_bytes, fits=fits, message=message,
+                     wall_s=result.wall_s, timed=timed)
+
+
 def probe_memory(workload: WorkloadSpec, device: str, knobs: Knobs, candidates: Sequence[int],
                  *, run: Runner = run_isolated, **options: Any) -> MemoryProbe:
     """The largest candidate micro-batch whose real training step fits: ``probe_steps`` (its
@@ -173,16 +187,10 @@ def probe_steps(
     stopped = ""
 
     def record(micro_batch: int, result: TrialResult, timed: bool) -> ProbeStep:
-        fits = result.fits(usable_bytes)
-        message = result.message.splitlines()[0] if result.message else ""
-        if result.ok and not fits:
-            message = "ran, but its peak is over the usable budget (budget minus headroom)"
-        step = ProbeStep(micro_batch=micro_batch, status=result.status,
-                         peak_bytes=result.peak_bytes, fits=fits, message=message,
-                         wall_s=result.wall_s, timed=timed)
+        step = probe_step(micro_batch, result, usable_bytes, timed=timed)
         steps.append(step)
         # Only a complete run's peak is on the line: a failed run's is where it stopped.
-        points.append(Point(micro_batch=micro_batch, fits=fits,
+        points.append(Point(micro_batch=micro_batch, fits=step.fits,
                             peak_bytes=result.peak_bytes if result.ok else None))
         return step
 

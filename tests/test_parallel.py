@@ -113,15 +113,31 @@ def _search(device: KnobDevice, width: int, said: list[str] | None = None) -> Se
 
 
 def _ran(outcome: SearchOutcome) -> list[tuple[str, str]]:
-    return sorted((r.kind, f"{r.knobs.label()}/{r.micro_batch}") for r in outcome.runs)
+    """The runs that timed a candidate (a memory probe's runs apart: the baseline's runs
+    ahead with several slots, ``probe.probe_ahead``)."""
+    return sorted((r.kind, f"{r.knobs.label()}/{r.micro_batch}") for r in outcome.runs
+                  if r.kind != "probe")
 
 
-def test_a_search_on_two_slots_runs_the_same_candidates_and_picks_the_same() -> None:
+def _probed(outcome: SearchOutcome, label: str) -> list[int]:
+    """The micro-batches of ``label``'s memory probes that ran, in the order they began."""
+    return [r.micro_batch for r in sorted(outcome.runs, key=lambda r: r.start_s or 0.0)
+            if r.kind == "probe" and r.knobs.label() == label]
+
+
+def test_a_search_on_two_slots_times_the_same_candidates_and_picks_the_same() -> None:
     speeds = by_class(100, 150, 160, 200, 300, 330)
     said: list[str] = []
     one, two = _search(KnobDevice(speeds), 1), _search(KnobDevice(speeds), 2, said)
     assert _ran(two) == _ran(one)
     assert pick_winner_record(two) == pick_winner_record(one)
+    # The baseline fits 32: one slot tries 64 (timed: it fails), then measures 1 and 8 and
+    # times 32, three rounds; two slots run 64 (timed) and 32 at once, then time 32, two
+    # (``probe_ahead``).
+    assert _probed(one, "fp32/off") == [1, 8] and _probed(two, "fp32/off") == [32]
+    ahead = [r for r in two.runs if r.knobs.label() == "fp32/off" and r.micro_batch in (32, 64)
+             and r.kind in ("probe", "trial")][:2]
+    assert {r.slot for r in ahead} == {"cpu 0", "cpu 1"}
     assert {r.slot for r in one.runs} == {""}  # one at a time: no slot said
     assert {r.node for r in one.runs} == {r.node for r in two.runs} == {""}  # one node
     # A batch ran on both; a run outside one, on the first (pinned as the batch's are).
@@ -130,6 +146,38 @@ def test_a_search_on_two_slots_runs_the_same_candidates_and_picks_the_same() -> 
     # Each run's progress, as it begins and as it ends, says its slot.
     assert said and all(" [cpu " in line for line in said)
     assert any(line.startswith("joint [cpu 1] ") for line in said)
+
+
+def test_with_four_slots_the_baseline_s_probe_runs_its_largest_micro_batches_at_once(
+        ) -> None:
+    # Issue 60: the baseline's memory probe is a chain of runs, each decided on the one
+    # before, while every other slot waits. With four slots its four largest micro-batches
+    # run at once (the largest timed, as a probe's first run is), and the probe goes on
+    # below them as one slot would (fp32 eager fits 4 here: 8-64 all run out of memory).
+    def device() -> KnobDevice:
+        return KnobDevice(by_class(100, 150, 160, 200, 300, 330),
+                          peaks={"fp32/off": lambda m: 100 + 200 * m})
+
+    said: list[str] = []
+    one, four = _search(device(), 1), _search(device(), 4, said)
+    first = sorted(four.runs, key=lambda r: r.start_s or 0.0)[:4]
+    assert [(r.knobs.label(), r.micro_batch, r.kind) for r in first] == [
+        ("fp32/off", 64, "trial"), ("fp32/off", 32, "probe"), ("fp32/off", 16, "probe"),
+        ("fp32/off", 8, "probe")]
+    assert len({r.slot for r in first}) == 4  # on four slots at once
+    assert all(r.status == "oom" for r in first)
+    # each memory probe said as it ended, as one slot's probe says its steps
+    assert {line for line in said if line.startswith("probe") and "fp32/off/" in line} >= {
+        f"probe [cpu {i}] fp32/off/{m}" for i, m in ((1, 32), (2, 16), (3, 8))}
+    assert one.baseline == four.baseline and four.baseline is not None
+    assert four.baseline.micro_batch == 4
+    picks = [pick_winner_record(o) for o in (one, four)]
+    assert len({(p.knobs, p.micro_batch) for p in picks if p is not None}) == 1
+    # One slot: 64 timed, then 1 and 8 measured, then 4 timed (the line through 1's and
+    # 8's peaks puts it under the budget): four rounds. Four slots: the round of four, then
+    # 1 (nothing fit yet: is anything feasible?), then 4 timed: three.
+    assert _probed(one, "fp32/off") == [1, 8]
+    assert _probed(four, "fp32/off") == [32, 16, 8, 1]
 
 
 class _Slow(KnobDevice):
@@ -214,7 +262,7 @@ def test_with_two_slots_no_class_goes_on_before_the_noise_is_told() -> None:
     run_search(plan(), CLASSES, SETTINGS, values=VALUES, run=device, slots=_slots(device, 2),
                on_trial=on_trial)
     began_noise = next(i for i, (what, key) in enumerate(events) if what == "began"
-                       and events.index(("began", key)) < i)  # the baseline's fit again
+                       and ("ended", key) in events[:i])  # the baseline's fit, timed again
     noise = events[began_noise][1]
     told = events.index(("ended", noise), began_noise)
     beside = [key for what, key in events[began_noise + 1:told] if what == "began"]
@@ -281,7 +329,7 @@ def test_with_two_slots_an_eager_walk_down_times_its_next_micro_batch_beside_the
     assert [key for _, key, _ in began] == ["fp32/off/16", "fp32/off/8"], events
     assert began[0][2] != began[1][2], events  # on two slots at once
     one = _search(device(), 1)
-    assert _ran(two) == _ran(one)  # the walk went as far: no other run made
+    assert _ran(two) == _ran(one)  # the walk went as far: no other timing made
     assert pick_winner_record(two) == pick_winner_record(one)
 
 
