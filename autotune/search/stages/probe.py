@@ -86,12 +86,11 @@ def run(ex: Executor) -> bool:
 PROBE_AHEAD = 4
 """The most micro-batches of the baseline's probe run at once (``probe_ahead``): its largest
 ones, where fp32 eager's largest fit lies on 93% of the generated tables (develop 167 of
-178, judge 163 of 177: the largest itself on 37-40%, one of the three below it on the rest)
-and where a probe costs least (a smaller micro-batch accumulates more of them into one
-step: at micro-batch 1 a probe of a per-device batch of 64 runs 64 forward and backward
-passes). Four is the fit and the failure above it in one round on those tables; more, on a
-GPU, ran probes of micro-batches 1-8 beside a largest that fit (the H200 table: device-seconds
-0.52 -> 0.75 of an exhaustive pass at 8 slots, wall 0.42 -> 0.44)."""
+178, judge 163 of 177: the largest itself on 37-40%, one of the three below it on the rest;
+three would cover 59-63%). Four is the fit and the failure above it in one round on those
+tables. Each probe costs a child's start and warm-up whatever its micro-batch, and one below
+a fit above it is wasted: all seven of a per-device batch of 64 at once, on the H200 table
+(whose largest fits), took device-seconds from 0.52 to 0.75 of an exhaustive pass at 8 slots."""
 
 
 def probe_ahead(ex: Executor, knobs: Knobs) -> None:
