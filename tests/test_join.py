@@ -137,7 +137,10 @@ def test_two_nodes_of_two_slots_each_split_the_joint_screens_batches(
     a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in "ab")
     together = _first_runs(a["ran"]) + _first_runs(b["ran"])
     assert max(together.values()) == 1, together
-    assert set(together) == set(alone)
+    # the same timings; the baseline's memory probes differ: with two slots a node runs its
+    # largest micro-batches ahead (``probe.probe_ahead``) where one slot bisects
+    assert {k for k in together if k[0] != "probe"} == {k for k in alone if k[0] != "probe"}
+    assert ("probe", "fp32/off/32") in together and ("probe", "fp32/off/32") not in alone
     assert a["winner"] == b["winner"] == winner_of(solo)
 
 
