@@ -87,10 +87,10 @@ PROBE_AHEAD = 4
 """The most micro-batches of the baseline's probe run at once (``probe_ahead``): its largest
 ones, where fp32 eager's largest fit lies on 93% of the generated tables (develop 167 of
 178, judge 163 of 177: the largest itself on 37-40%, one of the three below it on the rest;
-three would cover 59-63%). Four is the fit and the failure above it in one round on those
-tables. Each probe costs a child's start and warm-up whatever its micro-batch, and one below
-a fit above it is wasted: all seven of a per-device batch of 64 at once, on the H200 table
-(whose largest fits), took device-seconds from 0.52 to 0.75 of an exhaustive pass at 8 slots."""
+three would cover 59-63%; ``benchmarks/probe_fits.py``). Four is the fit and the failure
+above it in one round on those tables. Each probe costs a child's start and warm-up whatever
+its micro-batch, and one below a fit above it is wasted: more would spend device-seconds
+where memory is ample (the largest fits) for rounds on a few tables."""
 
 
 def probe_ahead(ex: Executor, knobs: Knobs) -> None:
@@ -105,9 +105,9 @@ def probe_ahead(ex: Executor, knobs: Knobs) -> None:
     if ex.slots is None or ex.slots.width < 2:
         return
     largest = ex.plan.micro_batches[-1]
+    known = {*ex.ev.probe_runs, *ex.ev.results}
     open_ = [m for m in ex.plan.micro_batches
-             if Candidate(knobs=knobs, micro_batch=m) not in ex.ev.probe_runs
-             and Candidate(knobs=knobs, micro_batch=m) not in ex.ev.results]
+             if Candidate(knobs=knobs, micro_batch=m) not in known]
     if len(open_) < 2 or open_[-1] != largest:
         return  # (a resumed search: its probe goes on as the first search's did)
     ahead = open_[::-1][:min(ex.slots.width, PROBE_AHEAD)]
