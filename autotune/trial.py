@@ -18,7 +18,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from autotune.artifacts import compile_cache_counts
 from autotune.config import TrialResult, TrialSpec, TrialStatus
 from autotune.device import backend_for
 from autotune.device.backend import TrialMemory
@@ -174,6 +173,14 @@ def _dynamo_counts() -> tuple[int, int]:
     return graphs, breaks
 
 
+def _cache_counts() -> tuple[int, int]:
+    """``artifacts.compile_cache_counts``, imported where a compiled run asks (the module reads
+    the tuned file's schema: an eager child, and every child's start, need none of it)."""
+    from autotune.artifacts import compile_cache_counts
+
+    return compile_cache_counts()
+
+
 def run_trial(spec: TrialSpec) -> TrialResult:
     """Run one trial in this (child) process and describe what happened.
 
@@ -223,8 +230,7 @@ def run_trial(spec: TrialSpec) -> TrialResult:
                 f" of {format_bytes(memory.budget or 0)}) when it failed with ")
         if spec.compiled and "torch._dynamo" in sys.modules:
             with contextlib.suppress(Exception):  # whether it was compiling afresh
-                info["compile_cache_hits"], info["compile_cache_misses"] = \
-                    compile_cache_counts()
+                info["compile_cache_hits"], info["compile_cache_misses"] = _cache_counts()
         return _failed(status, exc, info, at_cap)
 
 
@@ -431,7 +437,7 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: TrialM
     info.update(first_loss=values[0], last_loss=values[-1], num_skipped_steps=num_skipped)
     if spec.compiled:
         info["num_graphs"], info["num_graph_breaks"] = _dynamo_counts()
-        info["compile_cache_hits"], info["compile_cache_misses"] = compile_cache_counts()
+        info["compile_cache_hits"], info["compile_cache_misses"] = _cache_counts()
         if info["num_graphs"] == 0:
             return TrialResult(status="compile_error", message=(
                 "torch.compile produced no graph: the step silently ran eager (recompile limit "
