@@ -30,18 +30,20 @@ from autotune.units import format_bytes
 Runner = Callable[[TrialSpec], TrialResult]
 OnStep = Callable[[Knobs, ProbeStep], None]
 R = TypeVar("R")
-Steps = Generator[TrialSpec, TrialResult, R]
+Steps = Generator[Any, Any, R]
 """A chain of runs, each decided on the results before: it yields a spec, is sent the spec's
 result, and returns what it found (``drive`` runs one; several run side by side on slots,
-``search.batch.run_chains``)."""
+``search.batch.run_chains``). A step may be a fan: a tuple of specs, to run at once where
+slots are free, sent the tuple of their results (``probe_steps`` with ``ahead``)."""
 
 
 def drive(steps: Steps[R], run: Runner) -> R:
-    """Run a chain (``Steps``) one run at a time through ``run``: its answer."""
+    """Run a chain (``Steps``) one run at a time through ``run`` (a fan's specs in order):
+    its answer."""
     try:
         spec = next(steps)
         while True:
-            spec = steps.send(run(spec))
+            spec = steps.send(tuple(map(run, spec)) if isinstance(spec, tuple) else run(spec))
     except StopIteration as done:
         return done.value
 
@@ -134,6 +136,7 @@ def probe_steps(
     stop_below: Callable[[int, int], str | None] | None = None,
     known: Mapping[int, TrialResult] | None = None,
     flat: bool = False,
+    ahead: int = 1,
 ) -> Steps[MemoryProbe]:
     """The largest candidate micro-batch whose real training step fits, as a chain of runs
     (``Steps``: each spec yielded is sent its result; ``probe_memory`` runs it).
@@ -177,6 +180,14 @@ def probe_steps(
             (``boundary.flattens``): a line through the peaks puts a micro-batch over the cap
             without a run only within its reach (``boundary.line_reach``), as where this
             probe's own peaks flatten.
+        ahead: the most runs made at once (several slots). Where nothing has fit yet and
+            the next micro-batch lies below every failure, that one and the runs one at a
+            time would make after it were each to fail too (the smallest candidate next,
+            then nothing) run as one fan (``descent``), each timed as the boundary it may
+            be (``make_spec`` told so). The probe then decides on their results as one at
+            a time would, in order: the boundary is the one it finds, in no more rounds;
+            the runs are its runs, and one after a fit it would not have made. 1: one run
+            at a time.
 
     Raises:
         WorkloadError: the workload itself fails (factory, batch or model errors).
@@ -220,6 +231,26 @@ def probe_steps(
                 return None
         return micro_batch
 
+    def descent(micro_batch: int, most: int) -> list[int]:
+        """With nothing fit yet and ``micro_batch`` below every failure: the runs one at a
+        time would make after it were each to fail too (``most`` at most, each worth a run:
+        ``stop_below``)."""
+        failed = [p.micro_batch for p in points if not p.fits]
+        if most < 1 or bracket(points)[0] or not failed or micro_batch > min(failed):
+            return []
+        ran_over = [p.micro_batch for p in points if not p.fits and p.peak_bytes is not None]
+        path: list[int] = []
+        assumed, m = [*points], micro_batch
+        while len(path) < most:
+            assumed.append(Point(micro_batch=m, peak_bytes=None, fits=False))
+            m = next_candidate(cands, assumed, usable_bytes, hint, over_bytes=budget_bytes,
+                               flat=flat)
+            if m is None or (ran_over and stop_below is not None
+                             and stop_below(min(ran_over), m)):
+                break
+            path.append(m)
+        return path
+
     for m, result in sorted((known or {}).items()):
         if m in cands and result.status in ("ok", "oom"):
             record(m, result, timed=bool(result.step_times_s))
@@ -235,19 +266,21 @@ def probe_steps(
     may_be_largest = micro_batch is not None and (
         not points or is_largest_candidate(micro_batch, cands, points, usable_bytes))
     while micro_batch is not None:
-        spec = (make_spec(micro_batch, may_be_largest) if make_spec is not None else
-                probe_spec(workload, device, knobs, micro_batch, budget_bytes, timeout_s,
-                           ranks=ranks))
-        result = yield spec
-        if result.status in ("workload_error", "error"):
-            raise WorkloadError(
-                f"the workload failed at micro-batch {micro_batch} ({knobs.label()}):\n"
-                f"{result.message}"
-            )
-        step = record(micro_batch, result, timed=spec.num_timed_steps > 0)
-        if on_step is not None:
-            on_step(knobs, step)
-        if result.status == "unsupported":  # no micro-batch changes that
+        fan = [micro_batch, *descent(micro_batch, ahead - 1)]
+        specs = [make_spec(m, may_be_largest or m != micro_batch) if make_spec is not None
+                 else probe_spec(workload, device, knobs, m, budget_bytes, timeout_s,
+                                 ranks=ranks) for m in fan]
+        results = (yield tuple(specs)) if len(specs) > 1 else ((yield specs[0]),)
+        for m, spec, result in zip(fan, specs, results, strict=True):
+            if result.status in ("workload_error", "error"):
+                raise WorkloadError(
+                    f"the workload failed at micro-batch {m} ({knobs.label()}):\n"
+                    f"{result.message}"
+                )
+            step = record(m, result, timed=spec.num_timed_steps > 0)
+            if on_step is not None:
+                on_step(knobs, step)
+        if any(r.status == "unsupported" for r in results):  # no micro-batch changes that
             break
         micro_batch = advance(next_candidate(cands, points, usable_bytes, hint,
                                              over_bytes=budget_bytes, flat=flat))

@@ -5,6 +5,9 @@ a check of a bound not (yet) in the search.
   families), how many tables have fp32 eager's largest fit at the largest micro-batch, one
   below it, and so on, and the share the ``k`` largest cover (``PROBE_AHEAD``: the baseline's
   probe, with several slots, runs its largest micro-batches at once).
+- **A descent's fan**: with 8 slots, the sizes of the steps of every memory probe (1: one run;
+  2 or more: a descent's runs at once, ``memory.probe_steps``'s ``ahead``), replayed at seed 0
+  (``PROBE_AHEAD`` bounds them; the baseline's probe run ahead is not a probe's step).
 - **Compiled classes that fit nothing**: on the CPU tables, where one compiled class (default
   knobs) fits no micro-batch, whether another compiled class of the same mode and
   checkpointing, whose eager class peaked no lower at the largest micro-batch both ran, also
@@ -20,20 +23,12 @@ import collections
 import sys
 from collections.abc import Iterable
 
-from replay_families import build, variants
-from replay_tables import Table, all_tables
+from replay_families import tables_of
+from replay_tables import Table
 
 from autotune.search._records import Candidate
 
 SETS = ("recorded", "develop", "judge")
-
-
-def tables_of(which: str) -> list[Table]:
-    """The recorded tables, or a generated set's (``replay_families.variants``)."""
-    recorded = {t.name: t for t in all_tables()}
-    if which == "recorded":
-        return list(recorded.values())
-    return [t for v in variants(which, list(recorded)) if (t := build(v, recorded)) is not None]
 
 
 def baseline_fit_ranks(tables: Iterable[Table]) -> collections.Counter[int | None]:
@@ -82,6 +77,39 @@ def compiled_pairs(tables: Iterable[Table]) -> tuple[int, list[tuple[str, str, s
     return held, broken
 
 
+def fan_sizes(tables: Iterable[Table], width: int = 8) -> collections.Counter[int]:
+    """Each memory probe's steps in a replay with ``width`` slots (seed 0), by their runs."""
+    import contextlib
+    import io
+
+    from replay_device import plan_of
+    from replay_parallel import replay_one
+
+    import autotune.search.stages.probe as probe
+
+    sizes: collections.Counter[int] = collections.Counter()
+    steps = probe.probe_steps
+
+    def counted(*args, **options):  # type: ignore[no-untyped-def]
+        chain = steps(*args, **options)
+        try:
+            step = next(chain)
+            while True:
+                sizes[len(step) if isinstance(step, tuple) else 1] += 1
+                step = chain.send((yield step))
+        except StopIteration as done:
+            return done.value
+
+    probe.probe_steps = counted
+    try:
+        for t in tables:
+            with contextlib.redirect_stderr(io.StringIO()):
+                replay_one(t, 0, width, plan_of(t))
+    finally:
+        probe.probe_steps = steps
+    return sizes
+
+
 def main() -> int:
     print("fp32 eager's largest fit, by its rank among a table's micro-batches (0: the largest)")
     for which in SETS:
@@ -93,6 +121,10 @@ def main() -> int:
               + ", ".join(f"{r}: {n}" for r, n in sorted(ranks.items(), key=lambda kv: (
                   kv[0] is None, kv[0] or 0)))
               + "; the k largest cover " + ", ".join(f"k={k} {c:.0%}" for k, c in cover.items()))
+    print("a memory probe's steps with 8 slots (seed 0), by their runs (2+: a descent's fan)")
+    for which in SETS:
+        sizes = fan_sizes(tables_of(which))
+        print(f"  {which:9s} " + ", ".join(f"{n} run(s): {c}" for n, c in sorted(sizes.items())))
     print("a compiled class that fits nothing: another whose eager class peaks no lower")
     for which in SETS:
         held, broken = compiled_pairs(tables_of(which))

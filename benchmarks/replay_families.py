@@ -56,7 +56,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from replay_tables import Entry, Run, Table
+from replay_tables import Entry, Run, Table, all_tables
 
 from autotune.config import DeviceInfo, WorkloadSpec
 from autotune.knobs import Knobs
@@ -153,6 +153,15 @@ def build(variant: Variant, tables: dict[str, Table]) -> Table | None:
     else:
         t = PERTURB[variant.family](tables[variant.base], variant.param, variant.seed)
     return t and replace(t, name=variant.name)
+
+
+def tables_of(which: str) -> list[Table]:
+    """The recorded tables (``recorded``), or a generated set's (``develop``, ``judge``):
+    every variant that applies to its base."""
+    recorded = {t.name: t for t in all_tables()}
+    if which == "recorded":
+        return list(recorded.values())
+    return [t for v in variants(which, list(recorded)) if (t := build(v, recorded)) is not None]
 
 
 # -- perturbed ----------------------------------------------------------------------------

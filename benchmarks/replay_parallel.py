@@ -19,7 +19,7 @@ then counts the noise's doing too. ``--noise keyed`` draws each run's noise by i
 candidate instead (``KeyedDevice``), so that N = 1 and N = 8 differ by their decisions.
 
 Run: ``python benchmarks/replay_parallel.py [--seeds 10] [--workers 1,2,4,8] [--only NAME]
-[--noise drawn|keyed] [--write NAME]``.
+[--noise drawn|keyed] [--families recorded|develop|judge] [--write NAME]``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from pathlib import Path
 
 from replay import _commit, _machine, quality_of, quantile
 from replay_device import ReplayDevice, plan_of, settings_of
-from replay_tables import Table, all_tables
+from replay_families import tables_of
+from replay_tables import Table
 
 from autotune.config import TrialResult, TrialSpec
 from autotune.search import run_search
@@ -279,6 +280,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--workers", default="1,2,4,8")
     parser.add_argument("--only", default="")
+    parser.add_argument("--families", choices=("recorded", "develop", "judge"),
+                        default="recorded",
+                        help="the tables: the recorded ones, or a generated set's "
+                             "(replay_families.tables_of)")
     parser.add_argument("--write", metavar="NAME", default="")
     parser.add_argument("--noise", choices=("drawn", "keyed"), default="drawn",
                         help="drawn: the replay device's draws in the order of the runs; "
@@ -286,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     workers = sorted({1, *(int(n) for n in args.workers.split(","))})
     started, commit = time.perf_counter(), _commit()
-    tables = [t for t in all_tables() if not args.only or t.name in args.only.split(",")]
+    tables = [t for t in tables_of(args.families)
+              if not args.only or t.name in args.only.split(",")]
     results = [score(t, args.seeds, workers, args.noise == "keyed") for t in tables]
     summ = summary(results, workers)
     text = render(results, workers)

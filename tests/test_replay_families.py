@@ -312,7 +312,8 @@ def test_the_baseline_s_fit_lies_among_the_micro_batches_its_probe_runs_ahead(wh
     ``PROBE_AHEAD`` largest micro-batches, so the probe run ahead brackets it in one round
     there (``benchmarks/probe_fits.py``: develop 167 of 178, judge 163 of 177). At 3 it
     would be 63% and 59%."""
-    from probe_fits import baseline_fit_ranks, tables_of
+    from probe_fits import baseline_fit_ranks
+    from replay_families import tables_of
 
     from autotune.search.stages.probe import PROBE_AHEAD
 

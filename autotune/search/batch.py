@@ -190,31 +190,49 @@ def run_proposals(ex: Executor, batch: Sequence[Proposal], *, alone: bool = Fals
         ex.slot = ""
 
 
-Chain = Generator[TrialSpec | Proposal, Any, R]
+Chain = Generator[Any, Any, R]
 """A chain of runs (as ``memory.Steps``): each step a spec (a probe or a timing, sent its
-result) or a ``Proposal`` (a re-measure, sent its result and record)."""
+result), a fan (a tuple of specs, run at once, sent the tuple of their results) or a
+``Proposal`` (a re-measure, sent its result and record)."""
 
 
 def run_chains(ex: Executor, chains: Sequence[Chain[R]], *, first: bool = False
                ) -> list[R]:
     """Chains of runs (``Chain``: each class's memory probe, a knob's values) side by side,
     their answers in the chains' order. With one slot each chain runs to its end in turn
-    (``memory.drive``, through ``Executor.measure``). With several, each chain has one run
-    at a time on a slot: its next run is decided (the chain resumed with the result) once
-    the one before has ended and been told, and starts as a slot frees; the chains do not
-    wait for each other. ``first``: the first chain's every run is told before any other
-    chain's next run is decided (the noise's re-measure, which every cut reads: the others'
-    first runs start beside it). A step the evidence or the study answers costs no run; one
-    another node runs now (a joined study) is waited for once the others are done."""
+    (``memory.drive``, through ``Executor.measure``). With several, each chain has one step
+    at a time on the slots (a fan's runs each on its own): its next is decided (the chain
+    resumed with the result) once the step before has ended and been told, and starts as a
+    slot frees; the chains do not wait for each other. ``first``: the first chain's every
+    run is told before any other chain's next step is decided (the noise's re-measure,
+    which every cut reads: the others' first runs start beside it). A run the evidence or
+    the study answers costs none; one another node runs now (a joined study) is waited for
+    once the others are done."""
     if ex.slots is None:
         return [_finish(chain, None, ex) for chain in chains]
     answers: dict[int, R] = {}
     told: dict[int, Any] = {}  # per chain, the result its next step is decided on
-    parked: dict[int, TrialSpec] = {}  # per chain, the run another node makes now
-    held: list[int] = []  # chains told while the first still runs (``first``)
-    feed: list[int] = []
+    steps: dict[int, tuple[Any, list[Any], bool]] = {}  # per chain: its step's runs, their
+    # results so far (None: not in yet), and whether it is a fan
+    lead: dict[int, int] = {}  # per chain, the run its step started with
+    parked: dict[tuple[int, int], TrialSpec] = {}  # runs another node makes now
+    held: list[tuple[int, int | None]] = []  # chains told while the first still runs
+    feed: list[tuple[int, int | None]] = []
+    Item = tuple[int, int | None]  # (chain, its step's run; None: the chain's next step)
 
-    def start(i: int) -> Begun[int]:
+    def in_(i: int, j: int, result: Any) -> None:
+        """Run ``j`` of chain ``i``'s step told: once all are, the chain goes on."""
+        _, results, fan = steps[i]
+        results[j] = result
+        if all(r is not None for r in results):
+            del steps[i]
+            told[i] = tuple(results) if fan else results[0]
+            (held if first and i and 0 not in answers else feed).append((i, None))
+
+    def start(item: Item) -> Begun[Item]:
+        i, j = item
+        if j is not None:
+            return _start_run(i, j)
         result = told.pop(i, None)
         while True:
             try:
@@ -225,56 +243,74 @@ def run_chains(ex: Executor, chains: Sequence[Chain[R]], *, first: bool = False
                     feed.extend(held)
                     held.clear()
                 return Begun()
-            if isinstance(step, Proposal):
-                if step.stored is not None:  # the study answers it: no child runs
-                    result = ex.run_proposal(step)
-                    continue
-                return _begin(ex, step.spec, "re-measure", proposal=step)
-            result = ex.answered(step)
-            if result is not None:
+            runs = step if isinstance(step, tuple) else (step,)
+            results = [_answered(run) for run in runs]
+            if all(r is not None for r in results):
+                result = tuple(results) if isinstance(step, tuple) else results[0]
                 continue
-            kind: RunKind = "trial" if step.num_timed_steps > 0 else "probe"
-            claimed = ex.study.claim(Candidate.of(step), kind, ex.plan.micro_batches,
-                                     wait=False)
-            if claimed is None:
-                parked[i] = step
-                return Begun()
-            if isinstance(claimed, TrialResult):
-                result = ex.heard(step, claimed)
-                continue
-            return _begin(ex, step, kind, claimed)
+            steps[i] = (runs, results, isinstance(step, tuple))
+            todo = [k for k, r in enumerate(results) if r is None]
+            feed.extend((i, k) for k in todo[1:])  # a fan's other runs, as slots free
+            lead[i] = todo[0]
+            return _start_run(i, todo[0])
 
-    def end(i: int, run: object, done: Done) -> None:
+    def _answered(run: Any) -> Any:
+        """A run the study answers without a child (a stored re-measure) or the evidence
+        does; None: it runs."""
+        if isinstance(run, Proposal):
+            return ex.run_proposal(run) if run.stored is not None else None
+        return ex.answered(run)
+
+    def _start_run(i: int, j: int) -> Begun[Item]:
+        run = steps[i][0][j]
+        if isinstance(run, Proposal):
+            return _begin(ex, run.spec, "re-measure", proposal=run)
+        kind: RunKind = "trial" if run.num_timed_steps > 0 else "probe"
+        claimed = ex.study.claim(Candidate.of(run), kind, ex.plan.micro_batches, wait=False)
+        if claimed is None:
+            parked[i, j] = run
+            return Begun()
+        if isinstance(claimed, TrialResult):
+            in_(i, j, ex.heard(run, claimed))
+            return Begun()
+        return _begin(ex, run, kind, claimed)
+
+    def end(item: Item, run: object, done: Done) -> None:
         assert isinstance(run, _Run)
+        i, j = item
         if run.proposal is not None:
-            told[i] = _end(ex, run, done, partial(_remeasured, ex, run.proposal, run))
+            result = _end(ex, run, done, partial(_remeasured, ex, run.proposal, run))
         else:
             rec = _end(ex, run, done, lambda result: ex.took(run.spec, run.trial, result))
             if rec is not None:
                 ex.progress(Candidate.of(run.spec), rec)
-            told[i] = done.result
-        # its next step, decided when it starts (after the first chain's end: ``first``)
-        (held if first and i and 0 not in answers else feed).append(i)
+            result = done.result
+        in_(i, lead[i] if j is None else j, result)
 
     try:
-        for _ in dispatch(ex.slots, range(len(chains)), start, end, partial(_started, ex),
-                          feed=feed):
+        for _ in dispatch(ex.slots, [(i, None) for i in range(len(chains))], start, end,
+                          partial(_started, ex), feed=feed):
             pass
     finally:
         ex.slot = ""
-    for i, spec in parked.items():  # waited for, then the chain goes on alone
-        answers[i] = _finish(chains[i], ex.measure(spec), ex)
+    for (i, j), spec in parked.items():  # waited for, then the chain goes on alone
+        steps[i][1][j] = ex.measure(spec)
+    for i in sorted({i for i, _ in parked}):
+        _, results, fan = steps.pop(i)
+        answers[i] = _finish(chains[i], tuple(results) if fan else results[0], ex)
     return [answers[i] for i in range(len(chains))]
 
 
 def _finish(chain: Chain[R], result: Any, ex: Executor) -> R:
     """A chain resumed with ``result`` (None: from its start), run to its end one run at a
-    time (``Executor.measure``, ``Executor.run_proposal``)."""
+    time (``Executor.measure``, ``Executor.run_proposal``; a fan's runs in order)."""
+    def run(step: Any) -> Any:
+        return ex.run_proposal(step) if isinstance(step, Proposal) else ex.measure(step)
+
     try:
         step = chain.send(result)
         while True:
-            step = chain.send(ex.run_proposal(step) if isinstance(step, Proposal)
-                              else ex.measure(step))
+            step = chain.send(tuple(map(run, step)) if isinstance(step, tuple) else run(step))
     except StopIteration as done:
         return done.value
 

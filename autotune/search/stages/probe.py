@@ -18,7 +18,6 @@ from autotune.knobs import KNOB, KNOBS, skip_reason, timed_baseline
 from autotune.memory import (
     Steps,
     broken_uncapped,
-    drive,
     hint_for,
     probe_step,
     probe_steps,
@@ -84,13 +83,17 @@ def run(ex: Executor) -> bool:
 
 
 PROBE_AHEAD = 4
-"""The most micro-batches of the baseline's probe run at once (``probe_ahead``): its largest
-ones, where fp32 eager's largest fit lies on 93% of the generated tables (develop 167 of
-178, judge 163 of 177: the largest itself on 37-40%, one of the three below it on the rest;
-three would cover 59-63%; ``benchmarks/probe_fits.py``). Four is the fit and the failure
-above it in one round on those tables. Each probe costs a child's start and warm-up whatever
-its micro-batch, and one below a fit above it is wasted: more would spend device-seconds
-where memory is ample (the largest fits) for rounds on a few tables."""
+"""The most runs of one memory probe made at once with several slots. The baseline's probe
+runs its largest micro-batches at once (``probe_ahead``), where fp32 eager's largest fit
+lies on 93% of the generated tables (develop 167 of 178, judge 163 of 177: the largest
+itself on 37-40%, one of the three below it on the rest; three would cover 59-63%;
+``benchmarks/probe_fits.py``). Four is the fit and the failure above it in one round on
+those tables. Each probe costs a child's start and warm-up whatever its micro-batch, and one
+below a fit above it is wasted: more would spend device-seconds where memory is ample (the
+largest fits) for rounds on a few tables. Any probe's descent below a failure
+(``memory.probe_steps``'s ``ahead``) runs at once what one slot would run next were each run
+to fail: the next micro-batch below and the smallest, two runs, in every fan of the replays
+at 8 slots (develop 127, judge 124, recorded 9; ``probe_fits.py``); the bound holds the rest."""
 
 
 def probe_ahead(ex: Executor, knobs: Knobs) -> None:
@@ -166,9 +169,9 @@ def _noise_said(ex: Executor, base: Candidate) -> None:
 
 def probe_setting(ex: Executor, knobs: Knobs, *, above: int = 0,
                   hint: int | None = None) -> MemoryProbe:
-    """Find the setting's largest fitting micro-batch, and time it (``setting_steps``, one
-    run at a time)."""
-    return drive(setting_steps(ex, knobs, above=above, hint=hint), ex.measure)
+    """Find the setting's largest fitting micro-batch, and time it (``setting_steps``: one
+    run at a time, or with several slots a descent's fan at once, ``batch.run_chains``)."""
+    return run_chains(ex, [setting_steps(ex, knobs, above=above, hint=hint)])[0]
 
 
 def setting_steps(ex: Executor, knobs: Knobs, *, above: int = 0,
@@ -231,7 +234,8 @@ def setting_steps(ex: Executor, knobs: Knobs, *, above: int = 0,
         known={c.micro_batch: r for c, r in [*ex.ev.probe_runs.items(),
                                              *ex.ev.results.items()]
                if c.knobs == knobs and c in ex.ev.reached},
-        flat=fits.flat(ex.ev))
+        flat=fits.flat(ex.ev),
+        ahead=1 if ex.slots is None else min(ex.slots.width, PROBE_AHEAD))
     ex.ev.found(probe)
     for note in probe.notes:
         if note.startswith(("micro-batches above", "micro-batches below")):
