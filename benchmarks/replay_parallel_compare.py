@@ -1,0 +1,65 @@
+"""Two replays with N simulated workers (``replay_parallel.py --write``) of the same tables,
+side by side: per N, the wall, device-seconds and pick quality over the tables (the mean of
+the per-table medians, the large spaces apart), how many tables' wall moved by more than 1%
+either way, and the table whose wall rose most.
+
+Run: ``python benchmarks/replay_parallel_compare.py BEFORE.json AFTER.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from replay_parallel import LARGE
+
+MOVED = 0.01
+"""A table's wall moved where the after/before ratio of its medians is off 1 by more."""
+
+
+def compare(before: dict, after: dict) -> str:
+    """The comparison's lines (module docstring)."""
+    old = {t["name"]: t for t in before["tables"]}
+    new = {t["name"]: t for t in after["tables"]}
+    names = [n for n in old if n in new]
+    if len(names) != len(old) or len(names) != len(new):
+        raise SystemExit(f"the two replays hold other tables ({len(old)} and {len(new)}, "
+                         f"{len(names)} in both): compare replays of one set")
+    lines = [f"{len(names)} tables; before {before['commit']}, after {after['commit']}"]
+    for n in sorted({*old[names[0]]["by_workers"]} - {"1"}, key=int):
+        def med(tables: dict, name: str, figure: str, n: str = n) -> float:
+            return tables[name]["by_workers"][n][figure]["median"]
+
+        def mean(tables: dict, figure: str, large: bool = False) -> float:
+            return statistics.mean(med(tables, name, figure) for name in names
+                                   if not large or tables[name]["candidates"] >= LARGE)
+
+        ratio = {name: med(new, name, "wall_cost") / med(old, name, "wall_cost")
+                 for name in names}
+        worst = max(names, key=ratio.__getitem__)
+        lines.append(
+            f"N={n}: wall {mean(old, 'wall_cost'):.4f} -> {mean(new, 'wall_cost'):.4f} "
+            f"(large spaces {mean(old, 'wall_cost', True):.4f} -> "
+            f"{mean(new, 'wall_cost', True):.4f}), device-seconds "
+            f"{mean(old, 'device_cost'):.4f} -> {mean(new, 'device_cost'):.4f}, pick quality "
+            f"{mean(old, 'pick_quality'):.4f} -> {mean(new, 'pick_quality'):.4f} "
+            "(means of per-table medians, shares of a serial pass); wall lower on "
+            f"{sum(r < 1 - MOVED for r in ratio.values())}, higher on "
+            f"{sum(r > 1 + MOVED for r in ratio.values())}; most risen: {worst} "
+            f"{med(old, worst, 'wall_cost'):.3f} -> {med(new, worst, 'wall_cost'):.3f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print(__doc__.strip().splitlines()[-1], file=sys.stderr)
+        return 2
+    before, after = (json.loads(Path(p).read_text()) for p in argv)
+    print(compare(before, after))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
