@@ -32,19 +32,20 @@ def compare(before: dict, after: dict) -> str:
         def med(tables: dict, name: str, figure: str, n: str = n) -> float:
             return tables[name]["by_workers"][n][figure]["median"]
 
-        def mean(tables: dict, figure: str, large: bool = False) -> float:
-            return statistics.mean(med(tables, name, figure) for name in names
-                                   if not large or tables[name]["candidates"] >= LARGE)
+        def mean(tables: dict, figure: str, large: bool = False) -> str:
+            values = [med(tables, name, figure) for name in names
+                      if not large or tables[name]["candidates"] >= LARGE]
+            return f"{statistics.mean(values):.4f}" if values else "-"
 
         ratio = {name: med(new, name, "wall_cost") / med(old, name, "wall_cost")
                  for name in names}
         worst = max(names, key=ratio.__getitem__)
         lines.append(
-            f"N={n}: wall {mean(old, 'wall_cost'):.4f} -> {mean(new, 'wall_cost'):.4f} "
-            f"(large spaces {mean(old, 'wall_cost', True):.4f} -> "
-            f"{mean(new, 'wall_cost', True):.4f}), device-seconds "
-            f"{mean(old, 'device_cost'):.4f} -> {mean(new, 'device_cost'):.4f}, pick quality "
-            f"{mean(old, 'pick_quality'):.4f} -> {mean(new, 'pick_quality'):.4f} "
+            f"N={n}: wall {mean(old, 'wall_cost')} -> {mean(new, 'wall_cost')} "
+            f"(large spaces {mean(old, 'wall_cost', True)} -> "
+            f"{mean(new, 'wall_cost', True)}), device-seconds "
+            f"{mean(old, 'device_cost')} -> {mean(new, 'device_cost')}, pick quality "
+            f"{mean(old, 'pick_quality')} -> {mean(new, 'pick_quality')} "
             "(means of per-table medians, shares of a serial pass); wall lower on "
             f"{sum(r < 1 - MOVED for r in ratio.values())}, higher on "
             f"{sum(r > 1 + MOVED for r in ratio.values())}; most risen: {worst} "

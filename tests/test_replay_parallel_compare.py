@@ -1,0 +1,48 @@
+"""benchmarks/replay_parallel_compare.py: two replays of N simulated workers side by side. The
+replay is real (one tiny recorded table, one seed, in this process); the second file is the
+first with one table's wall changed."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import replay_parallel  # noqa: E402
+import replay_parallel_compare  # noqa: E402
+from replay_tables import all_tables  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def replayed() -> dict:
+    tables = [t for t in all_tables() if t.name in ("tiny_gpt2-xeon", "tiny_bert-xeon")]
+    return {"commit": "abc1234", "tables": [replay_parallel.score(t, 1, [1, 2]) for t in tables]}
+
+
+def test_a_replay_against_itself_moves_nothing(replayed: dict) -> None:
+    text = replay_parallel_compare.compare(replayed, replayed)
+    lines = text.splitlines()
+    assert lines[0] == "2 tables; before abc1234, after abc1234"
+    assert len(lines) == 2 and lines[1].startswith("N=2: wall ")
+    assert "wall lower on 0, higher on 0" in lines[1]
+
+
+def test_a_table_whose_wall_rose_is_counted_and_named(replayed: dict) -> None:
+    after = copy.deepcopy(replayed)
+    risen = after["tables"][1]
+    wall = risen["by_workers"]["2"]["wall_cost"]
+    before = wall["median"]
+    wall["median"] = before * 2
+    line = replay_parallel_compare.compare(replayed, after).splitlines()[1]
+    assert f"higher on 1; most risen: {risen['name']} {before:.3f} -> {2 * before:.3f}" in line
+
+
+def test_replays_of_other_tables_are_refused(replayed: dict) -> None:
+    fewer = {**replayed, "tables": replayed["tables"][:1]}
+    with pytest.raises(SystemExit, match=r"other tables \(2 and 1, 1 in both\)"):
+        replay_parallel_compare.compare(replayed, fewer)
