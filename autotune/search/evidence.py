@@ -6,7 +6,8 @@ peak), the drift between two runs of one config, the interleaved rounds; and bes
 measured, the decisions made (``skips``, the candidates ruled out as a first launch). Other
 modules read its fields and write only through its methods (``took``, ``remeasured``,
 ``decide``, ``rule_out``...). Its queries are what every rule reads: a candidate's score and
-``Interval``, the leader, the ranking (what it says of memory: ``fits``).
+``Interval``, the leader, the ranking (what it says of memory: ``fits``; what the pick reads
+of it: its base, ``figures.Figures``).
 """
 
 from __future__ import annotations
@@ -18,28 +19,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from autotune.config import Knobs, MemoryProbe, TrialResult, WorkloadTraits
-from autotune.schema import TrialRecord
 from autotune.search._records import (
     OUT_OF_MEMORY,
     Candidate,
     SearchSettings,
-    as_rounds_said,
-    classify,
     judge,
     keep_better,
     objective,
     score,
-    typical_run,
 )
-from autotune.search.intervals import SINGLE_RUN_GAPS, noise_of
-from autotune.search.pick import pick_winner
+from autotune.search.figures import Figures
+from autotune.search.intervals import noise_of
 from autotune.search.plan import Plan
 from autotune.search.rules import Skip
 from autotune.timing import MIN_STEPS_TO_STOP
 
 
 @dataclass
-class Evidence:
+class Evidence(Figures):
     """What one search knows: its plan, its settings and every run so far."""
 
     plan: Plan
@@ -391,44 +388,3 @@ class Evidence:
             return None
         return max(self.probes, key=lambda k: sum(
             getattr(k, f.name) == getattr(leader.knobs, f.name) for f in dataclasses.fields(k)))
-
-    def record(self, key: Candidate, result: TrialResult,
-               results: Mapping[Candidate, TrialResult] | None = None) -> TrialRecord:
-        """``classify``'s record, with the candidate's interleaved rounds (its speedup over
-        the baseline's run in ``results``, ``results`` by default)."""
-        rec = classify(key, result, self.results if results is None else results,
-                       self.baseline, self.plan.report, self.settings)[0]
-        return replace(rec, round_shares=self.round_shares.get(key, ()))
-
-    def figure(self, key: Candidate) -> TrialResult:
-        """The run ``key``'s record shows and the pick reads: the typical of its runs
-        (``_typical``), and for one of the interleaved rounds, scaled so the pair reads
-        as the rounds said (``as_rounds_said``); one judged out, as judged."""
-        result = self.results[key]
-        if key in self.out or key not in self.timed:
-            return result
-        run = self._typical(key)
-        rival = self.rivals.get(key)
-        if rival is not None and rival in self.timed and rival not in self.out:
-            run = as_rounds_said(run, self._typical(rival), self.round_shares[key])
-        return run
-
-    def _typical(self, key: Candidate) -> TrialResult:
-        """``typical_run`` of ``key``'s runs: two read as their mean within ``SINGLE_RUN_GAPS``
-        of the gap two runs of the other configs showed here (``drift_beside``)."""
-        return typical_run(self.timed[key], SINGLE_RUN_GAPS * self.drift_beside(key))
-
-    def figured(self) -> dict[Candidate, TrialRecord]:
-        """Each candidate's record of its ``figure``, its speedup over the baseline's
-        ``figure``: what the table shows and the pick reads."""
-        base = self.baseline
-        results = {base: self.figure(base)} if base in self.results else {}
-        return {k: self.record(k, self.figure(k), results)  # type: ignore[arg-type]
-                for k in self.results}
-
-    def winner(self) -> Candidate | None:
-        """The candidate the outcome would pick now (``pick_winner`` over the records of the
-        candidates' ``figure``)."""
-        records = self.figured()
-        best = pick_winner(tuple(records.values()), self.settings)
-        return next((k for k, rec in records.items() if rec is best), None)
