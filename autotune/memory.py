@@ -205,6 +205,11 @@ def probe_steps(
                             peak_bytes=result.peak_bytes if result.ok else None))
         return step
 
+    def over_with_peak() -> list[int]:
+        """The micro-batches that ran to the end over the usable budget (a peak to reason on,
+        ``stop_below``'s)."""
+        return [p.micro_batch for p in points if not p.fits and p.peak_bytes is not None]
+
     def advance(micro_batch: int | None) -> int | None:
         """The next micro-batch after ``micro_batch`` (the proposal from the points), or None
         where the boundary is decided or not worth a run (said in ``stopped``)."""
@@ -222,7 +227,7 @@ def probe_steps(
             if why:
                 stopped = f"micro-batches above {fit} not probed: {why}"
                 return None
-        ran_over = [p.micro_batch for p in points if not p.fits and p.peak_bytes is not None]
+        ran_over = over_with_peak()
         if micro_batch is not None and stop_below is not None and not fit and ran_over \
                 and micro_batch < min(ran_over):
             why = stop_below(min(ran_over), micro_batch)
@@ -238,7 +243,7 @@ def probe_steps(
         failed = [p.micro_batch for p in points if not p.fits]
         if most < 1 or bracket(points)[0] or not failed or micro_batch > min(failed):
             return []
-        ran_over = [p.micro_batch for p in points if not p.fits and p.peak_bytes is not None]
+        ran_over = over_with_peak()
         path: list[int] = []
         assumed, m = [*points], micro_batch
         while len(path) < most:

@@ -57,8 +57,18 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print(__doc__.strip().splitlines()[-1], file=sys.stderr)
         return 2
-    before, after = (json.loads(Path(p).read_text()) for p in argv)
-    print(compare(before, after))
+    replays = []
+    for path in argv:
+        try:
+            replay = json.loads(Path(path).read_text())
+            if not isinstance(replay, dict) or not isinstance(replay.get("tables"), list):
+                raise ValueError("no 'tables' list")
+        except (OSError, ValueError) as exc:
+            print(f"cannot read {path!r} as a replay_parallel.py --write JSON file: {exc}",
+                  file=sys.stderr)
+            return 2
+        replays.append(replay)
+    print(compare(*replays))
     return 0
 
 

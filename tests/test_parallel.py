@@ -181,41 +181,38 @@ def test_with_four_slots_the_baseline_s_probe_runs_its_largest_micro_batches_at_
 
 
 class _Together(KnobDevice):
-    """Runs of compiled fp32 take a while, in real time; the most in flight at once, and
-    each one's micro-batch, in the order they began."""
+    """Each run of compiled fp32 says its micro-batch as it begins. With ``hold``, the run at
+    16 waits until the run at 1 has begun (``met``: it had, 10 s at most): one slot's
+    runs, one after another, never meet."""
 
     def __call__(self, spec: TrialSpec) -> TrialResult:
-        if spec.knobs.label() != "fp32/default":
-            return super().__call__(spec)
-        state = self.__dict__.setdefault("state", {"lock": threading.Lock(), "now": 0,
-                                                   "most": 0, "began": []})
-        with state["lock"]:
-            state["now"] += 1
-            state["most"] = max(state["most"], state["now"])
+        if spec.knobs.label() == "fp32/default":
+            state = self.__dict__.setdefault("state", {"began": [], "met": None,
+                                                       "one": threading.Event()})
             state["began"].append(spec.micro_batch)
-        time.sleep(0.2)
-        try:
-            return super().__call__(spec)
-        finally:
-            with state["lock"]:
-                state["now"] -= 1
+            if spec.micro_batch == 1:
+                state["one"].set()
+            elif spec.micro_batch == 16 and self.__dict__.get("hold"):
+                state["met"] = state["one"].wait(timeout=10.0)
+        return super().__call__(spec)
 
 
 def test_with_slots_a_class_out_of_memory_at_its_hint_runs_its_descent_at_once() -> None:
     # Issue 60: compiled fp32 needs 3 GiB whatever the micro-batch (over the 1000 MiB budget
     # everywhere). One slot descends from its hint one run at a time: 32, 16, then 1 (is
     # anything feasible?). With four slots 16 and 1 run at once, as one would make them
-    # were 16 to fail: the same runs in two rounds, what one finds (nothing fits), the same
-    # pick.
+    # were 16 to fail (1 begins while 16 still runs): the same runs in two rounds, what one
+    # finds (nothing fits), the same pick.
     def device() -> _Together:
         return _Together(by_class(100, 150, 160, 200, 300, 330),
                          peaks={"fp32/default": lambda m: 3000 + m})
 
     one, four = device(), device()
+    four.__dict__["hold"] = True
     alone, fanned = _search(one, 1), _search(four, 4)
-    assert one.state["began"] == [32, 16, 1] and one.state["most"] == 1
+    assert one.state["began"] == [32, 16, 1]
     assert four.state["began"][0] == 32 and sorted(four.state["began"][1:]) == [1, 16]
-    assert four.state["most"] == 2, four.state
+    assert four.state["met"] is True, four.state
     assert {p.knobs.label(): p.max_micro_batch for p in fanned.probes} == {
         p.knobs.label(): p.max_micro_batch for p in alone.probes}
     picks = [pick_winner_record(o) for o in (alone, fanned)]

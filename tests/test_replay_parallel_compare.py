@@ -46,3 +46,14 @@ def test_replays_of_other_tables_are_refused(replayed: dict) -> None:
     fewer = {**replayed, "tables": replayed["tables"][:1]}
     with pytest.raises(SystemExit, match=r"other tables \(2 and 1, 1 in both\)"):
         replay_parallel_compare.compare(replayed, fewer)
+
+
+@pytest.mark.parametrize("content", [None, "", "not json", '["a list"]', '{"tables": 3}'])
+def test_a_file_that_is_not_a_replay_exits_2_naming_it(content: str | None, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "we'ird\\name.json"
+    if content is not None:
+        bad.write_text(content)
+    assert replay_parallel_compare.main([str(bad), str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"cannot read {str(bad)!r} as a replay_parallel.py --write JSON file: ")
