@@ -3,7 +3,7 @@ in ``codegen_templates.SCRIPT``). No torch import here.
 
 One text per kind of workload, each defining ``build_model``, ``get_batch``, ``compute_loss``,
 ``count_loss_items``, ``make_optimizer`` and ``model_blocks``: ``TINY_GPT``, the built-in model
-(``autotune.workload.TinyGPT`` as plain source; a test keeps the two identical); ``HF``, a
+(``autotune.builtin_workloads.TinyGPT`` as plain source; a test keeps the two identical); ``HF``, a
 Hugging Face model rebuilt from its config (``HF_AUTO``: its Auto class per task;
 ``HF_COUNTS``: its ``count_loss_items``); ``FILE``, a ``file.py:factory`` workload imported by
 path. ``$name`` placeholders are filled by ``string.Template``.

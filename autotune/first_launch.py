@@ -86,9 +86,9 @@ def _save(request: dict[str, Any]) -> dict[str, Any]:
     """The child: the winner's step (compiled), then its cache entries to ``request["out"]``."""
     import torch
 
+    from autotune.builtin_workloads import load_workload
     from autotune.step import apply_to_model
     from autotune.trial import run_trial
-    from autotune.workload import load_workload
 
     spec = from_json_dict(TrialSpec, request["spec"])
     result = run_trial(spec)

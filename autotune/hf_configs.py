@@ -1,7 +1,7 @@
 """Configs of a few well-known Hugging Face models, so ``--model gpt2`` works offline.
 
 Only the architecture matters to autotune (weights are random unless ``--pretrained``), so these
-are the published ``config.json`` files' architecture fields. ``workload.hf_config`` uses them when
+are the published ``config.json`` files' architecture fields. ``builtin_workloads.hf_config`` uses them when
 ``AutoConfig.from_pretrained`` cannot reach the Hub and the model is not in the local cache.
 """
 

@@ -21,7 +21,8 @@ import torch
 
 from autotune.errors import ConfigError, WorkloadError
 from autotune.lengths import POOL_STEPS, bucket_lengths, check_lengths, pad_length
-from autotune.workload import Batch, Workload, check_batch, user_traceback
+from autotune.user_code import user_traceback
+from autotune.workload import Batch, Workload, check_batch
 
 
 @dataclass(frozen=True)

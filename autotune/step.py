@@ -20,7 +20,8 @@ from torch import nn
 
 from autotune.knobs import KNOB, Knobs, KnobUnsupported, memory_budget
 from autotune.traits import WorkloadTraits
-from autotune.workload import Batch, Workload, check_loss
+from autotune.user_code import check_loss
+from autotune.workload import Batch, Workload
 
 
 def autocast_dtype(precision: str) -> torch.dtype | None:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from autotune.builtin_workloads import load_workload
 from autotune.config import TrialResult, TrialSpec, TrialStatus
 from autotune.device import backend_for
 from autotune.device.backend import TrialMemory
@@ -47,16 +48,8 @@ from autotune.step import (  # train_step and loss_weights re-exported for calle
 )
 from autotune.timing import stop_reason
 from autotune.units import format_bytes
-from autotune.workload import (
-    Batch,
-    Workload,
-    batch_bytes,
-    check_batch,
-    check_model,
-    load_workload,
-    to_device,
-    user_traceback,
-)
+from autotune.user_code import check_model, user_traceback
+from autotune.workload import Batch, Workload, batch_bytes, check_batch, to_device
 
 _OOM_MESSAGES = (
     "out of memory",  # CUDA, HIP, MPS, XPU

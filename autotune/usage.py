@@ -21,12 +21,13 @@ from torch import nn
 
 from autotune import knob_adapters, step
 from autotune.artifacts import graph_settings, load_artifacts
+from autotune.builtin_workloads import load_workload
 from autotune.errors import ConfigError, MissingDependencyError
 from autotune.fallback import OomFallback, is_sharded
 from autotune.knobs import Knobs
 from autotune.schema import TunedConfig
 from autotune.shapes import Lengths, declared_lengths, mark_dynamic
-from autotune.workload import Batch, Workload, load_workload
+from autotune.workload import Batch, Workload
 
 
 class Tuned:

@@ -154,9 +154,11 @@ def _steps(spec: TrialSpec, config: TunedConfig, folder: str, info: dict[str, An
     import torch
 
     from autotune.artifacts import compile_cache_counts
+    from autotune.builtin_workloads import load_workload
     from autotune.shapes import declared_lengths, shape_batch, worst_batch
     from autotune.usage import Tuned
-    from autotune.workload import check_batch, check_model, load_workload, to_device
+    from autotune.user_code import check_model
+    from autotune.workload import check_batch, to_device
 
     cfg = Tuned(config, folder=Path(folder) if folder else None)
     workload = load_workload(config.workload, spec.device)

@@ -23,11 +23,11 @@ from pathlib import Path
 
 from oracle import machine, write_results
 
+from autotune.builtin_workloads import load_workload
 from autotune.config import TrialSpec, WorkloadSpec
 from autotune.estimate.trace import estimate_step
 from autotune.runner import run_isolated
 from autotune.units import format_bytes
-from autotune.workload import load_workload
 
 HERE = Path(__file__).resolve().parent
 MICRO_BATCHES = (4, 8, 16, 32, 64)

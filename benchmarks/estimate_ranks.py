@@ -26,13 +26,13 @@ from pathlib import Path
 
 from oracle import machine, write_results
 
+from autotune.builtin_workloads import load_workload
 from autotune.config import TrialSpec, WorkloadSpec
 from autotune.device import backend_for
 from autotune.estimate.trace import estimate_step
 from autotune.knobs import Knobs
 from autotune.runner import run_isolated
 from autotune.units import format_bytes
-from autotune.workload import load_workload
 
 HERE = Path(__file__).resolve().parent
 NAME = "estimate_ranks"

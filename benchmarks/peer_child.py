@@ -21,8 +21,9 @@ from pathlib import Path
 
 import torch
 
+from autotune.builtin_workloads import load_workload
 from autotune.config import WorkloadSpec
-from autotune.workload import Workload, load_workload
+from autotune.workload import Workload
 
 PEERS = ("lightning-power", "lightning-binsearch", "accelerate")
 TRIED: list[int] = []

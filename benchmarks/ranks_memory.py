@@ -14,11 +14,11 @@ import argparse
 import statistics
 from pathlib import Path
 
+from autotune.builtin_workloads import load_workload
 from autotune.config import TrialSpec, WorkloadSpec
 from autotune.estimate.trace import estimate_step
 from autotune.knobs import Knobs
 from autotune.runner import run_isolated
-from autotune.workload import load_workload
 
 WORKLOAD = WorkloadSpec(
     kind="file", target=f"{Path(__file__).resolve().parent.parent / 'tests' / 'workloads.py'}"

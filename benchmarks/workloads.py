@@ -129,9 +129,9 @@ _DEEP_SEQ, _DEEP_VOCAB, _DEEP_WIDTH, _DEEP_LAYERS = 256, 128, 64, 6
 
 
 def pick_deep_gpt() -> autotune.Workload:
-    """A plain-torch GPT (``autotune.workload.TinyGPT``): 6 blocks, width 64, 256 tokens,
+    """A plain-torch GPT (``autotune.builtin_workloads.TinyGPT``): 6 blocks, width 64, 256 tokens,
     vocab 128: activations dominate its memory (the checkpointing workload)."""
-    from autotune.workload import TinyGPT, causal_lm_label_count
+    from autotune.builtin_workloads import TinyGPT, causal_lm_label_count
 
     def make_batch(micro_batch: int) -> dict[str, torch.Tensor]:
         ids = torch.randint(0, _DEEP_VOCAB, (micro_batch, _DEEP_SEQ))
@@ -299,7 +299,7 @@ def _varlen_batch(micro_batch: int, length: int) -> dict[str, torch.Tensor]:
 def varlen_gpt() -> autotune.Workload:
     """A GPT in plain torch (4 layers, width 256, 4 heads, 256 tokens at worst, vocab 1024)
     fed batches whose lengths follow ``varlen_lengths``."""
-    from autotune.workload import TinyGPT, causal_lm_label_count
+    from autotune.builtin_workloads import TinyGPT, causal_lm_label_count
 
     return autotune.Workload(
         name="varlen-gpt",

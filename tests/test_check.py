@@ -325,9 +325,9 @@ def test_a_measured_peak_above_the_estimate_decides_and_is_shown_beside_it(
         tmp_path: Path) -> None:
     """The defect: "peak 183.24 MiB (eager estimate, uncorrected)" passed a config whose run
     in the same file had peaked at 206.78 MiB."""
+    from autotune.builtin_workloads import default_workload
     from autotune.estimate.trace import estimate_step
     from autotune.units import format_bytes
-    from autotune.workload import default_workload
 
     workload = default_workload("cpu")
     estimated = api.check(measured_config(tmp_path, None, name="plain.json"), measure=False,
@@ -351,7 +351,7 @@ def test_a_measured_peak_above_the_estimate_decides_and_is_shown_beside_it(
 
 
 def test_check_messages_are_one_clause_without_nested_parentheses(tmp_path: Path) -> None:
-    from autotune.workload import default_workload
+    from autotune.builtin_workloads import default_workload
 
     workload = default_workload("cpu")
     cases = [dict(measured=None), dict(measured=1), dict(measured=None, compile_mode="default"),

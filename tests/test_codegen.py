@@ -20,6 +20,12 @@ from torch import nn
 from typer.testing import CliRunner
 
 from autotune import api, knob_adapters, knobs, step
+from autotune.builtin_workloads import (
+    TinyGPT,
+    causal_lm_label_count,
+    default_workload,
+    load_workload,
+)
 from autotune.cli import app
 from autotune.codegen import SCRIPT_NAME, render_train_script
 from autotune.config import WorkloadSpec
@@ -28,13 +34,7 @@ from autotune.knobs import Knobs
 from autotune.names import FLAGS
 from autotune.tuned_file import read_tuned
 from autotune.usage import Tuned
-from autotune.workload import (
-    TinyGPT,
-    Workload,
-    causal_lm_label_count,
-    default_workload,
-    load_workload,
-)
+from autotune.workload import Workload
 from tests import one_truth
 from tests.fsdp_step import STRATEGIES, ShardedLM
 from tests.one_truth import (

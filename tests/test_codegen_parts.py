@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from autotune import api
+from autotune.builtin_workloads import TinyGPT
 from autotune.codegen import SCRIPT_NAME, render_train_script
 from autotune.codegen_parts import select
 from autotune.device.cpu import tensor_bytes
-from autotune.workload import TinyGPT
 from tests.test_codegen import _variants, import_script
 from tests.tuned_configs import make_tuned, small, subprocess_env
 

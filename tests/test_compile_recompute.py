@@ -18,6 +18,7 @@ from torch import nn
 from typer.testing import CliRunner
 
 from autotune import step
+from autotune.builtin_workloads import causal_lm_label_count, default_workload
 from autotune.cli import app
 from autotune.config import DeviceInfo, TrialSpec, WorkloadSpec
 from autotune.errors import ConfigError
@@ -36,7 +37,7 @@ from autotune.trial import run_trial
 from autotune.tuned_file import read_tuned
 from autotune.units import GIB
 from autotune.usage import Tuned
-from autotune.workload import Workload, causal_lm_label_count, default_workload
+from autotune.workload import Workload
 from tests.conftest import workload_target
 from tests.one_truth import BlockLM, GradRecorder, assert_same_grads, saved_bytes, token_batches
 from tests.test_codegen import script_for

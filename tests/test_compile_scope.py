@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 from autotune import step
+from autotune.builtin_workloads import TinyGPT, default_workload
 from autotune.knobs import KNOB, Knobs, KnobUnsupported, meaningful, skip_reason
 from autotune.traits import WorkloadTraits
-from autotune.workload import TinyGPT, default_workload
 
 
 def tiny(seed: int = 0, num_layers: int = 3) -> TinyGPT:

@@ -187,7 +187,8 @@ def test_the_accelerate_plugin_compiles_with_compile_dynamic(compiles: _Compiles
 VARLEN_WORKLOAD = '''
 import torch
 
-from autotune.workload import TinyGPT, Workload
+from autotune.builtin_workloads import TinyGPT
+from autotune.workload import Workload
 
 
 def batch(micro_batch):

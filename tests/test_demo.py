@@ -1,4 +1,4 @@
-"""The built-in workload's first search on CPU: the demo's defaults (``workload.CPU_DEMO``)
+"""The built-in workload's first search on CPU: the demo's defaults (``builtin_workloads.CPU_DEMO``)
 apply where the user gave nothing, are said, and never override what the user gave."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from autotune import api
+from autotune.builtin_workloads import CPU_DEMO
 from autotune.config import DeviceInfo, WorkloadSpec
 from autotune.units import GIB, MIB, parse_budget
-from autotune.workload import CPU_DEMO
 
 CPU = DeviceInfo(device="cpu", name="test cpu", total_memory_bytes=8 * GIB,
                  available_memory_bytes=8 * GIB, supports_bf16=True, supports_fp16=False,

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from autotune import api
+from autotune.builtin_workloads import TinyGPT, default_workload
 from autotune.cli import app
 from autotune.config import TrialSpec, WorkloadSpec
 from autotune.errors import ConfigError, WorkloadError
@@ -27,7 +28,7 @@ from autotune.runner import run_isolated
 from autotune.serialize import from_json_dict, to_json_dict
 from autotune.testing import assert_fits
 from autotune.units import GIB, MIB
-from autotune.workload import TinyGPT, Workload, default_workload
+from autotune.workload import Workload
 from tests.tuned_configs import make_tuned, write
 
 ROOT = Path(__file__).resolve().parents[1]

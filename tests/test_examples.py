@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from autotune.builtin_workloads import load_workload
 from autotune.config import WorkloadSpec
-from autotune.workload import Workload, check_batch, load_workload
+from autotune.workload import Workload, check_batch
 from tests.tuned_configs import REPO, my_workload_spec, small, subprocess_env, write
 
 EXAMPLES = REPO / "examples"

@@ -17,13 +17,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autotune import fallback, step
+from autotune.builtin_workloads import causal_lm_label_count
 from autotune.codegen import SCRIPT_NAME, render_train_script
 from autotune.config import WorkloadSpec
 from autotune.errors import ConfigError, OutOfMemoryFallbackError, WorkloadError
 from autotune.oom_text import oom_cause
 from autotune.trial import _OOM_MESSAGES, is_out_of_memory
 from autotune.usage import Tuned
-from autotune.workload import Workload, causal_lm_label_count
+from autotune.workload import Workload
 from tests.one_truth import GradRecorder, TinyLM, assert_same_grads, load_script
 from tests.tuned_configs import REPO, small, subprocess_env, write
 

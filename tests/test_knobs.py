@@ -14,6 +14,7 @@ from torch import nn
 from autotune import knobs as K
 from autotune import step as S
 from autotune.artifacts import GRAPH_SETTINGS
+from autotune.builtin_workloads import TinyGPT, default_workload
 from autotune.config import TrialSpec, WorkloadSpec
 from autotune.errors import ConfigError
 from autotune.knob_adapters import child_environment
@@ -21,7 +22,6 @@ from autotune.knobs import KNOBS, Knobs, KnobUnsupported
 from autotune.step import train_step
 from autotune.traits import WorkloadTraits
 from autotune.trial import run_trial
-from autotune.workload import TinyGPT, default_workload
 from tests import one_truth
 from tests.conftest import workload_target
 

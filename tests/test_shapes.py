@@ -585,7 +585,7 @@ def test_a_trial_of_shapes_beyond_max_without_lengths_is_unsupported_not_a_copy_
 def test_a_lengths_file_reaches_the_spec_and_the_child_builds_batches_at_a_length(
         tmp_path) -> None:
     from autotune import api
-    from autotune.workload import load_workload
+    from autotune.builtin_workloads import load_workload
 
     path = tmp_path / "lengths.json"
     path.write_text("[3, 7, 12]")

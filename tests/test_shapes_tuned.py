@@ -17,12 +17,12 @@ from dataclasses import replace
 import pytest
 import torch
 
+from autotune.builtin_workloads import load_workload
 from autotune.config import WorkloadSpec
 from autotune.errors import ConfigError
 from autotune.knobs import Knobs
 from autotune.lengths import MAX_BUCKETS, RECOMPILE_LIMIT
 from autotune.usage import RecompileLimitWarning, Tuned
-from autotune.workload import load_workload
 from tests import workloads
 from tests.conftest import workload_target
 from tests.test_compile_shapes import _Compiles, compiles  # noqa: F401 (the fixture)

@@ -14,7 +14,8 @@ from autotune.config import TrialResult, TrialSpec, WorkloadSpec
 from autotune.errors import WorkloadError
 from autotune.timing import MIN_STEPS_TO_STOP
 from autotune.trial import classify_exception, is_out_of_memory, run_trial, train_step
-from autotune.workload import Workload, check_loss, check_model, user_traceback
+from autotune.user_code import check_loss, check_model, user_traceback
+from autotune.workload import Workload
 from tests.conftest import workload_target
 from tests.workloads import WideMLP, _batch
 

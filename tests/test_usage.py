@@ -15,11 +15,12 @@ import torch
 
 import autotune
 from autotune import api, knob_adapters, knobs, step
+from autotune.builtin_workloads import TinyGPT
 from autotune.errors import ConfigError
 from autotune.knobs import Knobs
 from autotune.trial import train_step
 from autotune.usage import Tuned
-from autotune.workload import TinyGPT, Workload
+from autotune.workload import Workload
 from tests import one_truth
 from tests.tuned_configs import make_tuned, write
 

@@ -166,9 +166,9 @@ def test_an_unverified_peak_is_said_in_the_file_the_footer_the_page_and_check(
     """A compiled CPU winner whose first-launch check a limit cut: ``memory.peak_verified``
     false in autotune.json (read back as written), and every place that shows its peak says
     it is unverified, why, and what measures it."""
+    from autotune.builtin_workloads import default_workload
     from autotune.report import summary_lines
     from autotune.report_html import render_html
-    from autotune.workload import default_workload
     from tests.test_check import measured_config
 
     path = measured_config(tmp_path, 300 * MIB, compile_mode="default")

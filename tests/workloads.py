@@ -558,7 +558,7 @@ VARLEN_LENGTHS = (5, 9, 12, 17, 20, 23, 31, 40, 52, 64)
 
 
 def _varlen_gpt() -> nn.Module:
-    from autotune.workload import TinyGPT
+    from autotune.builtin_workloads import TinyGPT
 
     return TinyGPT(vocab_size=64, seq_len=VARLEN_WORST, dim=32, num_layers=2, num_heads=2)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.api.settings import check_settings
+from autotune.builtin_workloads import CPU_DEMO
 from autotune.child import start_method
 from autotune.config import DeviceInfo, Knobs, WorkloadSpec
 from autotune.device import backend_for
@@ -19,7 +20,7 @@ from autotune.names import KEYWORDS, Names
 from autotune.serialize import control_character
 from autotune.space import compiled_values, exact_target, knob_values, memory_classes
 from autotune.units import MIB, format_bytes, parse_budget
-from autotune.workload import CPU_DEMO, split_factory
+from autotune.user_code import split_factory
 
 
 def workload_spec(*, workload: str | None = None, model: str | None = None,
@@ -329,7 +330,7 @@ class TuneRequest:
 
     def demo_defaults(self, device: DeviceInfo) -> tuple[TuneRequest, tuple[str, ...]]:
         """This request with the built-in CPU demo's defaults where the user gave none
-        (``workload.CPU_DEMO``: the built-in workload on CPU only), and the lines that say
+        (``builtin_workloads.CPU_DEMO``: the built-in workload on CPU only), and the lines that say
         which applied."""
         if self.workload.kind != "default" or device.is_cuda:
             return self, ()

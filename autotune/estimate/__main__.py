@@ -11,9 +11,9 @@ from autotune.estimate.fits import EstimateRequest, estimate_report
 def handle(request: dict[str, Any]) -> dict[str, Any]:
     """The estimator's child process: the workload is built and traced here, under the
     parent's timeout, so a workload that exits, crashes or hangs decides no exit code."""
+    from autotune.builtin_workloads import load_workload
     from autotune.config import WorkloadSpec
     from autotune.serialize import from_json_dict, to_json_dict
-    from autotune.workload import load_workload
 
     spec = from_json_dict(WorkloadSpec, request["workload"])
     asked = from_json_dict(EstimateRequest, request["request"])

@@ -46,7 +46,8 @@ from autotune.step import (
     set_matmul_precision,
     train_step,
 )
-from autotune.workload import Workload, check_batch, check_model, count_parameters
+from autotune.user_code import check_model
+from autotune.workload import Workload, check_batch, count_parameters
 
 Kernels = Literal["cuda", "cpu"]
 
