@@ -4,8 +4,8 @@ The script is rendered as text from a ``TunedConfig``. Every value from the conf
 a Python literal (``_literal``), or escaped in the docstring and comments (``_text``): a value
 never becomes code, whatever ``autotune.json`` holds. It does not import autotune: the
 built-in model's source is carried in it (``TINY_GPT``, kept identical to
-``autotune.builtin_workloads.TinyGPT`` by a test), a Hugging Face model is rebuilt from its config with
-transformers, and a ``file.py:factory`` workload is imported by path. Its ``train_step``
+``autotune.builtin_workloads.TinyGPT`` by a test), a Hugging Face model is rebuilt from its
+config with transformers, and a ``file.py:factory`` workload is imported by path. Its ``train_step``
 does the arithmetic of ``autotune.trial.train_step`` (tests compare their gradients), and it
 applies every knob as ``autotune.knobs`` does: the knob values are literals, and the code
 applying them is kept only where the config runs it (``codegen_parts``: no compile code in an
@@ -291,7 +291,8 @@ _DEFAULT_SIZES = {
     "cpu": "dict(vocab_size=1024, seq_len=128, dim=128, num_layers=2, num_heads=4)",
     "cuda": "dict(vocab_size=50304, seq_len=1024, dim=768, num_layers=12, num_heads=12)",
 }
-"""The sizes of ``autotune.builtin_workloads.default_workload`` per device (a test keeps them equal)."""
+"""The sizes of ``autotune.builtin_workloads.default_workload`` per device (a test keeps them
+equal)."""
 
 
 def _workload_section(config: TunedConfig, script_dir: Path | None) -> tuple[list[str], str]:

@@ -1,8 +1,9 @@
 """Configs of a few well-known Hugging Face models, so ``--model gpt2`` works offline.
 
 Only the architecture matters to autotune (weights are random unless ``--pretrained``), so these
-are the published ``config.json`` files' architecture fields. ``builtin_workloads.hf_config`` uses them when
-``AutoConfig.from_pretrained`` cannot reach the Hub and the model is not in the local cache.
+are the published ``config.json`` files' architecture fields. ``builtin_workloads.hf_config``
+uses them when ``AutoConfig.from_pretrained`` cannot reach the Hub and the model is not in the
+local cache.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 it raised (its own frames, not ours), and the checks of what its model and loss return.
 
 Everything here reads user code or what it returned, and says what was wrong in the user's
-terms (``WorkloadError``, ``ConfigError``): ``builtin_workloads.load_workload`` imports the file, the
-child's step checks the model and the loss.
+terms (``WorkloadError``, ``ConfigError``): ``builtin_workloads.load_workload`` imports the
+file, the child's step checks the model and the loss.
 """
 
 from __future__ import annotations
