@@ -110,6 +110,11 @@ TEMPLATES: Mapping[str, str] = {
         "{candidate} not timed (below {out}, out as a first launch): " + _NOT_FASTER_RECOMPUTE
         + " ({twin}/{largest} fits, compiled afresh as a first launch compiles it, without "
         "allocator retries)"),
+    "capped-class": (
+        "{target} not probed with checkpointing: memory caps it below the per-device batch, "
+        "and its best ({micro_batch}) is {share:.2f}x the leader's ({leader}); at the whole "
+        "per-device batch ({per_device}), each step no faster than at {micro_batch}, it "
+        "reaches {reach:.2f}x: behind by more than the noise ({noise:.0%})"),
     "oom-class-reach": (
         "{target} not probed with checkpointing ({value}): it ran out of memory at every "
         "micro-batch, and its eager class's best ({eager}) is {share:.2f}x the leader's "

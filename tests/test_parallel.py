@@ -378,9 +378,12 @@ class _HeldFirst(KnobDevice):
     set (at most 10 s later): what begins meanwhile begins while it still runs."""
 
     released: threading.Event = field(default_factory=threading.Event)
+    held: list[str] = field(default_factory=list)
 
     def __call__(self, spec: TrialSpec) -> TrialResult:
-        if spec.knobs.optimizer_impl == "foreach" and spec.knobs.checkpointing == "alternate":
+        if spec.knobs.optimizer_impl == "foreach" and spec.knobs.checkpointing == "alternate" \
+                and not self.held:  # the first such run only: the others run as they come
+            self.held.append(f"{spec.knobs.label()}/{spec.micro_batch}")
             self.released.wait(10)
         return super().__call__(spec)
 

@@ -334,3 +334,34 @@ def test_a_single_run_a_stall_could_explain_is_timed_again_before_its_cut() -> N
     assert note.figures["stall"] == pytest.approx(0.9)
     ev.runs[at(EAGER, 32)] = 2  # timed twice already: its better run stands
     assert remeasure_first(ev, at(EAGER, 32)) is None
+
+
+def test_capped_class_probes_checkpointing_unless_the_whole_batch_stays_behind() -> None:
+    # bf16 eager fits 8 (memory caps it below the per-device 64), the leader runs 400 at 32.
+    # At 100 samples/s at 8, a step no faster at 64 than at 8 reaches 800: probe it. At 40,
+    # 320 (0.80x): behind beyond the 5% noise, skipped with its figures.
+    for sps, probed in ((100, True), (40, False)):
+        ev = evidence(bf16_default_32=run(400, 32), bf16_off_8=run(sps, 8))
+        why = bounds.capped_reach(ev, at(EAGER, 8), at(COMPILED, 32))
+        assert (why is None) == probed
+    assert why is not None and why.rule == "capped-class"
+    assert why.figures["reach"] == pytest.approx(0.8) and why.figures["per_device"] == 64
+    assert "reaches 0.80x" in why.text
+
+
+def test_a_run_ahead_over_the_budget_is_proposed_with_each_checkpointing_that_frees_memory(
+        ) -> None:
+    # bf16/off ran every step at 32 at 1.1x the leader but peaked 950 MiB, over the 900 MiB
+    # usable: the joint stage proposes it there with each checkpointing value (rule joint,
+    # over-budget); at 0.5x the leader, not (checkpointing runs no faster).
+    from autotune.search.stages.joint import relieved
+    from tests.scripted import VALUES
+    for sps, proposed in ((200, False), (440, True)):
+        ev = Evidence(Plan.of(plan(), CLASSES, VALUES), SETTINGS)
+        ev.took(at(COMPILED, 32), run(400, 32))
+        ev.took(at(EAGER, 32), run(sps, 32, peak_mib=950))
+        found = {c.key(): note for c, note in relieved(ev, at(COMPILED, 32))
+                 if c.knobs.checkpointing != "off"}
+        assert bool(found) == proposed
+    assert set(found) == {"bf16/off+ckpt=blocks/32", "bf16/off+ckpt=alternate/32"}
+    assert all(n.rule == "joint" and n.variant == "over-budget" for n in found.values())

@@ -157,6 +157,29 @@ def recompute(ev: Evidence, leader: Candidate) -> Skip | None:
     return skip("recompute-twin", leader.knobs.label(), **why.figures,
                 setting=leader.knobs.label(), largest=largest.micro_batch)
 
+def capped_reach(ev: Evidence, best: Candidate, leader: Candidate) -> Skip | None:
+    """Why checkpointing cannot make a class memory caps win, if it cannot (rule
+    ``capped-class``, ``stages.knobs.screen_capped``): a step at a larger micro-batch takes
+    no less time than at a smaller one, and checkpointing's recompute makes it no faster,
+    so at the whole per-device batch the class's setting runs at most each of its timed
+    micro-batches' samples/s x the per-device batch over that micro-batch (the largest of
+    these: a run read slow by the noise bounds nothing). Behind the leader beyond the noise
+    even so: the skip; None: probe it."""
+    top = ev.score(leader, full=True) or 0.0
+    timed = [(sps, c) for c in ev.results if c.knobs == best.knobs
+             and (sps := ev.score(c)) is not None]
+    if not top or not timed:
+        return None
+    sps, at = max(timed, key=lambda t: t[0] * ev.plan.per_device / t[1].micro_batch)
+    reach = sps * ev.plan.per_device / at.micro_batch
+    noise = ev.noise(at, leader)
+    if not Interval(top, noise).beats(reach):
+        return None
+    return skip("capped-class", best.knobs.label(), share=sps / top, leader=leader.key(),
+                micro_batch=at.micro_batch, per_device=ev.plan.per_device,
+                reach=reach / top, noise=noise)
+
+
 def compiled_whole_batch(ev: Evidence, knobs: Knobs, fitting: list[int]) -> Skip | None:
     """Why a compiled class's smaller micro-batches are not worth their compiles, if not.
 

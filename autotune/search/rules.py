@@ -29,6 +29,8 @@ RULES: Mapping[str, str] = {
     "frees-nothing": "the leader runs the whole per-device batch without retries",
     "recompute-twin": "checkpointing runs no faster where its setting fits without it "
                       "(rule_checks 2, 9)",
+    "capped-class": "checkpointing is probed on a class memory caps only where a larger "
+                    "micro-batch could make it win (a step no faster than a smaller one's)",
     "oom-class-reach": "a compiled class out of memory everywhere is probed with checkpointing "
                        "only where its eager class times the compile gain seen reaches the "
                        "leader (rule_checks 12)",

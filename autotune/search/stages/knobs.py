@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from autotune.config import Knobs
-from autotune.knobs import KNOBS, Knob, skip_reason
+from autotune.knobs import KNOB, KNOBS, Knob, skip_reason
 from autotune.memory import Steps, drive
 from autotune.search import bounds, fits
 from autotune.search._records import Candidate
@@ -52,6 +52,7 @@ def screen(ex: Executor, *, timing_only: bool = False) -> None:
             if knob.per_class:
                 screen_per_class(ex, knob)
                 ex.reach.classes_screened.add(knob.name)
+        screen_capped(ex)
     probe_lowered(ex, lowered)
     final = ex.ev.leader()
     stale = {name: on for name, on in after.items() if final is not None
@@ -104,6 +105,53 @@ def screen_per_class(ex: Executor, knob: Knob) -> None:
                 leader=leader.key(), gain=gain, noise=noise))
             continue
         screen_knob(ex, knob, best, [])
+
+
+def screen_capped(ex: Executor) -> None:
+    """Checkpointing on each other class's best where memory caps that class (its largest
+    calm fit is below the per-device batch), probed above that fit (``recompute_steps``)
+    where a larger micro-batch could make the class win (``bounds.capped_reach``, rule
+    ``capped-class``): the knobs stage screens checkpointing on the leader alone, and a
+    class behind at the micro-batches it fits can lead at one only checkpointing fits
+    (the replay's budget-shrink tables of BERT and GPT-2 on the Xeon: bf16 eager 0.56x the
+    leader at 2 and 4, checkpointed at 8 the best, 1.26x it, where no smaller micro-batch
+    said so; issue 59's successive-halving baseline, which times every memory class at its
+    fit, found it)."""
+    leader = ex.ev.leader()
+    ckpt = KNOB["checkpointing"]
+    values = [v for v in ex.plan.values.get("checkpointing", ()) if v in ckpt.frees_memory]
+    if leader is None or not values:
+        return
+    chains: list[Steps[object]] = []
+    for cls in ex.plan.classes:
+        if (cls.precision, cls.compile_mode) == (leader.knobs.precision,
+                                                 leader.knobs.compile_mode):
+            continue
+        timed = [(s, c) for c in ex.ev.results if c.knobs.precision == cls.precision
+                 and c.knobs.compile_mode == cls.compile_mode
+                 and c.knobs.checkpointing == ckpt.default
+                 and (s := ex.ev.score(c)) is not None]
+        if not timed:
+            continue
+        _, best = max(timed, key=lambda t: t[0])
+        fit = fits.largest_fit(ex.ev, best.knobs, calm=True)
+        if not fit or fit >= ex.plan.per_device:
+            continue
+        untried = [knobs for v in values if (knobs := best.knobs.with_(checkpointing=v))
+                   not in ex.ev.probes and skip_reason(knobs, ex.ev.traits) is None]
+        if not untried:
+            continue
+        why = bounds.capped_reach(ex.ev, best, leader)
+        if why is not None:
+            ex.ev.decide(why)
+            continue
+        for knobs in untried:
+            chain = recompute_steps(ex, knobs)
+            if ex.slots is None:
+                drive(chain, ex.measure)
+            else:
+                chains.append(chain)
+    run_chains(ex, chains)
 
 
 def screen_knob(ex: Executor, knob: Knob, leader: Candidate,
