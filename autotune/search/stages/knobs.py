@@ -85,19 +85,9 @@ def screen_per_class(ex: Executor, knob: Knob) -> None:
         return  # no value beyond its default applies here (a fixed-shape workload)
     top = ex.ev.score(leader) or 0.0
     gain = max(1.0, ex.ev.traits.padding_ceiling if ex.ev.traits else 1.0)
-    for cls in ex.plan.classes:
-        if (cls.precision, cls.compile_mode) == (leader.knobs.precision,
-                                                 leader.knobs.compile_mode):
+    for score, best in other_classes_best(ex, leader, knob):
+        if not top:
             continue
-        # A run stopped early behind the leader counts: at the default value a class that
-        # could win with another is often clearly behind (its few steps are its speed).
-        timed = [(s, c) for c in ex.ev.results if c.knobs.precision == cls.precision
-                 and c.knobs.compile_mode == cls.compile_mode
-                 and getattr(c.knobs, knob.name) == knob.default
-                 and (s := ex.ev.score(c)) is not None]
-        if not timed or not top:
-            continue
-        score, best = max(timed, key=lambda t: t[0])
         noise = ex.ev.noise(best, leader)
         if Interval(top, noise).beats(score * gain):
             ex.ev.decide(skip(
@@ -105,6 +95,26 @@ def screen_per_class(ex: Executor, knob: Knob) -> None:
                 leader=leader.key(), gain=gain, noise=noise))
             continue
         screen_knob(ex, knob, best, [])
+
+
+def other_classes_best(ex: Executor, leader: Candidate, knob: Knob
+                       ) -> list[tuple[float, Candidate]]:
+    """Each class other than the leader's: its best candidate with ``knob`` at its default,
+    and its score. A run stopped early behind the leader counts: at the default value a
+    class that could win with another is often clearly behind (its few steps are its
+    speed)."""
+    found = []
+    for cls in ex.plan.classes:
+        if (cls.precision, cls.compile_mode) == (leader.knobs.precision,
+                                                 leader.knobs.compile_mode):
+            continue
+        timed = [(s, c) for c in ex.ev.results if c.knobs.precision == cls.precision
+                 and c.knobs.compile_mode == cls.compile_mode
+                 and getattr(c.knobs, knob.name) == knob.default
+                 and (s := ex.ev.score(c)) is not None]
+        if timed:
+            found.append(max(timed, key=lambda t: t[0]))
+    return found
 
 
 def screen_capped(ex: Executor) -> None:
@@ -123,17 +133,7 @@ def screen_capped(ex: Executor) -> None:
     if leader is None or not values:
         return
     chains: list[Steps[object]] = []
-    for cls in ex.plan.classes:
-        if (cls.precision, cls.compile_mode) == (leader.knobs.precision,
-                                                 leader.knobs.compile_mode):
-            continue
-        timed = [(s, c) for c in ex.ev.results if c.knobs.precision == cls.precision
-                 and c.knobs.compile_mode == cls.compile_mode
-                 and c.knobs.checkpointing == ckpt.default
-                 and (s := ex.ev.score(c)) is not None]
-        if not timed:
-            continue
-        _, best = max(timed, key=lambda t: t[0])
+    for _, best in other_classes_best(ex, leader, ckpt):
         fit = fits.largest_fit(ex.ev, best.knobs, calm=True)
         if not fit or fit >= ex.plan.per_device:
             continue
