@@ -123,10 +123,10 @@ def screen_capped(ex: Executor) -> None:
     where a larger micro-batch could make the class win (``bounds.capped_reach``, rule
     ``capped-class``): the knobs stage screens checkpointing on the leader alone, and a
     class behind at the micro-batches it fits can lead at one only checkpointing fits
-    (the replay's budget-shrink tables of BERT and GPT-2 on the Xeon: bf16 eager 0.56x the
-    leader at 2 and 4, checkpointed at 8 the best, 1.26x it, where no smaller micro-batch
-    said so; issue 59's successive-halving baseline, which times every memory class at its
-    fit, found it)."""
+    (the replay's budget-shrink table of BERT on the Xeon: bf16 eager 0.74x the leader at 2
+    and 0.45x at 4, its largest fit, checkpointed at 8 the best, 1.26x it, where no smaller
+    micro-batch said so; issue 59's successive-halving baseline, which times every memory
+    class at its fit, found it)."""
     leader = ex.ev.leader()
     ckpt = KNOB["checkpointing"]
     values = [v for v in ex.plan.values.get("checkpointing", ()) if v in ckpt.frees_memory]
