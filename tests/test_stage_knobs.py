@@ -89,6 +89,21 @@ def test_checkpointing_is_probed_where_memory_binds_and_wins_by_its_larger_micro
     assert len({r.knobs for r in outcome.records}) == 5 + 4
 
 
+def _capped_above_their_fit(device: KnobDevice, records: dict) -> None:
+    """Checkpointing runs on a setting other than the leader's only above the largest
+    micro-batch its setting without checkpointing fit (rule capped-class, or the joint
+    stage's values on such a run): it recomputes, so it is never run where the setting fits
+    without it."""
+    for spec in device.specs:
+        if spec.knobs.checkpointing == "off":
+            continue
+        twin = spec.knobs.with_(checkpointing="off").label()
+        fit = max((r.micro_batch for key, r in records.items()
+                   if key.rsplit("/", 1)[0] == twin and r.verdict not in ("oom", "over_budget")),
+                  default=0)
+        assert spec.micro_batch > fit, (spec.knobs.label(), spec.micro_batch, fit)
+
+
 def test_checkpointing_is_not_probed_above_the_leader_where_no_larger_micro_batch_can_win(
         ) -> None:
     # fp32 eager fits 8 (80 MiB a sample), the others 16 (40 MiB a sample): bf16/off starts at
@@ -106,8 +121,9 @@ def test_checkpointing_is_not_probed_above_the_leader_where_no_larger_micro_batc
     leader, blocks = "bf16/max-autotune", "bf16/max-autotune+ckpt=blocks"
     assert f"{leader}/16" in records and records[f"{leader}/32"].verdict == "oom"
     assert {(s.knobs.checkpointing, s.micro_batch) for s in device.specs
-            if s.knobs.checkpointing != "off"} == {("blocks", 32), ("alternate", 32),
-                                                   ("alternate", 64)}
+            if s.knobs.checkpointing != "off" and s.knobs.compile_mode == "max-autotune"
+            } == {("blocks", 32), ("alternate", 32), ("alternate", 64)}
+    _capped_above_their_fit(device, records)
     probe = next(p for p in outcome.probes if p.knobs.label() == blocks)
     assert probe.max_micro_batch == 32 and [s.micro_batch for s in probe.steps] == [32]
     assert probe.notes[0].startswith("micro-batches above 32 not probed: at 32 it runs")
@@ -265,8 +281,10 @@ def test_checkpointing_is_not_screened_where_the_leaders_own_larger_micro_batch_
         shape=(lambda m: 1.0 if m <= 8 else 0.85) if larger_slower
         else (lambda m: 1 - 0.1 * math.log2(32 / m)))
     outcome, records = knob_search(device)
-    ckpt = [s for s in device.specs if s.knobs.checkpointing != "off"]
     leader = "bf16/max-autotune"
+    ckpt = [s for s in device.specs if s.knobs.checkpointing != "off"
+            and (s.knobs.precision, s.knobs.compile_mode) == ("bf16", "max-autotune")]
+    _capped_above_their_fit(device, records)  # the other classes: capped-class
     assert f"{leader}/8" in records and f"{leader}/16" in records
     if not larger_slower:
         assert {s.knobs.checkpointing for s in ckpt} == {"blocks", "alternate"}
@@ -317,7 +335,9 @@ def test_checkpointing_is_not_run_where_its_setting_fits_without_it_so_its_noise
     outcome, records = knob_search(device)
     leader = "bf16/max-autotune"
     assert [(s.knobs.checkpointing, s.micro_batch) for s in device.specs
-            if s.knobs.checkpointing != "off"] == [("blocks", 64), ("alternate", 64)]
+            if s.knobs.checkpointing != "off" and s.knobs.compile_mode == "max-autotune"
+            ] == [("blocks", 64), ("alternate", 64)]
+    _capped_above_their_fit(device, records)
     assert records[f"{leader}+ckpt=alternate/64"].verdict == "oom"
     assert not any(p.knobs.checkpointing != "off" for p in outcome.probes)
     for value in ("blocks", "alternate"):

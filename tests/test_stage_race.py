@@ -321,7 +321,9 @@ def test_checkpointing_out_as_a_first_launch_is_not_timed_where_its_setting_fits
     outcome, records = cpu_search(device, values={"checkpointing": ("off", "blocks",
                                                                     "alternate")})
     leader = "bf16/max-autotune"
-    assert device.cold_runs() == [f"{leader}+ckpt=alternate/64", f"{leader}+ckpt=blocks/64"]
+    # (The other classes memory caps at 32 are probed checkpointed at 64 too: capped-class.)
+    assert [r for r in device.cold_runs() if r.startswith(f"{leader}+")] == [
+        f"{leader}+ckpt=alternate/64", f"{leader}+ckpt=blocks/64"]
     assert not any(s.knobs.checkpointing != "off" and s.micro_batch <= 32
                    for s in device.specs)
     for value in ("alternate", "blocks"):
