@@ -97,6 +97,15 @@ def screen_per_class(ex: Executor, knob: Knob) -> None:
         screen_knob(ex, knob, best, [])
 
 
+def now_or_beside(ex: Executor, chain: Steps[object], chains: list[Steps[object]]) -> None:
+    """With one slot, ``chain`` runs now (what comes after it is decided on its runs); with
+    several, it joins ``chains``, which ``batch.run_chains`` runs side by side."""
+    if ex.slots is None:
+        drive(chain, ex.measure)
+    else:
+        chains.append(chain)
+
+
 def other_classes_best(ex: Executor, leader: Candidate, knob: Knob
                        ) -> list[tuple[float, Candidate]]:
     """Each class other than the leader's: its best candidate with ``knob`` at its default,
@@ -146,11 +155,7 @@ def screen_capped(ex: Executor) -> None:
             ex.ev.decide(why)
             continue
         for knobs in untried:
-            chain = recompute_steps(ex, knobs)
-            if ex.slots is None:
-                drive(chain, ex.measure)
-            else:
-                chains.append(chain)
+            now_or_beside(ex, recompute_steps(ex, knobs), chains)
     run_chains(ex, chains)
 
 
@@ -182,10 +187,7 @@ def screen_knob(ex: Executor, knob: Knob, leader: Candidate,
             continue
         chain = recompute_steps(ex, knobs) if recompute else setting_steps(ex, knobs) \
             if value in knob.frees_memory else value_steps(ex, knob, value, leader, lowered)
-        if ex.slots is None:
-            drive(chain, ex.measure)
-        else:
-            chains.append(chain)
+        now_or_beside(ex, chain, chains)
     run_chains(ex, chains)
     now = ex.ev.leader()
     ex.reach.screen(knob.name)
