@@ -1,6 +1,6 @@
 """``autotune.load``: the tuned config, ready to use in your own training script.
 
-A thin layer over ``autotune.step`` and ``autotune.knob_adapters``: the same checkpointing,
+A thin layer over ``autotune.step`` and ``autotune.usage_frameworks``: the same checkpointing,
 optimizer rebuild, memory format, autocast, GradScaler, compile call and ``train_step`` that the
 search measured, plus adapters for Hugging Face ``TrainingArguments`` and Accelerate's
 ``Accelerator`` (with a warning for what they have no switch for).
@@ -9,8 +9,6 @@ search measured, plus adapters for Hugging Face ``TrainingArguments`` and Accele
 from __future__ import annotations
 
 import contextlib
-import inspect
-import logging
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,10 +17,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from autotune import knob_adapters, step
+from autotune import knob_adapters, step, usage_frameworks
 from autotune.artifacts import graph_settings, load_artifacts
 from autotune.builtin_workloads import load_workload
-from autotune.errors import ConfigError, MissingDependencyError
+from autotune.compile_notes import (  # re-exported: users and tests import them from here
+    ARTIFACTS_LOG,
+    CompileArtifactsWarning,
+    RecompileLimitWarning,  # noqa: F401
+    watch_recompile_limit,
+)
+from autotune.errors import ConfigError
 from autotune.fallback import OomFallback, is_sharded
 from autotune.knobs import Knobs
 from autotune.schema import TunedConfig
@@ -327,16 +331,7 @@ class Tuned:
         Example:
             >>> TrainingArguments(output_dir="out", **cfg.training_arguments())
         """
-        kwargs, notes = knob_adapters.training_arguments(self.knobs, self.device_type)
-        if self.compiled and self.config.compile_dynamic is not None:
-            value = str(self.config.compile_dynamic).lower()
-            notes.append(f"compile_dynamic={value}: Trainer compiles with torch's automatic "
-                         f"dynamic shapes; set ACCELERATE_DYNAMO_USE_DYNAMIC={value} in the "
-                         "environment before Trainer(...)")
-        _warn(notes + knob_adapters.accumulation_note(self.knobs, self.accumulate_steps, "Trainer"),
-              "TrainingArguments")
-        return {"per_device_train_batch_size": self.micro_batch,
-                "gradient_accumulation_steps": self.accumulate_steps, **kwargs}
+        return usage_frameworks.training_arguments(self)
 
     def accelerator_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``accelerate.Accelerator``.
@@ -349,35 +344,7 @@ class Tuned:
         warning says which are tuned). The strategy travels as Accelerate's FSDP2 plugin
         (``fsdp_plugin``) or DDP's kwargs handler (bucket view).
         """
-        found, notes = knob_adapters.accelerator_kwargs(self.knobs)
-        _warn(notes + knob_adapters.accumulation_note(self.knobs, self.accumulate_steps,
-                                                      "Accelerate"), "Accelerator")
-        kwargs: dict[str, Any] = {"gradient_accumulation_steps": self.accumulate_steps, **found}
-        if not self.compiled:
-            return kwargs
-        mode = None if self.compile_mode == "default" else self.compile_mode
-        watch_recompile_limit()
-        plugin = _dynamo_plugin(mode, knob_adapters.shapes_dynamic(self.knobs,
-                                                                   self.config.compile_dynamic))
-        regional = self.knobs.compile_scope == "blocks"
-        if plugin is not None and regional and hasattr(plugin, "use_regional_compilation"):
-            # Accelerate's regional compilation compiles each block of a ModuleList of one
-            # class, and each other leaf module on its own (the search ran those eager).
-            plugin.use_regional_compilation = True
-        elif regional:
-            warnings.warn(knob_adapters.scope_note(self.knobs, "the installed Accelerate")[0],
-                          stacklevel=2)
-        if plugin is not None:
-            kwargs["dynamo_plugin"] = plugin
-        else:
-            kwargs["dynamo_backend"] = "inductor"
-            if mode is not None or self.config.compile_dynamic is not None:
-                warnings.warn(
-                    f"the installed accelerate cannot take torch.compile mode {mode!r} and "
-                    f"dynamic={self.config.compile_dynamic} (no TorchDynamoPlugin / "
-                    "Accelerator(dynamo_plugin=...)): compiling with inductor's defaults; "
-                    "upgrade accelerate to keep the tuned ones", stacklevel=2)
-        return kwargs
+        return usage_frameworks.accelerator_kwargs(self)
 
     def lightning_trainer_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``lightning.pytorch.Trainer``: ``precision`` (``32-true``,
@@ -394,99 +361,4 @@ class Tuned:
         Raises:
             MissingDependencyError: lightning is not installed.
         """
-        try:
-            from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
-        except ImportError:
-            raise MissingDependencyError(
-                "lightning_trainer_kwargs() needs lightning: pip install 'autotune[lightning]' "
-                "(or pip install lightning)") from None
-        knob, notes = self.knobs, []
-        strategy: Any = {"none": "auto", "ddp": "ddp"}.get(knob.strategy)
-        if knob.strategy == "ddp-bucket-view":
-            strategy = DDPStrategy(gradient_as_bucket_view=True)
-        elif knob.sharded:
-            strategy = FSDPStrategy(sharding_strategy="FULL_SHARD" if knob.strategy == "fsdp"
-                                    else "SHARD_GRAD_OP")
-            notes.append(f"strategy={knob.strategy}: Lightning's FSDPStrategy shards with FSDP1 "
-                         "where the search measured FSDP2 (fully_shard per block); pass "
-                         "auto_wrap_policy={YourBlock} to it to shard per block")
-        if knob.allocator != "default":
-            notes.append(f"allocator={knob.allocator}: set PYTORCH_CUDA_ALLOC_CONF="
-                         "expandable_segments:True in the environment before the first CUDA "
-                         "allocation (Trainer has no switch for it)")
-        _warn(notes + knob_adapters.accumulation_note(knob, self.accumulate_steps, "Lightning"),
-              "Trainer")
-        ranks = self.config.nproc_per_node
-        return {"precision": {"bf16": "bf16-mixed", "fp16": "16-mixed"}.get(self.precision,
-                                                                           "32-true"),
-                "accumulate_grad_batches": self.accumulate_steps,
-                "accelerator": "gpu" if self.device_type == "cuda" else "cpu",
-                "devices": ranks, "num_nodes": max(1, self.config.world_size // ranks),
-                "strategy": strategy}
-
-
-def _warn(notes: list[str], target: str) -> None:
-    """One warning with every tuned knob that ``target`` cannot take as a keyword."""
-    if notes:
-        warnings.warn(f"{target} keywords do not carry every tuned knob: " + "; ".join(notes),
-                      stacklevel=3)
-
-
-def _dynamo_plugin(mode: str | None, dynamic: bool | None) -> Any:
-    """A ``TorchDynamoPlugin`` for the mode and ``compile_dynamic``, or None when accelerate
-    cannot take one."""
-    try:
-        from accelerate import Accelerator
-        from accelerate.utils import TorchDynamoPlugin
-    except ImportError:
-        return None
-    if "dynamo_plugin" not in inspect.signature(Accelerator).parameters:
-        return None
-    return TorchDynamoPlugin(backend="inductor", mode=mode, dynamic=dynamic)
-
-
-class _RecompileLimitNote(logging.Filter):
-    """Turns torch's "hit config.recompile_limit" log record into one warning that says what
-    it costs and what to do (the record itself passes on unchanged)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not (isinstance(record.msg, str)
-                and record.msg.startswith("torch._dynamo hit config.")):
-            return True
-        try:
-            lines = record.getMessage().splitlines()
-        except (TypeError, ValueError):  # arguments of another shape: say it without them
-            lines = [record.msg]
-        limit = lines[0].removeprefix("torch._dynamo hit config.")
-        where = next((ln.strip().removeprefix("function: ") for ln in lines
-                      if ln.strip().startswith("function:")), "a compiled function")
-        warnings.warn(
-            f"torch.compile hit its {limit} in {where}: that code runs eager from now on, "
-            "slower than tuned (its input shapes keep changing); pad batches to a few fixed "
-            'lengths, or set "compile_dynamic": true in autotune.json (dynamic from the first '
-            "compile), or raise torch._dynamo.config.recompile_limit", RecompileLimitWarning,
-            stacklevel=2)
-        return True
-
-
-class CompileArtifactsWarning(UserWarning):
-    """The compiled artifacts beside ``autotune.json`` were not loaded: the first compile
-    compiles from nothing (the message says why)."""
-
-
-ARTIFACTS_LOG = logging.getLogger("autotune.artifacts")
-
-
-class RecompileLimitWarning(UserWarning):
-    """torch.compile hit its recompile limit in a delivered path: part of the model runs eager."""
-
-
-_NOTE = _RecompileLimitNote()
-
-
-def watch_recompile_limit() -> None:
-    """Warn in one line when torch.compile hits its recompile limit in this process (once
-    installed, for every compiled model: ``Tuned.compile`` and the Accelerate plugin)."""
-    logger = logging.getLogger("torch._dynamo.convert_frame")
-    if _NOTE not in logger.filters:
-        logger.addFilter(_NOTE)
+        return usage_frameworks.lightning_trainer_kwargs(self)

@@ -170,6 +170,16 @@ def test_cuda_graphs_with_accumulation_warn_that_trainer_and_accelerate_get_it_w
     assert "pytorch/pytorch#169545" in message and "cfg.train_step(...)" in message
 
 
+@pytest.mark.parametrize("call", ["training_arguments", "accelerator_kwargs"])
+def test_a_framework_warning_points_at_the_users_line(call: str) -> None:
+    """The warning for what a framework cannot take names the user's own call, not a line
+    inside autotune (``usage_frameworks`` does the work behind ``Tuned``'s methods)."""
+    cfg = Tuned(make_tuned(compile_mode="reduce-overhead"))  # 16 x 4: CUDA graphs' warning
+    with pytest.warns(UserWarning) as caught:
+        getattr(cfg, call)()
+    assert [Path(w.filename).name for w in caught] == [Path(__file__).name]
+
+
 def test_cuda_graphs_without_accumulation_and_accumulation_without_them_say_nothing() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")

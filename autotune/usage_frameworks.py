@@ -1,0 +1,149 @@
+"""What ``Tuned`` hands to a framework: keyword arguments for Hugging Face
+``TrainingArguments``, Accelerate's ``Accelerator`` and Lightning's ``Trainer``, with one
+warning for what each has no switch for (``autotune.knob_adapters`` says each knob's words).
+``Tuned``'s methods of the same names call these.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from typing import TYPE_CHECKING, Any
+
+from autotune import knob_adapters
+from autotune.compile_notes import watch_recompile_limit
+from autotune.errors import MissingDependencyError
+
+if TYPE_CHECKING:
+    from autotune.usage import Tuned
+
+
+def training_arguments(self: Tuned) -> dict[str, Any]:
+    """Keyword arguments for ``transformers.TrainingArguments``: micro-batch,
+    accumulation, precision, compile mode, gradient checkpointing, the optimizer
+    (``optim``: ``adamw_torch_fused`` for ``fused``, else ``adamw_torch``, whose loop torch
+    picks as for an optimizer built without flags) and FSDP2 (``fsdp``/``fsdp_config``)
+    for an fsdp strategy. What Trainer has no switch for (sparser checkpointing, a
+    foreach/for-loop optimizer torch would not pick on this device, the memory format,
+    the allocator, DDP's bucket view, FSDP's fp32 reduction under autocast, a pinned
+    ``compile_dynamic``) is said in one warning, with what to do instead.
+
+    Example:
+        >>> TrainingArguments(output_dir="out", **cfg.training_arguments())
+    """
+    kwargs, notes = knob_adapters.training_arguments(self.knobs, self.device_type)
+    if self.compiled and self.config.compile_dynamic is not None:
+        value = str(self.config.compile_dynamic).lower()
+        notes.append(f"compile_dynamic={value}: Trainer compiles with torch's automatic "
+                     f"dynamic shapes; set ACCELERATE_DYNAMO_USE_DYNAMIC={value} in the "
+                     "environment before Trainer(...)")
+    _warn(notes + knob_adapters.accumulation_note(self.knobs, self.accumulate_steps, "Trainer"),
+          "TrainingArguments")
+    return {"per_device_train_batch_size": self.micro_batch,
+            "gradient_accumulation_steps": self.accumulate_steps, **kwargs}
+
+def accelerator_kwargs(self: Tuned) -> dict[str, Any]:
+    """Keyword arguments for ``accelerate.Accelerator``.
+
+    The compile mode travels in a ``TorchDynamoPlugin`` when the installed accelerate has
+    one (``Accelerator(dynamo_plugin=...)``); otherwise only ``dynamo_backend="inductor"``
+    is given and the mode is dropped, with a warning. TF32 has no Accelerator switch: call
+    ``cfg.set_matmul_precision()``; nor have checkpointing, the optimizer implementation
+    and the memory format: ``cfg.apply(model)`` and ``cfg.build_optimizer(...)`` (one
+    warning says which are tuned). The strategy travels as Accelerate's FSDP2 plugin
+    (``fsdp_plugin``) or DDP's kwargs handler (bucket view).
+    """
+    found, notes = knob_adapters.accelerator_kwargs(self.knobs)
+    _warn(notes + knob_adapters.accumulation_note(self.knobs, self.accumulate_steps,
+                                                  "Accelerate"), "Accelerator")
+    kwargs: dict[str, Any] = {"gradient_accumulation_steps": self.accumulate_steps, **found}
+    if not self.compiled:
+        return kwargs
+    mode = None if self.compile_mode == "default" else self.compile_mode
+    watch_recompile_limit()
+    plugin = _dynamo_plugin(mode, knob_adapters.shapes_dynamic(self.knobs,
+                                                               self.config.compile_dynamic))
+    regional = self.knobs.compile_scope == "blocks"
+    if plugin is not None and regional and hasattr(plugin, "use_regional_compilation"):
+        # Accelerate's regional compilation compiles each block of a ModuleList of one
+        # class, and each other leaf module on its own (the search ran those eager).
+        plugin.use_regional_compilation = True
+    elif regional:
+        warnings.warn(knob_adapters.scope_note(self.knobs, "the installed Accelerate")[0],
+                      stacklevel=3)
+    if plugin is not None:
+        kwargs["dynamo_plugin"] = plugin
+    else:
+        kwargs["dynamo_backend"] = "inductor"
+        if mode is not None or self.config.compile_dynamic is not None:
+            warnings.warn(
+                f"the installed accelerate cannot take torch.compile mode {mode!r} and "
+                f"dynamic={self.config.compile_dynamic} (no TorchDynamoPlugin / "
+                "Accelerator(dynamo_plugin=...)): compiling with inductor's defaults; "
+                "upgrade accelerate to keep the tuned ones", stacklevel=3)
+    return kwargs
+
+def lightning_trainer_kwargs(self: Tuned) -> dict[str, Any]:
+    """Keyword arguments for ``lightning.pytorch.Trainer``: ``precision`` (``32-true``,
+    ``bf16-mixed``, ``16-mixed``), ``accumulate_grad_batches``, ``accelerator``,
+    ``devices`` (ranks per node), ``num_nodes`` and ``strategy`` (``auto``, ``ddp``, a
+    ``DDPStrategy`` with the bucket view, an ``FSDPStrategy``). The rest (TF32,
+    checkpointing, compile, the optimizer implementation, channels_last, the batch size)
+    is applied by the callback ``autotune.lightning.TunedCallback(cfg)``; what neither
+    carries is said in one warning.
+
+    Example:
+        >>> Trainer(**cfg.lightning_trainer_kwargs(), callbacks=[TunedCallback(cfg)])
+
+    Raises:
+        MissingDependencyError: lightning is not installed.
+    """
+    try:
+        from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
+    except ImportError:
+        raise MissingDependencyError(
+            "lightning_trainer_kwargs() needs lightning: pip install 'autotune[lightning]' "
+            "(or pip install lightning)") from None
+    knob, notes = self.knobs, []
+    strategy: Any = {"none": "auto", "ddp": "ddp"}.get(knob.strategy)
+    if knob.strategy == "ddp-bucket-view":
+        strategy = DDPStrategy(gradient_as_bucket_view=True)
+    elif knob.sharded:
+        strategy = FSDPStrategy(sharding_strategy="FULL_SHARD" if knob.strategy == "fsdp"
+                                else "SHARD_GRAD_OP")
+        notes.append(f"strategy={knob.strategy}: Lightning's FSDPStrategy shards with FSDP1 "
+                     "where the search measured FSDP2 (fully_shard per block); pass "
+                     "auto_wrap_policy={YourBlock} to it to shard per block")
+    if knob.allocator != "default":
+        notes.append(f"allocator={knob.allocator}: set PYTORCH_CUDA_ALLOC_CONF="
+                     "expandable_segments:True in the environment before the first CUDA "
+                     "allocation (Trainer has no switch for it)")
+    _warn(notes + knob_adapters.accumulation_note(knob, self.accumulate_steps, "Lightning"),
+          "Trainer")
+    ranks = self.config.nproc_per_node
+    return {"precision": {"bf16": "bf16-mixed", "fp16": "16-mixed"}.get(self.precision,
+                                                                       "32-true"),
+            "accumulate_grad_batches": self.accumulate_steps,
+            "accelerator": "gpu" if self.device_type == "cuda" else "cpu",
+            "devices": ranks, "num_nodes": max(1, self.config.world_size // ranks),
+            "strategy": strategy}
+
+
+def _warn(notes: list[str], target: str) -> None:
+    """One warning with every tuned knob that ``target`` cannot take as a keyword."""
+    if notes:
+        warnings.warn(f"{target} keywords do not carry every tuned knob: " + "; ".join(notes),
+                      stacklevel=4)
+
+
+def _dynamo_plugin(mode: str | None, dynamic: bool | None) -> Any:
+    """A ``TorchDynamoPlugin`` for the mode and ``compile_dynamic``, or None when accelerate
+    cannot take one."""
+    try:
+        from accelerate import Accelerator
+        from accelerate.utils import TorchDynamoPlugin
+    except ImportError:
+        return None
+    if "dynamo_plugin" not in inspect.signature(Accelerator).parameters:
+        return None
+    return TorchDynamoPlugin(backend="inductor", mode=mode, dynamic=dynamic)
