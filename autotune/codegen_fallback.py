@@ -1,8 +1,9 @@
 """The out-of-memory fallback of ``train_autotuned.py``, as plain code (no torch import here).
 
 ``autotune.codegen`` puts ``FALLBACK`` into ``codegen_templates.SCRIPT`` (``$fallback``). It does
-what ``autotune.fallback`` does, with ``autotune.trial.is_out_of_memory``'s classifier; tests keep
-them equal (the same messages, the same micro-batches, the same gradients, over ranks too).
+what ``autotune.fallback`` does, with ``autotune.trial_status.is_out_of_memory``'s classifier;
+tests keep them equal (the same messages, the same micro-batches, the same gradients, over
+ranks too).
 """
 
 FALLBACK = '''

@@ -1,7 +1,7 @@
 """The mid-run out-of-memory fallback: a smaller micro-batch, the same effective batch.
 
 Real data can be longer than the declared worst case, fragmentation grows over hours, a
-neighbour takes memory. A step that runs out of memory (``autotune.trial.is_out_of_memory``,
+neighbour takes memory. A step that runs out of memory (``autotune.trial_status.is_out_of_memory``,
 the one classifier the search uses) is redone from its first micro-batch with the next smaller
 divisor of the per-device batch: the same samples, regrouped, with more accumulation steps, so
 the effective batch and the gradient stay what they were. Nothing of the failed attempt is
@@ -29,7 +29,7 @@ import torch
 
 from autotune.errors import ConfigError, OutOfMemoryFallbackError, WorkloadError
 from autotune.oom_text import oom_cause
-from autotune.trial import is_out_of_memory
+from autotune.trial_status import is_out_of_memory
 from autotune.units import accumulate_steps
 from autotune.workload import Batch
 

@@ -122,7 +122,7 @@ class _Child:
 
 def _loop(request: dict[str, Any]) -> dict[str, Any]:
     """The child: the config's steps through ``Tuned`` (module docstring)."""
-    from autotune.trial import classify_exception
+    from autotune.trial_status import classify_exception
 
     spec = from_json_dict(TrialSpec, request["spec"])
     config = from_json_dict(TunedConfig, request["config"])

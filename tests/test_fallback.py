@@ -22,7 +22,7 @@ from autotune.codegen import SCRIPT_NAME, render_train_script
 from autotune.config import WorkloadSpec
 from autotune.errors import ConfigError, OutOfMemoryFallbackError, WorkloadError
 from autotune.oom_text import oom_cause
-from autotune.trial import _OOM_MESSAGES, is_out_of_memory
+from autotune.trial_status import _OOM_MESSAGES, is_out_of_memory
 from autotune.usage import Tuned
 from autotune.workload import Workload
 from tests.one_truth import GradRecorder, TinyLM, assert_same_grads, load_script
