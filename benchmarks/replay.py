@@ -409,9 +409,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-budget-share", type=float, default=None, metavar="F",
                         help="give each table's search without a time budget one of F x its "
                         "exhaustive pass's seconds (how a search ends under --time-budget)")
+    parser.add_argument("--one-sitting", action="store_true",
+                        help="answer each search from one sitting's runs, the truth still "
+                        "the mean over all (ReplayDevice.one_sitting: a what-if)")
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error(f"--seeds {args.seeds}: give 1 or more")
+    if args.one_sitting:
+        global ReplayDevice
+        ReplayDevice = functools.partial(ReplayDevice, one_sitting=True)
     started, commit = time.perf_counter(), _commit()
     tables = all_tables()
     run = functools.partial(score, baseline=not args.no_baseline)

@@ -37,6 +37,18 @@ Five of its answers were biased before issue 59 and are not now:
   took it for one loaded from the cache and paid another run compiled afresh for its
   first-launch check, which a search on a fresh machine does not (cost of the generated
   families 0.24 -> 0.22 on both sets, at 30 seeds; the tiny tables' 0.21 -> 0.15).
+
+One what-if is not a fix: ``one_sitting`` (``replay.py --one-sitting``) answers each search
+from one sitting's runs (the seed orders the sittings; a candidate from the first that
+recorded it, one run alone scattered by the table's noise), the truth still the mean over
+all. A table merges its sittings (the files it was read from: ``Table.sittings``), and one
+sitting's candidates do not move together against another's: on deep_gpt-epyc two runs of a
+candidate in one sitting (passes an hour apart) differ by 4.6% (sd of the log), its two
+sittings by 15.6% candidate by candidate. So a search that sees one sitting finds that
+sitting's best, which the merged truth disagrees with: on the develop families at 30 seeds
+(2026-11-30) within 3% 0.837 -> 0.802, tables under 0.97 20 -> 30 (judge: 0.798 -> 0.767,
+25 -> 31), every loss on a table of several sittings. Drawing from any sitting, as the
+replay does, is kept.
 """
 
 from __future__ import annotations
@@ -47,7 +59,7 @@ import random
 import statistics
 from dataclasses import dataclass, field
 
-from replay_tables import Entry, Table
+from replay_tables import Entry, Run, Table
 
 from autotune.config import ProbeReport, TrialResult, TrialSpec
 from autotune.knobs import BASELINE
@@ -93,6 +105,9 @@ class ReplayDevice:
     drawn run's overhead, as before issue 59)."""
     compiled: set = field(default_factory=set)
     """The compiled graphs this search ran (``Candidate.graph`` keys)."""
+    one_sitting: bool = False
+    """Each candidate answered from one sitting's runs, in the seed's order of sittings (a
+    what-if, module docstring); False: from any sitting's."""
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -102,6 +117,18 @@ class ReplayDevice:
         spreads = [r.spread for e in self.table.entries.values() for r in e.runs
                    if r.status == "ok" and r.spread]
         self.typical_spread = statistics.median(spreads) if spreads else 0.0
+        sittings = sorted({r.source for e in self.table.entries.values() for r in e.runs})
+        random.Random(f"sittings/{self.seed}").shuffle(sittings)
+        self.sittings = sittings
+
+    def runs_of(self, entry: Entry) -> list[Run]:
+        """The runs a candidate is answered from: the first sitting in this seed's order that
+        recorded it (``one_sitting``), else all of them."""
+        if self.one_sitting:
+            for sitting in self.sittings:
+                if runs := [r for r in entry.runs if r.source == sitting]:
+                    return runs
+        return entry.runs
 
     def clock(self) -> float:
         return self.now_s
@@ -139,7 +166,8 @@ class ReplayDevice:
             return self._result(spec, "ok", peak, (), wall, None, info) if peak >= 0 else \
                 TrialResult(status="oom", message="out of memory (replayed)", wall_s=wall,
                             **info)
-        run = self.rng.choice(entry.runs)
+        runs = self.runs_of(entry)
+        run = self.rng.choice(runs)
         wall, peak = run.overhead_s(), run.peak_bytes
         afresh = spec.cold_compile
         if self.charge_cold_compile and spec.compile_mode != "off":
@@ -162,7 +190,7 @@ class ReplayDevice:
             return TrialResult(status=status, message=f"{status} (replayed)",
                                peak_bytes=peak, wall_s=run.wall_s or wall, **info)
         median = run.median_s * spec.accumulate_steps / entry.accumulate_steps
-        if len(entry.ok_medians()) == 1:
+        if sum(r.status == "ok" and bool(r.median_s) for r in runs) == 1:
             median *= math.exp(self.rng.gauss(0.0, self.table.sigma))
         if self.table.stall:  # a generated table's stalls: a share of runs, only slower
             share, least, most = self.table.stall

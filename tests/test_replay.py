@@ -180,3 +180,56 @@ def test_the_near_miss_bound_covers_what_a_value_took_off_a_recorded_peak() -> N
     assert len(drops) > 1000
     covered = sum(d <= VALUE_PEAK_DROP for d in drops) / len(drops)
     assert 0.95 <= covered <= 0.99
+
+
+def _two_sittings() -> Table:
+    """``table`` with each candidate's first run from sitting "a" and its second, 25% slower,
+    from sitting "b" (no noise beyond the runs: sigma 0)."""
+    t = table(sigma=0.0)
+    for e in t.entries.values():
+        fast = e.runs[0]
+        e.runs = [replace(fast, source="a"),
+                  replace(fast, median_s=fast.median_s * 1.25, source="b")]
+    return t
+
+
+def _sittings_answered(device: ReplayDevice, t: Table) -> set[str]:
+    """Which sitting each of ``t``'s candidates was answered from, timed once each."""
+    from autotune.search._records import Candidate
+
+    seen = set()
+    for key, e in t.entries.items():
+        c = Candidate.from_key(key)
+        spec = TrialSpec(workload=WorkloadSpec(), device="cpu", micro_batch=c.micro_batch,
+                         accumulate_steps=e.accumulate_steps, knobs=c.knobs, num_timed_steps=5,
+                         memory_budget_bytes=900 * MIB)
+        step = sorted(device(spec).step_times_s)[2]
+        seen.add("a" if step == pytest.approx(e.runs[0].median_s) else
+                 "b" if step == pytest.approx(e.runs[1].median_s) else "?")
+    return seen
+
+
+def test_a_search_is_answered_from_one_sitting_and_the_seeds_visit_each() -> None:
+    """With ``one_sitting`` (the what-if, ``replay.py --one-sitting``) every candidate of a
+    seed is answered from the same sitting's run, the seeds draw either sitting, and the truth
+    stays the mean over both. By default each run comes from either, so one search mixes
+    them."""
+    t = _two_sittings()
+    per_seed = [_sittings_answered(ReplayDevice(t, seed, one_sitting=True), t)
+                for seed in range(8)]
+    assert all(len(seen) == 1 for seen in per_seed) and {"a", "b"} == set().union(*per_seed)
+    mixed = [_sittings_answered(ReplayDevice(t, seed), t) for seed in range(8)]
+    assert any(seen == {"a", "b"} for seen in mixed)
+    fast = t.entries["bf16/default/2"].runs[0]
+    assert t.truth("bf16/default/2") == pytest.approx((4 / fast.median_s
+                                                       + 4 / fast.median_s / 1.25) / 2)
+
+
+def test_a_candidate_its_sitting_lacks_is_answered_from_another() -> None:
+    t = _two_sittings()
+    e = t.entries["fp32/off/4"]
+    e.runs = [r for r in e.runs if r.source == "b"]  # recorded in sitting b alone
+    for seed in range(6):
+        device = ReplayDevice(t, seed, one_sitting=True)
+        assert device.runs_of(e) == e.runs
+        assert device.runs_of(t.entries["fp32/off/2"])[0].source == device.sittings[0]
