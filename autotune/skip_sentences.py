@@ -137,6 +137,11 @@ TEMPLATES: Mapping[str, str] = {
         "{target} ran out of memory at every micro-batch: probed with checkpointing ({value}), "
         "for its eager class's best ({eager}) is {share:.2f}x the leader's ({leader}), and "
         "{why}"),
+    "compile-floor": (
+        "{target} not probed: {other} fit no micro-batch down to the smallest, and "
+        "{target}'s eager class peaked no lower at each of the {common} micro-batches both "
+        "ran ({micro_batch}: {peak:bytes} against {other_peak:bytes}): what compiling adds was "
+        "over, and it needs no less"),
     "compiled-whole-batch": (
         "{largest} (the whole per-device batch) ran without allocator retries, so a smaller "
         "one only adds accumulation steps, each at the cost of a compile (--micro-batches all "

@@ -341,6 +341,46 @@ def test_after_a_checkpointed_probe_fits_nothing_a_class_peaking_no_lower_is_not
         "740.00 MiB)"), notes["fp32/default"].text
 
 
+def _floor_device(fp32_eager_peak) -> KnobDevice:
+    """Both compiled classes over the 1000 MiB cap at every micro-batch (a compile's floor of
+    1100 MiB, checkpointed too); bf16 eager leads (150 samples/s against fp32's 100), so
+    bf16/default is probed first and fits nothing."""
+    return KnobDevice(by_class(100, 150, 160, 150, 300, 330),
+                      peaks={"fp32/off": fp32_eager_peak,
+                             **{c: lambda m: 1100 + 200 * m for c in (
+                                 "fp32/default", "fp32/max-autotune", "bf16/default",
+                                 "bf16/max-autotune")}},
+                      impl_speed={"default": 1.0, "for-loop": 1.0, "foreach": 1.0,
+                                  "fused": 1.0})
+
+
+def test_a_compiled_class_needing_no_less_memory_than_one_that_fit_nothing_is_not_probed(
+        ) -> None:
+    # fp32 eager peaks 50 MiB above bf16 eager at every micro-batch: what was over for
+    # bf16/default (what compiling adds) is no less for fp32/default, so its probe (three
+    # runs out of memory on the generated deep GPT Xeon tables) is not made, nor its
+    # checkpointing rescue (bf16/default's fit nothing either).
+    outcome, records = knob_search(_floor_device(lambda m: 150 + 20 * m))
+    assert [k for k in records if k.startswith("bf16/default/")], sorted(records)
+    assert not [k for k in records if k.startswith("fp32/default")], sorted(records)
+    floor = next(s for s in outcome.skips if s.rule == "compile-floor")
+    assert (floor.target, floor.figures["other"]) == ("fp32/default", "bf16/default"), floor
+    assert floor.text.startswith(
+        "fp32/default not probed: bf16/default fit no micro-batch down to the smallest, and "
+        "fp32/default's eager class peaked no lower at each of the"), floor.text
+    # offered checkpointing as a class out of memory everywhere is, and ruled out (here by
+    # the compile gain bf16/max-autotune showed: fp32 eager times it stays behind)
+    rescue = {s.target: s.variant for s in outcome.skips if s.rule == "oom-class-reach"}
+    assert rescue["fp32/default"] == "", rescue
+
+
+def test_a_compiled_class_whose_eager_class_needs_less_memory_is_probed() -> None:
+    # fp32 eager peaks 50 MiB below bf16 eager: it may fit where bf16/default did not
+    outcome, records = knob_search(_floor_device(lambda m: 50 + 20 * m))
+    assert [k for k in records if k.startswith("fp32/default/")], sorted(records)
+    assert not [s for s in outcome.skips if s.rule == "compile-floor"]
+
+
 def test_a_checkpointed_run_just_over_the_budget_is_timed_with_a_format_that_frees_a_little(
         ) -> None:
     # A CNN: without checkpointing 16 fits at most (884 of 900 MiB usable); checkpointing

@@ -74,6 +74,9 @@ class Evidence(Figures):
     cold: dict[Candidate, TrialResult] = field(default_factory=dict)
     """Per compiled candidate, a run that compiled every graph afresh (a first launch's peak).
     One out of memory is kept over one that fit."""
+    floored: list[Knobs] = field(default_factory=list)
+    """Compiled classes not probed (rule ``compile-floor``): they fit no more than a class
+    that fit nothing, so the probe stage offers them checkpointing as it offers that one."""
     drift: dict[Candidate, float] = field(default_factory=dict)
     """Candidates timed twice in this search, and how far apart."""
     round_shares: dict[Candidate, tuple[float, ...]] = field(default_factory=dict)

@@ -34,6 +34,9 @@ RULES: Mapping[str, str] = {
     "oom-class-reach": "a compiled class out of memory everywhere is probed with checkpointing "
                        "only where its eager class times the compile gain seen reaches the "
                        "leader (rule_checks 12)",
+    "compile-floor": "a compiled class is not probed after another precision's fit nothing "
+                     "down to the smallest micro-batch, where its eager class peaked no lower "
+                     "at every micro-batch both ran",
     "compiled-whole-batch": "a compiled class at the whole per-device batch is not walked "
                             "down",
     "sibling-ratio": "a sibling timed at both micro-batches says a smaller one gains "

@@ -52,6 +52,13 @@ def run(ex: Executor) -> bool:
             # run's speed): a strong leader early lets the probes after it stop sooner
             first[i:] = sorted(first[i:], key=lambda c: -ev.precision_best(c.precision))
             knobs = first[i]
+            floor = reach_bounds.compile_floor(ev, knobs, [
+                k for k, p in ev.probes.items() if fit_nothing(ex, k, p)])
+            if floor is not None:
+                ex.reach.consider(knobs)
+                ev.decide(floor)
+                ev.floored.append(knobs)
+                continue
         if knobs == plan.base:
             probe_ahead(ex, knobs)
         probe_setting(ex, knobs)
@@ -329,25 +336,32 @@ def near_miss(ex: Executor, setting: Knobs) -> None:
                               base=ex.plan.base.label(), usable=ex.plan.usable))
 
 
+def fit_nothing(ex: Executor, knobs: Knobs, probe: MemoryProbe) -> bool:
+    """A compiled class without checkpointing whose probe fit no micro-batch down to the
+    smallest: each run out of memory, crashed, or over the usable memory (none timed)."""
+    smallest = ex.plan.micro_batches[0]
+    return (knobs.compiled and knobs.checkpointing == KNOB["checkpointing"].default
+            and not probe.max_micro_batch
+            and any(s.micro_batch == smallest for s in probe.steps)
+            and not any(s.fits or s.status not in ("oom", "crash", "ok") for s in probe.steps))
+
+
 def out_of_memory_everywhere(ex: Executor) -> None:
     """Each compiled class that ran out of memory at every micro-batch down to the smallest
-    (none timed: the joint stage's ``relieved`` needs a run that ran), probed with the
+    (none timed: the joint stage's ``relieved`` needs a run that ran), or was not probed for
+    it could fit no more than one that did (``Evidence.floored``), probed with the
     checkpointing value that frees most where it could win so (``reach_bounds.oom_class_reach``,
     rule ``oom-class-reach``): as fp32 eager's rescue frees memory for the baseline. Where
     one's probe fit nothing, a class whose eager class peaks no lower is not probed
     (``reach_bounds.oom_class_peak``)."""
-    ev, smallest = ex.ev, ex.plan.micro_batches[0]
+    ev = ex.ev
     ckpt = KNOB["checkpointing"]
     missed: list[Knobs] = []  # the classes whose probe with it fit nothing
     # The most promising precision first (its best), compile mode default before the
     # others: what one finds bounds the next.
-    for knobs, probe in sorted(ev.probes.items(), key=lambda t: (
+    everywhere = [(k, p) for k, p in ev.probes.items() if fit_nothing(ex, k, p)]
+    for knobs, _ in sorted([*everywhere, *((k, None) for k in ev.floored)], key=lambda t: (
             -ev.precision_best(t[0].precision), t[0].compile_mode != "default")):
-        at_smallest = [s for s in probe.steps if s.micro_batch == smallest]
-        if not knobs.compiled or knobs.checkpointing != ckpt.default or probe.max_micro_batch \
-                or not at_smallest or any(s.fits or s.status not in ("oom", "crash", "ok")
-                                          for s in probe.steps):
-            continue
         freed = next((f for v in ckpt.frees_memory if v in ex.plan.values.get(ckpt.name, ())
                       and (f := knobs.with_(checkpointing=v)) not in ev.probes
                       and skip_reason(f, ev.traits) is None), None)
