@@ -126,8 +126,9 @@ TEMPLATES: Mapping[str, str] = {
         "micro-batch, and its eager class ({eager}) has no timed run to bound its speed"),
     "oom-class-reach:peak-not-below": (
         "{target} not probed with checkpointing ({value}): {other} fit no micro-batch with it, "
-        "and {target}'s eager class peaked no lower at {micro_batch} ({peak:bytes} against "
-        "{other_peak:bytes}): checkpointing frees activations, not what compiling adds"),
+        "and {target}'s eager class peaked no lower at every micro-batch both ran (at "
+        "{micro_batch}: {peak:bytes} against {other_peak:bytes}): checkpointing frees "
+        "activations, not what compiling adds"),
     "oom-class-reach:probed": (
         "{target} ran out of memory at every micro-batch: probed with checkpointing ({value}), "
         "for its eager class's best ({eager}) is {share:.2f}x the leader's ({leader}), and "
@@ -139,8 +140,8 @@ TEMPLATES: Mapping[str, str] = {
         "{why}"),
     "compile-floor": (
         "{target} not probed: {other} fit no micro-batch down to the smallest, and "
-        "{target}'s eager class peaked no lower at each of the {common} micro-batches both "
-        "ran ({micro_batch}: {peak:bytes} against {other_peak:bytes}): what compiling adds was "
+        "{target}'s eager class peaked no lower at every micro-batch both ran (at "
+        "{micro_batch}: {peak:bytes} against {other_peak:bytes}): what compiling adds was "
         "over, and it needs no less"),
     "compiled-whole-batch": (
         "{largest} (the whole per-device batch) ran without allocator retries, so a smaller "

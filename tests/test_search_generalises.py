@@ -337,8 +337,8 @@ def test_after_a_checkpointed_probe_fits_nothing_a_class_peaking_no_lower_is_not
     assert notes["fp32/default"].variant == "peak-not-below", notes
     assert notes["fp32/default"].text.startswith(
         "fp32/default not probed with checkpointing (blocks): bf16/default fit no micro-batch "
-        "with it, and fp32/default's eager class peaked no lower at 32 (790.00 MiB against "
-        "740.00 MiB)"), notes["fp32/default"].text
+        "with it, and fp32/default's eager class peaked no lower at every micro-batch both ran "
+        "(at 32: 790.00 MiB against 740.00 MiB)"), notes["fp32/default"].text
 
 
 def _floor_device(fp32_eager_peak) -> KnobDevice:
@@ -367,7 +367,7 @@ def test_a_compiled_class_needing_no_less_memory_than_one_that_fit_nothing_is_no
     assert (floor.target, floor.figures["other"]) == ("fp32/default", "bf16/default"), floor
     assert floor.text.startswith(
         "fp32/default not probed: bf16/default fit no micro-batch down to the smallest, and "
-        "fp32/default's eager class peaked no lower at each of the"), floor.text
+        "fp32/default's eager class peaked no lower at every micro-batch both ran (at "), floor.text
     # offered checkpointing as a class out of memory everywhere is, and ruled out (here by
     # the compile gain bf16/max-autotune showed: fp32 eager times it stays behind)
     rescue = {s.target: s.variant for s in outcome.skips if s.rule == "oom-class-reach"}

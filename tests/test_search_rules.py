@@ -365,3 +365,16 @@ def test_a_run_ahead_over_the_budget_is_proposed_with_each_checkpointing_that_fr
         assert bool(found) == proposed
     assert set(found) == {"bf16/off+ckpt=blocks/32", "bf16/off+ckpt=alternate/32"}
     assert all(n.rule == "joint" and n.variant == "over-budget" for n in found.values())
+
+
+def test_an_eager_class_needs_no_less_memory_only_where_it_peaks_no_lower_everywhere() -> None:
+    """``reach_bounds.no_lower`` (rules ``compile-floor`` and ``oom-class-reach``'s
+    ``peak-not-below``): every micro-batch both ran, the smallest cited. bf16 eager peaking
+    above fp32's at 64 but below at 1 needs less where a compile's floor shows: not
+    "no less" (the largest alone said so before 2026-11-30)."""
+    from autotune.search.reach_bounds import no_lower
+
+    assert no_lower({1: 50, 8: 70, 64: 120}, {1: 40, 8: 70, 64: 110}) == 1
+    assert no_lower({1: 30, 64: 120}, {1: 40, 64: 110}) is None
+    assert no_lower({1: 30}, {2: 40}) is None  # no micro-batch in common: nothing said
+    assert no_lower({4: 40, 2: 41}, {4: 40}) == 4

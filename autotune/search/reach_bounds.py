@@ -118,29 +118,35 @@ def eager_peaks(ev: Evidence, knobs: Knobs) -> dict[int, int]:
             if s.status == "ok" and s.peak_bytes}
 
 
+def no_lower(mine: dict[int, int], theirs: dict[int, int]) -> int | None:
+    """The smallest micro-batch two eager classes both ran (``eager_peaks``) where ``mine``
+    peaked no lower than ``theirs`` at every one of them; None where it peaked lower at one,
+    or they share none. Every micro-batch, not one: bf16 eager peaks below fp32's at the
+    largest (its activations are half the bytes) and above at the small ones (its cast
+    weights), where a compile's floor shows (``compile_floor``)."""
+    common = sorted(set(mine) & set(theirs))
+    return common[0] if common and all(mine[m] >= theirs[m] for m in common) else None
+
+
 def compile_floor(ev: Evidence, knobs: Knobs, missed: Sequence[Knobs]) -> Skip | None:
     """Why a compiled class (``knobs``) is not probed, if so (rule ``compile-floor``): a
     compiled class of another precision and the same compile mode (in ``missed``) fit no
     micro-batch down to the smallest, and ``knobs``'s eager class peaked no lower than that
     one's eager class at every micro-batch both ran (at least one). What was over there is
     what compiling adds, not the activations a smaller micro-batch sheds; a precision that
-    needs no less memory eager needs no less compiled. Every micro-batch both ran, not one:
-    bf16 eager peaks below fp32's at the largest (its activations are half the bytes) and
-    above at the small ones (its cast weights), where the compile's floor is; on the
-    generated and recorded tables this bound skipped 67 classes and none that fits, where
-    the largest micro-batch alone would have skipped 4 that fit (``docs/search.md``). None:
-    probe it."""
+    needs no less memory eager needs no less compiled (``no_lower``: on the generated and
+    recorded tables this bound skipped 67 classes and none that fits, where the largest
+    micro-batch alone would have skipped 4 that fit, ``docs/search.md``). None: probe it."""
     mine = eager_peaks(ev, knobs)
     for other in missed:
         if (other.precision == knobs.precision or other.compile_mode != knobs.compile_mode
                 or other.checkpointing != knobs.checkpointing):
             continue
         theirs = eager_peaks(ev, other)
-        common = sorted(set(mine) & set(theirs))
-        if common and all(mine[m] >= theirs[m] for m in common):
-            m = common[0]
+        if (m := no_lower(mine, theirs)) is not None:
             return skip("compile-floor", knobs.label(), other=other.label(), micro_batch=m,
-                        peak=mine[m], other_peak=theirs[m], common=len(common))
+                        peak=mine[m], other_peak=theirs[m],
+                        common=len(set(mine) & set(theirs)))
     return None
 
 
@@ -148,16 +154,15 @@ def oom_class_peak(ev: Evidence, knobs: Knobs, missed: Sequence[Knobs],
                    value: str) -> Skip | None:
     """Why a compiled class out of memory everywhere is not probed with checkpointing
     (``value``) after another such class's probe with it fit nothing (``missed``), if so: its
-    eager class peaked no lower than that class's eager class at a micro-batch both ran
-    (checkpointing frees activations, not what compiling adds: a class that needs more memory
-    eager fits no more compiled). None: probe it (no such class, or no common point)."""
+    eager class peaked no lower than that class's eager class at every micro-batch both ran
+    (``no_lower``; checkpointing frees activations, not what compiling adds: a class that
+    needs more memory eager fits no more compiled). None: probe it (no such class, or no
+    common point). Until 2026-11-30 at the largest micro-batch both ran alone."""
     mine = eager_peaks(ev, knobs)
     for other in missed:
         theirs = eager_peaks(ev, other)
-        common = sorted(set(mine) & set(theirs))
-        if common and mine[common[-1]] >= theirs[common[-1]]:
-            m = common[-1]
+        if (m := no_lower(mine, theirs)) is not None:
             return skip("oom-class-reach", knobs.label(), "peak-not-below", value=value,
                         other=other.label(), micro_batch=m, peak=mine[m],
-                        other_peak=theirs[m])
+                        other_peak=theirs[m], common=len(set(mine) & set(theirs)))
     return None
