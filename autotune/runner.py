@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any, cast
 
 from autotune import child
-from autotune.child import PARENT_PID, die_with_parent
 from autotune.config import ChildRun, TrialResult, TrialSpec, WorkloadSpec
 from autotune.device import backend_for
 from autotune.errors import WorkloadError
+from autotune.fork_server import PARENT_PID, die_with_parent
 from autotune.knob_adapters import child_environment as knob_environment
 from autotune.pinning import RANKS, pin_to_slot
 from autotune.serialize import from_json_dict, to_json_dict
@@ -386,7 +386,7 @@ def child_main(handler: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     one raises anyway, the result is ``{"child_error": "Type: message"}``, and a ``sys.exit``
     from code it ran is ``{"child_error": "the workload called sys.exit(n)"}``: never a child
     that exits 0 without a result. KeyboardInterrupt ends the child. Before anything else it
-    arms the parent-death signal (``child.die_with_parent``).
+    arms the parent-death signal (``fork_server.die_with_parent``).
     """
     die_with_parent()
     pin_to_slot()

@@ -62,7 +62,7 @@ def _left_running(token: str) -> list[int]:
 
 def _is_fork_server(entry: Path) -> bool:
     cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-    return cmdline[1:4] == [b"-m", b"autotune.child", b"--serve"] and int(
+    return cmdline[1:4] == [b"-m", b"autotune.fork_server", b"--serve"] and int(
         (entry / "stat").read_text().rpartition(")")[2].split()[1]) == os.getpid()
 
 
