@@ -142,14 +142,16 @@ def test_bad_batch_exits_2() -> None:
 
 @pytest.mark.subprocess
 def test_micro_batch_1_not_fitting_exits_1_and_says_what_would() -> None:
-    result = _invoke("probe", "--target-batch", "2", *FAST, "--memory-budget", "8MiB",
+    # The tiny model peaks 7.1-7.3 MiB at micro-batch 1 on this machine: under an 8 MiB
+    # budget (7.20 usable) it fit by 37 KiB on some runs. 6 MiB leaves it well over.
+    result = _invoke("probe", "--target-batch", "2", *FAST, "--memory-budget", "6MiB",
                      "--workload", workload_target("tiny"))
     assert result.exit_code == 1, result.output
     err = _words(result.stderr)
-    assert "micro-batch 1 does not fit in 7.20 MiB usable (budget 8.00 MiB" in err
+    assert "micro-batch 1 does not fit in 5.40 MiB usable (budget 6.00 MiB" in err
     assert "so the budget would have to be at least" in err
     needed = err.split("would have to be at least ")[1].split(" MiB")[0]
-    assert float(needed) > 8.0
+    assert float(needed) > 6.0
 
 
 @pytest.mark.subprocess
