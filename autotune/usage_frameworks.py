@@ -19,18 +19,8 @@ if TYPE_CHECKING:
 
 
 def training_arguments(self: Tuned) -> dict[str, Any]:
-    """Keyword arguments for ``transformers.TrainingArguments``: micro-batch,
-    accumulation, precision, compile mode, gradient checkpointing, the optimizer
-    (``optim``: ``adamw_torch_fused`` for ``fused``, else ``adamw_torch``, whose loop torch
-    picks as for an optimizer built without flags) and FSDP2 (``fsdp``/``fsdp_config``)
-    for an fsdp strategy. What Trainer has no switch for (sparser checkpointing, a
-    foreach/for-loop optimizer torch would not pick on this device, the memory format,
-    the allocator, DDP's bucket view, FSDP's fp32 reduction under autocast, a pinned
-    ``compile_dynamic``) is said in one warning, with what to do instead.
-
-    Example:
-        >>> TrainingArguments(output_dir="out", **cfg.training_arguments())
-    """
+    """What ``Tuned.training_arguments`` returns (its docstring says what it carries and
+    what it warns of)."""
     kwargs, notes = knob_adapters.training_arguments(self.knobs, self.device_type)
     if self.compiled and self.config.compile_dynamic is not None:
         value = str(self.config.compile_dynamic).lower()
@@ -43,16 +33,8 @@ def training_arguments(self: Tuned) -> dict[str, Any]:
             "gradient_accumulation_steps": self.accumulate_steps, **kwargs}
 
 def accelerator_kwargs(self: Tuned) -> dict[str, Any]:
-    """Keyword arguments for ``accelerate.Accelerator``.
-
-    The compile mode travels in a ``TorchDynamoPlugin`` when the installed accelerate has
-    one (``Accelerator(dynamo_plugin=...)``); otherwise only ``dynamo_backend="inductor"``
-    is given and the mode is dropped, with a warning. TF32 has no Accelerator switch: call
-    ``cfg.set_matmul_precision()``; nor have checkpointing, the optimizer implementation
-    and the memory format: ``cfg.apply(model)`` and ``cfg.build_optimizer(...)`` (one
-    warning says which are tuned). The strategy travels as Accelerate's FSDP2 plugin
-    (``fsdp_plugin``) or DDP's kwargs handler (bucket view).
-    """
+    """What ``Tuned.accelerator_kwargs`` returns (its docstring says what it carries and
+    what it warns of)."""
     found, notes = knob_adapters.accelerator_kwargs(self.knobs)
     _warn(notes + knob_adapters.accumulation_note(self.knobs, self.accumulate_steps,
                                                   "Accelerate"), "Accelerator")
@@ -84,20 +66,8 @@ def accelerator_kwargs(self: Tuned) -> dict[str, Any]:
     return kwargs
 
 def lightning_trainer_kwargs(self: Tuned) -> dict[str, Any]:
-    """Keyword arguments for ``lightning.pytorch.Trainer``: ``precision`` (``32-true``,
-    ``bf16-mixed``, ``16-mixed``), ``accumulate_grad_batches``, ``accelerator``,
-    ``devices`` (ranks per node), ``num_nodes`` and ``strategy`` (``auto``, ``ddp``, a
-    ``DDPStrategy`` with the bucket view, an ``FSDPStrategy``). The rest (TF32,
-    checkpointing, compile, the optimizer implementation, channels_last, the batch size)
-    is applied by the callback ``autotune.lightning.TunedCallback(cfg)``; what neither
-    carries is said in one warning.
-
-    Example:
-        >>> Trainer(**cfg.lightning_trainer_kwargs(), callbacks=[TunedCallback(cfg)])
-
-    Raises:
-        MissingDependencyError: lightning is not installed.
-    """
+    """What ``Tuned.lightning_trainer_kwargs`` returns (its docstring says what it carries and
+    what it warns of)."""
     try:
         from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
     except ImportError:
