@@ -378,3 +378,17 @@ def test_an_eager_class_needs_no_less_memory_only_where_it_peaks_no_lower_everyw
     assert no_lower({1: 30, 64: 120}, {1: 40, 64: 110}) is None
     assert no_lower({1: 30}, {2: 40}) is None  # no micro-batch in common: nothing said
     assert no_lower({4: 40, 2: 41}, {4: 40}) == 4
+
+
+@given(st.dictionaries(st.sampled_from([1, 2, 4, 8, 16, 32, 64]), st.integers(1, 10**9)),
+       st.dictionaries(st.sampled_from([1, 2, 4, 8, 16, 32, 64]), st.integers(1, 10**9)))
+def test_no_lower_cites_the_smallest_common_micro_batch_and_holds_at_every_one(
+        mine: dict[int, int], theirs: dict[int, int]) -> None:
+    m = reach_bounds.no_lower(mine, theirs)
+    common = sorted(set(mine) & set(theirs))
+    if m is None:
+        assert not common or any(mine[x] < theirs[x] for x in common)
+    else:
+        assert m == common[0] and all(mine[x] >= theirs[x] for x in common)
+        if reach_bounds.no_lower(theirs, mine) is not None:  # each no lower: equal
+            assert all(mine[x] == theirs[x] for x in common)
