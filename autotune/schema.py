@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Final, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import Field
 
 from autotune.config import DeviceInfo, ProbeReport, StopReason, TrialStatus, WorkloadSpec
 from autotune.knobs import HasKnobs, Knobs
+from autotune.schema_study import SearchCost, StudyRecord
+from autotune.schema_types import Batch, Count, Float, Positive
 from autotune.serialize import STRICT_FIELDS, Text
 from autotune.skip_sentences import Context, render
-from autotune.units import MAX_BATCH
 
 SCHEMA_VERSION: Final = 3
 """3: what the search did not run is typed (``skips``: each with its rule id, what it is about
@@ -37,23 +38,6 @@ Verdict = Literal[
 ]
 RunnerUp = Literal["", "behind", "behind-once", "within-noise", "rounds"]
 """How the winner stands against the runner-up (``TunedConfig.runner_up``)."""
-
-
-def _non_finite(value: Any) -> Any:
-    """``to_json_dict`` writes inf and nan as the strings ``"inf"``, ``"-inf"``, ``"nan"``."""
-    if isinstance(value, str) and value in ("inf", "-inf", "nan"):
-        return float(value)
-    return value
-
-
-Float = Annotated[float, BeforeValidator(
-    _non_finite, json_schema_input_type=float | Literal["inf", "-inf", "nan"])]
-"""A float field of the file: a JSON number, or ``"inf"`` / ``"-inf"`` / ``"nan"``."""
-Count = Annotated[int, Field(ge=0)]
-Positive = Annotated[int, Field(ge=1)]
-Batch = Annotated[int, Field(ge=1, le=MAX_BATCH)]
-"""A count of samples, micro-batches or devices: at most ``MAX_BATCH`` (the sums on it stay
-quick)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,65 +141,6 @@ class MemoryRecord:
     file written before it was recorded."""
     peak_unverified: Text = ""
     """Why ``peak_verified`` is false, in words ("" otherwise)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class SearchCost:
-    """Where a search's time went, over every child run (memory probes included)."""
-
-    __pydantic_config__: ClassVar[dict[str, Any]] = STRICT_FIELDS
-
-    num_runs: Count
-    child_s: Float
-    """Wall time of the child runs, start-up included."""
-    compile_s: Float
-    """Of that, compiling (the compiled runs' warm-up beyond the same steps once compiled)."""
-    num_compiled_runs: Count = 0
-    num_cached_compiles: Count = 0
-    """Compiled runs whose graphs all came from inductor's on-disk caches (compiled before,
-    by another child of the same setting and micro-batch, or an earlier search)."""
-    timed_s: Float
-    """Of that, timed steps."""
-    parallel: Count = 1
-    """Slots the search ran children on at once (``--parallel``)."""
-    wall_s: Float | None = None
-    """The search's wall time, from its first run to its last (None: not recorded)."""
-    device_s: Float | None = None
-    """Device-seconds its children held: each run's wall times the devices its job held."""
-
-    def describe(self) -> str:
-        """``12 child runs, 310 s (compile 95 s, timed steps 120 s; 2 of 6 compiled runs
-        reused inductor's cache)``; with several slots, their wall time and device-seconds."""
-        cached = (f"; {self.num_cached_compiles} of {self.num_compiled_runs} compiled runs "
-                  "reused inductor's cache" if self.num_compiled_runs else "")
-        slots = (f"; on {self.parallel} slots at once: {self.wall_s:,.0f} s wall, "
-                 f"{self.device_s:,.0f} device-seconds" if self.parallel > 1
-                 and self.wall_s is not None and self.device_s is not None else "")
-        return (f"{self.num_runs} child runs, {self.child_s:,.0f} s (compile "
-                f"{self.compile_s:,.0f} s, timed steps {self.timed_s:,.0f} s{cached}){slots}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class StudyRecord:
-    """The Optuna study the search recorded its runs in."""
-
-    __pydantic_config__: ClassVar[dict[str, Any]] = STRICT_FIELDS
-
-    storage: Text = ""
-    """Its storage URL (the local study store, or ``--storage``); empty: kept in memory only."""
-    name: Text = ""
-    note: Text = ""
-    """What the store said: why it was not used, or a damaged file moved aside."""
-
-    @property
-    def failed(self) -> bool:
-        """Whether the store failed during the search (its note says so, ``STORE_FAILED``):
-        the runs from then on are not recorded."""
-        return self.note.startswith(STORE_FAILED) or f"; {STORE_FAILED}" in self.note
-
-
-STORE_FAILED = "failed while "
-"""How the study's note says the store failed during the search (``search._ledger``)."""
 
 
 RunKind = Literal["probe", "trial", "re-measure"]

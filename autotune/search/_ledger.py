@@ -20,7 +20,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from autotune.config import TrialResult
-from autotune.schema import STORE_FAILED, RunRecord, StudyRecord
+from autotune.schema import RunRecord, StudyRecord
+from autotune.schema_study import STORE_FAILED
 from autotune.search import _study, _trials, claims
 from autotune.search._records import Candidate
 from autotune.serialize import from_json_dict
