@@ -31,7 +31,8 @@ from autotune.codegen_parts import guard, parts, select
 from autotune.codegen_templates import SCRIPT, SHAPES
 from autotune.codegen_workloads import FILE, HF, HF_AUTO, HF_COUNTS, TINY_GPT
 from autotune.hf_configs import known_config
-from autotune.knobs import KNOBS, describe
+from autotune.knob_rules import describe
+from autotune.knobs import KNOBS
 from autotune.schema import TunedConfig
 from autotune.units import format_bytes
 

@@ -18,7 +18,7 @@ from rich.text import Text
 
 from autotune.config import DeviceInfo, ProbeReport
 from autotune.device import backend_for
-from autotune.knobs import describe
+from autotune.knob_rules import describe
 from autotune.report_skips import skipped_lines
 from autotune.report_width import (
     Pieces,

@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 from autotune.config import COMPILE_MODES, CUDA_GRAPH_MODES, PRECISIONS, DeviceInfo, Knobs
 from autotune.device import backend_for
 from autotune.errors import ConfigError
-from autotune.knobs import KNOBS, device_skip_reason, meaningful, parse_values
+from autotune.knob_rules import device_skip_reason, meaningful, parse_values
+from autotune.knobs import KNOBS
 from autotune.names import KEYWORDS, Names
 from autotune.units import batch_limit_problem
 

@@ -4,7 +4,7 @@ each knob's values need of it.
 A child fills ``WorkloadTraits`` (``autotune.trial``: the repeated blocks, the optimizer's
 implementations, the inputs, the declared lengths); each row of ``autotune.knobs.KNOBS`` names
 its ``needs`` here: why a workload without the trait cannot take a value (None: it can).
-``knobs.skip_reason`` asks every row. No torch here.
+``knob_rules.skip_reason`` asks every row. No torch here.
 """
 
 from __future__ import annotations

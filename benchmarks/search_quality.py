@@ -95,7 +95,8 @@ from workloads import (
 
 from autotune import api
 from autotune.config import DeviceInfo, Knobs, TrialSpec, WorkloadSpec, WorkloadTraits
-from autotune.knobs import BASELINE, meaningful, skip_reason
+from autotune.knob_rules import meaningful, skip_reason
+from autotune.knobs import BASELINE
 from autotune.runner import run_isolated
 from autotune.schema import SearchResult, TrialRecord
 from autotune.search import Candidate, SearchSettings

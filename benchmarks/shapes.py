@@ -27,7 +27,8 @@ from search_quality import fresh_inductor_cache, log
 
 from autotune import api, report, report_progress
 from autotune.config import Knobs, WorkloadSpec
-from autotune.knobs import meaningful, timed_baseline
+from autotune.knob_rules import meaningful
+from autotune.knobs import timed_baseline
 from autotune.search import SearchSettings
 
 HERE = Path(__file__).resolve().parent

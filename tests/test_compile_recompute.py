@@ -24,13 +24,8 @@ from autotune.config import DeviceInfo, TrialSpec, WorkloadSpec
 from autotune.errors import ConfigError
 from autotune.estimate.fits import EstimateRequest, estimate_report
 from autotune.knob_adapters import accelerator_kwargs, training_arguments
-from autotune.knobs import (
-    KNOB,
-    Knobs,
-    KnobUnsupported,
-    memory_budget,
-    skip_reason,
-)
+from autotune.knob_rules import skip_reason
+from autotune.knobs import KNOB, Knobs, KnobUnsupported, memory_budget
 from autotune.names import FLAGS
 from autotune.space import compiled_values, knob_values, memory_classes
 from autotune.trial import run_trial

@@ -9,7 +9,8 @@ from torch import nn
 
 from autotune import step
 from autotune.builtin_workloads import TinyGPT, default_workload
-from autotune.knobs import KNOB, Knobs, KnobUnsupported, meaningful, skip_reason
+from autotune.knob_rules import meaningful, skip_reason
+from autotune.knobs import KNOB, Knobs, KnobUnsupported
 from autotune.traits import WorkloadTraits
 
 

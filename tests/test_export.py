@@ -22,15 +22,8 @@ from typer.testing import CliRunner
 from autotune.cli import app
 from autotune.errors import ConfigError
 from autotune.export import TARGETS, export_config, render
-from autotune.knobs import (
-    Allocator,
-    Checkpointing,
-    CompileMode,
-    Knobs,
-    MemoryFormat,
-    OptimizerImpl,
-    skip_reason,
-)
+from autotune.knob_rules import skip_reason
+from autotune.knobs import Allocator, Checkpointing, CompileMode, Knobs, MemoryFormat, OptimizerImpl
 from autotune.schema import TunedConfig
 from autotune.traits import BLOCK_CHECKPOINTING
 from tests.tuned_configs import make_tuned, write

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
+from autotune import knob_rules as R
 from autotune import knobs as K
 from autotune import step as S
 from autotune.artifacts import GRAPH_SETTINGS
@@ -52,10 +53,10 @@ def test_a_label_that_is_not_text_is_refused_as_not_a_label(label: object) -> No
 
 def test_a_user_subset_of_values_is_checked() -> None:
     knob = K.KNOB["checkpointing"]
-    assert K.parse_values(knob, ["blocks", "off", "blocks"]) == ("blocks", "off")
+    assert R.parse_values(knob, ["blocks", "off", "blocks"]) == ("blocks", "off")
     with pytest.raises(ConfigError, match="--checkpointing sometimes: not a value of "
                                           "checkpointing; choose from off,blocks,alternate"):
-        K.parse_values(knob, ["sometimes"])
+        R.parse_values(knob, ["sometimes"])
 
 
 def test_every_knob_row_says_each_of_its_values_and_keys_what_it_compiles() -> None:
@@ -67,7 +68,7 @@ def test_every_knob_row_says_each_of_its_values_and_keys_what_it_compiles() -> N
         assert knob.default in knob.values and knob.option.startswith("--"), knob.name
     in_graph = {k.name for k in KNOBS if k.in_graph and k.said_at_default}
     assert in_graph == set(GRAPH_SETTINGS) - {"micro_batch", "compile_dynamic"}
-    assert K.describe(Knobs(compile_scope="blocks"), ["compile_scope"]) == [
+    assert R.describe(Knobs(compile_scope="blocks"), ["compile_scope"]) == [
         "compile_scope = blocks: nothing compiled (eager)"]
 
 
@@ -224,7 +225,7 @@ def test_the_allocator_setting_goes_to_the_childs_environment() -> None:
     user = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,expandable_segments:False"}
     assert child_environment(expandable, user) == {
         "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,expandable_segments:True"}
-    assert K.device_skip_reason(K.KNOB["allocator"], "expandable_segments", is_cuda=False)
+    assert R.device_skip_reason(K.KNOB["allocator"], "expandable_segments", is_cuda=False)
 
 
 def test_which_values_a_workload_can_take() -> None:
@@ -233,13 +234,13 @@ def test_which_values_a_workload_can_take() -> None:
     assert traits.num_blocks == 4 and traits.blocks == "4 x _Block"
     assert traits.optimizer_impls == ("for-loop", "foreach", "fused")
     assert not traits.image_input and not traits.has_conv2d
-    assert K.skip_reason(Knobs(checkpointing="blocks"), traits) is None
-    assert "already runs for-loop" in (K.skip_reason(Knobs(optimizer_impl="for-loop"),
+    assert R.skip_reason(Knobs(checkpointing="blocks"), traits) is None
+    assert "already runs for-loop" in (R.skip_reason(Knobs(optimizer_impl="for-loop"),
                                                      traits) or "")
-    assert "convolutions" in (K.skip_reason(Knobs(memory_format="channels_last"), traits) or "")
+    assert "convolutions" in (R.skip_reason(Knobs(memory_format="channels_last"), traits) or "")
     flat = WorkloadTraits(num_blocks=1)
-    assert "no repeated blocks" in (K.skip_reason(Knobs(checkpointing="alternate"), flat) or "")
-    assert K.skip_reason(Knobs(checkpointing="alternate"), None) is None  # not known yet
+    assert "no repeated blocks" in (R.skip_reason(Knobs(checkpointing="alternate"), flat) or "")
+    assert R.skip_reason(Knobs(checkpointing="alternate"), None) is None  # not known yet
 
 
 def test_a_knob_the_workload_cannot_take_is_an_unsupported_run_not_a_failure() -> None:

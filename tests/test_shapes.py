@@ -16,7 +16,8 @@ from autotune import report
 from autotune.config import TrialResult, TrialSpec, WorkloadSpec
 from autotune.errors import WorkloadError
 from autotune.knob_adapters import shapes_dynamic
-from autotune.knobs import KNOB, Knobs, meaningful, skip_reason
+from autotune.knob_rules import meaningful, skip_reason
+from autotune.knobs import KNOB, Knobs
 from autotune.lengths import MAX_BUCKETS, POOL_STEPS, pad_length
 from autotune.search import run_search, tuned_config
 from autotune.shapes import batch_at, declared_lengths, worst_batch

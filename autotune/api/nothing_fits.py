@@ -20,7 +20,8 @@ from autotune.errors import (
     WorkloadError,
     error_for_status,
 )
-from autotune.knobs import KNOBS, Knobs, device_skip_reason
+from autotune.knob_rules import device_skip_reason
+from autotune.knobs import KNOBS, Knobs
 from autotune.memory import probe_spec
 from autotune.names import KEYWORDS, Names
 from autotune.runner import run_isolated

@@ -14,7 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from autotune.config import Knobs, ProbeReport, StopReason
-from autotune.knobs import KNOBS, Knob, skip_reason
+from autotune.knob_rules import skip_reason
+from autotune.knobs import KNOBS, Knob
 from autotune.memory import OnStep
 from autotune.runner import run_isolated
 from autotune.search import fits

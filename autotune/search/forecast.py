@@ -14,7 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from autotune.knobs import KNOBS, skip_reason
+from autotune.knob_rules import skip_reason
+from autotune.knobs import KNOBS
 
 if TYPE_CHECKING:
     from autotune.search.evidence import Evidence

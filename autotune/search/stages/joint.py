@@ -20,7 +20,8 @@ proposed from what they found, until none is left. ``docs/search.md`` states the
 from __future__ import annotations
 
 from autotune.config import Knobs
-from autotune.knobs import KNOB, KNOBS, skip_reason
+from autotune.knob_rules import skip_reason
+from autotune.knobs import KNOB, KNOBS
 from autotune.search import reach_bounds
 from autotune.search._records import OUT_OF_MEMORY, Candidate, objective, score
 from autotune.search.batch import run_batches

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from autotune.config import Knobs
-from autotune.knobs import KNOB, KNOBS, Knob, skip_reason
+from autotune.knob_rules import skip_reason
+from autotune.knobs import KNOB, KNOBS, Knob
 from autotune.memory import Steps, drive
 from autotune.search import bounds, fits
 from autotune.search._records import Candidate

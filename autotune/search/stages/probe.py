@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from autotune.config import Knobs, MemoryProbe, TrialSpec
 from autotune.errors import BROKEN
-from autotune.knobs import KNOB, KNOBS, skip_reason, timed_baseline
+from autotune.knob_rules import skip_reason
+from autotune.knobs import KNOB, KNOBS, timed_baseline
 from autotune.memory import (
     Steps,
     broken_uncapped,

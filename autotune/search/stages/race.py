@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from autotune.config import TrialResult
-from autotune.knobs import skip_reason
+from autotune.knob_rules import skip_reason
 from autotune.search import fits
 from autotune.search._records import OUT_OF_MEMORY, Candidate
 from autotune.search.executor import Executor, Proposal
