@@ -18,54 +18,54 @@ if TYPE_CHECKING:
     from autotune.usage import Tuned
 
 
-def training_arguments(self: Tuned) -> dict[str, Any]:
+def training_arguments(tuned: Tuned) -> dict[str, Any]:
     """What ``Tuned.training_arguments`` returns (its docstring says what it carries and
     what it warns of)."""
-    kwargs, notes = knob_adapters.training_arguments(self.knobs, self.device_type)
-    if self.compiled and self.config.compile_dynamic is not None:
-        value = str(self.config.compile_dynamic).lower()
+    kwargs, notes = knob_adapters.training_arguments(tuned.knobs, tuned.device_type)
+    if tuned.compiled and tuned.config.compile_dynamic is not None:
+        value = str(tuned.config.compile_dynamic).lower()
         notes.append(f"compile_dynamic={value}: Trainer compiles with torch's automatic "
                      f"dynamic shapes; set ACCELERATE_DYNAMO_USE_DYNAMIC={value} in the "
                      "environment before Trainer(...)")
-    _warn(notes + knob_adapters.accumulation_note(self.knobs, self.accumulate_steps, "Trainer"),
+    _warn(notes + knob_adapters.accumulation_note(tuned.knobs, tuned.accumulate_steps, "Trainer"),
           "TrainingArguments")
-    return {"per_device_train_batch_size": self.micro_batch,
-            "gradient_accumulation_steps": self.accumulate_steps, **kwargs}
+    return {"per_device_train_batch_size": tuned.micro_batch,
+            "gradient_accumulation_steps": tuned.accumulate_steps, **kwargs}
 
-def accelerator_kwargs(self: Tuned) -> dict[str, Any]:
+def accelerator_kwargs(tuned: Tuned) -> dict[str, Any]:
     """What ``Tuned.accelerator_kwargs`` returns (its docstring says what it carries and
     what it warns of)."""
-    found, notes = knob_adapters.accelerator_kwargs(self.knobs)
-    _warn(notes + knob_adapters.accumulation_note(self.knobs, self.accumulate_steps,
+    found, notes = knob_adapters.accelerator_kwargs(tuned.knobs)
+    _warn(notes + knob_adapters.accumulation_note(tuned.knobs, tuned.accumulate_steps,
                                                   "Accelerate"), "Accelerator")
-    kwargs: dict[str, Any] = {"gradient_accumulation_steps": self.accumulate_steps, **found}
-    if not self.compiled:
+    kwargs: dict[str, Any] = {"gradient_accumulation_steps": tuned.accumulate_steps, **found}
+    if not tuned.compiled:
         return kwargs
-    mode = None if self.compile_mode == "default" else self.compile_mode
+    mode = None if tuned.compile_mode == "default" else tuned.compile_mode
     watch_recompile_limit()
-    plugin = _dynamo_plugin(mode, knob_adapters.shapes_dynamic(self.knobs,
-                                                               self.config.compile_dynamic))
-    regional = self.knobs.compile_scope == "blocks"
+    plugin = _dynamo_plugin(mode, knob_adapters.shapes_dynamic(tuned.knobs,
+                                                               tuned.config.compile_dynamic))
+    regional = tuned.knobs.compile_scope == "blocks"
     if plugin is not None and regional and hasattr(plugin, "use_regional_compilation"):
         # Accelerate's regional compilation compiles each block of a ModuleList of one
         # class, and each other leaf module on its own (the search ran those eager).
         plugin.use_regional_compilation = True
     elif regional:
-        warnings.warn(knob_adapters.scope_note(self.knobs, "the installed Accelerate")[0],
+        warnings.warn(knob_adapters.scope_note(tuned.knobs, "the installed Accelerate")[0],
                       stacklevel=3)
     if plugin is not None:
         kwargs["dynamo_plugin"] = plugin
     else:
         kwargs["dynamo_backend"] = "inductor"
-        if mode is not None or self.config.compile_dynamic is not None:
+        if mode is not None or tuned.config.compile_dynamic is not None:
             warnings.warn(
                 f"the installed accelerate cannot take torch.compile mode {mode!r} and "
-                f"dynamic={self.config.compile_dynamic} (no TorchDynamoPlugin / "
+                f"dynamic={tuned.config.compile_dynamic} (no TorchDynamoPlugin / "
                 "Accelerator(dynamo_plugin=...)): compiling with inductor's defaults; "
                 "upgrade accelerate to keep the tuned ones", stacklevel=3)
     return kwargs
 
-def lightning_trainer_kwargs(self: Tuned) -> dict[str, Any]:
+def lightning_trainer_kwargs(tuned: Tuned) -> dict[str, Any]:
     """What ``Tuned.lightning_trainer_kwargs`` returns (its docstring says what it carries and
     what it warns of)."""
     try:
@@ -74,7 +74,7 @@ def lightning_trainer_kwargs(self: Tuned) -> dict[str, Any]:
         raise MissingDependencyError(
             "lightning_trainer_kwargs() needs lightning: pip install 'autotune[lightning]' "
             "(or pip install lightning)") from None
-    knob, notes = self.knobs, []
+    knob, notes = tuned.knobs, []
     strategy: Any = {"none": "auto", "ddp": "ddp"}.get(knob.strategy)
     if knob.strategy == "ddp-bucket-view":
         strategy = DDPStrategy(gradient_as_bucket_view=True)
@@ -88,14 +88,14 @@ def lightning_trainer_kwargs(self: Tuned) -> dict[str, Any]:
         notes.append(f"allocator={knob.allocator}: set PYTORCH_CUDA_ALLOC_CONF="
                      "expandable_segments:True in the environment before the first CUDA "
                      "allocation (Trainer has no switch for it)")
-    _warn(notes + knob_adapters.accumulation_note(knob, self.accumulate_steps, "Lightning"),
+    _warn(notes + knob_adapters.accumulation_note(knob, tuned.accumulate_steps, "Lightning"),
           "Trainer")
-    ranks = self.config.nproc_per_node
-    return {"precision": {"bf16": "bf16-mixed", "fp16": "16-mixed"}.get(self.precision,
+    ranks = tuned.config.nproc_per_node
+    return {"precision": {"bf16": "bf16-mixed", "fp16": "16-mixed"}.get(tuned.precision,
                                                                        "32-true"),
-            "accumulate_grad_batches": self.accumulate_steps,
-            "accelerator": "gpu" if self.device_type == "cuda" else "cpu",
-            "devices": ranks, "num_nodes": max(1, self.config.world_size // ranks),
+            "accumulate_grad_batches": tuned.accumulate_steps,
+            "accelerator": "gpu" if tuned.device_type == "cuda" else "cpu",
+            "devices": ranks, "num_nodes": max(1, tuned.config.world_size // ranks),
             "strategy": strategy}
 
 
