@@ -32,6 +32,7 @@ def training_arguments(tuned: Tuned) -> dict[str, Any]:
     return {"per_device_train_batch_size": tuned.micro_batch,
             "gradient_accumulation_steps": tuned.accumulate_steps, **kwargs}
 
+
 def accelerator_kwargs(tuned: Tuned) -> dict[str, Any]:
     """What ``Tuned.accelerator_kwargs`` returns (its docstring says what it carries and
     what it warns of)."""
@@ -64,6 +65,7 @@ def accelerator_kwargs(tuned: Tuned) -> dict[str, Any]:
                 "Accelerator(dynamo_plugin=...)): compiling with inductor's defaults; "
                 "upgrade accelerate to keep the tuned ones", stacklevel=3)
     return kwargs
+
 
 def lightning_trainer_kwargs(tuned: Tuned) -> dict[str, Any]:
     """What ``Tuned.lightning_trainer_kwargs`` returns (its docstring says what it carries and
