@@ -43,8 +43,9 @@ from one sitting's runs (the seed orders the sittings; a candidate from the firs
 recorded it, one run alone scattered by the table's noise), the truth still the mean over
 all. A table merges its sittings (the files it was read from: ``Table.sittings``), and one
 sitting's candidates do not move together against another's: on deep_gpt-epyc two runs of a
-candidate in one sitting (passes an hour apart) differ by 4.6% (sd of the log), its two
-sittings by 15.6% candidate by candidate. So a search that sees one sitting finds that
+candidate in one sitting (passes an hour apart) differ by 7.5% (sd of the log), its two
+sittings by 15.6% candidate by candidate (``python benchmarks/replay_explain.py
+sittings``). So a search that sees one sitting finds that
 sitting's best, which the merged truth disagrees with: on the develop families at 30 seeds
 (2026-11-30) within 3% 0.837 -> 0.802, tables under 0.97 20 -> 30 (judge: 0.798 -> 0.767,
 25 -> 31), every loss on a table of several sittings. Drawing from any sitting, as the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -233,3 +234,21 @@ def test_a_candidate_its_sitting_lacks_is_answered_from_another() -> None:
         device = ReplayDevice(t, seed, one_sitting=True)
         assert device.runs_of(e) == e.runs
         assert device.runs_of(t.entries["fp32/off/2"])[0].source == device.sittings[0]
+
+
+def test_a_traced_search_says_each_run_with_its_stage_and_its_costs_add_up() -> None:
+    from replay_explain import sitting_spread, traced
+
+    t = table()
+    found, runs = traced(t, 0)
+    assert runs and {r["stage"] for r in runs} <= {"probe", "knobs", "refine", "joint",
+                                                     "confirm", "first launch", "stored"}
+    assert runs[0]["stage"] == "probe" and len(runs) == found.runs
+    assert sum(r["cost"] for r in runs) == pytest.approx(found.cost)
+    assert (found.pick, found.quality) == (replay_one(t, 0).pick, replay_one(t, 0).quality)
+    # two sittings, the second 25% slower on every candidate: no spread between them
+    # beyond that offset, none within (one run each)
+    spread = sitting_spread(_two_sittings())
+    assert spread is not None and spread["offset"] == pytest.approx(math.log(1.25))
+    assert spread["between"] == pytest.approx(0.0, abs=1e-12)
+    assert sitting_spread(table()) is None  # one sitting (no source): nothing to say
