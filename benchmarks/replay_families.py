@@ -56,7 +56,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from replay_tables import Entry, Run, Table, all_tables
+from replay_tables import Entry, Run, Table, all_tables, truth_of
 
 from autotune.config import DeviceInfo, WorkloadSpec
 from autotune.knobs import Knobs
@@ -188,7 +188,7 @@ def _jittered(base: Table, seed: int) -> Table:
 
 
 def _with_truths(t: Table) -> Table:
-    truths = {k: statistics.fmean(t.target / m for m in e.ok_medians())
+    truths = {k: truth_of(t.target, e.ok_medians())
               for k, e in t.entries.items() if e.ok_medians()}
     return replace(t, truths=truths)
 

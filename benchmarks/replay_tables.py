@@ -2,7 +2,8 @@
 
 A table holds, per candidate (``Candidate.key()``, e.g. ``bf16/default+ckpt=blocks/32``), each
 recorded run (status, median step time, timed steps, spread, peak, wall and compile seconds),
-whether it fits the table's usable budget, and its truth (the mean of its runs' samples/s).
+whether it fits the table's usable budget, and its truth (the mean of its runs' samples/s, a
+run that stalled left out: ``truth_of``).
 CPU tables come from ``benchmarks/results/search_quality*.json`` through ``rule_checks.rows``
 (files oldest first, an oracle wholly reused by a later file counted once); the rows of one
 workload on one machine at one target are merged (budgets within 1% are one table, judged at
@@ -63,6 +64,29 @@ class Run:
         """The run's wall seconds less its timed steps (start-up, warm-up, compile)."""
         timed = (self.median_s or 0.0) * self.num_steps
         return max(0.0, (self.wall_s or 0.0) - timed)
+
+
+STALL_FACTOR = 1.5
+"""How much slower than its candidate's median run a recorded run is, at least, to count as a
+run that stalled (a neighbour, a slow minute of a shared machine: the generated ``stall``
+family draws 1.5-2x, ``intervals.SINGLE_RUN_GAPS`` says a stall is 1.5x and more), not a
+draw of the candidate's speed: the truth leaves it out (``truth_of``). With two runs that is
+the slower at under half the faster; of four runs of a candidate on the EPYC deep GPT
+(7.5% apart within a sitting, 15.6% between), none."""
+
+
+def truth_of(target: int, medians: list[float]) -> float | None:
+    """A candidate's truth from its recorded runs' median step times: the mean of their
+    samples/s, each run under its median run's by more than ``STALL_FACTOR`` left out (a
+    stall only slows: before 2026-12-01 such a run pulled the mean down as if it were the
+    config's speed; on the slow CNN Xeon table fp32 compiled foreach at 8 ran 7.2 and 32.1
+    samples/s, truth 19.7, and its precision-swapped twin 102 and 20, truth 62 where its
+    speed is 102). None: no run."""
+    if not medians:
+        return None
+    speeds = [target / m for m in medians]
+    middle = statistics.median(speeds)
+    return statistics.fmean(s for s in speeds if s * STALL_FACTOR >= middle)
 
 
 @dataclass
@@ -151,13 +175,12 @@ class Table:
         return backend_for(self.device.device).compile_in_peak
 
     def truth(self, key: str) -> float | None:
-        """The mean of the candidate's recorded runs' samples/s (None: none ran ok), or the
-        generated table's own truth (``truths``)."""
+        """The mean of the candidate's recorded runs' samples/s, stalled ones left out
+        (``truth_of``; None: none ran ok), or the generated table's own truth (``truths``)."""
         e = self.entries.get(key)
         if self.truths is not None and e and e.ok_medians():
             return self.truths.get(key)
-        medians = e.ok_medians() if e else []
-        return statistics.fmean(self.target / m for m in medians) if medians else None
+        return truth_of(self.target, e.ok_medians() if e else [])
 
     def best(self) -> tuple[str, float]:
         """The fastest candidate that fits, and its truth."""

@@ -8,12 +8,23 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as hyp_settings
+from hypothesis import strategies as st
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 from replay import ReplayDevice, plan_of, quality_of, replay_one, score  # noqa: E402
-from replay_tables import Entry, Run, Table, all_tables, gpu_oracle_files  # noqa: E402
+from replay_tables import (  # noqa: E402
+    STALL_FACTOR,
+    Entry,
+    Run,
+    Table,
+    all_tables,
+    gpu_oracle_files,
+    truth_of,
+)
 
 from autotune.config import DeviceInfo, TrialSpec, WorkloadSpec  # noqa: E402
 from autotune.knobs import Knobs  # noqa: E402
@@ -65,6 +76,34 @@ def test_a_hand_built_table_scores_the_known_best_over_three_seeds() -> None:
     assert plan_of(t)[2]["optimizer_impl"] == ("default",)
     assert out["not_recorded"]["seeds_with_any"] == 0
     assert out["cost"]["median"] > 0 and out["runs"]["median"] >= 4
+
+
+def test_a_recorded_run_that_stalled_is_left_out_of_the_truth() -> None:
+    # The slow CNN Xeon table's fp32 compiled foreach at 8: 32.1 and 7.2 samples/s (target 8)
+    assert truth_of(8, [8 / 32.1, 8 / 7.2]) == pytest.approx(32.1)
+    # under twice apart, two draws of one config: their mean
+    assert truth_of(8, [8 / 34.0, 8 / 19.6]) == pytest.approx((34.0 + 19.6) / 2)
+    # of four runs 1.85x apart (the EPYC deep GPT's fp32 eager at 1), none left out
+    speeds = [42.1, 27.3, 50.4, 38.8]
+    assert truth_of(1, [1 / s for s in speeds]) == pytest.approx(sum(speeds) / 4)
+    assert truth_of(1, []) is None
+    # a table's truth and its best read it
+    slow = replace(table(), entries={**table().entries, "bf16/default/2": entry(
+        "bf16/default", 2, slow=2.5)})
+    assert slow.truth("bf16/default/2") == pytest.approx(30.0)
+
+
+@hyp_settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(1.0, 1000.0), min_size=1, max_size=6))
+def test_the_truth_lies_between_the_plain_mean_and_the_fastest_run(speeds: list[float]) -> None:
+    truth = truth_of(1, [1 / s for s in speeds])
+    assert truth is not None
+    assert sum(speeds) / len(speeds) * (1 - 1e-9) <= truth <= max(speeds) * (1 + 1e-9)
+    # the mean, where no run is STALL_FACTOR under the median one
+    ordered = sorted(speeds)
+    middle = (ordered[(len(ordered) - 1) // 2] + ordered[len(ordered) // 2]) / 2
+    if min(speeds) * STALL_FACTOR >= middle:
+        assert truth == pytest.approx(sum(speeds) / len(speeds))
 
 
 def test_the_pick_quality_is_the_picks_truth_over_the_best() -> None:
