@@ -115,10 +115,12 @@ def predicted_largest(between: Sequence[int], line: tuple[float, float],
 
 def next_candidate(candidates: Sequence[int], points: Sequence[Point], usable_bytes: int,
                    hint: int | None = None, *, over_bytes: float | None = None,
-                   flat: bool = False) -> int | None:
+                   flat: bool = False, floor_first: bool = False) -> int | None:
     """The micro-batch to measure next, or None when the boundary is decided.
 
-    After a first run at the hint, its neighbour settles the boundary if the hint was right;
+    After a first run at the hint, its neighbour settles the boundary if the hint was right
+    (with ``floor_first``, after a failure there, the smallest candidate instead: a class
+    whose need has a floor no micro-batch lowers, ``memory.FLOOR_FIRST``);
     with two measured peaks, the largest candidate the line predicts to fit (when it predicts
     none, the one just above the largest fit, to confirm the failure, unless the line puts it
     above ``over_bytes``: ``confirm_over``); with nothing fitting yet, the smallest candidate
@@ -129,7 +131,7 @@ def next_candidate(candidates: Sequence[int], points: Sequence[Point], usable_by
         return None
     last = points[-1]
     if hint is not None and len(points) == 1 and last.micro_batch == hint:
-        return between[0] if last.fits else between[-1]
+        return between[0] if last.fits or floor_first else between[-1]
     line = fit_line(points)
     if line is not None:
         predicted = predicted_largest(between, line, usable_bytes)

@@ -137,6 +137,7 @@ def probe_steps(
     known: Mapping[int, TrialResult] | None = None,
     flat: bool = False,
     ahead: int = 1,
+    floor_first: bool = False,
 ) -> Steps[MemoryProbe]:
     """The largest candidate micro-batch whose real training step fits, as a chain of runs
     (``Steps``: each spec yielded is sent its result; ``probe_memory`` runs it).
@@ -188,6 +189,11 @@ def probe_steps(
             a time would, in order: the boundary is the one it finds, in no more rounds;
             the runs are its runs, and one after a fit it would not have made. 1: one run
             at a time.
+        floor_first: after a failure at the first guess (``hint``) with nothing fit, the
+            smallest candidate next, not the one below the guess (``boundary.next_candidate``):
+            for a class whose need may have a floor no smaller micro-batch lowers (a
+            compile's own memory, where it counts in the peak), one run says that nothing
+            fits.
 
     Raises:
         WorkloadError: the workload itself fails (factory, batch or model errors).
@@ -249,7 +255,7 @@ def probe_steps(
         while len(path) < most:
             assumed.append(Point(micro_batch=m, peak_bytes=None, fits=False))
             m = next_candidate(cands, assumed, usable_bytes, hint, over_bytes=budget_bytes,
-                               flat=flat)
+                               flat=flat, floor_first=floor_first)
             if m is None or (ran_over and stop_below is not None
                              and stop_below(min(ran_over), m)):
                 break
@@ -266,7 +272,8 @@ def probe_steps(
         micro_batch = advance(hint)  # the first guess still, if the known runs leave it open
     else:
         micro_batch = advance(next_candidate(cands, points, usable_bytes, hint,
-                                             over_bytes=budget_bytes, flat=flat))
+                                             over_bytes=budget_bytes, flat=flat,
+                                             floor_first=floor_first))
     # The first guess is the expected boundary; after known runs, as the points say.
     may_be_largest = micro_batch is not None and (
         not points or is_largest_candidate(micro_batch, cands, points, usable_bytes))
@@ -288,7 +295,8 @@ def probe_steps(
         if any(r.status == "unsupported" for r in results):  # no micro-batch changes that
             break
         micro_batch = advance(next_candidate(cands, points, usable_bytes, hint,
-                                             over_bytes=budget_bytes, flat=flat))
+                                             over_bytes=budget_bytes, flat=flat,
+                                             floor_first=floor_first))
         if micro_batch is not None:
             may_be_largest = is_largest_candidate(micro_batch, cands, points, usable_bytes)
         elif not stopped:

@@ -13,6 +13,11 @@ a check of a bound not (yet) in the search.
   checkpointing, whose eager class peaked no lower at the largest micro-batch both ran, also
   fits nothing (the reasoning of ``reach_bounds.oom_class_peak``, applied to a class's own
   probe).
+- **A compiled class out of memory at its first guess** (``probe.floor_first``): on the CPU
+  tables, each compiled class (default knobs) that does not fit at fp32 eager's largest fit
+  (its probe's first guess there), by where it fits below: nowhere (the smallest tried next
+  says so in one run), at the micro-batch just below (the plain probe's next run finds it;
+  floor-first goes up from the smallest), or lower.
 
 Run: ``python benchmarks/probe_fits.py``.
 """
@@ -77,6 +82,29 @@ def compiled_pairs(tables: Iterable[Table]) -> tuple[int, list[tuple[str, str, s
     return held, broken
 
 
+def below_first_guess(tables: Iterable[Table]) -> collections.Counter[str]:
+    """On CPU tables, each compiled class (default knobs) that does not fit at fp32 eager's
+    largest fit, counted by where it fits below it: "nowhere", "just below", "lower"
+    (``probe.floor_first``)."""
+    where: collections.Counter[str] = collections.Counter()
+    for t in tables:
+        if not t.compile_in_peak():
+            continue
+        batches = sorted({Candidate.from_key(k).micro_batch for k in t.entries})
+        fit = max((Candidate.from_key(k).micro_batch for k in t.entries
+                   if k.startswith("fp32/off/") and t.fits(k)), default=0)
+        below = [m for m in batches if m < fit]
+        classes = {Candidate.from_key(k).knobs for k in t.entries}
+        for knobs in (k for k in classes if k.compiled and "+" not in k.label()):
+            if not below or f"{knobs.label()}/{fit}" not in t.entries \
+                    or t.fits(f"{knobs.label()}/{fit}"):
+                continue
+            fits = [m for m in below if t.fits(f"{knobs.label()}/{m}")]
+            where["nowhere" if not fits else "just below" if max(fits) == below[-1]
+                  else "lower"] += 1
+    return where
+
+
 def fan_sizes(tables: Iterable[Table], width: int = 8) -> collections.Counter[int]:
     """Each memory probe's steps in a replay with ``width`` slots (seed 0), by their runs."""
     import contextlib
@@ -131,6 +159,11 @@ def main() -> int:
         print(f"  {which:9s} fits nothing too: {held} of {held + len(broken)}"
               + (f"; fits something: {', '.join(f'{t} {b}' for t, _, b in broken)}"
                  if broken else ""))
+    print("a compiled class out of memory at fp32 eager's fit: where it fits below")
+    for which in SETS:
+        where = below_first_guess(tables_of(which))
+        print(f"  {which:9s} " + ", ".join(f"{w}: {where[w]}" for w in (
+            "nowhere", "just below", "lower")) + f" (of {sum(where.values())})")
     return 0
 
 

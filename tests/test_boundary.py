@@ -100,6 +100,9 @@ def test_hint_neighbours() -> None:
     assert first_candidate(candidates, 8) == 8 and first_candidate(candidates, 5) == 24
     assert next_candidate(candidates, [fits(8, 100)], 1000, hint=8) == 12
     assert next_candidate(candidates, [oom(8)], 1000, hint=8) == 6
+    # floor-first: after a failure at the hint, the smallest (a floor no micro-batch lowers)
+    assert next_candidate(candidates, [oom(8)], 1000, hint=8, floor_first=True) == 1
+    assert next_candidate(candidates, [fits(8, 100)], 1000, hint=8, floor_first=True) == 12
 
 
 def test_a_decided_boundary_has_nothing_next() -> None:

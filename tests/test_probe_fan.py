@@ -163,3 +163,43 @@ def test_any_fan_finds_the_boundary_one_run_at_a_time_finds(
     assert set(made) >= {m for r in serial for m in r}
     assert len(made) <= len(serial) + len([r for r in rounds if len(r) > 1])
     assert not fits_at or one.max_micro_batch in fits_at
+
+
+def test_floor_first_tries_the_smallest_after_a_failure_at_the_hint() -> None:
+    # A compile's floor over the cap at every micro-batch: after 16, the smallest settles
+    # it, one run where the one below and then the smallest are two (one slot or a fan).
+    def floor(m: int) -> float:
+        return 5000 + m
+
+    for ahead in (1, 4):
+        probe, rounds, _ = _rounds(floor, 350, 320, divisors(16), 16, ahead, floor_first=True)
+        assert rounds == [[16], [1]] and probe.max_micro_batch == 0
+    # Where the one below fits, the probe goes up from the smallest (two runs more).
+    probe, rounds, _ = _rounds(lambda m: 100 + 20 * m, 350, 320, divisors(16), 16, 1,
+                               floor_first=True)
+    assert rounds == [[16], [1], [4], [8]] and probe.max_micro_batch == 8
+    _, serial, _ = _rounds(lambda m: 100 + 20 * m, 350, 320, divisors(16), 16, 1)
+    assert serial == [[16], [8]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 96), st.integers(0, 500), st.integers(1, 200), st.integers(50, 3000),
+       st.floats(0.7, 1.0), st.integers(1, 8), st.data())
+def test_floor_first_finds_the_boundary_the_plain_probe_finds(
+        batch: int, base: int, per_sample: int, cap: int, usable_share: float, ahead: int,
+        data: st.DataObject) -> None:
+    # Peaks grow with the micro-batch: floor-first changes the order of the runs, never the
+    # boundary; where nothing fits below a failed hint, it makes two runs.
+    candidates = tuple(divisors(batch))
+    hint = data.draw(st.sampled_from(candidates))
+
+    def peak(m: int) -> float:
+        return base + per_sample * m
+
+    plain, _, _ = _rounds(peak, cap, cap * usable_share, candidates, hint, ahead)
+    floor, rounds, _ = _rounds(peak, cap, cap * usable_share, candidates, hint, ahead,
+                               floor_first=True)
+    assert floor.max_micro_batch == plain.max_micro_batch
+    assert floor.peak_bytes == plain.peak_bytes
+    if not plain.max_micro_batch and hint != candidates[0]:
+        assert rounds == [[hint], [candidates[0]]]

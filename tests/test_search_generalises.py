@@ -15,9 +15,11 @@ from autotune.search import tuned_config
 from tests.scripted import (
     CONV,
     SETTINGS,
+    VALUES,
     KnobDevice,
     ScriptedDevice,
     by_class,
+    cpu_search,
     knob_search,
     plan,
     search,
@@ -372,6 +374,26 @@ def test_a_compiled_class_needing_no_less_memory_than_one_that_fit_nothing_is_no
     # the compile gain bf16/max-autotune showed: fp32 eager times it stays behind)
     rescue = {s.target: s.variant for s in outcome.skips if s.rule == "oom-class-reach"}
     assert rescue["fp32/default"] == "", rescue
+
+
+def test_on_a_cpu_a_compiled_class_out_of_memory_at_its_first_guess_tries_the_smallest_next(
+        ) -> None:
+    # bf16/default out of memory at 32 (bf16 eager's fit, its first guess): where the
+    # compile's memory counts in the peak (CPU) its probe tries 1 next, which settles that
+    # nothing fits (a compile's floor); on a GPU it tries 16 first, as a class over its
+    # activations would fit there.
+    bf16_default = Knobs(precision="bf16", compile_mode="default")
+
+    def probed(device: KnobDevice) -> list[int]:
+        return [s.micro_batch for s in device.specs if s.knobs == bf16_default]
+
+    cpu = _floor_device(lambda m: 150 + 20 * m)
+    outcome, _ = cpu_search(cpu, values=VALUES)
+    assert probed(cpu) == [32, 1]
+    assert [s.target for s in outcome.skips if s.rule == "compile-floor"] == ["fp32/default"]
+    gpu = _floor_device(lambda m: 150 + 20 * m)
+    knob_search(gpu)
+    assert probed(gpu) == [32, 16, 1]
 
 
 def test_a_compiled_class_whose_eager_class_needs_less_memory_is_probed() -> None:
