@@ -161,7 +161,7 @@ class TrialSpec(HasKnobs):
     ranks: int = 1
     """Processes of the job on this machine (``--nproc-per-node``): with a strategy other than
     ``none`` the run is one job of this many ranks under torch's elastic launcher, each capped
-    like a single child; its result is the job's (``runner.merge_ranks``)."""
+    like a single child; its result is the job's (``runner_ranks.merge_ranks``)."""
     cold_compile: bool = False
     """Compile with an empty inductor cache of the child's own, as a first launch on a fresh
     machine does (``runner.run_isolated``): nothing another child compiled is loaded."""

@@ -4,7 +4,8 @@ OOM, compile errors, crashes (the child killed), hangs (timeout) and non-finite 
 back as values. The parent never imports the child's CUDA state: each child starts from nothing,
 and no child outlives its parent. ``run_in_child`` / ``child_main`` are the generic pair any
 stage uses to run a workload where it cannot decide an exit code (a ``sys.exit``, a segfault
-or a hang in user code stays a value).
+or a hang in user code stays a value). A job of ranks (its launcher, where each rank writes
+its result, the job's result from its ranks') is ``autotune.runner_ranks``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from autotune.errors import WorkloadError
 from autotune.fork_server import PARENT_PID, die_with_parent
 from autotune.knob_adapters import child_environment as knob_environment
 from autotune.pinning import RANKS, pin_to_slot
+from autotune.runner_ranks import EXITS, FAILED_AT, LAUNCH, SUMMARY, launch, merge_ranks, rank_path
 from autotune.serialize import from_json_dict, to_json_dict
 
 _OUTPUT_TAIL_CHARS = 3000
@@ -87,79 +89,6 @@ def run_isolated(spec: TrialSpec, *, slot_env: Mapping[str, str] | None = None,
     if run.status == "ok" and run.data is not None:
         return from_json_dict(TrialResult, {**run.data, "wall_s": run.wall_s})
     return TrialResult(status=run.status, message=run.message, wall_s=run.wall_s)
-
-
-_FAILURE_ORDER = ("oom", "workload_error", "non_finite", "compile_error", "unsupported",
-                  "timeout", "crash", "error")
-"""Which rank's failure is the job's when the ranks' results do not say when each failed: a
-cause before its echoes (a rank that ran out of memory leaves its peers with a broken
-connection, an ``error``)."""
-
-_FAILED_AT = "rank_failed_at_s"
-"""The key of a failed rank's result file that says when it failed (``time.time()``, one
-node's clock): the first rank to fail is the cause, its peers' broken connections come after."""
-
-
-def merge_ranks(ranks: Sequence[dict[str, Any] | None], launcher: str = "",
-                stopped: Sequence[int] = ()) -> TrialResult:
-    """The job's result from its ranks' results (``None``: a rank that left none).
-
-    A failure on any rank is the job's outcome, the cause first: the rank that failed first
-    (a rank fails only once a peer it waits for is gone, so its "connection closed by peer" comes
-    after the peer's own error), or by ``_FAILURE_ORDER`` where the results do not say when;
-    a rank that died without a result makes the job a ``crash`` (unless another rank names a
-    cause such as an OOM). A job where every rank ran is ``ok``: its peak is its largest rank's,
-    each timed step its slowest rank's (the ranks agree on them as they time).
-
-    Args:
-        ranks: each rank's result JSON, by rank.
-        launcher: the end of the launcher's output (why a rank left no result).
-        stopped: ranks the launcher stopped (SIGTERM) once another had failed: an echo of
-            that failure, never its cause, even without a result of their own.
-    """
-    results: list[TrialResult | None] = []
-    failed_at: list[float] = []
-    for data in ranks:
-        failed_at.append(float("inf"))
-        if data is None:
-            results.append(None)
-            continue
-        data = dict(data)
-        if isinstance(data.get(_FAILED_AT), (int, float)):
-            failed_at[-1] = float(data.pop(_FAILED_AT))
-        if "child_error" in data:
-            results.append(TrialResult(status="crash", message=str(data["child_error"])))
-        else:
-            results.append(from_json_dict(TrialResult, data))
-    failed = [(i, r) for i, r in enumerate(results) if r is not None and not r.ok]
-    missing = [i for i, r in enumerate(results) if r is None and i not in stopped]
-    causes = [(i, r) for i, r in failed if r.status not in ("error", "crash") or not missing]
-    if causes:
-        rank, worst = min(causes, key=lambda ir: (
-            failed_at[ir[0]], _FAILURE_ORDER.index(ir[1].status)
-            if ir[1].status in _FAILURE_ORDER else 99))
-        return replace(worst, message=f"rank {rank} of {len(ranks)}: {worst.message}".strip())
-    if missing:
-        return TrialResult(status="crash", message=(
-            f"rank {', '.join(map(str, missing))} of {len(ranks)} left no result (killed, or "
-            f"its process died){': ' + launcher if launcher else ''}")[:6000])
-    done = [r for r in results if r is not None]
-    first = done[0]
-    peaks = tuple(r.peak_bytes or 0 for r in done)
-    steps = zip(*(r.step_times_s for r in done), strict=False)
-
-    def largest(name: str) -> int | None:
-        values = [getattr(r, name) for r in done if getattr(r, name) is not None]
-        return max(values) if values else None
-
-    return replace(
-        first, peak_bytes=max(peaks), rank_peak_bytes=peaks,
-        peak_rss_bytes=largest("peak_rss_bytes"), context_bytes=largest("context_bytes"),
-        fragmentation_bytes=largest("fragmentation_bytes"),
-        num_alloc_retries=sum(r.num_alloc_retries for r in done),
-        step_times_s=tuple(max(t) for t in steps),
-        step_memory_bytes=tuple(max(m) for m in zip(*(r.step_memory_bytes for r in done),
-                                                     strict=False)))
 
 
 def preloads(workload: WorkloadSpec) -> tuple[str, ...]:
@@ -224,7 +153,7 @@ def run_in_child(module: str, request: dict[str, Any], *, timeout_s: float,
         output_path = Path(tmp, "output.txt")
         args = [str(request_path), str(result_path)]
         if ranks:
-            module, args = "autotune.runner", [_LAUNCH, str(ranks), module, *args]
+            module, args = "autotune.runner", [LAUNCH, str(ranks), module, *args]
         start = time.perf_counter()
         try:
             request_path.write_text(json.dumps(request))
@@ -254,8 +183,8 @@ def run_in_child(module: str, request: dict[str, Any], *, timeout_s: float,
                 f"the child's temporary folder {tmp} was removed while it ran (a $TMPDIR "
                 "cleaner, another job?): its result and output are lost"))
         if ranks:
-            summary = [line.removeprefix(_SUMMARY) for line in output.splitlines()
-                       if line.startswith(_SUMMARY)]
+            summary = [line.removeprefix(SUMMARY) for line in output.splitlines()
+                       if line.startswith(SUMMARY)]
             how = ("" if returncode == 0 else "\n".join(
                 [*summary[-1:], output[-_OUTPUT_TAIL_CHARS:]]).strip())
             return _ranks_run(result_path, ranks, ChildRun(status="crash", wall_s=wall_s,
@@ -286,10 +215,10 @@ def run_in_child(module: str, request: dict[str, Any], *, timeout_s: float,
 def _ranks_run(result_path: Path, ranks: int, failed: ChildRun) -> ChildRun:
     """The ranks' results of a job (``run_in_child`` with ``ranks``), or ``failed`` when no
     rank wrote one."""
-    found = [_read_json(Path(_rank_path(str(result_path), rank))) for rank in range(ranks)]
+    found = [_read_json(Path(rank_path(str(result_path), rank))) for rank in range(ranks)]
     if not any(d is not None for d in found):
         return replace(failed, message=failed.message or "no rank wrote a result")
-    exits = _read_json(Path(f"{result_path}{_EXITS}")) or {}
+    exits = _read_json(Path(f"{result_path}{EXITS}")) or {}
     stopped = [rank for rank in range(ranks) if found[rank] is None
                and exits.get(str(rank)) == -signal.SIGTERM]
     return ChildRun(status="ok", data={"ranks": found, "stopped": stopped},
@@ -316,68 +245,6 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _rank_path(result_path: str, rank: int) -> str:
-    return f"{result_path}.rank{rank}"
-
-
-_LAUNCH = "--launch-ranks"
-_RANKS = RANKS
-_EXITS = ".exits"
-"""Beside the ranks' results: how each failed rank ended (rank -> exit code), from the
-launcher (a rank it stopped with SIGTERM once another failed is no cause)."""
-
-
-def _launch(ranks: int, module: str, request_path: str, result_path: str) -> int:
-    """The launcher child of a job of ranks: torch's elastic launcher (``torchrun``'s engine)
-    in this process, one node, no restarts; each rank runs ``python -m module`` and writes its
-    own result. The ranks start in sessions of their own: they get SIGKILL when this process
-    dies (``PR_SET_PDEATHSIG``, armed by their ``child_main`` against this pid), so killing
-    this launcher's group on a timeout leaves no rank running. A rank that fails exits
-    non-zero, and the launcher stops the others at once.
-
-    Returns:
-        The exit status: 0 when every rank ended well.
-    """
-    die_with_parent()
-    os.environ[PARENT_PID] = str(os.getpid())
-    os.environ[_RANKS] = str(ranks)
-    # torchrun's own default would be 1 thread per rank, with a warning: share the cores out.
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks)))
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
-
-    # The launcher's log folders go beside the request, in the folder the job's parent
-    # removes (left to itself, the launcher leaves a torchelastic_* folder in /tmp per job).
-    log_dir = os.path.join(os.path.dirname(os.path.abspath(result_path)), "launcher")
-    args = parse_args(["--standalone", "--nnodes=1", f"--nproc-per-node={ranks}",
-                       "--max-restarts=0", "--monitor-interval=0.1", f"--log-dir={log_dir}",
-                       "-m", module, request_path, result_path])
-    try:
-        run(args)
-    except ChildFailedError as exc:
-        Path(f"{result_path}{_EXITS}").write_text(json.dumps(
-            {str(rank): f.exitcode for rank, f in exc.failures.items()}))
-        failures = sorted(exc.failures.items(), key=lambda rf: (rf[1].exitcode == -15, rf[0]))
-        print(f"{_SUMMARY}the job of {ranks} ranks failed: " + "; ".join(
-            f"rank {rank} of {ranks} {_how(f.exitcode)}" for rank, f in failures), flush=True)
-        return 1
-    return 0
-
-
-_SUMMARY = "autotune: "
-
-
-def _how(exitcode: int) -> str:
-    """How a rank ended, from its exit code (negative: the signal)."""
-    if exitcode == -signal.SIGTERM:
-        return "stopped by the launcher (SIGTERM) once another rank had failed"
-    if exitcode == -signal.SIGKILL:
-        return "killed by SIGKILL (the kernel's OOM killer, or killed from outside)"
-    if exitcode < 0:
-        return f"killed by {signal.Signals(-exitcode).name}"
-    return f"exited with code {exitcode}" + (" (its result says why)" if exitcode == 3 else "")
-
-
 def child_main(handler: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     """The child's side of ``run_in_child``: read the request, run ``handler``, write its result.
 
@@ -391,9 +258,9 @@ def child_main(handler: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     die_with_parent()
     pin_to_slot()
     request_path, result_path = sys.argv[1], sys.argv[2]
-    rank = os.environ.get("RANK") if os.environ.get(_RANKS) else None
+    rank = os.environ.get("RANK") if os.environ.get(RANKS) else None
     if rank is not None:  # one rank of a job: its own result, beside its peers'
-        result_path = _rank_path(result_path, int(rank))
+        result_path = rank_path(result_path, int(rank))
     try:
         request = json.loads(Path(request_path).read_text())
         text = json.dumps(handler(request))
@@ -405,7 +272,7 @@ def child_main(handler: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
         text = json.dumps({"child_error": f"{type(exc).__name__}: {exc}"})
     rank_failed = rank is not None and json.loads(text).get("status", "crash") != "ok"
     if rank_failed:  # when: the first rank to fail is the job's cause (``merge_ranks``)
-        text = json.dumps({**json.loads(text), _FAILED_AT: time.time()})
+        text = json.dumps({**json.loads(text), FAILED_AT: time.time()})
     tmp = result_path + ".tmp"
     Path(tmp).write_text(text)
     os.replace(tmp, result_path)
@@ -425,6 +292,6 @@ def _run_trial(request: dict[str, Any]) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == _LAUNCH:
-        sys.exit(_launch(int(sys.argv[2]), *sys.argv[3:6]))
+    if len(sys.argv) > 1 and sys.argv[1] == LAUNCH:
+        sys.exit(launch(int(sys.argv[2]), *sys.argv[3:6]))
     child_main(_run_trial)

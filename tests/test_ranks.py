@@ -18,7 +18,8 @@ from autotune import api
 from autotune.config import DeviceInfo, Knobs, TrialSpec, WorkloadSpec
 from autotune.errors import ConfigError
 from autotune.names import FLAGS
-from autotune.runner import merge_ranks, run_isolated
+from autotune.runner import run_isolated
+from autotune.runner_ranks import merge_ranks
 from autotune.units import MIB
 from tests.conftest import workload_target
 from tests.test_cli import _invoke, _words
