@@ -11,7 +11,8 @@ imports torch but not optuna: the search imports it when a search starts.
 from __future__ import annotations
 
 from autotune.api.deliver import codegen, json_schema, load, write_train_script
-from autotune.api.fit import CheckResult, CheckTarget, check, estimate
+from autotune.api.fit import CheckResult, check, estimate
+from autotune.api.fit_target import CheckTarget
 from autotune.api.request import Budget, TuneRequest, resolve_budget, workload_spec
 from autotune.api.tune import env, probe, search, tuned_config
 from autotune.api.verify import VerifyResult, verify

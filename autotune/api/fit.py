@@ -1,4 +1,7 @@
-"""Memory fit without a GPU: estimate() and check() (DESIGN.md section 5)."""
+"""Memory fit without a GPU: estimate() and check() (DESIGN.md section 5).
+
+What ``check`` reads of an ``autotune.json`` (``CheckTarget``) is ``api.fit_target``.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from autotune.api.request import asked_budget, workload_file_here
+from autotune.api.fit_target import CheckTarget, read_target
+from autotune.api.request import asked_budget
 from autotune.config import WorkloadSpec
 from autotune.device import backend_for, default_device
 from autotune.errors import (
@@ -21,12 +25,9 @@ from autotune.estimate.fits import EstimateReport, EstimateRequest, estimate_rep
 from autotune.knobs import KNOBS, Knobs
 from autotune.memory import probe_spec
 from autotune.names import KEYWORDS, Names
-from autotune.report import peak_unverified_line
 from autotune.runner import run_in_child, run_isolated
-from autotune.schema import TunedConfig
 from autotune.serialize import from_json_dict, to_json_dict
 from autotune.space import divisors, per_device_batch
-from autotune.tuned_file import read_tuned
 from autotune.units import batch_limit_problem, format_bytes
 from autotune.user_loop import capped_device
 from autotune.workload import Workload
@@ -166,77 +167,6 @@ def _estimate_in_child(spec: WorkloadSpec, request: EstimateRequest,
 
 
 @dataclass(frozen=True, kw_only=True)
-class CheckTarget:
-    """What ``check`` needs from ``autotune.json`` (read in one place: ``_read_tuned``)."""
-
-    workload: WorkloadSpec
-    micro_batch: int
-    accumulate_steps: int
-    target_batch: int
-    world_size: int
-    knobs: Knobs
-    """The tuned knobs: the step is estimated with them (a compile mode traced eager)."""
-    device_memory_bytes: int
-    headroom: float
-    calibration: Calibration | None
-    """The search's measurement of this config's knobs, when it recorded one."""
-    device: str = "cuda"
-    """Where the config was tuned (``cpu`` or ``cuda:N``): whose kernels the estimate models."""
-    nproc_per_node: int = 1
-    """Ranks a measured step runs as one job (the search's)."""
-    measured_peak_bytes: int | None = None
-    """The most a complete run of this very config (knobs and micro-batch) peaked at in the
-    search, when the file records one: an estimate below it is not the config's peak."""
-    device_total_bytes: int | None = None
-    """The memory of the device it was tuned on: a budget asked for is at most this."""
-    asked: str = ""
-    """The budget the user asked for instead of the file's (``--memory-budget 16GiB``)."""
-    peak_unverified: str = ""
-    """That the search did not check the config's fit as a first launch, and why
-    (``report.peak_unverified_line``): said beside the verdict ("" otherwise)."""
-
-
-def _read_tuned(path: str | Path, workload: WorkloadSpec | None = None) -> CheckTarget:
-    """Read the fields ``check`` needs from an ``autotune.json`` (validated on read).
-
-    Raises:
-        ConfigError: missing or unreadable file, not JSON, another schema, or bad fields; a
-            workload file that is not where ``workload.target`` says (without ``workload``).
-    """
-    config = read_tuned(path)
-    if workload is None:
-        workload_file_here(config.workload, path)
-    label = config.knobs.label()
-    record = config.memory.calibration.get(label)
-    calibration = Calibration.from_record(record, label) if record else None
-    return CheckTarget(
-        workload=workload or config.workload, micro_batch=config.micro_batch,
-        accumulate_steps=config.accumulate_steps, target_batch=config.target_batch,
-        world_size=config.world_size, knobs=config.knobs,
-        device_memory_bytes=config.memory.budget_bytes,
-        headroom=config.memory.headroom, calibration=calibration, device=config.device.device,
-        nproc_per_node=config.nproc_per_node, measured_peak_bytes=_measured_peak(config),
-        device_total_bytes=config.memory.device_total_bytes,
-        peak_unverified=peak_unverified_line(config))
-
-
-_COMPLETE = ("winner", "ok", "slower", "numerics", "over_budget")
-"""Verdicts of trials that ran their steps: their peaks are the config's, not a failure's."""
-
-
-def _measured_peak(config: TunedConfig) -> int | None:
-    """The largest peak the search measured for the config itself (its knobs and
-    micro-batch): its complete trials and runs, and its calibration at that micro-batch."""
-    peaks = [r.peak_bytes for r in (*config.trials, *config.runs)
-             if r.knobs == config.knobs and r.micro_batch == config.micro_batch
-             and r.peak_bytes and getattr(r, "verdict", getattr(r, "status", "")) in _COMPLETE]
-    record = config.memory.calibration.get(config.knobs.label(), {})
-    if record.get("micro_batch") == config.micro_batch:
-        peaks.append(record.get("measured_peak_bytes", 0))
-    return max(peaks, default=0) or None
-
-
-@dataclass(frozen=True, kw_only=True)
 class CheckResult:
     """Whether a tuned config still fits its device memory with its headroom."""
 
@@ -280,7 +210,7 @@ def check(path: str | Path | None = None, *, target: CheckTarget | None = None,
     if target is None:
         if path is None:
             raise ConfigError("give the autotune.json to check")
-        target = _read_tuned(path, workload if isinstance(workload, WorkloadSpec) else None)
+        target = read_target(path, workload if isinstance(workload, WorkloadSpec) else None)
     if memory_budget is not None:
         budget = asked_budget(memory_budget, target.device_total_bytes or
                               target.device_memory_bytes, target.device, name)
@@ -422,6 +352,3 @@ def _measure(target: CheckTarget, timeout_s: float) -> int | None:
                             f"({target.knobs.label()}) failed, which is not a memory verdict "
                             f"[{result.status}]: {result.message}")
     return result.peak_bytes
-
-
-
