@@ -1,4 +1,8 @@
-"""One trial of the measured training step (``step.train_step``), inside a child process."""
+"""One trial of the measured training step (``step.train_step``), inside a child process.
+
+A trial that is one rank of a job joins and leaves its process group through
+``autotune.trial_ranks``.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,6 @@ import dataclasses
 import gc
 import hashlib
 import math
-import os
 import statistics
 import sys
 import time
@@ -46,6 +49,7 @@ from autotune.step import (  # train_step and loss_weights re-exported for calle
     workload_traits,
 )
 from autotune.timing import stop_reason
+from autotune.trial_ranks import agreed, join_job, leave_job
 from autotune.trial_status import (  # re-exported: callers of trial classify through it
     classify_exception,
     is_out_of_memory,  # noqa: F401
@@ -126,7 +130,7 @@ def run_trial(spec: TrialSpec) -> TrialResult:
     info: dict[str, Any] = {"samples_per_step": spec.micro_batch * spec.accumulate_steps}
     memory: TrialMemory | None = None
     try:
-        spec, world = _join_job(spec)
+        spec, world = join_job(spec)
         info["samples_per_step"] *= world  # the job's: every rank's micro-batches
         workload = load_workload(spec.workload, spec.device)
         info["tokens_per_sample"] = workload.tokens_per_sample
@@ -150,7 +154,7 @@ def run_trial(spec: TrialSpec) -> TrialResult:
             memory.release()
             result = dataclasses.replace(result, reference_loss=_reference_loss(
                 spec, workload, first_batches, memory.device, signature))
-        _leave_job(result)
+        leave_job(result)
         return result
     except BaseException as exc:  # every outcome is a value; KeyboardInterrupt ends the child
         if isinstance(exc, KeyboardInterrupt):
@@ -168,56 +172,6 @@ def run_trial(spec: TrialSpec) -> TrialResult:
             with contextlib.suppress(Exception):  # whether it was compiling afresh
                 info["compile_cache_hits"], info["compile_cache_misses"] = _cache_counts()
         return _failed(status, exc, info, at_cap)
-
-
-def _join_job(spec: TrialSpec) -> tuple[TrialSpec, int]:
-    """Join the job's process group when the spec runs a strategy of several ranks (this
-    process is one rank, started by the elastic launcher): gloo on CPU, nccl on CUDA, each
-    rank on its own GPU (``LOCAL_RANK``). Returns the spec for this rank and the job's size
-    (1 without a strategy)."""
-    if not spec.knobs.distributed:
-        return spec, 1
-    import datetime
-
-    import torch.distributed as dist
-
-    if "RANK" not in os.environ:
-        raise KnobUnsupported(f"strategy {spec.knobs.strategy} runs as a job of ranks (the "
-                              "runner starts one with torch's elastic launcher)")
-    device = spec.device
-    if device.startswith("cuda"):
-        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo",
-                            timeout=datetime.timedelta(seconds=max(60.0, spec.timeout_s)))
-    return dataclasses.replace(spec, device=device), dist.get_world_size()
-
-
-def _leave_job(result: TrialResult) -> None:
-    """Leave the process group after a run that ended well (a failed rank exits at once:
-    its peers may be waiting for it)."""
-    import torch.distributed as dist
-
-    if result.ok and dist.is_available() and dist.is_initialized():
-        # The trial's DDP/FSDP modules are garbage by now, but may sit in reference cycles:
-        # freed now, before the group goes (freed at interpreter exit, gloo's threads can wait
-        # for the lock the exiting main thread holds: a rank that never ends).
-        gc.collect()
-        dist.destroy_process_group()
-
-
-def _agreed(values: Sequence[float], device: torch.device) -> list[float]:
-    """The largest of each value over the job's ranks (the values as they are without one):
-    the slowest rank's step time and elapsed time, so every rank takes the same decision to
-    stop timing (a rank that stops alone would leave its peers waiting in a collective)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return list(values)
-    tensor = torch.tensor(values, dtype=torch.float64,
-                          device=device if device.type == "cuda" else "cpu")
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return tensor.tolist()
 
 
 def _failed(status: TrialStatus, exc: BaseException, info: dict[str, Any],
@@ -353,7 +307,7 @@ def _train(spec: TrialSpec, workload: Workload, model: nn.Module, memory: TrialM
     timing_start = time.perf_counter()
     with watch_compiles() as recompiles:
         while spec.num_timed_steps > 0:
-            step_s, elapsed_s = _agreed([one_pass() if drawn is not None else one_step(
+            step_s, elapsed_s = agreed([one_pass() if drawn is not None else one_step(
                 timed_batches), time.perf_counter() - timing_start], device)
             timed.append(step_s)
             why = stop_reason(timed, max_steps=spec.num_timed_steps, elapsed_s=elapsed_s,
