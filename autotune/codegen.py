@@ -28,7 +28,8 @@ from autotune.codegen_fallback import FALLBACK
 from autotune.codegen_knobs import KNOB_FUNCTIONS
 from autotune.codegen_memory import MEMORY
 from autotune.codegen_parts import guard, parts, select
-from autotune.codegen_templates import SCRIPT, SHAPES
+from autotune.codegen_shapes import SHAPES
+from autotune.codegen_templates import SCRIPT
 from autotune.codegen_workloads import FILE, HF, HF_AUTO, HF_COUNTS, TINY_GPT
 from autotune.hf_configs import known_config
 from autotune.knob_rules import describe
@@ -334,7 +335,7 @@ def _workload_section(config: TunedConfig, script_dir: Path | None) -> tuple[lis
 
 
 def _shapes_block(config: TunedConfig) -> str:
-    """The shape policy's lines (``codegen_templates.SHAPES``) for a workload that declares
+    """The shape policy's lines (``codegen_shapes.SHAPES``) for a workload that declares
     lengths (``--lengths``; a file workload's own, read when the script runs); nothing for a
     fixed-shape workload: its script is as before."""
     from autotune.lengths import BUCKET_MULTIPLE, MAX_BUCKETS
