@@ -66,27 +66,30 @@ class Run:
         return max(0.0, (self.wall_s or 0.0) - timed)
 
 
-STALL_FACTOR = 1.5
-"""How much slower than its candidate's median run a recorded run is, at least, to count as a
-run that stalled (a neighbour, a slow minute of a shared machine: the generated ``stall``
-family draws 1.5-2x, ``intervals.SINGLE_RUN_GAPS`` says a stall is 1.5x and more), not a
-draw of the candidate's speed: the truth leaves it out (``truth_of``). With two runs that is
-the slower at under half the faster; of four runs of a candidate on the EPYC deep GPT
-(7.5% apart within a sitting, 15.6% between), none."""
+STALL_FACTOR = 2.0
+"""How much slower than the median of its candidate's other runs a recorded run is, at least,
+to count as a run that stalled (a neighbour, a slow minute of a shared machine), not a draw of
+the candidate's speed: the truth leaves it out (``truth_of``). Twice, not the 1.5x a stall
+starts at (``intervals.SINGLE_RUN_GAPS``; the generated ``stall`` family draws 1.5-2x):
+sittings of one table differ by 15.6% candidate by candidate on the EPYC deep GPT (sd of the
+log, ``replay_explain.py sittings``), where runs 1.5-1.7x apart are a slow sitting as much as a
+stall, and the truth keeps them; the recorded stalls are 2.1-9x (slow CNN and BERT on the
+Xeon: fp32 eager BERT at 4 ran 14.1 and 1.6 samples/s)."""
 
 
 def truth_of(target: int, medians: list[float]) -> float | None:
     """A candidate's truth from its recorded runs' median step times: the mean of their
-    samples/s, each run under its median run's by more than ``STALL_FACTOR`` left out (a
-    stall only slows: before 2026-12-01 such a run pulled the mean down as if it were the
-    config's speed; on the slow CNN Xeon table fp32 compiled foreach at 8 ran 7.2 and 32.1
-    samples/s, truth 19.7, and its precision-swapped twin 102 and 20, truth 62 where its
-    speed is 102). None: no run."""
+    samples/s, each run under the median of its candidate's other runs by ``STALL_FACTOR`` or
+    more left out (a stall only slows: before 2026-12-01 such a run pulled the mean down as if
+    it were the config's speed; on the slow CNN Xeon table fp32 compiled foreach at 8 ran 7.2
+    and 32.1 samples/s, truth 19.7, and its precision-swapped twin 102 and 20, truth 62 where
+    its speed is 102). A single run is kept. None: no run."""
     if not medians:
         return None
     speeds = [target / m for m in medians]
-    middle = statistics.median(speeds)
-    return statistics.fmean(s for s in speeds if s * STALL_FACTOR >= middle)
+    kept = [s for i, s in enumerate(speeds) if len(speeds) < 2
+            or s * STALL_FACTOR > statistics.median(speeds[:i] + speeds[i + 1:])]
+    return statistics.fmean(kept or speeds)
 
 
 @dataclass
