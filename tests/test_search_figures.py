@@ -102,6 +102,33 @@ def test_a_candidate_reads_the_mean_of_two_runs_within_twice_the_others_typical_
     assert ev.figure(stalled).median_step_s() == 0.5
 
 
+def test_the_noise_s_pair_of_baseline_runs_reads_as_their_mean_short_of_a_stall() -> None:
+    # The baseline timed twice to measure the noise: two draws of one config by design, so
+    # every cut reads their geometric mean (the better, the luckier draw, put the baseline
+    # ahead of what it runs); one 1.5x slower or more stalled: the better. Any other
+    # re-measure keeps its better run, and the drift is the gap either way.
+    from autotune.search.evidence import Evidence
+    from autotune.search.intervals import PAIR_STALL
+    from autotune.search.plan import Plan
+
+    assert PAIR_STALL == 1.5
+    ev = Evidence(Plan.of(plan(), CLASSES, {}), SLOW)
+    paired, stalled, plain = (Candidate(knobs=k, micro_batch=32) for k in CLASSES[:3])
+    for key, slow, pair in ((paired, 1.2, True), (stalled, 1.6, True), (plain, 1.2, False)):
+        ev.took(key, _run(0.5, peak=300))
+        ev.remeasured(key, _run(0.5 * slow, peak=200), paired=pair)
+    assert math.isclose(ev.results[paired].median_step_s() or 0.0, 0.5 * math.sqrt(1.2))
+    assert ev.results[paired].peak_bytes == 300 and ev.runs[paired] == 2
+    assert ev.results[stalled].median_step_s() == 0.5
+    assert ev.results[plain].median_step_s() == 0.5
+    assert math.isclose(ev.drift[paired], ev.drift[plain])
+    # an out-of-memory re-run still puts the candidate out
+    ev.took(oom := Candidate(knobs=CLASSES[3], micro_batch=32), _run(0.5))
+    ev.remeasured(oom, TrialResult(status="oom", message="out of memory", samples_per_step=64),
+                  paired=True)
+    assert ev.results[oom].status == "oom"
+
+
 def test_as_rounds_said_puts_the_pair_in_the_rounds_ratio_about_their_own_figures() -> None:
     # By their own runs the rounds' loser reads faster (its run 0.5 s a step against 0.6 s),
     # but the winner was ahead 1.1x and 1.2x back to back: the pair reads 1.15x apart, the

@@ -25,11 +25,12 @@ from autotune.search._records import (
     SearchSettings,
     judge,
     keep_better,
+    mean_of_two,
     objective,
     score,
 )
 from autotune.search.figures import Figures
-from autotune.search.intervals import noise_of
+from autotune.search.intervals import PAIR_STALL, noise_of
 from autotune.search.plan import Plan
 from autotune.search.rules import Skip
 from autotune.timing import MIN_STEPS_TO_STOP
@@ -244,7 +245,8 @@ class Evidence(Figures):
                 or (result.peak_bytes or 0) > (known.peak_bytes or 0))):
             self.cold[key] = result
 
-    def remeasured(self, key: Candidate, again: TrialResult, *, cold: bool = False) -> None:
+    def remeasured(self, key: Candidate, again: TrialResult, *, cold: bool = False,
+                   paired: bool = False) -> None:
         """A contender's run again, in full (``cold``: compiled afresh, a first launch): its
         count, the drift between its runs, and its better run kept. A stored timing re-checked
         is left to ``rechecked``. Results of one batch of proposals can come in any order:
@@ -260,7 +262,13 @@ class Evidence(Figures):
         if cold or key not in self.stored:
             self.note_drift(key, before, again)
         self.timed.setdefault(key, [before]).append(again)
-        self._keep(key, keep_better(before, again))
+        kept = keep_better(before, again)
+        if paired and kept.ok and before.ok and again.ok:
+            # The noise's re-measure: two draws of one config by design, read as their mean
+            # short of a stall (its better run, the luckier draw, was what every cut read).
+            faster, slower = sorted((before, again), key=lambda r: r.median_step_s() or 0.0)
+            kept = mean_of_two(faster, slower, PAIR_STALL - 1, kept)
+        self._keep(key, kept)
 
     def answer(self, key: Candidate) -> TrialResult | None:
         """The study's next run of ``key`` not yet asked for (a resumed search), or None."""

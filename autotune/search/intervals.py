@@ -23,6 +23,12 @@ minute) is 1.5x and more. At one typical gap, half of all pairs of one config re
 and their better run, the luckier draw, made the pick lean to whatever ran twice."""
 
 
+PAIR_STALL = 1.5
+"""How much slower one of the noise's two runs of the baseline is, at least, for the pair to
+read as one run that stalled (its better run kept) rather than two draws of one config (their
+geometric mean, ``Evidence.remeasured``'s ``paired``): a stall is 1.5x and more."""
+
+
 @dataclass(frozen=True)
 class Interval:
     """A figure (a score, a speed, a ratio) with the noise around it, relative: another figure

@@ -141,7 +141,7 @@ def measure_noise(ex: Executor) -> None:
     (``--confirm 0``) or its run did not time every step."""
     base = _noise_key(ex)
     if base is not None:
-        remeasure(ex, [base], cold_first=False)
+        remeasure(ex, [base], cold_first=False, paired=True)
         _noise_said(ex, base)
 
 
@@ -153,7 +153,7 @@ def noise_steps(ex: Executor) -> Chain[None]:
         return
     proposal = proposals(ex, [base], cold_first=False)[0]
     again, rec = yield proposal
-    tell(ex, proposal, again, rec)
+    tell(ex, proposal, again, rec, paired=True)
     _noise_said(ex, base)
 
 

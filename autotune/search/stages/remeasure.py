@@ -20,7 +20,7 @@ from autotune.search.policy import rechecked, unchecked
 
 
 def remeasure(ex: Executor, keys: Sequence[Candidate], *,
-              cold_first: bool = True) -> dict[Candidate, TrialResult]:
+              cold_first: bool = True, paired: bool = False) -> dict[Candidate, TrialResult]:
     """The race's runs: each of ``keys`` once more, keeping its better run; the first (the
     leader) compiled afresh where its first launch is unchecked (``cold_first``). The runs
     made, in order: proposed at once (``proposals``), run one after another, each told to the
@@ -31,7 +31,7 @@ def remeasure(ex: Executor, keys: Sequence[Candidate], *,
     for proposal, again, rec in run_proposals(
             ex, proposals(ex, keys, cold_first=cold_first), refused=partial(_refused, ex),
             alone=ex.stage in ("confirm", "first launch")):
-        tell(ex, proposal, again, rec)
+        tell(ex, proposal, again, rec, paired=paired)
         ran[proposal.candidate] = again
     return ran
 
@@ -76,7 +76,8 @@ def _refused(ex: Executor, proposal: Proposal, stop: Stop) -> None:
         ex.ev.decide(unchecked(proposal.candidate, str(stop)))
 
 
-def tell(ex: Executor, proposal: Proposal, again: TrialResult, rec: TrialRecord) -> None:
+def tell(ex: Executor, proposal: Proposal, again: TrialResult, rec: TrialRecord, *,
+         paired: bool = False) -> None:
     """A proposed run's result into the evidence (``Evidence.remeasured``); a stored timing
     re-checked keeps the fresh run where the stored one is stale (``policy.rechecked``).
 
@@ -94,7 +95,7 @@ def tell(ex: Executor, proposal: Proposal, again: TrialResult, rec: TrialRecord)
             f"(re-check of {key.key()}: fingerprint {again.workload_fingerprint}, "
             f"stored {before.workload_fingerprint}: its parameter or batch shapes "
             "differ); every candidate was measured again")
-    ex.ev.remeasured(key, again, cold=proposal.cold)
+    ex.ev.remeasured(key, again, cold=proposal.cold, paired=paired)
     if proposal.recheck:
         fresh, note = rechecked(key, before, again, ex.settings)
         ex.ev.rechecked(key, again, fresh=fresh, note=note)
