@@ -89,7 +89,7 @@ def truth_of(target: int, medians: list[float]) -> float | None:
     speeds = [target / m for m in medians]
     kept = [s for i, s in enumerate(speeds) if len(speeds) < 2
             or s * STALL_FACTOR > statistics.median(speeds[:i] + speeds[i + 1:])]
-    return statistics.fmean(kept or speeds)
+    return statistics.fmean(kept)  # (the fastest run is always kept)
 
 
 @dataclass
