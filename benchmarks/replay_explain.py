@@ -11,6 +11,13 @@
 - ``sittings``: per recorded table of several sittings, how far a candidate's runs differ
   within one sitting and between sittings (sd of the log of the step time), and the sittings'
   mean offset.
+- ``overhead``: per recorded table, the median share of a timed run's wall seconds outside its
+  timed steps (start-up, warm-up, compile: what runs of finalists could overlap).
+- ``wall-split FILE N``: from a ``replay_parallel.py`` results file, per stage the wall with N
+  workers (of it, one run alone) and its runs, the mean over the large spaces (200+
+  candidates), shares of a serial pass.
+- ``families BEFORE AFTER``: two ``replay.py --families`` results files of one set, per family
+  the mean change over its tables of within 3%, pick quality p10 and cost.
 
 Run: ``python benchmarks/replay_explain.py stages develop 3`` (and so on).
 """
@@ -18,9 +25,11 @@ Run: ``python benchmarks/replay_explain.py stages develop 3`` (and so on).
 from __future__ import annotations
 
 import collections
+import json
 import math
 import statistics
 import sys
+from pathlib import Path
 
 import replay
 from replay_device import ReplayDevice, plan_of
@@ -93,6 +102,49 @@ def sitting_spread(table: Table) -> dict[str, float] | None:
             "offset": statistics.fmean(diffs) if diffs else float("nan")}
 
 
+def overhead_shares() -> dict[str, float]:
+    """Per recorded table, the median share of a timed run's wall outside its timed steps."""
+    out = {}
+    for t in tables_of("recorded"):
+        shares = [r.overhead_s() / r.wall_s for e in t.entries.values() for r in e.runs
+                  if r.status == "ok" and r.median_s and r.wall_s and r.num_steps > 0]
+        if shares:
+            out[t.name] = statistics.median(shares)
+    return out
+
+
+def wall_split(results: dict, workers: int, large: int = 200) -> dict[str, dict[str, float]]:
+    """Per stage, the mean over the large spaces of ``results`` (a ``replay_parallel.py``
+    file) of its wall with ``workers``, the part one run held alone, and its runs (a table
+    without the stage counts 0)."""
+    rows = [t["by_workers"][str(workers)]["breakdown"]["stages"] for t in results["tables"]
+            if t["candidates"] >= large]
+    out: dict[str, dict[str, float]] = collections.defaultdict(lambda: collections.defaultdict(
+        float))
+    for stages in rows:
+        for stage, x in stages.items():
+            for k in ("wall", "alone", "runs"):
+                out[stage][k] += x[k] / len(rows)
+    return {stage: dict(v) for stage, v in out.items()}
+
+
+def family_changes(before: dict, after: dict) -> dict[str, dict[str, float]]:
+    """Per family (a table name up to its "="), the mean change over its tables from
+    ``before`` to ``after`` (``replay.py --families`` results) of within 3%, p10 and cost."""
+    old = {t["name"]: t for t in before["tables"]}
+    per: dict[str, list[tuple[float, float, float]]] = collections.defaultdict(list)
+    for t in after["tables"]:
+        a = old.get(t["name"])
+        if a is not None:
+            per[t["name"].split("=")[0]].append((
+                t["within_3pct"] - a["within_3pct"],
+                t["pick_quality"]["p10"] - a["pick_quality"]["p10"],
+                t["cost"]["median"] - a["cost"]["median"]))
+    return {f: {k: statistics.fmean(v[i] for v in rows)
+                for i, k in enumerate(("within_3pct", "p10", "cost"))} | {"tables": len(rows)}
+            for f, rows in per.items()}
+
+
 def _table(which: str, name: str) -> Table:
     return next(t for t in tables_of(which) if t.name == name)
 
@@ -127,6 +179,19 @@ def main(argv: list[str]) -> int:
             if got:
                 print(f"{t.name:22s} within a sitting {got['within']:.3f}, between "
                       f"{got['between']:.3f} (offset {got['offset']:+.3f})")
+    elif what == "overhead":
+        for name, share in overhead_shares().items():
+            print(f"{name:22s} start-up share of a timed run {share:.2f}")
+    elif what == "wall-split":
+        split = wall_split(json.loads(Path(args[0]).read_text()), int(args[1]))
+        print(f"N={args[1]}, mean over the large spaces: wall (one run alone), runs")
+        for stage, x in split.items():
+            print(f"  {stage:13s} {x['wall']:.4f} ({x['alone']:.4f}) {x['runs']:.1f}")
+    elif what == "families":
+        a, b = (json.loads(Path(p).read_text()) for p in args[:2])
+        for fam, x in family_changes(a, b).items():
+            print(f"  {fam:22s} {x['tables']:3.0f} tables: within 3% {x['within_3pct']:+.4f}"
+                  f", p10 {x['p10']:+.4f}, cost {x['cost']:+.4f}")
     else:
         print(__doc__)
         return 2

@@ -291,3 +291,33 @@ def test_a_traced_search_says_each_run_with_its_stage_and_its_costs_add_up() -> 
     assert spread is not None and spread["offset"] == pytest.approx(math.log(1.25))
     assert spread["between"] == pytest.approx(0.0, abs=1e-12)
     assert sitting_spread(table()) is None  # one sitting (no source): nothing to say
+
+
+def test_the_explain_figures_split_wall_and_family_changes_as_they_say() -> None:
+    from replay_explain import family_changes, overhead_shares, wall_split
+
+    shares = overhead_shares()
+    assert shares and all(0.0 <= s <= 1.0 for s in shares.values())
+
+    def table(cands: int, confirm: float) -> dict:
+        stages = {"confirm": {"wall": confirm, "alone": confirm, "runs": 4}}
+        if cands > 100:
+            stages["probe"] = {"wall": 0.1, "alone": 0.02, "runs": 10}
+        return {"candidates": cands, "by_workers": {"8": {"breakdown": {"stages": stages}}}}
+
+    split = wall_split({"tables": [table(480, 0.04), table(672, 0.02), table(28, 0.5)]}, 8)
+    assert split["confirm"] == pytest.approx({"wall": 0.03, "alone": 0.03, "runs": 4.0})
+    assert split["probe"]["wall"] == pytest.approx(0.1)  # the small table has no say
+
+    def row(name: str, w3: float, p10: float, cost: float) -> dict:
+        return {"name": name, "within_3pct": w3, "pick_quality": {"p10": p10},
+                "cost": {"median": cost}}
+
+    before = {"tables": [row("stall=0.1#0@a", 0.5, 0.9, 0.2), row("stall=0.1#0@b", 0.7, 0.8, 0.3),
+                         row("noise=0.1#0@a", 0.6, 0.9, 0.2)]}
+    after = {"tables": [row("stall=0.1#0@a", 0.6, 0.9, 0.1), row("stall=0.1#0@b", 0.7, 1.0, 0.3),
+                        row("noise=0.1#0@a", 0.6, 0.8, 0.2)]}
+    got = family_changes(before, after)
+    assert got["stall"] == pytest.approx({"within_3pct": 0.05, "p10": 0.1, "cost": -0.05,
+                                          "tables": 2})
+    assert got["noise"]["p10"] == pytest.approx(-0.1)
