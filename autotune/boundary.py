@@ -120,7 +120,7 @@ def next_candidate(candidates: Sequence[int], points: Sequence[Point], usable_by
 
     After a first run at the hint, its neighbour settles the boundary if the hint was right
     (with ``floor_first``, after a failure there, the smallest candidate instead: a class
-    whose need has a floor no micro-batch lowers, ``memory.FLOOR_FIRST``);
+    whose need has a floor no micro-batch lowers: ``search.stages.probe.floor_first``);
     with two measured peaks, the largest candidate the line predicts to fit (when it predicts
     none, the one just above the largest fit, to confirm the failure, unless the line puts it
     above ``over_bytes``: ``confirm_over``); with nothing fitting yet, the smallest candidate

@@ -25,9 +25,9 @@ from autotune.search._records import (
     SearchSettings,
     judge,
     keep_better,
-    mean_of_two,
     objective,
     score,
+    typical_run,
 )
 from autotune.search.figures import Figures
 from autotune.search.intervals import PAIR_STALL, noise_of
@@ -262,13 +262,11 @@ class Evidence(Figures):
         if cold or key not in self.stored:
             self.note_drift(key, before, again)
         self.timed.setdefault(key, [before]).append(again)
-        kept = keep_better(before, again)
-        if paired and kept.ok and before.ok and again.ok:
-            # The noise's re-measure: two draws of one config by design, read as their mean
-            # short of a stall (its better run, the luckier draw, was what every cut read).
-            faster, slower = sorted((before, again), key=lambda r: r.median_step_s() or 0.0)
-            kept = mean_of_two(faster, slower, PAIR_STALL - 1, kept)
-        self._keep(key, kept)
+        # The noise's re-measure (``paired``): two draws of one config by design, read as
+        # their mean short of a stall (its better run, the luckier draw, was what every cut
+        # read); any other re-measure keeps its better run.
+        self._keep(key, typical_run([before, again], PAIR_STALL - 1) if paired
+                   else keep_better(before, again))
 
     def answer(self, key: Candidate) -> TrialResult | None:
         """The study's next run of ``key`` not yet asked for (a resumed search), or None."""
