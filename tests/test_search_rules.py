@@ -205,6 +205,24 @@ def test_sibling_ratio_walks_a_compiled_setting_down_only_on_evidence() -> None:
     assert why is not None and "0.95x" in why.text
 
 
+def test_sibling_ratio_walks_a_compiled_setting_on_past_a_step_that_tied() -> None:
+    # bf16/default ran 400/s at 32 and 390/s at 16: within the 5% noise, a tie, so the line
+    # (each step down slower by its extra update) did not show, and 8 is timed with no
+    # sibling (issue 59's non-monotone tables: gains under the noise at each step, 1.28x at
+    # 4 in all; the walk stopped at 8 for want of a sibling).
+    ev = evidence(fp32_off_32=run(100, 32), bf16_default_32=run(400, 32),
+                  bf16_default_16=run(390, 16))
+    assert bounds.sibling_ratio(ev, COMPILED, [32, 16], 8) is None
+    # 16 behind 32 beyond the noise is the line: with no sibling, 8 is not timed
+    ev = evidence(fp32_off_32=run(100, 32), bf16_default_32=run(400, 32),
+                  bf16_default_16=run(360, 16))
+    why = bounds.sibling_ratio(ev, COMPILED, [32, 16], 8)
+    assert why is not None and why.variant == "no-sibling"
+    # the walk's best itself is no step that tied: one micro-batch walked is no evidence
+    ev = evidence(fp32_off_32=run(100, 32), bf16_default_32=run(400, 32))
+    assert bounds.sibling_ratio(ev, COMPILED, [32], 16) is not None
+
+
 # ----------------------------------------------------------------------------------------------
 # A batch of proposed runs: its results are taken in any order.
 

@@ -220,14 +220,16 @@ def sibling_ratio(ev: Evidence, knobs: Knobs, walked: Sequence[int],
     (each micro-batch it steps down costs a compile of its own): time per micro-batch
     linear in its size, plus one update per step, makes a smaller micro-batch only add
     accumulation steps; what breaks that line (memory pressure, a working set that fits a
-    cache) shows as allocator retries at its best, as its own walk getting faster, or as a
-    sibling timed faster at ``micro_batch``. Without any it is not walked: in the committed
-    oracles a compiled setting bound by memory beat its largest fit with the next smaller
-    micro-batch by more than 10% in 3 of 255 settings, none of the 75 within 0.90 of the best
-    (``benchmarks/rule_checks.py`` (8)). The leader's eager setting is always walked (the
-    pick is decided there, and an eager step costs no compile). A setting under memory
-    pressure (allocator retries at its best) or the objective with compile time is not
-    predicted; None: time it."""
+    cache) shows as allocator retries at its best, as its own walk getting faster or not
+    slower (its last step tied with its best within the noise: the line says each step down
+    is slower, and a gain under the noise at each step is still a gain, as on issue 59's
+    non-monotone tables), or as a sibling timed faster at ``micro_batch``. Without any it
+    is not walked: in the committed oracles a compiled setting bound by memory beat its
+    largest fit with the next smaller micro-batch by more than 10% in 3 of 255 settings,
+    none of the 75 within 0.90 of the best (``benchmarks/rule_checks.py`` (8)). The
+    leader's eager setting is always walked (the pick is decided there, and an eager step
+    costs no compile). A setting under memory pressure (allocator retries at its best) or
+    the objective with compile time is not predicted; None: time it."""
     compiled = knobs.compiled
     if not walked or ev.settings.train_steps or (
             knobs == ev.leaders_setting() and not compiled):
@@ -237,8 +239,8 @@ def sibling_ratio(ev: Evidence, knobs: Knobs, walked: Sequence[int],
     best = Candidate(knobs=knobs, micro_batch=best_m)
     best_result = ev.results.get(best)
     if best_result is None or best_result.num_alloc_retries or not ev.score(best) or (
-            compiled and best_m != max(walked)):  # its own walk got faster: time on
-        return None
+            compiled and (best_m != max(walked) or _tied(ev, best, knobs, min(walked)))):
+        return None  # its own walk got faster, or did not get slower: time on
 
     def pair(other: Knobs) -> tuple[Candidate, Candidate] | None:
         at, at_best = (Candidate(knobs=other, micro_batch=x) for x in (micro_batch, best_m))
@@ -264,6 +266,15 @@ def sibling_ratio(ev: Evidence, knobs: Knobs, walked: Sequence[int],
     predicted = (best_result.samples_per_s() or 0.0) * ratio
     return skip("sibling-ratio", knobs.label(), predicted=predicted, micro_batch=micro_batch,
                 sibling=sibling.label(), best=best_m, ratio=ratio, noise=noise)
+
+
+def _tied(ev: Evidence, best: Candidate, knobs: Knobs, micro_batch: int) -> bool:
+    """Whether ``knobs`` at ``micro_batch``, a step below its best, ran within the noise of
+    ``best`` (not behind it beyond the noise)."""
+    step = Candidate(knobs=knobs, micro_batch=micro_batch)
+    now = ev.score(step)
+    return step != best and now is not None and not Interval(
+        ev.score(best) or 0.0, ev.noise(best, step)).beats(now)
 
 
 def line_predicts_loss(ev: Evidence, knobs: Knobs, micro_batch: int, *,
