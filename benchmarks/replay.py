@@ -57,8 +57,14 @@ spec from the candidate's recorded runs, and ``run_search`` reads its simulated 
   search ends under ``--time-budget`` is judged too (its first-launch check kept, or the pick
   said unchecked: ``unchecked_picks``).
 
+- **Keyed noise** (``--noise keyed``, since 2026-12-01): each run's draws follow its candidate
+  and how many runs of it came before (``replay_device.KeyedDevice``), not the order of all
+  runs. Two versions of the search then draw the same noise for the runs both make, so
+  ``replay_compare.py`` sees their decisions, not a reshuffle of every run after the first
+  that differs. The default (``drawn``) is what the committed results used before.
+
 Run: ``python benchmarks/replay.py [--seeds 30] [--only NAME,...] [--json]
-[--time-budget-share F]``.
+[--time-budget-share F] [--noise drawn|keyed]``.
 """
 
 from __future__ import annotations
@@ -80,7 +86,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from replay_baseline import successive_halving
-from replay_device import ReplayDevice, plan_of, settings_of
+from replay_device import KeyedDevice, ReplayDevice, plan_of, settings_of
 from replay_report import family_summary, render_families, replay_set
 from replay_tables import Table, all_tables
 
@@ -409,14 +415,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-budget-share", type=float, default=None, metavar="F",
                         help="give each table's search without a time budget one of F x its "
                         "exhaustive pass's seconds (how a search ends under --time-budget)")
+    parser.add_argument("--noise", choices=("drawn", "keyed"), default="drawn",
+                        help="each run's noise drawn in the order runs are made (drawn), or "
+                        "per candidate and its count of runs (keyed: KeyedDevice, so that two "
+                        "versions of the search compared draw the same noise for the runs "
+                        "both make)")
     parser.add_argument("--one-sitting", action="store_true",
                         help="answer each search from one sitting's runs, the truth still "
                         "the mean over all (ReplayDevice.one_sitting: a what-if)")
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error(f"--seeds {args.seeds}: give 1 or more")
+    global ReplayDevice
+    if args.noise == "keyed":
+        ReplayDevice = KeyedDevice
     if args.one_sitting:
-        global ReplayDevice
         ReplayDevice = functools.partial(ReplayDevice, one_sitting=True)
     started, commit = time.perf_counter(), _commit()
     tables = all_tables()
@@ -431,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
         text = render_families(results, skipped)
         summ = {which: family_summary([r for r in results if r["set"] == which])
                 for which in sets}
-        data = {"seeds": args.seeds, "sets": list(sets), "tables": results,
+        data = {"seeds": args.seeds, "noise": args.noise, "sets": list(sets), "tables": results,
                 "summary_by_family": summ, "not_applicable": skipped,
                 "notes": {"split": SPLIT_NOTE, **NOTES}}
         title = f"Replay of the generated families ({args.families})"
@@ -449,7 +462,8 @@ def main(argv: list[str] | None = None) -> int:
         results = [run(replace(t, held_out=is_held_out(t)), args.seeds) for t in tables]
         summ = summary(results)
         text = render(results, summ)
-        data = {"seeds": args.seeds, "time_budget_share": args.time_budget_share,
+        data = {"seeds": args.seeds, "noise": args.noise,
+                "time_budget_share": args.time_budget_share,
                 "tables": results, "summary": summ, "notes": NOTES}
         title = "Replay of the search"
     print(json.dumps(data, indent=1) if args.json else text)

@@ -15,8 +15,8 @@ are not independent of each other, so the interval is if anything too narrow: a 
 calls within the noise did not move. The counts and the worst table are
 shown beside it, as ``docs/benchmarks.md`` reports them.
 
-Both files must be replays of the same set, the same seeds and the same tables; anything else
-is an error that says what differs (exit 2).
+Both files must be replays of the same set, the same seeds, the same noise (``--noise``) and
+the same tables; anything else is an error that says what differs (exit 2).
 """
 
 from __future__ import annotations
@@ -85,11 +85,11 @@ def _figure(table: dict, key: str) -> float | None:
 def pair(before: dict, after: dict) -> list[tuple[dict, dict]]:
     """The two files' tables paired by name; an error where the sets, seeds or tables
     differ."""
-    for key in ("sets", "seeds"):
-        if before[key] != after[key]:
-            raise CompareError(f"the two replays differ in {key}: {before[key]} before, "
-                               f"{after[key]} after; replay both with the same --families and "
-                               "--seeds")
+    for key in ("sets", "seeds", "noise"):
+        if before.get(key, "drawn") != after.get(key, "drawn"):
+            raise CompareError(f"the two replays differ in {key}: {before.get(key, 'drawn')} "
+                               f"before, {after.get(key, 'drawn')} after; replay both with the "
+                               "same --families, --seeds and --noise")
     old = {t["name"]: t for t in before["tables"]}
     new = {t["name"]: t for t in after["tables"]}
     if old.keys() != new.keys():

@@ -272,6 +272,24 @@ class ReplayDevice:
         return max(int(peak), 1)
 
 
+class KeyedDevice(ReplayDevice):
+    """The replay device with each run's draws (which recorded run, its noise) seeded by the
+    table's seed, its candidate and how many runs of it came before, not by the order of all
+    runs (``--noise keyed``): N slots reorder the runs, and a changed rule adds or drops
+    runs, without reshuffling every later run's noise, so what differs between N = 1 and
+    N = 8, or before and after a change (``replay.py --noise keyed``), is their decisions."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.seen: collections.Counter = collections.Counter()
+
+    def __call__(self, spec: TrialSpec) -> TrialResult:
+        key = (Candidate.of(spec).key(), spec.cold_compile, spec.num_timed_steps > 0)
+        self.rng = random.Random(f"{self.seed}/{key}/{self.seen[key]}")
+        self.seen[key] += 1
+        return super().__call__(spec)
+
+
 def plan_of(table: Table):
     """The report, classes and knob values api.search gives ``run_search`` (as
     ``TuneRequest.validate`` makes them, without its check of this machine's ranks: a GPU

@@ -25,20 +25,18 @@ Run: ``python benchmarks/replay_parallel.py [--seeds 10] [--workers 1,2,4,8] [--
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
 import heapq
 import io
 import itertools
 import json
-import random
 import statistics
 import sys
 import time
 from pathlib import Path
 
 from replay import _commit, _machine, quality_of, quantile
-from replay_device import ReplayDevice, plan_of, settings_of
+from replay_device import KeyedDevice, ReplayDevice, plan_of, settings_of
 from replay_families import tables_of
 from replay_tables import Table
 
@@ -87,23 +85,6 @@ class SimSlots(Slots):
         self._free.append(slot)
         self._free.sort(key=lambda s: s.index)
         return Done(ticket, slot, result)  # type: ignore[arg-type]
-
-
-class KeyedDevice(ReplayDevice):
-    """The replay device with each run's draws (which recorded run, its noise) seeded by the
-    table's seed, its candidate and how many runs of it came before, not by the order of all
-    runs (``--noise keyed``): N slots reorder the runs without reshuffling every later run's
-    noise, so what differs between N = 1 and N = 8 is their decisions."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.seen: collections.Counter = collections.Counter()
-
-    def __call__(self, spec: TrialSpec) -> TrialResult:
-        key = (Candidate.of(spec).key(), spec.cold_compile, spec.num_timed_steps > 0)
-        self.rng = random.Random(f"{self.seed}/{key}/{self.seen[key]}")
-        self.seen[key] += 1
-        return super().__call__(spec)
 
 
 def replay_one(table: Table, seed: int, width: int, plan, keyed: bool = False) -> dict:

@@ -16,6 +16,7 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 from replay import ReplayDevice, plan_of, quality_of, replay_one, score  # noqa: E402
+from replay_device import KeyedDevice  # noqa: E402
 from replay_tables import (  # noqa: E402
     STALL_FACTOR,
     Entry,
@@ -143,6 +144,26 @@ def test_the_replay_is_deterministic_per_seed() -> None:
     assert [r.step_times_s for r in runs[0]] != [r.step_times_s for r in runs[2]]
     a, b = replay_one(t, 3), replay_one(t, 3)
     assert (a.pick, a.quality, a.cost, a.runs) == (b.pick, b.quality, b.cost, b.runs)
+
+
+def test_keyed_noise_answers_a_candidates_nth_run_alike_whatever_ran_before() -> None:
+    # replay.py --noise keyed: a run's draws follow its candidate and how many of its runs
+    # came before, so two versions of the search that differ by one run elsewhere draw the
+    # same noise for the runs both make (drawn noise reshuffles every later run).
+    t = table()
+    spec = TrialSpec(workload=WorkloadSpec(), device="cpu", micro_batch=2, accumulate_steps=2,
+                     knobs=Knobs(precision="bf16", compile_mode="default"), num_timed_steps=10,
+                     memory_budget_bytes=900 * MIB)
+    other = replace(spec, micro_batch=1, accumulate_steps=4)
+    plain, after_other = KeyedDevice(t, 7), KeyedDevice(t, 7)
+    after_other(other)
+    assert [plain(spec).step_times_s for _ in range(3)] == \
+        [after_other(spec).step_times_s for _ in range(3)]
+    drawn, drawn_after = ReplayDevice(t, 7), ReplayDevice(t, 7)
+    drawn_after(other)
+    assert drawn(spec).step_times_s != drawn_after(spec).step_times_s
+    # the seed still counts: its two recorded runs (one 1.25x slower) are each drawn
+    assert len({KeyedDevice(t, seed)(spec).step_times_s for seed in range(10)}) == 2
 
 
 def test_the_time_budget_runs_on_the_replays_clock() -> None:

@@ -99,9 +99,12 @@ def test_files_that_cannot_be_compared_are_an_error_that_says_what_differs(
     cases = {
         "seeds.json": (replay_file([table("t0", 0.8), table("t1", 0.9)], seeds=10),
                        "the two replays differ in seeds: 30 before, 10 after; replay both "
-                       "with the same --families and --seeds"),
+                       "with the same --families, --seeds and --noise"),
         "sets.json": (replay_file([table("t0", 0.8), table("t1", 0.9)], sets=("judge",)),
                       "the two replays differ in sets: ['develop'] before, ['judge'] after"),
+        "noise.json": ({**replay_file([table("t0", 0.8), table("t1", 0.9)]), "noise": "keyed"},
+                       "the two replays differ in noise: drawn before, keyed after; replay "
+                       "both with the same --families, --seeds and --noise"),
         "tables.json": (replay_file([table("t0", 0.8), table("t2", 0.9)]),
                         "the two replays hold other tables (2 in one only, e.g. t1)"),
         "lacks.json": (replay_file([table("t0", 0.8), {"name": "t1", "within_3pct": 0.9}]),
