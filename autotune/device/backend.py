@@ -34,6 +34,10 @@ class DeviceBackend(abc.ABC):
     """Whether ``torch.compile``'s own memory counts in a child's peak on this kind: then a
     compile loaded from inductor's cache peaks lower than the first launch that compiles it,
     and a compiled setting fits only if a run that compiled its graphs fit."""
+    peaks_flatten: ClassVar[bool] = False
+    """Whether a run's peak on this kind grows less per sample at larger micro-batches
+    (``boundary.flattens``) before any probe shows it: a line through two peaks is then not
+    trusted further beyond them than they are apart (``boundary.line_reach``)."""
 
     def child_environment(self, base_env: Mapping[str, str]) -> dict[str, str]:
         """Variables a child on this kind sets over ``base_env`` before it starts torch."""

@@ -66,12 +66,14 @@ def growth(ev: Evidence, knobs: Knobs, micro_batch: int, above: int) -> float | 
 
 
 def flat(ev: Evidence) -> bool:
-    """Whether a setting's probe measured peaks that grow less per sample at larger
-    micro-batches (``boundary.flattens``): then a line through two peaks is not trusted
-    further beyond them than they are apart (``boundary.line_reach``)."""
-    return any(flattens([Point(micro_batch=s.micro_batch, peak_bytes=s.peak_bytes, fits=s.fits)
-                         for s in probe.steps if s.status == "ok"])
-               for probe in ev.probes.values())
+    """Whether this device's peaks grow less per sample at larger micro-batches: its kind's
+    do (a CPU's: ``Plan.peaks_flatten``), or a setting's probe measured such peaks
+    (``boundary.flattens``). Then a line through two peaks is not trusted further beyond them
+    than they are apart (``boundary.line_reach``)."""
+    return ev.plan.peaks_flatten or any(
+        flattens([Point(micro_batch=s.micro_batch, peak_bytes=s.peak_bytes, fits=s.fits)
+                  for s in probe.steps if s.status == "ok"])
+        for probe in ev.probes.values())
 
 
 def recompute_floor(ev: Evidence, knobs: Knobs) -> int:

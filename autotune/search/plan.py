@@ -66,6 +66,12 @@ class Plan:
         fits a user's first launch only if a run that compiled its graphs afresh fit."""
         return backend_for(self.report.device.device).compile_in_peak
 
+    @property
+    def peaks_flatten(self) -> bool:
+        """Whether this device's peaks grow less per sample at larger micro-batches before a
+        probe shows it (CPU: ``DeviceBackend.peaks_flatten``)."""
+        return backend_for(self.report.device.device).peaks_flatten
+
     def allowed(self, knobs: Knobs) -> bool:
         """Whether a stored run's setting is in this search's space (a resumed or shared study
         may hold settings this search is restricted from); the baseline's is always."""
