@@ -13,7 +13,7 @@ a check of a bound not (yet) in the search.
   checkpointing, whose eager class peaked no lower at the largest micro-batch both ran, also
   fits nothing (the reasoning of ``reach_bounds.oom_class_peak``, applied to a class's own
   probe).
-- **A compiled class out of memory at its first guess** (``probe.floor_first``): on the CPU
+- **A compiled class out of memory at its first guess** (``fits.floor_first``): on the CPU
   tables, each compiled class (default knobs) that does not fit at fp32 eager's largest fit
   (its probe's first guess there), by where it fits below: nowhere (the smallest tried next
   says so in one run), at the micro-batch just below (the plain probe's next run finds it;
@@ -85,7 +85,7 @@ def compiled_pairs(tables: Iterable[Table]) -> tuple[int, list[tuple[str, str, s
 def below_first_guess(tables: Iterable[Table]) -> collections.Counter[str]:
     """On CPU tables, each compiled class (default knobs) that does not fit at fp32 eager's
     largest fit, counted by where it fits below it: "nowhere", "just below", "lower"
-    (``probe.floor_first``)."""
+    (``fits.floor_first``)."""
     where: collections.Counter[str] = collections.Counter()
     for t in tables:
         if not t.compile_in_peak():

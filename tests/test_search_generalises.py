@@ -429,6 +429,35 @@ def test_on_a_cpu_a_compiled_class_out_of_memory_at_its_first_guess_tries_the_sm
     assert probed(gpu) == [32, 16, 1]
 
 
+def test_on_a_cpu_a_compiled_class_after_one_that_fit_nothing_starts_at_the_smallest(
+        ) -> None:
+    # bf16/default fit nothing down to 1 (a compile's floor over the budget). fp32 eager
+    # peaks 100 MiB below bf16 eager, so fp32/default may fit and is probed; but from 1, where
+    # one run says nothing fits: its first guess (fp32 eager's fit, 32) would compile for
+    # nothing, as bf16/default's did. On a GPU it starts at its first guess.
+    fp32_default = Knobs(precision="fp32", compile_mode="default")
+
+    def probed(device: KnobDevice) -> list[int]:
+        return [s.micro_batch for s in device.specs if s.knobs == fp32_default]
+
+    cpu = _floor_device(lambda m: 50 + 20 * m)
+    cpu_search(cpu, values=VALUES)
+    assert probed(cpu) == [1]
+    gpu = _floor_device(lambda m: 50 + 20 * m)
+    knob_search(gpu)
+    assert probed(gpu)[0] == 32
+    # Where it does fit (its floor lower: 300 MiB + 20 a sample, so up to 16 of 900 MiB
+    # usable), the probe goes up from 1 and finds the boundary a probe from 32 finds.
+    fits = _floor_device(lambda m: 50 + 20 * m)
+    fits.peaks["fp32/default"] = lambda m: 300 + 20 * m
+    _, records = cpu_search(fits, values=VALUES)
+    assert probed(fits)[0] == 1
+    verdicts = {m: r.verdict for m in (1, 2, 4, 8, 16, 32)
+                if (r := records.get(f"fp32/default/{m}")) is not None}
+    assert max(m for m, v in verdicts.items() if v not in ("oom", "over_budget")) == 16
+    assert verdicts[32] == "over_budget", verdicts
+
+
 def test_a_compiled_class_whose_eager_class_needs_less_memory_is_probed() -> None:
     # fp32 eager peaks 50 MiB below bf16 eager: it may fit where bf16/default did not
     outcome, records = knob_search(_floor_device(lambda m: 50 + 20 * m))

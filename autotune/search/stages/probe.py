@@ -235,7 +235,8 @@ def setting_steps(ex: Executor, knobs: Knobs, *, above: int = 0,
         ex.plan.report.workload, ex.plan.report.device.device, knobs, considered,
         budget_bytes=ex.plan.report.budget_bytes, usable_bytes=ex.plan.usable,
         timeout_s=ex.ev.settings.timeout_s,
-        hint=considered[0] if above else hint or hint_for(knobs, ex.ev.probes.values()),
+        hint=considered[0] if above or (hint is None and fits.floor_over(ex.ev, knobs)) else
+        hint or hint_for(knobs, ex.ev.probes.values()),
         on_step=ex.on_step, stop_above=stop_above,
         stop_below=stop_below,
         make_spec=lambda m, largest: ex.spec(candidate(m), timed=timed(m, largest)),
@@ -244,7 +245,7 @@ def setting_steps(ex: Executor, knobs: Knobs, *, above: int = 0,
                if c.knobs == knobs and c in ex.ev.reached},
         flat=fits.flat(ex.ev),
         ahead=1 if ex.slots is None else min(ex.slots.width, PROBE_AHEAD),
-        floor_first=floor_first(ex, knobs) and not above)
+        floor_first=fits.floor_first(ex.ev, knobs) and not above)
     ex.ev.found(probe)
     for note in probe.notes:
         if note.startswith(("micro-batches above", "micro-batches below")):
@@ -255,17 +256,6 @@ def setting_steps(ex: Executor, knobs: Knobs, *, above: int = 0,
     if probe.max_micro_batch:
         yield ex.spec(candidate(probe.max_micro_batch))  # reused when timed
     return probe
-
-
-def floor_first(ex: Executor, knobs: Knobs) -> bool:
-    """Whether a probe out of memory at its first guess tries the smallest micro-batch next
-    (``memory.probe_steps``): a compiled setting where the compile's memory counts in the
-    peak (CPU). There such a class is over a compile's floor, which no smaller micro-batch
-    lowers, far more often than over its activations: 74 of 88 compiled classes out of
-    memory at fp32 eager's fit fit nothing smaller on the develop tables, 74 of 82 on the
-    judge's (``benchmarks/probe_fits.py``); one run says so. Where the one below fits (8 on
-    each), the probe goes up from the smallest: two runs more."""
-    return knobs.compiled and ex.plan.compile_in_peak
 
 
 def name_baseline(ex: Executor, fit: Candidate) -> None:
