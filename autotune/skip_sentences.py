@@ -222,6 +222,10 @@ TEMPLATES: Mapping[str, str] = {
         "{drift:.0%} two runs of {config} drifted apart here"),
     "rounds": _ROUNDS + "{share_1:.2f}x, {share_2:.2f}x" + _ROUNDS_END,
     "rounds:three": _ROUNDS + "{share_1:.2f}x, {share_2:.2f}x, {share_3:.2f}x" + _ROUNDS_END,
+    "rounds:four": _ROUNDS + "{share_1:.2f}x, {share_2:.2f}x, {share_3:.2f}x, {share_4:.2f}x"
+    + _ROUNDS_END,
+    "rounds:five": _ROUNDS + "{share_1:.2f}x, {share_2:.2f}x, {share_3:.2f}x, {share_4:.2f}x, "
+    "{share_5:.2f}x" + _ROUNDS_END,
     "per-class": (
         "{knob} not screened on {target}: that class's best is {share:.2f}x the leader's "
         "({leader}), and the most {knob} can gain ({gain:.2f}x: the worst-case length over "

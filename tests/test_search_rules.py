@@ -20,7 +20,13 @@ from autotune.search import bounds, reach_bounds
 from autotune.search._records import Candidate, SearchSettings
 from autotune.search.evidence import Evidence
 from autotune.search.plan import Plan
-from autotune.search.policy import ROUNDS, another_round, rechecked
+from autotune.search.policy import (
+    MOST_ROUNDS,
+    ROUNDS,
+    ROUNDS_LEAD,
+    another_round,
+    rechecked,
+)
 from autotune.search.rules import RULES, Skip
 from autotune.units import MIB
 from tests.scripted import BUDGET, CLASSES, plan
@@ -131,20 +137,26 @@ def test_line_predicts_loss_for_a_smallest_micro_batch_the_line_puts_behind() ->
     assert bounds.line_predicts_loss(ev, EAGER, 8) is None
 
 
-@given(st.lists(st.floats(min_value=0.5, max_value=2.0), min_size=0, max_size=6))
+@given(st.lists(st.floats(min_value=0.5, max_value=2.0), min_size=0, max_size=8))
 def test_interleaved_rounds_stop_within_a_bound_whatever_they_say(shares: list[float]) -> None:
-    # Fed round by round, the rounds end after ROUNDS, or ROUNDS + 1 where they split:
-    # never more, however close the two are.
+    # Fed round by round, the rounds end once one of the two is ahead in ROUNDS_LEAD rounds
+    # more than the other (after ROUNDS at least), or at MOST_ROUNDS: never more, however
+    # close the two are, and never on a tie.
     made: list[float] = []
     for share in shares:
         if not another_round(made):
             break
         made.append(share)
-    if len(shares) >= ROUNDS + 1:
-        assert ROUNDS <= len(made) <= ROUNDS + 1
+    ahead = sum(s > 1 for s in made)
+    if len(shares) >= MOST_ROUNDS:
+        assert ROUNDS <= len(made) <= MOST_ROUNDS
         assert not another_round(made)
+        assert 2 * ahead != len(made)  # a majority decides
+        assert abs(2 * ahead - len(made)) >= ROUNDS_LEAD or len(made) == MOST_ROUNDS
     if len(made) == ROUNDS and (made[0] > 1) == (made[1] > 1):
         assert not another_round(made)  # two rounds that agree decide
+    if len(made) == 3:  # 2 of 3 is a lead of one: another round
+        assert another_round(made)
 
 
 def test_a_stored_timing_slower_now_beyond_the_noise_is_replaced_by_the_fresh_run() -> None:

@@ -663,22 +663,23 @@ def test_interleaved_rounds_pick_the_config_ahead_back_to_back_over_a_best_run_o
         "bf16/max-autotune 32x2 won at 320.0 samples/s")
 
 
-def test_interleaved_rounds_that_split_run_a_third_and_the_majority_decides() -> None:
+def test_interleaved_rounds_that_split_go_on_until_one_leads_by_two() -> None:
     # As above, but max-autotune's run in the second round lands in a busier minute still
     # (1.3x more): that round bf16/default is ahead, so a third round runs, order reversed
-    # again, and max-autotune, ahead in two of three, is picked.
+    # again, and a fourth (2 of 3 is a lead of one round: policy.ROUNDS_LEAD), and
+    # max-autotune, ahead in three of four, is picked.
     settings = replace(SLOW, refine_within=0.0, confirm_within=0.2)
     steady = ScriptedDevice(by_class(100, 150, 150, 200, 300, 320), jitter=(0.0, 0.02, -0.02))
     run, seen = _busy_minutes(steady, {"bf16/max-autotune/32": (3, 1.3)})
     outcome = run_search(plan(), CLASSES, settings,
                          run=_busier_after(run, "bf16/default/32", 1.3))
-    assert seen["bf16/max-autotune/32"] == 4
-    assert [f"{s.precision}/{s.compile_mode}" for s in steady.specs[-6:]] == [
+    assert seen["bf16/max-autotune/32"] == 5
+    assert [f"{s.precision}/{s.compile_mode}" for s in steady.specs[-8:]] == [
         "bf16/default", "bf16/max-autotune", "bf16/max-autotune", "bf16/default",
-        "bf16/default", "bf16/max-autotune"]
+        "bf16/default", "bf16/max-autotune", "bf16/max-autotune", "bf16/default"]
     assert outcome.skipped[-1].endswith(
-        "bf16/max-autotune/32 ran 1.07x, 0.82x, 1.07x the other's samples/s: ahead in 2 of 3; "
-        "bf16/max-autotune/32 stands as the pick of the two")
+        "bf16/max-autotune/32 ran 1.07x, 0.82x, 1.07x, 1.07x the other's samples/s: ahead in 3 "
+        "of 4; bf16/max-autotune/32 stands as the pick of the two")
     assert tuned_config(plan(), outcome, settings).reason.startswith("bf16/max-autotune 32x2")
 
 
@@ -739,7 +740,7 @@ def test_a_clear_compiled_leaders_first_launch_run_is_made_in_the_race_and_its_d
     # slower). Two runs of the leader 40% apart: the two candidates timed once within that are
     # re-measured, and bf16/default, 9% behind, runs against it in interleaved rounds. The
     # first round (the busy run, then bf16/default's re-measure) has bf16/default ahead, the
-    # second not: a third decides, and the leader stands.
+    # second not: a third and a fourth go on until one leads by two, and the leader stands.
     device = CompileCacheDevice(ScriptedDevice(by_class(100, 150, 160, 200, 300, 330)),
                                 compile_mib=50)
     device.cached = {(k.graph(), m) for k in CLASSES for m in (1, 2, 4, 8, 16, 32, 64)}
@@ -752,9 +753,9 @@ def test_a_clear_compiled_leaders_first_launch_run_is_made_in_the_race_and_its_d
         "bf16/off/32 re-measured: timed once at 0.61x the leader (bf16/max-autotune/32), "
         "within the 40% two runs of bf16/max-autotune/32 drifted apart here"]
     assert outcome.skipped[-1].endswith(
-        "bf16/default/32 ran 1.27x, 0.91x, 0.91x the other's samples/s: ahead in 1 of 3; "
-        "bf16/max-autotune/32 stands as the pick of the two")
-    assert seen["bf16/max-autotune/32"] == seen["bf16/default/32"] == 4
+        "bf16/default/32 ran 1.27x, 0.91x, 0.91x, 0.91x the other's samples/s: ahead in 1 of "
+        "4; bf16/max-autotune/32 stands as the pick of the two")
+    assert seen["bf16/max-autotune/32"] == seen["bf16/default/32"] == 5
     winner = pick_winner_record(outcome)
     assert (winner.knobs.label(), winner.micro_batch) == ("bf16/max-autotune", 32)
     assert winner.peak_bytes == 790 * MIB  # its first launch's

@@ -38,11 +38,6 @@ def won_rounds(shares: Sequence[float]) -> bool:
     return rounds_ahead(shares) * 2 > len(shares)
 
 
-def split_rounds(shares: Sequence[float]) -> bool:
-    """Whether the interleaved rounds so far split evenly (neither ahead in most)."""
-    return rounds_ahead(shares) * 2 == len(shares)
-
-
 def break_even_steps(winner: TrialRecord, baseline: TrialRecord) -> float | None:
     """Optimizer steps after which a compiled winner's compile time is paid back."""
     if not winner.knobs.compiled or not winner.median_step_s or not baseline.median_step_s:

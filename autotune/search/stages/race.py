@@ -24,6 +24,7 @@ from autotune.search.executor import Executor, Proposal
 from autotune.search.pick import rounds_ahead, won_rounds
 from autotune.search.plan import recompute_twin
 from autotune.search.policy import (
+    MOST_ROUNDS,
     ROUNDS,
     another_round,
     contenders,
@@ -33,6 +34,9 @@ from autotune.search.policy import (
 )
 from autotune.search.rules import skip
 from autotune.search.stages.remeasure import _run, remeasure, tell
+
+ROUNDS_SAID = {3: "three", 4: "four", 5: "five"}
+"""The ``rounds`` note's variant by the number of rounds (two: none)."""
 
 
 def _ratio(one: TrialResult | None, other: TrialResult | None) -> float | None:
@@ -82,10 +86,11 @@ def recheck_stored_pick(ex: Executor) -> None:
 def interleave(ex: Executor, first: Mapping[Candidate, TrialResult]) -> None:
     """The confirm stage's interleaved rounds (``docs/search.md``): where runs of one config drifted
     further apart than the leader's gap to its best challenger, the two run back to back,
-    the order reversed each round, until one is ahead in most rounds (two, a third where
-    they split). The runs of ``first`` (the re-measures just made, in order) are the
-    first round where the two ran one after the other. Each round's ratio lands in
-    ``round_shares``; ``pick_winner`` follows the rounds over the best runs."""
+    the order reversed each round, until one is ahead in two rounds more than the other or
+    five have run (``policy.another_round``). The runs of ``first`` (the re-measures just
+    made, in order) are the first round where the two ran one after the other. Each round's
+    ratio lands in ``round_shares``; ``pick_winner`` follows the rounds over the best
+    runs."""
     pair = round_pair(ex.ev)
     if pair is None:
         return
@@ -112,9 +117,9 @@ def interleave(ex: Executor, first: Mapping[Candidate, TrialResult]) -> None:
         return
     ahead = rounds_ahead(shares)
     picked = challenger if won_rounds(shares) else leader
-    assert len(shares) in (2, 3), shares  # ``another_round``: two, a third where they split
+    assert ROUNDS <= len(shares) <= MOST_ROUNDS, shares  # ``another_round``
     note = skip(
-        "rounds", picked.key(), "three" if len(shares) == 3 else "",
+        "rounds", picked.key(), ROUNDS_SAID.get(len(shares), ""),
         challenger=challenger.key(), leader=leader.key(), config=config.key(), ahead=ahead,
         rounds=len(shares), drift=drift, gap=gap,
         **{f"share_{i}": s for i, s in enumerate(shares, 1)})
