@@ -261,28 +261,18 @@ def test_a_micro_batch_two_small_peaks_put_over_the_cap_is_probed_where_peaks_fl
     # machine two peaks say nothing that far beyond them: 4 is probed, and is the best
     # (500 x 0.7 samples/s; 300 at 2). As the shrunk EPYC CNN of the replay's budget-shrink
     # family. (Checkpointing fits more, at half the speed or less.)
-    concave = {1: 920.0, 2: 1050.0, 4: 1050.0}
-    device = KnobDevice(by_class(100, 150, 160, 500, 300, 330),
-                        peaks={"fp32/off": lambda m: 610 + 60 * math.log2(m),
-                               "bf16/off": lambda m: concave.get(m, 1100 + 40 * m),
-                               **{c: lambda m: 5000 * m for c in (
-                                   "fp32/default", "fp32/max-autotune", "bf16/default",
-                                   "bf16/max-autotune")}},
-                        format_saves_mib=160.0, traits=CONV,
-                        ckpt_speed={"off": 1.0, "alternate": 0.5, "blocks": 0.4},
-                        impl_speed={"default": 1.0, "for-loop": 1.0, "foreach": 1.0,
-                                    "fused": 1.0})
+    device = _concave_device(lambda m: 610 + 60 * math.log2(m))
     outcome, records = knob_search(device)
     assert records["bf16/off+format=channels_last/4"].peak_bytes == 890 * 2**20
     assert _picked(outcome) == "bf16/off+format=channels_last/4", sorted(records)
 
 
-def _no_bend_device() -> KnobDevice:
-    """The device of the test above, but fp32 eager fits 1 and 2 only: no probe of this
-    search measures three peaks that could show them flatten."""
+def _concave_device(fp32_eager_peak) -> KnobDevice:
+    """bf16 eager's peaks bend (920, 1050, 1050 MiB at 1, 2, 4; channels_last 160 less),
+    fp32 eager's as given; the compiled classes over the cap everywhere."""
     concave = {1: 920.0, 2: 1050.0, 4: 1050.0}
     return KnobDevice(by_class(100, 150, 160, 500, 300, 330),
-                      peaks={"fp32/off": lambda m: {1: 610.0, 2: 700.0}.get(m, 5000.0),
+                      peaks={"fp32/off": fp32_eager_peak,
                              "bf16/off": lambda m: concave.get(m, 1100 + 40 * m),
                              **{c: lambda m: 5000 * m for c in (
                                  "fp32/default", "fp32/max-autotune", "bf16/default",
@@ -291,6 +281,12 @@ def _no_bend_device() -> KnobDevice:
                       ckpt_speed={"off": 1.0, "alternate": 0.5, "blocks": 0.4},
                       impl_speed={"default": 1.0, "for-loop": 1.0, "foreach": 1.0,
                                   "fused": 1.0})
+
+
+def _no_bend_device() -> KnobDevice:
+    """fp32 eager fits 1 and 2 only: no probe of this search measures three peaks that
+    could show them flatten."""
+    return _concave_device(lambda m: {1: 610.0, 2: 700.0}.get(m, 5000.0))
 
 
 def test_on_a_cpu_two_small_peaks_put_nothing_over_the_cap_before_a_probe_bends() -> None:
@@ -389,6 +385,13 @@ def _floor_device(fp32_eager_peak) -> KnobDevice:
                                   "fused": 1.0})
 
 
+def _probed(knobs: Knobs):
+    """The micro-batches a device ran ``knobs`` at, in order."""
+    def probed(device: KnobDevice) -> list[int]:
+        return [s.micro_batch for s in device.specs if s.knobs == knobs]
+    return probed
+
+
 def test_a_compiled_class_needing_no_less_memory_than_one_that_fit_nothing_is_not_probed(
         ) -> None:
     # fp32 eager peaks 50 MiB above bf16 eager at every micro-batch: what was over for
@@ -415,11 +418,7 @@ def test_on_a_cpu_a_compiled_class_out_of_memory_at_its_first_guess_tries_the_sm
     # compile's memory counts in the peak (CPU) its probe tries 1 next, which settles that
     # nothing fits (a compile's floor); on a GPU it tries 16 first, as a class over its
     # activations would fit there.
-    bf16_default = Knobs(precision="bf16", compile_mode="default")
-
-    def probed(device: KnobDevice) -> list[int]:
-        return [s.micro_batch for s in device.specs if s.knobs == bf16_default]
-
+    probed = _probed(Knobs(precision="bf16", compile_mode="default"))
     cpu = _floor_device(lambda m: 150 + 20 * m)
     outcome, _ = cpu_search(cpu, values=VALUES)
     assert probed(cpu) == [32, 1]
@@ -435,11 +434,7 @@ def test_on_a_cpu_a_compiled_class_after_one_that_fit_nothing_starts_at_the_smal
     # peaks 100 MiB below bf16 eager, so fp32/default may fit and is probed; but from 1, where
     # one run says nothing fits: its first guess (fp32 eager's fit, 32) would compile for
     # nothing, as bf16/default's did. On a GPU it starts at its first guess.
-    fp32_default = Knobs(precision="fp32", compile_mode="default")
-
-    def probed(device: KnobDevice) -> list[int]:
-        return [s.micro_batch for s in device.specs if s.knobs == fp32_default]
-
+    probed = _probed(Knobs(precision="fp32", compile_mode="default"))
     cpu = _floor_device(lambda m: 50 + 20 * m)
     cpu_search(cpu, values=VALUES)
     assert probed(cpu) == [1]
