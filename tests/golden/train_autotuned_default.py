@@ -313,6 +313,10 @@ class PeakMemory:
             peak = proc_status("VmPeak") - self.baseline + self.model_bytes
             how = ("address-space growth over the process's baseline plus the model's tensors, "
                    "as autotune counts it")
+            if not any(name.startswith("MALLOC_") for name in os.environ):
+                how += (", but with glibc's default allocator, which maps more: the search ran "
+                        "its children with MALLOC_ARENA_MAX=1 MALLOC_TRIM_THRESHOLD_=0, set "
+                        "them to compare")
         measured = (f"autotune measured {format_bytes(tuned_peak_bytes)} on {tuned_device}"
                     if tuned_peak_bytes is not None else "autotune measured none")
         return f"peak memory {format_bytes(peak)} ({how}; {measured})"
