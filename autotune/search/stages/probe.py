@@ -54,7 +54,7 @@ def run(ex: Executor) -> bool:
             first[i:] = sorted(first[i:], key=lambda c: -ev.precision_best(c.precision))
             knobs = first[i]
             floor = reach_bounds.compile_floor(ev, knobs, [
-                k for k, p in ev.probes.items() if fit_nothing(ex, k, p)])
+                k for k, p in ev.probes.items() if fits.fit_nothing(ev, k, p)])
             if floor is not None:
                 ex.reach.consider(knobs)
                 ev.decide(floor)
@@ -339,16 +339,6 @@ def near_miss(ex: Executor, setting: Knobs) -> None:
                               base=ex.plan.base.label(), usable=ex.plan.usable))
 
 
-def fit_nothing(ex: Executor, knobs: Knobs, probe: MemoryProbe) -> bool:
-    """A compiled class without checkpointing whose probe fit no micro-batch down to the
-    smallest: each run out of memory, crashed, or over the usable memory (none timed)."""
-    smallest = ex.plan.micro_batches[0]
-    return (knobs.compiled and knobs.checkpointing == KNOB["checkpointing"].default
-            and not probe.max_micro_batch
-            and any(s.micro_batch == smallest for s in probe.steps)
-            and not any(s.fits or s.status not in ("oom", "crash", "ok") for s in probe.steps))
-
-
 def out_of_memory_everywhere(ex: Executor) -> None:
     """Each compiled class that ran out of memory at every micro-batch down to the smallest
     (none timed: the joint stage's ``relieved`` needs a run that ran), or was not probed for
@@ -362,7 +352,7 @@ def out_of_memory_everywhere(ex: Executor) -> None:
     missed: list[Knobs] = []  # the classes whose probe with it fit nothing
     # The most promising precision first (its best), compile mode default before the
     # others: what one finds bounds the next.
-    everywhere = [(k, p) for k, p in ev.probes.items() if fit_nothing(ex, k, p)]
+    everywhere = [(k, p) for k, p in ev.probes.items() if fits.fit_nothing(ev, k, p)]
     for knobs, _ in sorted([*everywhere, *((k, None) for k in ev.floored)], key=lambda t: (
             -ev.precision_best(t[0].precision), t[0].compile_mode != "default")):
         freed = next((f for v in ckpt.frees_memory if v in ex.plan.values.get(ckpt.name, ())
