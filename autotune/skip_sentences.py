@@ -191,6 +191,11 @@ TEMPLATES: Mapping[str, str] = {
         "{target} timed again before its setting is cut: one run at {share:.2f}x the leader "
         "({leader}), and runs of one config here landed up to {stall:.0%} apart, beyond the "
         "{noise:.0%} noise"),
+    "re-measure-first:predicted": (
+        "{target} timed again before its setting is cut: one run at {share:.2f}x the leader "
+        "({leader}), {under:.0%} under the {predicted:,.1f} samples/s the runs of {source} "
+        "predict of it (each knob a factor), beyond {noises:g} times the {noise:.0%} noise: "
+        "a run that stalled is only slower"),
     "joint": (
         "{knobs} screened on {target} too: its best is {share:.2f}x the leader's ({leader}), "
         "and the most they can gain ({ceiling:.2f}x: {why}) could make it win"),

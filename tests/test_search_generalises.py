@@ -131,6 +131,22 @@ def test_a_best_that_drew_one_stalled_run_is_re_measured_before_it_is_excluded()
     assert _picked(outcome) == "bf16/max-autotune/32"
 
 
+def test_a_best_whose_one_run_stalled_where_no_stall_was_seen_yet_is_timed_again() -> None:
+    # Nothing here has stalled yet (the baseline's two runs agree), and the best
+    # (bf16/default at 32, 380/s) drew a run 1.8x slower: 211/s, 0.62x the leader
+    # (bf16/max-autotune, 340/s), and at the whole batch it is never walked. The other runs
+    # at 32 predict it at 200 x 190 / 100 = 380/s (each knob a factor): that far under its
+    # prediction it is timed again before it is cut, and picked.
+    device = ScriptedDevice(by_class(100, 190, 200, 200, 380, 340),
+                            between_runs={"bf16/default/32": (1.8,)})
+    outcome, _ = search(device)
+    assert device.runs().count("bf16/default/32") == 2
+    assert any(s.startswith("bf16/default/32 timed again before its setting is cut: one run "
+                            "at 0.62x the leader (bf16/max-autotune/32), 44% under the 380.0 "
+                            "samples/s the runs of ") for s in outcome.skipped), outcome.skipped
+    assert _picked(outcome) == "bf16/default/32"
+
+
 def test_knobs_are_screened_at_a_micro_batch_that_ties_with_the_setting_s_best() -> None:
     # The eager leader runs 0.98x at 16 what it runs at 32: a tie within the noise, so one
     # run does not say which micro-batch it runs best at. fused gains 1.25x at 16 (the

@@ -9,6 +9,7 @@ verdict on a stored timing re-checked. ``docs/search.md`` states the rules once.
 from __future__ import annotations
 
 from autotune.config import TrialResult
+from autotune.search import factors
 from autotune.search._records import Candidate, SearchSettings
 from autotune.search.evidence import Evidence
 from autotune.search.intervals import Interval, noise_of
@@ -20,6 +21,9 @@ ROUNDS = 2
 ROUNDS_LEAD = 2
 """How many rounds more one of the two must be ahead in for the rounds to stop before
 ``MOST_ROUNDS`` (a sequential sign test: two rounds that agree stop; 2 of 3 go on)."""
+SURPRISE_NOISES = 4.0
+"""How many of this machine's noise levels a single run lies below what the product of
+factors predicts of it (``factors.predicted``) for it to be timed again before a cut."""
 MOST_ROUNDS = 5
 """Interleaved rounds at most: an odd number, so that the last decides a tie."""
 
@@ -115,22 +119,60 @@ def within_drift(ev: Evidence) -> list[Candidate]:
     return once
 
 
+def surprises(ev: Evidence) -> list[Candidate]:
+    """Up to ``num_confirm`` candidates run once whose run came out below what the product of
+    factors predicts of them (``factors.predicted``) by more than ``SURPRISE_NOISES`` of this
+    machine's noise, where that prediction would be refined (``Evidence.refine_floor``),
+    the furthest predicted first: a run that stalled is only slower and nothing in it says
+    so, and a class at the whole batch is never walked, so a best one stall put behind is
+    timed again here, before the race (each said in ``skipped``)."""
+    leader = ev.leader()
+    top = ev.score(leader, full=True) if leader is not None else None
+    if leader is None or not top:
+        return []
+    found = [note for key in ev.results if key != leader and ev.runs.get(key, 1) < 2
+             and key not in ev.stored and (note := _surprise(ev, key, leader, top))]
+    found.sort(key=lambda note: -float(note.figures["predicted"]))
+    for note in found[:ev.settings.num_confirm]:
+        ev.decide(note)
+    return [Candidate.from_key(note.target) for note in found[:ev.settings.num_confirm]]
+
+
+def _surprise(ev: Evidence, key: Candidate, leader: Candidate, top: float) -> Skip | None:
+    """``re-measure-first``'s note where ``key``'s single run lies under what the product of
+    factors predicts of it (``factors.predicted``) by more than ``SURPRISE_NOISES`` of this
+    machine's noise, and that prediction would be refined (``Evidence.refine_floor``);
+    None otherwise."""
+    sps, model = ev.score(key), factors.predicted(ev, key)
+    level = ev.noise_level
+    if not sps or model is None or model[0] < top * ev.refine_floor() or \
+            not Interval(model[0], SURPRISE_NOISES * level).beats(sps):
+        return None
+    return skip("re-measure-first", key.key(), "predicted", share=sps / top,
+                leader=leader.key(), under=1 - sps / model[0], predicted=model[0],
+                source=", ".join(k.key() for k in model[1]), noises=SURPRISE_NOISES,
+                noise=level)
+
+
 def remeasure_first(ev: Evidence, key: Candidate) -> Skip | None:
     """Why a setting's best, about to be cut behind on a single run, is timed again first, if
     it is: this machine showed runs of one config land further apart than its typical noise
     (``Evidence.stall`` over ``noise_level``: a run that stalled), and this run, that much
-    faster, would reach the refinement floor (``Evidence.refine_floor``). None: its cut
-    stands (it ran twice, came from the store, or is behind beyond any stall seen)."""
+    faster, would reach the refinement floor (``Evidence.refine_floor``); or, stall seen or
+    not, the run lies far under what the other runs at its micro-batch predict of it
+    (``_surprise``). None: its cut stands (it ran twice, came from the store, or is behind
+    beyond any stall seen and near what the factors predict)."""
     leader = ev.leader()
     stall, level = ev.stall, ev.noise_level
-    if leader is None or key == leader or ev.runs.get(key, 1) >= 2 or key in ev.stored \
-            or stall <= level:
+    if leader is None or key == leader or ev.runs.get(key, 1) >= 2 or key in ev.stored:
         return None
     sps, top = ev.score(key), ev.score(leader, full=True)
-    if not sps or not top or sps * (1 + stall) < top * ev.refine_floor():
+    if not sps or not top:
         return None
-    return skip("re-measure-first", key.key(), share=sps / top, leader=leader.key(),
-                stall=stall, noise=level)
+    if stall > level and sps * (1 + stall) >= top * ev.refine_floor():
+        return skip("re-measure-first", key.key(), share=sps / top, leader=leader.key(),
+                    stall=stall, noise=level)
+    return _surprise(ev, key, leader, top)
 
 
 def round_pair(ev: Evidence) -> tuple[Candidate, Candidate, Candidate, float] | None:

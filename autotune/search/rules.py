@@ -53,8 +53,9 @@ RULES: Mapping[str, str] = {
     "not-applicable": "the workload cannot take the knob value",
     # racing (who is re-measured, and when a race stops)
     "noise": "the machine's run-to-run noise, measured early by timing the baseline again",
-    "re-measure-first": "a single run within the widest drift seen is timed again before a "
-                        "cut excludes its setting",
+    "re-measure-first": "a single run within the widest drift seen, or far under what the "
+                        "other runs at its micro-batch predict of it, is timed again before "
+                        "a cut excludes its setting",
     "joint": "knobs screened jointly: on each setting that could win with them, at a "
              "micro-batch tied with its best, one divisor down where a value tied or did "
              "not fit, and with checkpointing where a run over the budget could win",

@@ -29,6 +29,7 @@ from autotune.search.policy import (
     another_round,
     contenders,
     round_pair,
+    surprises,
     unchecked,
     within_drift,
 )
@@ -54,6 +55,7 @@ def confirm(ex: Executor) -> None:
     A clear leader, compiled and not yet run as a first launch compiles it, has the first-launch
     check's run made here: it is a second run of the leader too, so the drift between its two
     runs is known before the race is settled (``policy.within_drift``, ``interleave``)."""
+    remeasure(ex, surprises(ex.ev), cold_first=False)
     keys = contenders(ex.ev)
     if not keys or (len(keys) < 2 and keys[0] not in ex.ev.stored
                     and not fits.unchecked_launch(ex.ev, keys[0])):
