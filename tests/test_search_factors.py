@@ -40,6 +40,20 @@ def test_no_prediction_without_three_runs_at_the_micro_batch() -> None:
     assert factors.predicted(evidence(bf16_default_32=run(200, 32)), at(COMPILED, 32)) is None
 
 
+def test_a_run_stopped_early_is_a_near_corner_never_the_far_one() -> None:
+    # Stopped early behind the leader (the run most likely to have stalled): as A or B it
+    # can only put the prediction down; as C (the divisor) it would put it up.
+    early = replace(run(330, 32, steps=3), timing_stop="behind")
+    ev = evidence(fp32_off_32=run(300, 32), bf16_off_32=early,
+                  fp32_default_32=run(400, 32), bf16_default_32=run(200, 32))
+    found = factors.predicted(ev, at(COMPILED, 32))
+    assert found is not None and found[0] == pytest.approx(440)
+    ev = evidence(fp32_off_32=replace(run(300, 32, steps=3), timing_stop="behind"),
+                  bf16_off_32=run(330, 32), fp32_default_32=run(400, 32),
+                  bf16_default_32=run(200, 32))
+    assert factors.predicted(ev, at(COMPILED, 32)) is None
+
+
 @given(st.lists(st.floats(0.3, 3.0), min_size=4, max_size=4),
        st.sampled_from(["bf16_default_32", "bf16_off_32", "fp32_default_32", "fp32_off_32"]))
 def test_a_table_without_interactions_is_predicted_exactly(factor: list[float],
