@@ -176,7 +176,7 @@ def test_a_lead_settled_on_one_run_each_says_the_drift_between_runs_is_not_in_it
     # search measured the drift between two runs of one config (the baseline's, at once:
     # 0% here); without one it must not (two runs of one config drift further apart on a
     # shared machine: rule_checks.py (7)).
-    steady = by_class(100, 150, 150, 200, 300, 200)
+    steady = by_class(100, 150, 100, 200, 300, 200)  # (each knob a factor: no surprise)
     outcome, _ = search(ScriptedDevice(steady, jitter=(0.0, 0.02, -0.02), retries_at=32),
                         replace(SLOW, refine_within=0.0))
     config = tuned_config(plan(), outcome, SLOW)
@@ -574,8 +574,12 @@ def _busy_minutes(steady: ScriptedDevice, slow: dict[str, tuple[int, float]]) ->
     return run, seen
 
 
-def _steady() -> ScriptedDevice:
-    return ScriptedDevice(by_class(100, 150, 150, 290, 300, 330), jitter=(0.0, 0.02, -0.02))
+def _steady(fp32_max: float = 100) -> ScriptedDevice:
+    # fp32/max-autotune at 100: the runs at 32 predict bf16/max-autotune at no more than
+    # 100 x 290 / 100 = 290/s (each knob a factor), so its busy minute's 244 lies within
+    # four noise levels of that, and no prediction re-measures it (``factors``).
+    return ScriptedDevice(by_class(100, 150, fp32_max, 290, 300, 330),
+                          jitter=(0.0, 0.02, -0.02))
 
 
 def test_a_candidate_timed_once_within_the_drift_seen_between_two_runs_is_re_measured() -> None:
@@ -608,6 +612,15 @@ def test_a_candidate_timed_once_within_the_drift_seen_between_two_runs_is_re_mea
     assert not [s for s in outcome.skipped if "re-measured:" in s]
     reason = tuned_config(plan(), outcome, settings).reason
     assert reason.startswith("bf16/default 32x2 won at 300.0 samples/s"), reason
+    # Unless the other runs at 32 predict it far faster: with fp32/max-autotune at 150 they
+    # put it at 150 x 290 / 100 = 435/s, and its one run of 244 is timed again first.
+    run, seen = _busy_minutes(_steady(fp32_max=150), {"bf16/max-autotune/32": (1, 1.35)})
+    outcome = run_search(plan(), CLASSES, replace(settings, fresh=True), run=run)
+    assert seen["bf16/max-autotune/32"] >= 2
+    assert any(s.startswith("bf16/max-autotune/32 timed again before its setting is cut")
+               for s in outcome.skipped), outcome.skipped
+    reason = tuned_config(plan(), outcome, settings).reason
+    assert reason.startswith("bf16/max-autotune 32x2 won at 330.0 samples/s"), reason
 
 
 def _busier_after(run: Callable[[TrialSpec], TrialResult], key: str, factor: float) -> Callable[
