@@ -111,3 +111,11 @@ def test_a_walk_s_cut_of_a_single_run_far_below_its_prediction_is_timed_again_fi
     assert note.figures["under"] == pytest.approx(1 - 1 / 1.8)
     assert note.figures["predicted"] == pytest.approx(440)
     assert remeasure_first(_stalled(0.97), at(COMPILED, 32)) is None
+
+
+def test_no_prediction_re_measures_where_the_objective_counts_compile_time() -> None:
+    # --train-steps: the score is the time to train, compile included, which no knob
+    # multiplies as it does the steps' speed.
+    ev = _stalled(1 / 1.8)
+    ev.settings = replace(ev.settings, train_steps=1000)
+    assert surprises(ev) == [] and remeasure_first(ev, at(COMPILED, 32)) is None

@@ -21,11 +21,11 @@ ROUNDS = 2
 ROUNDS_LEAD = 2
 """How many rounds more one of the two must be ahead in for the rounds to stop before
 ``MOST_ROUNDS`` (a sequential sign test: two rounds that agree stop; 2 of 3 go on)."""
+MOST_ROUNDS = 5
+"""Interleaved rounds at most: an odd number, so that the last decides a tie."""
 SURPRISE_NOISES = 4.0
 """How many of this machine's noise levels a single run lies below what the product of
 factors predicts of it (``factors.predicted``) for it to be timed again before a cut."""
-MOST_ROUNDS = 5
-"""Interleaved rounds at most: an odd number, so that the last decides a tie."""
 
 
 def rechecked(key: Candidate, stored: TrialResult, again: TrialResult,
@@ -142,7 +142,10 @@ def _surprise(ev: Evidence, key: Candidate, leader: Candidate, top: float) -> Sk
     """``re-measure-first``'s note where ``key``'s single run lies under what the product of
     factors predicts of it (``factors.predicted``) by more than ``SURPRISE_NOISES`` of this
     machine's noise, and that prediction would be refined (``Evidence.refine_floor``);
-    None otherwise."""
+    None otherwise, and where the objective counts compile time (``train_steps``: a knob's
+    compile is no factor on the steps' speed)."""
+    if ev.settings.train_steps:
+        return None
     sps, model = ev.score(key), factors.predicted(ev, key)
     level = ev.noise_level
     if not sps or model is None or model[0] < top * ev.refine_floor() or \
