@@ -342,7 +342,9 @@ def test_a_compiled_search_writes_artifacts_an_eager_one_none(tmp_path: Path) ->
     config = api.search(fusable, target_batch=4, device="cpu", memory_budget="4GiB",
                         precisions=["fp32"], compile_modes=["off", "default"],
                         out=tmp_path / "compiled", settings=fast).config
-    assert config.compile_mode == "default"  # fused, far faster than eager
+    assert config.compile_mode == "default", (  # fused, far faster than eager
+        config.reason, [(t.knobs.label(), t.micro_batch, t.verdict, t.samples_per_s)
+                        for t in config.trials], config.skipped)
     record = config.compile_artifacts
     assert record is not None and (tmp_path / "compiled" / record.file).exists()
     assert record.cache_hits and not record.cache_misses  # the search's graphs, read back
