@@ -130,12 +130,13 @@ def surprises(ev: Evidence) -> list[Candidate]:
     top = ev.score(leader, full=True) if leader is not None else None
     if leader is None or not top:
         return []
-    found = [note for key in ev.results if key != leader and ev.runs.get(key, 1) < 2
-             and key not in ev.stored and (note := _surprise(ev, key, leader, top))]
-    found.sort(key=lambda note: -float(note.figures["predicted"]))
-    for note in found[:ev.settings.num_confirm]:
+    found = sorted(((key, note) for key in ev.results if key != leader
+                    and ev.runs.get(key, 1) < 2 and key not in ev.stored
+                    and (note := _surprise(ev, key, leader, top))),
+                   key=lambda kn: -float(kn[1].figures["predicted"]))[:ev.settings.num_confirm]
+    for _, note in found:
         ev.decide(note)
-    return [Candidate.from_key(note.target) for note in found[:ev.settings.num_confirm]]
+    return [key for key, _ in found]
 
 
 def _surprise(ev: Evidence, key: Candidate, leader: Candidate, top: float) -> Skip | None:
