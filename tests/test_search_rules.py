@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from autotune.config import Knobs, StopReason, TrialResult
+from autotune.config import Knobs, MemoryProbe, StopReason, TrialResult
 from autotune.errors import Interrupted
 from autotune.search import bounds, reach_bounds
 from autotune.search._records import Candidate, SearchSettings
@@ -215,6 +215,35 @@ def test_sibling_ratio_walks_a_compiled_setting_down_only_on_evidence() -> None:
                   bf16_default_32=run(400, 32))
     why = bounds.sibling_ratio(ev, COMPILED, [32], 16)
     assert why is not None and "0.95x" in why.text
+
+
+def test_sibling_ratio_walks_the_compiled_leader_where_its_sibling_tied() -> None:
+    def probed(**runs: TrialResult) -> Evidence:  # each setting probed: fits up to 32
+        ev = evidence(**runs)
+        for knobs in dict.fromkeys(c.knobs for c in ev.results):
+            ev.probes[knobs] = MemoryProbe(
+                knobs=knobs, max_micro_batch=32, peak_bytes=300 * MIB, budget_bytes=BUDGET,
+                usable_bytes=BUDGET, candidates=(1, 2, 4, 8, 16, 32))
+        return ev
+
+    # bf16/default leads at 32 (400/s); fp32/off ran 0.98x at 16 what it ran at 32: within
+    # the 5% noise, no evidence 16 loses, so the leader's setting is walked there
+    ev = probed(fp32_off_32=run(100, 32), fp32_off_16=run(98, 16),
+                bf16_default_32=run(400, 32))
+    assert ev.leaders_setting() == COMPILED
+    assert bounds.sibling_ratio(ev, COMPILED, [32], 16) is None
+    # a compiled setting behind the leader needs the sibling faster beyond the noise
+    ev = probed(fp32_off_32=run(100, 32), fp32_off_16=run(98, 16),
+                bf16_default_32=run(400, 32), **{"bf16_max-autotune_32": run(420, 32)})
+    assert ev.leaders_setting() == Knobs(precision="bf16", compile_mode="max-autotune")
+    why = bounds.sibling_ratio(ev, COMPILED, [32], 16)
+    assert why is not None and why.rule == "sibling-ratio"
+    assert why.figures["ratio"] == pytest.approx(0.98)
+    # the leader's too where the sibling went slower beyond the noise
+    ev = probed(fp32_off_32=run(100, 32), fp32_off_16=run(90, 16),
+                bf16_default_32=run(400, 32))
+    why = bounds.sibling_ratio(ev, COMPILED, [32], 16)
+    assert why is not None and why.figures["ratio"] == pytest.approx(0.90)
 
 
 def test_sibling_ratio_walks_a_compiled_setting_on_past_a_step_that_tied() -> None:
