@@ -91,12 +91,23 @@ def _first_launch(ev: Evidence, reach: Reach) -> str:
     return "the first-launch check"
 
 
+def _joint_again(ex: Executor) -> None:
+    """The joint screen once more, from the confirm stage, where the race's first
+    re-measures ran (``race.run``): a second run can make another candidate its
+    setting's best, and the joint screen combines the knobs there (it proposes only runs
+    not made yet). Its runs are said as the joint stage's."""
+    ex.stage = "joint"
+    joint.run(ex)
+    ex.stage = "confirm"
+
+
 STAGES = (
     Stage("probe", probe.run, _probes_left, partial=True),
     Stage("knobs", knobs.run, _knobs_left, partial=True),
     Stage("refine", refine.run, lambda ev, reach: "the smaller micro-batches"),
     Stage("joint", joint.run, lambda ev, reach: "the joint screen of the knobs"),
-    Stage("confirm", race.run, lambda ev, reach: "the re-measure of the leaders"),
+    Stage("confirm", lambda ex: race.run(ex, rescreen=_joint_again),
+          lambda ev, reach: "the re-measure of the leaders"),
     Stage("first launch", None, _first_launch, partial=True),  # one loop with the race
 )
 """The stages in order (``docs/search.md``)."""

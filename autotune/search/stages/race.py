@@ -13,7 +13,7 @@ states the algorithm once.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from autotune.config import TrialResult
@@ -55,7 +55,6 @@ def confirm(ex: Executor) -> None:
     A clear leader, compiled and not yet run as a first launch compiles it, has the first-launch
     check's run made here: it is a second run of the leader too, so the drift between its two
     runs is known before the race is settled (``policy.within_drift``, ``interleave``)."""
-    remeasure(ex, surprises(ex.ev), cold_first=False)
     keys = contenders(ex.ev)
     if not keys or (len(keys) < 2 and keys[0] not in ex.ev.stored
                     and not fits.unchecked_launch(ex.ev, keys[0])):
@@ -128,9 +127,17 @@ def interleave(ex: Executor, first: Mapping[Candidate, TrialResult]) -> None:
     ex.ev.raced(leader, challenger, shares, note)
 
 
-def run(ex: Executor) -> None:
+def run(ex: Executor, rescreen: Callable[[Executor], None] | None = None) -> None:
     """Stages 5 and 6 (``docs/search.md``), one loop: the race (``confirm``), then the pick's
-    first launch (``first_launch``)."""
+    first launch (``first_launch``). First, the single runs far under what the others
+    predict of them are timed again (``policy.surprises``); where any was, ``rescreen`` (the
+    driver's joint screen) runs before the contenders are chosen: a knob value whose one run
+    stalled kept its setting's other values from being combined with it (the joint screen
+    combines on each setting's best), and its second run can make it that best."""
+    # A resumed search answers the first re-measures and what ``rescreen`` asks from the
+    # study in the order they were made: the runs of candidates never asked for join after.
+    if remeasure(ex, surprises(ex.ev), cold_first=False) and rescreen is not None:
+        rescreen(ex)
     ex.ev.release_held()
     confirm(ex)
     first_launch(ex)
