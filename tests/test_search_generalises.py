@@ -8,6 +8,7 @@ through one such interaction, and checks the search picks it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from autotune.config import Knobs
@@ -541,18 +542,44 @@ def test_knobs_are_combined_again_where_a_re_measure_made_a_value_its_setting_s_
     # and the joint screen combines values on each setting's best: the pair was never timed,
     # and eager's pair (0.94x the best) was picked. The race times both again first (far
     # under what the other runs predict of them); then the joint screen proposes again.
-    device = KnobDevice(by_class(100, 150, 160, 200, 300, 320), traits=CONV,
-                        ckpt_memory={"off": 1.0, "alternate": 1.0, "blocks": 1.0},
-                        impl_speed={"default": 1.0, "for-loop": 1.0, "foreach": 1.0,
-                                    "fused": 1.1},
-                        format_speed=1.1,
-                        between_runs={"bf16/max-autotune+opt=fused/32": (1.6,),
-                                      "bf16/max-autotune+format=channels_last/32": (1.6,)})
+    device = _stalled_pair(KnobDevice)
     outcome, records = knob_search(device)
     runs = [f"{s.knobs.label()}/{s.micro_batch}" for s in device.specs if s.num_timed_steps]
-    pair = "bf16/max-autotune+opt=fused+format=channels_last/32"
+    pair = f"{PAIR}/32"
     for value in ("opt=fused", "format=channels_last"):
         single = f"bf16/max-autotune+{value}/32"
         second = runs.index(single, runs.index(single) + 1)  # its re-measure
         assert second < runs.index(pair), runs
     assert _picked(outcome) == pair, sorted(records)
+
+
+PAIR = "bf16/max-autotune+opt=fused+format=channels_last"
+
+
+def _stalled_pair(device_type: type[KnobDevice]) -> KnobDevice:
+    """The compiled leader's fused and channels_last, 1.1x each, each with one run 1.6x
+    slower (``test_knobs_are_combined_again_...``)."""
+    return device_type(by_class(100, 150, 160, 200, 300, 320), traits=CONV,
+                       ckpt_memory={"off": 1.0, "alternate": 1.0, "blocks": 1.0},
+                       impl_speed={"default": 1.0, "for-loop": 1.0, "foreach": 1.0,
+                                   "fused": 1.1},
+                       format_speed=1.1,
+                       between_runs={"bf16/max-autotune+opt=fused/32": (1.6,),
+                                     "bf16/max-autotune+format=channels_last/32": (1.6,)})
+
+
+def test_ctrl_c_during_the_joint_screen_again_keeps_the_best_so_far() -> None:
+    # Ctrl-C as the confirm stage's second joint screen starts the pair: the search ends
+    # there, interrupted, and picks from the runs it made (eager's pair, the best of them).
+    @dataclasses.dataclass
+    class Interrupted(KnobDevice):
+        def __call__(self, spec):
+            if spec.knobs.label() == PAIR:
+                raise KeyboardInterrupt
+            return super().__call__(spec)
+
+    device = _stalled_pair(Interrupted)
+    outcome, records = knob_search(device)
+    assert outcome.interrupted and str(outcome.stop_reason) == "interrupted (Ctrl-C): best so far"
+    assert f"{PAIR}/32" not in records and outcome.num_runs == len(device.specs)
+    assert _picked(outcome) == "bf16/default+opt=fused+format=channels_last/32", sorted(records)

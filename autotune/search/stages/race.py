@@ -127,7 +127,7 @@ def interleave(ex: Executor, first: Mapping[Candidate, TrialResult]) -> None:
     ex.ev.raced(leader, challenger, shares, note)
 
 
-def run(ex: Executor, rescreen: Callable[[Executor], None] | None = None) -> None:
+def run(ex: Executor, rescreen: Callable[[Executor], None]) -> None:
     """Stages 5 and 6 (``docs/search.md``), one loop: the race (``confirm``), then the pick's
     first launch (``first_launch``). First, the single runs far under what the others
     predict of them are timed again (``policy.surprises``); where any was, ``rescreen`` (the
@@ -136,7 +136,7 @@ def run(ex: Executor, rescreen: Callable[[Executor], None] | None = None) -> Non
     combines on each setting's best), and its second run can make it that best."""
     # A resumed search answers the first re-measures and what ``rescreen`` asks from the
     # study in the order they were made: the runs of candidates never asked for join after.
-    if remeasure(ex, surprises(ex.ev), cold_first=False) and rescreen is not None:
+    if remeasure(ex, surprises(ex.ev), cold_first=False):
         rescreen(ex)
     ex.ev.release_held()
     confirm(ex)
