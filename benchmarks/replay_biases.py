@@ -2,7 +2,8 @@
 
 Replays every recorded table with the device as it is (``after``), and with each fix undone
 alone: ``symmetric`` (steps scatter both ways about the median, as before) and
-``warm-compile`` (every run pays a drawn run's overhead, as before). Prints, per table, pick
+``warm-compile`` (every run pays a drawn run's overhead, as before) and ``linear-spread``
+(the slow side's width ``spread / HALF_P10_P90``, as before 2026-12-02). Prints, per table, pick
 quality (median, p10) and cost median of each, without the baseline. The rule blame's change
 (every skip counted by its rule id from its own fields) is compared against the replay of the
 commit before it (``python benchmarks/replay.py --json`` there).
@@ -22,7 +23,8 @@ from replay_device import ReplayDevice
 from replay_tables import all_tables
 
 VARIANTS = {"after": {}, "symmetric": {"one_sided": False},
-            "warm-compile": {"charge_cold_compile": False}}
+            "warm-compile": {"charge_cold_compile": False},
+            "linear-spread": {"exact_spread": False}}
 
 
 def main(argv: list[str] | None = None) -> int:

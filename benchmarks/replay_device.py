@@ -6,8 +6,11 @@ Five of its answers were biased before issue 59 and are not now:
 
 - **Steps scatter one-sided.** A run's steps scatter about its recorded median as its recorded
   spread (p90 - p10 over the median) says, skewed to the slow side: step = median x exp(s x
-  (|Z| - 0.674)), Z normal, s = spread / 1.519 (a half-normal's p90 - p10), so the median and
-  the spread are the recorded ones. The fast side scatters by the table's typical spread at
+  (|Z| - 0.674)), Z normal, s on the slow side solved so that the steps' p90 - p10 is the
+  recorded spread (``slow_width``; before 2026-12-02, s = spread / 1.519, a half-normal's p90 -
+  p10, which holds for a small spread only: a spread of 6.5 drew steps of 2,500x the median and
+  charged one run 0.6 of an exhaustive pass), so the median and the spread are the recorded
+  ones. The fast side scatters by the table's typical spread at
   most (the median over its ok runs: ``typical_spread``): a spread that came from stalled steps
   slows steps, it does not draw them faster (since 2026-11-29; before, no step ran more than
   exp(-0.674 s) below the median, which for deep_gpt-epyc-50MiB's fp32/off/2, a run of spread
@@ -71,7 +74,19 @@ from autotune.timing import stop_reason
 
 HALF_P10_P90 = 1.5192  # a half-normal's p90 - p10 in its scale
 HALF_MEDIAN = 0.6745  # a half-normal's median in its scale
+HALF_P90 = 1.6449  # a half-normal's p90 in its scale
 P10_SD = 2.5631  # a normal's p90 - p10 in standard deviations
+
+
+def slow_width(spread: float, fast: float) -> float:
+    """The slow side's log width per unit of a half-normal above its median: the one at
+    which a run's steps' p90 less their p10, over their median, is ``spread`` exactly, with
+    the fast side's width ``fast`` (``ReplayDevice._scatter``). Before 2026-12-02 it was
+    ``spread / HALF_P10_P90``, right for a small spread only: a recorded spread of 6.5
+    scattered steps with a p90 65x the median (a step of 2,500x in one run of 80), and a
+    spread of 0.3 beside a typical 0.1 came out 0.25."""
+    low = math.exp(-fast * (HALF_MEDIAN - (HALF_P90 - HALF_P10_P90)))
+    return math.log(spread + low) / (HALF_P90 - HALF_MEDIAN)
 
 
 def cold_overhead_s(entry: Entry, extra_s: float) -> float:
@@ -101,6 +116,9 @@ class ReplayDevice:
     calls: int = 0
     one_sided: bool = True
     """Steps scatter to the slow side (False: symmetric, as before issue 59)."""
+    exact_spread: bool = True
+    """The slow side as wide as the recorded spread says (``slow_width``; False: ``spread /
+    HALF_P10_P90``, as before 2026-12-02)."""
     charge_cold_compile: bool = True
     """A compiled graph's first run and a run compiled afresh pay a cold compile (False: a
     drawn run's overhead, as before issue 59)."""
@@ -218,8 +236,11 @@ class ReplayDevice:
         if not self.one_sided:
             return math.exp(z * spread / P10_SD)
         above = abs(z) - HALF_MEDIAN  # > 0: the slow side, the whole spread
-        width = spread if above > 0 else min(spread, self.typical_spread)
-        return math.exp(width / HALF_P10_P90 * above)
+        fast = min(spread, self.typical_spread) / HALF_P10_P90
+        if above <= 0:
+            return math.exp(fast * above)
+        width = slow_width(spread, fast) if self.exact_spread else spread / HALF_P10_P90
+        return math.exp(width * above)
 
     def _result(self, spec: TrialSpec, why: str, peak: int | None, times: tuple,
                 wall: float, entry: Entry | None, info: dict) -> TrialResult:

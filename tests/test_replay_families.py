@@ -162,6 +162,21 @@ def test_a_stalled_runs_steps_scatter_faster_only_by_the_tables_typical_spread()
     assert min(r.median_step_s() / median for r in runs if r.median_step_s()) >= 0.97
 
 
+@pytest.mark.parametrize("spread", [0.05, 0.1, 0.3, 1.0, 6.5, 39.4])
+def test_a_runs_steps_scatter_as_wide_as_its_recorded_spread(spread: float) -> None:
+    """Drawn steps' p90 - p10 over their median is the recorded spread, small or large,
+    beside a table whose typical spread is 0.05 (39.4: cnn-epyc's widest recorded run).
+    Before 2026-12-02 the slow side's width was spread / 1.519, right for a small spread
+    only: 6.5 drew a p90 of 65x the median, 39.4 steps of 1e9x, 0.3 came out 0.25."""
+    t = hand_table(spread=0.05)
+    device = ReplayDevice(t, 7)
+    steps = sorted(device._scatter(spread) for _ in range(40_000))
+    p10, median, p90 = (steps[int(q * len(steps))] for q in (0.1, 0.5, 0.9))
+    assert median == pytest.approx(1.0, abs=0.02 * max(spread, 1.0))
+    assert (p90 - p10) / median == pytest.approx(spread, rel=0.06)
+    assert p10 >= math.exp(-HALF_MEDIAN * 0.05 / HALF_P10_P90) - 1e-12  # fast: typical only
+
+
 def test_a_compiled_graphs_first_run_pays_a_cold_compile() -> None:
     t = hand_table(sources=("a", "b"))  # compiled overheads 10 s (warm) and 40 s (cold)
     for seed in range(6):
