@@ -40,6 +40,18 @@ TIMED_STEPS = 10
 RACE_RUNS = 2
 
 
+def spec_of(table: Table, key: str, *, timed: int = TIMED_STEPS,
+            cold: bool = False) -> TrialSpec:
+    """A run of candidate ``key`` on ``table``'s device: ``timed`` steps, at the table's
+    budget (``cold``: compiled afresh)."""
+    c = Candidate.from_key(key)
+    return TrialSpec(workload=table.spec, device=table.device.device,
+                     micro_batch=c.micro_batch,
+                     accumulate_steps=max(1, table.target // c.micro_batch),
+                     knobs=c.knobs, num_timed_steps=timed, cold_compile=cold,
+                     memory_budget_bytes=table.budget_bytes, timeout_s=1e9)
+
+
 class _Spent(Exception):
     """The budget ran out."""
 
@@ -65,13 +77,7 @@ class _Halving:
     def run(self, key: str, timed: int = TIMED_STEPS, cold: bool = False):
         if self.budget_s is not None and self.device.now_s >= self.budget_s:
             raise _Spent
-        c = Candidate.from_key(key)
-        spec = TrialSpec(workload=self.table.spec, device=self.table.device.device,
-                         micro_batch=c.micro_batch,
-                         accumulate_steps=max(1, self.table.target // c.micro_batch),
-                         knobs=c.knobs, num_timed_steps=timed, cold_compile=cold,
-                         memory_budget_bytes=self.table.budget_bytes, timeout_s=1e9)
-        return self.device(spec)
+        return self.device(spec_of(self.table, key, timed=timed, cold=cold))
 
     def fits(self, result) -> bool:
         return result.ok and result.peak_bytes is not None and \
