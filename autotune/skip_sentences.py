@@ -206,6 +206,10 @@ TEMPLATES: Mapping[str, str] = {
         "{knobs} screened on {target} too: it ran {share:.2f}x its setting's best ({best}), "
         "within the noise ({noise:.0%}): one run does not settle at which micro-batch the "
         "setting runs best"),
+    "joint:value-tie": (
+        "{knobs} screened on {target} too: it ran {share:.2f}x its setting's best ({best}), "
+        "within the noise ({noise:.0%}): one run does not settle which value runs best, and "
+        "two values can gain together what neither gains alone"),
     "joint:down": (
         "{target} timed one micro-batch down: at {above} it {how} (a value that needs more "
         "memory can win below where it is pressed)"),

@@ -558,10 +558,11 @@ PAIR = "bf16/max-autotune+opt=fused+format=channels_last"
 
 def _stalled_pair(device_type: type[KnobDevice]) -> KnobDevice:
     """The compiled leader's fused and channels_last, 1.1x each, each with one run 1.6x
-    slower (``test_knobs_are_combined_again_...``)."""
+    slower (``test_knobs_are_combined_again_...``); foreach 0.9x, behind beyond the noise (a
+    tie would combine the values on it: ``test_knobs_are_combined_on_a_value_that_ties_...``)."""
     return device_type(by_class(100, 150, 160, 200, 300, 320), traits=CONV,
                        ckpt_memory={"off": 1.0, "alternate": 1.0, "blocks": 1.0},
-                       impl_speed={"default": 1.0, "for-loop": 1.0, "foreach": 1.0,
+                       impl_speed={"default": 1.0, "for-loop": 1.0, "foreach": 0.9,
                                    "fused": 1.1},
                        format_speed=1.1,
                        between_runs={"bf16/max-autotune+opt=fused/32": (1.6,),
@@ -583,3 +584,21 @@ def test_ctrl_c_during_the_joint_screen_again_keeps_the_best_so_far() -> None:
     assert outcome.interrupted and str(outcome.stop_reason) == "interrupted (Ctrl-C): best so far"
     assert f"{PAIR}/32" not in records and outcome.num_runs == len(device.specs)
     assert _picked(outcome) == "bf16/default+opt=fused+format=channels_last/32", sorted(records)
+
+
+def test_knobs_are_combined_on_a_value_that_ties_with_its_setting_s_best() -> None:
+    # fused and channels_last each run the compiled leader (bf16/max-autotune at 32) 0.98x: a
+    # tie within the noise, one run each does not say which of the three runs best. Together
+    # they run it 1.2x (the fused update on channels_last tensors). The joint screen combined
+    # values on each setting's best alone, the plain run: the pair was never timed.
+    device = KnobDevice(by_class(100, 150, 160, 200, 300, 320), traits=CONV,
+                        ckpt_memory={"off": 1.0, "alternate": 1.0, "blocks": 1.0},
+                        impl_speed={"default": 1.0, "for-loop": 1.0, "foreach": 0.9,
+                                    "fused": 0.98},
+                        format_speed=0.98, pair_speed={("fused", "channels_last"): 1.25})
+    outcome, records = knob_search(device)
+    assert _picked(outcome) == f"{PAIR}/32", sorted(records)
+    assert any(s.rule == "joint" and s.variant == "value-tie"
+               and s.target in (f"bf16/max-autotune+{v}/32"
+                                for v in ("opt=fused", "format=channels_last"))
+               for s in outcome.skips)

@@ -57,8 +57,9 @@ RULES: Mapping[str, str] = {
                         "other runs at its micro-batch predict of it, is timed again before "
                         "a cut excludes its setting",
     "joint": "knobs screened jointly: on each setting that could win with them, at a "
-             "micro-batch tied with its best, one divisor down where a value tied or did "
-             "not fit, and with checkpointing where a run over the budget could win",
+             "micro-batch or on a value tied with its best, one divisor down where a value "
+             "tied or did not fit, and with checkpointing where a run over the budget could "
+             "win",
     "clear-lead": "a lead wider than the noise stands without a re-measure",
     "within-drift": "timed once within the drift two runs of one config showed",
     "rounds": "interleaved rounds decide a gap within the drift",

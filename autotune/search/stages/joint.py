@@ -57,21 +57,26 @@ def anchors(ev: Evidence) -> dict[Knobs, Candidate]:
 
 
 def ties(ev: Evidence) -> list[tuple[Knobs, Candidate, Candidate]]:
-    """(anchor setting, a micro-batch's best candidate, the anchor's best) for each other
-    micro-batch of an anchor whose best ties with the anchor's best within the noise of the
-    two (``Interval``), rule ``joint`` (``tie``): on a noisy machine one run does not settle
-    at which micro-batch a setting runs best, and a knob's gain there is not the same at
-    the other (an optimizer's update is a larger share of a smaller micro-batch's step)."""
+    """(anchor setting, a tied candidate, the anchor's best) for each other micro-batch of an
+    anchor whose best ties with the anchor's best within the noise of the two (``Interval``),
+    and for each other value of the timing knobs at the best's own micro-batch that ties with
+    it, rule ``joint`` (``tie``): on a noisy machine one run does not settle at which
+    micro-batch a setting runs best, nor which of two values of a knob does, and a knob's gain
+    on one is not the same on the other (an optimizer's update is a larger share of a smaller
+    micro-batch's step; channels_last and a fused update each behind the plain setting by one
+    unlucky run, their pair the best, never timed)."""
     best = anchors(ev)
     found: list[tuple[Knobs, Candidate, Candidate]] = []
-    seen: set[tuple[Knobs, int]] = set()
+    seen: set[tuple[Knobs, int, Knobs | None]] = set()
     for c in ev.ranked():
         a_knobs = anchor_of(c.knobs)
         top = best.get(a_knobs)
-        if top is None or c.micro_batch == top.micro_batch \
-                or (a_knobs, c.micro_batch) in seen:
+        # a micro-batch's best; at the best's own micro-batch, each other value
+        mark = (a_knobs, c.micro_batch, c.knobs if c.micro_batch == top.micro_batch else None) \
+            if top is not None else None
+        if top is None or c == top or mark in seen:
             continue
-        seen.add((a_knobs, c.micro_batch))
+        seen.add(mark)
         score, top_score = ev.score(c, full=True), ev.score(top, full=True)
         if score and top_score and not Interval(top_score, ev.noise(c, top)).beats(score):
             found.append((a_knobs, c, top))
@@ -120,7 +125,9 @@ def proposals(ex: Executor) -> list[Proposal]:
             continue
         if anchor in tied and reach is not None:
             top = tied[anchor]
-            decide(skip("joint", anchor.key(), "tie", knobs=reach.figures["knobs"],
+            decide(skip("joint", anchor.key(),
+                        "tie" if anchor.micro_batch != top.micro_batch else "value-tie",
+                        knobs=reach.figures["knobs"],
                         best=top.key(), share=(ev.score(anchor, full=True) or 0.0)
                         / (ev.score(top, full=True) or 1.0), noise=ev.noise(anchor, top)))
         elif anchor != leader and reach is not None:
