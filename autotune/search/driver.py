@@ -91,6 +91,14 @@ def _first_launch(ev: Evidence, reach: Reach) -> str:
     return "the first-launch check"
 
 
+def _race_left(ev: Evidence, reach: Reach) -> str:
+    """The race not begun: the confirm stage not entered, or the search stopped in it before
+    a run of its race (its first re-measures and the joint screen again are no race)."""
+    if "race" in reach.parts or "first launch" in reach.entered:
+        return ""
+    return "the re-measure of the leaders"
+
+
 def _joint_again(ex: Executor) -> None:
     """The joint screen once more, from the confirm stage, where the race's first
     re-measures ran (``race.run``): a second run can make another candidate its
@@ -106,8 +114,8 @@ STAGES = (
     Stage("knobs", knobs.run, _knobs_left, partial=True),
     Stage("refine", refine.run, lambda ev, reach: "the smaller micro-batches"),
     Stage("joint", joint.run, lambda ev, reach: "the joint screen of the knobs"),
-    Stage("confirm", lambda ex: race.run(ex, rescreen=_joint_again),
-          lambda ev, reach: "the re-measure of the leaders"),
+    Stage("confirm", lambda ex: race.run(ex, rescreen=_joint_again), _race_left,
+          partial=True),
     Stage("first launch", None, _first_launch, partial=True),  # one loop with the race
 )
 """The stages in order (``docs/search.md``)."""

@@ -39,11 +39,18 @@ class Reach:
     """The settings a run began on (or the study answered for)."""
     screened: set[str] = field(default_factory=set)
     """The knobs whose screening ran a value or ended."""
+    part: str = ""
+    """The part of the stage running now whose reach is said apart ("": none): the confirm
+    stage's race (``race``), after its first re-measures and the joint screen again."""
+    parts: set[str] = field(default_factory=set)
+    """The parts where a run began (``begin``)."""
     classes_screened: set[str] = field(default_factory=set)
     """The knobs screened per class (``Knob.per_class``) whose screening on every class
     ended: a value no run tried was ruled out, not left unreached."""
 
     def enter(self, name: str) -> None:
+        if name != self.stage:
+            self.part = ""
         self.stage = name
         if name not in self.entered:
             self.entered.append(name)
@@ -52,6 +59,8 @@ class Reach:
         """A run of ``knobs`` begins (or the study answers for one): its stage, its setting
         and, in the knobs stage, the knobs it changes count as reached."""
         self.ran_in.add(self.stage)
+        if self.part:
+            self.parts.add(self.part)
         self.began.add(knobs)
         self.consider(knobs)
         if self.stage == "knobs":

@@ -139,6 +139,7 @@ def run(ex: Executor, rescreen: Callable[[Executor], None]) -> None:
     if remeasure(ex, surprises(ex.ev), cold_first=False):
         rescreen(ex)
     ex.ev.release_held()
+    ex.reach.part = "race"  # (a stop before a run of it never raced: ``driver.STAGES``)
     confirm(ex)
     first_launch(ex)
 
