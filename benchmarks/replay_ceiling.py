@@ -141,6 +141,17 @@ def render(data: dict) -> str:
     return "\n".join(lines)
 
 
+def write(name: str, data: dict, md: str, out: Path | None = None) -> None:
+    """results/NAME.json and NAME.md (or in ``out``), each written whole (a temporary file
+    renamed)."""
+    out = out or Path(__file__).resolve().parent / "results"
+    for suffix, content in ((".json", json.dumps(data, indent=1) + "\n"), (".md", md)):
+        path = out / f"{name}{suffix}"
+        tmp = path.with_suffix(suffix + ".tmp")
+        tmp.write_text(content)
+        tmp.replace(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", choices=("develop", "judge"), required=True)
@@ -164,21 +175,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"replay_ceiling: {args.search}: not a keyed families replay of "
                   f"{args.seeds} seeds ({exc})", file=sys.stderr)
             return 2
-    started = time.perf_counter()
+    started, commit = time.perf_counter(), _commit()  # the code's as the run started
     first = REPLAY_SEEDS[args.families]
     rows = []
     for table in tables_of(args.families):
         if args.only in table.name:
             rows.append(score(table, range(first, first + args.seeds)))
             print(f"{len(rows)} {table.name}", file=sys.stderr, flush=True)
-    data = {"commit": _commit(), "machine": _machine(), "set": args.families,
+    data = {"commit": commit, "machine": _machine(), "set": args.families,
             "seeds": args.seeds, "noise": "keyed", "tables": rows,
             "summary": beside(rows, search) if search else None,
             "replay_s": round(time.perf_counter() - started)}
     if args.write:
-        out = Path(__file__).parent / "results"
-        (out / f"{args.write}.json").write_text(json.dumps(data, indent=1) + "\n")
-        (out / f"{args.write}.md").write_text(
+        write(args.write, data, (
             f"# What the noise allows: exhaustive passes on the {args.families} set "
             f"({data['commit']}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n"
             f"`python benchmarks/replay_ceiling.py --families {args.families} --seeds "
@@ -186,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             + f" --write {args.write}` in {data['replay_s']} s. How: the docstring of "
             "`benchmarks/replay_ceiling.py`. Within 3% of the best, share of seeds: the "
             "search's (with its cost median, a share of one exhaustive pass), one exhaustive "
-            "pass's and two passes'.\n\n```\n" + render(data) + "\n```\n")
+            "pass's and two passes'.\n\n```\n" + render(data) + "\n```\n"))
     print(json.dumps(data, indent=1) if args.json else render(data))
     return 0
 
