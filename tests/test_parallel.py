@@ -558,3 +558,33 @@ def test_cpu_slots_share_the_memory_the_default_budget_split_and_a_larger_one_re
     result = _cli("--parallel", "2", "--memory-budget", "95%", "--out", str(tmp_path))
     assert result.exit_code == 2, result.output
     assert "2 children at once on the CPU share its memory" in " ".join(result.output.split())
+
+
+class _Seconds(KnobDevice):
+    """``_stalled_pair``'s device whose second run of fused (a first re-measure of the confirm
+    stage: far under what the other runs predict of it) waits until channels_last's second run
+    has begun (``met``: it had, 10 s at most)."""
+
+    def __call__(self, spec: TrialSpec) -> TrialResult:
+        state = self.__dict__.setdefault("state", {"calls": {}, "met": None,
+                                                   "second": threading.Event()})
+        label = f"{spec.knobs.label()}/{spec.micro_batch}"
+        n = state["calls"][label] = state["calls"].get(label, 0) + 1
+        if n == 2 and label == "bf16/max-autotune+format=channels_last/32":
+            state["second"].set()
+        elif n == 2 and label == "bf16/max-autotune+opt=fused/32":
+            state["met"] = state["second"].wait(timeout=10.0)
+        return super().__call__(spec)
+
+
+def test_with_two_slots_the_first_re_measures_of_the_confirm_stage_run_at_once() -> None:
+    # Two single runs far under what the others predict of them are timed again before the
+    # joint screen proposes once more: they are no finalists (those are chosen after), so
+    # with two slots they run side by side; the finalists' re-measures after them run alone.
+    from tests.test_search_generalises import _stalled_pair
+
+    device = _stalled_pair(_Seconds)
+    outcome = _search(device, 2)
+    assert device.state["met"] is True, device.state
+    picks = [pick_winner_record(o) for o in (outcome, _search(_stalled_pair(KnobDevice), 1))]
+    assert len({(p.knobs, p.micro_batch) for p in picks}) == 1, picks

@@ -8,7 +8,8 @@ stages' decisions are the same; only when each result arrives differs. A run who
 candidate a result told meanwhile would have ruled out is not stopped: it ends, and its result
 is kept as evidence (a batch is proposed from the evidence before it, as one worker would run
 it). The confirm stage's re-measures (the finalists, before the pick) run alone
-(``alone``): no neighbour shares their machine.
+(``alone``): no neighbour shares their machine; its first ones, before the finalists are
+chosen, do not (``remeasure``'s ``finalists``).
 
 A stage whose runs are chains of decisions independent of each other (each class's memory
 probe, each value of a knob) hands the chains over (``run_chains``): with several slots each

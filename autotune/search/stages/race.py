@@ -136,7 +136,7 @@ def run(ex: Executor, rescreen: Callable[[Executor], None]) -> None:
     combines on each setting's best), and its second run can make it that best."""
     # A resumed search answers the first re-measures and what ``rescreen`` asks from the
     # study in the order they were made: the runs of candidates never asked for join after.
-    if remeasure(ex, surprises(ex.ev), cold_first=False):
+    if remeasure(ex, surprises(ex.ev), cold_first=False, finalists=False):
         rescreen(ex)
     ex.ev.release_held()
     ex.reach.part = "race"  # (a stop before a run of it never raced: ``driver.STAGES``)

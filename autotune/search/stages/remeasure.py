@@ -19,18 +19,19 @@ from autotune.search.executor import Executor, Proposal, Stale, Stop
 from autotune.search.policy import rechecked, unchecked
 
 
-def remeasure(ex: Executor, keys: Sequence[Candidate], *,
-              cold_first: bool = True, paired: bool = False) -> dict[Candidate, TrialResult]:
+def remeasure(ex: Executor, keys: Sequence[Candidate], *, cold_first: bool = True,
+              paired: bool = False, finalists: bool = True) -> dict[Candidate, TrialResult]:
     """The race's runs: each of ``keys`` once more, keeping its better run; the first (the
     leader) compiled afresh where its first launch is unchecked (``cold_first``). The runs
     made, in order: proposed at once (``proposals``), run one after another, each told to the
     evidence as it ends (``tell``: in any order, one worker or several); a resumed search
     answers each from the study's runs in the order they were made."""
     ran: dict[Candidate, TrialResult] = {}
-    # The finalists (the confirm stage's) run alone: no neighbour shares their machine.
+    # The finalists (the confirm stage's) run alone: no neighbour shares their machine
+    # (``finalists`` False: a single run's second, before the finalists are chosen).
     for proposal, again, rec in run_proposals(
             ex, proposals(ex, keys, cold_first=cold_first), refused=partial(_refused, ex),
-            alone=ex.stage in ("confirm", "first launch")):
+            alone=finalists and ex.stage in ("confirm", "first launch")):
         tell(ex, proposal, again, rec, paired=paired)
         ran[proposal.candidate] = again
     return ran
