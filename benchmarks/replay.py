@@ -384,7 +384,6 @@ def _commit() -> str:
 def _write(name: str, data: dict, title: str, text: str, commit: str) -> None:
     """results/NAME.json and NAME.md, each written whole (a temporary file renamed); commit:
     the code's as the run started (HEAD may move while it runs)."""
-    here = Path(__file__).resolve().parent
     head = {"commit": commit, "machine": _machine(),
             "command": "python benchmarks/replay.py " + " ".join(sys.argv[1:])}
     body = {**head, **data}
@@ -393,8 +392,15 @@ def _write(name: str, data: dict, title: str, text: str, commit: str) -> None:
           "are made: the docstrings of `benchmarks/replay.py`, `replay_device.py`, "
           "`replay_tables.py`, `replay_families.py` and `replay_baseline.py`.\n\n"
           + text + "\n")
+    write_results(name, body, md)
+
+
+def write_results(name: str, body: dict, md: str, out: Path | None = None) -> None:
+    """results/NAME.json and NAME.md (or in ``out``), each written whole (a temporary file
+    renamed): the one writer of the replay scripts' results."""
+    out = out or Path(__file__).resolve().parent / "results"
     for suffix, content in ((".json", json.dumps(body, indent=1) + "\n"), (".md", md)):
-        path = here / "results" / f"{name}{suffix}"
+        path = out / f"{name}{suffix}"
         tmp = path.with_suffix(suffix + ".tmp")
         tmp.write_text(content)
         tmp.replace(path)

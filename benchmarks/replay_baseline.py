@@ -69,9 +69,10 @@ def _class_of(knobs: Knobs) -> tuple[str, str, str]:
 
 
 class _Halving:
-    def __init__(self, table: Table, seed: int, budget_s: float | None) -> None:
+    def __init__(self, table: Table, seed: int, budget_s: float | None,
+                 device: ReplayDevice | None = None) -> None:
         self.table, self.budget_s = table, budget_s
-        self.device = ReplayDevice(table, seed)
+        self.device = device or ReplayDevice(table, seed)
         self.scores: dict[str, list[float]] = {}
 
     def run(self, key: str, timed: int = TIMED_STEPS, cold: bool = False):

@@ -35,8 +35,8 @@ import sys
 import time
 from pathlib import Path
 
-from replay import _commit, _machine, quality_of
-from replay_baseline import spec_of
+from replay import _commit, _machine, quality_of, write_results
+from replay_baseline import _Halving
 from replay_device import KeyedDevice
 from replay_families import REPLAY_SEEDS, tables_of
 from replay_tables import Table
@@ -54,28 +54,16 @@ near 0.5: 1.96 x sqrt(2 x 0.25 / 30) = 0.25; 0.15 about one standard error and a
 
 
 def exhaustive(table: Table, seed: int, passes: int) -> str | None:
-    """The pick of ``passes`` exhaustive passes of ``table`` at ``seed`` (module docstring)."""
-    device = KeyedDevice(table, seed)
-    usable = table.usable_bytes()
-    scores: dict[str, list[float]] = {}
+    """The pick of ``passes`` exhaustive passes of ``table`` at ``seed`` (module docstring):
+    each run timed and judged as the baseline's (``replay_baseline._Halving``)."""
+    runs = _Halving(table, seed, None, device=KeyedDevice(table, seed))
     for _ in range(passes):
         for key, entry in table.entries.items():
-            if not entry.runs or scores.get(key) == []:
-                continue  # never recorded, or out already
-            result = device(spec_of(table, key))
-            if result.ok and result.step_times_s and result.peak_bytes is not None \
-                    and result.peak_bytes <= usable:
-                step = statistics.median(result.step_times_s)
-                scores.setdefault(key, []).append(result.samples_per_step / step)
-            else:
-                scores[key] = []
-    ranked = sorted((k for k, s in scores.items() if s),
-                    key=lambda k: statistics.fmean(scores[k]), reverse=True)
-    for key in ranked:
-        if Candidate.from_key(key).knobs.compile_mode == "off":
-            return key
-        first = device(spec_of(table, key, timed=1, cold=True))
-        if first.ok and first.peak_bytes is not None and first.peak_bytes <= usable:
+            if entry.runs and runs.scores.get(key) != []:  # recorded, and not out already
+                runs.time(key)
+    for key in runs.ranked():
+        if Candidate.from_key(key).knobs.compile_mode == "off" or runs.fits(
+                runs.run(key, timed=1, cold=True)):
             return key
     return None
 
@@ -141,17 +129,6 @@ def render(data: dict) -> str:
     return "\n".join(lines)
 
 
-def write(name: str, data: dict, md: str, out: Path | None = None) -> None:
-    """results/NAME.json and NAME.md (or in ``out``), each written whole (a temporary file
-    renamed)."""
-    out = out or Path(__file__).resolve().parent / "results"
-    for suffix, content in ((".json", json.dumps(data, indent=1) + "\n"), (".md", md)):
-        path = out / f"{name}{suffix}"
-        tmp = path.with_suffix(suffix + ".tmp")
-        tmp.write_text(content)
-        tmp.replace(path)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", choices=("develop", "judge"), required=True)
@@ -187,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             "summary": beside(rows, search) if search else None,
             "replay_s": round(time.perf_counter() - started)}
     if args.write:
-        write(args.write, data, (
+        write_results(args.write, data, (
             f"# What the noise allows: exhaustive passes on the {args.families} set "
             f"({data['commit']}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n"
             f"`python benchmarks/replay_ceiling.py --families {args.families} --seeds "

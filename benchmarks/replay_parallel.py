@@ -33,9 +33,8 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
-from replay import _commit, _machine, quality_of, quantile
+from replay import _commit, _machine, quality_of, quantile, write_results
 from replay_device import KeyedDevice, ReplayDevice, plan_of, settings_of
 from replay_families import tables_of
 from replay_tables import Table
@@ -283,7 +282,6 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     print(json.dumps(summ, indent=1))
     if args.write:
-        here = Path(__file__).resolve().parent
         head = {"commit": commit, "machine": _machine(),
                 "command": "python benchmarks/replay_parallel.py " + " ".join(
                     argv if argv is not None else sys.argv[1:]),
@@ -298,11 +296,7 @@ def main(argv: list[str] | None = None) -> int:
               "where N=1 under the other noise (drawn/keyed) picks the same.\n\n```\n"
               + text + "\n```\n\n"
               "Summary over tables:\n\n```\n" + json.dumps(summ, indent=1) + "\n```\n")
-        for suffix, content in ((".json", json.dumps(body, indent=1) + "\n"), (".md", md)):
-            path = here / "results" / f"{args.write}{suffix}"
-            tmp = path.with_suffix(suffix + ".tmp")
-            tmp.write_text(content)
-            tmp.replace(path)
+        write_results(args.write, body, md)
     return 0
 
 

@@ -15,7 +15,8 @@ sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import replay_ceiling  # noqa: E402
-from replay_ceiling import beside, exhaustive, score, write  # noqa: E402
+from replay import write_results  # noqa: E402
+from replay_ceiling import beside, exhaustive, score  # noqa: E402
 from test_replay_families import hand_table  # noqa: E402
 
 
@@ -88,7 +89,7 @@ def test_the_missing_search_file_is_said(tmp_path: Path, capsys) -> None:
 
 def test_the_results_are_written_whole_and_replace_what_was_there(tmp_path: Path) -> None:
     (tmp_path / "r.json").write_text("old")
-    write("r", {"tables": [1]}, "# md\n", tmp_path)
+    write_results("r", {"tables": [1]}, "# md\n", tmp_path)
     assert json.loads((tmp_path / "r.json").read_text()) == {"tables": [1]}
     assert (tmp_path / "r.md").read_text() == "# md\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.md"]  # no .tmp left
