@@ -16,6 +16,9 @@
 - ``wall-split FILE N``: from a ``replay_parallel.py`` results file, per stage the wall with N
   workers (of it, one run alone) and its runs, the mean over the large spaces (200+
   candidates), shares of a serial pass.
+- ``runs SET TABLE [FILTER]``: a table's candidates (that fit it) whose key holds
+  ``FILTER``, best first: each one's truth as a share of the best, and its recorded runs
+  (optimizer steps a second, the sitting's file).
 - ``families BEFORE AFTER``: two ``replay.py --families`` results files of one set, per family
   the mean change over its tables of within 3%, pick quality p10 and cost.
 
@@ -187,6 +190,14 @@ def main(argv: list[str]) -> int:
         print(f"N={args[1]}, mean over the large spaces: wall (one run alone), runs")
         for stage, x in split.items():
             print(f"  {stage:13s} {x['wall']:.4f} ({x['alone']:.4f}) {x['runs']:.1f}")
+    elif what == "runs":
+        t = _table(args[0], args[1])
+        best = t.best()[1]
+        for key in sorted((k for k in t.entries if t.fits(k) and (len(args) < 3 or args[2] in k)),
+                          key=lambda k: -(t.truth(k) or 0.0)):
+            runs = ", ".join(f"{1 / r.median_s:.3f}/s ({Path(r.source).name})" if r.median_s
+                             else r.status for r in t.entries[key].runs)
+            print(f"{key:50s} truth {(t.truth(key) or 0.0) / best:.3f}  runs: {runs}")
     elif what == "families":
         a, b = (json.loads(Path(p).read_text()) for p in args[:2])
         for fam, x in family_changes(a, b).items():

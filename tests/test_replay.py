@@ -342,3 +342,16 @@ def test_the_explain_figures_split_wall_and_family_changes_as_they_say() -> None
     assert got["stall"] == pytest.approx({"within_3pct": 0.05, "p10": 0.1, "cost": -0.05,
                                           "tables": 2})
     assert got["noise"]["p10"] == pytest.approx(-0.1)
+
+
+def test_explain_runs_lists_a_tables_candidates_best_first_with_their_recorded_runs(
+        capsys) -> None:
+    from replay_explain import main as explain
+
+    assert explain(["runs", "recorded", "slow_gpt2-epyc", "fp32/off"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    truths = [float(line.split("truth ")[1].split()[0]) for line in lines]
+    assert lines and truths == sorted(truths, reverse=True)
+    assert all(line.split()[0].startswith("fp32/off") for line in lines)
+    one = next(line for line in lines if line.startswith("fp32/off+opt=fused/2 "))
+    assert "runs: 0.217/s (search_quality_slow-gpt2-zen3-full.json)" in one
