@@ -395,6 +395,16 @@ def _write(name: str, data: dict, title: str, text: str, commit: str) -> None:
     write_results(name, body, md)
 
 
+def results_name(text: str) -> str:
+    """``--write NAME`` (an argparse type): a plain file name of results/, letters, digits,
+    ``.``, ``_`` and ``-``, not starting with a dot (no path, no quote: it names two files)."""
+    if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]*", text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a results name: use letters, digits, '.', '_' and '-' (no "
+            "path, not starting with a dot), e.g. replay_recorded-tables_replay-2026-12-02")
+    return text
+
+
 def write_results(name: str, body: dict, md: str, out: Path | None = None) -> None:
     """results/NAME.json and NAME.md (or in ``out``), each written whole (a temporary file
     renamed): the one writer of the replay scripts' results."""
@@ -416,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-baseline", action="store_true",
                         help="leave the successive-halving baseline out")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--write", metavar="NAME", default="",
+    parser.add_argument("--write", metavar="NAME", default=None, type=results_name,
                         help="also write results/NAME.json and NAME.md (with the commit)")
     parser.add_argument("--time-budget-share", type=float, default=None, metavar="F",
                         help="give each table's search without a time budget one of F x its "

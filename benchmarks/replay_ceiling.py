@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from replay import _commit, _machine, quality_of, write_results
+from replay import _commit, _machine, quality_of, results_name, write_results
 from replay_baseline import _Halving
 from replay_device import KeyedDevice
 from replay_families import REPLAY_SEEDS, tables_of
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="a replay.py --families ... --noise keyed --json file")
     parser.add_argument("--only", default="")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--write", metavar="NAME", default="")
+    parser.add_argument("--write", metavar="NAME", default=None, type=results_name)
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error(f"--seeds must be 1 or more, not {args.seeds}")

@@ -34,7 +34,7 @@ import statistics
 import sys
 import time
 
-from replay import _commit, _machine, quality_of, quantile, write_results
+from replay import _commit, _machine, quality_of, quantile, results_name, write_results
 from replay_device import KeyedDevice, ReplayDevice, plan_of, settings_of
 from replay_families import tables_of
 from replay_tables import Table
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
                         default="recorded",
                         help="the tables: the recorded ones, or a generated set's "
                              "(replay_families.tables_of)")
-    parser.add_argument("--write", metavar="NAME", default="")
+    parser.add_argument("--write", metavar="NAME", default=None, type=results_name)
     parser.add_argument("--noise", choices=("drawn", "keyed"), default="drawn",
                         help="drawn: the replay device's draws in the order of the runs; "
                              "keyed: per candidate (KeyedDevice)")

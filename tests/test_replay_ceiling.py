@@ -93,3 +93,20 @@ def test_the_results_are_written_whole_and_replace_what_was_there(tmp_path: Path
     assert json.loads((tmp_path / "r.json").read_text()) == {"tables": [1]}
     assert (tmp_path / "r.md").read_text() == "# md\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.md"]  # no .tmp left
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", 'a"b', "a\\b", "", ".hidden", "a b"])
+def test_a_results_name_that_is_not_a_plain_file_name_is_refused(name: str, capsys) -> None:
+    # --write names results/NAME.json and .md: a path, a quote or an empty name would write
+    # elsewhere or nowhere; refused before anything runs (exit 2, the value said).
+    with pytest.raises(SystemExit) as exc:
+        replay_ceiling.main(["--families", "develop", "--write", name])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and f"{name!r} is not a results name" in err
+
+
+def test_a_plain_results_name_is_taken() -> None:
+    from replay import results_name
+
+    assert results_name("replay-ceiling_develop-families_replay-2026-12-02") == \
+        "replay-ceiling_develop-families_replay-2026-12-02"
