@@ -421,6 +421,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=30)
     parser.add_argument("--only", default="", help="table names, comma-separated (with "
                         "--families: a substring of the generated tables' names)")
+    parser.add_argument("--exclude", default="", metavar="SUB,...",
+                        help="with --families: leave out the generated tables whose names hold "
+                        "any of these substrings (e.g. @cnn-epyc: a rule judged apart from the "
+                        "base it was drawn from)")
     parser.add_argument("--families", choices=("develop", "judge", "all"), default=None,
                         help="replay the generated families of that set (replay_families)")
     parser.add_argument("--no-baseline", action="store_true",
@@ -442,6 +446,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error(f"--seeds {args.seeds}: give 1 or more")
+    excluded = tuple(x for x in args.exclude.split(",") if x)
+    if excluded and not args.families:
+        parser.error(f"--exclude {args.exclude}: it leaves out generated tables; give "
+                     "--families too (recorded tables are chosen with --only)")
     global ReplayDevice
     if args.noise == "keyed":
         ReplayDevice = KeyedDevice
@@ -454,13 +462,14 @@ def main(argv: list[str] | None = None) -> int:
         sets = ("develop", "judge") if args.families == "all" else (args.families,)
         results, skipped = [], []
         for which in sets:
-            got, left = replay_set(which, args.seeds, tables, run, args.only)
+            got, left = replay_set(which, args.seeds, tables, run, args.only, excluded)
             results += got
             skipped += left
         text = render_families(results, skipped)
         summ = {which: family_summary([r for r in results if r["set"] == which])
                 for which in sets}
-        data = {"seeds": args.seeds, "noise": args.noise, "sets": list(sets), "tables": results,
+        data = {"seeds": args.seeds, "noise": args.noise, "sets": list(sets),
+                "excluded": list(excluded), "tables": results,
                 "summary_by_family": summ, "not_applicable": skipped,
                 "notes": {"split": SPLIT_NOTE, **NOTES}}
         title = f"Replay of the generated families ({args.families})"

@@ -21,13 +21,15 @@ from replay_tables import Table
 WITHIN = 0.03
 
 
-def replay_set(which: str, seeds: int, tables: list[Table], score, only: str = "") -> tuple[
-        list[dict], list[str]]:
-    """(every generated table's scores, the variants that do not apply and why)."""
+def replay_set(which: str, seeds: int, tables: list[Table], score, only: str = "",
+               exclude: tuple[str, ...] = ()) -> tuple[list[dict], list[str]]:
+    """(every generated table's scores, the variants that do not apply and why); ``only``: a
+    substring every replayed name holds; ``exclude``: substrings none holds (e.g.
+    ``@cnn-epyc``: a rule judged apart from the table it was drawn from)."""
     by_name = {t.name: t for t in tables}
     results, skipped = [], []
     for v in variants(which, list(by_name)):
-        if only and only not in v.name:
+        if (only and only not in v.name) or any(x in v.name for x in exclude):
             continue
         t = build(v, by_name)
         if t is None:

@@ -137,3 +137,32 @@ def test_two_real_replays_compare(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert out.startswith("develop: 1 tables, 2 replay seeds each")
     assert "share of seeds within 3% of the best" in out
     assert out.count("within the replay's noise") == 4
+
+
+def test_exclude_leaves_out_the_tables_of_a_base_and_nothing_else() -> None:
+    # A rule judged apart from the base it was drawn from: --exclude @BASE leaves out exactly
+    # the generated tables of that base (not tiny_cnn-epyc, whose name holds "cnn-epyc").
+    from replay_report import replay_set
+    from replay_tables import all_tables
+
+    def names(score_calls: list[str]):
+        def score(t, seeds, first_seed):
+            score_calls.append(t.name)
+            return {"name": t.name}
+        return score
+
+    every: list[str] = []
+    replay_set("develop", 1, all_tables(), names(every), only="noise=")
+    kept: list[str] = []
+    replay_set("develop", 1, all_tables(), names(kept), only="noise=", exclude=("@cnn-epyc",))
+    assert any(n.endswith("@cnn-epyc") for n in every)
+    assert any(n.endswith("@tiny_cnn-epyc") for n in kept)
+    assert kept == [n for n in every if not n.endswith("@cnn-epyc")]
+
+
+def test_exclude_without_families_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        replay.main(["--exclude", "@cnn-epyc", "--seeds", "1"])
+    assert exit_.value.code == 2
+    assert "--exclude @cnn-epyc: it leaves out generated tables; give --families too" \
+        in capsys.readouterr().err
