@@ -117,6 +117,33 @@ def test_compiled_whole_batch_is_not_walked_down_unless_memory_presses() -> None
     assert bounds.compiled_whole_batch(ev, EAGER, [64, 32, 16]) is None
 
 
+def test_compiled_whole_batch_is_walked_where_the_whole_batch_stopped_behind_a_smaller_one(
+        ) -> None:
+    # bf16/default at the whole batch (64) stopped after 3 steps, clearly behind the leader,
+    # its own 32 at 1.2x: a smaller one ahead of the largest breaks the line. The early stop
+    # left the largest no full figure, and the bound read that as no evidence (a fresh
+    # non-monotone table: fused at 16, the leader, never walked down to its best at 4).
+    stopped = replace(run(400, 64, steps=3), timing_stop="behind")
+    ev = evidence(bf16_default_64=stopped, bf16_default_32=run(480, 32))
+    assert bounds.compiled_whole_batch(ev, COMPILED, [64, 32, 16]) is None
+    why = bounds.compiled_whole_batch(evidence(bf16_default_64=stopped), COMPILED, [64, 32, 16])
+    assert why is not None and why.rule == "compiled-whole-batch"
+
+
+def test_sibling_ratio_walks_a_compiled_setting_that_ran_slower_above_its_fit() -> None:
+    # bf16/default fits 32; its run at 64 (over the usable budget) ran 0.9x: the step down
+    # from 64 to 32 got faster, as a walk's does when its best is not its largest. Without
+    # that run (or with it faster) and no sibling timed at 16 and 32, 16 is not timed.
+    over = run(360, 64, peak_mib=BUDGET / MIB + 50)
+    ev = evidence(bf16_default_32=run(400, 32), bf16_default_64=over)
+    assert bounds.sibling_ratio(ev, COMPILED, [32], 16) is None
+    for runs in ({}, {"bf16_default_64": replace(over, step_times_s=tuple(
+            t * 0.8 for t in over.step_times_s))}):
+        why = bounds.sibling_ratio(evidence(bf16_default_32=run(400, 32), **runs),
+                                   COMPILED, [32], 16)
+        assert why is not None and why.rule == "sibling-ratio", runs
+
+
 def test_behind_refine_skips_a_mode_only_for_a_precision_behind_the_leader() -> None:
     ev = evidence(fp32_off_32=run(100, 32), bf16_off_32=run(400, 32))
     ev.probes = {k: None for k in (Knobs(precision="fp32", compile_mode="off"), EAGER)}

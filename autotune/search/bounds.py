@@ -192,7 +192,9 @@ def compiled_whole_batch(ev: Evidence, knobs: Knobs, fitting: list[int]) -> Skip
     largest = ev.results.get(Candidate(knobs=knobs, micro_batch=fitting[0]))
     if fitting[0] < ev.plan.per_device or largest is None or largest.num_alloc_retries:
         return None
-    top = ev.score(Candidate(knobs=knobs, micro_batch=fitting[0]), full=True)
+    # (its figure even from a run stopped early behind the leader: a smaller one of this
+    # class may be that leader)
+    top = ev.score(Candidate(knobs=knobs, micro_batch=fitting[0]))
     for m in fitting[1:]:  # a smaller one timed already (a probe's) that is not behind it:
         smaller = Candidate(knobs=knobs, micro_batch=m)  # the line does not hold here
         sps = ev.score(smaller, full=True)
@@ -241,7 +243,8 @@ def sibling_ratio(ev: Evidence, knobs: Knobs, walked: Sequence[int],
     best = Candidate(knobs=knobs, micro_batch=best_m)
     best_result = ev.results.get(best)
     if best_result is None or best_result.num_alloc_retries or not ev.score(best) or (
-            compiled and (best_m != max(walked) or _tied(ev, best, knobs, min(walked)))):
+            compiled and (best_m != max(walked) or _tied(ev, best, knobs, min(walked))
+                          or _slower_above(ev, knobs, best))):
         return None  # its own walk got faster, or did not get slower: time on
 
     def pair(other: Knobs) -> tuple[Candidate, Candidate] | None:
@@ -269,6 +272,18 @@ def sibling_ratio(ev: Evidence, knobs: Knobs, walked: Sequence[int],
     predicted = (best_result.samples_per_s() or 0.0) * ratio
     return skip("sibling-ratio", knobs.label(), predicted=predicted, micro_batch=micro_batch,
                 sibling=sibling.label(), best=best_m, ratio=ratio, noise=noise)
+
+
+def _slower_above(ev: Evidence, knobs: Knobs, best: Candidate) -> bool:
+    """Whether a run of ``knobs`` at a micro-batch larger than ``best``'s, one its walk
+    did not take (over the budget, or its first launch was), ran slower than ``best``: the
+    step from it down to ``best`` got faster, as a walk's does when its best is not its
+    largest (issue 59's non-monotone tables: compiled bf16 at 32, over the budget, ran
+    0.90x its fit at 16, whose best lay at 4, never timed)."""
+    sps = ev.results[best].samples_per_s() or 0.0
+    return any(m > best.micro_batch and r.ok and r.step_times_s
+               and (r.samples_per_s() or 0.0) < sps
+               for c, r in ev.results.items() if c.knobs == knobs and (m := c.micro_batch))
 
 
 def _tied(ev: Evidence, best: Candidate, knobs: Knobs, micro_batch: int) -> bool:
