@@ -313,7 +313,8 @@ SPLIT_NOTE = (
     "Generated families (replay_families): the develop set may be looked at while the search "
     "changes; the judge set (other parameter values and table seeds of the same families, "
     "replay seeds from 1000 instead of 0) judges a change. Fixed on 2026-11-28 before any rule "
-    "of issue 59 changed.")
+    "of issue 59 changed. The fresh set (2026-12-02; parameters between, seeds of neither, "
+    "replay seeds from 5000) checks a rule whose evidence came from a judge table.")
 
 NOTES = {"noise": NOISE_NOTE, "held_out": HOLD_OUT_NOTE}
 
@@ -425,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --families: leave out the generated tables whose names hold "
                         "any of these substrings (e.g. @cnn-epyc: a rule judged apart from the "
                         "base it was drawn from)")
-    parser.add_argument("--families", choices=("develop", "judge", "all"), default=None,
+    parser.add_argument("--families", choices=("develop", "judge", "fresh", "all"),
+                        default=None,
                         help="replay the generated families of that set (replay_families)")
     parser.add_argument("--no-baseline", action="store_true",
                         help="leave the successive-halving baseline out")

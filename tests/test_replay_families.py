@@ -20,12 +20,14 @@ from replay_baseline import successive_halving  # noqa: E402
 from replay_device import HALF_MEDIAN, HALF_P10_P90, ReplayDevice  # noqa: E402
 from replay_families import (  # noqa: E402
     DEVELOP,
+    FRESH,
     JUDGE,
     KNOB_GRID,
     PERTURB,
     REPLAY_SEEDS,
     SYNTHETIC,
     budget_shrink,
+    build,
     precision_swap,
     stall,
     synthetic_table,
@@ -266,15 +268,24 @@ def test_precision_swap_swaps_a_candidate_without_a_twin_like_its_kin() -> None:
     assert ratio < 0.8
 
 
-def test_the_develop_and_judge_sets_share_no_family_parameter_and_seed() -> None:
-    assert DEVELOP.keys() == JUDGE.keys() == {*PERTURB, *SYNTHETIC}
+def test_the_develop_judge_and_fresh_sets_share_no_family_parameter_and_seed() -> None:
+    assert DEVELOP.keys() == JUDGE.keys() == FRESH.keys() == {*PERTURB, *SYNTHETIC}
     bases = ["x", "y"]
-    dev = {(v.family, v.param, v.seed) for v in variants("develop", bases)}
-    judge = {(v.family, v.param, v.seed) for v in variants("judge", bases)}
-    assert dev and judge and not dev & judge
+    sets = [{(v.family, v.param, v.seed) for v in variants(which, bases)}
+            for which in ("develop", "judge", "fresh")]
+    assert all(sets)
+    assert not sets[0] & sets[1] and not sets[0] & sets[2] and not sets[1] & sets[2]
     for family in DEVELOP:  # other seeds and other parameter values, family by family
-        assert not set(DEVELOP[family][1]) & set(JUDGE[family][1])
+        seeds = [set(s[family][1]) for s in (DEVELOP, JUDGE, FRESH)]
+        assert not seeds[0] & seeds[1] and not seeds[0] & seeds[2] and not seeds[1] & seeds[2]
     assert REPLAY_SEEDS["judge"] - REPLAY_SEEDS["develop"] >= 1000
+    assert REPLAY_SEEDS["fresh"] - REPLAY_SEEDS["judge"] >= 1000
+
+
+def test_every_fresh_synthetic_table_builds_with_its_designed_best() -> None:
+    # (synthetic_table raises where a seed's jitter moves the designed best)
+    for v in variants("fresh", []):
+        assert build(v, {}) is not None, v.name
 
 
 @pytest.mark.parametrize("family", sorted(SYNTHETIC))
