@@ -107,6 +107,27 @@ def probe_step(micro_batch: int, result: TrialResult, usable_bytes: int, *,
                      wall_s=result.wall_s, timed=timed)
 
 
+def refuted(probe: MemoryProbe, result: TrialResult, usable_bytes: int) -> MemoryProbe | None:
+    """``probe`` once a timed run at its largest fit ran out of memory or peaked over
+    ``usable_bytes`` where the probe's own run there fit: peaks vary from run to run, and the
+    larger counts, so that micro-batch no longer fits and the largest fit is the next one
+    down (0: none). None where the run fit, or failed in a way memory does not explain."""
+    fit = probe.max_micro_batch
+    if not fit or result.fits(usable_bytes) or not (result.ok or result.status == MEMORY_STATUS):
+        return None
+    step = probe_step(fit, result, usable_bytes, timed=True)
+    steps = (*probe.steps, step)
+    below = max((m for m in probe.fitting() if m < fit), default=0)
+    peak = max((s.peak_bytes for s in steps if s.micro_batch == below and s.fits
+                and s.peak_bytes), default=None)
+    how = (f"peaked {format_bytes(result.peak_bytes)}, over the {format_bytes(usable_bytes)} "
+           "usable" if result.ok else "ran out of memory")
+    note = (f"micro-batch {fit} does not fit after all: its timed run {how}, where its probe's "
+            "run fit (peaks vary from run to run; the larger counts)")
+    return dataclasses.replace(probe, max_micro_batch=below, peak_bytes=peak, steps=steps,
+                               notes=(*probe.notes, note))
+
+
 def probe_memory(workload: WorkloadSpec, device: str, knobs: Knobs, candidates: Sequence[int],
                  *, run: Runner = run_isolated, **options: Any) -> MemoryProbe:
     """The largest candidate micro-batch whose real training step fits: ``probe_steps`` (its

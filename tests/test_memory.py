@@ -400,3 +400,35 @@ def test_a_probes_progress_line_says_does_not_fit_only_of_memory(status: str, fi
     line = probe_step_line("fp32/off", ProbeStep(micro_batch=1, status=status,  # type: ignore[arg-type]
                                                  peak_bytes=None, fits=fits, wall_s=2.0))
     assert line.endswith(f"  {verdict}, 2.0 s"), line
+
+
+@pytest.mark.parametrize(("status", "peak_mib", "largest"), [
+    ("ok", 95.0, 4),  # a timed run over the 90 MiB usable: the next fit down
+    ("oom", None, 4),  # out of memory at the fit: the same
+])
+def test_a_timed_run_over_the_budget_at_the_fit_refutes_it(status: str, peak_mib: float | None,
+                                                           largest: int) -> None:
+    # The probe fit 8 (its run 80 MiB); a timed run there went over: peaks vary from run to
+    # run and the larger counts, so 8 no longer fits and 4 is the largest fit.
+    from autotune.memory import refuted
+
+    ran: list[int] = []
+    probe = probe_memory(WorkloadSpec(), "cpu", FP32, (1, 2, 4, 8, 16),
+                         run=_scripted(lambda m: 10 * m, 100, ran), budget_bytes=100 * MIB,
+                         usable_bytes=90 * MIB, timeout_s=60.0, hint=8)
+    assert probe.max_micro_batch == 8
+    over = TrialResult(status=status, peak_bytes=int(peak_mib * MIB) if peak_mib else None,
+                       step_times_s=(0.1,) * 3 if status == "ok" else ())
+    lower = refuted(probe, over, 90 * MIB)
+    assert lower is not None and lower.max_micro_batch == largest
+    assert 8 not in lower.fitting() and lower.fitting()[-1] == largest
+    assert lower.notes[-1].startswith("micro-batch 8 does not fit after all: its timed run ")
+    # a run that fit, or failed in a way memory does not explain, refutes nothing
+    fit = TrialResult(status="ok", peak_bytes=85 * MIB, step_times_s=(0.1,) * 3)
+    assert refuted(probe, fit, 90 * MIB) is None
+    assert refuted(probe, TrialResult(status="hang"), 90 * MIB) is None
+    # nothing below: fits nothing
+    one = refuted(lower, over, 90 * MIB)
+    while one is not None and one.max_micro_batch:
+        one = refuted(one, over, 90 * MIB)
+    assert one is not None and one.max_micro_batch == 0 and one.peak_bytes is None

@@ -177,7 +177,9 @@ def near_miss(ev: Evidence, knobs: Knobs) -> tuple[int, bool] | None:
     run there."""
     probe = ev.probes.get(knobs)
     smallest = ev.plan.micro_batches[0]
-    step = next((s for s in (probe.steps if probe else ()) if s.micro_batch == smallest), None)
+    # (the last run there: a timed run over the budget where the probe's fit, ``refuted``)
+    step = next((s for s in reversed(probe.steps if probe else ()) if s.micro_batch == smallest),
+                None)
     if step is None or step.fits or not step.peak_bytes or step.peak_bytes <= ev.usable:
         return None
     headroom = step.status == "ok" and step.peak_bytes <= ev.plan.report.budget_bytes
