@@ -14,14 +14,20 @@ import math
 import pytest
 
 from autotune.config import TrialResult, TrialSpec
+from autotune.search import run_search
+from autotune.search.slots import Slot, ThreadSlots
 from autotune.timing import MIN_STEPS_TO_STOP
 from autotune.units import MIB
 from tests.scripted import (
+    CLASSES,
+    SETTINGS,
+    VALUES,
     KnobDevice,
     ScriptedDevice,
     by_class,
     knob_search,
     pick_winner_record,
+    plan,
     search,
 )
 
@@ -232,7 +238,8 @@ def test_a_baseline_that_misses_near_the_budget_has_its_other_values_probed_ther
     assert said in outcome.skipped
 
 
-def test_a_baseline_whose_second_run_peaks_over_the_budget_is_rescued() -> None:
+@pytest.mark.parametrize("width", [1, 2])
+def test_a_baseline_whose_second_run_peaks_over_the_budget_is_rescued(width: int) -> None:
     # fp32/off/1 peaks 880 MiB in its probe and first timed run (900 usable), then 920 MiB in
     # the noise's re-measure (inside the headroom): peaks vary from run to run, the larger
     # counts, so fp32 eager fits nothing. Every other class fits nothing either; before, the
@@ -250,7 +257,13 @@ def test_a_baseline_whose_second_run_peaks_over_the_budget_is_rescued() -> None:
                 result = dataclasses.replace(result, peak_bytes=920 * MIB)
         return result
 
-    outcome, records = knob_search(device)
+    if width == 1:
+        outcome, records = knob_search(device)
+    else:  # two slots: the noise's re-measure runs beside the next classes' probes
+        slots = ThreadSlots([Slot(i, f"cpu {i}") for i in range(width)],
+                            lambda spec, slot, on_start: device(spec))
+        outcome = run_search(plan(), CLASSES, SETTINGS, values=VALUES, run=device, slots=slots)
+        records = {f"{r.knobs.label()}/{r.micro_batch}": r for r in outcome.records}
     assert len(timed) >= 2
     assert outcome.baseline is not None and outcome.baseline.knobs.checkpointing == "blocks"
     winner = pick_winner_record(outcome)
