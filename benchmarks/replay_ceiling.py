@@ -21,7 +21,7 @@ passes', and the counts that say where the search falls short of what the noise 
 tables where the search is under 80% while a single pass reaches it, and where the search
 is under a single pass's share by more than the seeds' noise (``MARGIN``).
 
-Run: ``python benchmarks/replay_ceiling.py --families develop|judge [--seeds 30] [--search
+Run: ``python benchmarks/replay_ceiling.py --families develop|judge|fresh [--seeds 30] [--search
 FILE] [--only SUBSTRING] [--json] [--write NAME]``.
 """
 
@@ -131,7 +131,7 @@ def render(data: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--families", choices=("develop", "judge"), required=True)
+    parser.add_argument("--families", choices=("develop", "judge", "fresh"), required=True)
     parser.add_argument("--seeds", type=int, default=30)
     parser.add_argument("--search", default="", metavar="FILE",
                         help="a replay.py --families ... --noise keyed --json file")
