@@ -19,7 +19,7 @@ then counts the noise's doing too. ``--noise keyed`` draws each run's noise by i
 candidate instead (``KeyedDevice``), so that N = 1 and N = 8 differ by their decisions.
 
 Run: ``python benchmarks/replay_parallel.py [--seeds 10] [--workers 1,2,4,8] [--only NAME]
-[--noise drawn|keyed] [--families recorded|develop|judge] [--write NAME]``.
+[--noise drawn|keyed] [--families recorded|develop|judge|fresh] [--write NAME]``.
 """
 
 from __future__ import annotations
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--workers", default="1,2,4,8")
     parser.add_argument("--only", default="")
-    parser.add_argument("--families", choices=("recorded", "develop", "judge"),
+    parser.add_argument("--families", choices=("recorded", "develop", "judge", "fresh"),
                         default="recorded",
                         help="the tables: the recorded ones, or a generated set's "
                              "(replay_families.tables_of)")
