@@ -144,26 +144,6 @@ def test_sibling_ratio_walks_a_compiled_setting_that_ran_slower_above_its_fit() 
         assert why is not None and why.rule == "sibling-ratio", runs
 
 
-def test_the_joint_screen_ties_a_micro_batch_on_a_run_stopped_early_behind_the_leader(
-        ) -> None:
-    # With several slots bf16 eager's run at 16 runs beside the compiled leader's and is
-    # stopped early, clearly behind it (a fresh slow-CNN table: channels_last gains 1.5x on
-    # eager convolutions, its best at 16, never screened there). Its steps still say how the
-    # setting runs there: 16 ties with 8 within the noise.
-    from autotune.search.stages import joint
-
-    behind = replace(run(390, 16, steps=3), timing_stop="behind")
-    ev = evidence(bf16_default_8=run(600, 8), bf16_off_8=run(400, 8), bf16_off_16=behind)
-    assert joint.anchors(ev)[EAGER] == at(EAGER, 8)
-    assert (EAGER, at(EAGER, 16), at(EAGER, 8)) in joint.ties(ev)
-    # a micro-batch is judged against its own values at the best's micro-batch: a value's
-    # gain at 8 (channels_last, 1.5x) says nothing of 16
-    fast = Knobs(precision="bf16", compile_mode="off", memory_format="channels_last")
-    ev.took(at(fast, 8), run(600, 8))
-    assert joint.anchors(ev)[EAGER] == at(fast, 8)
-    assert (EAGER, at(EAGER, 16), at(EAGER, 8)) in joint.ties(ev)
-
-
 def test_behind_refine_skips_a_mode_only_for_a_precision_behind_the_leader() -> None:
     ev = evidence(fp32_off_32=run(100, 32), bf16_off_32=run(400, 32))
     ev.probes = {k: None for k in (Knobs(precision="fp32", compile_mode="off"), EAGER)}

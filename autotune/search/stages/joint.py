@@ -57,9 +57,8 @@ def anchors(ev: Evidence) -> dict[Knobs, Candidate]:
 
 
 def ties(ev: Evidence) -> list[tuple[Knobs, Candidate, Candidate]]:
-    """(anchor setting, a tied candidate, what it tied with) for each other micro-batch of an
-    anchor whose best ties within the noise of the two (``Interval``) with the same values at
-    the anchor's best's micro-batch (where they ran; else with that best),
+    """(anchor setting, a tied candidate, the anchor's best) for each other micro-batch of an
+    anchor whose best ties with the anchor's best within the noise of the two (``Interval``),
     and for each other value of the timing knobs at the best's own micro-batch that ties with
     it, rule ``joint`` (``tie``): on a noisy machine one run does not settle at which
     micro-batch a setting runs best, nor which of two values of a knob does, and a knob's gain
@@ -69,11 +68,7 @@ def ties(ev: Evidence) -> list[tuple[Knobs, Candidate, Candidate]]:
     best = anchors(ev)
     found: list[tuple[Knobs, Candidate, Candidate]] = []
     seen: set[tuple[Knobs, int, Knobs | None]] = set()
-    # (a run stopped early behind the leader counts at another micro-batch: its steps say
-    # how the setting ran there, though a value may gain on it what puts it ahead)
-    scored = sorted((k for k in ev.results if ev.score(k) is not None),
-                    key=lambda k: -(ev.score(k) or 0.0))
-    for c in scored:
+    for c in ev.ranked():
         a_knobs = anchor_of(c.knobs)
         top = best.get(a_knobs)
         # a micro-batch's best; at the best's own micro-batch, each other value
@@ -82,17 +77,9 @@ def ties(ev: Evidence) -> list[tuple[Knobs, Candidate, Candidate]]:
         if top is None or c == top or mark in seen:
             continue
         seen.add(mark)
-        # another micro-batch is judged against its own values at the best's micro-batch
-        # where they ran: a value's gain there says nothing of the micro-batch (timed at
-        # once, channels_last at 8 put 1.5x between the plain runs at 16 and at 8 that tied)
-        ref = top
-        if c.micro_batch != top.micro_batch and ev.score(
-                twin := Candidate(knobs=c.knobs, micro_batch=top.micro_batch), full=True):
-            ref = twin
-        score = ev.score(c, full=c.micro_batch == top.micro_batch)
-        ref_score = ev.score(ref, full=True)
-        if score and ref_score and not Interval(ref_score, ev.noise(c, ref)).beats(score):
-            found.append((a_knobs, c, ref))
+        score, top_score = ev.score(c, full=True), ev.score(top, full=True)
+        if score and top_score and not Interval(top_score, ev.noise(c, top)).beats(score):
+            found.append((a_knobs, c, top))
     return found
 
 
@@ -141,7 +128,7 @@ def proposals(ex: Executor) -> list[Proposal]:
             decide(skip("joint", anchor.key(),
                         "tie" if anchor.micro_batch != top.micro_batch else "value-tie",
                         knobs=reach.figures["knobs"],
-                        best=top.key(), share=(ev.score(anchor) or 0.0)
+                        best=top.key(), share=(ev.score(anchor, full=True) or 0.0)
                         / (ev.score(top, full=True) or 1.0), noise=ev.noise(anchor, top)))
         elif anchor != leader and reach is not None:
             decide(reach)
