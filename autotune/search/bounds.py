@@ -281,9 +281,9 @@ def _slower_above(ev: Evidence, knobs: Knobs, best: Candidate) -> bool:
     largest (issue 59's non-monotone tables: compiled bf16 at 32, over the budget, ran
     0.90x its fit at 16, whose best lay at 4, never timed)."""
     sps = ev.results[best].samples_per_s() or 0.0
-    return any(m > best.micro_batch and r.ok and r.step_times_s
-               and (r.samples_per_s() or 0.0) < sps
-               for c, r in ev.results.items() if c.knobs == knobs and (m := c.micro_batch))
+    return any(c.knobs == knobs and c.micro_batch > best.micro_batch and r.ok
+               and r.step_times_s and (r.samples_per_s() or 0.0) < sps
+               for c, r in ev.results.items())
 
 
 def _tied(ev: Evidence, best: Candidate, knobs: Knobs, micro_batch: int) -> bool:
