@@ -7,6 +7,7 @@ cap, timed steps, warm-up accumulation).
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -22,6 +23,7 @@ from autotune.config import (
 )
 from autotune.search import SearchSettings, run_search
 from autotune.search.pick import pick_winner
+from autotune.search.slots import Done, Slot, Slots
 from autotune.timing import stop_reason
 from autotune.units import MIB
 
@@ -321,3 +323,36 @@ class ClockedDevice:
         self.now_s += wall
         return replace(result, wall_s=wall,
                        compile_s=compile_s if compiled and result.ok else None)
+
+
+class OrderedSlots(Slots):
+    """``width`` slots on a clock of their own, so that which run ends first is scripted, not
+    a thread's luck: a run submitted at t is answered by ``device`` at once and ends at t +
+    ``wall(spec)``; ``wait`` gives the earliest end (the replay's ``SimSlots`` without its
+    table)."""
+
+    def __init__(self, device: Callable[[TrialSpec], TrialResult], width: int,
+                 wall: Callable[[TrialSpec], float]) -> None:
+        self.device, self.width, self.wall, self.alone = device, width, wall, "slot 0"
+        self.now_s = 0.0
+        self._free = [Slot(i, f"slot {i}") for i in range(width)]
+        self._ends: list[tuple[float, int, int, Slot, TrialResult]] = []
+        self._seq = 0
+
+    def run_alone(self, spec: TrialSpec) -> TrialResult:
+        self.now_s += self.wall(spec)
+        return self.device(spec)
+
+    def submit(self, ticket: int, spec: TrialSpec) -> Slot:
+        slot = self._free.pop(0)
+        self._seq += 1
+        heapq.heappush(self._ends, (self.now_s + self.wall(spec), self._seq, ticket, slot,
+                                    self.device(spec)))
+        return slot
+
+    def wait(self) -> Done:
+        end, _, ticket, slot, result = heapq.heappop(self._ends)
+        self.now_s = max(self.now_s, end)
+        self._free.append(slot)
+        self._free.sort(key=lambda s: s.index)
+        return Done(ticket, slot, result)

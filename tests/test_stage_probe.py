@@ -20,9 +20,11 @@ from autotune.timing import MIN_STEPS_TO_STOP
 from autotune.units import MIB
 from tests.scripted import (
     CLASSES,
+    CONV,
     SETTINGS,
     VALUES,
     KnobDevice,
+    OrderedSlots,
     ScriptedDevice,
     by_class,
     knob_search,
@@ -348,3 +350,34 @@ def test_a_pair_whose_larger_run_the_time_limit_cut_to_one_step_bounds_nothing()
     assert any(s.knobs.label() == "fp32/default" and s.micro_batch == 16 for s in device.specs)
     assert not any(s.startswith("fp32/default: micro-batches above 8 not probed: at 8")
                    for s in outcome.skipped)
+
+
+def _eager_ahead_with_a_layout() -> KnobDevice:
+    # bf16 eager needs more memory than fp32 eager (32 does not fit, 16 does) and runs 0.6x
+    # bf16 compiled; channels_last doubles eager convolutions' speed only, so bf16 eager with
+    # it at 16 is the best (360 samples/s against 310).
+    return KnobDevice(by_class(100, 110, 115, 200, 300, 310), traits=CONV,
+                      peaks={"bf16/off": lambda m: 100 + 30 * m},
+                      factor=lambda k, m: 2.0 if k.memory_format == "channels_last"
+                      and k.compile_mode == "off" else 1.0)
+
+
+@pytest.mark.parametrize("width", [1, 3])
+def test_a_class_probed_beside_a_faster_one_is_not_stopped_by_it_where_one_slot_would_not_be(
+        width: int) -> None:
+    # With one slot bf16 eager is probed before the compiled classes, so its timed run at 16
+    # ran in full (the baseline the only bar) and the joint screen put channels_last on it.
+    # With three, eager runs take 5 s and compiled 1 s: bf16 compiled's run at 32 ended
+    # before bf16 eager's at 16 began, which was stopped behind it, its setting never
+    # screened with knobs, and the pick was bf16/max-autotune+opt=fused/32 (0.86 of the best)
+    # where one slot picks the best. Now a class's runs are stopped only by the classes one
+    # slot would have probed before it.
+    device = _eager_ahead_with_a_layout()
+    slots = None if width == 1 else OrderedSlots(
+        device, width, lambda spec: 5.0 if spec.compile_mode == "off" else 1.0)
+    outcome = run_search(plan(), CLASSES, SETTINGS, values=VALUES, run=device, slots=slots)
+    records = {f"{r.knobs.label()}/{r.micro_batch}": r for r in outcome.records}
+    assert records["bf16/off/16"].verdict == "ok"  # timed in full: not stopped behind
+    winner = pick_winner_record(outcome)
+    assert winner is not None and winner.knobs.compile_mode == "off" \
+        and winner.knobs.memory_format == "channels_last" and winner.micro_batch == 16

@@ -13,11 +13,11 @@ from the clock the replay sets), told to the study (a resumed search answers fro
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
-from autotune.config import StopReason, TrialResult, TrialSpec
+from autotune.config import Knobs, StopReason, TrialResult, TrialSpec
 from autotune.lengths import POOL_STEPS
 from autotune.memory import OnStep, probe_spec
 from autotune.schema import RunKind, TrialRecord
@@ -132,9 +132,10 @@ class Executor:
         self.stage_began_at = self.tally.num_runs
 
     def spec(self, candidate: Candidate, *, early_stop: bool = True,
-             timed: bool = True) -> TrialSpec:
+             timed: bool = True, after: Collection[Knobs] = ()) -> TrialSpec:
         """A probe of the candidate's memory that also times its config (``timed``), or
-        only measures its memory."""
+        only measures its memory. ``after``: settings whose runs set no bar to stop it
+        (the later chains of a stage's batch: the bar the serial order would have set)."""
         if not timed:
             return probe_spec(self.plan.report.workload, self.plan.report.device.device,
                               candidate.knobs, candidate.micro_batch,
@@ -154,8 +155,8 @@ class Executor:
         # Only a run that fits sets the bar: one over the usable budget is faster than anything
         # that can be picked, and would stop a real contender "behind" it.
         usable = self.plan.usable
-        medians = [r.median_step_s() for r in self.ev.results.values()
-                   if r.ok and r.fits(usable) and r.median_step_s()]
+        medians = [r.median_step_s() for c, r in self.ev.results.items()
+                   if r.ok and r.fits(usable) and r.median_step_s() and c.knobs not in after]
         if is_base_class or not medians:
             return spec
         best_s = min(m for m in medians if m is not None)
