@@ -204,7 +204,9 @@ def run_chains(ex: Executor, chains: Sequence[Chain[R]], *, first: bool = False
     (``memory.drive``, through ``Executor.measure``). With several, each chain has one step
     at a time on the slots (a fan's runs each on its own): its next is decided (the chain
     resumed with the result) once the step before has ended and been told, and starts as a
-    slot frees; the chains do not wait for each other. ``first``: the first chain's every
+    slot frees; the chains do not wait for each other, and no run of a later chain sets a
+    bar that stops one of an earlier chain early (``Executor.later``: one slot would run it
+    after). ``first``: the first chain's every
     run is told before any other chain's next step is decided (the noise's re-measure,
     which every cut reads: the others' first runs start beside it). A run the evidence or
     the study answers costs none; one another node runs now (a joined study) is waited for
@@ -219,6 +221,7 @@ def run_chains(ex: Executor, chains: Sequence[Chain[R]], *, first: bool = False
     parked: dict[tuple[int, int], TrialSpec] = {}  # runs another node makes now
     held: list[tuple[int, int | None]] = []  # chains told while the first still runs
     feed: list[tuple[int, int | None]] = []
+    ran: dict[int, set[Candidate]] = {}  # per chain, the candidates its runs were
     Item = tuple[int, int | None]  # (chain, its step's run; None: the chain's next step)
 
     def in_(i: int, j: int, result: Any) -> None:
@@ -234,7 +237,13 @@ def run_chains(ex: Executor, chains: Sequence[Chain[R]], *, first: bool = False
         i, j = item
         if j is not None:
             return _start_run(i, j)
-        result = told.pop(i, None)
+        ex.later = frozenset(c for k, made in ran.items() if k > i for c in made)
+        try:
+            return _next_step(i, told.pop(i, None))
+        finally:
+            ex.later = frozenset()
+
+    def _next_step(i: int, result: Any) -> Begun[Item]:
         while True:
             try:
                 step = chains[i].send(result)  # (None: a chain's first step)
@@ -264,6 +273,8 @@ def run_chains(ex: Executor, chains: Sequence[Chain[R]], *, first: bool = False
 
     def _start_run(i: int, j: int) -> Begun[Item]:
         run = steps[i][0][j]
+        ran.setdefault(i, set()).add(run.candidate if isinstance(run, Proposal)
+                                     else Candidate.of(run))
         if isinstance(run, Proposal):
             return _begin(ex, run.spec, "re-measure", proposal=run)
         kind: RunKind = "trial" if run.num_timed_steps > 0 else "probe"

@@ -13,11 +13,11 @@ from the clock the replay sets), told to the study (a resumed search answers fro
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from autotune.config import Knobs, StopReason, TrialResult, TrialSpec
+from autotune.config import StopReason, TrialResult, TrialSpec
 from autotune.lengths import POOL_STEPS
 from autotune.memory import OnStep, probe_spec
 from autotune.schema import RunKind, TrialRecord
@@ -92,6 +92,11 @@ class Executor:
         """Runs started on slots and not yet ended (``--max-trials`` counts them)."""
         self.slot = ""
         """The slot of the run said now (its progress says it)."""
+        self.later: frozenset[Candidate] = frozenset()
+        """Runs that set no bar to stop a run early (``spec``): with several slots, those the
+        chains after the one deciding now made (``batch.run_chains``), which one slot makes
+        after it; so a run is stopped behind on what one slot would have known, not on
+        which neighbour's run happened to end first."""
         self.run, self.on_trial, self.on_step, self.clock = run, on_trial, on_step, clock
         self.reserve: Reserve = reserve or (lambda ex: 0.0)
         self.kept_s = 0.0
@@ -132,10 +137,9 @@ class Executor:
         self.stage_began_at = self.tally.num_runs
 
     def spec(self, candidate: Candidate, *, early_stop: bool = True,
-             timed: bool = True, after: Collection[Knobs] = ()) -> TrialSpec:
+             timed: bool = True) -> TrialSpec:
         """A probe of the candidate's memory that also times its config (``timed``), or
-        only measures its memory. ``after``: settings whose runs set no bar to stop it
-        (the later chains of a stage's batch: the bar the serial order would have set)."""
+        only measures its memory."""
         if not timed:
             return probe_spec(self.plan.report.workload, self.plan.report.device.device,
                               candidate.knobs, candidate.micro_batch,
@@ -155,8 +159,9 @@ class Executor:
         # Only a run that fits sets the bar: one over the usable budget is faster than anything
         # that can be picked, and would stop a real contender "behind" it.
         usable = self.plan.usable
+        # (Nor one a later chain of a batch made: one slot makes it after this one, ``later``.)
         medians = [r.median_step_s() for c, r in self.ev.results.items()
-                   if r.ok and r.fits(usable) and r.median_step_s() and c.knobs not in after]
+                   if r.ok and r.fits(usable) and r.median_step_s() and c not in self.later]
         if is_base_class or not medians:
             return spec
         best_s = min(m for m in medians if m is not None)

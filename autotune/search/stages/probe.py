@@ -12,8 +12,6 @@ boundary (``memory.probe_memory``), stopped early where a bound says the rest ca
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from autotune.config import Knobs, MemoryProbe, TrialSpec
 from autotune.errors import BROKEN
 from autotune.knob_rules import skip_reason
@@ -49,7 +47,7 @@ def run(ex: Executor) -> bool:
             # reads it).
             rest = sorted(first[i:], key=lambda c: (
                 c.compiled, -ev.precision_best(c.precision) if c.compiled else 0.0))
-            probes = [setting_steps(ex, k, after=rest[j + 1:]) for j, k in enumerate(rest)]
+            probes = [setting_steps(ex, k) for k in rest]
             run_chains(ex, [noise_steps(ex), *probes] if noisy else probes, first=noisy)
             break
         if knobs.compiled:  # the most promising precision first (its eager
@@ -90,7 +88,7 @@ def run(ex: Executor) -> bool:
             probe_setting(ex, knobs)
         else:
             left.append(knobs)
-    run_chains(ex, [setting_steps(ex, k, after=left[j + 1:]) for j, k in enumerate(left)])
+    run_chains(ex, [setting_steps(ex, k) for k in left])
     out_of_memory_everywhere(ex)
     return True
 
@@ -187,8 +185,8 @@ def probe_setting(ex: Executor, knobs: Knobs, *, above: int = 0,
     return run_chains(ex, [setting_steps(ex, knobs, above=above, hint=hint)])[0]
 
 
-def setting_steps(ex: Executor, knobs: Knobs, *, above: int = 0, hint: int | None = None,
-                  after: Sequence[Knobs] = ()) -> Steps[MemoryProbe]:
+def setting_steps(ex: Executor, knobs: Knobs, *, above: int = 0,
+                  hint: int | None = None) -> Steps[MemoryProbe]:
     """Find the setting's largest fitting micro-batch, and time it: a chain of runs
     (``memory.Steps``), each decided on the evidence as it stands when the one before ends.
 
@@ -196,10 +194,7 @@ def setting_steps(ex: Executor, knobs: Knobs, *, above: int = 0, hint: int | Non
     points only measure memory. When the boundary turns out to be such a point, it is
     timed afterwards. ``above``: only larger micro-batches are considered (the probe
     starts at the next one up: the smaller ones cannot win, ``probe_recompute``); ``hint``:
-    the first micro-batch tried (default: the most alike setting's boundary); ``after``: the
-    settings one slot would probe after this one, whose runs set no bar to stop its timed runs
-    (``Executor.spec``): with several slots a class's run is stopped behind only by what one
-    slot would have known, so the pick does not depend on which run ended first."""
+    the first micro-batch tried (default: the most alike setting's boundary)."""
 
     def candidate(micro_batch: int) -> Candidate:
         return Candidate(knobs=knobs, micro_batch=micro_batch)
@@ -247,8 +242,7 @@ def setting_steps(ex: Executor, knobs: Knobs, *, above: int = 0, hint: int | Non
         hint or hint_for(knobs, ex.ev.probes.values()),
         on_step=ex.on_step, stop_above=stop_above,
         stop_below=stop_below,
-        make_spec=lambda m, largest: ex.spec(candidate(m), timed=timed(m, largest),
-                                             after=after),
+        make_spec=lambda m, largest: ex.spec(candidate(m), timed=timed(m, largest)),
         known={c.micro_batch: r for c, r in [*ex.ev.probe_runs.items(),
                                              *ex.ev.results.items()]
                if c.knobs == knobs and c in ex.ev.reached},
@@ -263,7 +257,7 @@ def setting_steps(ex: Executor, knobs: Knobs, *, above: int = 0, hint: int | Non
                                          for n in probe.notes):
         ex.ev.unfound(knobs)  # its smaller micro-batches were never tried: not "none"
     while probe.max_micro_batch:  # timed at its fit (reused where the probe timed it)
-        result = yield ex.spec(candidate(probe.max_micro_batch), after=after)
+        result = yield ex.spec(candidate(probe.max_micro_batch))
         lower = refuted(probe, result, ex.plan.usable) if result is not None else None
         if lower is None:
             break
