@@ -1,7 +1,10 @@
 """Two replays with N simulated workers (``replay_parallel.py --write``) of the same tables,
 side by side: per N, the wall, device-seconds and pick quality over the tables (the mean of
 the per-table medians, the large spaces apart), how many tables' wall moved by more than 1%
-either way, and the table whose wall rose most.
+either way, and the table whose wall rose most; then the picks: the share of seeds within 3%
+of the best (mean over tables; N = 1's after it), the share on N = 1's pick, and how far the
+worst table's share on N = 1's pick lies below N = 1's own under the other noise (the
+``noise`` column: the pick's own noise), with the tables more than ``BEYOND`` below it.
 
 Run: ``python benchmarks/replay_parallel_compare.py BEFORE.json AFTER.json``.
 """
@@ -17,6 +20,22 @@ from replay_parallel import LARGE
 
 MOVED = 0.01
 """A table's wall moved where the after/before ratio of its medians is off 1 by more."""
+BEYOND = 0.2
+"""A table's pick depends on N where its share of seeds on N = 1's pick lies more than this
+below N = 1's own under the other noise (two seeds of ten)."""
+
+
+def picks(tables: dict, names: list[str], n: str) -> tuple[float, float, float, str, int]:
+    """Over ``tables`` with ``n`` workers: the mean share within 3% of the best, the mean
+    share on N = 1's pick, the worst table's share on it less its noise column (and its
+    name), and the tables more than ``BEYOND`` below theirs."""
+    rows = [tables[name]["by_workers"][n] for name in names]
+    gaps = {name: tables[name]["by_workers"][n]["same_pick_as_1"]
+            - tables[name]["same_pick_1_other_noise"] for name in names}
+    worst = min(names, key=gaps.__getitem__)
+    return (statistics.mean(r["within_3pct"] for r in rows),
+            statistics.mean(r["same_pick_as_1"] for r in rows), gaps[worst], worst,
+            sum(g < -BEYOND - 1e-9 for g in gaps.values()))
 
 
 def compare(before: dict, after: dict) -> str:
@@ -49,8 +68,18 @@ def compare(before: dict, after: dict) -> str:
             "(means of per-table medians, shares of a serial pass); wall lower on "
             f"{sum(r < 1 - MOVED for r in ratio.values())}, higher on "
             f"{sum(r > 1 + MOVED for r in ratio.values())}; most risen: {worst} "
-            f"{med(old, worst, 'wall_cost'):.3f} -> {med(new, worst, 'wall_cost'):.3f}")
+            f"{med(old, worst, 'wall_cost'):.3f} -> {med(new, worst, 'wall_cost'):.3f}; "
+            + said_picks(picks(old, names, n), picks(new, names, n),
+                         picks(new, names, "1")[0]))
     return "\n".join(lines)
+
+
+def said_picks(old: tuple, new: tuple, serial: float) -> str:
+    """The picks' figures of ``picks``, before -> after."""
+    return (f"within 3% {old[0]:.4f} -> {new[0]:.4f} (N=1 {serial:.4f}), on N=1's pick "
+            f"{old[1]:.3f} -> {new[1]:.3f}, worst table's less its noise {old[2]:+.1f} "
+            f"({old[3]}) -> {new[2]:+.1f} ({new[3]}), more than {BEYOND} below {old[4]} -> "
+            f"{new[4]}")
 
 
 def main(argv: list[str]) -> int:

@@ -42,6 +42,20 @@ def test_a_table_whose_wall_rose_is_counted_and_named(replayed: dict) -> None:
     assert f"higher on 1; most risen: {risen['name']} {before:.3f} -> {2 * before:.3f}" in line
 
 
+def test_a_table_whose_pick_moved_with_n_beyond_its_noise_is_counted_and_named(
+        replayed: dict) -> None:
+    after = copy.deepcopy(replayed)
+    moved = after["tables"][0]
+    moved["same_pick_1_other_noise"] = 1.0
+    moved["by_workers"]["2"]["same_pick_as_1"] = 0.5
+    moved["by_workers"]["2"]["within_3pct"] = 0.0
+    line = replay_parallel_compare.compare(replayed, after).splitlines()[1]
+    old = replayed["tables"]
+    w3 = sum(t["by_workers"]["2"]["within_3pct"] for t in old) / 2
+    assert f"within 3% {w3:.4f} -> {old[1]['by_workers']['2']['within_3pct'] / 2:.4f}" in line
+    assert f"-0.5 ({moved['name']}), more than 0.2 below 0 -> 1" in line
+
+
 def test_replays_of_other_tables_are_refused(replayed: dict) -> None:
     fewer = {**replayed, "tables": replayed["tables"][:1]}
     with pytest.raises(SystemExit, match=r"other tables \(2 and 1, 1 in both\)"):
