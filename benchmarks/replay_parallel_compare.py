@@ -69,8 +69,11 @@ def compare(before: dict, after: dict) -> str:
             f"{sum(r < 1 - MOVED for r in ratio.values())}, higher on "
             f"{sum(r > 1 + MOVED for r in ratio.values())}; most risen: {worst} "
             f"{med(old, worst, 'wall_cost'):.3f} -> {med(new, worst, 'wall_cost'):.3f}; "
-            + said_picks(picks(old, names, n), picks(new, names, n),
-                         picks(new, names, "1")[0]))
+            + (said_picks(picks(old, names, n), picks(new, names, n),
+                          picks(new, names, "1")[0]) if all(
+                "same_pick_1_other_noise" in t[name] for t in (old, new) for name in names)
+               else "picks not compared: a file without the noise column (written before "
+                    "2026-11-29b)"))
     return "\n".join(lines)
 
 

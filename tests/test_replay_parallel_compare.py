@@ -56,6 +56,17 @@ def test_a_table_whose_pick_moved_with_n_beyond_its_noise_is_counted_and_named(
     assert f"-0.5 ({moved['name']}), more than 0.2 below 0 -> 1" in line
 
 
+def test_a_replay_written_before_the_noise_column_compares_its_walls_only(
+        replayed: dict) -> None:
+    old = copy.deepcopy(replayed)
+    for table in old["tables"]:
+        del table["same_pick_1_other_noise"]
+    line = replay_parallel_compare.compare(old, replayed).splitlines()[1]
+    assert "wall lower on 0, higher on 0" in line
+    assert line.endswith("picks not compared: a file without the noise column (written before "
+                         "2026-11-29b)")
+
+
 def test_replays_of_other_tables_are_refused(replayed: dict) -> None:
     fewer = {**replayed, "tables": replayed["tables"][:1]}
     with pytest.raises(SystemExit, match=r"other tables \(2 and 1, 1 in both\)"):
